@@ -1,0 +1,33 @@
+# Two entry points: `make lab` and `make test`. Both create .venv and install specfix with its
+# notebook and test extras (from pyproject.toml, the one dependency list); a second run reuses it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.specfix-installed
+# CPU CI: two workers for the package tests; notebooks run one at a time (kernel start-up races).
+PYTEST_WORKERS ?= 2
+
+.PHONY: lab test lint unit notebooks gpu-test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev,notebooks]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: lint unit notebooks
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
+
+notebooks: $(STAMP)
+	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

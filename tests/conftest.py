@@ -1,0 +1,7 @@
+"""Package tests draw figures off-screen; notebooks keep their inline backend (this file does not reach them)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import specfix  # noqa: E402,F401  (switches on Triton's interpreter before any test imports triton)
