@@ -1,0 +1,56 @@
+"""``python -m specfix`` (or the ``specfix`` console script): command-line entry points.
+
+    python -m specfix bench --device cuda --scale full --json specfix/recorded/bench_h200.json
+    python -m specfix bench --device cpu --scale ci --only gumbel     # smoke run: timings mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    from specfix import bench
+
+    parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bench", help="measure kernels and fixes against the hardware ceilings",
+                       description="Measure specfix's kernels and fixes (chapter 5). Cases: "
+                       + "; ".join(f"{c.name}: {c.summary}" for c in bench.CASES.values()))
+    b.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where to measure (default: specfix.runtime's choice; a CPU runs tiny smoke sizes)")
+    b.add_argument("--scale", choices=("ci", "full"), default=None,
+                   help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)")
+    b.add_argument("--only", action="append", metavar="NAME",
+                   help=f"run only this case (repeatable or comma-separated): {', '.join(bench.CASES)}")
+    b.add_argument("--json", metavar="PATH", help="write the results here (schema: specfix.bench docstring)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from specfix import bench, runtime
+
+    only = [n.strip() for item in (args.only or []) for n in item.split(",") if n.strip()] or None
+    unknown = [n for n in only or [] if n not in bench.CASES]
+    if unknown:
+        parser.error(f"--only: unknown case name(s) {', '.join(unknown)}; known: {', '.join(bench.CASES)}")
+    device = args.device or runtime.DEVICE.type
+    if device == "cuda" and runtime.INTERPRET:
+        parser.error("--device cuda: no usable CUDA GPU here (or SPECFIX_DEVICE=cpu is set)")
+    try:
+        report = bench.run(device=device, scale=args.scale or runtime.SCALE, only=only,
+                           progress=not args.no_progress)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(bench.render(report))
+    if args.json:
+        print(f"wrote {bench.write_json(report, args.json)}")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

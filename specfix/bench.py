@@ -1,0 +1,617 @@
+"""`python -m specfix bench`: what each fix costs and how close the kernels come to the hardware limit.
+
+Chapter 5's measurement harness. It has no vLLM counterpart: it measures specfix's mirrors of vLLM's
+sampler (``vllm/v1/worker/gpu/sample/gumbel.py``), rejection sampler, placeholder clamp
+(``gpu_model_runner._preprocess``) and CUDA-graph drafter step against torch references and against two
+ceilings measured in the same run (device copy bandwidth and fp32 argmax read bandwidth).
+
+Timing. On CUDA every call is bracketed by CUDA events after a warm-up, with the L2 cache flushed before
+each call (an H200's 50 MB L2 would otherwise hold a 64-row batch and report more than HBM can give);
+the per-call GPU time of small kernels is measured with many calls captured in one CUDA graph, so that
+host launch cost is not counted. Results are medians with the 20th and 80th percentiles as spread.
+On a CPU only tiny smoke sizes run, through Triton's interpreter: those timings say nothing about speed.
+
+JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
+
+    {"schema": "specfix.bench/1",
+     "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda]},  # gpu_meta()
+     "config": {"device": "cpu"|"cuda", "scale": "ci"|"full", "cases": [names run]},
+     "timing_note": str,                       # what the timings mean (loud on a CPU)
+     "elapsed_s": float,
+     "results": [{"case": str, "impl": str, "params": {str: int|float|str|bool},
+                  "median_us": float, "p20_us": float, "p80_us": float, "n": int,
+                  "metrics": {str: float}}, ...],   # times are per call, in microseconds
+     "goals": [{"case": str, "goal": str, "status": "pass"|"miss"|"not measured"|"n/a",
+                "measured": float|None, "target": float, "unit": str, "margin": str}, ...],
+     "unavailable": [{"case": str, "reason": str}, ...],   # a module not written or not importable
+     "errors": [{"case": str, "job": str, "error": str}, ...]}  # a job that raised; the run goes on
+
+Metrics by case: ``ceilings`` TB_per_s (copy counts read + write); ``gumbel`` G_logits_per_s,
+TB_per_s_read; ``gumbel_graph`` (per call, in a graph); ``gumbel_mask`` overhead (masked/unmasked - 1,
+median of interleaved pairs, on the masked row); ``placeholder_fixes`` host_syncs_per_step;
+``drafter_graph`` speedup (on the graph row); ``rejection`` tokens_per_s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import statistics
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specfix import recorded, runtime
+from specfix.fixes import Fixes
+
+SCHEMA = "specfix.bench/1"
+TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
+GOAL_STATUSES = ("pass", "miss", "not measured", "n/a")
+CPU_NOTE = (
+    "CPU smoke run: Triton kernels ran in the interpreter and GPU work on the CPU. These timings mean "
+    "nothing about GPU speed; they only show that every case runs. Goals are not judged."
+)
+CUDA_NOTE = (
+    "CUDA events after warm-up, L2 flushed before each call; graph cases divide one replay of many "
+    "captured calls by their number. Medians with p20/p80."
+)
+
+VOCABS = (32_000, 129_280, 151_936, 248_320)
+ROWS = (1, 8, 64, 256, 1024)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------------- arithmetic
+
+def percentile(samples: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100] (numpy's default method)."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must lie in [0, 100], got {q}")
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(samples_us: list[float]) -> dict:
+    """Median and p20/p80 of per-call times in microseconds."""
+    return {
+        "median_us": statistics.median(samples_us),
+        "p20_us": percentile(samples_us, 20),
+        "p80_us": percentile(samples_us, 80),
+        "n": len(samples_us),
+    }
+
+
+def tb_per_s(nbytes: float, time_us: float) -> float:
+    """Terabytes (1e12 bytes) per second for ``nbytes`` moved in ``time_us`` microseconds."""
+    return nbytes / (time_us * 1e-6) / 1e12
+
+
+def g_logits_per_s(rows: int, vocab: int, time_us: float) -> float:
+    """Billions of logits consumed per second."""
+    return rows * vocab / (time_us * 1e-6) / 1e9
+
+
+def elem_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Where and how hard to measure."""
+
+    device: torch.device
+    scale: str
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def pick(self, cpu, ci, full):
+        if not self.cuda:
+            return cpu
+        return full if self.scale == "full" else ci
+
+
+class Timer:
+    """Per-call times in microseconds: CUDA events on a GPU, ``perf_counter`` on a CPU."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.warmup = settings.pick(cpu=1, ci=3, full=5)
+        self.budget_ms = settings.pick(cpu=0.0, ci=30.0, full=120.0)
+        self.min_reps = settings.pick(cpu=3, ci=10, full=15)
+        self.max_reps = settings.pick(cpu=3, ci=50, full=200)
+        self._flush = None
+
+    def _flush_l2(self):
+        if self._flush is None:
+            self._flush = torch.empty(256 * 2**20, dtype=torch.int8, device=self.settings.device)
+        self._flush.zero_()
+
+    def _reps(self, fn: Callable[[], object]) -> int:
+        """As many repetitions as fit the budget, judged from a few timed calls."""
+        if not self.settings.cuda:
+            return self.min_reps
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per_call_ms = max(start.elapsed_time(end) / 3, 1e-3)
+        return int(min(self.max_reps, max(self.min_reps, self.budget_ms / per_call_ms)))
+
+    def time(self, fn: Callable[[], object], flush: bool = True) -> list[float]:
+        for _ in range(self.warmup):
+            fn()
+        if not self.settings.cuda:
+            out = []
+            for _ in range(self.min_reps):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        reps = self._reps(fn)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        torch.cuda.synchronize()
+        for start, end in events:
+            if flush:
+                self._flush_l2()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+    def time_pair(self, fn_a, fn_b, reps: int | None = None) -> tuple[list[float], list[float]]:
+        """Interleaved A, B, A, B... so that clock drift hits both alike."""
+        for _ in range(self.warmup):
+            fn_a()
+            fn_b()
+        reps = reps or (self.max_reps if self.settings.cuda else self.min_reps)
+        a, b = [], []
+        for _ in range(reps):
+            a += self.time_once(fn_a)
+            b += self.time_once(fn_b)
+        return a, b
+
+    def time_once(self, fn) -> list[float]:
+        if not self.settings.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return [(time.perf_counter() - t0) * 1e6]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._flush_l2()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return [start.elapsed_time(end) * 1e3]
+
+    def time_in_graph(self, fn: Callable[[], object], calls: int) -> list[float]:
+        """GPU time per call: ``calls`` calls captured in one CUDA graph, each replay divided by ``calls``.
+
+        On a CPU (no graphs) the calls simply run in a loop.
+        """
+        if not self.settings.cuda:
+            return [t / calls for t in self.time(lambda: [fn() for _ in range(calls)], flush=False)]
+        graph = capture_graph(lambda: [fn() for _ in range(calls)])
+        return [t / calls for t in self.time(graph.replay, flush=False)]
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream (compiles kernels, settles allocations), then capture it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Host-device synchronisations ``fn`` performs, as torch's sync debug mode reports them.
+
+    Returns None on a CPU, where there is nothing to synchronise with.
+    """
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            fn()
+            torch.cuda.set_sync_debug_mode(previous)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def result(case: str, impl: str, params: dict, samples_us: list[float], **metrics: float) -> dict:
+    return {"case": case, "impl": impl, "params": params, **summarize(samples_us),
+            "metrics": {k: float(v) for k, v in metrics.items() if v is not None}}
+
+
+# --------------------------------------------------------------------------------------------- cases
+
+class Unavailable(Exception):
+    """The code a case measures is not there (not written yet, or cannot run here)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    label: str
+    run: Callable[[], list[dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    summary: str
+    plan: Callable[[Settings, Timer], list[Job]]
+    goals: Callable[[list[dict], Settings], list[dict]]
+
+
+def _import(module: str, *names: str):
+    """``specfix.<module>``'s named attributes, or Unavailable saying what is missing."""
+    try:
+        mod = importlib.import_module(f"specfix.{module}")
+    except ImportError as exc:
+        raise Unavailable(f"specfix.{module} is not importable ({exc})") from exc
+    missing = [n for n in names if not hasattr(mod, n)]
+    if missing:
+        raise Unavailable(f"specfix.{module} has no {', '.join(missing)}")
+    return [getattr(mod, n) for n in names]
+
+
+def _goal(case, goal, measured, target, unit, higher_is_better, settings, detail="") -> dict:
+    """One pass/miss line; margins are relative to the target."""
+    out = {"case": case, "goal": goal, "measured": measured, "target": target, "unit": unit, "margin": detail}
+    if measured is None:
+        out["status"] = "not measured"
+        return out
+    if not settings.cuda:
+        out["status"] = "n/a"
+        out["margin"] = "CPU smoke run: not judged"
+        return out
+    ok = measured >= target if higher_is_better else measured <= target
+    rel = (measured / target - 1) if higher_is_better else (1 - measured / target)
+    out["status"] = "pass" if ok else "miss"
+    sign = "+" if rel >= 0 else ""
+    out["margin"] = f"{sign}{rel * 100:.1f}% vs target" + (f"; {detail}" if detail else "")
+    return out
+
+
+def _find(results, case, impl=None, **params) -> list[dict]:
+    return [r for r in results if r["case"] == case and (impl is None or r["impl"] == impl)
+            and all(r["params"].get(k) == v for k, v in params.items())]
+
+
+# ---- ceilings
+
+def _plan_ceilings(s: Settings, timer: Timer) -> list[Job]:
+    copy_elems = s.pick(cpu=2**20, ci=2**26, full=2**28)          # fp32: 4 MiB / 256 MiB / 1 GiB
+    rows, vocab = s.pick(cpu=(8, 4096), ci=(256, 248_320), full=(1024, 248_320))
+
+    def copy():
+        src = torch.rand(copy_elems, device=s.device)
+        dst = torch.empty_like(src)
+        t = timer.time(lambda: dst.copy_(src))
+        nbytes = 2 * src.numel() * src.element_size()
+        return [result("ceilings", "copy", {"bytes_moved": nbytes, "dtype": "fp32"}, t,
+                       TB_per_s=tb_per_s(nbytes, statistics.median(t)))]
+
+    def argmax():
+        x = torch.randn(rows, vocab, device=s.device)
+        t = timer.time(lambda: x.argmax(dim=-1))
+        nbytes = x.numel() * x.element_size()
+        return [result("ceilings", "argmax_read", {"rows": rows, "vocab": vocab, "dtype": "fp32"}, t,
+                       TB_per_s=tb_per_s(nbytes, statistics.median(t)))]
+
+    return [Job("copy bandwidth", copy), Job("fp32 argmax read bandwidth", argmax)]
+
+
+def _goals_ceilings(results, s):
+    return []
+
+
+# ---- gumbel_sample against torch
+
+def _gumbel_sample():
+    (fn,) = _import("gumbel", "gumbel_sample")
+    return fn
+
+
+def _gumbel_inputs(rows: int, vocab: int, dtype: torch.dtype, device, max_rows: int | None = None):
+    """Inputs in vLLM's layout: one request per row, temperature 1 (noise on), distinct seeds."""
+    gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + vocab)
+    logits = (torch.randn(max_rows or rows, vocab, generator=gen) * 3).to(device=device, dtype=dtype)
+    return {
+        "logits": logits[:rows],
+        "expanded_idx_mapping": torch.arange(rows, dtype=torch.int32, device=device),
+        "temperature": torch.ones(rows, dtype=torch.float32, device=device),
+        "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64).to(device),
+        "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64).to(device),
+    }
+
+
+def _call_gumbel(fn, inp, fixes: Fixes | None = None, processed_logits=None):
+    """Call specfix's gumbel_sample, passing the fix switches only if it takes them."""
+    kwargs = {}
+    if processed_logits is not None:
+        kwargs.update(processed_logits=processed_logits, processed_logits_col=0)
+    if fixes is not None:
+        params = inspect.signature(fn).parameters
+        if "fixes" not in params:
+            raise Unavailable("gumbel_sample takes no fixes= argument, so the unmasked kernel cannot be chosen")
+        kwargs["fixes"] = fixes
+    return lambda: fn(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"],
+                      inp["pos"], False, **kwargs)
+
+
+def torch_softmax_multinomial(logits: torch.Tensor) -> torch.Tensor:
+    """The textbook sampler: probabilities, then torch.multinomial."""
+    return torch.multinomial(torch.softmax(logits, dim=-1, dtype=torch.float32), 1).squeeze(-1)
+
+
+def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max in plain torch: argmax(logits + G) with G = -log(E), E ~ Exp(1)."""
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_().log_()
+    return (logits.float() - noise).argmax(dim=-1)
+
+
+def _plan_gumbel(s: Settings, timer: Timer) -> list[Job]:
+    fn = _gumbel_sample()
+    vocabs = s.pick(cpu=(4096,), ci=(151_936,), full=VOCABS)
+    rows_list = s.pick(cpu=(1, 4), ci=(1, 256), full=ROWS)
+    dtypes = s.pick(cpu=("fp32", "bf16"), ci=("fp32", "bf16"), full=tuple(DTYPES))
+    jobs = []
+    for vocab in vocabs:
+        for dname in dtypes:
+            def run(vocab=vocab, dname=dname):
+                dtype = DTYPES[dname]
+                full = _gumbel_inputs(max(rows_list), vocab, dtype, s.device)
+                out = []
+                for rows in rows_list:
+                    inp = {k: v[:rows] for k, v in full.items()}
+                    nbytes = rows * vocab * elem_bytes(dtype)
+                    params = {"vocab": vocab, "rows": rows, "dtype": dname}
+                    impls = {
+                        "specfix_triton": _call_gumbel(fn, inp),
+                        "torch_softmax_multinomial": lambda x=inp["logits"]: torch_softmax_multinomial(x),
+                        "torch_gumbel_max": lambda x=inp["logits"]: torch_gumbel_max(x),
+                    }
+                    for impl, call in impls.items():
+                        t = timer.time(call)
+                        med = statistics.median(t)
+                        out.append(result("gumbel", impl, params, t,
+                                          G_logits_per_s=g_logits_per_s(rows, vocab, med),
+                                          TB_per_s_read=tb_per_s(nbytes, med)))
+                del full
+                return out
+            jobs.append(Job(f"gumbel_sample vocab {vocab:,} {dname}", run))
+    return jobs
+
+
+def _goals_gumbel(results, s):
+    big = [r for r in _find(results, "gumbel", "specfix_triton") if r["params"]["rows"] >= 256]
+    worst = min(big, key=lambda r: r["metrics"]["G_logits_per_s"], default=None)
+    goals = [_goal(
+        "gumbel", "gumbel_sample >= 500 G logits/s at >= 256 rows (worst vocab and dtype)",
+        worst and worst["metrics"]["G_logits_per_s"], 500.0, "G logits/s", True, s,
+        worst and "worst at {rows} x {vocab:,} {dtype}".format(**worst["params"]) or "")]
+    speedups = []
+    for dname in DTYPES:
+        ours = _find(results, "gumbel", "specfix_triton", rows=256, vocab=151_936, dtype=dname)
+        ref = _find(results, "gumbel", "torch_softmax_multinomial", rows=256, vocab=151_936, dtype=dname)
+        if ours and ref:
+            speedups.append((ref[0]["median_us"] / ours[0]["median_us"], dname))
+    worst_speedup = min(speedups, default=None)
+    goals.append(_goal(
+        "gumbel", "gumbel_sample >= 5x faster than softmax + multinomial at 256 x 151,936 (worst dtype)",
+        worst_speedup and worst_speedup[0], 5.0, "x", True, s,
+        worst_speedup and f"worst in {worst_speedup[1]}" or ""))
+    return goals
+
+
+# ---- one row inside a CUDA graph
+
+def _plan_gumbel_graph(s: Settings, timer: Timer) -> list[Job]:
+    fn = _gumbel_sample()
+    vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
+    calls = s.pick(cpu=2, ci=50, full=200)
+
+    def run(vocab):
+        inp = _gumbel_inputs(1, vocab, torch.float32, s.device)
+        params = {"vocab": vocab, "rows": 1, "dtype": "fp32", "calls_per_graph": calls}
+        return [result("gumbel_graph", "specfix_triton", params, timer.time_in_graph(_call_gumbel(fn, inp), calls)),
+                result("gumbel_graph", "torch_gumbel_max", params,
+                       timer.time_in_graph(lambda: torch_gumbel_max(inp["logits"]), calls))]
+
+    return [Job(f"one row of {v:,} in a CUDA graph", lambda v=v: run(v)) for v in vocabs]
+
+
+def _goals_gumbel_graph(results, s):
+    r = _find(results, "gumbel_graph", "specfix_triton", vocab=248_320)
+    return [_goal("gumbel_graph", "one row of 248,320 in a CUDA graph <= 5 us GPU time per call",
+                  r[0]["median_us"] if r else None, 5.0, "us", False, s)]
+
+
+# ---- masked against unmasked kernel
+
+def _plan_gumbel_mask(s: Settings, timer: Timer) -> list[Job]:
+    fn = _gumbel_sample()
+    _call_gumbel(fn, _gumbel_inputs(1, 16, torch.float32, "cpu"), Fixes())  # Unavailable if no fixes=
+    rows, vocab = s.pick(cpu=(4, 4096), ci=(256, 151_936), full=(256, 151_936))
+    reps = s.pick(cpu=3, ci=40, full=200)
+
+    def run(store: bool):
+        inp = _gumbel_inputs(rows, vocab, torch.float32, s.device)
+        processed = torch.empty(rows, 1, vocab, dtype=torch.float32, device=s.device) if store else None
+        masked = _call_gumbel(fn, inp, Fixes(), processed)
+        unmasked = _call_gumbel(fn, inp, Fixes(mask_invalid_reqs=False), processed)
+        a, b = timer.time_pair(masked, unmasked, reps)
+        ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "store_processed_logits": store}
+        return [result("gumbel_mask", "masked", params, a, overhead=ratio - 1),
+                result("gumbel_mask", "unmasked", params, b)]
+
+    return [Job("masked vs unmasked, sampling only", lambda: run(False)),
+            Job("masked vs unmasked, with processed-logits store", lambda: run(True))]
+
+
+def _goals_gumbel_mask(results, s):
+    rows = _find(results, "gumbel_mask", "masked")
+    worst = max(rows, key=lambda r: r["metrics"]["overhead"], default=None)
+    return [_goal("gumbel_mask", "masked kernel overhead <= 2% of the unmasked one (median ratio, same run)",
+                  worst and worst["metrics"]["overhead"] * 100, 2.0, "%", False, s,
+                  worst and f"worst with store_processed_logits={worst['params']['store_processed_logits']}" or "")]
+
+
+CASES: dict[str, Case] = {c.name: c for c in [
+    Case("ceilings", "device copy and fp32 argmax read bandwidth (the ceilings)", _plan_ceilings, _goals_ceilings),
+    Case("gumbel", "gumbel_sample vs softmax+multinomial and torch Gumbel-max", _plan_gumbel, _goals_gumbel),
+    Case("gumbel_graph", "one row per call inside a CUDA graph", _plan_gumbel_graph, _goals_gumbel_graph),
+    Case("gumbel_mask", "masked vs unmasked gumbel kernel", _plan_gumbel_mask, _goals_gumbel_mask),
+]}
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] | None = None,
+        progress: bool = True) -> dict:
+    """Run the named cases (all by default) and return the report dict described in the module docstring."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA GPU")
+    if device.type == "cuda" and runtime.INTERPRET:
+        raise ValueError("device 'cuda' asked for, but specfix.runtime chose the CPU (check SPECFIX_DEVICE)")
+    if scale not in ("ci", "full"):
+        raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
+    names = list(CASES) if not only else list(dict.fromkeys(only))
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case name(s) {unknown} for --only; known: {list(CASES)}")
+
+    from tqdm.auto import tqdm
+
+    settings = Settings(device, scale)
+    timer = Timer(settings)
+    started = time.perf_counter()
+    report = {"schema": SCHEMA, "meta": recorded.gpu_meta(),
+              "config": {"device": device.type, "scale": scale, "cases": names},
+              "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
+              "results": [], "goals": [], "unavailable": [], "errors": []}
+    report["meta"]["scale"] = scale
+    jobs: list[tuple[str, Job]] = []
+    for name in names:
+        try:
+            jobs += [(name, job) for job in CASES[name].plan(settings, timer)]
+        except Unavailable as exc:
+            report["unavailable"].append({"case": name, "reason": str(exc)})
+    for name, job in tqdm(jobs, desc="specfix bench", unit="job", disable=not progress):
+        try:
+            report["results"] += job.run()
+        except Unavailable as exc:
+            report["unavailable"].append({"case": name, "reason": f"{job.label}: {exc}"})
+        except Exception as exc:  # noqa: BLE001  (one failing job must not lose the rest of the run)
+            report["errors"].append({"case": name, "job": job.label,
+                                     "error": "".join(traceback.format_exception_only(exc)).strip()})
+        if settings.cuda:
+            torch.cuda.empty_cache()
+    for name in names:
+        if not any(u["case"] == name for u in report["unavailable"]):
+            report["goals"] += CASES[name].goals(report["results"], settings)
+    report["elapsed_s"] = round(time.perf_counter() - started, 2)
+    return report
+
+
+def validate(report: dict) -> None:
+    """Raise ValueError if ``report`` does not follow the schema in the module docstring."""
+    for key, kind in [("schema", str), ("meta", dict), ("config", dict), ("timing_note", str),
+                      ("elapsed_s", float | int), ("results", list), ("goals", list),
+                      ("unavailable", list), ("errors", list)]:
+        if not isinstance(report.get(key), kind):
+            raise ValueError(f"report[{key!r}] missing or not {kind}")
+    if report["schema"] != SCHEMA:
+        raise ValueError(f"schema {report['schema']!r} is not {SCHEMA!r}")
+    for key in ("device", "driver", "torch", "triton", "date"):
+        if key not in report["meta"]:
+            raise ValueError(f"meta lacks {key!r}")
+    for r in report["results"]:
+        if r.get("case") not in CASES or not isinstance(r.get("impl"), str) or not isinstance(r.get("params"), dict):
+            raise ValueError(f"bad result {r}")
+        if not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS) or not r["p20_us"] <= r["median_us"] <= r["p80_us"]:
+            raise ValueError(f"bad timing fields in {r}")
+        if not isinstance(r.get("metrics"), dict):
+            raise ValueError(f"result without metrics: {r}")
+    for g in report["goals"]:
+        if g.get("status") not in GOAL_STATUSES or not {"case", "goal", "target", "unit", "margin"} <= set(g):
+            raise ValueError(f"bad goal {g}")
+
+
+def write_json(report: dict, path: str | Path) -> Path:
+    validate(report)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def table(report: dict):
+    """The results as a pandas DataFrame, one row per (case, impl, params)."""
+    import pandas as pd
+
+    rows = []
+    for r in report["results"]:
+        params = ", ".join(f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
+                           for k, v in r["params"].items())
+        metrics = ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items())
+        rows.append({"case": r["case"], "impl": r["impl"], "params": params, "median_us": r["median_us"],
+                     "p20_us": r["p20_us"], "p80_us": r["p80_us"], "n": r["n"], "metrics": metrics})
+    return pd.DataFrame(rows, columns=["case", "impl", "params", "median_us", "p20_us", "p80_us", "n", "metrics"])
+
+
+def render(report: dict) -> str:
+    """The end-of-run text: label, timing note, results table, goals, what was not available."""
+    import pandas as pd
+
+    lines = [recorded.label(report["meta"]), report["timing_note"], ""]
+    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
+                           "display.max_colwidth", 80, "display.float_format", "{:,.2f}".format):
+        df = table(report)
+        lines.append(df.to_string(index=False) if len(df) else "(no results)")
+    lines.append("")
+    for g in report["goals"]:
+        measured = "-" if g["measured"] is None else f"{g['measured']:,.3g} {g['unit']}"
+        lines.append(f"[{g['status'].upper():>12}] {g['goal']}: {measured} (target {g['target']:g} {g['unit']})"
+                     + (f"  {g['margin']}" if g["margin"] else ""))
+    for u in report["unavailable"]:
+        lines.append(f"[NOT AVAILABLE] {u['case']}: {u['reason']}")
+    for e in report["errors"]:
+        lines.append(f"[ERROR] {e['case']} / {e['job']}: {e['error']}")
+    lines.append(f"elapsed {report['elapsed_s']:.1f} s")
+    return "\n".join(lines)
