@@ -145,7 +145,7 @@ class Timer:
         """As many repetitions as fit the budget, judged from a few timed calls."""
         if not self.settings.cuda:
             return self.min_reps
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = _event_pair()
         start.record()
         for _ in range(3):
             fn()
@@ -165,7 +165,7 @@ class Timer:
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
         reps = self._reps(fn)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        events = [_event_pair() for _ in range(reps)]
         torch.cuda.synchronize()
         for start, end in events:
             if flush:
@@ -193,7 +193,7 @@ class Timer:
             t0 = time.perf_counter()
             fn()
             return [(time.perf_counter() - t0) * 1e6]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = _event_pair()
         self._flush_l2()
         start.record()
         fn()
@@ -210,6 +210,10 @@ class Timer:
             return [t / calls for t in self.time(lambda: [fn() for _ in range(calls)], flush=False)]
         graph = capture_graph(lambda: [fn() for _ in range(calls)])
         return [t / calls for t in self.time(graph.replay, flush=False)]
+
+
+def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
@@ -364,7 +368,7 @@ def _call_gumbel(fn, inp, fixes: Fixes | None = None, processed_logits=None):
     if fixes is not None:
         params = inspect.signature(fn).parameters
         if "fixes" not in params:
-            raise Unavailable("gumbel_sample takes no fixes= argument, so the unmasked kernel cannot be chosen")
+            raise Unavailable("gumbel_sample takes no fixes= argument: cannot choose the unmasked kernel")
         kwargs["fixes"] = fixes
     return lambda: fn(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"],
                       inp["pos"], False, **kwargs)
@@ -445,7 +449,8 @@ def _plan_gumbel_graph(s: Settings, timer: Timer) -> list[Job]:
     def run(vocab):
         inp = _gumbel_inputs(1, vocab, torch.float32, s.device)
         params = {"vocab": vocab, "rows": 1, "dtype": "fp32", "calls_per_graph": calls}
-        return [result("gumbel_graph", "specfix_triton", params, timer.time_in_graph(_call_gumbel(fn, inp), calls)),
+        ours = timer.time_in_graph(_call_gumbel(fn, inp), calls)
+        return [result("gumbel_graph", "specfix_triton", params, ours),
                 result("gumbel_graph", "torch_gumbel_max", params,
                        timer.time_in_graph(lambda: torch_gumbel_max(inp["logits"]), calls))]
 
@@ -486,11 +491,11 @@ def _goals_gumbel_mask(results, s):
     worst = max(rows, key=lambda r: r["metrics"]["overhead"], default=None)
     return [_goal("gumbel_mask", "masked kernel overhead <= 2% of the unmasked one (median ratio, same run)",
                   worst and worst["metrics"]["overhead"] * 100, 2.0, "%", False, s,
-                  worst and f"worst with store_processed_logits={worst['params']['store_processed_logits']}" or "")]
+                  worst and f"worst with store={worst['params']['store_processed_logits']}" or "")]
 
 
 CASES: dict[str, Case] = {c.name: c for c in [
-    Case("ceilings", "device copy and fp32 argmax read bandwidth (the ceilings)", _plan_ceilings, _goals_ceilings),
+    Case("ceilings", "device copy and fp32 argmax read bandwidth", _plan_ceilings, _goals_ceilings),
     Case("gumbel", "gumbel_sample vs softmax+multinomial and torch Gumbel-max", _plan_gumbel, _goals_gumbel),
     Case("gumbel_graph", "one row per call inside a CUDA graph", _plan_gumbel_graph, _goals_gumbel_graph),
     Case("gumbel_mask", "masked vs unmasked gumbel kernel", _plan_gumbel_mask, _goals_gumbel_mask),
@@ -562,9 +567,11 @@ def validate(report: dict) -> None:
         if key not in report["meta"]:
             raise ValueError(f"meta lacks {key!r}")
     for r in report["results"]:
-        if r.get("case") not in CASES or not isinstance(r.get("impl"), str) or not isinstance(r.get("params"), dict):
+        if (r.get("case") not in CASES or not isinstance(r.get("impl"), str)
+                or not isinstance(r.get("params"), dict)):
             raise ValueError(f"bad result {r}")
-        if not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS) or not r["p20_us"] <= r["median_us"] <= r["p80_us"]:
+        if (not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS)
+                or not r["p20_us"] <= r["median_us"] <= r["p80_us"]):
             raise ValueError(f"bad timing fields in {r}")
         if not isinstance(r.get("metrics"), dict):
             raise ValueError(f"result without metrics: {r}")
@@ -592,7 +599,8 @@ def table(report: dict):
         metrics = ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items())
         rows.append({"case": r["case"], "impl": r["impl"], "params": params, "median_us": r["median_us"],
                      "p20_us": r["p20_us"], "p80_us": r["p80_us"], "n": r["n"], "metrics": metrics})
-    return pd.DataFrame(rows, columns=["case", "impl", "params", "median_us", "p20_us", "p80_us", "n", "metrics"])
+    columns = ["case", "impl", "params", "median_us", "p20_us", "p80_us", "n", "metrics"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def render(report: dict) -> str:
@@ -607,7 +615,8 @@ def render(report: dict) -> str:
     lines.append("")
     for g in report["goals"]:
         measured = "-" if g["measured"] is None else f"{g['measured']:,.3g} {g['unit']}"
-        lines.append(f"[{g['status'].upper():>12}] {g['goal']}: {measured} (target {g['target']:g} {g['unit']})"
+        target = f"target {g['target']:g} {g['unit']}"
+        lines.append(f"[{g['status'].upper():>12}] {g['goal']}: {measured} ({target})"
                      + (f"  {g['margin']}" if g["margin"] else ""))
     for u in report["unavailable"]:
         lines.append(f"[NOT AVAILABLE] {u['case']}: {u['reason']}")
