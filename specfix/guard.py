@@ -1,0 +1,222 @@
+"""Turn the cryptic CUDA index assert into a readable Python error, for debugging (not for serving).
+
+    from specfix.guard import check_indices
+    with check_indices():
+        model(input_ids)        # raises IndexGuardError naming the op, the bad values and where they sit
+
+While active, :func:`check_indices` checks the index tensor of every embedding lookup (``F.embedding``,
+``torch.embedding``, so ``nn.Embedding`` modules too), ``index_select``, ``gather``, ``take`` and
+integer-tensor indexing (``x[idx]``, ``x[idx] = v``) against the size of the dimension it indexes, and raises
+:class:`IndexGuardError` (an ``IndexError``) *before* the op runs, so no CUDA kernel ever gets the chance to
+assert and poison the process. It is a :class:`torch.overrides.TorchFunctionMode`: it sits on torch's mode
+stack only inside the ``with`` block, so outside it nothing is patched and nothing costs anything.
+
+Cost while active: every guarded op reduces its index tensor to (min, max) and reads those two numbers on the
+host, i.e. one device-to-host synchronisation per op on CUDA (tens of microseconds each, and it serialises
+the host with the GPU). It cannot run inside CUDA-graph capture, which forbids synchronisation; it raises a
+RuntimeError there rather than break the capture.
+
+Strictness: ``x[-1]``-style wrap-around is legal for tensor indexing and ``torch.take``, but in an inference
+engine a negative *token id* is a leaked placeholder (vLLM's ``PLACEHOLDER_TOKEN_ID`` is -1), so by default
+every negative index is reported. ``check_indices(allow_negative=True)`` accepts ``-size <= i < 0`` for the
+ops that wrap (indexing and take) and keeps the strict check for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+#: vLLM's speculative placeholder draft token id (vllm/v1/sample/rejection_sampler.py).
+PLACEHOLDER_TOKEN_ID = -1
+#: How many offending positions an error message lists before it says "and N more".
+MAX_LISTED = 8
+
+
+class IndexGuardError(IndexError):
+    """An index tensor holds values outside the indexed dimension (found before any kernel ran)."""
+
+    def __init__(self, op: str, values: list[int], positions: list[tuple[int, ...]], num_bad: int,
+                 low: int, high: int, shape: tuple[int, ...], dim: int | None, index_shape: tuple[int, ...],
+                 device: str):
+        self.op, self.values, self.positions, self.num_bad = op, values, positions, num_bad
+        self.valid_range, self.shape, self.dim = (low, high), shape, dim
+        self.index_shape, self.device = index_shape, device
+        extent = ("the number of elements of the indexed tensor (take indexes it flattened)" if dim is None
+                  else f"the size of dim {dim} of the indexed tensor")
+        listed = ", ".join(f"{v} at {p}" for v, p in zip(values, positions, strict=True))
+        more = f", and {num_bad - len(values)} more" if num_bad > len(values) else ""
+        lines = [
+            f"{op}: {num_bad} of {_numel(index_shape)} indices fall outside the valid range [{low}, {high}), "
+            f"{extent} (shape {tuple(shape)}, device {device}).",
+            f"  offending values: {listed}{more}",
+            f"  (positions are in the index tensor, of shape {tuple(index_shape)})",
+        ]
+        if PLACEHOLDER_TOKEN_ID in values:
+            lines.append(
+                f"  {PLACEHOLDER_TOKEN_ID} is PLACEHOLDER_TOKEN_ID: a speculative-decoding placeholder "
+                "reached an index op; clamp the ids first (vLLM PR #47029, Fixes.clamp_placeholders)."
+            )
+        super().__init__("\n".join(lines))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """One index tensor to check: ``index`` selects along ``dim`` of ``source`` (dim None: flattened)."""
+
+    op: str
+    source: torch.Tensor
+    dim: int | None
+    index: torch.Tensor
+    wraps: bool  # the op itself accepts -size <= i < 0 (tensor indexing, take)
+
+    @property
+    def size(self) -> int:
+        return self.source.numel() if self.dim is None else self.source.shape[self.dim]
+
+
+def _arg(args: tuple, kwargs: dict, position: int, *names: str):
+    if len(args) > position:
+        return args[position]
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    raise TypeError(f"missing argument {names[0]!r}")
+
+
+def _dim(source: torch.Tensor, dim: int) -> int:
+    return dim + source.dim() if dim < 0 else dim
+
+
+def _embedding(args, kwargs):  # F.embedding(input, weight, ...)
+    return [_Lookup("F.embedding", _arg(args, kwargs, 1, "weight"), 0, _arg(args, kwargs, 0, "input"), False)]
+
+
+def _torch_embedding(args, kwargs):  # torch.embedding(weight, indices, ...)
+    return [_Lookup("torch.embedding", _arg(args, kwargs, 0, "weight"), 0,
+                    _arg(args, kwargs, 1, "indices", "input"), False)]
+
+
+def _along_dim(name: str) -> Callable:
+    def extract(args, kwargs):  # index_select / gather: (input, dim, index)
+        source = _arg(args, kwargs, 0, "input", "self")
+        dim = _arg(args, kwargs, 1, "dim")
+        if not isinstance(dim, int):  # named dimensions: leave them to torch
+            return []
+        return [_Lookup(name, source, _dim(source, dim), _arg(args, kwargs, 2, "index"), False)]
+    return extract
+
+
+def _take(args, kwargs):
+    source, index = _arg(args, kwargs, 0, "input", "self"), _arg(args, kwargs, 1, "index")
+    return [_Lookup("take", source, None, index, True)]
+
+
+def _subscript(name: str) -> Callable:
+    def extract(args, kwargs):  # x[key] / x[key] = value
+        source, key = args[0], args[1]
+        return [_Lookup(name, source, dim, index, True) for dim, index in _integer_indices(source, key)]
+    return extract
+
+
+_MASK_DTYPES = (torch.bool, torch.uint8)  # torch indexes with these as masks, not as positions
+
+
+def _integer_indices(source: torch.Tensor, key) -> list[tuple[int, torch.Tensor]]:
+    """The (dim, integer index tensor) pairs of an indexing key, following torch's indexing rules."""
+    key = key if isinstance(key, tuple) else (key,)
+
+    def width(k) -> int:  # how many dims of ``source`` this key entry consumes
+        if k is None or k is Ellipsis:
+            return 0
+        if isinstance(k, torch.Tensor) and k.dtype in _MASK_DTYPES:
+            return k.dim()
+        return 1
+
+    ellipsis_width = source.dim() - sum(width(k) for k in key)
+    found, dim = [], 0
+    for k in key:
+        if k is Ellipsis:
+            dim += ellipsis_width
+            continue
+        if isinstance(k, list | range) and k and all(type(v) is int for v in k):
+            k = torch.tensor(list(k), dtype=torch.long)
+        if isinstance(k, torch.Tensor) and not k.dtype.is_floating_point and k.dtype not in _MASK_DTYPES \
+                and dim < source.dim():
+            found.append((dim, k))
+        dim += width(k)
+    return found
+
+
+class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``with check_indices():``)
+    """Context manager: while active, out-of-range indices raise :class:`IndexGuardError` before any kernel.
+
+    ``checked`` counts the index tensors this guard has checked, i.e. the host syncs it has added.
+    """
+
+    def __init__(self, allow_negative: bool = False):
+        if not isinstance(allow_negative, bool):
+            raise TypeError(f"allow_negative must be a bool, got {type(allow_negative).__name__}")
+        super().__init__()
+        self.allow_negative = allow_negative
+        self.checked = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        extract = _GUARDED.get(func)
+        if extract is not None:
+            for lookup in extract(args, kwargs):
+                self._check(lookup)
+        return func(*args, **kwargs)
+
+    def _check(self, lookup: _Lookup) -> None:
+        index = lookup.index
+        if not isinstance(index, torch.Tensor) or index.numel() == 0:
+            return
+        if index.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("check_indices cannot run in CUDA graph capture: it reads indices on the host")
+        self.checked += 1
+        size = lookup.size
+        low = -size if (self.allow_negative and lookup.wraps) else 0
+        lo, hi = torch.aminmax(index.detach())
+        lo, hi = int(lo), int(hi)  # the one host sync per op
+        if lo >= low and hi < size:
+            return
+        bad = ((index < low) | (index >= size)).reshape(-1)
+        flat = bad.nonzero().reshape(-1)[:MAX_LISTED]
+        values = index.reshape(-1)[flat].tolist()
+        if index.dim() == 0:
+            positions = [()]
+        else:
+            coords = torch.stack(torch.unravel_index(flat, index.shape), dim=1)
+            positions = [tuple(p) for p in coords.tolist()]
+        raise IndexGuardError(
+            op=lookup.op, values=values, positions=positions, num_bad=int(bad.sum()), low=low, high=size,
+            shape=tuple(lookup.source.shape), dim=lookup.dim,
+            index_shape=tuple(index.shape), device=str(index.device),
+        )
+
+
+_GUARDED: dict[Callable, Callable] = {
+    F.embedding: _embedding,
+    torch.embedding: _torch_embedding,
+    torch.index_select: _along_dim("index_select"),
+    torch.Tensor.index_select: _along_dim("Tensor.index_select"),
+    torch.gather: _along_dim("gather"),
+    torch.Tensor.gather: _along_dim("Tensor.gather"),
+    torch.take: _take,
+    torch.Tensor.take: _take,
+    torch.Tensor.__getitem__: _subscript("Tensor.__getitem__"),
+    torch.Tensor.__setitem__: _subscript("Tensor.__setitem__"),
+}
