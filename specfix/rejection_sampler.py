@@ -1,0 +1,753 @@
+"""Verify draft tokens against the target model: the V1 rejection sampler.
+
+Mirrors ``vllm/v1/sample/rejection_sampler.py`` (standard verification only; vLLM's synthetic, block
+and FLy modes, top-k/top-p, penalties and logprobs are left out). Algorithm: Leviathan et al.,
+arXiv 2211.17192. Terms: an *accepted* token passes the test; a *recovered* token is sampled from the
+residual distribution at the first rejection; the *bonus* token is sampled from the target's last row
+when every draft passes.
+
+Output layout (as in vLLM): ``[B, max_spec_len + 1]`` int32 filled with ``PLACEHOLDER_TOKEN_ID``; row i
+holds ``a_i + 1`` tokens in columns ``0..a_i`` (``a_i`` accepted drafts, then the recovered token, or the
+bonus token in column ``k_i`` when all ``k_i`` drafts are accepted).
+
+A draft id of ``-1`` (the scheduler's placeholder) is always rejected: greedy because it never equals
+an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``).
+
+Pieces, each usable on its own (chapter 3 calls the random core with its own randomness):
+
+    rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                     target_logits, bonus_token_ids, sampling_metadata, *, uniform_probs=None,
+                     recovered_token_ids=None, reject_negative_drafts=True, backend="auto") -> Tensor
+        target_logits [T, V] are already temperature-scaled (``apply_sampling_constraints``);
+        draft_probs [T, V] float or None (None = one-hot draft distribution, q = 1);
+        uniform_probs [T] float64 and recovered_token_ids [T] int: pass your own to key randomness
+        your way; when None they come from ``generate_uniform_probs`` / ``sample_recovered_tokens``.
+
+    rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                            target_probs, bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy,
+                            max_spec_len, *, reject_negative_drafts=True, backend="auto") -> None
+        Fills ``output_token_ids`` [B, max_spec_len + 1] in place (rows with is_greedy True are left
+        alone; is_greedy None means every row is random). Accept draft d at flat token t iff
+        ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``, ``q = draft_probs[t, d]`` (1 if None),
+        ``u = uniform_probs[t]``; emit d if accepted, else ``recovered_token_ids[t]`` and stop.
+        backend "triton" runs ``rejection_random_sample_kernel``, "torch" runs
+        ``rejection_random_sample_ref``, "auto" picks Triton when it is installed. The greedy core
+        ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
+
+The two verification loops are Triton kernels (grid ``(B,)``, one program per request looping over its
+drafts) with vectorised torch references beside them; recovered-token and bonus sampling are plain
+vectorised torch (vLLM uses a Triton kernel for the former).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specfix.fixes import Fixes
+from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
+from specfix.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
+
+__all__ = [
+    "GREEDY_TEMPERATURE",
+    "MAX_SPEC_LEN",
+    "PLACEHOLDER_TOKEN_ID",
+    "RejectionSampler",
+    "apply_sampling_constraints",
+    "expand_batch_to_tokens",
+    "generate_uniform_probs",
+    "rejection_greedy_sample",
+    "rejection_greedy_sample_ref",
+    "rejection_random_sample",
+    "rejection_random_sample_ref",
+    "rejection_sample",
+    "sample_recovered_tokens",
+]
+
+#: Fills the output past each request's last token, and marks a draft slot the drafter left empty.
+PLACEHOLDER_TOKEN_ID = -1
+#: Most drafts one request may carry in one step.
+MAX_SPEC_LEN = 128
+
+_DEFAULT_FIXES = Fixes()
+_BACKENDS = ("auto", "triton", "torch")
+
+
+def _use_triton(backend: str) -> bool:
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "triton" and not HAS_TRITON:
+        raise RuntimeError("backend='triton' but triton is not installed; use backend='torch'")
+    return backend == "triton" or (backend == "auto" and HAS_TRITON)
+
+
+class RejectionSampler(torch.nn.Module):
+    """Turns target logits and draft tokens into each request's accepted, recovered and bonus tokens.
+
+    Unlike vLLM, there is no separate ``Sampler``: the bonus token is sampled here, by argmax for greedy
+    requests and by a seeded draw from ``softmax(logits / T)`` for random ones.
+    """
+
+    def __init__(self, fixes: Fixes = _DEFAULT_FIXES, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(fixes, Fixes):
+            raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
+        _use_triton(backend)
+        self.fixes = fixes
+        self.backend = backend
+
+    def forward(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+    ) -> torch.Tensor:
+        """Return the sampled token ids, ``[B, max_spec_len + 1]`` int32 (a plain tensor, not vLLM's
+        ``SamplerOutput``), ``PLACEHOLDER_TOKEN_ID`` where no token was produced.
+
+        ``logits`` has ``sum k_i + B`` rows (already gathered by ``logits_indices``), indexed by
+        ``metadata.target_logits_indices`` and ``metadata.bonus_logits_indices``; it is not modified.
+        """
+        if not isinstance(metadata, SpecDecodeMetadata):
+            raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
+        _check_logits("logits", logits)
+        expected_rows = metadata.draft_token_ids.numel() + metadata.batch_size
+        if logits.shape[0] != expected_rows:
+            raise ValueError(
+                f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
+            )
+        for name in ("target_logits_indices", "bonus_logits_indices"):
+            index = getattr(metadata, name)
+            if index.numel() and (index.min() < 0 or index.max() >= expected_rows):
+                raise ValueError(f"metadata.{name} must lie in [0, {expected_rows}), got {index.tolist()}")
+        _check_sampling_metadata(sampling_metadata, metadata.batch_size)
+        bonus_logits = logits[metadata.bonus_logits_indices.long()].to(torch.float32, copy=True)
+        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32, copy=True)
+        # Validate everything before drawing random numbers, so a bad call consumes no randomness.
+        _check_rejection_inputs(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            None,
+            None,
+        )
+        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata)
+        target_logits = apply_sampling_constraints(
+            target_logits, metadata.cu_num_draft_tokens, sampling_metadata
+        )
+        return rejection_sample(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            reject_negative_drafts=self.fixes.reject_negative_drafts,
+            backend=self.backend,
+        )
+
+    @staticmethod
+    def parse_output(
+        output_token_ids: torch.Tensor, vocab_size: int, discard_req_indices: Sequence[int] = ()
+    ) -> list[list[int]]:
+        """Per-request token lists: drop ``PLACEHOLDER_TOKEN_ID`` and ids >= ``vocab_size``; requests in
+        ``discard_req_indices`` (e.g. partial prefills whose sample is thrown away) get ``[]``."""
+        if not isinstance(output_token_ids, torch.Tensor) or output_token_ids.dim() != 2:
+            raise TypeError("output_token_ids must be a 2-D tensor [B, max_spec_len + 1]")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        rows = output_token_ids.cpu().tolist()
+        bad = [i for i in discard_req_indices if not 0 <= i < len(rows)]
+        if bad:
+            raise ValueError(f"discard_req_indices must lie in [0, {len(rows)}), got {bad}")
+        discard = set(discard_req_indices)
+        return [
+            [] if i in discard else [t for t in row if t != PLACEHOLDER_TOKEN_ID and t < vocab_size]
+            for i, row in enumerate(rows)
+        ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_logits(name: str, logits: object) -> None:
+    if not isinstance(logits, torch.Tensor) or not logits.dtype.is_floating_point:
+        raise TypeError(
+            f"{name} must be a float tensor, got {getattr(logits, 'dtype', type(logits).__name__)}"
+        )
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be 2-D [rows, vocab_size] with vocab_size > 0, got {tuple(logits.shape)}"
+        )
+
+
+def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None:
+    if not isinstance(sampling_metadata, SamplingMetadata):
+        raise TypeError(
+            f"sampling_metadata must be a SamplingMetadata, got {type(sampling_metadata).__name__}"
+        )
+    t = sampling_metadata.temperature
+    if t is not None and t.numel() != batch_size:
+        raise ValueError(f"sampling_metadata.temperature has {t.numel()} entries for a batch of {batch_size}")
+    bad = [i for i in sampling_metadata.generators if not 0 <= i < batch_size]
+    if bad:
+        raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
+
+
+def _check_rejection_inputs(
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_logits,
+    uniform_probs,
+    recovered_token_ids,
+) -> None:
+    if len(num_draft_tokens) == 0:
+        raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
+    total = sum(num_draft_tokens)
+    if max_spec_len != max(num_draft_tokens):
+        raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={max(num_draft_tokens)}")
+    if max_spec_len > MAX_SPEC_LEN:
+        raise ValueError(
+            f"a request has {max_spec_len} drafts; at most MAX_SPEC_LEN={MAX_SPEC_LEN} are allowed"
+        )
+    check_id_tensor("draft_token_ids", draft_token_ids, total)
+    check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
+    _check_logits("target_logits", target_logits)
+    if target_logits.shape[0] != total:
+        raise ValueError(
+            f"target_logits must have num_draft_total = {total} rows, got {target_logits.shape[0]}"
+        )
+    vocab_size = target_logits.shape[1]
+    if total and (draft_token_ids.min() < PLACEHOLDER_TOKEN_ID or draft_token_ids.max() >= vocab_size):
+        raise ValueError(
+            f"draft_token_ids must lie in [0, {vocab_size}) or be PLACEHOLDER_TOKEN_ID (-1), "
+            f"got min {int(draft_token_ids.min())}, max {int(draft_token_ids.max())}"
+        )
+    if draft_probs is not None:
+        _check_logits("draft_probs", draft_probs)
+        if tuple(draft_probs.shape) != tuple(target_logits.shape):
+            raise ValueError(
+                f"draft_probs must have shape {tuple(target_logits.shape)} like the target logits, "
+                f"got {tuple(draft_probs.shape)}"
+            )
+    if uniform_probs is not None:
+        if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
+            raise TypeError("uniform_probs must be a float64 tensor")
+        if uniform_probs.shape != (total,):
+            raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
+    if recovered_token_ids is not None:
+        check_id_tensor("recovered_token_ids", recovered_token_ids, total)
+        if total and (recovered_token_ids.min() < 0 or recovered_token_ids.max() >= vocab_size):
+            raise ValueError(f"recovered_token_ids must lie in [0, {vocab_size})")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batch -> token helpers, sampling constraints, randomness
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: float = 0,
+    replace_to: float = 0,
+) -> torch.Tensor:
+    """Repeat each request's value once per token: ``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` gives
+    ``[a,a,b,b,b,c]``. Values equal to ``replace_from`` become ``replace_to`` (no-op when both are 0)."""
+    if x.shape[0] != cu_num_tokens.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} entries but cu_num_tokens has {cu_num_tokens.shape[0]}")
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    if replace_from != replace_to:
+        x = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype, device=x.device), x)
+    return torch.repeat_interleave(x, counts, output_size=num_tokens)
+
+
+def apply_sampling_constraints(
+    logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata
+) -> torch.Tensor:
+    """Divide each token's logits by its request's temperature, in place (greedy rows divide by 1)."""
+    if sampling_metadata.all_greedy:
+        return logits
+    temperature = expand_batch_to_tokens(
+        sampling_metadata.temperature,
+        cu_num_draft_tokens,
+        logits.shape[0],
+        replace_from=GREEDY_TEMPERATURE,
+        replace_to=1,
+    )
+    return logits.div_(temperature.unsqueeze(-1))
+
+
+def generate_uniform_probs(
+    num_tokens: int, num_draft_tokens: list[int], generators: dict[int, torch.Generator], device
+) -> torch.Tensor:
+    """One U[0,1) float64 per draft token (float32 would return exactly 0.0 too often).
+
+    Everything is drawn from the global generator, then each seeded request's slice is redrawn with its
+    own generator, in batch order, so a seeded request's numbers do not depend on the rest of the batch.
+    A request with no drafts consumes nothing from its generator.
+    """
+    uniform_probs = torch.rand(num_tokens, dtype=torch.float64, device=device)
+    start = 0
+    for i, k in enumerate(num_draft_tokens):
+        if k > 0 and i in generators:
+            uniform_probs[start : start + k].uniform_(generator=generators[i])
+        start += k
+    return uniform_probs
+
+
+def _exponential_noise(
+    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: list[bool], device
+) -> torch.Tensor:
+    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` are redrawn from their generator."""
+    noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
+    for i, gen in sorted(generators.items()):
+        if redraw[i]:
+            noise[i].exponential_(generator=gen)
+    return noise
+
+
+def sample_recovered_tokens(
+    max_spec_len: int,
+    num_draft_tokens: list[int],
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    device,
+) -> torch.Tensor:
+    """For each draft token, a sample from the residual distribution used if that draft is rejected.
+
+    Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
+    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target). Sampled by
+    the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
+    distributed proportionally to the residual, no normalisation needed. Vectorised torch (vLLM: a Triton
+    kernel with grid (B, max_spec_len)). Returns [num_draft_total] int32.
+    """
+    num_tokens, vocab_size = target_probs.shape
+    inv_noise = 1.0 / _exponential_noise(
+        len(num_draft_tokens),
+        vocab_size,
+        sampling_metadata.generators,
+        [k > 0 for k in num_draft_tokens],
+        device,
+    )
+    if draft_probs is None:
+        residual = target_probs.clone()
+        rows = torch.arange(num_tokens, device=device)
+        real = draft_token_ids >= 0
+        residual[rows[real], draft_token_ids[real].long()] = 0
+    else:
+        residual = (target_probs - draft_probs).clamp_min_(0)
+    token_to_req = expand_batch_to_tokens(
+        torch.arange(len(num_draft_tokens), device=device), cu_num_draft_tokens, num_tokens
+    )
+    return (residual * inv_noise[token_to_req]).argmax(dim=-1).to(torch.int32)
+
+
+def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones."""
+    argmax = logits.argmax(dim=-1)
+    if sampling_metadata.all_greedy:
+        return argmax.to(torch.int32)
+    temperature = torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
+    probs = torch.softmax(logits / temperature.unsqueeze(-1), dim=-1)
+    noise = _exponential_noise(
+        logits.shape[0],
+        logits.shape[1],
+        sampling_metadata.generators,
+        [True] * logits.shape[0],
+        logits.device,
+    )
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(sampling_metadata.is_greedy, argmax, sampled).to(torch.int32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    *,
+    uniform_probs: torch.Tensor | None = None,
+    recovered_token_ids: torch.Tensor | None = None,
+    reject_negative_drafts: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Verify every request's drafts; return ``[B, max_spec_len + 1]`` int32 (see the module docstring).
+
+    ``target_logits`` [num_draft_total, V] must already be temperature-scaled. Greedy requests accept a
+    draft iff it equals the target argmax; random requests run the probability-ratio test with
+    ``uniform_probs`` and ``recovered_token_ids`` (generated here when None: pass your own to control
+    the randomness).
+    """
+    _check_rejection_inputs(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        uniform_probs,
+        recovered_token_ids,
+    )
+    _check_sampling_metadata(sampling_metadata, len(num_draft_tokens))
+    check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
+    device = target_logits.device
+    batch_size = len(num_draft_tokens)
+    num_tokens = draft_token_ids.numel()
+    output_token_ids = torch.full(
+        (batch_size, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
+    )
+    is_greedy = sampling_metadata.is_greedy
+    if not sampling_metadata.all_random:
+        target_argmax = target_logits.argmax(dim=-1)
+        rejection_greedy_sample(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_argmax,
+            bonus_token_ids,
+            is_greedy,
+            max_spec_len,
+            backend=backend,
+        )
+        if sampling_metadata.all_greedy:
+            return output_token_ids
+    target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
+    if uniform_probs is None:
+        uniform_probs = generate_uniform_probs(
+            num_tokens, num_draft_tokens, sampling_metadata.generators, device
+        )
+    if recovered_token_ids is None:
+        recovered_token_ids = sample_recovered_tokens(
+            max_spec_len,
+            num_draft_tokens,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            sampling_metadata,
+            device,
+        )
+    rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+        max_spec_len,
+        reject_negative_drafts=reject_negative_drafts,
+        backend=backend,
+    )
+    return output_token_ids
+
+
+def rejection_greedy_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_argmax: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    is_greedy: torch.Tensor | None,
+    max_spec_len: int,
+    *,
+    backend: str = "auto",
+) -> None:
+    """Fill the greedy rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
+    if not _use_triton(backend):
+        rejection_greedy_sample_ref(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_argmax,
+            bonus_token_ids,
+            is_greedy,
+            max_spec_len,
+        )
+        return
+    batch_size = output_token_ids.shape[0]
+    rejection_greedy_sample_kernel[(batch_size,)](
+        output_token_ids,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        target_argmax.to(torch.int32).contiguous(),
+        bonus_token_ids.to(torch.int32).contiguous(),
+        is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
+        max_spec_len,
+        HAS_IS_GREEDY=is_greedy is not None,
+    )
+
+
+def rejection_random_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    recovered_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    is_greedy: torch.Tensor | None,
+    max_spec_len: int,
+    *,
+    reject_negative_drafts: bool = True,
+    backend: str = "auto",
+) -> None:
+    """Fill the random rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
+    if not _use_triton(backend):
+        rejection_random_sample_ref(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            recovered_token_ids,
+            uniform_probs,
+            is_greedy,
+            max_spec_len,
+            reject_negative_drafts=reject_negative_drafts,
+        )
+        return
+    batch_size = output_token_ids.shape[0]
+    target_probs = target_probs.to(torch.float32).contiguous()
+    rejection_random_sample_kernel[(batch_size,)](
+        output_token_ids,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        target_probs,
+        bonus_token_ids.to(torch.int32).contiguous(),
+        recovered_token_ids.to(torch.int32).contiguous(),
+        uniform_probs.contiguous(),
+        is_greedy if is_greedy is not None else output_token_ids,
+        max_spec_len,
+        target_probs.shape[1],
+        NO_DRAFT_PROBS=draft_probs is None,
+        HAS_IS_GREEDY=is_greedy is not None,
+        REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch references: vectorised restatements of the kernels, tied to them bit for bit by the tests.
+
+
+def _token_layout(cu_num_draft_tokens: torch.Tensor, num_tokens: int):
+    """For each flat draft token: its request, its position in the request; and each request's k."""
+    cu = cu_num_draft_tokens.long()
+    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))
+    req = torch.repeat_interleave(
+        torch.arange(cu.numel(), device=cu.device), num_draft, output_size=num_tokens
+    )
+    pos = torch.arange(num_tokens, device=cu.device) - (cu - num_draft)[req]
+    return req, pos, num_draft
+
+
+def _write_prefix(
+    output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active_rows
+) -> None:
+    """Write each active request's tokens up to and including its first rejection, then the bonus."""
+    rejected = (~accepted).long()
+    before = torch.cumsum(rejected, 0) - rejected  # rejections before each token, across the batch
+    start_of_token = torch.arange(req.numel(), device=req.device) - pos
+    before_in_req = before - before[start_of_token]  # ... within its own request
+    write = (before_in_req == 0) & active_rows[req]
+    output_token_ids[req[write], pos[write]] = emitted[write].to(output_token_ids.dtype)
+    rejections_in_req = torch.zeros_like(num_draft).index_add_(0, req, rejected)
+    bonus_rows = torch.nonzero(active_rows & (rejections_in_req == 0)).flatten()
+    output_token_ids[bonus_rows, num_draft[bonus_rows]] = bonus_token_ids[bonus_rows].to(
+        output_token_ids.dtype
+    )
+
+
+def _active_rows(is_greedy: torch.Tensor | None, batch_size: int, greedy: bool, device) -> torch.Tensor:
+    if is_greedy is None:
+        return torch.full((batch_size,), greedy, dtype=torch.bool, device=device)
+    return is_greedy.bool() if greedy else ~is_greedy.bool()
+
+
+def rejection_greedy_sample_ref(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    target_argmax,
+    bonus_token_ids,
+    is_greedy,
+    max_spec_len,
+) -> None:
+    """Torch twin of ``rejection_greedy_sample_kernel``: emit the argmax at every position up to the
+    first draft that differs from it; bonus if none differs. ``is_greedy`` None = every row greedy."""
+    req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
+    accepted = draft_token_ids.long() == target_argmax.long()
+    active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
+    _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
+
+
+def _gather_flat(table: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``table.flatten()[flat]``, with 0.0 wherever ``flat`` < 0 (a read the kernel does not perform)."""
+    values = table.reshape(-1)[flat.clamp_min(0)]
+    return torch.where(flat >= 0, values, torch.zeros_like(values))
+
+
+def rejection_random_sample_ref(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    recovered_token_ids,
+    uniform_probs,
+    is_greedy,
+    max_spec_len,
+    *,
+    reject_negative_drafts=True,
+) -> None:
+    """Torch twin of ``rejection_random_sample_kernel`` (see there for the ``-1`` behaviour when
+    ``reject_negative_drafts`` is False). ``is_greedy`` None = every row random."""
+    num_tokens, vocab_size = target_probs.shape
+    req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
+    draft = draft_token_ids.long()
+    column = draft.clamp_min(0) if reject_negative_drafts else draft
+    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + column
+    p = _gather_flat(target_probs.float().contiguous(), flat)
+    q = torch.ones_like(p) if draft_probs is None else _gather_flat(draft_probs.float().contiguous(), flat)
+    ratio = p / torch.where(q > 0, q, torch.ones_like(q))
+    accepted = (q > 0) & (ratio.double() >= uniform_probs)
+    if reject_negative_drafts:
+        accepted &= draft >= 0
+    emitted = torch.where(accepted, draft, recovered_token_ids.long())
+    active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
+    _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernels (grid (B,): one program per request, looping over its drafts)
+
+if HAS_TRITON:
+
+    @triton.jit
+    def rejection_greedy_sample_kernel(
+        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        target_argmax_ptr,  # [T] int32
+        bonus_token_ids_ptr,  # [B] int32
+        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+        max_spec_len,
+        HAS_IS_GREEDY: tl.constexpr,
+    ):
+        """Emit the target argmax at each position until a draft differs from it; bonus if none does.
+        A -1 draft never equals an argmax, so it is always rejected."""
+        req_idx = tl.program_id(0)
+        active = True
+        if HAS_IS_GREEDY:
+            active = tl.load(is_greedy_ptr + req_idx)
+        if active:
+            end = tl.load(cu_num_draft_tokens_ptr + req_idx)
+            start = 0
+            if req_idx > 0:
+                start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1)
+            row = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            rejected = False
+            for pos in range(end - start):
+                if not rejected:
+                    draft = tl.load(draft_token_ids_ptr + start + pos)
+                    target = tl.load(target_argmax_ptr + start + pos)
+                    tl.store(row + pos, target)
+                    rejected = draft != target
+            if not rejected:
+                tl.store(row + end - start, tl.load(bonus_token_ids_ptr + req_idx))
+
+    @triton.jit
+    def rejection_random_sample_kernel(
+        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+        target_probs_ptr,  # [T, V] float32
+        bonus_token_ids_ptr,  # [B] int32
+        recovered_token_ids_ptr,  # [T] int32
+        uniform_probs_ptr,  # [T] float64
+        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+        max_spec_len,
+        vocab_size,
+        NO_DRAFT_PROBS: tl.constexpr,
+        HAS_IS_GREEDY: tl.constexpr,
+        REJECT_NEGATIVE_DRAFTS: tl.constexpr,
+    ):
+        """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
+        rejection emit the recovered token and stop; bonus if nothing was rejected.
+
+        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 and never uses it as an index. Without it,
+        as before the fix, d = -1 is used as a column: the flat offset ``t * V - 1`` reads the previous
+        row's last probability, so the placeholder is accepted when that value beats u, and -1 is emitted
+        as a token. For the batch's first draft the offset is -1: on the GPU the old kernel read memory
+        just before the tensor (undefined); here that read is masked off and yields p = q = 0, a rejection.
+        """
+        req_idx = tl.program_id(0)
+        active = True
+        if HAS_IS_GREEDY:
+            active = tl.load(is_greedy_ptr + req_idx) == 0
+        if active:
+            end = tl.load(cu_num_draft_tokens_ptr + req_idx)
+            start = 0
+            if req_idx > 0:
+                start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1)
+            row = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            rejected = False
+            for pos in range(end - start):
+                if not rejected:
+                    token = (start + pos).to(tl.int64)
+                    draft = tl.load(draft_token_ids_ptr + token)
+                    u = tl.load(uniform_probs_ptr + token)
+                    if REJECT_NEGATIVE_DRAFTS:
+                        flat = token * vocab_size + tl.maximum(draft, 0)
+                    else:
+                        flat = token * vocab_size + draft
+                    readable = flat >= 0
+                    p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
+                    if NO_DRAFT_PROBS:
+                        q = tl.full((), 1.0, tl.float32)
+                    else:
+                        q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
+                    ratio = p / tl.where(q > 0, q, 1.0)
+                    accepted = (q > 0) & (ratio.to(tl.float64) >= u)
+                    if REJECT_NEGATIVE_DRAFTS:
+                        accepted = accepted & (draft >= 0)
+                    recovered = tl.load(recovered_token_ids_ptr + token)
+                    tl.store(row + pos, tl.where(accepted, draft, recovered))
+                    rejected = not accepted
+            if not rejected:
+                tl.store(row + end - start, tl.load(bonus_token_ids_ptr + req_idx))
+
+else:  # no triton: the dispatchers above always take the torch reference
+    rejection_greedy_sample_kernel = None
+    rejection_random_sample_kernel = None

@@ -1,0 +1,102 @@
+"""Per-request sampling parameters for one step, as the rejection sampler needs them.
+
+Mirrors ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), keeping only what specfix uses:
+temperature (0 means greedy) and per-request seeded generators. vLLM's top-k/top-p, penalties, logits
+processors and logprobs are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: A request with this temperature is decoded greedily (vLLM's ``GREEDY_TEMPERATURE``).
+GREEDY_TEMPERATURE = 0
+
+
+@dataclass
+class SamplingMetadata:
+    """Sampling parameters of a batch of B requests.
+
+    Fields:
+        temperature: [B] float32, or None when every request is greedy (as in vLLM).
+        all_greedy: every request has temperature 0.
+        all_random: no request has temperature 0.
+        generators: batch index -> torch.Generator, for seeded random requests only; unseeded requests
+            draw from torch's global generator.
+    """
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    generators: dict[int, torch.Generator]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.generators, dict):
+            raise TypeError(
+                f"generators must be a dict of batch index -> torch.Generator, got {self.generators!r}"
+            )
+        if self.temperature is None:
+            if not self.all_greedy or self.all_random:
+                raise ValueError("temperature may be None only when all_greedy=True and all_random=False")
+            return
+        t = self.temperature
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.dim() != 1:
+            raise TypeError(f"temperature must be a 1-D float tensor, got {t!r}")
+        if t.numel() == 0:
+            raise ValueError("temperature is empty: a batch needs at least one request")
+        if torch.isnan(t).any() or (t < 0).any():
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t.tolist()}")
+        greedy = t == GREEDY_TEMPERATURE
+        if self.all_greedy != bool(greedy.all()) or self.all_random != bool((~greedy).all()):
+            raise ValueError(
+                f"all_greedy={self.all_greedy} / all_random={self.all_random} disagree with "
+                f"temperature {t.tolist()}"
+            )
+        bad = [i for i in self.generators if not (isinstance(i, int) and 0 <= i < t.numel())]
+        if bad:
+            raise ValueError(f"generators keys must be batch indices in [0, {t.numel()}), got {bad}")
+
+    @classmethod
+    def from_requests(
+        cls, temperatures: list[float], seeds: list[int | None], device: torch.device | str = "cpu"
+    ) -> SamplingMetadata:
+        """Build from per-request temperatures and seeds (None = unseeded).
+
+        Seeded random requests get their own ``torch.Generator`` on ``device``; seeds of greedy requests
+        are ignored, as in vLLM (greedy needs no randomness).
+        """
+        if len(temperatures) == 0:
+            raise ValueError("temperatures is empty: a batch needs at least one request")
+        if len(seeds) != len(temperatures):
+            raise ValueError(f"seeds has {len(seeds)} entries but temperatures has {len(temperatures)}")
+        for i, t in enumerate(temperatures):
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t):
+                raise TypeError(f"temperatures[{i}] must be a number, got {t!r}")
+            if t < 0:
+                raise ValueError(f"temperatures[{i}] = {t} is negative; use 0 for greedy decoding")
+        for i, s in enumerate(seeds):
+            if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
+                raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
+        greedy = [t == GREEDY_TEMPERATURE for t in temperatures]
+        generators = {
+            i: torch.Generator(device=device).manual_seed(s)
+            for i, (s, g) in enumerate(zip(seeds, greedy, strict=True))
+            if s is not None and not g
+        }
+        all_greedy = all(greedy)
+        return cls(
+            temperature=None
+            if all_greedy
+            else torch.tensor(temperatures, dtype=torch.float32, device=device),
+            all_greedy=all_greedy,
+            all_random=not any(greedy),
+            generators=generators,
+        )
+
+    @property
+    def is_greedy(self) -> torch.Tensor | None:
+        """[B] bool, True where the request is greedy; None when all requests are greedy."""
+        return None if self.temperature is None else self.temperature == GREEDY_TEMPERATURE

@@ -1,0 +1,131 @@
+"""Where each request's draft tokens sit in a batch, and which logits rows verify them.
+
+Mirrors ``vllm/v1/spec_decode/metadata.py`` (``SpecDecodeMetadata``). The model runner's
+``_calc_spec_decode_metadata`` builds one per step; the rejection sampler reads it.
+
+For a batch of B requests where request i carries k_i drafts (k_i = 0 allowed), the model computes
+logits at k_i + 1 positions per request: row j < k_i verifies draft j, row k_i yields the bonus token.
+``draft_token_ids`` keeps the scheduler's ``-1`` placeholders verbatim: the rejection sampler must see
+them to reject them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+#: Token-id tensors must hold signed integers: a float or unsigned tensor cannot carry ``-1``.
+ID_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def check_id_tensor(name: str, tensor: object, length: int | None = None) -> None:
+    """Raise TypeError/ValueError unless ``tensor`` is a 1-D signed-integer tensor (of ``length``)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in ID_DTYPES:
+        raise TypeError(f"{name} must hold signed integers (int32 or int64), got {tensor.dtype}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+    if length is not None and tensor.numel() != length:
+        raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
+
+
+def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+
+
+@dataclass
+class SpecDecodeMetadata:
+    """One step's speculative-decoding layout (B = number of requests in the batch).
+
+    Fields (shapes as in vLLM):
+        draft_token_ids: [sum k_i] int32, all drafts flattened request by request; may contain -1.
+        num_draft_tokens: list of B ints, k_i (0 for a request with no drafts).
+        cu_num_draft_tokens: [B] int32, inclusive cumulative sum of k_i (no leading 0).
+        cu_num_sampled_tokens: [B] int32, inclusive cumulative sum of k_i + 1.
+        target_logits_indices: [sum k_i], row of the compact logits that verifies each draft.
+        bonus_logits_indices: [B], row of the compact logits that yields each request's bonus token.
+        logits_indices: [sum k_i + B], positions of the model's token stream whose logits are computed.
+        max_spec_len: derived, max k_i (0 when no request has drafts); the output has max_spec_len + 1
+            columns.
+    """
+
+    draft_token_ids: torch.Tensor
+    num_draft_tokens: list[int]
+    cu_num_draft_tokens: torch.Tensor
+    cu_num_sampled_tokens: torch.Tensor
+    target_logits_indices: torch.Tensor
+    bonus_logits_indices: torch.Tensor
+    logits_indices: torch.Tensor
+    max_spec_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        k = self.num_draft_tokens
+        if not isinstance(k, (list, tuple)) or not all(type(n) is int for n in k):
+            raise TypeError(f"num_draft_tokens must be a list of ints, got {k!r}")
+        if len(k) == 0:
+            raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
+        if min(k) < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {list(k)}")
+        batch, total = len(k), sum(k)
+        check_id_tensor("draft_token_ids", self.draft_token_ids, total)
+        check_id_tensor("cu_num_draft_tokens", self.cu_num_draft_tokens, batch)
+        check_id_tensor("cu_num_sampled_tokens", self.cu_num_sampled_tokens, batch)
+        check_id_tensor("target_logits_indices", self.target_logits_indices, total)
+        check_id_tensor("bonus_logits_indices", self.bonus_logits_indices, batch)
+        check_id_tensor("logits_indices", self.logits_indices, total + batch)
+        expected_cu = torch.tensor(k, dtype=torch.int64).cumsum(0)
+        if not torch.equal(self.cu_num_draft_tokens.cpu().long(), expected_cu):
+            raise ValueError(
+                "cu_num_draft_tokens must be the inclusive cumsum of num_draft_tokens "
+                f"{expected_cu.tolist()}, "
+                f"got {self.cu_num_draft_tokens.tolist()}"
+            )
+        expected_cu_sampled = expected_cu + torch.arange(1, batch + 1)
+        if not torch.equal(self.cu_num_sampled_tokens.cpu().long(), expected_cu_sampled):
+            raise ValueError(
+                "cu_num_sampled_tokens must be the inclusive cumsum of num_draft_tokens + 1 "
+                f"{expected_cu_sampled.tolist()}, got {self.cu_num_sampled_tokens.tolist()}"
+            )
+        self.num_draft_tokens = list(k)
+        self.max_spec_len = max(k, default=0)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.num_draft_tokens)
+
+    @classmethod
+    def make_dummy(
+        cls, draft_token_ids: list[list[int]], device: torch.device | str = "cpu"
+    ) -> SpecDecodeMetadata:
+        """Metadata for drafts given per request, with the logits laid out compactly.
+
+        Unlike vLLM's ``make_dummy`` (which zeroes the index tensors because its tests mock the bonus
+        sampler), the index tensors here describe the natural compact layout: request i owns logits rows
+        ``[cu_num_sampled[i] - k_i - 1, cu_num_sampled[i])``, its k_i target rows first and its bonus
+        row last; ``logits_indices`` is the identity. This is what ``_calc_spec_decode_metadata`` returns
+        when every request schedules exactly k_i + 1 tokens, so ``RejectionSampler.forward`` can be fed
+        a logits tensor of ``sum k_i + B`` rows directly.
+        """
+        if not isinstance(draft_token_ids, (list, tuple)) or not all(
+            isinstance(row, (list, tuple)) for row in draft_token_ids
+        ):
+            raise TypeError("draft_token_ids must be a list of lists of ints (one list per request)")
+        flat = [t for row in draft_token_ids for t in row]
+        if not all(type(t) is int for t in flat):
+            raise TypeError(f"draft_token_ids must hold ints, got {flat!r}")
+        k = [len(row) for row in draft_token_ids]
+        batch, total = len(k), len(flat)
+        cu_sampled = torch.tensor([n + 1 for n in k], dtype=torch.int64).cumsum(0)
+        sampled_start = (cu_sampled - torch.tensor(k) - 1).tolist()
+        target = [start + j for start, n in zip(sampled_start, k, strict=True) for j in range(n)]
+        return cls(
+            draft_token_ids=torch.tensor(flat, dtype=torch.int32, device=device),
+            num_draft_tokens=k,
+            cu_num_draft_tokens=_cumsum(k, device),
+            cu_num_sampled_tokens=cu_sampled.to(torch.int32).to(device),
+            target_logits_indices=torch.tensor(target, dtype=torch.int32, device=device),
+            bonus_logits_indices=(cu_sampled - 1).to(torch.int32).to(device),
+            logits_indices=torch.arange(total + batch, dtype=torch.int32, device=device),
+        )
