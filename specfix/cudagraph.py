@@ -1,0 +1,146 @@
+"""CUDA-graph capture sizes, batch dispatch to a captured size, and real capture/replay on a GPU.
+
+Mirrors ``vllm/config/vllm.py`` (``_set_cudagraph_sizes``: which batch sizes get a graph) and
+``vllm/v1/worker/gpu/cudagraph_utils.py`` (``dispatch``: the smallest captured size that fits; a
+FULL graph bakes in every per-request shape, so a batch of 5 replays the graph captured for 8 and the
+3 extra rows, the *padded rows*, are processed too, reading whatever the persistent buffers hold there).
+
+Why graphs at all: a decode step of a small model is dozens of tiny kernels, and at small batch the
+host spends longer launching them than the GPU spends running them. A graph records the launches once
+and replays them with one call, which only works if every launch sees the same shapes and the same
+buffer addresses on every replay: hence fixed sizes, persistent buffers and padding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+#: Largest graph vLLM captures by default (``max_cudagraph_capture_size``).
+MAX_CAPTURE_SIZE = 512
+
+
+def cudagraph_capture_sizes(max_capture_size: int = MAX_CAPTURE_SIZE) -> list[int]:
+    """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to the maximum."""
+    if not isinstance(max_capture_size, int) or max_capture_size < 1:
+        raise ValueError(f"max_capture_size must be a positive int, got {max_capture_size!r}")
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_capture_size + 1, 16)]
+    return [s for s in sizes if s <= max_capture_size]
+
+
+def default_max_capture_size(max_num_seqs: int, num_speculative_tokens: int,
+                             max_num_batched_tokens: int | None = None) -> int:
+    """vLLM's rule: ``min(max_num_seqs * (1 + k) * 2, 512)``, capped by ``max_num_batched_tokens``."""
+    if max_num_seqs < 1 or num_speculative_tokens < 0:
+        raise ValueError(f"need max_num_seqs >= 1 and num_speculative_tokens >= 0, got "
+                         f"{max_num_seqs}, {num_speculative_tokens}")
+    size = min(max_num_seqs * (1 + num_speculative_tokens) * 2, MAX_CAPTURE_SIZE)
+    return size if max_num_batched_tokens is None else min(size, max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """What a batch runs as: a FULL graph replay at ``num_reqs_padded`` rows, or eager (``NONE``)."""
+
+    num_reqs: int
+    num_reqs_padded: int
+    cg_mode: str  # "FULL" or "NONE"
+
+    @property
+    def padded_rows(self) -> range:
+        """Batch rows the replay processes although no live request sits there."""
+        return range(self.num_reqs, self.num_reqs_padded)
+
+
+class CudaGraphDispatcher:
+    """Maps a batch of ``num_reqs`` decode requests (one query token each, as in the drafter) to a size.
+
+    ``dispatch`` picks the smallest captured size that holds the batch, like vLLM's
+    ``CudaGraphManager.dispatch``; sizes above ``max_num_reqs`` are never captured, so a batch too big for
+    every graph runs eagerly at its exact size.
+    """
+
+    def __init__(self, max_num_reqs: int, capture_sizes: Sequence[int] | None = None):
+        if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
+            raise ValueError(f"max_num_reqs must be a positive int, got {max_num_reqs!r}")
+        sizes = cudagraph_capture_sizes() if capture_sizes is None else list(capture_sizes)
+        if any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f"capture_sizes must be positive ints, got {sizes}")
+        self.max_num_reqs = max_num_reqs
+        self.capture_sizes = sorted({s for s in sizes if s <= max_num_reqs})
+
+    def dispatch(self, num_reqs: int) -> BatchDescriptor:
+        if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
+            raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
+        if not 1 <= num_reqs <= self.max_num_reqs:
+            raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={self.max_num_reqs}]")
+        for size in self.capture_sizes:
+            if size >= num_reqs:
+                return BatchDescriptor(num_reqs, size, "FULL")
+        return BatchDescriptor(num_reqs, num_reqs, "NONE")
+
+
+class CapturedStep:
+    """One ``torch.cuda.CUDAGraph`` per size for ``step(size)``, a function over persistent buffers.
+
+    ``step`` must read and write only tensors that outlive the graphs (their addresses are baked in),
+    must not synchronise with the host, and must launch the same kernels every call. Capture follows
+    PyTorch's recipe: warm up on a side stream (Triton compiles there, allocator settles), then record,
+    largest size first, all graphs sharing one memory pool.
+    """
+
+    def __init__(self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str,
+                 warmup: int = 2):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.step = step
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        pool = None
+        for size in sorted(set(sizes), reverse=True):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    step(size)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                step(size)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[size] = graph
+        torch.cuda.synchronize(device)
+
+    def replay(self, size: int) -> None:
+        if size not in self.graphs:
+            raise ValueError(f"no graph captured for size {size}; captured: {sorted(self.graphs)}")
+        self.graphs[size].replay()
+
+
+def time_eager_vs_graph(step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str,
+                        iters: int = 200, repeats: int = 5) -> list[dict[str, float]]:
+    """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only).
+
+    Host wall time around ``iters`` back-to-back calls followed by one synchronize: what a serving loop
+    pays per decode step, launch overhead included.
+    """
+    captured = CapturedStep(step, sizes, device)
+    rows = []
+    for size in sizes:
+        timings = {}
+        for mode, call in (("eager", lambda s=size: step(s)), ("graph", lambda s=size: captured.replay(s))):
+            samples = []
+            for _ in range(repeats):
+                call()
+                torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                for _ in range(iters):
+                    call()
+                torch.cuda.synchronize(device)
+                samples.append((time.perf_counter() - start) / iters * 1e6)
+            timings[mode] = sorted(samples)[len(samples) // 2]
+        rows.append({"size": size, "eager_us": timings["eager"], "graph_us": timings["graph"]})
+    return rows

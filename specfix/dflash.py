@@ -1,0 +1,203 @@
+"""DFlash-style draft input preparation: a Triton kernel that pads its sample arrays for a full graph.
+
+Mirrors ``_prepare_dflash_inputs_kernel`` in ``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``.
+A DFlash drafter proposes a whole block at once: for each request it feeds ``[anchor, MASK x k]`` (the
+anchor is the request's last sampled token) through one non-causal forward and samples the k MASK
+positions. The kernel writes the query tokens and positions, ``query_start_loc`` and ``seq_lens``, and
+three *sample arrays* (one entry per drafted token): ``sample_indices`` (which query row holds its
+logits), ``sample_pos`` (its position, the key of its Gumbel noise) and ``sample_idx_mapping`` (the
+``req_state_idx`` whose ``draft_logits`` it fills).
+
+Under a FULL CUDA graph the sampling that follows always processes ``max_num_reqs * k`` entries, so the
+last request's program pads the arrays up to that size. Padded ``sample_indices`` and ``sample_pos`` are
+0 (a valid row: the replay never reads out of bounds). Before vLLM PR #47066 padded
+``sample_idx_mapping`` was 0 too, which is a real request-state slot: every padded entry wrote the logits
+of query row 0 into ``draft_logits[0]``, overwriting whatever request owns slot 0. With
+``Fixes.dflash_pad_idx`` it is -1, which the sampler skips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from specfix.fixes import Fixes
+from specfix.runtime import HAS_TRITON, tl, triton
+
+#: Padded query rows get this token id (a valid one: the padded rows still run through the model).
+PAD_TOKEN_ID = 0
+#: Elements per program when writing the padded tail.
+PAD_BLOCK = 256
+
+
+@dataclass
+class DFlashInputs:
+    """Persistent input buffers of a DFlash drafter, sized for ``max_num_reqs`` (addresses never change)."""
+
+    input_ids: torch.Tensor           # [max_num_reqs * (1 + k)] int64
+    positions: torch.Tensor           # [max_num_reqs * (1 + k)] int64
+    query_start_loc: torch.Tensor     # [max_num_reqs + 1] int32
+    seq_lens: torch.Tensor            # [max_num_reqs] int32
+    sample_indices: torch.Tensor      # [max_num_reqs * k] int64: query row of each drafted token
+    sample_pos: torch.Tensor          # [max_num_reqs * k] int64: its position
+    sample_idx_mapping: torch.Tensor  # [max_num_reqs * k] int32: its req_state_idx
+
+    @classmethod
+    def allocate(cls, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
+        if max_num_reqs < 1 or num_speculative_steps < 1:
+            raise ValueError(f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
+                             f"{max_num_reqs}, {num_speculative_steps}")
+        q, s = max_num_reqs * (1 + num_speculative_steps), max_num_reqs * num_speculative_steps
+        z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
+        return cls(z(q, torch.int64), z(q, torch.int64), z(max_num_reqs + 1, torch.int32),
+                   z(max_num_reqs, torch.int32), z(s, torch.int64), z(s, torch.int64), z(s, torch.int32))
+
+    @property
+    def max_num_reqs(self) -> int:
+        return self.seq_lens.numel()
+
+    @property
+    def num_speculative_steps(self) -> int:
+        return self.sample_pos.numel() // self.max_num_reqs
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _prepare_dflash_inputs_kernel(
+        idx_mapping_ptr, last_sampled_ptr, num_computed_ptr,
+        input_ids_ptr, positions_ptr, query_start_loc_ptr, seq_lens_ptr,
+        sample_indices_ptr, sample_pos_ptr, sample_idx_mapping_ptr,
+        num_reqs, max_num_reqs, mask_token_id, pad_sample_idx,
+        NUM_SPEC: tl.constexpr, BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
+    ):
+        batch_idx = tl.program_id(0)
+        req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
+        anchor = tl.load(last_sampled_ptr + req_state_idx)
+        anchor_pos = tl.load(num_computed_ptr + req_state_idx)
+        q_len = 1 + NUM_SPEC
+        q_start = batch_idx * q_len
+        offs = tl.arange(0, BLOCK)
+        in_query = offs < q_len
+        ids = tl.where(offs == 0, anchor, mask_token_id)
+        tl.store(input_ids_ptr + q_start + offs, ids, mask=in_query)
+        tl.store(positions_ptr + q_start + offs, anchor_pos + offs, mask=in_query)
+        tl.store(query_start_loc_ptr + batch_idx + 1, (q_start + q_len).to(tl.int32))
+        if batch_idx == 0:
+            tl.store(query_start_loc_ptr, 0)
+        tl.store(seq_lens_ptr + batch_idx, (anchor_pos + q_len).to(tl.int32))
+        # The k MASK positions are the drafted tokens: row q_start + 1 + j holds the logits of draft j.
+        is_sample = offs < NUM_SPEC
+        s_start = batch_idx * NUM_SPEC
+        tl.store(sample_indices_ptr + s_start + offs, (q_start + 1 + offs).to(tl.int64), mask=is_sample)
+        tl.store(sample_pos_ptr + s_start + offs, anchor_pos + 1 + offs, mask=is_sample)
+        tl.store(sample_idx_mapping_ptr + s_start + offs,
+                 tl.zeros([BLOCK], tl.int32) + req_state_idx.to(tl.int32), mask=is_sample)
+
+        if batch_idx == num_reqs - 1:
+            # The last request's program pads every array up to max_num_reqs for the graph replay.
+            pad = tl.arange(0, PAD_BLOCK)
+            live_tokens = num_reqs * q_len
+            for start in range(live_tokens, max_num_reqs * q_len, PAD_BLOCK):
+                o = start + pad
+                m = o < max_num_reqs * q_len
+                tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + 0, mask=m)
+                tl.store(positions_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+            for start in range(num_reqs, max_num_reqs, PAD_BLOCK):
+                o = start + pad
+                m = o < max_num_reqs
+                tl.store(query_start_loc_ptr + o + 1, tl.zeros([PAD_BLOCK], tl.int32) + live_tokens, mask=m)
+                tl.store(seq_lens_ptr + o, tl.zeros([PAD_BLOCK], tl.int32), mask=m)
+            for start in range(num_reqs * NUM_SPEC, max_num_reqs * NUM_SPEC, PAD_BLOCK):
+                o = start + pad
+                m = o < max_num_reqs * NUM_SPEC
+                tl.store(sample_indices_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+                tl.store(sample_pos_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+                tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int32) + pad_sample_idx, mask=m)
+
+
+def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id):
+    if not isinstance(idx_mapping, torch.Tensor) or idx_mapping.dim() != 1:
+        raise TypeError("idx_mapping must be a 1-D tensor (batch row -> req_state_idx)")
+    if idx_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"idx_mapping must be int32 or int64 (signed: -1 marks a padded row), got "
+                        f"{idx_mapping.dtype}")
+    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
+        raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
+    if not 1 <= num_reqs <= out.max_num_reqs:
+        raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={out.max_num_reqs}]")
+    if idx_mapping.numel() < num_reqs:
+        raise ValueError(f"idx_mapping has {idx_mapping.numel()} rows, fewer than num_reqs={num_reqs}")
+    live = idx_mapping[:num_reqs]
+    if bool(((live < 0) | (live >= out.max_num_reqs)).any()):
+        raise ValueError(f"idx_mapping[:num_reqs] must lie in [0, {out.max_num_reqs}), got {live.tolist()}")
+    for name, t in (("last_sampled", last_sampled), ("num_computed", num_computed)):
+        if t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
+            raise ValueError(f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
+                             f"got {t.dtype} {tuple(t.shape)}")
+    if not isinstance(mask_token_id, int) or mask_token_id < 0:
+        raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
+
+
+def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
+                          num_computed: torch.Tensor, mask_token_id: int, out: DFlashInputs,
+                          fixes: Fixes | None = None, use_triton: bool = HAS_TRITON) -> DFlashInputs:
+    """Fill ``out`` for a batch of ``num_reqs`` requests and pad it up to ``out.max_num_reqs``.
+
+    ``last_sampled`` and ``num_computed`` are request-state tables (indexed by ``req_state_idx``): each
+    request's anchor token and its position. Padded sample entries get ``sample_idx_mapping`` -1 with
+    ``fixes.dflash_pad_idx``, else 0 (request-state slot 0, the pre-fix behaviour).
+    """
+    _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id)
+    pad_sample_idx = -1 if (fixes or Fixes()).dflash_pad_idx else 0
+    k = out.num_speculative_steps
+    if not use_triton:
+        return _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
+                                  pad_sample_idx)
+    _prepare_dflash_inputs_kernel[(num_reqs,)](
+        idx_mapping, last_sampled, num_computed,
+        out.input_ids, out.positions, out.query_start_loc, out.seq_lens,
+        out.sample_indices, out.sample_pos, out.sample_idx_mapping,
+        num_reqs, out.max_num_reqs, mask_token_id, pad_sample_idx,
+        NUM_SPEC=k, BLOCK=triton.next_power_of_2(k + 1), PAD_BLOCK=PAD_BLOCK,
+    )
+    return out
+
+
+def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
+                       pad_sample_idx):
+    """The kernel's contract in plain torch (the tests tie the two together)."""
+    k = out.num_speculative_steps
+    q_len = 1 + k
+    slots = idx_mapping[:num_reqs].long()
+    anchor, anchor_pos = last_sampled[slots], num_computed[slots]
+    offs = torch.arange(q_len, device=slots.device)
+    ids = torch.full((num_reqs, q_len), mask_token_id, dtype=torch.int64, device=slots.device)
+    ids[:, 0] = anchor
+    n_live = num_reqs * q_len
+    out.input_ids[:n_live] = ids.flatten()
+    out.positions[:n_live] = (anchor_pos[:, None] + offs).flatten()
+    out.input_ids[n_live:] = PAD_TOKEN_ID
+    out.positions[n_live:] = 0
+    out.query_start_loc[: num_reqs + 1] = (torch.arange(num_reqs + 1, device=slots.device) * q_len).int()
+    out.query_start_loc[num_reqs + 1:] = n_live
+    out.seq_lens[:num_reqs] = (anchor_pos + q_len).int()
+    out.seq_lens[num_reqs:] = 0
+    rows = torch.arange(num_reqs, device=slots.device)[:, None] * q_len + 1 + offs[:k]
+    n_samples = num_reqs * k
+    out.sample_indices[:n_samples] = rows.flatten()
+    out.sample_pos[:n_samples] = (anchor_pos[:, None] + 1 + offs[:k]).flatten()
+    out.sample_idx_mapping[:n_samples] = slots.repeat_interleave(k).int()
+    out.sample_indices[n_samples:] = 0
+    out.sample_pos[n_samples:] = 0
+    out.sample_idx_mapping[n_samples:] = pad_sample_idx
+    return out
+
+
+def sample_columns(num_speculative_steps: int, max_num_reqs: int, device=None) -> torch.Tensor:
+    """Per sample entry, the ``draft_logits`` column it fills: ``[0, 1, .., k-1]`` repeated per request."""
+    return torch.arange(num_speculative_steps, device=device).repeat(max_num_reqs)
