@@ -507,9 +507,9 @@ CASES: dict[str, Case] = {c.name: c for c in [
 def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] | None = None,
         progress: bool = True) -> dict:
     """Run the named cases (all by default) and return the report dict described in the module docstring."""
-    device = torch.device(device)
-    if device.type not in ("cpu", "cuda"):
+    if str(device) not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA GPU")
     if device.type == "cuda" and runtime.INTERPRET:

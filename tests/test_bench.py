@@ -1,0 +1,252 @@
+"""specfix.bench's own logic: arithmetic, statistics, goals, schema, and the CLI on a CPU."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from specfix import bench
+
+CPU = bench.Settings(torch.device("cpu"), "ci")
+GPU = bench.Settings(torch.device("cuda"), "full")  # only its .cuda flag is used: no GPU needed
+
+
+# ---------------------------------------------------------------------------------------- arithmetic
+
+def test_bandwidth_by_hand():
+    # one terabyte in one second
+    assert bench.tb_per_s(1e12, 1e6) == pytest.approx(1.0)
+    # copying 1 GiB reads 1 GiB and writes 1 GiB: 2 * 2**30 bytes in 503 us is 4.269 TB/s
+    assert bench.tb_per_s(2 * 2**30, 503.0) == pytest.approx(2 * 1073741824 / 503e-6 / 1e12)
+    assert bench.tb_per_s(2 * 2**30, 503.0) == pytest.approx(4.2693, abs=1e-4)
+    # 256 rows x 151,936 fp32 logits = 155,582,464 bytes; read in 166 us = 0.937 TB/s
+    assert bench.tb_per_s(256 * 151_936 * 4, 166.0) == pytest.approx(0.93724, abs=1e-5)
+
+
+def test_logit_rate_by_hand():
+    # 256 x 151,936 = 38,895,616 logits in 166 us: 234.3 G logits/s (vLLM 0.33.0's figure in issue 6)
+    assert bench.g_logits_per_s(256, 151_936, 166.0) == pytest.approx(234.31, abs=0.01)
+    # a million logits in a millisecond is one G logit/s
+    assert bench.g_logits_per_s(1000, 1000, 1000.0) == pytest.approx(1.0)
+
+
+def test_element_sizes():
+    assert [bench.elem_bytes(d) for d in (torch.float32, torch.bfloat16, torch.int64)] == [4, 2, 8]
+
+
+def test_summarize_by_hand():
+    s = bench.summarize([float(x) for x in range(10, 0, -1)])  # 1..10, unsorted
+    # median of 1..10 = 5.5; p20 at position 9*0.2 = 1.8 -> 2 + 0.8 = 2.8; p80 at 7.2 -> 8.2
+    assert s == {"median_us": 5.5, "p20_us": pytest.approx(2.8), "p80_us": pytest.approx(8.2), "n": 10}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=40), st.floats(0, 100))
+def test_percentile_matches_numpy(samples, q):
+    assert bench.percentile(samples, q) == pytest.approx(np.percentile(samples, q), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("samples,q", [([], 50), ([1.0], -1), ([1.0], 101)])
+def test_percentile_rejects_bad_input(samples, q):
+    with pytest.raises(ValueError):
+        bench.percentile(samples, q)
+
+
+# ---------------------------------------------------------------------------------------- goals
+
+def test_goal_pass_miss_margins():
+    up = bench._goal("c", "g", 600.0, 500.0, "G", True, GPU)
+    assert up["status"] == "pass" and up["margin"].startswith("+20.0%")
+    down = bench._goal("c", "g", 400.0, 500.0, "G", True, GPU)
+    assert down["status"] == "miss" and down["margin"].startswith("-20.0%")
+    # lower is better: 4 us against a 5 us budget is 20% inside it, 6 us is 20% over
+    assert bench._goal("c", "g", 4.0, 5.0, "us", False, GPU)["margin"].startswith("+20.0%")
+    late = bench._goal("c", "g", 6.0, 5.0, "us", False, GPU)
+    assert late["status"] == "miss" and late["margin"].startswith("-20.0%")
+    assert bench._goal("c", "g", None, 5.0, "us", False, GPU)["status"] == "not measured"
+    assert bench._goal("c", "g", 1.0, 5.0, "us", False, CPU)["status"] == "n/a"
+
+
+def _row(case, impl, median, **params):
+    return {"case": case, "impl": impl, "params": params, "median_us": median, "p20_us": median,
+            "p80_us": median, "n": 1, "metrics": {}}
+
+
+def test_gumbel_goals_take_the_worst_case():
+    results = []
+    for dname, ours_us, ref_us in (("fp32", 100.0, 700.0), ("bf16", 50.0, 200.0)):
+        for rows in (8, 256):
+            params = dict(vocab=151_936, rows=rows, dtype=dname)
+            mine = _row("gumbel", "specfix_triton", ours_us, **params)
+            mine["metrics"]["G_logits_per_s"] = bench.g_logits_per_s(rows, 151_936, ours_us)
+            results += [mine, _row("gumbel", "torch_softmax_multinomial", ref_us, **params)]
+    rate, speedup = bench._goals_gumbel(results, GPU)
+    # rows >= 256 only; the slower dtype (fp32, 100 us) is the worst: 256*151936/100e-6/1e9 = 388.96
+    assert rate["measured"] == pytest.approx(388.95, abs=0.01) and rate["status"] == "miss"
+    # speedups 7x (fp32) and 4x (bf16): the worst, 4x, misses 5x
+    assert speedup["measured"] == pytest.approx(4.0) and speedup["status"] == "miss"
+    assert "bf16" in speedup["margin"]
+
+
+def test_goals_without_results_are_not_measured():
+    for case in bench.CASES.values():
+        for goal in case.goals([], GPU):
+            assert goal["status"] == "not measured", goal
+
+
+# ---------------------------------------------------------------------------------------- timing and refs
+
+def test_cpu_timer_times_every_call():
+    calls = []
+    samples = bench.Timer(CPU).time(lambda: calls.append(time.sleep(0.002)))
+    timer = bench.Timer(CPU)
+    assert len(samples) == timer.min_reps and len(calls) == timer.warmup + timer.min_reps
+    assert all(s >= 2000 for s in samples)  # microseconds: each call slept 2 ms
+
+
+def test_host_syncs_are_not_counted_on_cpu():
+    assert bench.count_host_syncs(lambda: None, torch.device("cpu")) is None
+
+
+def test_torch_reference_samplers_follow_softmax():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.03, 0.01])
+    n = 40_000
+    logits = probs.log().expand(n, -1).contiguous()
+    expected = probs.numpy() * n
+    df = len(probs) - 1
+    for sampler in (bench.torch_gumbel_max, bench.torch_softmax_multinomial):
+        counts = np.bincount(sampler(logits).numpy(), minlength=len(probs))
+        chi2 = stats.chisquare(counts, expected).statistic
+        assert chi2 < df + 10 * np.sqrt(2 * df), (sampler.__name__, counts)
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+def _cpu_report(only=None):
+    return bench.run("cpu", "ci", only=only, progress=False)
+
+
+@pytest.fixture(scope="module")
+def ceilings_report():
+    return _cpu_report(["ceilings"])
+
+
+def test_report_follows_schema(ceilings_report, tmp_path):
+    bench.validate(ceilings_report)
+    assert ceilings_report["config"]["cases"] == ["ceilings"]
+    assert {r["case"] for r in ceilings_report["results"]} == {"ceilings"}
+    assert {r["impl"] for r in ceilings_report["results"]} == {"copy", "argmax_read"}
+    copy_row = next(r for r in ceilings_report["results"] if r["impl"] == "copy")
+    # the copy's bandwidth is its bytes (read + write) over its median time
+    assert copy_row["metrics"]["TB_per_s"] == pytest.approx(
+        copy_row["params"]["bytes_moved"] / copy_row["median_us"] / 1e6)
+    path = bench.write_json(ceilings_report, tmp_path / "b.json")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(ceilings_report))
+    assert "nothing" in ceilings_report["timing_note"]
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda r: r.pop("meta"),
+    lambda r: r.__setitem__("schema", "other/0"),
+    lambda r: r["meta"].pop("driver"),
+    lambda r: r["results"][0].__setitem__("case", "nonsense"),
+    lambda r: r["results"][0].__setitem__("p20_us", r["results"][0]["median_us"] + 1),
+    lambda r: r["results"][0].pop("metrics"),
+    lambda r: r["goals"].append({"case": "x", "goal": "g", "status": "maybe", "target": 1, "unit": "",
+                                 "margin": ""}),
+])
+def test_validate_rejects_broken_reports(ceilings_report, breakage):
+    broken = copy.deepcopy(ceilings_report)
+    breakage(broken)
+    with pytest.raises(ValueError):
+        bench.validate(broken)
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    (dict(device="tpu"), "device"), (dict(scale="huge"), "scale"), (dict(only=["gumbel", "nope"]), "nope")])
+def test_run_rejects_bad_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        bench.run(**{"device": "cpu", "scale": "ci", "progress": False, **kwargs})
+
+
+def test_missing_module_is_reported_not_crashed(monkeypatch):
+    def plan(s, timer):
+        bench._import("no_such_module_here", "thing")
+
+    monkeypatch.setitem(bench.CASES, "ghost", bench.Case("ghost", "missing", plan, lambda r, s: []))
+    report = _cpu_report(["ghost"])
+    assert report["unavailable"] == [
+        {"case": "ghost", "reason": "specfix.no_such_module_here is not importable "
+                                    "(No module named 'specfix.no_such_module_here')"}]
+    assert report["results"] == [] and report["errors"] == []
+
+
+def test_failing_job_is_recorded_and_the_run_goes_on(monkeypatch):
+    def plan(s, timer):
+        def boom():
+            raise RuntimeError("kaput")
+        return [bench.Job("boom", boom), bench.Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])])]
+
+    monkeypatch.setitem(bench.CASES, "ghost", bench.Case("ghost", "fails", plan, lambda r, s: []))
+    report = _cpu_report(["ghost"])
+    assert report["errors"] == [{"case": "ghost", "job": "boom", "error": "RuntimeError: kaput"}]
+    assert [r["impl"] for r in report["results"]] == ["x"]
+
+
+# ---------------------------------------------------------------------------------------- the CLI
+
+def _cli(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECFIX_", "TRITON_"))}
+    env["SPECFIX_DEVICE"] = "cpu"
+    return subprocess.run([sys.executable, "-m", "specfix", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_cli_smoke_run_on_cpu(tmp_path):
+    path = tmp_path / "bench.json"
+    started = time.perf_counter()
+    out = _cli("bench", "--device", "cpu", "--scale", "ci", "--json", str(path), "--no-progress")
+    elapsed = time.perf_counter() - started
+    assert out.returncode == 0, out.stderr
+    assert elapsed < 30, f"CPU smoke run took {elapsed:.1f} s"
+    report = json.loads(path.read_text())
+    bench.validate(report)
+    assert report["config"] == {"device": "cpu", "scale": "ci", "cases": list(bench.CASES)}
+    assert report["errors"] == []
+    # every case either measured something or said why it could not
+    done = {r["case"] for r in report["results"]} | {u["case"] for u in report["unavailable"]}
+    assert done == set(bench.CASES)
+    assert all(g["status"] in ("n/a", "not measured") for g in report["goals"])  # never judged on a CPU
+    assert "mean nothing" in out.stdout and "median_us" in out.stdout
+
+
+def test_cli_only_filters(tmp_path):
+    path = tmp_path / "b.json"
+    out = _cli("bench", "--device", "cpu", "--only", "ceilings", "--json", str(path), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(path.read_text())
+    assert report["config"]["cases"] == ["ceilings"]
+    assert {r["case"] for r in report["results"]} == {"ceilings"}
+
+
+def test_cli_unknown_only_name_is_a_clear_error(tmp_path):
+    out = _cli("bench", "--device", "cpu", "--only", "ceilings,warp_drive", "--json",
+               str(tmp_path / "x.json"))
+    assert out.returncode == 2
+    assert "warp_drive" in out.stderr and "ceilings" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_needs_a_command():
+    out = _cli()
+    assert out.returncode == 2 and "bench" in out.stderr
