@@ -347,16 +347,16 @@ def _gumbel_sample():
     return fn
 
 
-def _gumbel_inputs(rows: int, vocab: int, dtype: torch.dtype, device, max_rows: int | None = None):
+def _gumbel_inputs(rows: int, vocab: int, dtype: torch.dtype, device):
     """Inputs in vLLM's layout: one request per row, temperature 1 (noise on), distinct seeds."""
-    gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + vocab)
-    logits = (torch.randn(max_rows or rows, vocab, generator=gen) * 3).to(device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(rows * 7919 + vocab)
+    logits = torch.randn(rows, vocab, generator=gen, device=device).mul_(3).to(dtype)
     return {
-        "logits": logits[:rows],
+        "logits": logits,
         "expanded_idx_mapping": torch.arange(rows, dtype=torch.int32, device=device),
         "temperature": torch.ones(rows, dtype=torch.float32, device=device),
-        "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64).to(device),
-        "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64).to(device),
+        "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64, device=device),
+        "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64, device=device),
     }
 
 
@@ -494,11 +494,53 @@ def _goals_gumbel_mask(results, s):
                   worst and f"worst with store={worst['params']['store_processed_logits']}" or "")]
 
 
+# ---- rejection sampler
+
+def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
+    (sampler_cls,) = _import("rejection_sampler", "RejectionSampler")
+    (spec_metadata,) = _import("spec_decode_metadata", "SpecDecodeMetadata")
+    (sampling_metadata,) = _import("sampling_metadata", "SamplingMetadata")
+    batches = s.pick(cpu=(2,), ci=(64,), full=(1, 16, 64, 256))
+    k = s.pick(cpu=2, ci=3, full=3)
+    vocab = s.pick(cpu=512, ci=151_936, full=151_936)
+    backends = {"specfix_triton": "triton", "torch_reference": "torch"}
+
+    def run(batch: int) -> list[dict]:
+        gen = torch.Generator(device=s.device).manual_seed(batch)
+        drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=s.device)
+        drafts[::4, -1] = -1                                   # every fourth request left a slot empty
+        metadata = spec_metadata.make_dummy(drafts.tolist(), device=s.device)
+        logits = torch.randn(batch * (k + 1), vocab, generator=gen, device=s.device).mul_(3)
+        out = []
+        for mode in ("greedy", "random"):
+            temps = [0.0 if mode == "greedy" else 1.0] * batch
+            sampling = sampling_metadata.from_requests(temps, [None] * batch, device=s.device)
+            draft_probs = None if mode == "greedy" else torch.softmax(
+                torch.randn(batch * k, vocab, generator=gen, device=s.device), dim=-1)
+            for impl, backend in backends.items():
+                sampler = sampler_cls(backend=backend)
+                call = lambda: sampler(metadata, draft_probs, logits, sampling)  # noqa: B023
+                t = timer.time(call)
+                params = {"batch": batch, "k": k, "vocab": vocab, "mode": mode}
+                out.append(result("rejection", impl, params, t,
+                                  draft_tokens_per_s=batch * k / (statistics.median(t) * 1e-6),
+                                  host_syncs_per_step=count_host_syncs(call, s.device)))
+        return out
+
+    return [Job(f"rejection sampler, batch {b} x k={k}", lambda b=b: run(b)) for b in batches]
+
+
+def _goals_rejection(results, s):
+    return []
+
+
 CASES: dict[str, Case] = {c.name: c for c in [
     Case("ceilings", "device copy and fp32 argmax read bandwidth", _plan_ceilings, _goals_ceilings),
     Case("gumbel", "gumbel_sample vs softmax+multinomial and torch Gumbel-max", _plan_gumbel, _goals_gumbel),
     Case("gumbel_graph", "one row per call inside a CUDA graph", _plan_gumbel_graph, _goals_gumbel_graph),
     Case("gumbel_mask", "masked vs unmasked gumbel kernel", _plan_gumbel_mask, _goals_gumbel_mask),
+    Case("rejection", "RejectionSampler per step (greedy, random) at realistic sizes", _plan_rejection,
+         _goals_rejection),
 ]}
 
 
