@@ -671,20 +671,19 @@ if HAS_TRITON:
         if HAS_IS_GREEDY:
             active = tl.load(is_greedy_ptr + req_idx)
         if active:
-            end = tl.load(cu_num_draft_tokens_ptr + req_idx)
-            start = 0
-            if req_idx > 0:
-                start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1)
-            row = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
-            for pos in range(end - start):
+            for pos in range(num_draft):
                 if not rejected:
                     draft = tl.load(draft_token_ids_ptr + start + pos)
                     target = tl.load(target_argmax_ptr + start + pos)
-                    tl.store(row + pos, target)
-                    rejected = draft != target
+                    tl.store(row_ptr + pos, target)
+                    if draft != target:
+                        rejected = True
             if not rejected:
-                tl.store(row + end - start, tl.load(bonus_token_ids_ptr + req_idx))
+                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
 
     @triton.jit
     def rejection_random_sample_kernel(
@@ -717,36 +716,37 @@ if HAS_TRITON:
         if HAS_IS_GREEDY:
             active = tl.load(is_greedy_ptr + req_idx) == 0
         if active:
-            end = tl.load(cu_num_draft_tokens_ptr + req_idx)
-            start = 0
-            if req_idx > 0:
-                start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1)
-            row = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
-            for pos in range(end - start):
+            for pos in range(num_draft):
                 if not rejected:
-                    token = (start + pos).to(tl.int64)
-                    draft = tl.load(draft_token_ids_ptr + token)
-                    u = tl.load(uniform_probs_ptr + token)
+                    token_idx = (start + pos).to(tl.int64)
+                    draft = tl.load(draft_token_ids_ptr + token_idx)
+                    u = tl.load(uniform_probs_ptr + token_idx)
                     if REJECT_NEGATIVE_DRAFTS:
-                        flat = token * vocab_size + tl.maximum(draft, 0)
+                        flat = token_idx * vocab_size + tl.maximum(draft, 0)
                     else:
-                        flat = token * vocab_size + draft
+                        flat = token_idx * vocab_size + draft
                     readable = flat >= 0
                     p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
                     if NO_DRAFT_PROBS:
-                        q = tl.full((), 1.0, tl.float32)
+                        accepted = p.to(tl.float64) >= u
                     else:
                         q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
-                    ratio = p / tl.where(q > 0, q, 1.0)
-                    accepted = (q > 0) & (ratio.to(tl.float64) >= u)
+                        ratio = p / tl.where(q > 0, q, 1.0)
+                        accepted = (q > 0) & (ratio.to(tl.float64) >= u)
                     if REJECT_NEGATIVE_DRAFTS:
                         accepted = accepted & (draft >= 0)
-                    recovered = tl.load(recovered_token_ids_ptr + token)
-                    tl.store(row + pos, tl.where(accepted, draft, recovered))
-                    rejected = not accepted
+                    if accepted:
+                        token = draft
+                    else:
+                        rejected = True
+                        token = tl.load(recovered_token_ids_ptr + token_idx)
+                    tl.store(row_ptr + pos, token)
             if not rejected:
-                tl.store(row + end - start, tl.load(bonus_token_ids_ptr + req_idx))
+                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
 
 else:  # no triton: the dispatchers above always take the torch reference
     rejection_greedy_sample_kernel = None
