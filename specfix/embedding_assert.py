@@ -1,0 +1,307 @@
+"""Re-create the embedding device-side assert for real, in child processes, and read what it leaves behind.
+
+A CUDA device-side assert poisons the CUDA context of the process that hit it, so every reproduction
+here runs in a child Python (``sys.executable``) whose merged stdout/stderr, exit status and structured
+events (``@@ {json}`` lines the child prints as it goes) come back as a :class:`ChildRun`. The caller (a
+notebook kernel, a test, the recorder script) survives and can run the next case.
+
+Three kinds of child:
+
+* :func:`minimal_crash_code` -- ``F.embedding`` with a ``-1`` in the ids, with events marking where
+  the launch returned and where the error surfaced, then probes showing the context is poisoned;
+* :func:`pipeline_crash_code` -- the specfix engine with ``Fixes(clamp_placeholders=False)`` (what
+  vLLM did before PR #47029), left to crash as a serving worker would;
+* :func:`op_case_code` -- one row of the table "which operations assert, and how" (:data:`OPS`); the
+  CPU column comes from :func:`cpu_outcome`, run in-process since CPU errors are ordinary exceptions.
+
+:func:`device_asserts` parses the driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex:
+block: [0,0,0], thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed.``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: F401  (used by the op expressions, evaluated in this namespace)
+
+EVENT_PREFIX = "@@ "
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+_ASSERT = re.compile(
+    r"(?P<file>\S+?\.cuh?):(?P<line>\d+): (?P<kernel>.+?): block: \[(?P<block>[\d,\s]+)\], "
+    r"thread: \[(?P<thread>[\d,\s]+)\] Assertion `(?P<condition>.+?)` failed\."
+)
+
+
+@dataclass
+class DeviceAssert:
+    """One ``file:line: kernel: block: [...], thread: [...] Assertion `cond` failed.`` line."""
+
+    file: str
+    line: int
+    kernel: str
+    block: str
+    thread: str
+    condition: str
+
+    @property
+    def where(self) -> str:
+        return f"{Path(self.file).name}:{self.line}"
+
+
+def device_asserts(text: str) -> list[DeviceAssert]:
+    """Every device-side assert line in ``text`` (one per failing GPU thread, so often many)."""
+    return [DeviceAssert(m["file"], int(m["line"]), m["kernel"], m["block"], m["thread"], m["condition"])
+            for m in _ASSERT.finditer(text)]
+
+
+@dataclass
+class ChildRun:
+    """What a child Python left behind: exit status, merged output, and its structured events."""
+
+    label: str
+    code: str
+    env: dict[str, str]
+    returncode: int | None  # None: killed at the timeout
+    output: str  # stdout and stderr merged, in the order the child wrote them
+    wall_s: float
+    events: list[dict] = field(default_factory=list)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def asserts(self) -> list[DeviceAssert]:
+        return device_asserts(self.output)
+
+    def first(self, kind: str) -> dict | None:
+        return next((e for e in self.events if e.get("kind") == kind), None)
+
+    def transcript(self, max_asserts: int = 2) -> str:
+        """The output as a terminal shows it: events as ``[child] ...`` lines, long runs of asserts cut."""
+        lines, asserts = [], 0
+        for line in self.output.splitlines():
+            if line.startswith(EVENT_PREFIX):
+                lines.append("[child] " + json.loads(line[len(EVENT_PREFIX):]).get("text", ""))
+            elif _ASSERT.search(line):
+                asserts += 1
+                if asserts <= max_asserts:
+                    lines.append(line)
+                elif asserts == max_asserts + 1:
+                    lines.append("... (more assert lines like these, one per failing GPU thread)")
+            else:
+                lines.append(line)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ChildRun:
+        return cls(**data)
+
+
+def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
+              timeout: float = 180.0) -> ChildRun:
+    """Run ``code`` in a fresh ``sys.executable`` with ``env`` added; the child's failure is data.
+
+    The code is written to a temporary ``<label>.py`` so that tracebacks show source lines.
+    """
+    if not isinstance(code, str) or not code.strip():
+        raise ValueError("code must be a non-empty string of Python source")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), full_env.get("PYTHONPATH")) if p)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / f"{re.sub(r'[^A-Za-z0-9_]+', '_', label) or 'child'}.py"
+        script.write_text(code)
+        try:
+            done = subprocess.run([sys.executable, "-u", str(script)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, env=full_env, timeout=timeout, cwd=PACKAGE_ROOT)
+            returncode, raw = done.returncode, done.stdout
+        except subprocess.TimeoutExpired as expired:
+            returncode, raw = None, expired.stdout or b""
+    output = raw.decode("utf-8", errors="replace")
+    events = [json.loads(line[len(EVENT_PREFIX):]) for line in output.splitlines()
+              if line.startswith(EVENT_PREFIX)]
+    return ChildRun(label, code, dict(env or {}), returncode, output, time.perf_counter() - start, events)
+
+
+# Helpers every child starts with: ``event`` prints a structured line, ``report`` records a caught
+# exception with the innermost frame it was raised from, ``probe_context`` tries a few CUDA calls.
+PRELUDE = r'''
+import json, os, sys, time, traceback
+import torch
+import torch.nn.functional as F
+
+def event(kind, text, **data):
+    print("@@ " + json.dumps(dict(kind=kind, text=text, **data)), flush=True)
+
+def first_line(exc):
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+def report(during, exc):
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}: {frame.line}"
+    event("raised", f"{during} raised {type(exc).__name__}: {first_line(exc)}", during=during,
+          type=type(exc).__name__, message=first_line(exc), frame=where)
+    sys.stdout.flush()
+    traceback.print_exc(file=sys.stdout)
+    sys.stdout.flush()
+
+def probe_context(before):
+    """After an error: can this process still use the GPU? ``before`` is a tensor made before it."""
+    probes = [
+        ("torch.zeros(1, device='cuda')", lambda: torch.zeros(1, device="cuda")),
+        ("torch.cuda.synchronize()", torch.cuda.synchronize),
+        ("a matmul, read back with .item()", lambda: (torch.ones(64, 64, device="cuda") @
+                                                       torch.ones(64, 64, device="cuda")).sum().item()),
+        ("copy a tensor made before the assert to the CPU", lambda: before.cpu()),
+    ]
+    for name, fn in probes:
+        try:
+            fn()
+            event("probe", f"{name}: works", probe=name, ok=True)
+        except Exception as exc:
+            event("probe", f"{name}: {type(exc).__name__}: {first_line(exc)}", probe=name, ok=False,
+                  type=type(exc).__name__, message=first_line(exc))
+'''
+
+
+def minimal_crash_code(ids: tuple[int, ...] = (5, -1, 7), vocab: int = 32, hidden: int = 16) -> str:
+    """``F.embedding`` on CUDA with a bad id, instrumented: launch, return, synchronize, then probes."""
+    if not ids or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"ids must be a non-empty tuple of ints, got {ids!r}")
+    body = f'''
+ids_list = {list(ids)!r}
+weight = torch.randn({vocab}, {hidden}, device="cuda")
+ids = torch.tensor(ids_list, device="cuda")
+torch.cuda.synchronize()
+blocking = os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"
+event("start", f"CUDA_LAUNCH_BLOCKING={{int(blocking)}}; calling F.embedding(ids, weight) with "
+      f"ids={{ids_list}} and a weight of shape {{tuple(weight.shape)}}", blocking=blocking)
+start = time.perf_counter()
+try:
+    out = F.embedding(ids, weight)
+except Exception as exc:
+    report("F.embedding(ids, weight)", exc)
+    probe_context(weight)
+    sys.exit(1)
+launch_us = (time.perf_counter() - start) * 1e6
+event("returned", f"F.embedding returned normally after {{launch_us:.0f}} us: out has shape "
+      f"{{tuple(out.shape)}}, but the kernel computing it was only queued", launch_us=launch_us)
+event("host", "the host keeps running Python; nothing has failed yet from its point of view")
+event("sync", "calling torch.cuda.synchronize() (any call that waits for the GPU would do: .item(), .cpu())")
+try:
+    torch.cuda.synchronize()
+    event("synced", "torch.cuda.synchronize() returned: no error")
+except Exception as exc:
+    report("torch.cuda.synchronize()", exc)
+probe_context(weight)
+event("exit", "exiting with status 1")
+sys.exit(1)
+'''
+    return PRELUDE + textwrap.dedent(body)
+
+
+# -- which operations assert, and how ------------------------------------------------------------------
+ROWS, COLS = 1000, 64
+
+#: op name -> (expression over ``w`` [ROWS, COLS] and ``idx``, size the index is checked against,
+#: expression for "what slot 1 of the result holds", expression for "slot 1 if the op wrapped -1 around")
+OPS: dict[str, tuple[str, str, str, str]] = {
+    "F.embedding": ("F.embedding(idx, w)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
+    "torch.index_select": ("torch.index_select(w, 0, idx)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
+    "torch.gather": ("torch.gather(w, 0, idx[:, None].expand(-1, w.shape[1]))", "w.shape[0]", "out[1]",
+                     "w[bad % w.shape[0]]"),
+    "w[idx]": ("w[idx]", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
+    "torch.take": ("torch.take(w, idx)", "w.numel()", "out[1]", "w.flatten()[bad % w.numel()]"),
+}
+#: the two bad values tried for every op: the placeholder, and one past the end
+BAD_VALUES = ("-1", "size")
+
+
+def _case_source(op: str, bad: str, num_indices: int) -> str:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {list(OPS)}, got {op!r}")
+    if bad not in BAD_VALUES:
+        raise ValueError(f"bad must be one of {BAD_VALUES}, got {bad!r}")
+    if not isinstance(num_indices, int) or num_indices < 3:
+        raise ValueError(f"num_indices must be an int >= 3, got {num_indices!r}")
+    expr, size, slot, wrapped = OPS[op]
+    return f'''
+w = torch.arange({ROWS} * {COLS}, dtype=torch.float32, device=DEVICE).reshape({ROWS}, {COLS})
+size = {size}
+bad = -1 if {bad!r} == "-1" else size
+idx = torch.arange({num_indices}, device=DEVICE) % {ROWS}
+idx[1] = bad
+out = {expr}
+if DEVICE == "cuda":
+    torch.cuda.synchronize()
+got, wrapped = ({slot}).tolist(), ({wrapped}).tolist()
+'''
+
+
+def _describe_return(wrapped: bool) -> str:
+    return "returned; slot 1 holds the last element: -1 wrapped around" if wrapped else \
+        "returned; slot 1 holds something other than the wrapped-around element"
+
+
+def op_case_code(op: str, bad: str, num_indices: int = 3, device: str = "cuda") -> str:
+    """A child program running ``op`` on ``device`` with a ``bad`` index at position 1 of ``num_indices``."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    case = _case_source(op, bad, num_indices)
+    body = f'''
+DEVICE = {device!r}
+event("start", {f"{op} on {device}, index {bad} among {num_indices} indices"!r})
+try:
+{textwrap.indent(case, "    ")}
+    event("result", "the call returned", outcome="returned", wrapped=got == wrapped)
+except Exception as exc:
+    report({op!r}, exc)
+'''
+    return PRELUDE + textwrap.dedent(body)
+
+
+def cpu_outcome(op: str, bad: str, num_indices: int = 3) -> dict:
+    """What the CPU does with the same call: an ordinary, synchronous Python exception, or a wrap-around."""
+    namespace = {"torch": torch, "F": torch.nn.functional, "DEVICE": "cpu"}
+    try:
+        exec(_case_source(op, bad, num_indices), namespace)
+    except Exception as exc:  # noqa: BLE001  (the exception *is* the result)
+        return {"outcome": "raised", "type": type(exc).__name__, "message": str(exc).strip().splitlines()[0]}
+    wrapped = namespace["got"] == namespace["wrapped"]
+    return {"outcome": "returned", "wrapped": wrapped, "text": _describe_return(wrapped)}
+
+
+def cuda_outcome(run: ChildRun) -> dict:
+    """Summarise an :func:`op_case_code` child: which kernel asserted, with what, and what Python saw."""
+    result, raised, asserts = run.first("result"), run.first("raised"), run.asserts
+    summary: dict = {"returncode": run.returncode, "timed_out": run.timed_out, "assert_lines": len(asserts)}
+    if asserts:
+        a = asserts[0]
+        summary.update(outcome="device assert", kernel=a.kernel, condition=a.condition, where=a.where)
+    elif result:
+        wrapped = result["wrapped"]
+        summary.update(outcome="returned", wrapped=wrapped, text=_describe_return(wrapped))
+    else:
+        summary.update(outcome="raised" if raised else "no result")
+    if raised:
+        summary.update(type=raised["type"], message=raised["message"])
+    return summary

@@ -1,0 +1,251 @@
+"""Three ways to keep a ``-1`` placeholder out of the embedding, and what each one costs per step.
+
+Mirrors the review of vLLM PR #47029 (``vllm/v1/worker/gpu_model_runner.py``):
+
+* ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
+  ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.
+* ``host_mask``: the first version. A helper (``_mask_placeholder_draft_token_ids``) walks the
+  scheduler's draft lists on the host, builds a mask of the placeholder positions and ships it with
+  ``torch.tensor(..., device=...)`` every step: a synchronous copy from pageable memory. We do not have
+  that helper's code; this is our reconstruction from the review, with the same host work and the same copy.
+  ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
+* ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
+  ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
+  sampler can accept it as a draft (what vLLM's Model Runner V2 did, PR #54137).
+
+:func:`make_step` builds one step's inputs; :func:`time_fix` times a fix with CUDA events (median over many
+steps), :func:`count_syncs` counts the host-device synchronisations it makes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specfix.guard import PLACEHOLDER_TOKEN_ID
+
+#: The variants, in the order tables and plots show them.
+FIXES = ("clamp", "host_mask", "host_mask_async", "scheduler_zero")
+DESCRIPTIONS = {
+    "clamp": "(a) clamp_ in place in _preprocess (merged)",
+    "host_mask": "(b) host-built mask, torch.tensor(..., device=) each step (first version)",
+    "host_mask_async": "(b') same mask, pinned + non_blocking copy (reviewer's suggestion)",
+    "scheduler_zero": "(c) placeholders replaced by token 0 in the scheduler",
+}
+
+
+@dataclass
+class Step:
+    """One scheduled step: what the scheduler sends and what the worker holds on the device.
+
+    ``scheduled_spec_decode_tokens`` maps request id to its draft list (``-1`` for placeholders), as in
+    vLLM's ``SchedulerOutput``; ``cu_num_scheduled_tokens[i]`` is where request ``i``'s tokens end in the flat
+    ``input_ids`` (its drafts are its last tokens); ``input_ids`` is the device buffer, ``-1``s included.
+    """
+
+    req_ids: list[str]
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    cu_num_scheduled_tokens: list[int]
+    input_ids: torch.Tensor
+    pristine: torch.Tensor  # a copy of input_ids to restore before each timed step
+
+    @property
+    def num_input_tokens(self) -> int:
+        return self.cu_num_scheduled_tokens[-1]
+
+
+def make_step(num_tokens: int, num_spec_tokens: int = 3, padded_fraction: float = 0.25, vocab_size: int = 512,
+              device: torch.device | str = "cpu", seed: int = 0) -> Step:
+    """A decode step of ``num_tokens`` tokens: requests of ``1 + num_spec_tokens`` tokens each, a fraction of
+    them padded with placeholder drafts (e.g. first decodes on a P/D decode node)."""
+    if not isinstance(num_spec_tokens, int) or num_spec_tokens < 1:
+        raise ValueError(f"num_spec_tokens must be an int >= 1, got {num_spec_tokens!r}")
+    width = num_spec_tokens + 1
+    if not isinstance(num_tokens, int) or num_tokens < width or num_tokens % width:
+        raise ValueError(f"num_tokens must be a positive multiple of 1 + num_spec_tokens = {width}, "
+                         f"got {num_tokens!r}")
+    if not 0.0 <= padded_fraction <= 1.0:
+        raise ValueError(f"padded_fraction must lie in [0, 1], got {padded_fraction!r}")
+    gen = torch.Generator().manual_seed(seed)
+    num_reqs = num_tokens // width
+    padded = torch.rand(num_reqs, generator=gen) < padded_fraction
+    ids = torch.randint(0, vocab_size, (num_reqs, width), generator=gen, dtype=torch.int32)
+    ids[padded, 1:] = PLACEHOLDER_TOKEN_ID
+    req_ids = [f"req-{i}" for i in range(num_reqs)]
+    spec = {r: ids[i, 1:].tolist() for i, r in enumerate(req_ids)}
+    cu = [(i + 1) * width for i in range(num_reqs)]
+    flat = ids.reshape(-1).to(device)
+    return Step(req_ids, spec, cu, flat.clone(), flat)
+
+
+# -- the fixes ------------------------------------------------------------------------------------------
+def clamp_placeholders(step: Step) -> None:
+    """(a) ``_preprocess``: clamp in place, before the embedding (vLLM PR #47029 as merged)."""
+    step.input_ids[: step.num_input_tokens].clamp_(min=0)
+
+
+def _placeholder_mask(step: Step) -> list[bool]:
+    mask = [False] * step.num_input_tokens
+    for req_id, end in zip(step.req_ids, step.cu_num_scheduled_tokens, strict=True):
+        drafts = step.scheduled_spec_decode_tokens.get(req_id, ())
+        start = end - len(drafts)
+        for j, token in enumerate(drafts):
+            if token < 0:
+                mask[start + j] = True
+    return mask
+
+
+def mask_placeholder_draft_token_ids(step: Step) -> None:
+    """(b) the first version: a host-built mask, shipped with ``torch.tensor(..., device=...)`` each step."""
+    mask = torch.tensor(_placeholder_mask(step), dtype=torch.bool, device=step.input_ids.device)
+    step.input_ids[: step.num_input_tokens].masked_fill_(mask, 0)
+
+
+def mask_placeholder_draft_token_ids_async(step: Step) -> None:
+    """(b') the same mask copied from pinned memory with ``non_blocking=True``: no sync, same host work."""
+    host = torch.tensor(_placeholder_mask(step), dtype=torch.bool)
+    if step.input_ids.is_cuda:
+        host = host.pin_memory()
+    mask = host.to(step.input_ids.device, non_blocking=True)
+    step.input_ids[: step.num_input_tokens].masked_fill_(mask, 0)
+
+
+def zero_placeholders_in_scheduler(step: Step) -> dict[str, list[int]]:
+    """(c) the scheduler writes ``0`` instead of ``-1``; returns the lists it would send.
+
+    Under this design the worker's ``input_ids`` never hold ``-1``; the cost is host work in the scheduler.
+    """
+    return {req_id: [0 if t < 0 else t for t in drafts]
+            for req_id, drafts in step.scheduled_spec_decode_tokens.items()}
+
+
+APPLY: dict[str, Callable[[Step], object]] = {
+    "clamp": clamp_placeholders,
+    "host_mask": mask_placeholder_draft_token_ids,
+    "host_mask_async": mask_placeholder_draft_token_ids_async,
+    "scheduler_zero": zero_placeholders_in_scheduler,
+}
+
+
+def _check_fix(fix: str) -> Callable[[Step], object]:
+    if fix not in APPLY:
+        raise ValueError(f"fix must be one of {list(APPLY)}, got {fix!r}")
+    return APPLY[fix]
+
+
+# -- measuring ------------------------------------------------------------------------------------------
+def _busy_gpu(microseconds: float) -> None:
+    """Queue roughly ``microseconds`` of GPU work, as if the previous step's forward were still running."""
+    if microseconds > 0:
+        torch.cuda._sleep(int(microseconds * _cycles_per_us()))
+
+
+_CYCLES_PER_US: list[float] = []
+
+
+def _cycles_per_us() -> float:
+    if not _CYCLES_PER_US:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # warm up
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_US.append(10_000_000 / (start.elapsed_time(end) * 1e3))
+    return _CYCLES_PER_US[0]
+
+
+def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us: float = 0.0) -> dict:
+    """Median cost of one application of ``fix`` per step, in microseconds.
+
+    ``event_us``: CUDA events recorded just before and just after the fix, on an idle GPU; it spans the fix's
+    kernels and its host work (the GPU waits for the end event to be queued). ``host_us``: host wall time of
+    the call. With ``busy_us`` > 0, that much GPU work is queued before each step: a synchronising fix then
+    stalls the host until it drains, which shows in ``host_us``. On CPU only ``host_us`` is measured.
+    """
+    apply = _check_fix(fix)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    cuda = step.input_ids.is_cuda
+    if busy_us and not cuda:
+        raise ValueError("busy_us needs a CUDA step")
+    events, hosts = [], []
+    for i in range(warmup + repeats):
+        step.input_ids.copy_(step.pristine)
+        if cuda:
+            torch.cuda.synchronize()
+            _busy_gpu(busy_us)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        apply(step)
+        t1 = time.perf_counter()
+        if cuda:
+            end.record()
+            end.synchronize()
+        if i >= warmup:
+            hosts.append((t1 - t0) * 1e6)
+            if cuda:
+                events.append(start.elapsed_time(end) * 1e3)
+    return {
+        "host_us": statistics.median(hosts),
+        "event_us": statistics.median(events) if cuda else None,
+        "repeats": repeats,
+        "busy_us": busy_us,
+    }
+
+
+def count_syncs(fix: str, step: Step) -> dict:
+    """Host-device synchronisations one application of ``fix`` makes, counted two independent ways.
+
+    ``debug_mode``: warnings from ``torch.cuda.set_sync_debug_mode("warn")``, which torch raises in the code
+    paths that synchronise (``.item()``, blocking copies through ``memcpy_and_sync``, ``nonzero``...).
+    ``profiler``: CUDA runtime calls that block the host (``cudaStreamSynchronize``,
+    ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, plain ``cudaMemcpy``) seen by ``torch.profiler``;
+    ``None`` where unavailable.
+    """
+    apply = _check_fix(fix)
+    if not step.input_ids.is_cuda:
+        raise ValueError("count_syncs needs a CUDA step")
+    step.input_ids.copy_(step.pristine)
+    apply(step)  # warm: first-call allocations are not per-step costs
+    step.input_ids.copy_(step.pristine)
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            apply(step)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    messages = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    step.input_ids.copy_(step.pristine)
+    torch.cuda.synchronize()
+    return {"debug_mode": len(messages), "debug_messages": messages, **_profiled_syncs(apply, step)}
+
+
+_BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def _profiled_syncs(apply: Callable[[Step], object], step: Step) -> dict:
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            apply(step)
+            torch.cuda.synchronize()  # our own, subtracted below
+        names = [e.name for e in prof.events()]
+    except Exception as exc:  # noqa: BLE001  (profiler support varies by build; the count is then unknown)
+        return {"profiler": None, "profiler_error": f"{type(exc).__name__}: {exc}"}
+    blocking = [n for n in names if n in _BLOCKING_CALLS]
+    own = 1 if "cudaDeviceSynchronize" in blocking else 0
+    if own:
+        blocking.remove("cudaDeviceSynchronize")
+    return {"profiler": len(blocking), "profiler_calls": blocking,
+            "runtime_calls": sorted({n for n in names if n.startswith("cuda")})}
