@@ -1,0 +1,86 @@
+"""A word-level tokenizer over the fables shipped in ``specfix/data/fables.txt``.
+
+Stands in for the Hugging Face tokenizer that vLLM loads (``vllm/transformers_utils/tokenizer.py``):
+``encode`` turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
+corrupted output (a repeated or missing word) with their own eyes.
+
+Token 0 is ``"the"``, the commonest word. That choice matters: the "zero the placeholders" design
+alternative of chapter 1 turns every ``-1`` placeholder into a draft of token 0, which the target accepts
+whenever its own choice is ``"the"``. The last id is ``"<unk>"`` for words outside the fables.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+CORPUS_PATH = Path(__file__).with_name("data") / "fables.txt"
+#: Token id 0: a real, frequent word (see the module docstring for why).
+TOKEN_ZERO = "the"
+UNK = "<unk>"
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[.,!?:;]")
+_NO_SPACE_BEFORE = {".", ",", "!", "?", ":", ";"}
+_SENTENCE_END = {".", "!", "?"}
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words and punctuation marks, in order."""
+    return _WORD.findall(text.lower())
+
+
+class Tokenizer:
+    """Maps words to ids and back; ids run from 0 (``"the"``) to ``vocab_size - 1`` (``"<unk>"``)."""
+
+    def __init__(self, vocab: Sequence[str]):
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("vocab has duplicate words")
+        self.vocab = list(vocab)
+        self.token_to_id = {w: i for i, w in enumerate(self.vocab)}
+        self.unk_token_id = self.token_to_id[UNK]
+
+    @classmethod
+    def from_text(cls, text: str) -> Tokenizer:
+        counts = Counter(words(text))
+        if TOKEN_ZERO not in counts:
+            raise ValueError(f"the corpus must contain {TOKEN_ZERO!r}, which becomes token 0")
+        rest = sorted((w for w in counts if w != TOKEN_ZERO), key=lambda w: (-counts[w], w))
+        return cls([TOKEN_ZERO, *rest, UNK])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.token_to_id.get(w, self.unk_token_id) for w in words(text)]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Readable text. An id outside ``[0, vocab_size)`` (a leaked ``-1``, say) shows as ``<-1>``."""
+        out: list[str] = []
+        capitalise = True
+        for raw in token_ids:
+            tid = int(raw)
+            if not 0 <= tid < self.vocab_size:
+                piece = f"<{tid}>"
+            else:
+                piece = self.vocab[tid]
+                if capitalise or piece == "i":
+                    piece = piece[0].upper() + piece[1:]
+            if out and piece not in _NO_SPACE_BEFORE:
+                out.append(" ")
+            out.append(piece)
+            capitalise = piece in _SENTENCE_END
+        return "".join(out)
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_text() -> str:
+    return CORPUS_PATH.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def get_tokenizer() -> Tokenizer:
+    """The one tokenizer every chapter uses (built from the fables, cached)."""
+    return Tokenizer.from_text(corpus_text())
