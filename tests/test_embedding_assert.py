@@ -1,0 +1,180 @@
+"""Chapter 2: child-process harness, op table cases, placeholder fixes; and the real assert on CUDA."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specfix import embedding_assert as ea
+from specfix import placeholder_fixes as pf
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Lines in the exact shape the CUDA driver prints (file path, kernel, block, thread, condition), by hand.
+SAMPLE = """\
+some output
+/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [9,0,0], \
+thread: [126,0,0] Assertion `srcIndex < srcSelectDimSize` failed.
+/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:188: operator(): block: [0,0,0], thread: [3,0,0] \
+Assertion `idx_dim >= 0 && idx_dim < index_size && "index out of bounds"` failed.
+torch.AcceleratorError: CUDA error: device-side assert triggered
+"""
+
+
+def test_device_assert_lines_are_parsed():
+    first, second = ea.device_asserts(SAMPLE)
+    assert (first.where, first.kernel) == ("Indexing.cu:1515", "indexSelectSmallIndex")
+    assert (first.block, first.thread) == ("9,0,0", "126,0,0")
+    assert first.condition == "srcIndex < srcSelectDimSize"
+    assert second.kernel == "operator()" and second.condition.startswith("idx_dim >= 0")
+    assert ea.device_asserts("no asserts here") == []
+
+
+def test_child_survives_its_own_failure_and_reports_events_in_order():
+    run = ea.run_child(
+        ea.PRELUDE + "event('a', 'first')\nprint('plain line')\ntry:\n    1 / 0\n"
+        "except Exception as e:\n    report('division', e)\nraise SystemExit(3)\n",
+        label="toy child",
+    )
+    assert run.returncode == 3 and not run.timed_out
+    assert [e["kind"] for e in run.events] == ["a", "raised"]
+    raised = run.first("raised")
+    assert raised["type"] == "ZeroDivisionError" and "1 / 0" in raised["frame"]
+    lines = run.transcript().splitlines()
+    assert lines[:2] == ["[child] first", "plain line"] and "Traceback" in run.transcript()
+    assert ea.ChildRun.from_json(run.to_json()) == run
+
+
+def test_child_timeout_is_reported_not_raised():
+    run = ea.run_child("import time\nprint('started', flush=True)\ntime.sleep(30)\n", timeout=3)
+    assert run.timed_out and run.returncode is None and "started" in run.output
+
+
+@pytest.mark.parametrize("bad", [("x", "-1"), ("F.embedding", "minus one")])
+def test_bad_case_arguments_are_named(bad):
+    op, value = bad
+    with pytest.raises(ValueError, match="op" if op == "x" else "bad"):
+        ea.op_case_code(op, value)
+    with pytest.raises(ValueError, match="device"):
+        ea.op_case_code("F.embedding", "-1", device="tpu")
+    with pytest.raises(ValueError, match="code"):
+        ea.run_child("  ")
+
+
+def _direct_cpu_call(op, value):
+    w = torch.arange(ea.ROWS * ea.COLS, dtype=torch.float32).reshape(ea.ROWS, ea.COLS)
+    idx = torch.tensor([0, value, 2])
+    calls = {
+        "F.embedding": lambda: F.embedding(idx, w), "torch.index_select": lambda: w.index_select(0, idx),
+        "torch.gather": lambda: w.gather(0, idx[:, None].expand(-1, ea.COLS)), "w[idx]": lambda: w[idx],
+        "torch.take": lambda: w.take(idx),
+    }
+    try:
+        out = calls[op]()
+    except (IndexError, RuntimeError) as exc:
+        return type(exc).__name__, None
+    return "returned", out[1]
+
+
+@pytest.mark.parametrize("bad", ea.BAD_VALUES)
+@pytest.mark.parametrize("op", list(ea.OPS))
+def test_cpu_outcome_matches_a_direct_call(op, bad):
+    size = ea.ROWS * ea.COLS if op == "torch.take" else ea.ROWS
+    value = -1 if bad == "-1" else size
+    kind, slot = _direct_cpu_call(op, value)
+    got = ea.cpu_outcome(op, bad)
+    if kind == "returned":
+        last = torch.arange(ea.ROWS * ea.COLS, dtype=torch.float32).reshape(ea.ROWS, ea.COLS)
+        last = last.flatten()[-1] if op == "torch.take" else last[-1]
+        assert got["outcome"] == "returned" and got["wrapped"] == torch.equal(slot, last)
+    else:
+        assert got["outcome"] == "raised" and got["type"] == kind
+
+
+def test_cpu_child_gives_the_same_answer_as_in_process():
+    run = ea.run_child(ea.op_case_code("F.embedding", "-1", device="cpu"), label="cpu case")
+    summary = ea.cuda_outcome(run)
+    assert summary["outcome"] == "raised" and summary["assert_lines"] == 0
+    assert summary["type"] == ea.cpu_outcome("F.embedding", "-1")["type"] == "IndexError"
+
+
+# -- the fixes, on one step ------------------------------------------------------------------------------
+def test_make_step_layout():
+    step = pf.make_step(64, num_spec_tokens=3, padded_fraction=0.5, seed=1)
+    ids = step.input_ids.tolist()
+    assert step.num_input_tokens == 64 == len(ids) and len(step.req_ids) == 16
+    for req_id, end in zip(step.req_ids, step.cu_num_scheduled_tokens, strict=True):
+        drafts = step.scheduled_spec_decode_tokens[req_id]
+        assert ids[end - 3:end] == drafts and ids[end - 4] >= 0
+        assert drafts in ([-1, -1, -1],) or min(drafts) >= 0
+    assert -1 in ids and torch.equal(step.input_ids, step.pristine)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"num_tokens": 30}, "num_tokens"),
+    ({"num_tokens": 64, "num_spec_tokens": 0}, "num_spec_tokens"),
+    ({"num_tokens": 64, "padded_fraction": 2.0}, "padded"),
+])
+def test_make_step_rejects_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        pf.make_step(**kwargs)
+
+
+@pytest.mark.parametrize("fix", ["clamp", "host_mask", "host_mask_async"])
+def test_worker_side_fixes_zero_exactly_the_placeholders(fix):
+    step = pf.make_step(256, seed=3)
+    expected = [0 if t < 0 else t for t in step.pristine.tolist()]
+    pf.APPLY[fix](step)
+    assert step.input_ids.tolist() == expected
+    assert step.scheduled_spec_decode_tokens == pf.make_step(256, seed=3).scheduled_spec_decode_tokens
+
+
+def test_scheduler_zero_leaves_no_placeholder_but_makes_them_real_tokens():
+    step = pf.make_step(256, seed=3)
+    sent = pf.zero_placeholders_in_scheduler(step)
+    for req_id, drafts in step.scheduled_spec_decode_tokens.items():
+        assert sent[req_id] == [0 if t == -1 else t for t in drafts]
+    assert all(min(d) >= 0 for d in sent.values())
+
+
+def test_time_fix_on_cpu_and_its_arguments():
+    step = pf.make_step(64)
+    result = pf.time_fix("clamp", step, repeats=5, warmup=1)
+    assert result["host_us"] > 0 and result["event_us"] is None and result["repeats"] == 5
+    assert step.input_ids.min() >= 0
+    with pytest.raises(ValueError, match="fix"):
+        pf.time_fix("nope", step)
+    with pytest.raises(ValueError, match="busy_us"):
+        pf.time_fix("clamp", step, busy_us=10)
+    with pytest.raises(ValueError, match="CUDA"):
+        pf.count_syncs("clamp", step)
+
+
+# -- on the GPU ----------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("blocking", [False, True])
+def test_real_device_assert_surfaces_late_and_poisons_the_context(blocking):
+    env = {"CUDA_LAUNCH_BLOCKING": "1"} if blocking else {"CUDA_LAUNCH_BLOCKING": "0"}
+    run = ea.run_child(ea.minimal_crash_code(ids=(5, -1, 7)), label="minimal", env=env, timeout=300)
+    assert not run.timed_out and run.returncode != 0
+    assert run.asserts, run.output
+    assert any("srcIndex" in a.condition or "ind" in a.condition for a in run.asserts)
+    raised = run.first("raised")
+    kinds = [e["kind"] for e in run.events]
+    if blocking:
+        assert raised["during"] == "F.embedding(ids, weight)" and "returned" not in kinds
+    else:
+        assert kinds.index("returned") < kinds.index("raised")
+        assert raised["during"] == "torch.cuda.synchronize()" and "synchronize" in raised["frame"]
+    assert "device-side assert" in raised["message"]
+    probes = [e for e in run.events if e["kind"] == "probe"]
+    assert len(probes) == 4 and not any(p["ok"] for p in probes)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_clamp_makes_no_sync_and_the_host_mask_does():
+    step = pf.make_step(2048, device="cuda")
+    clamp, host_mask = pf.count_syncs("clamp", step), pf.count_syncs("host_mask", step)
+    assert clamp["debug_mode"] == 0 and clamp["profiler"] in (0, None)
+    assert host_mask["debug_mode"] >= 1 or (host_mask["profiler"] or 0) >= 1
