@@ -1,0 +1,433 @@
+"""Masked Gumbel-max sampling in Triton: Model Runner V2's sampler, with and without the -1 row fix.
+
+Mirrors ``vllm/v1/worker/gpu/sample/gumbel.py`` (``gumbel_block_argmax``, ``_gumbel_sample_kernel``,
+``gumbel_sample``) as of vLLM 0.25, the first release with PR #47066: a logit row whose
+``expanded_idx_mapping`` entry is negative is padding, so the kernel masks its temperature and seed loads
+and never stores its processed logits. ``Fixes(mask_invalid_reqs=False)`` compiles the kernel as it was
+before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
+``processed_logits[-1, col, :]``: memory that belongs to someone else.
+
+Sampling is a two-stage reduction over the vocabulary. Stage 1 (grid rows x tiles) adds noise to one
+tile and keeps its max and argmax; stage 2 (grid rows, a second small Triton kernel, so the whole call
+is two launches and no torch ops) picks the best tile. A vocabulary that fits one tile skips stage 2.
+
+Two noise modes, both a pure function of (request seed, position, token id) and sharing the same
+32-bit hash (``specfix.gumbel_reference``):
+- ``"exact"`` (default): our own float32 logarithm, compiled without FMA contraction, so the GPU kernel,
+  Triton's interpreter and the torch reference agree bit for bit. Golden tests and chapters 3 and 4 use it.
+- ``"fast"``: the hardware's approximate ``lg2`` (inline PTX on the GPU; ``tl.log2`` in the interpreter)
+  with a series for the small-u tail. Same distribution to ~1e-6, about twice the throughput; its tokens
+  may differ from the exact mode's in rare near-ties. Chapter 5 measures both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfix import gumbel_reference as ref
+from specfix.fixes import Fixes
+from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
+
+NOISE_MODES = ("exact", "fast")
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+if HAS_TRITON:
+    _C1 = tl.constexpr(ref.FMIX_C1)
+    _C2 = tl.constexpr(ref.FMIX_C2)
+    _TOKEN_MULT = tl.constexpr(ref.TOKEN_MULT)
+    _KEY_SALT = tl.constexpr(ref.KEY_SALT)
+    _U_MAX = tl.constexpr(ref.U_MAX)
+    _SQRT_HALF_BITS = tl.constexpr(ref.SQRT_HALF_BITS)
+    _LN2 = tl.constexpr(ref.LN2)
+    _LOG2E = tl.constexpr(ref.LOG2E)
+    _P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7 = (tl.constexpr(c) for c in ref.LN1P_POLY)
+
+    @triton.jit
+    def _fmix32(x):
+        x = x ^ (x >> 16)
+        x = x * _C1
+        x = x ^ (x >> 13)
+        x = x * _C2
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _row_key(seed, pos):
+        """32-bit key of (seed, pos): both int64 scalars."""
+        key = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ _KEY_SALT)
+        key = _fmix32(key ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+        key = _fmix32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+        return _fmix32(key ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+
+    @triton.jit
+    def _uniform(key, offs):
+        bits = _fmix32(key ^ (offs.to(tl.uint32) * _TOKEN_MULT))
+        return tl.minimum((bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10, _U_MAX)
+
+    @triton.jit
+    def _careful_log(x):
+        """ln(x) from float32 adds and multiplies (see gumbel_reference.careful_log)."""
+        bits = x.to(tl.int32, bitcast=True)
+        exponent = (bits - _SQRT_HALF_BITS) >> 23
+        f = (bits - exponent * 8388608).to(tl.float32, bitcast=True) - 1.0
+        p = _P6 + f * _P7
+        p = _P5 + f * p
+        p = _P4 + f * p
+        p = _P3 + f * p
+        p = _P2 + f * p
+        p = _P1 + f * p
+        p = _P0 + f * p
+        return exponent.to(tl.float32) * _LN2 + (f + (f * f) * p)
+
+    @triton.jit
+    def _exact_gumbel(u):
+        """-log(-log1p(-u)); log1p(-u) = ln(w) + ((1 - w) - u) with w = 1 - u rounded."""
+        w = 1.0 - u
+        return -_careful_log(-(_careful_log(w) + ((1.0 - w) - u)))
+
+    @triton.jit
+    def _approx_log2(x, USE_ASM: tl.constexpr):
+        if USE_ASM:
+            return tl.inline_asm_elementwise(
+                "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            return tl.log2(x)
+
+    @triton.jit
+    def _fast_gumbel_log2(u, USE_ASM: tl.constexpr):
+        """The Gumbel noise divided by ln 2, up to a constant: -log2(-log2(1 - u)).
+
+        The hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series.
+        """
+        series = u * (1.0 + u * (0.5 + u * (0.3333333432674408 + u * 0.25))) * _LOG2E
+        e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
+        return -_approx_log2(e2, USE_ASM)
+
+    @triton.jit
+    def gumbel_block_argmax(
+        logits_row_ptr,
+        tile,
+        vocab_size,
+        req_state_idx,
+        temperature_ptr,
+        seed_ptr,
+        pos,
+        processed_ptr,
+        processed_stride0,
+        processed_stride1,
+        col,
+        APPLY_TEMPERATURE: tl.constexpr,
+        STORE_PROCESSED: tl.constexpr,
+        MASK_INVALID: tl.constexpr,
+        FAST_NOISE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Max and argmax (a token id) of logits + Gumbel noise over one vocabulary tile of one row."""
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        in_vocab = offs < vocab_size
+        x = tl.load(logits_row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
+        is_valid_req = req_state_idx >= 0
+        if MASK_INVALID:
+            temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
+        else:
+            temp = tl.load(temperature_ptr + req_state_idx)
+        if APPLY_TEMPERATURE:
+            if temp != 0.0:
+                x = tl.math.div_rn(x, temp)
+        if STORE_PROCESSED:
+            dst = processed_ptr + req_state_idx * processed_stride0 + col * processed_stride1 + offs
+            store_mask = in_vocab & is_valid_req if MASK_INVALID else in_vocab
+            tl.store(dst, x.to(processed_ptr.dtype.element_ty), mask=store_mask)
+        if temp != 0.0:
+            if MASK_INVALID:
+                seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req, other=0)
+            else:
+                seed = tl.load(seed_ptr + req_state_idx)
+            u = _uniform(_row_key(seed, pos), offs)
+            if FAST_NOISE:
+                x = x * _LOG2E + _fast_gumbel_log2(u, USE_ASM)
+            else:
+                x = x + _exact_gumbel(u)
+        value, index = tl.max(x, axis=0, return_indices=True)
+        return value, tile * BLOCK + index
+
+    @triton.jit
+    def _gumbel_sample_kernel(
+        out_ptr,
+        local_max_ptr,
+        local_argmax_ptr,
+        logits_ptr,
+        logits_stride,
+        idx_mapping_ptr,
+        temperature_ptr,
+        seed_ptr,
+        pos_ptr,
+        processed_ptr,
+        processed_stride0,
+        processed_stride1,
+        col_ptr,
+        col_scalar,
+        vocab_size,
+        num_tiles,
+        APPLY_TEMPERATURE: tl.constexpr,
+        STORE_PROCESSED: tl.constexpr,
+        PER_TOKEN_COL: tl.constexpr,
+        MASK_INVALID: tl.constexpr,
+        FAST_NOISE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+        SINGLE_TILE: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Stage 1: grid (rows, tiles). One tile's max/argmax; the token itself if there is one tile."""
+        row = tl.program_id(0).to(tl.int64)
+        tile = tl.program_id(1)
+        req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
+        pos = tl.load(pos_ptr + row).to(tl.int64)
+        if PER_TOKEN_COL:
+            col = tl.load(col_ptr + row).to(tl.int64)
+        else:
+            col = col_scalar
+        value, token = gumbel_block_argmax(
+            logits_ptr + row * logits_stride, tile, vocab_size, req_state_idx, temperature_ptr, seed_ptr, pos,
+            processed_ptr, processed_stride0, processed_stride1, col,
+            APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BLOCK,
+        )
+        if SINGLE_TILE:
+            tl.store(out_ptr + row, token.to(tl.int64))
+        else:
+            tl.store(local_max_ptr + row * num_tiles + tile, value)
+            tl.store(local_argmax_ptr + row * num_tiles + tile, token)
+
+    @triton.jit
+    def _gumbel_reduce_kernel(out_ptr, local_max_ptr, local_argmax_ptr, num_tiles, TILES: tl.constexpr):
+        """Stage 2: grid (rows,). The best tile wins; ties go to the lower tile, i.e. the lower token id."""
+        row = tl.program_id(0).to(tl.int64)
+        t = tl.arange(0, TILES)
+        values = tl.load(local_max_ptr + row * num_tiles + t, mask=t < num_tiles, other=float("-inf"))
+        best = tl.argmax(values, axis=0)
+        token = tl.load(local_argmax_ptr + row * num_tiles + best)
+        tl.store(out_ptr + row, token.to(tl.int64))
+
+    @triton.jit
+    def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, FAST_NOISE: tl.constexpr,
+                             USE_ASM: tl.constexpr, BLOCK: tl.constexpr):
+        """The noise itself, [rows, vocab] (exact mode: natural log; fast mode: log2 units), for teaching."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        u = _uniform(_row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row).to(tl.int64)), offs)
+        if FAST_NOISE:
+            g = _fast_gumbel_log2(u, USE_ASM)
+        else:
+            g = _exact_gumbel(u)
+        tl.store(out_ptr + row * vocab_size + offs, g, mask=offs < vocab_size)
+
+
+def _check_vector(name: str, t, dtypes, length: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}; got {str(t.dtype).removeprefix('torch.')}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} has {t.shape[0]} entries but logits has {length} rows")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_logits, processed_logits_col):
+    """Refuse bad input before launching anything. Value checks (which would need a device-to-host sync,
+    impossible inside a CUDA graph) run only on CPU tensors; dtypes, shapes and devices are always checked."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"logits must be float32, float16 or bfloat16; got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [num_tokens, vocab_size], got shape {tuple(logits.shape)}")
+    num_tokens, vocab_size = logits.shape
+    if vocab_size == 0:
+        raise ValueError("logits has an empty vocabulary (vocab_size 0)")
+    if logits.stride(1) != 1:
+        raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
+    if expanded_idx_mapping.dtype.is_floating_point or (
+        expanded_idx_mapping.dtype not in _INDEX_DTYPES and not expanded_idx_mapping.dtype.is_signed
+    ):
+        raise TypeError(
+            "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
+            f"or floating type would turn into a huge index or a fraction); got {expanded_idx_mapping.dtype}"
+        )
+    _check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens)
+    _check_vector("temperature", temperature, (torch.float32,))
+    _check_vector("seed", seed, (torch.int64,))
+    _check_vector("pos", pos, _INDEX_DTYPES, num_tokens)
+    if temperature.shape != seed.shape:
+        raise ValueError(
+            "temperature and seed are per-request tables of one length; "
+            f"got {temperature.shape[0]} and {seed.shape[0]}"
+        )
+    tensors = {"expanded_idx_mapping": expanded_idx_mapping, "temperature": temperature, "seed": seed,
+               "pos": pos}
+    if processed_logits is not None:
+        if not isinstance(processed_logits, torch.Tensor):
+            raise TypeError(f"processed_logits must be a torch.Tensor, got {type(processed_logits).__name__}")
+        if processed_logits.dtype not in _LOGIT_DTYPES:
+            raise TypeError(
+                f"processed_logits must be float32, float16 or bfloat16; got {processed_logits.dtype}"
+            )
+        if processed_logits.dim() != 3 or processed_logits.shape[2] != vocab_size:
+            raise ValueError(
+                f"processed_logits must have shape [max_num_reqs, num_cols, {vocab_size}]; "
+                f"got {tuple(processed_logits.shape)}"
+            )
+        if processed_logits.shape[0] != temperature.shape[0]:
+            raise ValueError(
+                f"processed_logits has {processed_logits.shape[0]} request rows but temperature has "
+                f"{temperature.shape[0]}"
+            )
+        if processed_logits.stride(2) != 1:
+            raise ValueError(
+                f"processed_logits must have last stride 1, got strides {processed_logits.stride()}"
+            )
+        num_cols = processed_logits.shape[1]
+        if isinstance(processed_logits_col, torch.Tensor):
+            _check_vector("processed_logits_col", processed_logits_col, _INDEX_DTYPES, num_tokens)
+            tensors["processed_logits_col"] = processed_logits_col
+        elif processed_logits_col is not None:
+            if isinstance(processed_logits_col, bool) or not isinstance(processed_logits_col, int):
+                raise TypeError(
+                    "processed_logits_col must be an int or an int tensor, "
+                    f"got {type(processed_logits_col).__name__}"
+                )
+            if not 0 <= processed_logits_col < num_cols:
+                raise ValueError(f"processed_logits_col={processed_logits_col} outside [0, {num_cols})")
+        tensors["processed_logits"] = processed_logits
+    elif processed_logits_col is not None:
+        raise ValueError("processed_logits_col given without processed_logits")
+    for name, t in tensors.items():
+        if t.device != logits.device:
+            raise ValueError(f"{name} is on {t.device} but logits is on {logits.device}")
+    if logits.device.type == "cpu":
+        if temperature.numel() and bool((temperature < 0).any()):
+            raise ValueError(f"temperature must be >= 0 (0 means greedy); got min {temperature.min().item()}")
+        if num_tokens and bool((expanded_idx_mapping >= temperature.shape[0]).any()):
+            raise ValueError(
+                f"expanded_idx_mapping holds {expanded_idx_mapping.max().item()}, beyond the "
+                f"{temperature.shape[0]} request-state rows"
+            )
+        if isinstance(processed_logits_col, torch.Tensor) and num_tokens:
+            bad = (processed_logits_col < 0) | (processed_logits_col >= processed_logits.shape[1])
+            if bool(bad.any()):
+                raise ValueError(f"processed_logits_col must lie in [0, {processed_logits.shape[1]})")
+
+
+def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int]:
+    """(BLOCK, num_warps). Interpreter: one tile per row where possible (its cost is per program).
+    GPU: the largest tile in 1024..8192 that still leaves ~1024 programs to fill the H200's 132 SMs."""
+    if INTERPRET:
+        return min(triton.next_power_of_2(vocab_size), 1 << 16), 4
+    block = triton.next_power_of_2(max(num_tokens * vocab_size // 1024, 1))
+    block = max(1024, min(block, 8192, triton.next_power_of_2(vocab_size)))
+    return block, 8 if block >= 4096 else 4
+
+
+def gumbel_sample(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    pos: torch.Tensor,
+    apply_temperature: bool,
+    processed_logits: torch.Tensor | None = None,
+    processed_logits_col: int | torch.Tensor | None = None,
+    *,
+    fixes: Fixes | None = None,
+    noise: str = "exact",
+    block_size: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Sample one token per logit row by Gumbel-max: ``argmax(logits / T + g)``, ``g ~ Gumbel(0, 1)``.
+
+    Args:
+        logits: ``[num_tokens, vocab_size]`` float32/float16/bfloat16; rows may be strided.
+        expanded_idx_mapping: ``[num_tokens]`` int32/int64, logit row -> request-state row; ``< 0`` = padding.
+        temperature: ``[max_num_reqs]`` float32; 0 means greedy (plain argmax).
+        seed: ``[max_num_reqs]`` int64 per-request seeds.
+        pos: ``[num_tokens]`` int32/int64 positions; the noise is keyed by (seed, pos, token id).
+        apply_temperature: divide the logits by the temperature (else the caller already did).
+        processed_logits: optional ``[max_num_reqs, num_cols, vocab_size]`` buffer that receives the
+            (temperature-applied) logits of each valid row at ``[req_state_idx, col]``.
+        processed_logits_col: the column: an int, or an int tensor ``[num_tokens]``; default 0.
+        fixes: ``fixes.mask_invalid_reqs=False`` runs the pre-PR-#47066 kernel (no masks).
+        noise: ``"exact"`` (bit-reproducible everywhere) or ``"fast"`` (hardware log2 on the GPU).
+        block_size, num_warps: override the launch configuration (tests, benchmarks).
+
+    Returns:
+        ``[num_tokens]`` int64 token ids. No host sync and no value-dependent allocation: safe to capture
+        in a CUDA graph.
+    """
+    fixes = Fixes() if fixes is None else fixes
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+    _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_logits, processed_logits_col)
+    if not HAS_TRITON:
+        if not fixes.mask_invalid_reqs:
+            raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
+        return ref.gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos,
+                                           apply_temperature, processed_logits, processed_logits_col)
+    num_tokens, vocab_size = logits.shape
+    out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
+    if num_tokens == 0:
+        return out
+    default_block, default_warps = launch_config(num_tokens, vocab_size)
+    block = block_size or default_block
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    num_tiles = triton.cdiv(vocab_size, block)
+    single = num_tiles == 1
+    partial_shape = (num_tokens, 1 if single else num_tiles)
+    local_max = torch.empty(partial_shape, dtype=torch.float32, device=logits.device)
+    local_argmax = torch.empty_like(local_max, dtype=torch.int32)
+    store = processed_logits is not None
+    per_token_col = isinstance(processed_logits_col, torch.Tensor)
+    col_tensor = processed_logits_col if per_token_col else pos
+    col_scalar = 0 if per_token_col or processed_logits_col is None else processed_logits_col
+    processed = processed_logits if store else local_max
+    stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
+    launch = {} if noise == "fast" else {"enable_fp_fusion": False}
+    _gumbel_sample_kernel[(num_tokens, num_tiles)](
+        out, local_max, local_argmax, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
+        processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles,
+        APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store, PER_TOKEN_COL=per_token_col,
+        MASK_INVALID=fixes.mask_invalid_reqs, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET,
+        SINGLE_TILE=single, BLOCK=block, num_warps=num_warps or default_warps, **launch,
+    )
+    if not single:
+        _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_tiles,
+                                             TILES=triton.next_power_of_2(num_tiles), num_warps=1)
+    return out
+
+
+def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
+                 noise: str = "exact") -> torch.Tensor:
+    """``[rows, vocab_size]`` float32 noise exactly as the sampling kernel draws it (for teaching and tests).
+
+    ``"exact"``: Gumbel noise in natural-log units, bitwise equal to ``gumbel_reference.gumbel_noise``.
+    ``"fast"``: the fast mode's noise in log2 units (Gumbel / ln 2, shifted by a constant)."""
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+    _check_vector("seed", seed, (torch.int64,))
+    _check_vector("pos", pos, _INDEX_DTYPES, seed.shape[0])
+    if not HAS_TRITON:
+        if noise == "fast":
+            raise RuntimeError("the fast noise needs triton")
+        return ref.gumbel_noise(seed, pos, vocab_size)
+    out = torch.empty((seed.shape[0], vocab_size), dtype=torch.float32, device=seed.device)
+    block = min(triton.next_power_of_2(vocab_size), 1 << 16 if INTERPRET else 4096)
+    launch = {} if noise == "fast" else {"enable_fp_fusion": False}
+    _gumbel_noise_kernel[(seed.shape[0], triton.cdiv(vocab_size, block))](
+        out, seed, pos, vocab_size, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET, BLOCK=block, **launch
+    )
+    return out
