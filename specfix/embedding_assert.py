@@ -305,3 +305,46 @@ def cuda_outcome(run: ChildRun) -> dict:
     if raised:
         summary.update(type=raised["type"], message=raised["message"])
     return summary
+
+
+def pipeline_crash_code() -> str | None:
+    """The specfix engine on CUDA with ``Fixes(clamp_placeholders=False)``, left to crash; None if absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("specfix.engine") is None:
+        return None
+    raise NotImplementedError
+
+
+def _cuda_cell(c: dict) -> str:
+    if c.get("outcome") == "device assert":
+        return f"device assert in {c['kernel']} ({c['where']}): `{c['condition']}`"
+    if c.get("outcome") == "returned":
+        return "no error: -1 wrapped around" if c.get("wrapped") else "no error (wrong values)"
+    if c.get("outcome") == "raised":
+        return f"{c['type']}: {c['message']}"
+    return "no result (timed out)" if c.get("timed_out") else "no result"
+
+
+def _cpu_cell(c: dict) -> str:
+    if c["outcome"] == "returned":
+        return "no error: -1 wrapped around" if c["wrapped"] else "no error (wrong values)"
+    return f"{c['type']}: {c['message']}"
+
+
+def ops_frame(rows: list[dict], live_cpu: bool = False):
+    """The table "which operations assert, and how": one row per (op, bad index), a column per setting.
+
+    ``rows`` are the recorder's rows; ``live_cpu`` replaces the recorded CPU column by this machine's answer.
+    """
+    import pandas as pd
+
+    table = {}
+    for row in rows:
+        key = (row["op"], "-1" if row["bad"] == "-1" else "size")
+        cpu = cpu_outcome(row["op"], row["bad"], row["num_indices"]) if live_cpu else row["cpu"]
+        entry = table.setdefault(key, {"CPU": _cpu_cell(cpu)})
+        entry[f"CUDA, {row['num_indices']} indices"] = _cuda_cell(row["cuda"])
+    frame = pd.DataFrame.from_dict(table, orient="index")
+    frame.index.names = ["op", "bad index"]
+    return frame

@@ -37,6 +37,8 @@ DESCRIPTIONS = {
     "host_mask_async": "(b') same mask, pinned + non_blocking copy (reviewer's suggestion)",
     "scheduler_zero": "(c) placeholders replaced by token 0 in the scheduler",
 }
+LABELS = {"clamp": "(a) clamp_", "host_mask": "(b) host mask, sync copy",
+          "host_mask_async": "(b') host mask, async copy", "scheduler_zero": "(c) 0 in scheduler"}
 
 
 @dataclass
@@ -249,3 +251,36 @@ def _profiled_syncs(apply: Callable[[Step], object], step: Step) -> dict:
         blocking.remove("cudaDeviceSynchronize")
     return {"profiler": len(blocking), "profiler_calls": blocking,
             "runtime_calls": sorted({n for n in names if n.startswith("cuda")})}
+
+
+def fixes_frame(timing: list[dict]):
+    """One row per (fix, tokens): cost per step and synchronisations per step, from :func:`time_fix` rows."""
+    import pandas as pd
+
+    rows = []
+    for t in timing:
+        syncs = t.get("syncs") or {}
+        rows.append({
+            "fix": LABELS[t["fix"]], "tokens": t["num_tokens"],
+            "CUDA events, idle GPU (us)": t.get("event_us"), "host time (us)": t["host_us"],
+            "host time, GPU busy (us)": t.get("host_us_busy"),
+            "syncs (sync debug mode)": syncs.get("debug_mode"), "syncs (profiler)": syncs.get("profiler"),
+        })
+    return pd.DataFrame(rows).set_index(["fix", "tokens"]).dropna(axis=1, how="all")
+
+
+def plot_fixes(timing: list[dict], ax=None, key: str = "event_us", label: str = "CUDA events, idle GPU"):
+    """Cost per step against the number of tokens, one line per fix, log-log."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4))
+    for fix in FIXES:
+        points = sorted((t["num_tokens"], t[key]) for t in timing
+                        if t["fix"] == fix and t.get(key) is not None)
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=DESCRIPTIONS[fix])
+    ax.set(xscale="log", yscale="log", xlabel="tokens in the step", ylabel=f"cost per step (us), {label}")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    return ax
