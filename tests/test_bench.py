@@ -86,7 +86,7 @@ def test_gumbel_goals_take_the_worst_case():
     for dname, ours_us, ref_us in (("fp32", 100.0, 700.0), ("bf16", 50.0, 200.0)):
         for rows in (8, 256):
             params = dict(vocab=151_936, rows=rows, dtype=dname)
-            mine = _row("gumbel", "specfix_triton", ours_us, **params)
+            mine = _row("gumbel", bench.JUDGED, ours_us, **params)
             mine["metrics"]["G_logits_per_s"] = bench.g_logits_per_s(rows, 151_936, ours_us)
             results += [mine, _row("gumbel", "torch_softmax_multinomial", ref_us, **params)]
     rate, speedup = bench._goals_gumbel(results, GPU)
@@ -250,3 +250,12 @@ def test_cli_unknown_only_name_is_a_clear_error(tmp_path):
 def test_cli_needs_a_command():
     out = _cli()
     assert out.returncode == 2 and "bench" in out.stderr
+
+
+def test_frame_flattens_one_case(ceilings_report):
+    df = bench.frame(ceilings_report, "ceilings")
+    assert sorted(df["impl"]) == ["argmax_read", "copy"]
+    argmax = df[df["impl"] == "argmax_read"].iloc[0]
+    # the argmax reads rows x vocab fp32 values once
+    assert argmax["TB_per_s"] == pytest.approx(argmax["rows"] * argmax["vocab"] * 4 / argmax["median_us"] / 1e6)
+    assert bench.frame(ceilings_report, "gumbel").empty
