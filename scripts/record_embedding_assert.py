@@ -56,16 +56,7 @@ def record_transcripts(timeout: float) -> dict:
 
 
 def record_ops(timeout: float) -> dict:
-    rows = []
-    for op in ea.OPS:
-        for bad in ea.BAD_VALUES:
-            for num_indices in INDEX_COUNTS:
-                log(f"op {op} bad={bad} n={num_indices}")
-                run = ea.run_child(ea.op_case_code(op, bad, num_indices), label=f"{op} {bad} {num_indices}",
-                                   env={"CUDA_LAUNCH_BLOCKING": "0"}, timeout=timeout)
-                rows.append({"op": op, "bad": bad, "num_indices": num_indices,
-                             "cuda": ea.cuda_outcome(run), "cpu": ea.cpu_outcome(op, bad, num_indices),
-                             "transcript": run.transcript(max_asserts=1)[-3000:]})
+    rows = ea.op_table_rows(INDEX_COUNTS, timeout=timeout, progress=lambda case: log(f"op {case}"))
     return {"rows": rows, "weight_shape": [ea.ROWS, ea.COLS]}
 
 

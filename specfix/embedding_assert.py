@@ -316,6 +316,26 @@ def pipeline_crash_code() -> str | None:
     raise NotImplementedError
 
 
+def op_table_rows(index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, on_gpu: bool = True,
+                  progress=None) -> list[dict]:
+    """Every (op, bad index, index count) case: CUDA in its own child (if ``on_gpu``), the CPU in-process."""
+    rows = []
+    for op in OPS:
+        for bad in BAD_VALUES:
+            for num_indices in index_counts:
+                row = {"op": op, "bad": bad, "num_indices": num_indices,
+                       "cpu": cpu_outcome(op, bad, num_indices), "cuda": {"outcome": "not run"}}
+                if on_gpu:
+                    if progress:
+                        progress(f"{op} bad={bad} n={num_indices}")
+                    run = run_child(op_case_code(op, bad, num_indices), label=f"{op} {bad} {num_indices}",
+                                    env={"CUDA_LAUNCH_BLOCKING": "0"}, timeout=timeout)
+                    row["cuda"] = cuda_outcome(run)
+                    row["transcript"] = run.transcript(max_asserts=1)[-3000:]
+                rows.append(row)
+    return rows
+
+
 def _cuda_cell(c: dict) -> str:
     if c.get("outcome") == "device assert":
         return f"device assert in {c['kernel']} ({c['where']}): `{c['condition']}`"
@@ -323,6 +343,8 @@ def _cuda_cell(c: dict) -> str:
         return "no error: -1 wrapped around" if c.get("wrapped") else "no error (wrong values)"
     if c.get("outcome") == "raised":
         return f"{c['type']}: {c['message']}"
+    if c.get("outcome") == "not run":
+        return "not recorded yet"
     return "no result (timed out)" if c.get("timed_out") else "no result"
 
 
@@ -348,3 +370,32 @@ def ops_frame(rows: list[dict], live_cpu: bool = False):
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.names = ["op", "bad index"]
     return frame
+
+
+def plot_timeline(run: ChildRun, ax=None):
+    """Host and GPU lanes of a :func:`minimal_crash_code` run (schematic): where the kernel failed, and
+    where Python heard of it."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 2.4))
+    raised = run.first("raised") or {}
+    late = run.first("returned") is not None
+    blocking = bool((run.first("start") or {}).get("blocking"))
+    host = [(0, 1, "launch\nF.embedding", "#8ab"), (1, 1, "returns", "#8c8") if late else None,
+            (2, 1.2, "more Python", "#ddd") if late else None,
+            (3.2 if late else 1, 1, "synchronize()\nwaits" if late else "launch waits\n(blocking)", "#db8"),
+            (4.2 if late else 2, 1.4, f"raises\n{raised.get('type', '?')}", "#e88")]
+    kernel = run.asserts[0].kernel if run.asserts else "kernel"
+    gpu = [(0.3, 0.5, "", "#8ab"), (0.8, 0.9, f"{kernel}\na thread asserts", "#e88"),
+           (1.7, 5.4 if late else 3.4, "context poisoned: every later CUDA call fails", "#f4cccc")]
+    for lane, bars in ((1, host), (0, gpu)):
+        for bar in filter(None, bars):
+            start, width, text, colour = bar
+            ax.barh(lane, width, left=start, color=colour, edgecolor="k", height=0.6)
+            ax.text(start + width / 2, lane, text, ha="center", va="center", fontsize=7)
+    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, 7.2 if late else 5.2),
+           title=f"CUDA_LAUNCH_BLOCKING={int(blocking)}: the error reaches Python at "
+                 f"{raised.get('during', '?')}")
+    ax.set_xlabel("time (schematic)")
+    return ax
