@@ -31,7 +31,8 @@ Pieces, each usable on its own (chapter 3 calls the random core with its own ran
         ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``, ``q = draft_probs[t, d]`` (1 if None),
         ``u = uniform_probs[t]``; emit d if accepted, else ``recovered_token_ids[t]`` and stop.
         backend "triton" runs ``rejection_random_sample_kernel``, "torch" runs
-        ``rejection_random_sample_ref``, "auto" picks Triton when it is installed. The greedy core
+        ``rejection_random_sample_ref``, "auto" picks Triton where it can run (CUDA tensors, or any
+        tensors under Triton's CPU interpreter) and the reference elsewhere. The greedy core
         ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
 
 The two verification loops are Triton kernels (grid ``(B,)``, one program per request looping over its
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
@@ -75,12 +77,19 @@ _DEFAULT_FIXES = Fixes()
 _BACKENDS = ("auto", "triton", "torch")
 
 
-def _use_triton(backend: str) -> bool:
+def _use_triton(backend: str, device: torch.device | None = None) -> bool:
+    """Whether to launch the Triton kernel: on CUDA tensors, or anywhere under Triton's interpreter."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "triton" and not HAS_TRITON:
-        raise RuntimeError("backend='triton' but triton is not installed; use backend='torch'")
-    return backend == "triton" or (backend == "auto" and HAS_TRITON)
+    if backend == "torch":
+        return False
+    usable = HAS_TRITON and (runtime.INTERPRET or device is None or device.type == "cuda")
+    if backend == "triton" and not usable:
+        raise RuntimeError(
+            f"backend='triton' cannot run here (triton installed: {HAS_TRITON}, tensors on {device}, "
+            f"interpreter: {runtime.INTERPRET}); use backend='torch' or move the tensors to the GPU"
+        )
+    return usable
 
 
 class RejectionSampler(torch.nn.Module):
@@ -480,7 +489,7 @@ def rejection_greedy_sample(
     backend: str = "auto",
 ) -> None:
     """Fill the greedy rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
-    if not _use_triton(backend):
+    if not _use_triton(backend, output_token_ids.device):
         rejection_greedy_sample_ref(
             output_token_ids,
             cu_num_draft_tokens,
@@ -520,7 +529,7 @@ def rejection_random_sample(
     backend: str = "auto",
 ) -> None:
     """Fill the random rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
-    if not _use_triton(backend):
+    if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
             cu_num_draft_tokens,
@@ -588,8 +597,8 @@ def _write_prefix(
 
 
 def _active_rows(is_greedy: torch.Tensor | None, batch_size: int, greedy: bool, device) -> torch.Tensor:
-    if is_greedy is None:
-        return torch.full((batch_size,), greedy, dtype=torch.bool, device=device)
+    if is_greedy is None:  # the caller runs only the path every row takes
+        return torch.ones(batch_size, dtype=torch.bool, device=device)
     return is_greedy.bool() if greedy else ~is_greedy.bool()
 
 
@@ -735,7 +744,8 @@ if HAS_TRITON:
                         accepted = p.to(tl.float64) >= u
                     else:
                         q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
-                        ratio = p / tl.where(q > 0, q, 1.0)
+                        # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
+                        ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
                         accepted = (q > 0) & (ratio.to(tl.float64) >= u)
                     if REJECT_NEGATIVE_DRAFTS:
                         accepted = accepted & (draft >= 0)
