@@ -192,6 +192,26 @@ class Timer:
             samples.append(start.elapsed_time(end) * 1e3)
         return samples
 
+    def time_throughput(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
+        """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
+        per step, host launch cost included (no flush, which would hide launch gaps behind it)."""
+        calls = calls or self.settings.pick(cpu=1, ci=20, full=50)
+        for _ in range(self.warmup):
+            fn()
+        samples = []
+        for _ in range(self.settings.pick(cpu=self.min_reps, ci=10, full=15)):
+            self._sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            self._sync()
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        return samples
+
+    def _sync(self):
+        if self.settings.cuda:
+            torch.cuda.synchronize()
+
     def time_pair(self, fn_a, fn_b, reps: int | None = None) -> tuple[list[float], list[float]]:
         """Interleaved A, B, A, B... so that clock drift hits both alike."""
         for _ in range(self.warmup):
@@ -545,6 +565,82 @@ def _goals_placeholder_fixes(results, s):
                   syncs, 0.0, "syncs/step", False, s)]
 
 
+# ---- chapter 3's drafter step, eager against graph replay
+
+class StandInDrafter(torch.nn.Module):
+    """A drafter head of realistic shape (embedding, two MLP layers, LM head) for timing chapter 3's step.
+
+    The suite's n-gram draft model is a few table lookups; this stand-in gives the step the kernel count
+    and weight traffic of a small MTP/EAGLE-style head. It reads the last token of each context row.
+    """
+
+    def __init__(self, vocab_size: int, hidden: int, device):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        init = lambda *shape: torch.nn.Parameter(torch.randn(*shape, generator=gen) / shape[-1] ** 0.5)
+        self.vocab_size = vocab_size
+        self.embed = init(vocab_size, hidden)
+        self.layers = torch.nn.ParameterList([init(hidden, hidden) for _ in range(2)])
+        self.lm_head = init(vocab_size, hidden)
+        self.requires_grad_(False)
+        self.to(device)
+
+    def next_token_logits(self, context_ids: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.embedding(context_ids[:, -1], self.embed)
+        for w in self.layers:
+            h = torch.nn.functional.silu(h @ w.T)
+        return h @ self.lm_head.T
+
+
+def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
+    (speculator_cls,) = _import("speculator", "DraftModelSpeculator")
+    (load_models,) = _import("models", "load_models")
+    max_reqs, k = 64, 3
+    vocab, hidden = s.pick(cpu=(512, 32), ci=(32_000, 512), full=(32_000, 512))
+    batches = s.pick(cpu=(1, 3), ci=(1, 5, 16, 64), full=tuple(range(1, max_reqs + 1)))
+
+    def run(model_name: str) -> list[dict]:
+        if model_name == "ngram_draft":
+            model = load_models(s.device)[1]
+            context_len = model.order - 1
+            params = {"model": model_name}
+        else:
+            model = StandInDrafter(vocab, hidden, s.device)
+            context_len = 1
+            params = {"model": model_name, "hidden": hidden}
+        spec = speculator_cls(model, max_num_reqs=max_reqs, num_speculative_steps=k,
+                              vocab_size=model.vocab_size, context_len=context_len, device=s.device)
+        gen = torch.Generator(device=s.device).manual_seed(3)
+        temperature = torch.ones(max_reqs, dtype=torch.float32, device=s.device)
+        seeds = torch.randint(0, 2**31, (max_reqs,), generator=gen, device=s.device)
+        context = torch.randint(0, model.vocab_size, (max_reqs, context_len), generator=gen, device=s.device)
+        spec.context_ids.copy_(context)
+        if s.cuda:
+            spec.capture_cuda_graphs()
+        out = []
+        for b in batches:
+            spec._copy_request_inputs(b, torch.arange(max_reqs, dtype=torch.int32, device=s.device),
+                                      temperature, seeds)
+            padded = spec.dispatcher.dispatch(b).num_reqs_padded
+            p = {"live_batch": b, "padded_batch": padded, "k": k, "vocab": model.vocab_size, **params}
+            # the step feeds its drafts back into context_ids: reset them so every call drafts alike
+            eager = timer.time_throughput(lambda b=b: (spec.context_ids.copy_(context), spec._draft_step(b)))
+            out.append(result("drafter_graph", "eager", p, eager))
+            if s.cuda:
+                graph = timer.time_throughput(lambda n=padded: (spec.context_ids.copy_(context),
+                                                                spec.graphs.replay(n)))
+                out.append(result("drafter_graph", "graph", p, graph,
+                                  speedup=statistics.median(eager) / statistics.median(graph)))
+        return out
+
+    return [Job(f"drafter step ({m}), live batches {batches[0]}..{batches[-1]}", lambda m=m: run(m))
+            for m in ("standin_mlp", "ngram_draft")]
+
+
+def _goals_drafter_graph(results, s):
+    return []
+
+
 # ---- rejection sampler
 
 def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
@@ -592,6 +688,8 @@ CASES: dict[str, Case] = {c.name: c for c in [
     Case("gumbel_mask", "masked vs unmasked gumbel kernel", _plan_gumbel_mask, _goals_gumbel_mask),
     Case("placeholder_fixes", "chapter 2's three placeholder fixes per step, host syncs counted",
          _plan_placeholder_fixes, _goals_placeholder_fixes),
+    Case("drafter_graph", "chapter 3's drafter step, eager vs CUDA-graph replay, live batches 1..64",
+         _plan_drafter_graph, _goals_drafter_graph),
     Case("rejection", "RejectionSampler per step (greedy, random) at realistic sizes", _plan_rejection,
          _goals_rejection),
 ]}
