@@ -4,9 +4,15 @@ Stands in for the Hugging Face tokenizer that vLLM loads (``vllm/transformers_ut
 ``encode`` turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
 corrupted output (a repeated or missing word) with their own eyes.
 
-Token 0 is ``"the"``, the commonest word. That choice matters: the "zero the placeholders" design
-alternative of chapter 1 turns every ``-1`` placeholder into a draft of token 0, which the target accepts
-whenever its own choice is ``"the"``. The last id is ``"<unk>"`` for words outside the fables.
+Two ids are chosen on purpose, because placeholders meet them:
+
+* Token 0 is ``"the"``, the commonest word. The "zero the placeholders" design alternative of chapter 1
+  turns every ``-1`` placeholder into a draft of token 0, which the target accepts whenever its own choice
+  is ``"the"``.
+* The last id, ``V - 1``, is ``"."``. Words come first (by frequency), then ``"<unk>"``, then the
+  punctuation marks, commonest last. Before vLLM PR #46533 the random rejection kernel used a ``-1`` draft
+  as a column index and so read the *previous row's* last probability, P(id V-1); with ``"."`` there, that
+  bug accepts a placeholder about as often as the target would end a sentence, so chapter 1 can show it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def words(text: str) -> list[str]:
 
 
 class Tokenizer:
-    """Maps words to ids and back; ids run from 0 (``"the"``) to ``vocab_size - 1`` (``"<unk>"``)."""
+    """Words to ids and back: 0 is ``"the"``, then words, ``"<unk>"``, punctuation; ``V - 1`` is ``"."``."""
 
     def __init__(self, vocab: Sequence[str]):
         if len(set(vocab)) != len(vocab):
@@ -46,8 +52,10 @@ class Tokenizer:
         counts = Counter(words(text))
         if TOKEN_ZERO not in counts:
             raise ValueError(f"the corpus must contain {TOKEN_ZERO!r}, which becomes token 0")
-        rest = sorted((w for w in counts if w != TOKEN_ZERO), key=lambda w: (-counts[w], w))
-        return cls([TOKEN_ZERO, *rest, UNK])
+        by_frequency = sorted(counts, key=lambda w: (-counts[w], w))
+        words_ = [w for w in by_frequency if w != TOKEN_ZERO and w[0].isalpha()]
+        marks = [w for w in reversed(by_frequency) if not w[0].isalpha()]
+        return cls([TOKEN_ZERO, *words_, UNK, *marks])
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,218 @@
+"""The engine loop: schedule, run the model, verify drafts, update, repeat; and ``generate``.
+
+Mirrors ``vllm/v1/engine/llm_engine.py`` (``LLMEngine.add_request`` / ``step``) and, for ``generate``,
+``vllm/entrypoints/llm.py`` (``LLM.generate``), with the scheduler and the runner in one process (vLLM
+puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedule`` -> ``execute_model`` ->
+``update_from_output`` -> ``take_draft_token_ids`` -> ``update_draft_token_ids``).
+
+    from specfix.engine import generate, SamplingParams
+    result = generate(["the fox said", "a lion was"], SamplingParams(temperature=0.8, seed=1, max_tokens=20),
+                      num_speculative_tokens=3)
+    result.outputs[0].text, result.stats.acceptance_rate, result.stats.mean_acceptance_length
+
+Chapter 2 re-creates the crash in a child process with the clamp switched off:
+
+    python -m specfix.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
+    python -m specfix.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
+
+or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specfix.fixes import Fixes
+from specfix.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, StepTrace
+from specfix.models import NgramLM, load_models
+from specfix.proposer import DraftModelProposer, NgramProposer
+from specfix.scheduler import (
+    Request,
+    SamplingParams,
+    Scheduler,
+    SpecDecodingStats,
+    check_num_spec_tokens,
+    check_token_ids,
+)
+from specfix.tokenizer import Tokenizer, get_tokenizer
+
+PROPOSERS = ("draft_model", "ngram")
+_DEFAULT_FIXES = Fixes()
+_DEFAULT_PARAMS = SamplingParams()
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class GenerateResult:
+    outputs: list[RequestOutput]
+    stats: SpecDecodingStats
+    num_steps: int
+    trace: list[StepTrace]
+
+
+class LLMEngine:
+    """One scheduler, one model runner, one tokenizer; ``step()`` runs one iteration."""
+
+    def __init__(
+        self,
+        *,
+        num_speculative_tokens: int | None = 3,
+        proposer: str = "draft_model",
+        fixes: Fixes = _DEFAULT_FIXES,
+        device: torch.device | str = "cpu",
+        placeholder_policy: str = "minus_one",
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 256,
+        max_model_len: int = 256,
+        cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+        sampler_backend: str = "auto",
+        models: tuple[NgramLM, NgramLM] | None = None,
+        record: bool = False,
+    ):
+        check_num_spec_tokens(num_speculative_tokens)
+        if proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
+        if not isinstance(fixes, Fixes):
+            raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
+        self.tokenizer: Tokenizer = get_tokenizer()
+        target, draft = models if models is not None else load_models(device)
+        drafter = None
+        if num_speculative_tokens is not None:
+            drafter = (DraftModelProposer(draft, num_speculative_tokens) if proposer == "draft_model"
+                       else NgramProposer(num_speculative_tokens))
+        self.scheduler = Scheduler(
+            vocab_size=target.vocab_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            num_spec_tokens=num_speculative_tokens, placeholder_policy=placeholder_policy)
+        self.model_runner = GPUModelRunner(
+            target, drafter=drafter, fixes=fixes, device=device, max_num_reqs=max_num_seqs,
+            max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+            cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record)
+        self._prompts: dict[str, str] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    def add_request(
+        self, prompt: str | Sequence[int], sampling_params: SamplingParams, *,
+        request_id: str | None = None, remote_prefill: bool = False,
+    ) -> str:
+        """Queue a prompt (text, or token ids). ``remote_prefill``: the prompt was prefilled elsewhere
+        (P/D disaggregation), so only its last token is left: the first step pads it with placeholders."""
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = check_token_ids("prompt", prompt, self.tokenizer.vocab_size)
+        req_id = request_id if request_id is not None else str(next(self._ids))
+        request = Request(req_id, token_ids, sampling_params,
+                          num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0)
+        self.scheduler.add_request(request)  # validates; raises before anything changes
+        self._prompts[req_id] = prompt if isinstance(prompt, str) else self.tokenizer.decode(token_ids)
+        return req_id
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration; returns the requests that finished in it."""
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.model_runner.execute_model(scheduler_output)
+        drafts = self.model_runner.take_draft_token_ids()
+        finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if drafts is not None:
+            self.scheduler.update_draft_token_ids(drafts)
+        self.num_steps += 1
+        return [self._output(r) for r in finished]
+
+    def _output(self, request: Request) -> RequestOutput:
+        return RequestOutput(request.request_id, self._prompts[request.request_id],
+                             list(request.prompt_token_ids), list(request.output_token_ids),
+                             self.tokenizer.decode(request.output_token_ids))
+
+
+def generate(
+    prompts: Sequence[str | Sequence[int]],
+    sampling_params: SamplingParams | Sequence[SamplingParams] = _DEFAULT_PARAMS,
+    *,
+    num_speculative_tokens: int | None = 3,
+    remote_prefill: bool | Sequence[bool] = False,
+    max_steps: int | None = None,
+    **engine_kwargs,
+) -> GenerateResult:
+    """Generate for a batch of prompts; ``engine_kwargs`` go to :class:`LLMEngine` (fixes, device,
+    proposer, placeholder_policy, max_num_batched_tokens, models, record, ...).
+
+    ``sampling_params`` and ``remote_prefill`` are one value for all prompts or one per prompt.
+    ``max_steps`` stops early (outputs then hold what was generated so far).
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of strings or token-id lists")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: nothing to generate")
+    one = isinstance(sampling_params, SamplingParams)
+    params = [sampling_params] * len(prompts) if one else list(sampling_params)
+    remote = [remote_prefill] * len(prompts) if isinstance(remote_prefill, bool) else list(remote_prefill)
+    for name, values in [("sampling_params", params), ("remote_prefill", remote)]:
+        if len(values) != len(prompts):
+            raise ValueError(f"{name} has {len(values)} entries for {len(prompts)} prompts")
+    engine = LLMEngine(num_speculative_tokens=num_speculative_tokens, **engine_kwargs)
+    req_ids = [engine.add_request(p, sp, remote_prefill=r)
+               for p, sp, r in zip(prompts, params, remote, strict=True)]
+    while engine.has_unfinished_requests() and (max_steps is None or engine.num_steps < max_steps):
+        engine.step()
+    outputs = [engine._output(engine.scheduler.requests[r]) for r in req_ids]
+    return GenerateResult(outputs, engine.scheduler.spec_decoding_stats, engine.num_steps,
+                          engine.model_runner.trace)
+
+
+DEMO_PROMPTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "the mice")
+
+
+def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None,
+             k: int = 3) -> GenerateResult:
+    """A small batch whose first step carries ``-1`` placeholders: two of the four requests arrive
+    prefilled (P/D), so the scheduler pads them with ``[-1] * k``; the n-gram drafter pads more later.
+    With ``fixes.clamp_placeholders`` off this fails in the first step's embedding."""
+    return generate(list(DEMO_PROMPTS), SamplingParams(temperature=0.7, seed=0, max_tokens=24),
+                    num_speculative_tokens=k, remote_prefill=[True, False, True, False], proposer="ngram",
+                    fixes=fixes, device=device, max_steps=steps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specfix.engine", description=run_demo.__doc__)
+    parser.add_argument("--no-clamp", action="store_true", help="switch Fixes.clamp_placeholders off")
+    parser.add_argument("--no-reject", action="store_true", help="switch Fixes.reject_negative_drafts off")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--steps", type=int, default=None, help="stop after this many engine steps")
+    args = parser.parse_args(argv)
+    off = [name for name, flag in [("clamp_placeholders", args.no_clamp),
+                                   ("reject_negative_drafts", args.no_reject)] if flag]
+    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    for out in result.outputs:
+        print(f"[{out.request_id}] {out.prompt!r} -> {out.text!r}")
+    s = result.stats
+    print(f"steps={result.num_steps} drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
+          f"acceptance_rate={s.acceptance_rate:.3f} mean_acceptance_length={s.mean_acceptance_length:.3f} "
+          f"placeholder_slots={s.num_placeholder_slots}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

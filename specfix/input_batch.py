@@ -1,0 +1,137 @@
+"""The model runner's persistent batch: one row per request, token ids kept on the CPU.
+
+Mirrors ``vllm/v1/worker/gpu_input_batch.py`` (``CachedRequestState``, ``InputBatch``), keeping what
+speculative decoding touches: ``token_ids_cpu`` (every request's prompt, outputs and, tentatively, this
+step's drafts), ``num_tokens_no_spec``, ``num_computed_tokens_cpu``, ``spec_token_ids`` and
+``update_req_spec_token_ids``, which writes the scheduler's drafts, ``-1`` placeholders included,
+*verbatim* into the table (the placeholders stay ``-1`` here; the runner clamps only its ``input_ids``).
+
+One simplification: vLLM condenses the batch after a request leaves (moving the last rows into the
+hole); here a new request takes the lowest free row and rows never move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specfix.scheduler import SamplingParams, check_token_ids
+
+
+@dataclass
+class CachedRequestState:
+    """What the runner remembers about one request between steps."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    prev_num_draft_len: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+class InputBatch:
+    """Rows of per-request state, sized for ``max_num_reqs`` requests of up to ``max_model_len`` tokens."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, vocab_size: int):
+        for name, value in [("max_num_reqs", max_num_reqs), ("max_model_len", max_model_len),
+                            ("vocab_size", vocab_size)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        # A torch tensor and a numpy view of the same memory, as in vLLM.
+        self.token_ids_cpu_tensor = torch.zeros((max_num_reqs, max_model_len), dtype=torch.int32)
+        self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
+        self.num_tokens_no_spec = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int32)
+        self.temperature_cpu = np.zeros(max_num_reqs, dtype=np.float32)
+        self.spec_token_ids: list[list[int]] = [[] for _ in range(max_num_reqs)]
+        self.generators: dict[int, torch.Generator] = {}
+        self._req_ids: list[str | None] = [None] * max_num_reqs
+        self.req_id_to_index: dict[str, int] = {}
+
+    @property
+    def req_ids(self) -> list[str]:
+        return [r for r in self._req_ids if r is not None]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    def add_request(self, request: CachedRequestState) -> int:
+        """Give ``request`` the lowest free row, fill it with its tokens; return the row."""
+        if request.req_id in self.req_id_to_index:
+            raise ValueError(f"request {request.req_id!r} is already in the batch")
+        if None not in self._req_ids:
+            raise ValueError(f"the batch is full (max_num_reqs={self.max_num_reqs})")
+        tokens = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
+        tokens += check_token_ids("output_token_ids", request.output_token_ids, self.vocab_size)
+        if len(tokens) > self.max_model_len:
+            raise ValueError(f"request has {len(tokens)} tokens, over max_model_len={self.max_model_len}")
+        index = self._req_ids.index(None)
+        self._req_ids[index] = request.req_id
+        self.req_id_to_index[request.req_id] = index
+        self.token_ids_cpu[index, : len(tokens)] = tokens
+        self.num_tokens_no_spec[index] = len(tokens)
+        self.num_prompt_tokens[index] = len(request.prompt_token_ids)
+        self.num_computed_tokens_cpu[index] = request.num_computed_tokens
+        self.temperature_cpu[index] = request.sampling_params.temperature
+        self.spec_token_ids[index] = []
+        if request.generator is not None:
+            self.generators[index] = request.generator
+        return index
+
+    def remove_request(self, req_id: str) -> int | None:
+        index = self.req_id_to_index.pop(req_id, None)
+        if index is not None:
+            self._req_ids[index] = None
+            self.spec_token_ids[index] = []
+            self.generators.pop(index, None)
+        return index
+
+    def update_req_spec_token_ids(
+        self, request: CachedRequestState, scheduled_spec_tokens: Mapping[str, list[int]]
+    ) -> None:
+        """Make this step's drafts for ``request`` the row's tentative tail, placeholders verbatim.
+
+        Clears the row's old drafts; writes ``scheduled_spec_tokens[req_id]`` into ``token_ids_cpu`` just
+        past the committed tokens (``num_tokens_no_spec`` does not move: drafts are tentative) and into
+        ``spec_token_ids``.
+        """
+        index = self.req_id_to_index.get(request.req_id)
+        if index is None:
+            raise ValueError(f"request {request.req_id!r} is not in the batch")
+        spec = check_token_ids(f"scheduled_spec_tokens[{request.req_id!r}]",
+                               scheduled_spec_tokens.get(request.req_id, []), self.vocab_size,
+                               allow_placeholder=True)
+        start = int(self.num_tokens_no_spec[index])
+        if start + len(spec) > self.max_model_len:
+            raise ValueError(
+                f"{len(spec)} drafts after {start} tokens overflow max_model_len={self.max_model_len}"
+            )
+        self.spec_token_ids[index].clear()
+        request.prev_num_draft_len = len(spec)
+        if not spec:
+            return
+        self.token_ids_cpu[index, start : start + len(spec)] = spec
+        self.spec_token_ids[index].extend(spec)
+
+    def append_sampled(self, req_id: str, token_ids: list[int]) -> None:
+        """Commit sampled tokens after the row's committed ones (overwriting the tentative drafts)."""
+        index = self.req_id_to_index[req_id]
+        start = int(self.num_tokens_no_spec[index])
+        end = min(start + len(token_ids), self.max_model_len)
+        self.token_ids_cpu[index, start:end] = token_ids[: end - start]
+        self.num_tokens_no_spec[index] = end
+

@@ -1,0 +1,352 @@
+"""The model runner: scheduler output in, sampled tokens (and next step's drafts) out.
+
+Mirrors ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``: ``_update_states``,
+``_prepare_inputs``, ``_calc_spec_decode_metadata``, ``_preprocess``, ``execute_model``,
+``take_draft_token_ids``) and the ``CpuGpuBuffer`` of ``vllm/v1/utils.py``. It runs on CPU or CUDA.
+
+The order of one step is the point of chapter 1:
+
+1. ``_update_states``: new requests get a row of the ``InputBatch``; every request's scheduled drafts,
+   ``-1`` placeholders included, go verbatim into ``token_ids_cpu`` (``update_req_spec_token_ids``).
+2. ``_prepare_inputs``: gather each request's scheduled tokens from ``token_ids_cpu`` into
+   ``input_ids.cpu`` (a ``-1`` is just a value here), copy to ``input_ids.gpu``, and build the
+   ``SpecDecodeMetadata`` with ``_calc_spec_decode_metadata``, whose ``draft_token_ids`` is a *copy* that
+   keeps the ``-1``.
+3. ``_preprocess``: with a speculative config and ``Fixes.clamp_placeholders`` (vLLM PR #47029), clamp
+   ``input_ids.gpu[:num_input_tokens]`` to >= 0 in place. The embedding now sees token 0 where the
+   scheduler wrote ``-1``; the metadata still says ``-1``.
+4. The model forward (its first op is the embedding), then ``RejectionSampler``, which rejects every
+   ``-1`` draft, and ``parse_output``.
+5. Bookkeeping (commit sampled tokens) and the drafter's proposals for the next step.
+
+``num_input_tokens`` is padded up to a CUDA-graph capture size as in vLLM; the padded rows of
+``input_ids`` hold stale ids from earlier steps and write nothing to the KV cache (``PAD_SLOT_ID``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specfix.fixes import Fixes
+from specfix.input_batch import CachedRequestState, InputBatch
+from specfix.models import PAD_SLOT_ID, NgramLM
+from specfix.proposer import DraftModelProposer, NgramProposer
+from specfix.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
+from specfix.sampling_metadata import SamplingMetadata
+from specfix.scheduler import SchedulerOutput, check_num_spec_tokens
+from specfix.spec_decode_metadata import SpecDecodeMetadata
+
+#: Token counts a FULL CUDA graph would be captured for (vLLM's default list starts 1, 2, 4, 8, 16, ...).
+_DEFAULT_FIXES = Fixes()
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class CpuGpuBuffer:
+    """A pinned-style CPU tensor, its numpy view, and a device twin (vllm/v1/utils.py)."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device | str):
+        self.cpu = torch.zeros(size, dtype=dtype)
+        self.np = self.cpu.numpy()
+        self.gpu = torch.zeros(size, dtype=dtype, device=device)
+
+    def copy_to_gpu(self, n: int) -> torch.Tensor:
+        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+
+@dataclass
+class SpeculativeConfig:
+    num_speculative_tokens: int
+    method: str  # "draft_model" or "ngram"
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per request (in batch order): the tokens this step produced, placeholders dropped."""
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+
+
+@dataclass
+class DraftTokenIds:
+    req_ids: list[str]
+    draft_token_ids: list[list[int]]
+
+
+@dataclass
+class StepTrace:
+    """CPU copies of one step's tensors, for teaching and tests (``GPUModelRunner(record=True)``)."""
+
+    req_ids: list[str]
+    token_ids_cpu: np.ndarray  # after update_req_spec_token_ids
+    input_ids_before_clamp: torch.Tensor  # input_ids.gpu[:num_input_tokens] after _prepare_inputs
+    embedding_input: torch.Tensor  # ... after _preprocess: what the embedding receives
+    num_scheduled_tokens: list[int]
+    spec_decode_metadata: SpecDecodeMetadata | None
+    logits: torch.Tensor  # [sum k_i + B, V] rows the sampler sees
+    sampler_output: torch.Tensor  # [B, max_spec_len + 1] int32
+    sampled_token_ids: list[list[int]]
+    extra: dict = field(default_factory=dict)
+
+
+def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inclusive cumsum of ``counts`` and, per element, its offset inside its own run.
+
+    ``[2, 5, 3]`` -> ``([2, 7, 10], [0, 1, 0, 1, 2, 3, 4, 0, 1, 2])``.
+    """
+    cu = np.cumsum(counts)
+    offsets = np.repeat(cu - counts, counts)
+    return cu, np.arange(cu[-1] if len(cu) else 0) - offsets
+
+
+class GPUModelRunner:
+    """Runs the target model for a ``SchedulerOutput`` (on CUDA or CPU despite the vLLM name)."""
+
+    def __init__(
+        self,
+        model: NgramLM,
+        *,
+        drafter: DraftModelProposer | NgramProposer | None = None,
+        fixes: Fixes = _DEFAULT_FIXES,
+        device: torch.device | str = "cpu",
+        max_num_reqs: int = 16,
+        max_model_len: int = 256,
+        max_num_batched_tokens: int = 256,
+        cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+        sampler_backend: str = "auto",
+        record: bool = False,
+    ):
+        if not isinstance(fixes, Fixes):
+            raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
+        self.model = model
+        self.drafter = drafter
+        self.fixes = fixes
+        self.device = torch.device(device)
+        self.vocab_size = model.vocab_size
+        self.max_model_len = max_model_len
+        self.speculative_config = None
+        if drafter is not None:
+            check_num_spec_tokens(drafter.k)
+            method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
+            self.speculative_config = SpeculativeConfig(drafter.k, method)
+        self.max_num_tokens = max(max_num_batched_tokens, max(cudagraph_capture_sizes, default=0))
+        self.cudagraph_capture_sizes = sorted(cudagraph_capture_sizes)
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, self.vocab_size)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_ids = CpuGpuBuffer(self.max_num_tokens, torch.int32, self.device)
+        self.positions = CpuGpuBuffer(self.max_num_tokens, torch.int64, self.device)
+        self.slot_mapping = CpuGpuBuffer(self.max_num_tokens, torch.int64, self.device)
+        self.kv_cache = model.make_kv_cache(max_num_reqs * max_model_len, self.device)
+        self.rejection_sampler = RejectionSampler(fixes, backend=sampler_backend)
+        self._draft_token_ids: DraftTokenIds | None = None
+        self.record = record
+        self.trace: list[StepTrace] = []
+
+    # -- 1. states --------------------------------------------------------------------------------
+
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.finished_req_ids:
+            self.requests.pop(req_id, None)
+            self.input_batch.remove_request(req_id)
+        for new in scheduler_output.scheduled_new_reqs:
+            params = new.sampling_params
+            generator = None
+            if params.seed is not None and params.temperature > 0:
+                generator = torch.Generator(device=self.device).manual_seed(params.seed)
+            state = CachedRequestState(new.req_id, list(new.prompt_token_ids), params, generator,
+                                       num_computed_tokens=new.num_computed_tokens)
+            self.requests[new.req_id] = state
+            row = self.input_batch.add_request(state)
+            if new.num_computed_tokens:
+                self._receive_kv(row, new.prompt_token_ids[: new.num_computed_tokens])
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            self.requests[req_id].num_computed_tokens = num_computed
+            self.input_batch.num_computed_tokens_cpu[self.input_batch.req_id_to_index[req_id]] = num_computed
+        for req_id in scheduler_output.num_scheduled_tokens:
+            self.input_batch.update_req_spec_token_ids(
+                self.requests[req_id], scheduler_output.scheduled_spec_decode_tokens)
+
+    def _receive_kv(self, row: int, token_ids: list[int]) -> None:
+        """A request whose prompt was prefilled elsewhere (P/D disaggregation): its KV arrives."""
+        start = row * self.max_model_len
+        self.kv_cache[start: start + len(token_ids)] = torch.tensor(token_ids, device=self.device)
+
+    # -- 2. inputs --------------------------------------------------------------------------------
+
+    def _batch_order(self, scheduler_output: SchedulerOutput) -> list[str]:
+        """Scheduled requests in persistent-batch row order (the order of every per-request tensor)."""
+        index = self.input_batch.req_id_to_index
+        return sorted(scheduler_output.num_scheduled_tokens, key=index.__getitem__)
+
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput):
+        """Fill ``input_ids``/``positions``/``slot_mapping``; return (req_ids, cu_num_scheduled_tokens,
+        logits_indices, spec_decode_metadata)."""
+        req_ids = self._batch_order(scheduler_output)
+        rows = np.array([self.input_batch.req_id_to_index[r] for r in req_ids], dtype=np.int64)
+        num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        cu_num_scheduled, arange = cumsum_and_arange(num_scheduled)
+        total = int(cu_num_scheduled[-1])
+        req_indices = np.repeat(rows, num_scheduled)
+        positions = self.input_batch.num_computed_tokens_cpu[req_indices] + arange
+        token_indices = req_indices * self.max_model_len + positions
+        if positions.max() >= self.max_model_len:
+            raise ValueError(f"a scheduled position reaches max_model_len={self.max_model_len}")
+        torch.index_select(self.input_batch.token_ids_cpu_tensor.flatten(), 0,
+                           torch.from_numpy(token_indices), out=self.input_ids.cpu[:total])
+        self.positions.np[:total] = positions
+        self.slot_mapping.np[:total] = token_indices  # KV slot = row * max_model_len + position
+        self.input_ids.copy_to_gpu(total)
+        self.positions.copy_to_gpu(total)
+        self.slot_mapping.copy_to_gpu(total)
+
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if not spec:
+            logits_indices = torch.from_numpy(cu_num_scheduled - 1).to(self.device)
+            return req_ids, cu_num_scheduled, logits_indices, None
+        num_draft_tokens = np.array([len(spec.get(r, ())) for r in req_ids], dtype=np.int64)
+        metadata = self._calc_spec_decode_metadata(num_draft_tokens, cu_num_scheduled)
+        return req_ids, cu_num_scheduled, metadata.logits_indices, metadata
+
+    def _calc_spec_decode_metadata(
+        self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray
+    ) -> SpecDecodeMetadata:
+        """Where each request's drafts sit and which logits rows verify them.
+
+        Request i's scheduled span ends with ``[last token, d_1 .. d_k]``; logits are computed at those
+        k + 1 positions: row j < k verifies d_(j+1), row k gives the bonus token. ``draft_token_ids`` is
+        gathered from ``input_ids.gpu`` into a new tensor, so clamping ``input_ids`` later leaves it (and
+        its ``-1``) alone.
+        """
+        num_draft_tokens = np.asarray(num_draft_tokens)
+        cu_num_scheduled_tokens = np.asarray(cu_num_scheduled_tokens)
+        for name, arr in [("num_draft_tokens", num_draft_tokens),
+                          ("cu_num_scheduled_tokens", cu_num_scheduled_tokens)]:
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.signedinteger):
+                raise TypeError(f"{name} must be a 1-D array of signed integers, got {arr.dtype} {arr.shape}")
+        if len(num_draft_tokens) == 0:
+            raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
+        if len(num_draft_tokens) != len(cu_num_scheduled_tokens):
+            raise ValueError(
+                f"num_draft_tokens has {len(num_draft_tokens)} entries but cu_num_scheduled_tokens has "
+                f"{len(cu_num_scheduled_tokens)}"
+            )
+        num_scheduled = np.diff(cu_num_scheduled_tokens, prepend=0)
+        if (num_draft_tokens < 0).any() or (num_draft_tokens > MAX_SPEC_LEN).any():
+            raise ValueError(
+                f"num_draft_tokens must lie in [0, {MAX_SPEC_LEN}], got {num_draft_tokens.tolist()}")
+        if (num_scheduled < num_draft_tokens + 1).any():
+            raise ValueError(
+                "each request must schedule at least its drafts + 1 tokens: cu_num_scheduled_tokens "
+                f"{cu_num_scheduled_tokens.tolist()} vs num_draft_tokens {num_draft_tokens.tolist()}"
+            )
+        if cu_num_scheduled_tokens[-1] > self.max_num_tokens:
+            raise ValueError(f"cu_num_scheduled_tokens exceeds the input buffer ({self.max_num_tokens})")
+        num_sampled = num_draft_tokens + 1
+        cu_num_sampled, arange = cumsum_and_arange(num_sampled)
+        logits_indices = np.repeat(cu_num_scheduled_tokens - num_sampled, num_sampled) + arange
+        bonus_logits_indices = cu_num_sampled - 1
+        cu_num_draft, arange = cumsum_and_arange(num_draft_tokens)
+        target_logits_indices = np.repeat(cu_num_sampled - num_sampled, num_draft_tokens) + arange
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a.astype(np.int32)).to(self.device, non_blocking=True)
+
+        logits_indices_t = to_device(logits_indices)
+        target_t = to_device(target_logits_indices)
+        draft_token_ids = self.input_ids.gpu[logits_indices_t.long()][target_t.long() + 1]
+        return SpecDecodeMetadata(
+            draft_token_ids=draft_token_ids,
+            num_draft_tokens=[int(k) for k in num_draft_tokens],
+            cu_num_draft_tokens=to_device(cu_num_draft),
+            cu_num_sampled_tokens=to_device(cu_num_sampled),
+            target_logits_indices=target_t,
+            bonus_logits_indices=to_device(bonus_logits_indices),
+            logits_indices=logits_indices_t,
+        )
+
+    def _get_num_input_tokens(self, num_tokens: int) -> int:
+        """Pad to the next CUDA-graph capture size (as vLLM's cudagraph dispatcher does)."""
+        i = bisect.bisect_left(self.cudagraph_capture_sizes, num_tokens)
+        return self.cudagraph_capture_sizes[i] if i < len(self.cudagraph_capture_sizes) else num_tokens
+
+    # -- 3. preprocess ----------------------------------------------------------------------------
+
+    def _preprocess(self, scheduler_output: SchedulerOutput, num_input_tokens: int):
+        """The embedding's inputs. vLLM PR #47029: clamp speculative placeholders (-1) to 0 first."""
+        if self.speculative_config is not None and self.fixes.clamp_placeholders:
+            self.input_ids.gpu[:num_input_tokens].clamp_(min=0)
+        return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
+        temps = [self.requests[r].sampling_params.temperature for r in req_ids]
+        all_greedy = all(t == 0 for t in temps)
+        generators = {i: self.requests[r].generator for i, r in enumerate(req_ids)
+                      if self.requests[r].generator is not None}
+        return SamplingMetadata(
+            temperature=None if all_greedy else torch.tensor(temps, dtype=torch.float32, device=self.device),
+            all_greedy=all_greedy,
+            all_random=all(t > 0 for t in temps),
+            generators=generators,
+        )
+
+    @torch.no_grad()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if not scheduler_output.total_num_scheduled_tokens:
+            return ModelRunnerOutput([], {}, [])
+        req_ids, cu_num_scheduled, logits_indices, spec_metadata = self._prepare_inputs(scheduler_output)
+        num_tokens = int(cu_num_scheduled[-1])
+        num_input_tokens = self._get_num_input_tokens(num_tokens)
+        self.slot_mapping.gpu[num_tokens:num_input_tokens] = PAD_SLOT_ID
+        before_clamp = self.input_ids.gpu[:num_input_tokens].cpu() if self.record else None
+
+        input_ids, positions = self._preprocess(scheduler_output, num_input_tokens)
+        hidden = self.model(input_ids, positions, self.slot_mapping.gpu[:num_input_tokens], self.kv_cache)
+        logits = hidden[logits_indices.long()]
+
+        # specfix has no separate Sampler: a step without drafts samples through the rejection sampler
+        # with k_i = 0 for everyone (bonus tokens only).
+        metadata = spec_metadata or SpecDecodeMetadata.make_dummy([[] for _ in req_ids], self.device)
+        sampler_output = self.rejection_sampler(metadata, None, logits, self._sampling_metadata(req_ids))
+        partial_prefill = [
+            i for i, r in enumerate(req_ids)
+            if self.requests[r].num_computed_tokens + scheduler_output.num_scheduled_tokens[r]
+            < self.requests[r].num_tokens
+        ]
+        sampled = RejectionSampler.parse_output(sampler_output, self.vocab_size, partial_prefill)
+
+        for req_id, tokens in zip(req_ids, sampled, strict=True):
+            self.requests[req_id].output_token_ids.extend(tokens)
+            self.input_batch.append_sampled(req_id, tokens)
+        if self.record:
+            self.trace.append(StepTrace(
+                req_ids=req_ids, token_ids_cpu=self.input_batch.token_ids_cpu.copy(),
+                input_ids_before_clamp=before_clamp, embedding_input=input_ids.cpu(),
+                num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
+                spec_decode_metadata=spec_metadata, logits=logits.cpu(),
+                sampler_output=sampler_output.cpu(), sampled_token_ids=sampled))
+        self._draft_token_ids = self.propose_draft_token_ids(req_ids, sampled)
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+
+    def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
+        """Next step's drafts for every request that produced a token this step."""
+        if self.drafter is None:
+            return None
+        ready = [r for r, tokens in zip(req_ids, sampled, strict=True) if tokens]
+        histories = []
+        for r in ready:
+            row = self.input_batch.req_id_to_index[r]
+            histories.append(self.input_batch.token_ids_cpu[row, : self.input_batch.num_tokens_no_spec[row]])
+        return DraftTokenIds(ready, self.drafter.propose_batch(histories))
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        drafts, self._draft_token_ids = self._draft_token_ids, None
+        return drafts

@@ -1,0 +1,415 @@
+"""Requests, the scheduler, and the accepted-token bookkeeping: where ``-1`` placeholders are born.
+
+Mirrors ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``update_from_output``,
+``update_draft_token_ids``), ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``),
+``vllm/v1/request.py`` (``Request``), ``vllm/sampling_params.py`` (``SamplingParams``) and
+``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats``), cut down to what speculative decoding needs:
+no KV-block manager, no preemption, no structured output.
+
+Where the scheduler writes ``PLACEHOLDER_TOKEN_ID`` (-1) into ``scheduled_spec_decode_tokens``:
+
+* a request whose only remaining work is one token (a new decode: the first decode on a P/D
+  disaggregated decode node, whose KV came from a prefill node, or a one-token prompt) has no drafts yet;
+  with ``pad_spec_decode`` it is scheduled as ``1 + k`` tokens with drafts ``[-1] * k`` (vLLM PR #45237);
+* a running decode whose drafter proposed fewer than k tokens (the n-gram drafter found no match) is
+  padded to k with ``-1`` under the same option. vLLM pads for the same reason, a uniform ``1 + k``
+  query length that a FULL CUDA graph can replay; it does so for new decodes, for grammar-invalid draft
+  tails, and (async scheduling) for every running request.
+
+``placeholder_policy="zero"`` is the design alternative chapter 1 measures: pad with token 0 instead, as
+Model Runner V2's zero-initialised draft table effectively does (vLLM PR #54137).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from specfix.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
+
+PLACEHOLDER_POLICIES = ("minus_one", "zero")
+
+
+def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
+    """``None`` means speculative decoding is off; otherwise 1 <= k <= MAX_SPEC_LEN."""
+    if num_spec_tokens is None:
+        return
+    if isinstance(num_spec_tokens, bool) or not isinstance(num_spec_tokens, int):
+        raise TypeError(f"num_speculative_tokens must be an int or None, got {num_spec_tokens!r}")
+    if not 1 <= num_spec_tokens <= MAX_SPEC_LEN:
+        raise ValueError(
+            f"num_speculative_tokens must lie in [1, MAX_SPEC_LEN={MAX_SPEC_LEN}], got {num_spec_tokens} "
+            "(use None to switch speculative decoding off)"
+        )
+
+
+def check_token_ids(
+    name: str, token_ids: object, vocab_size: int, allow_placeholder: bool = False
+) -> list[int]:
+    """A list of ints in ``[0, vocab_size)`` (or -1 too), from a list or a 1-D signed-integer tensor/array."""
+    if hasattr(token_ids, "dtype"):  # torch tensor or numpy array
+        kind = str(token_ids.dtype)
+        if "int" not in kind or "uint" in kind or "bool" in kind:
+            raise TypeError(f"{name} must hold signed integers, got dtype {kind}")
+        if len(token_ids.shape) != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(token_ids.shape)}")
+        token_ids = token_ids.tolist()
+    if not isinstance(token_ids, (list, tuple)):
+        raise TypeError(
+            f"{name} must be a list of ints or a 1-D integer tensor, got {type(token_ids).__name__}")
+    bad_type = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
+    if bad_type:
+        raise TypeError(f"{name} must hold ints, got {bad_type[0]!r}")
+    low = PLACEHOLDER_TOKEN_ID if allow_placeholder else 0
+    bad = [t for t in token_ids if not low <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{name} must lie in [{low}, vocab_size={vocab_size}), got {bad[0]}")
+    return list(token_ids)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling: ``temperature`` 0 is greedy; ``seed`` makes random sampling reproducible."""
+
+    temperature: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TypeError(f"temperature must be a finite number, got {t!r}")
+        if t < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+
+
+@dataclass
+class Request:
+    """One generation request as the scheduler tracks it (vllm/v1/request.py).
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache; a decode request has exactly one
+    more token (its last sample) than that. ``spec_token_ids`` holds the drafter's proposals for the
+    next step; the scheduler moves them into ``SchedulerOutput.scheduled_spec_decode_tokens``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    num_computed_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + len(self.spec_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+@dataclass
+class NewRequestData:
+    """A request the model runner has not seen yet."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the runner already holds; ``num_computed_tokens`` is each one's value before this step."""
+
+    req_ids: list[str] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    """What the scheduler decided for one step (vllm/v1/core/sched/output.py).
+
+    ``scheduled_spec_decode_tokens[req_id]`` lists the drafts to verify, placeholders included: the
+    runner verifies ``len(...)`` drafts for that request. ``num_placeholder_spec_tokens[req_id]`` (not in
+    vLLM; like its ``num_invalid_spec_tokens``) says how many of them, at the end, are padding: the
+    ground truth chapter 1 needs when placeholders are zeros and look like real drafts.
+    """
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    num_placeholder_spec_tokens: dict[str, int]
+    finished_req_ids: set[str]
+
+
+@dataclass
+class SpecDecodingStats:
+    """Acceptance counts over a run (vllm/v1/spec_decode/metrics.py), placeholders kept apart.
+
+    A *draft* here is a token a drafter really proposed; placeholder slots are counted separately
+    (``num_placeholder_slots``, and ``num_placeholders_accepted``: slots the sampler accepted although
+    nothing was drafted there, which only the "zero" policy or a sampler bug can produce).
+    """
+
+    num_spec_tokens: int
+    num_drafts: int = 0  # verification events: one request in one step with at least one real draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    acceptance_lengths: list[int] = field(default_factory=list)  # 1 + accepted, per verification event
+    num_placeholder_slots: int = 0
+    num_placeholders_accepted: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_spec_tokens
+        self.num_draft_tokens_per_pos = self.num_draft_tokens_per_pos or [0] * k
+        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * k
+
+    def observe(self, num_slots: int, num_placeholders: int, num_accepted: int) -> None:
+        """Record one request's verification: ``num_slots`` draft slots, the last ``num_placeholders`` of
+        them padding, ``num_accepted`` slots accepted (a prefix)."""
+        num_real = num_slots - num_placeholders
+        accepted_real = min(num_accepted, num_real)
+        self.num_placeholder_slots += num_placeholders
+        self.num_placeholders_accepted += num_accepted - accepted_real
+        if num_real == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_real
+        self.num_accepted_tokens += accepted_real
+        self.acceptance_lengths.append(1 + accepted_real)
+        for pos in range(num_real):
+            self.num_draft_tokens_per_pos[pos] += 1
+            self.num_accepted_tokens_per_pos[pos] += pos < accepted_real
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else math.nan
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float]:
+        return [a / d if d else math.nan
+                for a, d in zip(self.num_accepted_tokens_per_pos, self.num_draft_tokens_per_pos, strict=True)]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's figure: 1 + accepted drafts per verification (the tokens one target pass yields)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else math.nan
+
+
+class Scheduler:
+    """Decides, each step, which requests run and how many tokens each one feeds the model.
+
+    Running requests first (decodes: ``1 + k`` tokens, drafts padded with placeholders to k), then
+    waiting ones (prefills, chunked to the token budget), at most ``max_num_seqs`` requests and
+    ``max_num_batched_tokens`` tokens per step.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 256,
+        max_model_len: int = 256,
+        num_spec_tokens: int | None = None,
+        pad_spec_decode: bool = True,
+        placeholder_policy: str = "minus_one",
+    ):
+        check_num_spec_tokens(num_spec_tokens)
+        for name, value in [("vocab_size", vocab_size), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if placeholder_policy not in PLACEHOLDER_POLICIES:
+            raise ValueError(
+                f"placeholder_policy must be one of {PLACEHOLDER_POLICIES}, got {placeholder_policy!r}")
+        if num_spec_tokens is not None and max_num_batched_tokens < 1 + num_spec_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one decode of "
+                f"1 + k = {1 + num_spec_tokens} tokens"
+            )
+        self.vocab_size = vocab_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.num_spec_tokens = num_spec_tokens
+        self.pad_spec_decode = pad_spec_decode
+        self.placeholder_policy = placeholder_policy
+        self.placeholder_token_id = PLACEHOLDER_TOKEN_ID if placeholder_policy == "minus_one" else 0
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens or 0)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; checks it first (nothing changes when it is refused)."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be a specfix.scheduler.Request, got {type(request).__name__}")
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty: a request needs at least one prompt token")
+        if not 0 <= request.num_computed_tokens < len(prompt):
+            raise ValueError(
+                f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
+                f"got {request.num_computed_tokens}"
+            )
+        need = len(prompt) + request.sampling_params.max_tokens + (self.num_spec_tokens or 0)
+        if need > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)}) + max_tokens ({request.sampling_params.max_tokens}) + k "
+                f"({self.num_spec_tokens or 0}) = {need} exceeds max_model_len={self.max_model_len}"
+            )
+        request.prompt_token_ids = prompt
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- schedule ---------------------------------------------------------------------------------
+
+    def _spec_tokens_for_decode(self, request: Request) -> tuple[list[int], int]:
+        """This step's drafts for a request in decode position, and how many of them are padding."""
+        k = self.num_spec_tokens
+        drafts = list(request.spec_token_ids[:k])
+        if not self.pad_spec_decode:
+            return drafts, 0
+        num_pad = k - len(drafts)
+        return drafts + [self.placeholder_token_id] * num_pad, num_pad
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        spec_tokens: dict[str, list[int]] = {}
+        num_placeholders: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+
+        def plan(request: Request) -> int | None:
+            """Tokens to schedule for ``request`` within the budget (None: stop scheduling)."""
+            if budget <= 0:
+                return None
+            remaining = request.num_tokens - request.num_computed_tokens
+            decode_position = remaining == 1 and (request.num_computed_tokens > 0 or bool(num_scheduled))
+            if self.num_spec_tokens is None or not decode_position:
+                return min(remaining, budget)
+            drafts, pad = self._spec_tokens_for_decode(request)
+            if self.pad_spec_decode and 1 + len(drafts) > budget:
+                return None  # as vLLM: stop rather than break the uniform 1 + k shape
+            drafts = drafts[: budget - 1]
+            if drafts:
+                spec_tokens[request.request_id] = drafts
+                num_placeholders[request.request_id] = pad
+            return 1 + len(drafts)
+
+        for request in self.running:
+            n = plan(request)
+            if n is None:
+                break
+            num_scheduled[request.request_id] = n
+            cached.req_ids.append(request.request_id)
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            budget -= n
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            n = plan(request)
+            if n is None:
+                break
+            self.waiting.pop(0)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            num_scheduled[request.request_id] = n
+            new_reqs.append(NewRequestData(request.request_id, list(request.prompt_token_ids),
+                                           request.sampling_params, request.num_computed_tokens))
+            budget -= n
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            scheduled_spec_decode_tokens=spec_tokens,
+            num_placeholder_spec_tokens=num_placeholders,
+            finished_req_ids=self.finished_req_ids,
+        )
+        self.finished_req_ids = set()
+        # vLLM's _update_after_schedule: the scheduled tokens count as computed until the runner says
+        # otherwise; the drafts now travel in the output.
+        for req_id, n in num_scheduled.items():
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            request.spec_token_ids = []
+        return output
+
+    # -- after the model ran ----------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
+        """Append each request's sampled tokens, roll back rejected drafts, finish capped requests.
+
+        Returns the requests that finished this step.
+        """
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
+        if missing:
+            raise ValueError(f"model_runner_output has no result for scheduled request(s) {missing}")
+        finished: list[Request] = []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            generated = list(sampled[index[req_id]])
+            spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if spec and generated:
+                num_accepted = len(generated) - 1
+                request.num_computed_tokens -= len(spec) - num_accepted
+                self.spec_decoding_stats.observe(
+                    len(spec), scheduler_output.num_placeholder_spec_tokens.get(req_id, 0), num_accepted)
+            room = request.sampling_params.max_tokens - len(request.output_token_ids)
+            request.output_token_ids.extend(generated[:room])
+            if len(request.output_token_ids) >= request.sampling_params.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                self.running.remove(request)
+                self.finished_req_ids.add(req_id)
+                finished.append(request)
+        return finished
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step."""
+        req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
+        if len(req_ids) != len(drafts):
+            raise ValueError(f"draft_token_ids has {len(req_ids)} req_ids but {len(drafts)} draft lists")
+        checked = [check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size) for i, d in enumerate(drafts)]
+        for req_id, ids in zip(req_ids, checked, strict=True):
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished:
+                request.spec_token_ids = ids
