@@ -307,13 +307,58 @@ def cuda_outcome(run: ChildRun) -> dict:
     return summary
 
 
-def pipeline_crash_code() -> str | None:
-    """The specfix engine on CUDA with ``Fixes(clamp_placeholders=False)``, left to crash; None if absent."""
+def pipeline_crash_code(steps: int = 4) -> str | None:
+    """The specfix engine (``run_demo``) on CUDA with ``Fixes(clamp_placeholders=False)``, left to crash
+    on its own (no try/except: the exit status and traceback are the real ones). A global forward hook
+    prints an event each time an ``nn.Embedding`` returns. None if the engine is not available."""
     import importlib.util
 
     if importlib.util.find_spec("specfix.engine") is None:
         return None
-    raise NotImplementedError
+    body = f'''
+from torch import nn
+from specfix import Fixes
+from specfix.engine import run_demo
+
+seen = [0]
+
+def after_embedding(module, args, output):
+    if isinstance(module, nn.Embedding) and seen[0] < 3:
+        seen[0] += 1
+        event("embedding", f"nn.Embedding({{module.num_embeddings}}, {{module.embedding_dim}}) returned "
+              f"normally: {{args[0].numel()}} ids in, a {{tuple(output.shape)}} output queued", call=seen[0])
+
+nn.modules.module.register_module_forward_hook(after_embedding)
+blocking = os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"
+event("start", f"run_demo(Fixes(clamp_placeholders=False), device='cuda', steps={steps}), "
+      f"CUDA_LAUNCH_BLOCKING={{int(blocking)}}", blocking=blocking)
+run_demo(Fixes(clamp_placeholders=False), device="cuda", steps={steps})
+event("end", "run_demo returned without an error")
+'''
+    return PRELUDE + textwrap.dedent(body)
+
+
+_FRAME = re.compile(
+    r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?:    (?P<source>.*))?', re.M)
+
+
+def traceback_frames(text: str) -> list[dict]:
+    """The frames of the last Python traceback in ``text``, outermost first (file, line, func, source)."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return []
+    return [{"file": m["file"], "line": int(m["line"]), "func": m["func"],
+             "source": (m["source"] or "").strip()} for m in _FRAME.finditer(text[start:])]
+
+
+def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
+    """The innermost frame of the child's last traceback inside ``package`` (else the innermost one)."""
+    frames = traceback_frames(run.output)
+    if not frames:
+        return "no traceback"
+    ours = [f for f in frames if f"/{package}/" in f["file"]] or frames
+    f = ours[-1]
+    return f"{Path(f['file']).name}:{f['line']} in {f['func']}: {f['source']}"
 
 
 def op_table_rows(index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, on_gpu: bool = True,

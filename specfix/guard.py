@@ -24,8 +24,10 @@ ops that wrap (indexing and take) and keeps the strict check for the others.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +44,10 @@ class IndexGuardError(IndexError):
 
     def __init__(self, op: str, values: list[int], positions: list[tuple[int, ...]], num_bad: int,
                  low: int, high: int, shape: tuple[int, ...], dim: int | None, index_shape: tuple[int, ...],
-                 device: str):
+                 device: str, caller: str = ""):
         self.op, self.values, self.positions, self.num_bad = op, values, positions, num_bad
         self.valid_range, self.shape, self.dim = (low, high), shape, dim
-        self.index_shape, self.device = index_shape, device
+        self.index_shape, self.device, self.caller = index_shape, device, caller
         extent = ("the number of elements of the indexed tensor (take indexes it flattened)" if dim is None
                   else f"the size of dim {dim} of the indexed tensor")
         listed = ", ".join(f"{v} at {p}" for v, p in zip(values, positions, strict=True))
@@ -56,6 +58,8 @@ class IndexGuardError(IndexError):
             f"  offending values: {listed}{more}",
             f"  (positions are in the index tensor, of shape {tuple(index_shape)})",
         ]
+        if caller:
+            lines.append(f"  called from {caller}")
         if PLACEHOLDER_TOKEN_ID in values:
             lines.append(
                 f"  {PLACEHOLDER_TOKEN_ID} is PLACEHOLDER_TOKEN_ID: a speculative-decoding placeholder "
@@ -204,10 +208,21 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
         raise IndexGuardError(
             op=lookup.op, values=values, positions=positions, num_bad=int(bad.sum()), low=low, high=size,
             shape=tuple(lookup.source.shape), dim=lookup.dim,
-            index_shape=tuple(index.shape), device=str(index.device),
+            index_shape=tuple(index.shape), device=str(index.device), caller=_caller(),
         )
 
 
+def _caller() -> str:
+    """The innermost frame on the stack outside torch and this module: the code that made the call."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = Path(frame.filename)
+        if path == Path(__file__) or _TORCH_DIR in path.parents:
+            continue
+        return f"{path.name}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+    return ""
+
+
+_TORCH_DIR = Path(torch.__file__).parent
 _GUARDED: dict[Callable, Callable] = {
     F.embedding: _embedding,
     torch.embedding: _torch_embedding,
