@@ -128,13 +128,7 @@ class RejectionSampler(torch.nn.Module):
             raise ValueError(
                 f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
             )
-        for name in ("target_logits_indices", "bonus_logits_indices"):
-            index = getattr(metadata, name)
-            if index.numel() and (index.min() < 0 or index.max() >= expected_rows):
-                raise ValueError(f"metadata.{name} must lie in [0, {expected_rows}), got {index.tolist()}")
         _check_sampling_metadata(sampling_metadata, metadata.batch_size)
-        bonus_logits = logits[metadata.bonus_logits_indices.long()].to(torch.float32, copy=True)
-        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32, copy=True)
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
         _check_rejection_inputs(
             metadata.draft_token_ids,
@@ -142,15 +136,19 @@ class RejectionSampler(torch.nn.Module):
             metadata.max_spec_len,
             metadata.cu_num_draft_tokens,
             draft_probs,
-            target_logits,
-            None,
-            None,
+            (metadata.draft_token_ids.numel(), logits.shape[1]),
+            index_ranges={
+                "metadata.target_logits_indices": (metadata.target_logits_indices, expected_rows),
+                "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, expected_rows),
+            },
         )
+        bonus_logits = logits[metadata.bonus_logits_indices.long()].to(torch.float32, copy=True)
+        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32, copy=True)
         bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata)
         target_logits = apply_sampling_constraints(
             target_logits, metadata.cu_num_draft_tokens, sampling_metadata
         )
-        return rejection_sample(
+        return _rejection_sample(
             metadata.draft_token_ids,
             metadata.num_draft_tokens,
             metadata.max_spec_len,
@@ -212,18 +210,30 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None
         raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
 
 
+def _check_ranges(ranges: dict[str, tuple[torch.Tensor, int, int]]) -> None:
+    """Raise ValueError unless every ``tensor`` lies in ``[low, high)``; one host sync for all of them."""
+    named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
+    if not named:
+        return
+    extrema = torch.stack([torch.stack([t.min().long(), t.max().long()]) for _, t, _, _ in named]).tolist()
+    for (name, _, lo, hi), (smallest, largest) in zip(named, extrema, strict=True):
+        if smallest < lo or largest >= hi:
+            raise ValueError(f"{name} must lie in [{lo}, {hi}), got min {smallest}, max {largest}")
+
+
 def _check_rejection_inputs(
     draft_token_ids,
     num_draft_tokens,
     max_spec_len,
     cu_num_draft_tokens,
     draft_probs,
-    target_logits,
-    uniform_probs,
-    recovered_token_ids,
+    target_shape: tuple[int, int],
+    uniform_probs=None,
+    recovered_token_ids=None,
+    index_ranges: dict[str, tuple[torch.Tensor, int]] | None = None,
 ) -> None:
-    if len(num_draft_tokens) == 0:
-        raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
+    if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
+        raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
     total = sum(num_draft_tokens)
     if max_spec_len != max(num_draft_tokens):
         raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={max(num_draft_tokens)}")
@@ -233,22 +243,14 @@ def _check_rejection_inputs(
         )
     check_id_tensor("draft_token_ids", draft_token_ids, total)
     check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
-    _check_logits("target_logits", target_logits)
-    if target_logits.shape[0] != total:
-        raise ValueError(
-            f"target_logits must have num_draft_total = {total} rows, got {target_logits.shape[0]}"
-        )
-    vocab_size = target_logits.shape[1]
-    if total and (draft_token_ids.min() < PLACEHOLDER_TOKEN_ID or draft_token_ids.max() >= vocab_size):
-        raise ValueError(
-            f"draft_token_ids must lie in [0, {vocab_size}) or be PLACEHOLDER_TOKEN_ID (-1), "
-            f"got min {int(draft_token_ids.min())}, max {int(draft_token_ids.max())}"
-        )
+    if target_shape[0] != total:
+        raise ValueError(f"target_logits must have num_draft_total = {total} rows, got {target_shape[0]}")
+    vocab_size = target_shape[1]
     if draft_probs is not None:
         _check_logits("draft_probs", draft_probs)
-        if tuple(draft_probs.shape) != tuple(target_logits.shape):
+        if tuple(draft_probs.shape) != tuple(target_shape):
             raise ValueError(
-                f"draft_probs must have shape {tuple(target_logits.shape)} like the target logits, "
+                f"draft_probs must have shape {tuple(target_shape)} like the target logits, "
                 f"got {tuple(draft_probs.shape)}"
             )
     if uniform_probs is not None:
@@ -256,10 +258,14 @@ def _check_rejection_inputs(
             raise TypeError("uniform_probs must be a float64 tensor")
         if uniform_probs.shape != (total,):
             raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
+    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
+    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
     if recovered_token_ids is not None:
         check_id_tensor("recovered_token_ids", recovered_token_ids, total)
-        if total and (recovered_token_ids.min() < 0 or recovered_token_ids.max() >= vocab_size):
-            raise ValueError(f"recovered_token_ids must lie in [0, {vocab_size})")
+        ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
+    for name, (index, high) in (index_ranges or {}).items():
+        ranges[name] = (index, 0, high)
+    _check_ranges(ranges)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -355,10 +361,11 @@ def sample_recovered_tokens(
         device,
     )
     if draft_probs is None:
+        # Zero each row's draft entry; a -1 draft writes its column 0 back unchanged.
         residual = target_probs.clone()
-        rows = torch.arange(num_tokens, device=device)
-        real = draft_token_ids >= 0
-        residual[rows[real], draft_token_ids[real].long()] = 0
+        column = draft_token_ids.long().clamp_min(0).unsqueeze(-1)
+        kept = residual.gather(1, column) * (draft_token_ids < 0).unsqueeze(-1)
+        residual.scatter_(1, column, kept)
     else:
         residual = (target_probs - draft_probs).clamp_min_(0)
     token_to_req = expand_batch_to_tokens(
@@ -411,18 +418,51 @@ def rejection_sample(
     ``uniform_probs`` and ``recovered_token_ids`` (generated here when None: pass your own to control
     the randomness).
     """
+    _check_logits("target_logits", target_logits)
+    _check_sampling_metadata(sampling_metadata, len(num_draft_tokens))
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
-        target_logits,
+        tuple(target_logits.shape),
         uniform_probs,
         recovered_token_ids,
     )
-    _check_sampling_metadata(sampling_metadata, len(num_draft_tokens))
     check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
+    return _rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        uniform_probs=uniform_probs,
+        recovered_token_ids=recovered_token_ids,
+        reject_negative_drafts=reject_negative_drafts,
+        backend=backend,
+    )
+
+
+def _rejection_sample(
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_logits,
+    bonus_token_ids,
+    sampling_metadata,
+    *,
+    uniform_probs=None,
+    recovered_token_ids=None,
+    reject_negative_drafts=True,
+    backend="auto",
+) -> torch.Tensor:
+    """``rejection_sample`` on inputs already validated."""
     device = target_logits.device
     batch_size = len(num_draft_tokens)
     num_tokens = draft_token_ids.numel()

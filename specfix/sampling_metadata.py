@@ -47,13 +47,14 @@ class SamplingMetadata:
             raise TypeError(f"temperature must be a 1-D float tensor, got {t!r}")
         if t.numel() == 0:
             raise ValueError("temperature is empty: a batch needs at least one request")
-        if torch.isnan(t).any() or (t < 0).any():
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t.tolist()}")
-        greedy = t == GREEDY_TEMPERATURE
-        if self.all_greedy != bool(greedy.all()) or self.all_random != bool((~greedy).all()):
+        values = t.tolist()  # one host sync for all checks
+        if any(math.isnan(v) or v < 0 for v in values):
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {values}")
+        greedy = [v == GREEDY_TEMPERATURE for v in values]
+        if self.all_greedy != all(greedy) or self.all_random != (not any(greedy)):
             raise ValueError(
                 f"all_greedy={self.all_greedy} / all_random={self.all_random} disagree with "
-                f"temperature {t.tolist()}"
+                f"temperature {values}"
             )
         bad = [i for i in self.generators if not (isinstance(i, int) and 0 <= i < t.numel())]
         if bad:

@@ -75,18 +75,21 @@ class SpecDecodeMetadata:
         check_id_tensor("target_logits_indices", self.target_logits_indices, total)
         check_id_tensor("bonus_logits_indices", self.bonus_logits_indices, batch)
         check_id_tensor("logits_indices", self.logits_indices, total + batch)
-        expected_cu = torch.tensor(k, dtype=torch.int64).cumsum(0)
-        if not torch.equal(self.cu_num_draft_tokens.cpu().long(), expected_cu):
+        expected_cu = torch.tensor(k, dtype=torch.int64).cumsum(0).tolist()
+        expected_cu_sampled = [c + i + 1 for i, c in enumerate(expected_cu)]
+        cu = self.cu_num_draft_tokens
+        got_cu, got_cu_sampled = torch.stack(
+            [cu.long(), self.cu_num_sampled_tokens.to(cu.device).long()]
+        ).tolist()
+        if got_cu != expected_cu:
             raise ValueError(
-                "cu_num_draft_tokens must be the inclusive cumsum of num_draft_tokens "
-                f"{expected_cu.tolist()}, "
-                f"got {self.cu_num_draft_tokens.tolist()}"
+                f"cu_num_draft_tokens must be the inclusive cumsum of num_draft_tokens {expected_cu}, "
+                f"got {got_cu}"
             )
-        expected_cu_sampled = expected_cu + torch.arange(1, batch + 1)
-        if not torch.equal(self.cu_num_sampled_tokens.cpu().long(), expected_cu_sampled):
+        if got_cu_sampled != expected_cu_sampled:
             raise ValueError(
                 "cu_num_sampled_tokens must be the inclusive cumsum of num_draft_tokens + 1 "
-                f"{expected_cu_sampled.tolist()}, got {self.cu_num_sampled_tokens.tolist()}"
+                f"{expected_cu_sampled}, got {got_cu_sampled}"
             )
         self.num_draft_tokens = list(k)
         self.max_spec_len = max(k, default=0)
