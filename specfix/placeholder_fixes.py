@@ -19,6 +19,7 @@ steps), :func:`count_syncs` counts the host-device synchronisations it makes.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 import warnings
@@ -284,3 +285,73 @@ def plot_fixes(timing: list[dict], ax=None, key: str = "event_us", label: str = 
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     return ax
+
+
+# -- correctness in the engine ---------------------------------------------------------------------------
+def _host_mask_runner(runner_cls):
+    """A ``GPUModelRunner`` whose ``_preprocess`` applies fix (b) instead of the clamp."""
+
+    class HostMaskRunner(runner_cls):
+        def _preprocess(self, scheduler_output, num_input_tokens):
+            req_ids = self._batch_order(scheduler_output)
+            cu = list(itertools.accumulate(scheduler_output.num_scheduled_tokens[r] for r in req_ids))
+            step = Step(req_ids, scheduler_output.scheduled_spec_decode_tokens, cu, self.input_ids.gpu,
+                        self.input_ids.gpu)
+            mask_placeholder_draft_token_ids(step)
+            return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
+
+    return HostMaskRunner
+
+
+def run_engine_with_fix(fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24,
+                        temperature: float = 0.0):
+    """The engine's demo batch (:data:`specfix.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
+    scheduler pads them with placeholders, n-gram drafts padded too) under one fix; ``None``: no fix.
+
+    Returns ``(outputs, stats)``: the token ids per request and the scheduler's ``SpecDecodingStats``
+    (``num_placeholders_accepted`` counts placeholder slots the sampler accepted). Raises what the
+    engine raises (on CPU, without a fix: ``IndexError`` from the embedding).
+    """
+    from specfix.engine import DEMO_PROMPTS, LLMEngine
+    from specfix.fixes import Fixes
+    from specfix.scheduler import SamplingParams
+
+    if fix not in (None, "clamp", "host_mask", "scheduler_zero"):
+        raise ValueError(f"fix must be None, 'clamp', 'host_mask' or 'scheduler_zero', got {fix!r}")
+    fixes = Fixes() if fix == "clamp" else Fixes(clamp_placeholders=False)
+    engine = LLMEngine(num_speculative_tokens=3, proposer="ngram", fixes=fixes, device=device,
+                       placeholder_policy="zero" if fix == "scheduler_zero" else "minus_one")
+    if fix == "host_mask":
+        engine.model_runner.__class__ = _host_mask_runner(type(engine.model_runner))
+    params = SamplingParams(temperature=temperature, seed=0, max_tokens=max_tokens)
+    req_ids = [engine.add_request(p, params, remote_prefill=i % 2 == 0) for i, p in enumerate(DEMO_PROMPTS)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    outputs = [list(engine.scheduler.requests[r].output_token_ids) for r in req_ids]
+    return outputs, engine.scheduler.spec_decoding_stats
+
+
+def engine_correctness(device: torch.device | str = "cpu", max_tokens: int = 24) -> list[dict]:
+    """Each fix in the engine, greedy and sampled: does it crash, is a placeholder ever accepted, and are
+    its outputs the clamp's (the merged fix, which chapter 1 proves right)? The no-fix row only runs on
+    CPU here (on CUDA it would poison this process; see ``embedding_assert.pipeline_crash_code``)."""
+    rows = []
+    on_cuda = torch.device(device).type == "cuda"
+    for temperature in (0.0, 0.7):
+        reference = None
+        for fix in ("clamp", "host_mask", "scheduler_zero", None):
+            row = {"fix": LABELS.get(fix, "no fix"), "temperature": temperature}
+            if fix is None and on_cuda:
+                rows.append({**row, "crashes": "device-side assert (run in a child: see the transcripts)"})
+                continue
+            try:
+                outputs, stats = run_engine_with_fix(fix, device, max_tokens, temperature)
+            except Exception as exc:  # noqa: BLE001  (the crash is the result)
+                rows.append({**row, "crashes": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+                continue
+            reference = outputs if fix == "clamp" else reference
+            rows.append({**row, "crashes": "no", "placeholder slots": stats.num_placeholder_slots,
+                         "placeholders accepted": stats.num_placeholders_accepted,
+                         "outputs equal the clamp's": outputs == reference,
+                         "acceptance rate": round(stats.acceptance_rate, 3)})
+    return rows
