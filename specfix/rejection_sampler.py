@@ -12,6 +12,13 @@ bonus token in column ``k_i`` when all ``k_i`` drafts are accepted).
 
 A draft id of ``-1`` (the scheduler's placeholder) is always rejected: greedy because it never equals
 an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``).
+With that switch off the random path behaves as before the PR: ``-1`` is used as a column, the flat
+offset ``t * V - 1`` reads the previous row's last probability, and when that beats the uniform the
+placeholder is accepted and ``-1`` is written into the output as if it were a token (see
+``rejection_random_sample_kernel`` for the first row, where the old kernel read before the tensor).
+At a placeholder slot the emitted token is the argmax (greedy) or the recovered sample (random). With
+draft probabilities the recovered sample comes from ``max(p - q, 0)`` whatever the draft id, as in vLLM,
+so a slot nothing was drafted for should carry an all-zero ``q`` row; then it samples ``p`` itself.
 
 Pieces, each usable on its own (chapter 3 calls the random core with its own randomness):
 
@@ -34,6 +41,9 @@ Pieces, each usable on its own (chapter 3 calls the random core with its own ran
         ``rejection_random_sample_ref``, "auto" picks Triton where it can run (CUDA tensors, or any
         tensors under Triton's CPU interpreter) and the reference elsewhere. The greedy core
         ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
+
+    These in-place cores do not validate their inputs (like vLLM's kernels); ``rejection_sample`` and
+    ``RejectionSampler.forward`` do, with one host sync per call for all value checks.
 
 The two verification loops are Triton kernels (grid ``(B,)``, one program per request looping over its
 drafts) with vectorised torch references beside them; recovered-token and bonus sampling are plain

@@ -684,3 +684,32 @@ def test_core_refuses_bad_caller_randomness():
         rejection_sample(*args[:6], torch.tensor([0.0]), sm)
     with pytest.raises(ValueError, match="backend"):
         rejection_sample(*args, backend="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["no-draft-probs", "draft-probs"])
+@pytest.mark.parametrize("fixes", [Fixes(), FIX_OFF], ids=["fix-on", "fix-off"])
+def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, fixes):
+    # A Qwen-sized vocabulary, compiled kernels, CUDA generators: still bit for bit.
+    batch, k, vocab_size = 64, 4, 151_936
+    g = torch.Generator(device="cuda").manual_seed(0)
+    drafts = torch.randint(0, vocab_size, (batch, k), generator=g, device="cuda")
+    drafts[::3, 1:] = -1
+    drafts[::5, :] = -1
+    md = SpecDecodeMetadata.make_dummy(drafts.tolist(), "cuda")
+    logits = torch.randn(batch * (k + 1), vocab_size, generator=g, device="cuda") * 3
+    logits[:, vocab_size - 1] += 8.0  # makes the pre-fix -1 read likely to accept
+    q = (
+        torch.softmax(torch.randn(batch * k, vocab_size, generator=g, device="cuda"), -1)
+        if with_draft_probs
+        else None
+    )
+    temps = [0.0 if i % 4 == 0 else 1.0 for i in range(batch)]
+    outs = []
+    for backend in ("torch", "triton"):
+        sm = SamplingMetadata.from_requests(temps, list(range(batch)), "cuda")
+        outs.append(RejectionSampler(fixes, backend=backend)(md, q, logits, sm))
+    assert torch.equal(outs[0], outs[1])
+    if fixes == Fixes():
+        check_output_contract(outs[1], md.num_draft_tokens, vocab_size)
