@@ -129,6 +129,9 @@ class RejectionSampler(torch.nn.Module):
 
         ``logits`` has ``sum k_i + B`` rows (already gathered by ``logits_indices``), indexed by
         ``metadata.target_logits_indices`` and ``metadata.bonus_logits_indices``; it is not modified.
+        A seeded random request draws from its own generator, in this order: V exponentials for its
+        bonus token, then (only if k_i > 0) k_i uniforms and V exponentials for its recovered tokens;
+        so its output does not depend on the rest of the batch.
         """
         if not isinstance(metadata, SpecDecodeMetadata):
             raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")

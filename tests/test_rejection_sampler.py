@@ -713,3 +713,14 @@ def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, f
     assert torch.equal(outs[0], outs[1])
     if fixes == Fixes():
         check_output_contract(outs[1], md.num_draft_tokens, vocab_size)
+
+
+def test_without_triton_the_reference_runs(monkeypatch):
+    import specfix.rejection_sampler as rs
+
+    monkeypatch.setattr(rs, "HAS_TRITON", False)
+    md = SpecDecodeMetadata.make_dummy([[1, -1]])
+    out = RejectionSampler()(md, None, logits_with_argmax([1, 4, 2], 8), greedy(1))
+    assert out.tolist() == [[1, 4, -1]]
+    with pytest.raises(RuntimeError, match="backend='torch'"):
+        RejectionSampler(backend="triton")
