@@ -184,12 +184,13 @@ DEMO_PROMPTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "
 
 
 def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None,
-             k: int = 3) -> GenerateResult:
-    """A small batch whose first step carries ``-1`` placeholders: two of the four requests arrive
-    prefilled (P/D), so the scheduler pads them with ``[-1] * k``; the n-gram drafter pads more later.
-    With ``fixes.clamp_placeholders`` off this fails in the first step's embedding."""
+             k: int = 3, proposer: str = "draft_model") -> GenerateResult:
+    """A batch of four whose first step carries ``-1`` placeholders: two requests arrive prefilled
+    (P/D disaggregation), so the scheduler pads their first decode with ``[-1] * k`` (the n-gram proposer
+    pads more later). With ``fixes.clamp_placeholders`` off this fails in the first step's embedding:
+    IndexError on CPU, a device-side assert on CUDA."""
     return generate(list(DEMO_PROMPTS), SamplingParams(temperature=0.7, seed=0, max_tokens=24),
-                    num_speculative_tokens=k, remote_prefill=[True, False, True, False], proposer="ngram",
+                    num_speculative_tokens=k, remote_prefill=[True, False, True, False], proposer=proposer,
                     fixes=fixes, device=device, max_steps=steps)
 
 
@@ -199,10 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-reject", action="store_true", help="switch Fixes.reject_negative_drafts off")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=None, help="stop after this many engine steps")
+    parser.add_argument("--proposer", default="draft_model", choices=list(PROPOSERS))
     args = parser.parse_args(argv)
     off = [name for name, flag in [("clamp_placeholders", args.no_clamp),
                                    ("reject_negative_drafts", args.no_reject)] if flag]
-    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps)
+    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps, proposer=args.proposer)
     if args.device == "cuda":
         torch.cuda.synchronize()
     for out in result.outputs:

@@ -300,13 +300,14 @@ class GPUModelRunner:
     @torch.no_grad()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
+        token_table = self.input_batch.token_ids_cpu.copy() if self.record else None
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput([], {}, [])
         req_ids, cu_num_scheduled, logits_indices, spec_metadata = self._prepare_inputs(scheduler_output)
         num_tokens = int(cu_num_scheduled[-1])
         num_input_tokens = self._get_num_input_tokens(num_tokens)
         self.slot_mapping.gpu[num_tokens:num_input_tokens] = PAD_SLOT_ID
-        before_clamp = self.input_ids.gpu[:num_input_tokens].cpu() if self.record else None
+        before_clamp = self.input_ids.gpu[:num_input_tokens].to("cpu", copy=True) if self.record else None
 
         input_ids, positions = self._preprocess(scheduler_output, num_input_tokens)
         hidden = self.model(input_ids, positions, self.slot_mapping.gpu[:num_input_tokens], self.kv_cache)
@@ -328,11 +329,11 @@ class GPUModelRunner:
             self.input_batch.append_sampled(req_id, tokens)
         if self.record:
             self.trace.append(StepTrace(
-                req_ids=req_ids, token_ids_cpu=self.input_batch.token_ids_cpu.copy(),
-                input_ids_before_clamp=before_clamp, embedding_input=input_ids.cpu(),
+                req_ids=req_ids, token_ids_cpu=token_table,
+                input_ids_before_clamp=before_clamp, embedding_input=input_ids.to("cpu", copy=True),
                 num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
                 spec_decode_metadata=spec_metadata, logits=logits.cpu(),
-                sampler_output=sampler_output.cpu(), sampled_token_ids=sampled))
+                sampler_output=sampler_output.to("cpu", copy=True), sampled_token_ids=sampled))
         self._draft_token_ids = self.propose_draft_token_ids(req_ids, sampled)
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
 

@@ -22,7 +22,7 @@ from specfix.scheduler import check_num_spec_tokens
 
 
 class NgramProposer:
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 2, prompt_lookup_max: int = 4):
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3):
         check_num_spec_tokens(num_speculative_tokens)
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
             raise ValueError(

@@ -1,0 +1,189 @@
+"""Scheduler: where placeholders are born, the token budget, rollback of rejected drafts, statistics."""
+
+import copy
+
+import pytest
+import torch
+
+from specfix.model_runner import DraftTokenIds, ModelRunnerOutput
+from specfix.rejection_sampler import MAX_SPEC_LEN
+from specfix.scheduler import Request, SamplingParams, Scheduler, SpecDecodingStats
+
+VOCAB = 512
+
+
+def _sched(k=3, **kw):
+    return Scheduler(vocab_size=VOCAB, num_spec_tokens=k, **kw)
+
+
+def _run(sched, out, sampled):
+    """Feed back ``sampled[req_id]`` as the model's output for a scheduled step."""
+    req_ids = list(out.num_scheduled_tokens)
+    index = {r: i for i, r in enumerate(req_ids)}
+    result = ModelRunnerOutput(req_ids, index, [sampled.get(r, []) for r in req_ids])
+    return sched.update_from_output(out, result)
+
+
+def test_prefill_then_decode_with_drafts():
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6, 7], SamplingParams(max_tokens=10)))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 3} and out.scheduled_spec_decode_tokens == {}
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["a"]
+    _run(sched, out, {"a": [8]})
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 4}
+    assert out.scheduled_spec_decode_tokens == {"a": [9, 10, 11]}
+    assert out.scheduled_cached_reqs.num_computed_tokens == [3]
+
+
+def test_new_decode_is_padded_with_minus_one():
+    """A request whose KV came from a prefill node has one token left: 1 + k tokens, drafts [-1] * k."""
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6, 7], SamplingParams(), num_computed_tokens=2))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 4}
+    assert out.scheduled_spec_decode_tokens == {"a": [-1, -1, -1]}
+    assert out.num_placeholder_spec_tokens == {"a": 3}
+
+
+def test_one_token_prompt_is_padded_only_when_others_run():
+    sched = _sched()
+    sched.add_request(Request("a", [5], SamplingParams()))
+    assert sched.schedule().scheduled_spec_decode_tokens == {}  # alone: a 1-token prefill, as in vLLM
+    sched2 = _sched()
+    sched2.add_request(Request("b", [5, 6], SamplingParams()))
+    sched2.add_request(Request("a", [5], SamplingParams()))
+    assert sched2.schedule().scheduled_spec_decode_tokens == {"a": [-1, -1, -1]}
+
+
+@pytest.mark.parametrize("policy, pad, expected",
+                         [("minus_one", True, [9, -1, -1]), ("zero", True, [9, 0, 0]),
+                          ("minus_one", False, [9])])
+def test_short_proposals_are_padded_to_k(policy, pad, expected):
+    sched = _sched(placeholder_policy=policy, pad_spec_decode=pad)
+    sched.add_request(Request("a", [5, 6], SamplingParams()))
+    _run(sched, sched.schedule(), {"a": [8]})
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9]]))  # the n-gram drafter found one token
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": expected}
+    assert out.num_scheduled_tokens == {"a": 1 + len(expected)}
+    assert out.num_placeholder_spec_tokens == {"a": len(expected) - 1}
+
+
+def test_rejected_drafts_are_rolled_back():
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=20)))
+    _run(sched, sched.schedule(), {"a": [8]})
+    req = sched.requests["a"]
+    assert req.num_computed_tokens == 2 and req.num_tokens == 3
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
+    out = sched.schedule()
+    assert req.num_computed_tokens == 2 + 4  # optimistic until the runner answers
+    _run(sched, out, {"a": [9, 40]})  # first draft accepted, second rejected and replaced by 40
+    assert req.output_token_ids == [8, 9, 40]
+    assert req.num_computed_tokens == req.num_tokens - 1  # everything but the last sample has KV
+    stats = sched.spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 1)
+    assert stats.num_accepted_tokens_per_pos == [1, 0, 0] and stats.acceptance_lengths == [2]
+
+
+def test_request_finishes_at_max_tokens():
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=2)))
+    _run(sched, sched.schedule(), {"a": [8]})
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
+    finished = _run(sched, sched.schedule(), {"a": [9, 10, 11, 12]})
+    assert [r.request_id for r in finished] == ["a"] and sched.requests["a"].output_token_ids == [8, 9]
+    assert not sched.has_unfinished_requests()
+    assert sched.schedule().finished_req_ids == {"a"}
+
+
+def test_token_budget_chunks_prefills_and_stops_before_an_unpadded_decode():
+    sched = _sched(max_num_batched_tokens=5)
+    sched.add_request(Request("a", list(range(8)), SamplingParams()))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 5}
+    _run(sched, out, {})  # partial prefill: nothing sampled
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 3}
+    sched2 = _sched(max_num_batched_tokens=6)
+    sched2.add_request(Request("x", [1, 2, 3], SamplingParams(), num_computed_tokens=2))
+    sched2.add_request(Request("y", [1, 2, 3], SamplingParams(), num_computed_tokens=2))
+    out = sched2.schedule()  # x takes 4 tokens; y would need 4 more but only 2 are left: not scheduled
+    assert out.num_scheduled_tokens == {"x": 4}
+
+
+def test_stats_keep_placeholders_apart():
+    stats = SpecDecodingStats(num_spec_tokens=3)
+    stats.observe(num_slots=3, num_placeholders=2, num_accepted=2)  # 1 real draft accepted + 1 zero slot
+    stats.observe(num_slots=3, num_placeholders=3, num_accepted=0)  # a padded new decode
+    stats.observe(num_slots=3, num_placeholders=0, num_accepted=3)
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (2, 4, 4)
+    assert (stats.num_placeholder_slots, stats.num_placeholders_accepted) == (5, 1)
+    assert stats.acceptance_rate == 1.0 and stats.mean_acceptance_length == 1 + 4 / 2
+    assert stats.acceptance_rate_per_pos == [1.0, 1.0, 1.0]
+
+
+def _snapshot(sched):
+    return copy.deepcopy((sched.requests, [r.request_id for r in sched.waiting],
+                          [r.request_id for r in sched.running], sched.spec_decoding_stats))
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda: Request("b", [VOCAB], SamplingParams()), ValueError),  # id >= vocab size
+        (lambda: Request("b", [-1, 2], SamplingParams()), ValueError),  # a placeholder is not a prompt token
+        (lambda: Request("b", torch.tensor([1.0, 2.0]), SamplingParams()), TypeError),
+        (lambda: Request("b", torch.tensor([1, 2], dtype=torch.uint8), SamplingParams()), TypeError),
+        (lambda: Request("b", [], SamplingParams()), ValueError),
+        (lambda: Request("a", [1], SamplingParams()), ValueError),  # duplicate id
+        (lambda: Request("b", [1] * 250, SamplingParams(max_tokens=10)), ValueError),  # > max_model_len
+        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2), ValueError),
+    ],
+)
+def test_bad_requests_leave_the_scheduler_unchanged(make, error):
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams()))
+    _run(sched, sched.schedule(), {"a": [8]})
+    before = _snapshot(sched)
+    with pytest.raises(error):
+        sched.add_request(make())
+    assert _snapshot(sched) == before
+
+
+def test_bad_drafts_leave_the_scheduler_unchanged():
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams()))
+    _run(sched, sched.schedule(), {"a": [8]})
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="vocab_size"):
+        sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, VOCAB]]))
+    with pytest.raises(ValueError, match="req_ids"):
+        sched.update_draft_token_ids(DraftTokenIds(["a"], [[1], [2]]))
+    with pytest.raises(ValueError):
+        sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, -1]]))  # drafters never propose -1
+    assert _snapshot(sched) == before
+
+
+@pytest.mark.parametrize("k, error", [(0, ValueError), (MAX_SPEC_LEN + 1, ValueError), (2.0, TypeError),
+                                      (True, TypeError)])
+def test_bad_k_is_refused(k, error):
+    with pytest.raises(error, match="num_speculative_tokens"):
+        _sched(k=k)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(temperature=float("nan")),
+                                    dict(max_tokens=0), dict(seed=1.5)])
+def test_bad_sampling_params_are_refused(kwargs):
+    with pytest.raises((ValueError, TypeError)):
+        SamplingParams(**kwargs)
+
+
+def test_bad_scheduler_settings_are_refused():
+    with pytest.raises(ValueError, match="placeholder_policy"):
+        _sched(placeholder_policy="nan")
+    with pytest.raises(ValueError, match="1 \\+ k"):
+        _sched(k=4, max_num_batched_tokens=4)
