@@ -724,3 +724,18 @@ def test_without_triton_the_reference_runs(monkeypatch):
     assert out.tolist() == [[1, 4, -1]]
     with pytest.raises(RuntimeError, match="backend='torch'"):
         RejectionSampler(backend="triton")
+
+
+def test_recovery_noise_skips_requests_without_drafts_and_greedy_batches_draw_nothing():
+    gens = {0: torch.Generator().manual_seed(8), 1: torch.Generator().manual_seed(9)}
+    state0 = gens[0].get_state()
+    sm = SamplingMetadata(torch.tensor([1.0, 1.0]), False, True, gens)
+    probs = torch.softmax(torch.randn(2, 6), -1)
+    sample_recovered_tokens(2, [0, 2], torch.tensor([0, 2]), torch.tensor([1, 2]), None, probs, sm, "cpu")
+    assert torch.equal(gens[0].get_state(), state0), "request 0 has no drafts: its generator is untouched"
+    assert not torch.equal(gens[1].get_state(), torch.Generator().manual_seed(9).get_state())
+    # An all-greedy step uses no randomness at all.
+    md, logits = SpecDecodeMetadata.make_dummy([[1, 2], [-1]]), torch.randn(5, 6)
+    before = torch.get_rng_state()
+    RejectionSampler()(md, None, logits, greedy(2))
+    assert torch.equal(torch.get_rng_state(), before)
