@@ -138,7 +138,10 @@ if HAS_TRITON:
                 x = tl.math.div_rn(x, temp)
         if STORE_PROCESSED:
             dst = processed_ptr + req_state_idx * processed_stride0 + col * processed_stride1 + offs
-            store_mask = in_vocab & is_valid_req if MASK_INVALID else in_vocab
+            if MASK_INVALID:  # compared per lane: the interpreter cannot mask a store by a scalar comparison
+                store_mask = in_vocab & (tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0)
+            else:
+                store_mask = in_vocab
             tl.store(dst, x.to(processed_ptr.dtype.element_ty), mask=store_mask)
         if temp != 0.0:
             if MASK_INVALID:
@@ -431,3 +434,19 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
         out, seed, pos, vocab_size, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET, BLOCK=block, **launch
     )
     return out
+
+
+def guarded_table(shape: tuple[int, ...], fill: float, dtype: torch.dtype, guard_fill: float | None = None,
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A request-state table with one guard row on each side, in one allocation: ``(table, whole)``.
+
+    ``table = whole[1:-1]`` is what the kernel is given. The unmasked (pre-fix) kernel indexes row -1 of
+    the table, which here is ``whole[0]``, inside the same storage: its out-of-bounds reads and writes land
+    in a sentinel region we can inspect, instead of in memory the process does not own (on CPU the
+    interpreter would read or scribble over the Python heap).
+    """
+    whole = torch.full((shape[0] + 2, *shape[1:]), fill, dtype=dtype, device=device)
+    if guard_fill is not None:
+        whole[0] = guard_fill
+        whole[-1] = guard_fill
+    return whole[1:-1], whole

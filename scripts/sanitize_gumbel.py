@@ -1,0 +1,84 @@
+"""Run compute-sanitizer memcheck on the masked and the unmasked (pre-PR-#47066) Gumbel kernel; record both.
+
+    PYTHONPATH=$PWD python3 scripts/sanitize_gumbel.py [--out specfix/recorded]
+
+Each variant runs in a child process under ``compute-sanitizer --tool memcheck`` with torch's caching
+allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: every tensor is its own cudaMalloc, so an access
+just outside one is outside any allocation) and padding after every allocation, so that row -1 of a table
+lands in memory the sanitizer knows is nobody's. The batch has two live rows and two padded rows (-1).
+Expected: 0 errors with the mask; invalid global reads (temperature, seed) and writes (processed logits)
+without it. Writes ``gumbel_sanitizer.json`` (error counts, the head of each report, the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REPORT_LINES = 40
+
+
+def child(masked: bool) -> None:
+    import torch
+
+    from specfix import Fixes, gumbel
+
+    vocab = 4096
+    logits = torch.randn(4, vocab, device="cuda")
+    idx = torch.tensor([0, 1, -1, -1], dtype=torch.int32, device="cuda")
+    temperature = torch.tensor([1.0, 0.7], device="cuda")
+    seed = torch.tensor([11, 22], device="cuda")
+    pos = torch.tensor([3, 4, 0, 0], device="cuda")
+    draft_logits = torch.zeros(2, 3, vocab, device="cuda")
+    tokens = gumbel.gumbel_sample(logits, idx, temperature, seed, pos, True, draft_logits, 1,
+                                  fixes=Fixes(mask_invalid_reqs=masked))
+    torch.cuda.synchronize()
+    print("tokens", tokens.tolist())
+
+
+def run_variant(masked: bool) -> dict:
+    cmd = ["compute-sanitizer", "--tool", "memcheck", "--padding", str(1 << 20), "--print-limit", "12",
+           sys.executable, __file__, "--child", "masked" if masked else "unmasked"]
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+    text = proc.stdout + proc.stderr
+    match = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    lines = [line for line in text.splitlines() if line.startswith("=========")]
+    return {
+        "command": " ".join(["PYTORCH_NO_CUDA_MEMORY_CACHING=1", *cmd[:-4], "python3",
+                             "scripts/sanitize_gumbel.py", *cmd[-2:]]),
+        "returncode": proc.returncode,
+        "errors": int(match.group(1)) if match else None,
+        "invalid_reads": len(re.findall(r"Invalid __global__ read", text)),
+        "invalid_writes": len(re.findall(r"Invalid __global__ write", text)),
+        "report_head": lines[:REPORT_LINES],
+        "summary": [line for line in lines if "ERROR SUMMARY" in line],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "specfix" / "recorded"))
+    parser.add_argument("--child", choices=["masked", "unmasked"])
+    args = parser.parse_args()
+    if args.child:
+        child(args.child == "masked")
+        return
+    from specfix import recorded
+
+    results = {"masked": run_variant(True), "unmasked": run_variant(False)}
+    for name, res in results.items():
+        print(name, "errors:", res["errors"], "reads:", res["invalid_reads"],
+              "writes:", res["invalid_writes"])
+        print("\n".join(res["report_head"][:16]))
+    print("saved", recorded.save("gumbel_sanitizer", {"variants": results}, args.out))
+
+
+if __name__ == "__main__":
+    main()
