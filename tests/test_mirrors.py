@@ -1,0 +1,28 @@
+"""Chapter 0's module map is read from docstrings: every module that stands for a vLLM file must name it."""
+
+import importlib
+
+from specfix.mirrors import vllm_map
+
+# Modules that re-implement a piece of vLLM (the rest are specfix's own tools: runtime, guard, bench...).
+MIRRORING = {
+    "scheduler": "vllm/v1/core/sched/scheduler.py",
+    "input_batch": "vllm/v1/worker/gpu_input_batch.py",
+    "model_runner": "vllm/v1/worker/gpu_model_runner.py",
+    "spec_decode_metadata": "vllm/v1/spec_decode/metadata.py",
+    "rejection_sampler": "vllm/v1/sample/rejection_sampler.py",
+    "gumbel": "vllm/v1/worker/gpu/sample/gumbel.py",
+}
+
+
+def test_every_mirroring_module_names_its_vllm_file():
+    rows = {row["module"]: row for row in vllm_map()}
+    for name, path in MIRRORING.items():
+        importlib.import_module(f"specfix.{name}")
+        assert path in rows[f"specfix.{name}"]["mirrors"], name
+
+
+def test_own_modules_say_so():
+    rows = {row["module"]: row for row in vllm_map()}
+    assert rows["specfix.fixes"]["mirrors"] == "(specfix's own)"
+    assert all(row["summary"] for row in rows.values()), "every module has a one-line docstring summary"
