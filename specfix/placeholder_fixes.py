@@ -352,6 +352,6 @@ def engine_correctness(device: torch.device | str = "cpu", max_tokens: int = 24)
             reference = outputs if fix == "clamp" else reference
             rows.append({**row, "crashes": "no", "placeholder slots": stats.num_placeholder_slots,
                          "placeholders accepted": stats.num_placeholders_accepted,
-                         "outputs equal the clamp's": outputs == reference,
+                         "same tokens as the clamp": outputs == reference,
                          "acceptance rate": round(stats.acceptance_rate, 3)})
     return rows
