@@ -195,11 +195,11 @@ class Timer:
     def time_throughput(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
         """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
         per step, host launch cost included (no flush, which would hide launch gaps behind it)."""
-        calls = calls or self.settings.pick(cpu=1, ci=20, full=50)
+        calls = calls or self.settings.pick(cpu=1, ci=20, full=20)
         for _ in range(self.warmup):
             fn()
         samples = []
-        for _ in range(self.settings.pick(cpu=self.min_reps, ci=10, full=15)):
+        for _ in range(self.settings.pick(cpu=self.min_reps, ci=5, full=7)):
             self._sync()
             t0 = time.perf_counter()
             for _ in range(calls):
@@ -480,15 +480,17 @@ def _plan_gumbel_graph(s: Settings, timer: Timer) -> list[Job]:
     vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
     calls = s.pick(cpu=2, ci=50, full=200)
 
-    def run(vocab):
+    def run(vocab: int, impl: str) -> list[dict]:
         inp = _gumbel_inputs(1, vocab, torch.float32, s.device)
         params = {"vocab": vocab, "rows": 1, "dtype": "fp32", "calls_per_graph": calls}
-        impls = {name: _call_gumbel(fn, inp, noise) for name, noise in OURS.items()}
-        impls["torch_gumbel_max"] = lambda: torch_gumbel_max(inp["logits"])
-        return [result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
-                for impl, call in impls.items()]
+        if impl in OURS:
+            call = _call_gumbel(fn, inp, OURS[impl])
+        else:
+            call = lambda: torch_gumbel_max(inp["logits"])
+        return [result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))]
 
-    return [Job(f"one row of {v:,} in a CUDA graph", lambda v=v: run(v)) for v in vocabs]
+    return [Job(f"{impl}: one row of {v:,} in a CUDA graph", lambda v=v, i=impl: run(v, i))
+            for v in vocabs for impl in (*OURS, "torch_gumbel_max")]
 
 
 def _goals_gumbel_graph(results, s):
@@ -597,44 +599,67 @@ def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
     (load_models,) = _import("models", "load_models")
     max_reqs, k = 64, 3
     vocab, hidden = s.pick(cpu=(512, 32), ci=(32_000, 512), full=(32_000, 512))
-    batches = s.pick(cpu=(1, 3), ci=(1, 5, 16, 64), full=tuple(range(1, max_reqs + 1)))
+    batches = s.pick(cpu=(3,), ci=(1, 5, 16, 64), full=tuple(range(1, max_reqs + 1)))
+    built: dict[str, tuple] = {}     # model name -> (speculator, context, params), shared by its two jobs
+    eager_us: dict[tuple[str, int], float] = {}
 
-    def run(model_name: str) -> list[dict]:
-        if model_name == "ngram_draft":
-            model = load_models(s.device)[1]
-            context_len = model.order - 1
-            params = {"model": model_name}
-        else:
-            model = StandInDrafter(vocab, hidden, s.device)
-            context_len = 1
-            params = {"model": model_name, "hidden": hidden}
-        spec = speculator_cls(model, max_num_reqs=max_reqs, num_speculative_steps=k,
-                              vocab_size=model.vocab_size, context_len=context_len, device=s.device)
-        gen = torch.Generator(device=s.device).manual_seed(3)
-        temperature = torch.ones(max_reqs, dtype=torch.float32, device=s.device)
-        seeds = torch.randint(0, 2**31, (max_reqs,), generator=gen, device=s.device)
-        context = torch.randint(0, model.vocab_size, (max_reqs, context_len), generator=gen, device=s.device)
-        spec.context_ids.copy_(context)
-        if s.cuda:
-            spec.capture_cuda_graphs()
+    def setup(model_name: str):
+        if model_name not in built:
+            if model_name == "ngram_draft":
+                model = load_models(s.device)[1]
+                context_len, extra = model.order - 1, {}
+            else:
+                model, context_len, extra = StandInDrafter(vocab, hidden, s.device), 1, {"hidden": hidden}
+            spec = speculator_cls(model, max_num_reqs=max_reqs, num_speculative_steps=k,
+                                  vocab_size=model.vocab_size, context_len=context_len, device=s.device)
+            gen = torch.Generator(device=s.device).manual_seed(3)
+            context = torch.randint(0, model.vocab_size, (max_reqs, context_len), generator=gen,
+                                    device=s.device)
+            spec.context_ids.copy_(context)
+            params = {"k": k, "vocab": model.vocab_size, "model": model_name, **extra}
+            built[model_name] = spec, context, params
+        return built[model_name]
+
+    def live(spec, b: int) -> int:
+        """Make rows 0..b-1 live (slots 0..b-1, temperature 1); return the padded size b dispatches to."""
+        gen = torch.Generator(device=s.device).manual_seed(b)
+        spec._copy_request_inputs(b, torch.arange(max_reqs, dtype=torch.int32, device=s.device),
+                                  torch.ones(max_reqs, dtype=torch.float32, device=s.device),
+                                  torch.randint(0, 2**31, (max_reqs,), generator=gen, device=s.device))
+        return spec.dispatcher.dispatch(b).num_reqs_padded
+
+    # a step feeds its drafts back into context_ids: both modes reset them first, so every call drafts alike
+    def run_eager(model_name: str) -> list[dict]:
+        spec, context, params = setup(model_name)
         out = []
         for b in batches:
-            spec._copy_request_inputs(b, torch.arange(max_reqs, dtype=torch.int32, device=s.device),
-                                      temperature, seeds)
-            padded = spec.dispatcher.dispatch(b).num_reqs_padded
-            p = {"live_batch": b, "padded_batch": padded, "k": k, "vocab": model.vocab_size, **params}
-            # the step feeds its drafts back into context_ids: reset them so every call drafts alike
-            eager = timer.time_throughput(lambda b=b: (spec.context_ids.copy_(context), spec._draft_step(b)))
-            out.append(result("drafter_graph", "eager", p, eager))
-            if s.cuda:
-                graph = timer.time_throughput(lambda n=padded: (spec.context_ids.copy_(context),
-                                                                spec.graphs.replay(n)))
-                out.append(result("drafter_graph", "graph", p, graph,
-                                  speedup=statistics.median(eager) / statistics.median(graph)))
+            padded = live(spec, b)
+            t = timer.time_throughput(lambda b=b: (spec.context_ids.copy_(context), spec._draft_step(b)))
+            eager_us[model_name, b] = statistics.median(t)
+            p = {"live_batch": b, "padded_batch": padded, **params}
+            out.append(result("drafter_graph", "eager", p, t))
         return out
 
-    return [Job(f"drafter step ({m}), live batches {batches[0]}..{batches[-1]}", lambda m=m: run(m))
-            for m in ("standin_mlp", "ngram_draft")]
+    def run_graph(model_name: str) -> list[dict]:
+        spec, context, params = setup(model_name)
+        spec.capture_cuda_graphs()
+        out = []
+        for b in batches:
+            padded = live(spec, b)
+            replay = lambda n=padded: (spec.context_ids.copy_(context), spec.graphs.replay(n))
+            t = timer.time_throughput(replay)
+            speedup = eager_us[model_name, b] / statistics.median(t) if (model_name, b) in eager_us else None
+            p = {"live_batch": b, "padded_batch": padded, **params}
+            out.append(result("drafter_graph", "graph", p, t, speedup=speedup))
+        return out
+
+    span = f"live batches {batches[0]}..{batches[-1]}"
+    jobs = []
+    for m in ("standin_mlp", "ngram_draft"):
+        jobs.append(Job(f"drafter step ({m}), eager, {span}", lambda m=m: run_eager(m)))
+        if s.cuda:
+            jobs.append(Job(f"drafter step ({m}), CUDA-graph replay, {span}", lambda m=m: run_graph(m)))
+    return jobs
 
 
 def _goals_drafter_graph(results, s):

@@ -217,7 +217,7 @@ def test_cli_smoke_run_on_cpu(tmp_path):
     started = time.perf_counter()
     out = _cli("bench", "--device", "cpu", "--scale", "ci", "--json", str(path), "--no-progress")
     elapsed = time.perf_counter() - started
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr + out.stdout[-3000:]
     assert elapsed < 30, f"CPU smoke run took {elapsed:.1f} s"
     report = json.loads(path.read_text())
     bench.validate(report)
@@ -257,5 +257,46 @@ def test_frame_flattens_one_case(ceilings_report):
     assert sorted(df["impl"]) == ["argmax_read", "copy"]
     argmax = df[df["impl"] == "argmax_read"].iloc[0]
     # the argmax reads rows x vocab fp32 values once
-    assert argmax["TB_per_s"] == pytest.approx(argmax["rows"] * argmax["vocab"] * 4 / argmax["median_us"] / 1e6)
+    nbytes = argmax["rows"] * argmax["vocab"] * 4
+    assert argmax["TB_per_s"] == pytest.approx(nbytes / argmax["median_us"] / 1e6)
     assert bench.frame(ceilings_report, "gumbel").empty
+
+
+# ---------------------------------------------------------------------------------------- on the GPU
+
+CUDA = bench.Settings(torch.device("cuda"), "ci")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or bench.runtime.INTERPRET,
+                                reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_sync_counter_sees_item_and_not_arithmetic():
+    x = torch.ones(4, device="cuda")
+    assert bench.count_host_syncs(lambda: x + 1, x.device) == 0
+    assert bench.count_host_syncs(lambda: x.sum().item(), x.device) == 1
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_timers_agree_with_a_known_sleep():
+    timer = bench.Timer(CUDA)
+    cycles = 2_000_000  # torch.cuda._sleep spins this many clock cycles: about 1 ms at 2 GHz
+    once = statistics_median(timer.time(lambda: torch.cuda._sleep(cycles), flush=False))
+    in_graph = statistics_median(timer.time_in_graph(lambda: torch.cuda._sleep(cycles), calls=10))
+    wall = statistics_median(timer.time_throughput(lambda: torch.cuda._sleep(cycles)))
+    assert once > 100 and in_graph == pytest.approx(once, rel=0.2) and wall == pytest.approx(once, rel=0.2)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_ceilings_are_plausible():
+    report = bench.run("cuda", "ci", only=["ceilings"], progress=False)
+    bench.validate(report)
+    assert report["errors"] == []
+    for row in report["results"]:
+        assert 0.3 < row["metrics"]["TB_per_s"] < 20, row  # any datacenter GPU's HBM lies in this range
+
+
+def statistics_median(samples):
+    return float(np.median(samples))
