@@ -178,3 +178,55 @@ def test_clamp_makes_no_sync_and_the_host_mask_does():
     clamp, host_mask = pf.count_syncs("clamp", step), pf.count_syncs("host_mask", step)
     assert clamp["debug_mode"] == 0 and clamp["profiler"] in (0, None)
     assert host_mask["debug_mode"] >= 1 or (host_mask["profiler"] or 0) >= 1
+
+
+# -- the engine (chapter 1's pipeline) under each fix -------------------------------------------------------
+def test_engine_crashes_on_cpu_without_a_fix_and_the_guard_names_the_line():
+    from specfix.guard import IndexGuardError, check_indices
+
+    with pytest.raises(IndexError) as plain:
+        pf.run_engine_with_fix(None, max_tokens=4)
+    assert not isinstance(plain.value, IndexGuardError)
+    with pytest.raises(IndexGuardError) as guarded, check_indices():
+        pf.run_engine_with_fix(None, max_tokens=4)
+    err = guarded.value
+    assert err.op == "F.embedding" and set(err.values) == {-1} and "models.py" in err.caller
+
+
+def test_host_mask_feeds_the_model_what_the_clamp_feeds_it_and_zero_accepts_placeholders():
+    clamp, clamp_stats = pf.run_engine_with_fix("clamp", max_tokens=8)
+    mask, mask_stats = pf.run_engine_with_fix("host_mask", max_tokens=8)
+    assert mask == clamp and clamp_stats.num_placeholder_slots > 0
+    assert clamp_stats.num_placeholders_accepted == mask_stats.num_placeholders_accepted == 0
+    _, zero_stats = pf.run_engine_with_fix("scheduler_zero", max_tokens=8)
+    assert zero_stats.num_placeholders_accepted > 0  # token 0 is "the": some placeholders get accepted
+    with pytest.raises(ValueError, match="fix"):
+        pf.run_engine_with_fix("host_mask_async")
+
+
+def test_engine_child_reports_where_python_heard_of_the_error():
+    code = ea.pipeline_crash_code(steps=2).replace('device="cuda"', 'device="cpu"')
+    run = ea.run_child(code, label="engine on cpu")
+    assert run.returncode == 1 and run.first("start") and not run.first("end")
+    frames = ea.traceback_frames(run.output)
+    assert frames[-1]["func"] == "embedding" and "IndexError" in run.output.splitlines()[-1]
+    assert ea.where_python_heard(run).startswith("models.py:")
+
+
+def test_tables_from_recorded_rows():
+    rows = [{"op": "F.embedding", "bad": "-1", "num_indices": 3,
+             "cpu": {"outcome": "raised", "type": "IndexError", "message": "index out of range in self"},
+             "cuda": {"outcome": "device assert", "kernel": "indexSelectSmallIndex", "where": "Indexing.cu:1",
+                      "condition": "srcIndex < srcSelectDimSize"}},
+            {"op": "w[idx]", "bad": "-1", "num_indices": 3,
+             "cpu": {"outcome": "returned", "wrapped": True},
+             "cuda": {"outcome": "returned", "wrapped": True}}]
+    frame = ea.ops_frame(rows)
+    cell = frame.loc[("F.embedding", "-1"), "CUDA, 3 indices"]
+    assert cell.startswith("device assert in indexSelectSmallIndex")
+    assert frame.loc[("w[idx]", "-1"), "CPU"] == "no error: -1 wrapped around"
+    timing = [{"fix": "clamp", "num_tokens": 256, "host_us": 2.0, "event_us": 5.0,
+               "syncs": {"debug_mode": 0, "profiler": 0}}]
+    table = pf.fixes_frame(timing)
+    assert table.loc[(pf.LABELS["clamp"], 256), "syncs (sync debug mode)"] == 0
+    assert pf.plot_fixes(timing).get_lines()
