@@ -336,10 +336,13 @@ def _goal(case, goal, measured, target, unit, higher_is_better, settings, detail
         out["margin"] = "CPU smoke run: not judged"
         return out
     ok = measured >= target if higher_is_better else measured <= target
-    rel = (measured / target - 1) if higher_is_better else (1 - measured / target)
     out["status"] = "pass" if ok else "miss"
-    sign = "+" if rel >= 0 else ""
-    out["margin"] = f"{sign}{rel * 100:.1f}% vs target" + (f"; {detail}" if detail else "")
+    if target == 0:
+        margin = f"{measured - target:+g} {unit} vs target"
+    else:
+        rel = (measured / target - 1) if higher_is_better else (1 - measured / target)
+        margin = f"{'+' if rel >= 0 else ''}{rel * 100:.1f}% vs target"
+    out["margin"] = margin + (f"; {detail}" if detail else "")
     return out
 
 

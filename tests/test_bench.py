@@ -72,6 +72,10 @@ def test_goal_pass_miss_margins():
     assert bench._goal("c", "g", 4.0, 5.0, "us", False, GPU)["margin"].startswith("+20.0%")
     late = bench._goal("c", "g", 6.0, 5.0, "us", False, GPU)
     assert late["status"] == "miss" and late["margin"].startswith("-20.0%")
+    # a zero target (no host syncs) has no relative margin: the excess is given in the unit
+    assert bench._goal("c", "g", 0.0, 0.0, "syncs", False, GPU)["status"] == "pass"
+    two = bench._goal("c", "g", 2.0, 0.0, "syncs", False, GPU)
+    assert two["status"] == "miss" and two["margin"].startswith("+2 syncs")
     assert bench._goal("c", "g", None, 5.0, "us", False, GPU)["status"] == "not measured"
     assert bench._goal("c", "g", 1.0, 5.0, "us", False, CPU)["status"] == "n/a"
 
@@ -95,6 +99,25 @@ def test_gumbel_goals_take_the_worst_case():
     # speedups 7x (fp32) and 4x (bf16): the worst, 4x, misses 5x
     assert speedup["measured"] == pytest.approx(4.0) and speedup["status"] == "miss"
     assert "bf16" in speedup["margin"]
+
+
+def test_mask_graph_and_clamp_goals():
+    masked = [_row("gumbel_mask", "masked", 101.0, store_processed_logits=store) for store in (False, True)]
+    masked[0]["metrics"]["overhead"], masked[1]["metrics"]["overhead"] = 0.01, 0.03
+    (mask_goal,) = bench._goals_gumbel_mask(masked, GPU)
+    # the worse of 1% and 3% is judged: 3% misses a 2% budget by half of it
+    assert mask_goal["measured"] == pytest.approx(3.0) and mask_goal["status"] == "miss"
+    assert mask_goal["margin"].startswith("-50.0%") and "store=True" in mask_goal["margin"]
+
+    graph = [_row("gumbel_graph", bench.JUDGED, 4.5, vocab=248_320), _row("gumbel_graph", bench.JUDGED, 9.0,
+                                                                           vocab=151_936)]
+    (graph_goal,) = bench._goals_gumbel_graph(graph, GPU)
+    assert graph_goal["measured"] == 4.5 and graph_goal["status"] == "pass"  # only 248,320 is judged
+
+    clamp = [_row("placeholder_fixes", "clamp", 5.0, num_tokens=n) for n in (256, 8192)]
+    clamp[0]["metrics"]["host_syncs_per_step"], clamp[1]["metrics"]["host_syncs_per_step"] = 0, 1
+    (clamp_goal,) = bench._goals_placeholder_fixes(clamp, GPU)
+    assert clamp_goal["measured"] == 1 and clamp_goal["status"] == "miss"
 
 
 def test_goals_without_results_are_not_measured():
