@@ -26,7 +26,7 @@ The order of one step is the point of chapter 1:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ class StepTrace:
     logits: torch.Tensor  # [sum k_i + B, V] rows the sampler sees
     sampler_output: torch.Tensor  # [B, max_spec_len + 1] int32
     sampled_token_ids: list[list[int]]
-    extra: dict = field(default_factory=dict)
+    scheduler_output: SchedulerOutput | None = None
 
 
 def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -333,7 +333,8 @@ class GPUModelRunner:
                 input_ids_before_clamp=before_clamp, embedding_input=input_ids.to("cpu", copy=True),
                 num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
                 spec_decode_metadata=spec_metadata, logits=logits.cpu(),
-                sampler_output=sampler_output.to("cpu", copy=True), sampled_token_ids=sampled))
+                sampler_output=sampler_output.to("cpu", copy=True), sampled_token_ids=sampled,
+                scheduler_output=scheduler_output))
         self._draft_token_ids = self.propose_draft_token_ids(req_ids, sampled)
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
 

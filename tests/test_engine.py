@@ -1,0 +1,194 @@
+"""The engine end to end: readable text, greedy speculative == plain greedy, seeds, and each fix switched
+off re-creating its bug; the zero-placeholder alternative measured; bad input refused."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specfix.engine import LLMEngine, SamplingParams, generate, run_demo
+from specfix.fixes import Fixes
+from specfix.models import load_models
+from specfix.tokenizer import get_tokenizer
+
+PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
+           "the boy cried"]
+MODELS = load_models("cpu")
+
+
+def greedy_reference(prompt_ids, max_tokens):
+    """Plain greedy decoding, one token at a time, every step recomputed from scratch."""
+    target = MODELS[0]
+    seq = list(prompt_ids)
+    for _ in range(max_tokens):
+        seq.append(int(target.score(seq)[-1].argmax()))
+    return seq[len(prompt_ids):]
+
+
+def holes(trace):
+    """Sampler rows where a -1 is followed by a real token: a placeholder slot was accepted."""
+    count = 0
+    for step in trace:
+        for row in step.sampler_output.tolist():
+            first_gap = row.index(-1) if -1 in row else len(row)
+            count += any(t != -1 for t in row[first_gap:])
+    return count
+
+
+def test_generate_gives_readable_text():
+    result = generate(PROMPTS, SamplingParams(temperature=0.8, seed=3, max_tokens=12), models=MODELS,
+                      sampler_backend="torch", remote_prefill=[True, False] * 3)
+    tok = get_tokenizer()
+    for out in result.outputs:
+        assert len(out.token_ids) == 12 and all(0 <= t < tok.vocab_size for t in out.token_ids)
+        assert out.text == tok.decode(out.token_ids) and "<-" not in out.text
+    assert result.stats.num_placeholder_slots >= 3 * 3  # three padded new decodes
+
+
+@pytest.mark.parametrize("proposer", ["draft_model", "ngram"])
+def test_greedy_speculative_equals_plain_greedy(proposer):
+    remote = [True, False, True, False, False, True]
+    kw = dict(models=MODELS, sampler_backend="torch", remote_prefill=remote)
+    params = SamplingParams(max_tokens=15)
+    spec = generate(PROMPTS, params, num_speculative_tokens=3, proposer=proposer, **kw)
+    plain = generate(PROMPTS, params, num_speculative_tokens=None, **kw)
+    tok = get_tokenizer()
+    for s, p, prompt in zip(spec.outputs, plain.outputs, PROMPTS, strict=True):
+        assert s.token_ids == p.token_ids == greedy_reference(tok.encode(prompt), 15)
+    assert spec.stats.num_accepted_tokens > 0
+
+
+def test_triton_kernels_and_torch_reference_agree_in_the_engine():
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=10) for i, t in enumerate([0, 0.7, 1.0])]
+    runs = [generate(PROMPTS[:3], params, models=MODELS, sampler_backend=b, remote_prefill=True)
+            for b in ("auto", "torch")]
+    assert [o.token_ids for o in runs[0].outputs] == [o.token_ids for o in runs[1].outputs]
+
+
+def test_seeded_requests_are_reproducible_and_batch_independent():
+    params = SamplingParams(temperature=0.9, seed=11, max_tokens=14)
+    kw = dict(models=MODELS, sampler_backend="torch")
+    alone = generate(PROMPTS[:1], params, **kw).outputs[0].token_ids
+    again = generate(PROMPTS[:1], params, **kw).outputs[0].token_ids
+    others = [SamplingParams(temperature=1.0, seed=i, max_tokens=9) for i in range(5)]
+    crowd = generate(PROMPTS, [params, *others], **kw).outputs[0].token_ids
+    assert alone == again == crowd
+
+
+def test_without_the_clamp_the_embedding_raises():
+    with pytest.raises(IndexError, match="index out of range in self"):
+        run_demo(Fixes(clamp_placeholders=False), device="cpu", steps=2)
+    assert run_demo(Fixes(), device="cpu", steps=2).num_steps == 2
+
+
+def test_demo_command_line():
+    env = {**os.environ, "SPECFIX_DEVICE": "cpu"}
+    cmd = [sys.executable, "-m", "specfix.engine", "--device", "cpu", "--steps", "3"]
+    ok = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and "acceptance_rate=" in ok.stdout
+    crash = subprocess.run(cmd + ["--no-clamp"], capture_output=True, text=True, env=env)
+    assert crash.returncode != 0 and "IndexError: index out of range in self" in crash.stderr
+
+
+class OneTokenOracle:
+    """A drafter that proposes a single token, the target's own greedy choice: the scheduler pads the
+    other k - 1 slots with -1, right after a draft the target likes."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def propose_batch(self, histories):
+        target = MODELS[0]
+        return [[int(target.score(torch.as_tensor(h, dtype=torch.int64))[-1].argmax())] for h in histories]
+
+
+def _oracle_run(fixes):
+    engine = LLMEngine(num_speculative_tokens=3, fixes=fixes, models=MODELS, sampler_backend="torch",
+                       record=True)
+    engine.model_runner.drafter = OneTokenOracle(3)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=30))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine
+
+
+def test_without_reject_negative_drafts_placeholders_get_accepted():
+    """Before PR #46533 a -1 draft read column V-1 ('.') of the previous row and passed when that
+    probability beat u: the sampler row then has a -1 *inside* its accepted prefix."""
+    assert holes(_oracle_run(Fixes(reject_negative_drafts=False)).model_runner.trace) > 0
+    assert holes(_oracle_run(Fixes()).model_runner.trace) == 0
+
+
+def test_zero_placeholders_are_accepted_when_the_target_picks_token_zero():
+    kw = dict(models=MODELS, sampler_backend="torch", proposer="ngram", remote_prefill=True, record=True)
+    params = SamplingParams(max_tokens=30)
+    zero = generate(PROMPTS, params, placeholder_policy="zero", **kw)
+    minus = generate(PROMPTS, params, **kw)
+    accepted_zero_slots, emitted = 0, []
+    for step in zero.trace:
+        md, so = step.spec_decode_metadata, step.scheduler_output
+        if md is None:
+            continue
+        for i, req_id in enumerate(step.req_ids):
+            slots = so.scheduled_spec_decode_tokens.get(req_id, [])
+            real = len(slots) - so.num_placeholder_spec_tokens.get(req_id, 0)
+            out = step.sampler_output[i].tolist()
+            for j in range(real, len(slots)):
+                if out[j + 1] != -1:  # slot j was accepted (the next column was reached)
+                    accepted_zero_slots += 1
+                    emitted.append(out[j])
+    assert accepted_zero_slots == zero.stats.num_placeholders_accepted > 0
+    assert set(emitted) == {0}  # accepted exactly when the target's own choice was token 0, "the"
+    assert minus.stats.num_placeholders_accepted == 0
+    # greedy: a zero slot is accepted only when it equals the argmax, so the text is the same
+    assert [o.token_ids for o in zero.outputs] == [o.token_ids for o in minus.outputs]
+
+
+def _engine_snapshot(engine):
+    s = engine.scheduler
+    return copy.deepcopy((s.requests, [r.request_id for r in s.waiting], engine.model_runner.requests,
+                          engine.model_runner.input_batch.token_ids_cpu))
+
+
+@pytest.mark.parametrize(
+    "prompt, params, error",
+    [
+        ([0, 512], SamplingParams(), ValueError),  # id >= vocab size
+        (torch.tensor([1.0, 2.0]), SamplingParams(), TypeError),
+        (torch.tensor([1, 2], dtype=torch.uint8), SamplingParams(), TypeError),
+        ([1, 2], {"temperature": 0.5}, TypeError),
+        ("the fox " * 200, SamplingParams(), ValueError),  # longer than max_model_len
+    ],
+)
+def test_bad_requests_leave_the_engine_unchanged(prompt, params, error):
+    engine = LLMEngine(models=MODELS, sampler_backend="torch")
+    engine.add_request("the fox", SamplingParams(max_tokens=4))
+    engine.step()
+    before = _engine_snapshot(engine)
+    with pytest.raises(error):
+        engine.add_request(prompt, params)
+    after = _engine_snapshot(engine)
+    assert before[:3] == after[:3] and (before[3] == after[3]).all()
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error",
+    [
+        ([[]], {}, ValueError),  # empty batch
+        (["the fox"], {}, TypeError),  # a string, not a list of prompts
+        ([["a", "b"], [SamplingParams()]], {}, ValueError),  # mismatched lengths
+        ([["a", "b"]], {"remote_prefill": [True]}, ValueError),
+        ([["a"]], {"num_speculative_tokens": 0}, ValueError),
+        ([["a"]], {"num_speculative_tokens": 129}, ValueError),
+        ([["a"]], {"fixes": {"clamp_placeholders": True}}, TypeError),
+        ([["a"]], {"proposer": "eagle"}, ValueError),
+        ([["a"]], {"placeholder_policy": "two"}, ValueError),
+    ],
+)
+def test_bad_generate_calls_are_refused(args, kwargs, error):
+    with pytest.raises(error):
+        generate(*args, models=MODELS, **kwargs)
