@@ -175,14 +175,20 @@ class Timer:
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 for start, end in events]
 
-    def time_step(self, fn: Callable[[], object]) -> list[float]:
-        """A step on an idle GPU: synchronise, then events around the call (its host work included)."""
-        if not self.settings.cuda:
-            return self.time(fn, flush=False)
+    def time_step(self, fn: Callable[[], object], setup: Callable[[], object]) -> list[float]:
+        """A step on an idle GPU: ``setup()`` (untimed), synchronise, then events around ``fn()`` (its host
+        work included, since the end event is queued only when the call returns)."""
         for _ in range(self.warmup):
+            setup()
             fn()
         samples = []
-        for _ in range(self.max_reps):
+        for _ in range(self.max_reps if self.settings.cuda else self.min_reps):
+            setup()
+            if not self.settings.cuda:
+                t0 = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - t0) * 1e6)
+                continue
             torch.cuda.synchronize()
             start, end = _event_pair()
             start.record()
@@ -543,10 +549,8 @@ def _plan_placeholder_fixes(s: Settings, timer: Timer) -> list[Job]:
     def run(num_tokens: int) -> list[dict]:
         step = make_step(num_tokens, device=s.device)
         out = []
+        restore = lambda: step.input_ids.copy_(step.pristine)
         for fix in fixes:
-            def once(fix=fix):
-                step.input_ids.copy_(step.pristine)
-                return apply[fix](step)
             metrics = {}
             if s.cuda:
                 syncs = count_syncs(fix, step)
@@ -556,7 +560,8 @@ def _plan_placeholder_fixes(s: Settings, timer: Timer) -> list[Job]:
                 busy = time_fix(fix, step, repeats=50, busy_us=busy_us)
                 metrics["host_us_behind_busy_gpu"] = busy["host_us"]
             params = {"num_tokens": num_tokens, "k": 3}
-            out.append(result("placeholder_fixes", fix, params, timer.time_step(once), **metrics))
+            t = timer.time_step(lambda fix=fix: apply[fix](step), setup=restore)
+            out.append(result("placeholder_fixes", fix, params, t, **metrics))
         return out
 
     return [Job(f"placeholder fixes at {n:,} tokens", lambda n=n: run(n)) for n in token_counts]

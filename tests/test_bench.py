@@ -136,6 +136,11 @@ def test_cpu_timer_times_every_call():
     assert all(s >= 2000 for s in samples)  # microseconds: each call slept 2 ms
 
 
+def test_step_timer_leaves_setup_out():
+    samples = bench.Timer(CPU).time_step(lambda: time.sleep(0.001), setup=lambda: time.sleep(0.005))
+    assert all(1000 <= s < 4000 for s in samples), samples
+
+
 def test_host_syncs_are_not_counted_on_cpu():
     assert bench.count_host_syncs(lambda: None, torch.device("cpu")) is None
 
