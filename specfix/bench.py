@@ -5,11 +5,16 @@ sampler (``vllm/v1/worker/gpu/sample/gumbel.py``), rejection sampler, placeholde
 (``gpu_model_runner._preprocess``) and CUDA-graph drafter step against torch references and against two
 ceilings measured in the same run (device copy bandwidth and fp32 argmax read bandwidth).
 
-Timing. On CUDA every call is bracketed by CUDA events after a warm-up, with the L2 cache flushed before
-each call (an H200's 50 MB L2 would otherwise hold a 64-row batch and report more than HBM can give);
-the per-call GPU time of small kernels is measured with many calls captured in one CUDA graph, so that
-host launch cost is not counted. Results are medians with the 20th and 80th percentiles as spread.
-On a CPU only tiny smoke sizes run, through Triton's interpreter: those timings say nothing about speed.
+Timing. On CUDA every kernel call is bracketed by CUDA events after a warm-up, with the L2 cache flushed
+before each call (an H200's 50 MB L2 would otherwise hold a 64-row batch and report more than HBM can
+give). The per-call GPU time of a small kernel is measured with many calls captured in one CUDA graph,
+so that host launch cost is not counted; the drafter step, where launch cost is the point, is host wall
+time per step over back-to-back steps; the placeholder fixes are timed one step at a time on an idle GPU.
+Results are medians with the 20th and 80th percentiles as spread. On a CPU only tiny smoke sizes run,
+Triton kernels through the interpreter: those timings say nothing about speed, and no goal is judged.
+
+Every report carries one ``meta`` block (device, driver, torch, triton, date: ``recorded.gpu_meta()``)
+that labels all its results: one run, one machine.
 
 JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
 
@@ -26,10 +31,19 @@ JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
      "unavailable": [{"case": str, "reason": str}, ...],   # a module not written or not importable
      "errors": [{"case": str, "job": str, "error": str}, ...]}  # a job that raised; the run goes on
 
-Metrics by case: ``ceilings`` TB_per_s (copy counts read + write); ``gumbel`` G_logits_per_s,
-TB_per_s_read; ``gumbel_graph`` (per call, in a graph); ``gumbel_mask`` overhead (masked/unmasked - 1,
-median of interleaved pairs, on the masked row); ``placeholder_fixes`` host_syncs_per_step;
-``drafter_graph`` speedup (on the graph row); ``rejection`` tokens_per_s.
+Cases, their ``impl`` names and metrics (params in brackets):
+    ceilings           copy, argmax_read [bytes_moved | rows, vocab, dtype]: TB_per_s (copy: read + write)
+    gumbel             specfix_fast, specfix_exact, torch_softmax_multinomial, torch_gumbel_max
+                       [vocab, rows, dtype]: G_logits_per_s, TB_per_s_read
+    gumbel_graph       specfix_fast, specfix_exact, torch_gumbel_max [vocab, rows=1, dtype, calls_per_graph]:
+                       times are GPU time per call inside a graph
+    gumbel_mask        masked, unmasked [vocab, rows, dtype, store_processed_logits]: overhead on the masked
+                       row (median over interleaved pairs of masked / unmasked - 1)
+    placeholder_fixes  clamp, host_mask, host_mask_async, scheduler_zero [num_tokens, k]:
+                       host_syncs_per_step, host_syncs_profiler, host_us_behind_busy_gpu (GPU only)
+    drafter_graph      eager, graph [live_batch, padded_batch, k, vocab, model(, hidden)]: speedup (graph row)
+    rejection          specfix_triton, torch_reference [batch, k, vocab, mode]: draft_tokens_per_s,
+                       host_syncs_per_step (GPU only)
 """
 
 from __future__ import annotations
