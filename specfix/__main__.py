@@ -46,10 +46,17 @@ def main(argv: list[str] | None = None) -> int:
                            progress=not args.no_progress)
     except ValueError as exc:
         parser.error(str(exc))
+    status = 1 if report["errors"] else 0
+    if args.json:  # first, so that nothing below can lose the run
+        try:
+            bench.write_json(report, args.json)
+        except ValueError as exc:
+            print(f"specfix bench: wrote {args.json}, but it breaks the schema: {exc}", file=sys.stderr)
+            status = 1
     print(bench.render(report))
     if args.json:
-        print(f"wrote {bench.write_json(report, args.json)}")
-    return 1 if report["errors"] else 0
+        print(f"wrote {args.json}")
+    return status
 
 
 if __name__ == "__main__":

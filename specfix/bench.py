@@ -821,10 +821,12 @@ def validate(report: dict) -> None:
 
 
 def write_json(report: dict, path: str | Path) -> Path:
-    validate(report)
+    """Write ``report`` to ``path``, then validate it: a long GPU run is never lost to a schema slip
+    (a ValueError after writing says what is wrong)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
+    validate(report)
     return path
 
 
