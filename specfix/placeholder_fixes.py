@@ -282,7 +282,8 @@ def plot_fixes(timing: list[dict], ax=None, key: str = "event_us", label: str = 
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=DESCRIPTIONS[fix])
     ax.set(xscale="log", yscale="log", xlabel="tokens in the step", ylabel=f"cost per step (us), {label}")
-    ax.legend(fontsize=7)
+    if ax.get_lines():
+        ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     return ax
 
