@@ -37,12 +37,14 @@ def golden_cases() -> list[dict]:
     """Inputs of the golden cases (CPU tensors); the kernel sees ``logits[:, :vocab]``."""
     cases = []
     # The drafter's call: temperature applied, processed logits stored at column 1, two padded (-1) rows.
+    # Every live row owns its own (request, column) slot, as in vLLM: two rows storing into one slot race.
     cases.append(dict(
         name="fp32_store_padded", logits=hashed_logits(10, 3001, 1, torch.float32), vocab=3001,
-        expanded_idx_mapping=torch.tensor([3, 0, 2, 1, 0, 3, 2, 1, -1, -1], dtype=torch.int32),
-        temperature=torch.tensor([1.0, 0.0, 0.6, 1.7]), seed=torch.tensor([7, -3, 2**40 + 5, 123456789]),
+        expanded_idx_mapping=torch.tensor([3, 0, 2, 1, 5, 4, 7, 6, -1, -1], dtype=torch.int32),
+        temperature=torch.tensor([1.0, 0.0, 0.6, 1.7, 1.0, 0.9, 2.0, 0.4]),
+        seed=torch.tensor([7, -3, 2**40 + 5, 123456789, 7, 8, 9, 10]),
         pos=torch.tensor([5, 5, 9, 100, 6, 6, 10, 101, 0, 0]), apply_temperature=True,
-        processed_shape=(4, 2, 3001), processed_dtype=torch.float32, processed_logits_col=1))
+        processed_shape=(8, 2, 3001), processed_dtype=torch.float32, processed_logits_col=1))
     # The target sampler's call: bf16 logits, temperature already applied, a vocabulary of several tiles.
     cases.append(dict(
         name="bf16_target", logits=hashed_logits(6, 20011, 2, torch.bfloat16), vocab=20011,
@@ -94,7 +96,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "gumbel_golden.pt"
-    torch.save({"meta": recorded.gpu_meta(), "cases": results, "noise": noise}, path)
+    meta = {k: str(v) for k, v in recorded.gpu_meta().items()}  # plain str: loadable with weights_only
+    torch.save({"meta": meta, "cases": results, "noise": noise}, path)
     print(f"wrote {path}: " + ", ".join(f"{k} tokens {v['tokens'].tolist()}" for k, v in results.items()))
 
 

@@ -21,9 +21,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPORT_LINES = 40
-
-
 def child(masked: bool) -> None:
     import torch
 
@@ -42,23 +39,41 @@ def child(masked: bool) -> None:
     print("tokens", tokens.tolist())
 
 
+def error_kinds(text: str) -> dict:
+    """Per kind of error ("Invalid __global__ read of size 4 bytes", ...): how many, how far outside the
+    nearest allocation they reached, and the first full report."""
+    kinds: dict[str, dict] = {}
+    blocks = re.split(r"(?m)^(?==========\s+Invalid)", text)
+    for block in blocks[1:]:
+        lines = [line for line in block.splitlines()
+                 if line.startswith("=========") and "ERROR SUMMARY" not in line]
+        head = lines[0].removeprefix("=========").strip()
+        kind = kinds.setdefault(head, {"count": 0, "bytes_before_allocation": [], "first": lines[:6]})
+        kind["count"] += 1
+        far = re.search(r"is (\d+) bytes before the nearest allocation", block)
+        if far:
+            kind["bytes_before_allocation"].append(int(far.group(1)))
+    for kind in kinds.values():
+        far = kind.pop("bytes_before_allocation")
+        kind["bytes_before_allocation_range"] = [min(far), max(far)] if far else None
+    return kinds
+
+
 def run_variant(masked: bool) -> dict:
-    cmd = ["compute-sanitizer", "--tool", "memcheck", "--padding", str(1 << 20), "--print-limit", "12",
+    cmd = ["compute-sanitizer", "--tool", "memcheck", "--padding", str(1 << 20), "--print-limit", "100000",
            sys.executable, __file__, "--child", "masked" if masked else "unmasked"]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
     text = proc.stdout + proc.stderr
     match = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    lines = [line for line in text.splitlines() if line.startswith("=========")]
     return {
         "command": " ".join(["PYTORCH_NO_CUDA_MEMORY_CACHING=1", *cmd[:-4], "python3",
                              "scripts/sanitize_gumbel.py", *cmd[-2:]]),
         "returncode": proc.returncode,
         "errors": int(match.group(1)) if match else None,
-        "invalid_reads": len(re.findall(r"Invalid __global__ read", text)),
-        "invalid_writes": len(re.findall(r"Invalid __global__ write", text)),
-        "report_head": lines[:REPORT_LINES],
-        "summary": [line for line in lines if "ERROR SUMMARY" in line],
+        "kinds": error_kinds(text),
+        "summary": [line for line in text.splitlines() if "ERROR SUMMARY" in line],
+        "child_output": [line for line in text.splitlines() if line.startswith("tokens")],
     }
 
 
@@ -74,9 +89,11 @@ def main() -> None:
 
     results = {"masked": run_variant(True), "unmasked": run_variant(False)}
     for name, res in results.items():
-        print(name, "errors:", res["errors"], "reads:", res["invalid_reads"],
-              "writes:", res["invalid_writes"])
-        print("\n".join(res["report_head"][:16]))
+        print(name, "errors:", res["errors"], res["summary"], res["child_output"])
+        for kind, info in res["kinds"].items():
+            far = info["bytes_before_allocation_range"]
+            print(f"  {info['count']} x {kind}; bytes before the allocation: {far}")
+            print("\n".join("    " + line for line in info["first"]))
     print("saved", recorded.save("gumbel_sanitizer", {"variants": results}, args.out))
 
 

@@ -105,6 +105,17 @@ if HAS_TRITON:
         return -_approx_log2(e2, USE_ASM)
 
     @triton.jit
+    def _round_for_store(x, dtype: tl.constexpr, BF16_BY_HAND: tl.constexpr):
+        """x in the buffer's dtype, rounded to nearest even. Triton's interpreter truncates float32 to
+        bfloat16, so there we round the bits ourselves (the same result as the GPU's cvt.rn.bf16.f32)."""
+        if BF16_BY_HAND:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + (0x7FFF + ((bits >> 16) & 1))
+            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            return x.to(dtype)
+
+    @triton.jit
     def gumbel_block_argmax(
         logits_row_ptr,
         tile,
@@ -122,6 +133,7 @@ if HAS_TRITON:
         MASK_INVALID: tl.constexpr,
         FAST_NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
+        BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         """Max and argmax (a token id) of logits + Gumbel noise over one vocabulary tile of one row."""
@@ -142,7 +154,7 @@ if HAS_TRITON:
                 store_mask = in_vocab & (tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0)
             else:
                 store_mask = in_vocab
-            tl.store(dst, x.to(processed_ptr.dtype.element_ty), mask=store_mask)
+            tl.store(dst, _round_for_store(x, processed_ptr.dtype.element_ty, BF16_BY_HAND), mask=store_mask)
         if temp != 0.0:
             if MASK_INVALID:
                 seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req, other=0)
@@ -181,6 +193,7 @@ if HAS_TRITON:
         FAST_NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
         SINGLE_TILE: tl.constexpr,
+        BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         """Stage 1: grid (rows, tiles). One tile's max/argmax; the token itself if there is one tile."""
@@ -195,7 +208,7 @@ if HAS_TRITON:
         value, token = gumbel_block_argmax(
             logits_ptr + row * logits_stride, tile, vocab_size, req_state_idx, temperature_ptr, seed_ptr, pos,
             processed_ptr, processed_stride0, processed_stride1, col,
-            APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BLOCK,
+            APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK,
         )
         if SINGLE_TILE:
             tl.store(out_ptr + row, token.to(tl.int64))
@@ -405,7 +418,8 @@ def gumbel_sample(
         processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles,
         APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store, PER_TOKEN_COL=per_token_col,
         MASK_INVALID=fixes.mask_invalid_reqs, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET,
-        SINGLE_TILE=single, BLOCK=block, num_warps=num_warps or default_warps, **launch,
+        SINGLE_TILE=single, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
+        BLOCK=block, num_warps=num_warps or default_warps, **launch,
     )
     if not single:
         _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_tiles,

@@ -119,12 +119,13 @@ def test_careful_log_is_accurate_where_the_winner_lives():
     assert np.allclose(ref.careful_log(x).double().numpy(), np.log(x.double().numpy()), rtol=3e-7, atol=1e-7)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float16, torch.bfloat16),
+                                             (torch.bfloat16, torch.float16)])
 @pytest.mark.parametrize("apply_temperature", [True, False])
-def test_tokens_and_processed_logits_match_reference(dtype, apply_temperature):
+def test_tokens_and_processed_logits_match_reference(dtype, buf_dtype, apply_temperature):
     b = batch(6, 1537, num_reqs=6, temps=[1.0, 0.0, 0.5, 2.0, 0.7, 1.3], dtype=dtype)
-    got_buf = torch.full((6, 2, 1537), SENTINEL, device=DEVICE)
-    want_buf = torch.full((6, 2, 1537), SENTINEL)
+    got_buf = torch.full((6, 2, 1537), SENTINEL, dtype=buf_dtype, device=DEVICE)
+    want_buf = torch.full((6, 2, 1537), SENTINEL, dtype=buf_dtype)
     got = sample(b, apply_temperature, processed_logits=got_buf, processed_logits_col=1)
     want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, processed_logits=want_buf,
                      processed_logits_col=1)
