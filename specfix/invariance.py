@@ -1,0 +1,202 @@
+"""A padding-invariance checker: live results must not depend on what the padded rows hold.
+
+A step that runs at a padded size (a CUDA-graph replay, say) reads whole persistent buffers, padded
+rows included. Those rows hold whatever was there: zeros from allocation, an earlier larger batch, a
+finished request. A correct step gives its live requests the same outputs and leaves their state the
+same *whatever* the padding holds. :func:`check_padding_invariance` tests exactly that: it runs the step
+once per garbage pattern (random values, NaN, -1, huge ids), each time over the same live inputs with
+the padded region of every buffer overwritten, and compares the live rows it was told to watch.
+
+    report = check_padding_invariance(
+        step=lambda: speculator.propose(...),              # any callable over persistent buffers
+        buffers={"idx_mapping": spec.idx_mapping, ...},    # every buffer the step reads or writes
+        padded={"idx_mapping": slice(num_reqs, None), ...},# the rows that are padding, per buffer
+        live={"draft_logits": live_slots, ...},            # the rows that must not change, per buffer
+        bounds={"idx_mapping": (-1, max_num_reqs), ...},   # value range of integer index buffers
+    )
+    assert report.ok, report
+
+Corruption that writes a *fixed* wrong value (DFlash's padded samples all point at row 0 and slot 0)
+looks the same under every pattern. For that, pass ``reference``: the same step run at the exact batch
+size, without padding; every pattern's live rows must also equal the reference's.
+
+The buffers are snapshotted first and restored after every run and at the end, so the check leaves
+them as it found them. On a GPU the step may replay a CUDA graph: the checker only writes into the
+buffers in place (``copy_`` / ``fill_``), never reallocates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+#: The garbage the padded region is filled with, one run each.
+GARBAGE_PATTERNS = ("random", "nan", "minus_one", "huge")
+Rows = slice | range | Sequence[int] | torch.Tensor
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Live rows of ``buffer`` that came out differently under two runs (``run_a`` is the baseline)."""
+
+    buffer: str
+    rows: list[int]
+    run_a: str
+    run_b: str
+    max_abs_diff: float
+
+    def __str__(self) -> str:
+        shown = self.rows[:8] + (["..."] if len(self.rows) > 8 else [])
+        return (f"{self.buffer}: rows {shown} differ between {self.run_a!r} and {self.run_b!r} "
+                f"(max |diff| {self.max_abs_diff:.3g})")
+
+
+@dataclass
+class InvarianceReport:
+    runs: list[str]
+    differences: list[Difference] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences and not self.errors
+
+    @property
+    def buffers(self) -> list[str]:
+        """Names of the buffers whose live rows changed (each once, in the order found)."""
+        return list(dict.fromkeys(d.buffer for d in self.differences))
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"padding-invariant: live rows identical under runs {self.runs}"
+        lines = [f"NOT padding-invariant ({len(self.differences)} difference(s), runs {self.runs}):"]
+        lines += [f"  {d}" for d in self.differences]
+        lines += [f"  run {name!r} raised: {msg}" for name, msg in self.errors.items()]
+        return "\n".join(lines)
+
+
+def _row_index(rows: Rows, n: int, device) -> torch.Tensor:
+    if isinstance(rows, slice):
+        return torch.arange(n, device=device)[rows]
+    if isinstance(rows, torch.Tensor):
+        if rows.dtype == torch.bool:
+            if rows.shape != (n,):
+                raise ValueError(f"a boolean row mask needs shape ({n},), got {tuple(rows.shape)}")
+            return rows.to(device).nonzero().flatten()
+        return rows.to(device=device, dtype=torch.long).flatten()
+    return torch.as_tensor(list(rows), dtype=torch.long, device=device)
+
+
+def _garbage(pattern: str, like: torch.Tensor, bound: tuple[int, int] | None, gen: torch.Generator):
+    """A tensor shaped and typed like ``like`` holding ``pattern``'s garbage (integer buffers stay in
+    ``bound`` = [low, high) when given; integers have no NaN, so ``nan`` writes 0, the fresh-buffer value)."""
+    shape, dtype = like.shape, like.dtype
+    if dtype.is_floating_point:
+        big = torch.finfo(dtype).max / 4
+        if pattern == "random":
+            values = torch.randn(shape, generator=gen) * 1e3
+        else:
+            values = torch.full(shape, {"nan": float("nan"), "minus_one": -1.0, "huge": big}[pattern])
+        return values.to(dtype)
+    if dtype == torch.bool:
+        return (torch.rand(shape, generator=gen) < 0.5) if pattern == "random" else torch.full(
+            shape, pattern == "huge")
+    info = torch.iinfo(dtype)
+    low, high = bound if bound is not None else (info.min, info.max)
+    if pattern == "random":
+        values = torch.randint(max(low, -(2**62)), min(high, 2**62), shape, generator=gen, dtype=torch.int64)
+    else:
+        value = {"nan": 0, "minus_one": -1, "huge": high - 1}[pattern]
+        values = torch.full(shape, min(max(value, low), high - 1), dtype=torch.int64)
+    return values.to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row equality, bit for bit, with NaN equal to NaN."""
+    eq = a == b
+    if a.dtype.is_floating_point:
+        eq |= torch.isnan(a) & torch.isnan(b)
+    return eq.reshape(a.shape[0], -1).all(dim=1)
+
+
+def check_padding_invariance(
+    step: Callable[[], object],
+    buffers: Mapping[str, torch.Tensor],
+    padded: Mapping[str, Rows],
+    live: Mapping[str, Rows],
+    *,
+    patterns: Sequence[str] = GARBAGE_PATTERNS,
+    bounds: Mapping[str, tuple[int, int]] | None = None,
+    reference: Callable[[], object] | None = None,
+    seed: int = 0,
+) -> InvarianceReport:
+    """Run ``step`` once per garbage pattern and report live rows that change (see the module docstring).
+
+    Args:
+        step: runs the computation under test over ``buffers`` (its return value is ignored).
+        buffers: name -> persistent tensor, every buffer the step reads or writes.
+        padded: name -> rows (along dim 0) that are padding and get garbage before each run.
+        live: name -> rows that must come out identical in every run (outputs and live state).
+        patterns: at least two of ``GARBAGE_PATTERNS``.
+        bounds: name -> (low, high): integer garbage for that buffer stays in [low, high), so an index
+            buffer gets garbage ids the step can use without faulting (``huge`` = high - 1).
+        reference: optional step at the exact size (no padding); live rows must also match it.
+        seed: seeds the ``random`` pattern.
+    """
+    bounds = dict(bounds or {})
+    unknown = [p for p in patterns if p not in GARBAGE_PATTERNS]
+    if unknown or len(set(patterns)) < 2:
+        raise ValueError(f"patterns must be two or more distinct names of {GARBAGE_PATTERNS}, got {patterns}")
+    for role, names in (("padded", padded), ("live", live), ("bounds", bounds)):
+        missing = sorted(set(names) - set(buffers))
+        if missing:
+            raise ValueError(f"{role} names buffers {missing} that are not in buffers {sorted(buffers)}")
+    for name, t in buffers.items():
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            raise TypeError(f"buffers[{name!r}] must be a tensor with at least one dimension")
+    pad_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in padded.items()}
+    live_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in live.items()}
+    snapshot = {n: t.clone() for n, t in buffers.items()}
+    gen = torch.Generator().manual_seed(seed)
+
+    def restore():
+        for n, t in buffers.items():
+            t.copy_(snapshot[n])
+
+    def run(fill: str | None, call: Callable[[], object]) -> dict[str, torch.Tensor]:
+        restore()
+        if fill is not None:
+            for n, rows in pad_rows.items():
+                t = buffers[n]
+                garbage = _garbage(fill, t[rows], bounds.get(n), gen).to(t.device)
+                t.index_copy_(0, rows, garbage)
+        call()
+        return {n: buffers[n].index_select(0, rows).clone() for n, rows in live_rows.items()}
+
+    report = InvarianceReport(runs=list(patterns) + (["reference"] if reference is not None else []))
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    try:
+        for name, fill, call in [(p, p, step) for p in patterns] + (
+                [("reference", None, reference)] if reference is not None else []):
+            try:
+                results[name] = run(fill, call)
+            except Exception as exc:  # a fault under garbage is itself a finding
+                report.errors[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        restore()
+    names = list(results)
+    if not names:
+        return report
+    base = names[0]
+    for other in names[1:]:
+        for buf, rows in live_rows.items():
+            a, b = results[base][buf], results[other][buf]
+            same = _same(a, b)
+            if bool(same.all()):
+                continue
+            bad = (~same).nonzero().flatten()
+            diff = (a[bad].double() - b[bad].double()).abs().nan_to_num(nan=float("inf")).max().item()
+            report.differences.append(Difference(buf, rows[bad].tolist(), base, other, diff))
+    return report

@@ -1,0 +1,411 @@
+"""Chapter 3's reproduction: seeded requests decoded in padded batches, each compared with its run alone.
+
+A small Model Runner V2 style engine (:class:`SpecDecodeEngine`) drives the real pieces: the
+:class:`~specfix.speculator.DraftModelSpeculator` (CUDA-graph replays on a GPU, the same step at the
+padded size on a CPU), the target n-gram model on vLLM's flat token layout, and MRV2 verification that
+reads the cached draft distribution by ``req_state_idx``. Every source of randomness is keyed by
+(seed, position), so a request's text must not depend on who shares its batch: :func:`run_padding_bench`
+runs the requests batched (batch sizes that leave padded rows) and each alone (batch of 1, no padding),
+and counts the responses that differ. With ``trace=True`` every step records which padded rows wrote
+into which slot, whose slot that was, and where the stale ``idx_mapping`` value came from:
+
+- ``"fresh buffer (zeros)"``: the row was never written; ``idx_mapping`` starts as zeros, so it names slot 0;
+- ``"earlier larger batch"``: the row last held a request that is still live, now at another row;
+- ``"finished request's slot, reused"``: the row's request finished and its slot now belongs to another;
+- ``"free slot"``: the named slot is free; the write is harmless.
+
+:func:`one_step_distribution` is the controlled setup for the statistics: many trials of one step with
+every live slot overwritten by a padded row, and a chi-square test of each output position against the
+target distribution. Mirrors the MRV2 engine of ``vllm/v1/worker/gpu/model_runner.py`` in miniature.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+import re
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy import stats
+
+from specfix import runtime
+from specfix.fixes import Fixes
+from specfix.gumbel import gumbel_sample
+from specfix.models import load_models
+from specfix.speculator import DraftModelSpeculator, RequestStates, reference_sampler, rejection_sample_mrv2
+from specfix.tokenizer import corpus_text, get_tokenizer
+
+ORIGIN_FRESH = "fresh buffer (zeros)"
+ORIGIN_EARLIER = "earlier larger batch"
+ORIGIN_REUSED = "finished request's slot, reused"
+ORIGIN_FREE = "free slot"
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    req_id: int
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    seed: int
+
+
+def make_requests(num_requests: int, *, seed: int = 0, prompt_words: tuple[int, int] = (3, 6),
+                  max_tokens: tuple[int, int] = (16, 32), temperature: float = 1.0) -> list[BenchRequest]:
+    """Seeded requests whose prompts are the opening words of sentences from the fables."""
+    if not isinstance(num_requests, int) or num_requests < 1:
+        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+    tok = get_tokenizer()
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", corpus_text()) if len(s.split()) >= prompt_words[1]]
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_requests):
+        words = rng.choice(sentences).split()[: rng.randint(*prompt_words)]
+        requests.append(BenchRequest(i, tuple(tok.encode(" ".join(words))), rng.randint(*max_tokens),
+                                     temperature, rng.randrange(2**31)))
+    return requests
+
+
+@dataclass(frozen=True)
+class PaddedWrite:
+    """A padded row whose stale ``idx_mapping`` entry made it write ``draft_logits[slot]``."""
+
+    row: int
+    slot: int
+    victim: int | None          # the live request that owns ``slot`` (None: free)
+    origin: str
+    overwritten_cols: tuple[int, ...] = ()  # draft steps whose cached logits no longer match the victim's
+
+
+@dataclass
+class StepRecord:
+    step: int
+    req_ids: list[int]          # batch order
+    slots: list[int]            # idx_mapping[:num_reqs]
+    num_reqs_padded: int
+    ran: str
+    writes: list[PaddedWrite] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    outputs: dict[int, list[int]]
+    steps: list[StepRecord]
+    #: req_id -> [(step, index of its first new output token, number of new tokens)]
+    emissions: dict[int, list[tuple[int, int, int]]]
+
+    def step_of_token(self, req_id: int, index: int) -> int:
+        for step, start, count in self.emissions[req_id]:
+            if start <= index < start + count:
+                return step
+        raise ValueError(f"request {req_id} has no output token {index}")
+
+
+@dataclass
+class _Live:
+    req: BenchRequest
+    slot: int
+    tokens: list[int]
+    out: list[int] = field(default_factory=list)
+
+
+class SpecDecodeEngine:
+    """Drafter (padded, graph-replayed on a GPU) + target verification, one step per loop iteration."""
+
+    def __init__(self, target, draft, *, max_num_reqs: int = 8, num_speculative_steps: int = 3,
+                 max_model_len: int = 128, device: torch.device | str | None = None,
+                 fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
+                 cuda_graphs: bool | None = None):
+        self.device = torch.device(device or runtime.DEVICE)
+        self.fixes = fixes or Fixes()
+        self.target, self.draft = target, draft
+        self.k = num_speculative_steps
+        self.max_model_len = max_model_len
+        self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
+        self.spec = DraftModelSpeculator(draft, max_num_reqs=max_num_reqs, num_speculative_steps=self.k,
+                                         vocab_size=target.vocab_size, context_len=draft.order - 1,
+                                         device=self.device, fixes=self.fixes, capture_sizes=capture_sizes)
+        self.kv_cache = target.make_kv_cache(max_num_reqs * max_model_len, self.device)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs:
+            self.spec.capture_cuda_graphs()
+        self._row_writer: list[int | None] = [None] * max_num_reqs
+
+    def _prefill(self, live: _Live) -> None:
+        n = len(live.tokens)
+        positions = torch.arange(n, device=self.device)
+        self.target(torch.tensor(live.tokens, device=self.device), positions,
+                    live.slot * self.max_model_len + positions, self.kv_cache)
+
+    def _classify(self, row: int, slot: int) -> PaddedWrite:
+        victim = self.states.owner(slot)
+        writer = self._row_writer[row]
+        if writer is None:
+            origin = ORIGIN_FRESH
+        elif victim is None:
+            origin = ORIGIN_FREE
+        elif victim == writer:
+            origin = ORIGIN_EARLIER
+        else:
+            origin = ORIGIN_REUSED
+        return PaddedWrite(row, slot, victim, origin)
+
+    def _overwritten_cols(self, context: torch.Tensor, drafts: torch.Tensor, slot: int) -> tuple[int, ...]:
+        """Draft steps whose cached logits differ from what the victim's own row computed."""
+        ctx = context[None].clone()
+        temp = self.states.temperature[slot]
+        cols = []
+        for j in range(self.k):
+            expected = self.draft.next_token_logits(ctx)[0] / temp
+            if not torch.allclose(self.spec.draft_logits[slot, j], expected, rtol=1e-5, atol=1e-5):
+                cols.append(j)
+            ctx = torch.cat([ctx[:, 1:], drafts[None, j:j + 1]], dim=1)
+        return tuple(cols)
+
+    @torch.no_grad()
+    def generate(self, requests: list[BenchRequest], max_batch: int, trace: bool = True) -> RunResult:
+        """Decode every request, at most ``max_batch`` at a time (admitted in order, as slots free up)."""
+        if not 1 <= max_batch <= self.states.max_num_reqs:
+            raise ValueError(f"max_batch={max_batch} outside [1, max_num_reqs={self.states.max_num_reqs}]")
+        for r in requests:
+            if len(r.prompt) + r.max_tokens + self.k + 1 > self.max_model_len:
+                raise ValueError(f"request {r.req_id} needs more than max_model_len={self.max_model_len}")
+            if len(r.prompt) < self.spec.context_ids.shape[1]:
+                raise ValueError(f"request {r.req_id}: prompt shorter than the draft context")
+        waiting, live = deque(requests), []
+        outputs, steps, emissions = {}, [], {r.req_id: [] for r in requests}
+        width, k, dev = self.spec.context_ids.shape[1], self.k, self.device
+        step = 0
+        while waiting or live:
+            while waiting and len(live) < max_batch:
+                req = waiting.popleft()
+                entry = _Live(req, self.states.add_request(req.req_id, req.temperature, req.seed),
+                              list(req.prompt))
+                self._prefill(entry)
+                live.append(entry)
+            n = len(live)
+            idx = torch.tensor([e.slot for e in live], dtype=torch.int32, device=dev)
+            context = torch.tensor([e.tokens[-width:] for e in live], device=dev)
+            pos = torch.tensor([len(e.tokens) - 1 for e in live], device=dev)
+            proposal = self.spec.propose(n, idx, self.states.temperature, self.states.seeds, context, pos,
+                                         trace=trace)
+            drafts = proposal.draft_tokens
+            record = StepRecord(step, [e.req.req_id for e in live], idx.tolist(),
+                                proposal.batch.num_reqs_padded, proposal.ran)
+            for row, slot in proposal.padded_writes:
+                write = self._classify(row, slot)
+                if write.victim is not None:
+                    b = record.req_ids.index(write.victim)
+                    cols = self._overwritten_cols(context[b], drafts[b], slot)
+                    write = PaddedWrite(write.row, write.slot, write.victim, write.origin, cols)
+                record.writes.append(write)
+            steps.append(record)
+            last = torch.tensor([e.tokens[-1] for e in live], device=dev)
+            positions = pos[:, None] + torch.arange(k + 1, device=dev)
+            slot_mapping = idx.long()[:, None] * self.max_model_len + positions
+            logits = self.target(torch.cat([last[:, None], drafts], dim=1).flatten(), positions.flatten(),
+                                 slot_mapping.flatten(), self.kv_cache)
+            sampled, num_sampled = rejection_sample_mrv2(logits, drafts, self.spec.draft_logits, idx,
+                                                         self.states.temperature, self.states.seeds, pos,
+                                                         self.fixes)
+            for e, row, count in zip(live, sampled.tolist(), num_sampled.tolist(), strict=True):
+                new = row[:count][: e.req.max_tokens - len(e.out)]
+                emissions[e.req.req_id].append((step, len(e.out), len(new)))
+                e.out += new
+                e.tokens += new
+            for i, e in enumerate(live):
+                self._row_writer[i] = e.req.req_id
+            for e in [e for e in live if len(e.out) >= e.req.max_tokens]:
+                self.states.remove_request(e.req.req_id)
+                outputs[e.req.req_id] = e.out
+            live = [e for e in live if e.req.req_id not in outputs]
+            step += 1
+        return RunResult(outputs, steps, emissions)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (None if identical)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def mark_differences(solo: list[int], batched: list[int], tokenizer=None) -> tuple[str, str]:
+    """Both texts, wdiff style: ``[-word-]`` only in the solo run, ``{+word+}`` only in the batched one;
+    an inserted word that repeats its neighbour is marked ``{+word+}(dup)``."""
+    tok = tokenizer or get_tokenizer()
+    a, b = [tok.vocab[t] for t in solo], [tok.vocab[t] for t in batched]
+    left, right = [], []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            left += a[i1:i2]
+            right += b[j1:j2]
+            continue
+        left += [f"[-{w}-]" for w in a[i1:i2]]
+        for j in range(j1, j2):
+            dup = (j > 0 and b[j - 1] == b[j]) or (j + 1 < len(b) and b[j + 1] == b[j])
+            right.append(f"{{+{b[j]}+}}" + ("(dup)" if dup else ""))
+    return " ".join(left), " ".join(right)
+
+
+def count_repeats(tokens: list[int]) -> int:
+    """Adjacent repeated tokens (``"the the"``): the duplication symptom."""
+    return sum(1 for x, y in zip(tokens, tokens[1:], strict=False) if x == y)
+
+
+@dataclass
+class PaddingBench:
+    requests: list[BenchRequest]
+    fixes: Fixes
+    batched: RunResult
+    solo: RunResult
+
+    @property
+    def differing(self) -> list[int]:
+        out_b, out_s = self.batched.outputs, self.solo.outputs
+        return [r.req_id for r in self.requests if out_b[r.req_id] != out_s[r.req_id]]
+
+    def cause(self, req_id: int) -> tuple[int, int, list[PaddedWrite]]:
+        """(first diverging token, the step that emitted it, the padded writes into this request's slot in
+        that step) for a corrupted response."""
+        index = first_divergence(self.solo.outputs[req_id], self.batched.outputs[req_id])
+        if index is None:
+            raise ValueError(f"request {req_id} is identical batched and alone")
+        step = self.batched.step_of_token(req_id, index)
+        record = self.batched.steps[step]
+        return index, step, [w for w in record.writes if w.victim == req_id]
+
+    def write_origins(self) -> Counter:
+        """How many padded-row writes came from each source of stale values (over the batched run)."""
+        return Counter(w.origin for s in self.batched.steps for w in s.writes)
+
+    def summary(self) -> dict:
+        return {
+            "num_requests": len(self.requests),
+            "differing": len(self.differing),
+            "fixes": {n: getattr(self.fixes, n) for n in ("pad_idx_mapping", "mask_invalid_reqs")},
+            "steps_batched": len(self.batched.steps),
+            "padded_steps": sum(s.num_reqs_padded > len(s.req_ids) for s in self.batched.steps),
+            "writes_by_origin": dict(self.write_origins()),
+            "ran": sorted({s.ran for s in self.batched.steps}),
+            "repeats_batched": sum(count_repeats(v) for v in self.batched.outputs.values()),
+            "repeats_solo": sum(count_repeats(v) for v in self.solo.outputs.values()),
+        }
+
+
+def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batch: int = 6,
+                      max_num_reqs: int = 8, num_speculative_steps: int = 3, seed: int = 0,
+                      device: torch.device | str | None = None, capture_sizes: list[int] | None = None,
+                      cuda_graphs: bool | None = None, models=None,
+                      solo: RunResult | None = None) -> PaddingBench:
+    """Run ``num_requests`` seeded requests batched (``max_batch`` at a time) and each alone.
+
+    A batch of one has no padded rows, so the solo outputs do not depend on the fixes: pass ``solo``
+    from an earlier bench with the same requests to skip re-running them.
+    """
+    device = torch.device(device or runtime.DEVICE)
+    target, draft = models or load_models(device)
+    requests = make_requests(num_requests, seed=seed)
+    kw = dict(max_num_reqs=max_num_reqs, num_speculative_steps=num_speculative_steps, device=device,
+              fixes=fixes, capture_sizes=capture_sizes, cuda_graphs=cuda_graphs)
+    batched = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=max_batch)
+    if solo is None:
+        solo = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=1)
+    elif set(solo.outputs) != {r.req_id for r in requests}:
+        raise ValueError("solo holds other requests than this bench's")
+    return PaddingBench(requests, fixes or Fixes(), batched, solo)
+
+
+# -- the statistics: many trials of one step, every live slot overwritten -------------------------------
+
+class TableDraft(torch.nn.Module):
+    """A toy draft model for the controlled setup: logits of the next token = ``table[last token]``."""
+
+    order = 2
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.register_buffer("table", table.float())
+
+    def next_token_logits(self, context_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[context_ids[:, -1]]
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> dict:
+    """Goodness of fit with bins of expected count < 5 merged; threshold df + 10 * sqrt(2 df)."""
+    expected = probs * counts.sum()
+    small = expected < 5
+    obs = np.append(counts[~small], counts[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    df = len(exp) - 1
+    threshold = df + 10 * np.sqrt(2 * df)
+    return {"chi2": chi2, "df": df, "threshold": float(threshold), "passed": chi2 <= threshold,
+            "p_value": float(stats.chi2.sf(chi2, df))}
+
+
+def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_size: int = 16,
+                          num_speculative_steps: int = 2, seed: int = 0,
+                          device: torch.device | str | None = None, sampler: str = "auto") -> dict:
+    """Many independent trials of one speculative step, with every live slot exposed to a stale row.
+
+    Setup: a context-free target p (so every output position should follow p exactly), a draft q that
+    differs from p, and a stale token whose draft row is peaked on the last token id. First a batch of
+    ``2 * num_trials`` rows runs (rows ``num_trials..`` hold the trial slots and the stale token), then the
+    ``num_trials`` trials run padded to ``2 * num_trials``: without the fix each padded row overwrites
+    one trial's draft logits. Returns per-position chi-square results (:func:`chi_square`).
+
+    ``sampler``: ``"kernel"`` (the Triton ``gumbel_sample``), ``"reference"`` (its torch twin: same tokens
+    and stores, and fast on a CPU, where the interpreter pays ~15 ms per program) or ``"auto"`` (the
+    kernel on a GPU, the reference on a CPU).
+    """
+    if sampler not in ("auto", "kernel", "reference"):
+        raise ValueError(f"sampler must be 'auto', 'kernel' or 'reference', got {sampler!r}")
+    device = torch.device(device or runtime.DEVICE)
+    fixes = fixes or Fixes()
+    if sampler == "auto":
+        sampler = "kernel" if device.type == "cuda" else "reference"
+    g = torch.Generator().manual_seed(seed)
+    v, k, t = vocab_size, num_speculative_steps, num_trials
+    p_logits = torch.randn(v, generator=g)
+    table = torch.randn(v, generator=g).repeat(v, 1)          # the draft ignores its context: q
+    stale = v - 1
+    table[stale] = torch.full((v,), -8.0).index_fill_(0, torch.tensor([stale]), 8.0)
+    draft = TableDraft(table).to(device)
+    spec = DraftModelSpeculator(draft, max_num_reqs=2 * t, num_speculative_steps=k, vocab_size=v,
+                                context_len=1, device=device, fixes=fixes, capture_sizes=[2 * t],
+                                sampler=gumbel_sample if sampler == "kernel" else reference_sampler)
+    temperature = torch.ones(2 * t, device=device)
+    seeds = torch.randint(0, 2**31, (2 * t,), generator=g).to(device)
+    # The earlier, larger batch: rows t.. hold the trial slots 0..t-1 with the stale token as context.
+    earlier = torch.cat([torch.arange(t, 2 * t), torch.arange(t)]).to(torch.int32).to(device)
+    context = torch.cat([torch.zeros(t, 1), torch.full((t, 1), stale)]).long().to(device)
+    spec.propose(2 * t, earlier, temperature, seeds, context, torch.zeros(2 * t, dtype=torch.long,
+                                                                           device=device))
+    # The trials: t live rows in slots 0..t-1, context token 0, replayed at 2t rows.
+    idx = torch.arange(t, dtype=torch.int32, device=device)
+    pos = torch.full((t,), 5, dtype=torch.long, device=device)
+    trial_context = torch.zeros(t, 1, dtype=torch.long, device=device)
+    proposal = spec.propose(t, idx, temperature, seeds, trial_context, pos)
+    target_logits = p_logits.to(device).repeat(t * (k + 1), 1)
+    sampled, num_sampled = rejection_sample_mrv2(target_logits, proposal.draft_tokens, spec.draft_logits, idx,
+                                                 temperature, seeds, pos, fixes)
+    p = torch.softmax(p_logits, dim=0).double().numpy()
+    sampled, num_sampled = sampled.cpu().numpy(), num_sampled.cpu().numpy()
+    positions = []
+    for j in range(k + 1):
+        reached = num_sampled > j
+        counts = np.bincount(sampled[reached, j], minlength=v).astype(float)
+        positions.append({"position": j, "trials": int(reached.sum()), "counts": counts.tolist(),
+                          **chi_square(counts, p)})
+    return {"sampler": sampler, "target_probs": p.tolist(),
+            "draft_probs": torch.softmax(table[0], 0).tolist(),
+            "positions": positions, "passed": all(r["passed"] for r in positions),
+            "mean_accepted": float((num_sampled - 1).mean())}

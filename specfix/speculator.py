@@ -1,0 +1,349 @@
+"""A Model Runner V2 style draft-model speculator: persistent buffers, padded graph replays, draft logits.
+
+Mirrors ``vllm/v1/worker/gpu/spec_decode/speculator.py`` (``DraftModelSpeculator``,
+``_copy_request_inputs``), the request-state tables of ``vllm/v1/worker/gpu/states.py`` and the MRV2
+verification of ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``.
+
+Two indexings meet here. *Batch rows* are this step's requests in batch order; ``idx_mapping[row]`` is
+the row's ``req_state_idx``, its slot in the per-request state tables (temperature, seed, draft tokens,
+``draft_logits``), which is assigned when a request arrives and reused after it finishes.
+
+The drafter's step (k times: draft model forward on each row's recent tokens, then ``gumbel_sample``,
+which also stores the temperature-scaled logits into ``draft_logits[idx_mapping[row], step]``) runs
+over persistent buffers at a *padded* size: on a GPU it is a ``torch.cuda.CUDAGraph`` captured per size
+and replayed; on a CPU the same step runs eagerly at the padded size over the same buffers, which is
+exactly what a replay does. Rows past ``num_reqs`` are padding, and their ``idx_mapping`` entries are
+whatever an earlier step left there. Before vLLM PR #47066 they were used as-is, so a padded row wrote
+garbage logits into a live request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1,
+which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
+
+Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step])``,
+accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
+(chapter 1's rejection core, :mod:`specfix.rejection_sampler`). The draft token itself was sampled from
+the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
+no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
+tokens do not depend on the rest of the batch: the bench compares every batched response with its run
+alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specfix.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher
+from specfix.fixes import Fixes
+from specfix.gumbel import gumbel_sample
+from specfix.gumbel_reference import gumbel_sample_reference
+from specfix.rejection_sampler import (
+    PLACEHOLDER_TOKEN_ID,
+    generate_uniform_probs,
+    rejection_sample,
+    sample_recovered_tokens,
+)
+from specfix.sampling_metadata import SamplingMetadata
+
+#: Added to a drafted token's position to key its Gumbel noise apart from the target's (vLLM PR #54282).
+DRAFT_POS_SALT = 1 << 30
+_SIGNED_INT = (torch.int32, torch.int64)
+
+
+def _check_signed_1d(name: str, t: object, min_len: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _SIGNED_INT:
+        raise TypeError(f"{name} must be int32 or int64 (signed, so that -1 can mark a padded row), "
+                        f"got {t.dtype}")
+    if t.dim() != 1 or t.numel() < min_len:
+        raise ValueError(f"{name} must be 1-D with at least {min_len} entries, got shape {tuple(t.shape)}")
+
+
+def _check_num_reqs(num_reqs: object, max_num_reqs: int) -> None:
+    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
+        raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
+    if not 1 <= num_reqs <= max_num_reqs:
+        raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={max_num_reqs}]")
+
+
+def reference_sampler(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
+                      processed_logits=None, processed_logits_col=None, *, fixes: Fixes | None = None):
+    """``gumbel_sample``'s torch reference: the same tokens and stores as the masked (fixed) kernel.
+
+    Where several rows store into the same ``[req_state_idx, col]`` (a stale padded row and the live row
+    it collides with), the highest row wins, as in Triton's interpreter, which runs programs in order
+    (on a GPU the programs race).
+    """
+    if fixes is not None and not fixes.mask_invalid_reqs:
+        raise ValueError("the torch reference is the masked (fixed) sampler; use the Triton kernel")
+    tokens = gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature)
+    if processed_logits is None:
+        return tokens
+    num_rows, num_cols = logits.shape[0], processed_logits.shape[1]
+    idx = expanded_idx_mapping.long()
+    valid = idx >= 0
+    temp = torch.where(valid, temperature[idx.clamp(min=0)], torch.zeros_like(temperature[:1]))
+    x = logits.float()
+    if apply_temperature:
+        x = torch.where((temp != 0)[:, None], x / torch.where(temp != 0, temp, 1.0)[:, None], x)
+    cols = (processed_logits_col.long() if isinstance(processed_logits_col, torch.Tensor)
+            else torch.full_like(idx, processed_logits_col or 0))
+    rows = torch.arange(num_rows, device=idx.device)
+    key = (idx * num_cols + cols).clamp(min=0)
+    last = torch.full((processed_logits.shape[0] * num_cols,), -1, dtype=torch.long, device=idx.device)
+    last.scatter_reduce_(0, key[valid], rows[valid], reduce="amax")
+    keep = valid & (last[key] == rows)
+    processed_logits[idx[keep], cols[keep]] = x[keep].to(processed_logits.dtype)
+    return tokens
+
+
+class RequestStates:
+    """Per-request state tables, one row per ``req_state_idx``; slots are reused after a request ends.
+
+    A new request takes the lowest free slot (deterministic, so the notebook can show reuse).
+    """
+
+    def __init__(self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
+        if max_num_reqs < 1 or num_speculative_steps < 1:
+            raise ValueError(f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
+                             f"{max_num_reqs}, {num_speculative_steps}")
+        self.max_num_reqs = max_num_reqs
+        self.temperature = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
+        self.seeds = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.draft_tokens = torch.zeros(max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device)
+        self.req_id_to_index: dict[object, int] = {}
+
+    def add_request(self, req_id: object, temperature: float, seed: int) -> int:
+        if req_id in self.req_id_to_index:
+            raise ValueError(f"request {req_id!r} is already live in slot {self.req_id_to_index[req_id]}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 for probabilistic drafting, got {temperature}")
+        used = set(self.req_id_to_index.values())
+        free = [i for i in range(self.max_num_reqs) if i not in used]
+        if not free:
+            raise ValueError(f"all {self.max_num_reqs} request-state slots are taken")
+        slot = free[0]
+        self.req_id_to_index[req_id] = slot
+        self.temperature[slot] = temperature
+        self.seeds[slot] = seed
+        return slot
+
+    def remove_request(self, req_id: object) -> int:
+        """Free the request's slot (its table rows keep their stale values, as in vLLM)."""
+        if req_id not in self.req_id_to_index:
+            raise ValueError(f"request {req_id!r} is not live")
+        return self.req_id_to_index.pop(req_id)
+
+    def owner(self, slot: int) -> object | None:
+        """The live request in ``slot``, or None if it is free."""
+        return next((r for r, s in self.req_id_to_index.items() if s == slot), None)
+
+
+@dataclass
+class DraftProposal:
+    """What one ``propose`` call did: the drafts of the live rows and how the step ran."""
+
+    draft_tokens: torch.Tensor          # [num_reqs, k] int64
+    batch: BatchDescriptor
+    ran: str                            # "cuda graph replay", "eager (padded size)" or "eager (exact size)"
+    #: (padded row, req_state_idx) for every padded row whose idx_mapping entry is a real slot, i.e. a
+    #: row whose sampling will write draft_logits[req_state_idx]; filled only when ``trace=True``.
+    padded_writes: list[tuple[int, int]] = field(default_factory=list)
+
+
+class DraftModelSpeculator:
+    """Draft ``k`` tokens per request with probabilistic draft sampling over persistent buffers.
+
+    Buffers (fixed addresses, sized for ``max_num_reqs``): ``idx_mapping`` [max_num_reqs] int32 (zeros at
+    start), ``temperature`` and ``seeds`` (copies of the request-state tables), ``context_ids``
+    [max_num_reqs, context_len] (each row's last tokens: what an n-gram draft model reads; a transformer
+    drafter keeps hidden states and a KV cache instead), ``positions`` [max_num_reqs] (position of each
+    row's last token), ``draft_tokens``
+    [max_num_reqs, k] (batch-row order) and ``draft_logits`` [max_num_reqs, k, vocab] float32
+    (request-state order).
+
+    ``sampler`` is :func:`specfix.gumbel.gumbel_sample` (the Triton kernel); :func:`reference_sampler`
+    gives the same tokens and stores from torch, for statistics too big for Triton's interpreter.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, max_num_reqs: int, num_speculative_steps: int,
+                 vocab_size: int, context_len: int, device: torch.device | str = "cpu",
+                 fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
+                 sampler: Callable[..., torch.Tensor] = gumbel_sample):
+        if num_speculative_steps < 1:
+            raise ValueError(f"num_speculative_steps must be >= 1, got {num_speculative_steps}")
+        self.model = model
+        self.sampler = sampler
+        self.device = torch.device(device)
+        self.fixes = fixes or Fixes()
+        self.max_num_reqs = max_num_reqs
+        self.num_speculative_steps = k = num_speculative_steps
+        self.vocab_size = vocab_size
+        self.dispatcher = CudaGraphDispatcher(max_num_reqs, capture_sizes)
+        z = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=self.device)
+        self.idx_mapping = z(max_num_reqs, dtype=torch.int32)
+        self.temperature = z(max_num_reqs, dtype=torch.float32)
+        self.seeds = z(max_num_reqs, dtype=torch.int64)
+        self.context_ids = z(max_num_reqs, context_len, dtype=torch.int64)
+        self.positions = z(max_num_reqs, dtype=torch.int64)
+        self.draft_tokens = z(max_num_reqs, k, dtype=torch.int64)
+        self.draft_logits = z(max_num_reqs, k, vocab_size, dtype=torch.float32)
+        self.graphs: CapturedStep | None = None
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent buffer the step reads or writes, by name."""
+        names = ("idx_mapping", "temperature", "seeds", "context_ids", "positions", "draft_tokens",
+                 "draft_logits")
+        return {n: getattr(self, n) for n in names}
+
+    # -- the step that a graph captures ------------------------------------------------------------
+
+    def _copy_request_inputs(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
+                             seeds: torch.Tensor) -> None:
+        """Copy this step's request inputs into the persistent buffers (outside the graph).
+
+        The whole temperature and seed tables are copied (rows are addressed by ``req_state_idx``), and
+        the batch's ``idx_mapping`` into ``self.idx_mapping[:num_reqs]``. With ``Fixes.pad_idx_mapping``
+        the rows past ``num_reqs`` become -1, so a padded replay writes nothing; without it they keep
+        whatever an earlier step left.
+        """
+        _check_num_reqs(num_reqs, self.max_num_reqs)
+        _check_signed_1d("idx_mapping", idx_mapping, num_reqs)
+        for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
+            if not isinstance(t, torch.Tensor) or t.shape != (self.max_num_reqs,) or t.dtype != dtype:
+                raise ValueError(f"{name} must be the {dtype} request-state table of shape "
+                                 f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
+                                 f"{tuple(getattr(t, 'shape', ()))}")
+        live = idx_mapping[:num_reqs].to("cpu")
+        if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
+            raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {self.max_num_reqs}), "
+                             f"got {live.tolist()}")
+        self.temperature.copy_(temperature)
+        self.seeds.copy_(seeds)
+        self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
+        if self.fixes.pad_idx_mapping:
+            self.idx_mapping[num_reqs:].fill_(-1)
+
+    def _draft_step(self, num_rows: int) -> None:
+        """k draft steps over the first ``num_rows`` rows of the buffers; no host sync (graph-safe)."""
+        context = self.context_ids[:num_rows]
+        for step in range(self.num_speculative_steps):
+            logits = self.model.next_token_logits(context)
+            tokens = self.sampler(
+                logits, self.idx_mapping[:num_rows], self.temperature, self.seeds,
+                self.positions[:num_rows] + (DRAFT_POS_SALT + 1 + step), True,
+                processed_logits=self.draft_logits, processed_logits_col=step, fixes=self.fixes,
+            )
+            self.draft_tokens[:num_rows, step].copy_(tokens)
+            context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture one graph per size on a GPU (warm-up runs write ``draft_logits`` of slot 0: harmless
+        before any request arrives, and what a real engine's dummy runs do too)."""
+        self.graphs = CapturedStep(self._draft_step, self.dispatcher.capture_sizes, self.device)
+
+    # -- one drafting step ----------------------------------------------------------------------------
+
+    def propose(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
+                seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor, *,
+                padded: bool = True, trace: bool = False) -> DraftProposal:
+        """Draft k tokens for the ``num_reqs`` batch rows.
+
+        ``context_ids`` [num_reqs, context_len]: each row's last tokens; ``positions`` [num_reqs]: the
+        position of each row's last token.
+        ``padded=False`` runs eagerly at the exact size (the reference a padded run must match).
+        """
+        _check_num_reqs(num_reqs, self.max_num_reqs)
+        _check_signed_1d("positions", positions, num_reqs)
+        width = self.context_ids.shape[1]
+        if not isinstance(context_ids, torch.Tensor) or context_ids.dtype not in _SIGNED_INT or \
+                context_ids.dim() != 2 or context_ids.shape[1] != width or context_ids.shape[0] < num_reqs:
+            raise ValueError(f"context_ids must be a signed integer [num_reqs, {width}] tensor, got "
+                             f"{getattr(context_ids, 'dtype', type(context_ids))} "
+                             f"{tuple(getattr(context_ids, 'shape', ()))}")
+        tokens = context_ids[:num_reqs]
+        if bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
+            raise ValueError(f"context_ids must lie in [0, {self.vocab_size}), got {tokens.tolist()}")
+        self._copy_request_inputs(num_reqs, idx_mapping, temperature, seeds)
+        self.context_ids[:num_reqs].copy_(tokens)
+        self.positions[:num_reqs].copy_(positions[:num_reqs])
+        batch = self.dispatcher.dispatch(num_reqs) if padded else BatchDescriptor(num_reqs, num_reqs, "NONE")
+        writes = []
+        if trace:
+            stale = self.idx_mapping[num_reqs:batch.num_reqs_padded].tolist()
+            writes = [(num_reqs + i, s) for i, s in enumerate(stale) if s >= 0]
+        if batch.cg_mode == "FULL" and self.graphs is not None:
+            self.graphs.replay(batch.num_reqs_padded)
+            ran = "cuda graph replay"
+        else:
+            self._draft_step(batch.num_reqs_padded)
+            ran = "eager (padded size)" if batch.num_reqs_padded > num_reqs else "eager (exact size)"
+        return DraftProposal(self.draft_tokens[:num_reqs].clone(), batch, ran, writes)
+
+
+# -- verification: MRV2 reads the cached draft distribution by req_state_idx ---------------------------
+
+def keyed_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    """A generator that depends only on (request seed, position): batch composition cannot change it."""
+    key = (int(seed) * 0x9E3779B97F4A7C15 + int(position) * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
+                          draft_logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor,
+                          seeds: torch.Tensor, positions: torch.Tensor,
+                          fixes: Fixes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify each row's k drafts against the target, reading q from ``draft_logits`` by req_state_idx.
+
+    Args:
+        target_logits: [num_reqs * (k + 1), V] raw target logits, row ``i * (k + 1) + j`` for the token
+            after position ``positions[i] + j``; row ``j = k`` gives the bonus token.
+        draft_token_ids: [num_reqs, k] the drafted tokens (batch order).
+        draft_logits: [max_num_reqs, k, V] temperature-scaled draft logits (request-state order).
+        idx_mapping: [num_reqs] batch row -> req_state_idx. temperature, seeds: request-state tables.
+        positions: [num_reqs] position of each row's last token (the randomness key).
+
+    Returns ``(sampled [num_reqs, k + 1] int32, -1 after the last emitted token; num_sampled [num_reqs])``.
+    Uniforms, recovery noise and the bonus draw come from :func:`keyed_generator` of (seed, position).
+    """
+    fixes = fixes or Fixes()
+    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
+        raise ValueError("draft_token_ids must be a [num_reqs, k] tensor")
+    num_reqs, k = draft_token_ids.shape
+    _check_signed_1d("idx_mapping", idx_mapping, num_reqs)
+    if draft_logits.dim() != 3 or draft_logits.shape[1] != k:
+        raise ValueError(f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
+                         f"got shape {tuple(draft_logits.shape)}")
+    vocab_size = draft_logits.shape[2]
+    if target_logits.shape != (num_reqs * (k + 1), vocab_size):
+        raise ValueError(f"target_logits must be [num_reqs * (k + 1), V] = "
+                         f"{(num_reqs * (k + 1), vocab_size)}, got {tuple(target_logits.shape)}")
+    slots = idx_mapping[:num_reqs].long()
+    if bool(((slots < 0) | (slots >= draft_logits.shape[0])).any()):
+        raise ValueError(f"idx_mapping must lie in [0, {draft_logits.shape[0]}), got {slots.tolist()}")
+    device = target_logits.device
+    temp = temperature[slots].float()
+    if bool((temp <= 0).any()):
+        raise ValueError("probabilistic verification needs temperature > 0 for every row")
+    scaled = (target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None])
+    verify_logits = scaled[:, :k].reshape(num_reqs * k, vocab_size).contiguous()
+    bonus_probs = torch.softmax(scaled[:, k], dim=-1)
+    draft_probs = torch.softmax(draft_logits[slots].reshape(num_reqs * k, vocab_size), dim=-1)
+    seeds_list, pos_list = seeds[slots].tolist(), positions[:num_reqs].tolist()
+    gens = {i: keyed_generator(seeds_list[i], pos_list[i], device) for i in range(num_reqs)}
+    meta = SamplingMetadata(temperature=temp, all_greedy=False, all_random=True, generators=gens)
+    num_draft = [k] * num_reqs
+    cu = (torch.arange(1, num_reqs + 1, device=device) * k).to(torch.int32)
+    flat_drafts = draft_token_ids.reshape(-1).to(torch.int32)
+    uniform = generate_uniform_probs(num_reqs * k, num_draft, gens, device)
+    recovered = sample_recovered_tokens(k, num_draft, cu, flat_drafts, draft_probs,
+                                        torch.softmax(verify_logits, dim=-1), meta, device)
+    noise = torch.stack([torch.empty(vocab_size, device=device).exponential_(generator=gens[i])
+                         for i in range(num_reqs)])
+    bonus = (bonus_probs / noise).argmax(dim=-1).to(torch.int32)
+    sampled = rejection_sample(flat_drafts, num_draft, k, cu, draft_probs, verify_logits, bonus, meta,
+                               uniform_probs=uniform, recovered_token_ids=recovered,
+                               reject_negative_drafts=fixes.reject_negative_drafts)
+    num_sampled = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1)
+    return sampled, num_sampled
