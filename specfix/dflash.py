@@ -201,3 +201,80 @@ def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_t
 def sample_columns(num_speculative_steps: int, max_num_reqs: int, device=None) -> torch.Tensor:
     """Per sample entry, the ``draft_logits`` column it fills: ``[0, 1, .., k-1]`` repeated per request."""
     return torch.arange(num_speculative_steps, device=device).repeat(max_num_reqs)
+
+
+class ToyDFlashModel(torch.nn.Module):
+    """A stand-in block drafter: logits of query row i = ``token_table[input_ids[i]] + pos_table[pos % P]``.
+
+    Enough to give every query row its own distribution (row 0, an anchor, differs from the MASK rows),
+    which is all the padding bug needs. ``mask_token_id`` is ``vocab_size`` (an extra embedding row).
+    """
+
+    def __init__(self, vocab_size: int, num_positions: int = 8, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.vocab_size, self.mask_token_id = vocab_size, vocab_size
+        self.register_buffer("token_table", torch.randn(vocab_size + 1, vocab_size, generator=g) * 2)
+        self.register_buffer("pos_table", torch.randn(num_positions, vocab_size, generator=g))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.token_table[input_ids] + self.pos_table[positions % self.pos_table.shape[0]]
+
+
+class DFlashDrafter:
+    """Prepare inputs (the kernel above), run the block drafter, sample every drafted token.
+
+    ``padded=True`` samples all ``max_num_reqs * k`` entries, as a FULL graph does (a real
+    ``torch.cuda.CUDAGraph`` of the sampling half on a GPU after :meth:`capture_cuda_graph`);
+    ``padded=False`` samples only the live ``num_reqs * k`` (vLLM's eager fallback after PR #47066).
+    Sampling stores temperature-scaled logits into ``draft_logits[sample_idx_mapping, col]``.
+    """
+
+    def __init__(self, model: ToyDFlashModel, *, max_num_reqs: int, num_speculative_steps: int,
+                 device: torch.device | str = "cpu", fixes: Fixes | None = None, sampler=None):
+        from specfix.gumbel import gumbel_sample
+
+        self.model, self.fixes = model, fixes or Fixes()
+        self.sampler = sampler or gumbel_sample
+        self.device = torch.device(device)
+        k, v = num_speculative_steps, model.vocab_size
+        self.inputs = DFlashInputs.allocate(max_num_reqs, k, self.device)
+        self.temperature = torch.ones(max_num_reqs, device=self.device)
+        self.seeds = torch.zeros(max_num_reqs, dtype=torch.int64, device=self.device)
+        self.draft_logits = torch.zeros(max_num_reqs, k, v, device=self.device)
+        self.draft_tokens = torch.zeros(max_num_reqs * k, dtype=torch.int64, device=self.device)
+        self.columns = sample_columns(k, max_num_reqs, self.device)
+        self.graph = None
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"draft_logits": self.draft_logits, "draft_tokens": self.draft_tokens,
+                "temperature": self.temperature, "seeds": self.seeds, **self.inputs.as_dict()}
+
+    def _sample(self, num_samples: int) -> None:
+        """The half a FULL graph captures: no host sync, fixed buffers."""
+        logits = self.model(self.inputs.input_ids, self.inputs.positions)
+        rows = self.inputs.sample_indices[:num_samples]
+        self.draft_tokens[:num_samples].copy_(self.sampler(
+            logits[rows].contiguous(), self.inputs.sample_idx_mapping[:num_samples], self.temperature,
+            self.seeds, self.inputs.sample_pos[:num_samples] + (1 << 30), True,
+            processed_logits=self.draft_logits, processed_logits_col=self.columns[:num_samples],
+            fixes=self.fixes))
+
+    def capture_cuda_graph(self) -> None:
+        from specfix.cudagraph import CapturedStep
+
+        full = self.inputs.max_num_reqs * self.inputs.num_speculative_steps
+        self.graph = CapturedStep(lambda _: self._sample(full), [full], self.device)
+
+    def propose(self, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
+                num_computed: torch.Tensor, *, padded: bool = True) -> torch.Tensor:
+        """Draft k tokens for each of the ``num_reqs`` requests; returns ``[num_reqs, k]``."""
+        k = self.inputs.num_speculative_steps
+        prepare_dflash_inputs(num_reqs, idx_mapping, last_sampled, num_computed, self.model.mask_token_id,
+                              self.inputs, self.fixes)
+        full = self.inputs.max_num_reqs * k
+        if padded and self.graph is not None:
+            self.graph.replay(full)
+        else:
+            self._sample(full if padded else num_reqs * k)
+        return self.draft_tokens[: num_reqs * k].view(num_reqs, k).clone()
