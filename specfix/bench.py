@@ -34,7 +34,7 @@ JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
 Cases, their ``impl`` names and metrics (params in brackets):
     ceilings           copy, argmax_read [bytes_moved | rows, vocab, dtype]: TB_per_s (copy: read + write)
     gumbel             specfix_fast, specfix_exact, torch_softmax_multinomial, torch_gumbel_max
-                       [vocab, rows, dtype]: G_logits_per_s, TB_per_s_read
+                       [vocab, rows, dtype]: G_logits_per_s, TB_per_s_read, host_syncs_per_call (GPU only)
     gumbel_graph       specfix_fast, specfix_exact, torch_gumbel_max [vocab, rows=1, dtype, calls_per_graph]:
                        times are GPU time per call inside a graph
     gumbel_mask        masked, unmasked [vocab, rows, dtype, store_processed_logits]: overhead on the masked
@@ -468,7 +468,8 @@ def _plan_gumbel(s: Settings, timer: Timer) -> list[Job]:
                         med = statistics.median(t)
                         out.append(result("gumbel", impl, params, t,
                                           G_logits_per_s=g_logits_per_s(rows, vocab, med),
-                                          TB_per_s_read=tb_per_s(nbytes, med)))
+                                          TB_per_s_read=tb_per_s(nbytes, med),
+                                          host_syncs_per_call=count_host_syncs(call, s.device)))
                     del inp
                 return out
             jobs.append(Job(f"gumbel_sample vocab {vocab:,} {dname}", run))
