@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or runtime.DEVICE.type
     if device == "cuda" and runtime.INTERPRET:
         parser.error("--device cuda: no usable CUDA GPU here (or SPECFIX_DEVICE=cpu is set)")
+    if device == "cpu" and runtime.HAS_TRITON and not runtime.INTERPRET:
+        parser.error("--device cpu on a GPU machine: Triton compiles for the GPU in this process; "
+                     "run with SPECFIX_DEVICE=cpu so that kernels go through the interpreter")
     try:
         report = bench.run(device=device, scale=args.scale or runtime.SCALE, only=only,
                            progress=not args.no_progress)
