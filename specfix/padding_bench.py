@@ -300,6 +300,7 @@ class PaddingBench:
 
 def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batch: int = 6,
                       max_num_reqs: int = 8, num_speculative_steps: int = 3, seed: int = 0,
+                      max_tokens: tuple[int, int] = (16, 32),
                       device: torch.device | str | None = None, capture_sizes: list[int] | None = None,
                       cuda_graphs: bool | None = None, models=None,
                       solo: RunResult | None = None) -> PaddingBench:
@@ -310,7 +311,7 @@ def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batc
     """
     device = torch.device(device or runtime.DEVICE)
     target, draft = models or load_models(device)
-    requests = make_requests(num_requests, seed=seed)
+    requests = make_requests(num_requests, seed=seed, max_tokens=max_tokens)
     kw = dict(max_num_reqs=max_num_reqs, num_speculative_steps=num_speculative_steps, device=device,
               fixes=fixes, capture_sizes=capture_sizes, cuda_graphs=cuda_graphs)
     batched = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=max_batch)

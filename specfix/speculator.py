@@ -119,6 +119,8 @@ class RequestStates:
             raise ValueError(f"request {req_id!r} is already live in slot {self.req_id_to_index[req_id]}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for probabilistic drafting, got {temperature}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         used = set(self.req_id_to_index.values())
         free = [i for i in range(self.max_num_reqs) if i not in used]
         if not free:

@@ -1,0 +1,182 @@
+"""The MRV2 speculator: _copy_request_inputs, the padded step, the stale-row corruption, verification."""
+
+import pytest
+import torch
+
+from specfix import Fixes
+from specfix.gumbel import gumbel_sample
+from specfix.padding_bench import TableDraft
+from specfix.speculator import DraftModelSpeculator, RequestStates, reference_sampler, rejection_sample_mrv2
+
+V, M, K = 16, 8, 2
+
+
+def _spec(fix=True, sampler=gumbel_sample, table=None):
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1)) if table is None else table
+    return DraftModelSpeculator(TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V,
+                                context_len=1, fixes=Fixes(pad_idx_mapping=fix), sampler=sampler)
+
+
+TEMP = torch.linspace(0.5, 1.5, M)
+SEEDS = torch.arange(M) * 101 + 7
+
+
+def _idx(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype)
+
+
+def _propose(spec, slots, ctx=None, **kw):
+    n = len(slots)
+    ctx = torch.arange(n)[:, None] % V if ctx is None else ctx
+    return spec.propose(n, _idx(*slots), TEMP, SEEDS, ctx, torch.arange(n) + 3, **kw)
+
+
+@pytest.mark.parametrize("fix", [True, False])
+def test_copy_request_inputs(fix):
+    spec = _spec(fix)
+    spec.idx_mapping.copy_(torch.arange(M, dtype=torch.int32) + 10)     # stale values from "earlier"
+    spec._copy_request_inputs(3, torch.tensor([5, 2, 7], dtype=torch.int32), TEMP, SEEDS)
+    assert spec.idx_mapping[:3].tolist() == [5, 2, 7]
+    assert spec.idx_mapping[3:].tolist() == ([-1] * 5 if fix else [13, 14, 15, 16, 17])
+    assert torch.equal(spec.temperature, TEMP) and torch.equal(spec.seeds, SEEDS)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda s: s._copy_request_inputs(M + 1, torch.arange(M + 1, dtype=torch.int32), TEMP, SEEDS),
+     ValueError, "num_reqs"),
+    (lambda s: s._copy_request_inputs(2, _idx(0, 1, dtype=torch.uint8), TEMP, SEEDS), TypeError, "signed"),
+    (lambda s: s._copy_request_inputs(2, _idx(1, 1), TEMP, SEEDS), ValueError, "distinct"),
+    (lambda s: s._copy_request_inputs(2, _idx(0, M), TEMP, SEEDS), ValueError, "idx_mapping"),
+    (lambda s: s._copy_request_inputs(2, _idx(0, 1), TEMP[:4], SEEDS),
+     ValueError, "temperature"),
+    (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.tensor([[0], [V]]),
+                         torch.arange(2)), ValueError, "context_ids"),
+    (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.zeros(2, 3).long(),
+                         torch.arange(2)), ValueError, "context_ids"),
+])
+def test_bad_input_leaves_buffers_unchanged(call, exc, match):
+    spec = _spec()
+    before = {n: t.clone() for n, t in spec.buffers().items()}
+    with pytest.raises(exc, match=match):
+        call(spec)
+    for n, t in spec.buffers().items():
+        assert torch.equal(t, before[n]), n
+
+
+def _expected_logits(spec, slot, ctx_token, drafts):
+    """What slot's draft_logits must hold: the draft table row of each step's context, over T."""
+    rows, ctx = [], ctx_token
+    for j in range(K):
+        rows.append(spec.model.table[ctx] / TEMP[slot])
+        ctx = int(drafts[j])
+    return torch.stack(rows)
+
+
+def test_fixed_step_padded_equals_exact_and_stores_the_right_logits():
+    spec = _spec(True)
+    _propose(spec, [0, 1, 2, 3, 4, 5])                                   # an earlier, larger batch
+    padded = _propose(spec, [5, 3, 0], trace=True)
+    assert padded.batch.num_reqs_padded == 4 and padded.ran == "eager (padded size)"
+    assert padded.padded_writes == []
+    cached = spec.draft_logits.clone()
+    exact = _propose(spec, [5, 3, 0], padded=False)
+    assert exact.ran == "eager (exact size)"
+    assert torch.equal(padded.draft_tokens, exact.draft_tokens)
+    for row, slot in enumerate([5, 3, 0]):
+        assert torch.equal(cached[slot], spec.draft_logits[slot])
+        torch.testing.assert_close(cached[slot], _expected_logits(spec, slot, row, padded.draft_tokens[row]))
+
+
+def test_unfixed_step_overwrites_a_live_slot_from_a_stale_row():
+    spec = _spec(False)
+    _propose(spec, [0, 1, 2, 3, 4, 5])                                   # rows 3.. hold slots 3, 4, 5
+    stale = spec.idx_mapping[3].item()
+    p = _propose(spec, [5, 3, 0], trace=True)                            # padded to 4: row 3 is stale
+    assert p.padded_writes == [(3, stale)] and stale == 3               # slot 3 is live at batch row 1
+    good = _expected_logits(spec, 3, 1, p.draft_tokens[1])
+    assert not torch.allclose(spec.draft_logits[3], good)               # the live request's q is gone
+    torch.testing.assert_close(spec.draft_logits[5], _expected_logits(spec, 5, 0, p.draft_tokens[0]))
+
+
+def test_fresh_buffer_zeros_point_at_slot_zero():
+    spec = _spec(False)
+    p = _propose(spec, [2, 0, 1], trace=True)
+    assert p.padded_writes == [(3, 0)]
+
+
+def test_reference_sampler_matches_kernel_including_collisions():
+    outs = []
+    for sampler in (gumbel_sample, reference_sampler):
+        spec = _spec(False, sampler)
+        _propose(spec, list(range(M))[::-1], ctx=torch.arange(M)[:, None])
+        p = _propose(spec, [0, 1, 2])
+        outs.append((p.draft_tokens, spec.draft_logits.clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_request_states_slots_are_reused_lowest_first():
+    states = RequestStates(3, K)
+    assert [states.add_request(r, 1.0, i) for i, r in enumerate("abc")] == [0, 1, 2]
+    states.remove_request("b")
+    assert states.owner(1) is None and states.add_request("d", 1.0, 0) == 1
+    with pytest.raises(ValueError, match="slots"):
+        states.add_request("e", 1.0, 0)
+    with pytest.raises(ValueError, match="temperature"):
+        RequestStates(2, K).add_request("x", 0.0, 0)
+
+
+def _verify_inputs(n, slots):
+    g = torch.Generator().manual_seed(3)
+    target = torch.randn(n * (K + 1), V, generator=g)
+    drafts = torch.randint(0, V, (n, K), generator=g)
+    draft_logits = torch.randn(M, K, V, generator=g)
+    return target, drafts, draft_logits, torch.tensor(slots, dtype=torch.int32)
+
+
+def test_verification_is_batch_invariant():
+    target, drafts, draft_logits, idx = _verify_inputs(3, [4, 1, 6])
+    pos = torch.tensor([7, 9, 11])
+    batched, nb = rejection_sample_mrv2(target, drafts, draft_logits, idx, TEMP, SEEDS, pos)
+    for i in range(3):
+        rows = target[i * (K + 1):(i + 1) * (K + 1)]
+        alone, na = rejection_sample_mrv2(rows, drafts[i:i + 1], draft_logits, idx[i:i + 1], TEMP, SEEDS,
+                                          pos[i:i + 1])
+        assert torch.equal(alone[0], batched[i]) and na.item() == nb[i].item()
+    assert ((nb >= 1) & (nb <= K + 1)).all()
+
+
+def test_verification_bad_input():
+    target, drafts, draft_logits, idx = _verify_inputs(2, [0, 1])
+    with pytest.raises(ValueError, match="k="):
+        rejection_sample_mrv2(target, drafts, draft_logits[:, :1], idx, TEMP, SEEDS, torch.arange(2))
+    with pytest.raises(TypeError, match="signed"):
+        rejection_sample_mrv2(target, drafts, draft_logits, idx.to(torch.uint8), TEMP, SEEDS, torch.arange(2))
+    with pytest.raises(ValueError, match="target_logits"):
+        rejection_sample_mrv2(target[:-1], drafts, draft_logits, idx, TEMP, SEEDS, torch.arange(2))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fix", [True, False])
+def test_cuda_graph_replay_matches_eager_padded_step(fix):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    results = []
+    for graphs in (True, False):
+        table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+        spec = DraftModelSpeculator(TableDraft(table).cuda(),
+                                    max_num_reqs=M, num_speculative_steps=K, vocab_size=V, context_len=1,
+                                    device="cuda", fixes=Fixes(pad_idx_mapping=fix))
+        if graphs:
+            spec.capture_cuda_graphs()
+        spec.draft_logits.zero_()
+        spec.idx_mapping.zero_()
+        temp, seeds = TEMP.cuda(), SEEDS.cuda()
+        spec.propose(6, torch.arange(6, dtype=torch.int32, device="cuda"), temp, seeds,
+                     torch.arange(6, device="cuda")[:, None], torch.arange(6, device="cuda"))
+        p = spec.propose(3, torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda"), temp, seeds,
+                         torch.arange(3, device="cuda")[:, None], torch.arange(3, device="cuda"), trace=True)
+        assert p.ran == ("cuda graph replay" if graphs else "eager (padded size)")
+        results.append((p.draft_tokens.cpu(), spec.draft_logits[[5, 0]].cpu(), p.padded_writes))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])       # slots 5, 0: no stale row points there
+    assert results[0][2] == results[1][2] == ([] if fix else [(3, 3)])
