@@ -192,3 +192,17 @@ def test_bad_requests_leave_the_engine_unchanged(prompt, params, error):
 def test_bad_generate_calls_are_refused(args, kwargs, error):
     with pytest.raises(error):
         generate(*args, models=MODELS, **kwargs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_engine_matches_cpu():
+    kw = dict(num_speculative_tokens=3, remote_prefill=[True, False] * 3, sampler_backend="auto")
+    greedy = SamplingParams(max_tokens=16)
+    on_gpu = generate(PROMPTS, greedy, device="cuda", models=load_models("cuda"), **kw)
+    on_cpu = generate(PROMPTS, greedy, models=MODELS, **kw)
+    assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]
+    sampled = generate(PROMPTS, SamplingParams(temperature=0.8, seed=1, max_tokens=16), device="cuda",
+                       models=load_models("cuda"), **kw)
+    assert all(len(o.token_ids) == 16 and "<-" not in o.text for o in sampled.outputs)
+    assert 0.40 <= on_gpu.stats.acceptance_rate <= 0.90
