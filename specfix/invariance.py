@@ -200,3 +200,47 @@ def check_padding_invariance(
             diff = (a[bad].double() - b[bad].double()).abs().nan_to_num(nan=float("inf")).max().item()
             report.differences.append(Difference(buf, rows[bad].tolist(), base, other, diff))
     return report
+
+
+def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
+                     seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor,
+                     reference: bool = True) -> InvarianceReport:
+    """:func:`check_padding_invariance` for one ``DraftModelSpeculator.propose`` call.
+
+    Padding: rows ``num_reqs..`` of the batch-row buffers and the free slots of ``draft_logits``. Watched:
+    the live rows' drafts and the live slots' ``draft_logits``. With ``reference``, the exact-size eager
+    step is the reference. On a GPU with captured graphs, every run is a real graph replay.
+    """
+    slots = idx_mapping[:num_reqs].tolist()
+    free = [s for s in range(spec.max_num_reqs) if s not in slots]
+    tail = slice(num_reqs, None)
+    args = (num_reqs, idx_mapping, temperature, seeds, context_ids, positions)
+    return check_padding_invariance(
+        lambda: spec.propose(*args), spec.buffers(),
+        padded={"idx_mapping": tail, "context_ids": tail, "positions": tail, "draft_tokens": tail,
+                "draft_logits": free},
+        live={"draft_tokens": range(num_reqs), "draft_logits": slots},
+        bounds={"idx_mapping": (-1, spec.max_num_reqs), "context_ids": (0, spec.vocab_size),
+                "positions": (0, 2**40)},
+        reference=(lambda: spec.propose(*args, padded=False)) if reference else None,
+    )
+
+
+def check_dflash(drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
+                 num_computed: torch.Tensor) -> InvarianceReport:
+    """:func:`check_padding_invariance` for one ``DFlashDrafter.propose`` call, with the eager
+    exact-size step as the reference (the DFlash bug writes a *fixed* wrong value: see the module doc)."""
+    k, m = drafter.inputs.num_speculative_steps, drafter.inputs.max_num_reqs
+    slots = idx_mapping[:num_reqs].tolist()
+    queries, samples = slice(num_reqs * (k + 1), None), slice(num_reqs * k, None)
+    args = (num_reqs, idx_mapping, last_sampled, num_computed)
+    return check_padding_invariance(
+        lambda: drafter.propose(*args), drafter.buffers(),
+        padded={"input_ids": queries, "positions": queries, "sample_indices": samples, "sample_pos": samples,
+                "sample_idx_mapping": samples, "draft_tokens": samples,
+                "draft_logits": [s for s in range(m) if s not in slots]},
+        live={"draft_logits": slots, "draft_tokens": range(num_reqs * k)},
+        bounds={"input_ids": (0, drafter.model.vocab_size + 1), "sample_idx_mapping": (-1, m),
+                "sample_indices": (0, m * (k + 1)), "positions": (0, 2**40), "sample_pos": (0, 2**40)},
+        reference=lambda: drafter.propose(*args, padded=False),
+    )

@@ -1,0 +1,117 @@
+"""The padding-invariance checker: it must flag padding-dependent steps and pass padding-safe ones."""
+
+import pytest
+import torch
+
+from specfix import Fixes
+from specfix.dflash import DFlashDrafter, ToyDFlashModel
+from specfix.invariance import (
+    GARBAGE_PATTERNS,
+    check_dflash,
+    check_padding_invariance,
+    check_speculator,
+)
+from specfix.padding_bench import TableDraft
+from specfix.speculator import DraftModelSpeculator
+
+N, LIVE = 8, 5
+
+
+def _toy(pad_with_minus_one):
+    """A scatter that mimics the bug in plain torch: rows write table[idx[row]] = x[row]."""
+    idx = torch.zeros(N, dtype=torch.int64)
+    x = torch.randn(N, 3)
+    table = torch.zeros(N, 3)
+
+    def step():
+        idx[:LIVE] = torch.tensor([3, 1, 4, 0, 2])
+        if pad_with_minus_one:
+            idx[LIVE:] = -1
+        for row in range(N):
+            if idx[row] >= 0:
+                table[idx[row]] = x[row]
+
+    return step, {"idx": idx, "x": x, "table": table}
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_toy_scatter(safe):
+    step, bufs = _toy(safe)
+    before = {n: t.clone() for n, t in bufs.items()}
+    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
+                                      live={"table": [3, 1, 4, 0, 2]}, bounds={"idx": (-1, N)})
+    assert report.ok == safe, str(report)
+    if not safe:
+        assert report.buffers == ["table"] and set(report.differences[0].rows) <= {0, 1, 2, 3, 4}
+        assert "table" in str(report)
+    for n, t in bufs.items():                       # the check leaves the buffers as it found them
+        assert torch.equal(t, before[n]), n
+
+
+def test_a_fault_under_garbage_is_reported():
+    data = torch.zeros(4, dtype=torch.int64)
+    table = torch.zeros(4)
+    report = check_padding_invariance(lambda: table[data].sum(), {"data": data, "table": table},
+                                      padded={"data": slice(2, None)}, live={"table": slice(None)})
+    assert not report.ok and report.errors          # "huge" ids without bounds index out of range
+
+
+def test_bad_arguments():
+    t = torch.zeros(4)
+    with pytest.raises(ValueError, match="patterns"):
+        check_padding_invariance(lambda: None, {"t": t}, {}, {"t": [0]}, patterns=["random"])
+    with pytest.raises(ValueError, match="patterns"):
+        check_padding_invariance(lambda: None, {"t": t}, {}, {"t": [0]}, patterns=["random", "zeros"])
+    with pytest.raises(ValueError, match="not in buffers"):
+        check_padding_invariance(lambda: None, {"t": t}, {"u": [0]}, {"t": [0]})
+    assert set(GARBAGE_PATTERNS) == {"random", "nan", "minus_one", "huge"}
+
+
+def _speculator(fix, device="cpu"):
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    return DraftModelSpeculator(TableDraft(table).to(device), max_num_reqs=8, num_speculative_steps=2,
+                                vocab_size=16, context_len=1, device=device, fixes=Fixes(pad_idx_mapping=fix))
+
+
+def _speculator_args(device="cpu"):
+    idx = torch.tensor([5, 3, 0], dtype=torch.int32, device=device)
+    return (3, idx, torch.ones(8, device=device), torch.arange(8, device=device) * 11,
+            torch.arange(3, device=device)[:, None], torch.arange(3, device=device) + 4)
+
+
+@pytest.mark.parametrize("fix", [True, False])
+def test_finds_the_stale_idx_mapping_bug(fix):
+    report = check_speculator(_speculator(fix), *_speculator_args(), reference=False)
+    assert report.ok == fix, str(report)
+    if not fix:
+        assert "draft_logits" in report.buffers
+        assert all(set(d.rows) <= {5, 3, 0} for d in report.differences if d.buffer == "draft_logits")
+
+
+@pytest.mark.parametrize("fix", [True, False])
+def test_finds_the_dflash_bug(fix):
+    drafter = DFlashDrafter(ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=3,
+                            fixes=Fixes(dflash_pad_idx=fix))
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    report = check_dflash(drafter, 2, idx, torch.arange(4), torch.arange(4) + 5)
+    assert report.ok == fix, str(report)
+    if not fix:
+        found = [(d.buffer, d.rows, d.run_b) for d in report.differences]
+        assert found == [("draft_logits", [0], "reference")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fix", [True, False])
+def test_real_cuda_graphs(fix):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    spec = _speculator(fix, "cuda")
+    spec.capture_cuda_graphs()
+    report = check_speculator(spec, *_speculator_args("cuda"))
+    assert report.ok == fix, str(report)
+    drafter = DFlashDrafter(ToyDFlashModel(16).cuda(), max_num_reqs=4, num_speculative_steps=3, device="cuda",
+                            fixes=Fixes(dflash_pad_idx=fix))
+    drafter.capture_cuda_graph()
+    idx = torch.tensor([2, 0], dtype=torch.int32, device="cuda")
+    report = check_dflash(drafter, 2, idx, torch.arange(4, device="cuda"), torch.arange(4, device="cuda") + 5)
+    assert report.ok == fix, str(report)
