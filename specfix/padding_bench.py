@@ -348,7 +348,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> dict:
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     df = len(exp) - 1
     threshold = df + 10 * np.sqrt(2 * df)
-    return {"chi2": chi2, "df": df, "threshold": float(threshold), "passed": chi2 <= threshold,
+    return {"chi2": chi2, "df": df, "threshold": float(threshold), "passed": bool(chi2 <= threshold),
             "p_value": float(stats.chi2.sf(chi2, df))}
 
 
