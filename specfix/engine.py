@@ -90,6 +90,8 @@ class LLMEngine:
             raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
         self.tokenizer: Tokenizer = get_tokenizer()
         target, draft = models if models is not None else load_models(device)
+        if target.embed_tokens.weight.device.type != torch.device(device).type:
+            raise ValueError(f"models live on {target.embed_tokens.weight.device}, but device={device!r}")
         drafter = None
         if num_speculative_tokens is not None:
             drafter = (DraftModelProposer(draft, num_speculative_tokens) if proposer == "draft_model"
@@ -170,6 +172,9 @@ def generate(
     for name, values in [("sampling_params", params), ("remote_prefill", remote)]:
         if len(values) != len(prompts):
             raise ValueError(f"{name} has {len(values)} entries for {len(prompts)} prompts")
+    bad = [p for p in params if not isinstance(p, SamplingParams)]
+    if bad:
+        raise TypeError(f"sampling_params must be SamplingParams, got {type(bad[0]).__name__}")
     engine = LLMEngine(num_speculative_tokens=num_speculative_tokens, **engine_kwargs)
     req_ids = [engine.add_request(p, sp, remote_prefill=r)
                for p, sp, r in zip(prompts, params, remote, strict=True)]

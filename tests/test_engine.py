@@ -187,6 +187,8 @@ def test_bad_requests_leave_the_engine_unchanged(prompt, params, error):
         ([["a"]], {"fixes": {"clamp_placeholders": True}}, TypeError),
         ([["a"]], {"proposer": "eagle"}, ValueError),
         ([["a"]], {"placeholder_policy": "two"}, ValueError),
+        ([["a"], [{"temperature": 0.5}]], {}, TypeError),
+        ([["a"]], {"device": "meta"}, ValueError),  # models on the CPU, engine elsewhere
     ],
 )
 def test_bad_generate_calls_are_refused(args, kwargs, error):
