@@ -65,9 +65,9 @@ def error_kinds(text: str) -> dict:
         head = lines[0].removeprefix("=========").strip()
         kind = kinds.setdefault(head, {"count": 0, "bytes_before_allocation": [], "first": lines[:6]})
         kind["count"] += 1
-        far = re.search(r"is (\d+) bytes before the nearest allocation", block)
+        far = re.search(r"is ([\d,]+) bytes before the nearest allocation", block)
         if far:
-            kind["bytes_before_allocation"].append(int(far.group(1)))
+            kind["bytes_before_allocation"].append(int(far.group(1).replace(",", "")))
     for kind in kinds.values():
         far = kind.pop("bytes_before_allocation")
         kind["bytes_before_allocation_range"] = [min(far), max(far)] if far else None
