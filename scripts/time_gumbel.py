@@ -121,7 +121,7 @@ def main() -> None:
     sweep = []
     if args.sweep:
         for noise in ("exact", "fast"):
-            for block in (4096, 8192, 16384):
+            for block in (1024, 2048, 4096, 8192, 16384):
                 for warps in (4, 8):
                     ms = median_ms(call(inp, noise=noise, block_size=block, num_warps=warps))
                     sweep.append(dict(rows=256, vocab=151_936, noise=noise, block=block, num_warps=warps,

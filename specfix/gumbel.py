@@ -344,8 +344,8 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int]:
     GPU: the largest tile in 1024..8192 that still leaves ~1024 programs to fill the H200's 132 SMs."""
     if INTERPRET:
         return min(triton.next_power_of_2(vocab_size), 1 << 16), 4
-    block = triton.next_power_of_2(max(num_tokens * vocab_size // 1024, 1))
-    block = max(1024, min(block, 8192, triton.next_power_of_2(vocab_size)))
+    block = min(max(triton.next_power_of_2(max(num_tokens * vocab_size // 1024, 1)), 1024), 8192)
+    block = min(block, max(16, triton.next_power_of_2(vocab_size)))  # a tiny vocabulary needs no more
     return block, 8 if block >= 4096 else 4
 
 
