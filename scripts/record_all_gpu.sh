@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Refresh every GPU recording the notebooks show on CPU-only machines, in one go, on a CUDA machine.
+#
+#   scripts/record_all_gpu.sh [OUT]        # default OUT=. (writes into specfix/recorded and tests/golden)
+#
+# Timing-sensitive recorders run one after another with the GPU to themselves. Each step's log goes to
+# OUT/logs; a failing step is reported and the others still run. Commit what lands in specfix/recorded
+# and tests/golden afterwards.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-.}
+REC=$OUT/specfix/recorded GOLD=$OUT/tests/golden LOGS=$OUT/logs
+mkdir -p "$REC" "$GOLD" "$LOGS"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+status=0
+step() {  # step NAME COMMAND...: run, log, time, remember failure
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$LOGS/$name.log" 2>&1; then r=ok; else r="FAILED ($?)"; status=1; fi
+  printf '%-22s %-12s %4ds\n' "$name" "$r" $((SECONDS - t0))
+}
+step gumbel_golden    python3 scripts/record_gumbel_golden.py --out "$GOLD"
+step gumbel_sanitizer python3 scripts/sanitize_gumbel.py --out "$REC"
+step embedding_assert python3 scripts/record_embedding_assert.py --out "$REC" --repeats "${REPEATS:-200}"
+step cudagraph        env SPECFIX_SCALE=full python3 scripts/record_cudagraph.py --out "$REC" --golden "$GOLD"
+step bench            python3 -m specfix bench --device cuda --scale full --no-progress --json "$REC/bench_h200.json"
+exit $status
