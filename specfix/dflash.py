@@ -72,14 +72,17 @@ if HAS_TRITON:
         idx_mapping_ptr, last_sampled_ptr, num_computed_ptr,
         input_ids_ptr, positions_ptr, query_start_loc_ptr, seq_lens_ptr,
         sample_indices_ptr, sample_pos_ptr, sample_idx_mapping_ptr,
-        num_reqs, max_num_reqs, mask_token_id, pad_sample_idx,
-        NUM_SPEC: tl.constexpr, BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
+        num_reqs, mask_token_id, pad_sample_idx,
+        MAX_NUM_REQS: tl.constexpr, NUM_SPEC: tl.constexpr, Q_LEN: tl.constexpr,
+        BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
     ):
         batch_idx = tl.program_id(0)
         req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
         anchor = tl.load(last_sampled_ptr + req_state_idx)
         anchor_pos = tl.load(num_computed_ptr + req_state_idx)
-        q_len = 1 + NUM_SPEC
+        # Q_LEN = 1 + NUM_SPEC comes from the host: in triton 3.6's interpreter `1 + NUM_SPEC`, or even a
+        # local copy of a constexpr, becomes a tensor that range() cannot take.
+        q_len = Q_LEN
         q_start = batch_idx * q_len
         offs = tl.arange(0, BLOCK)
         in_query = offs < q_len
@@ -100,21 +103,23 @@ if HAS_TRITON:
 
         if batch_idx == num_reqs - 1:
             # The last request's program pads every array up to max_num_reqs for the graph replay.
+            # Loops run over the whole static extent and mask off the live part: triton 3.6's
+            # interpreter cannot take a runtime value as a range() bound.
             pad = tl.arange(0, PAD_BLOCK)
             live_tokens = num_reqs * q_len
-            for start in range(live_tokens, max_num_reqs * q_len, PAD_BLOCK):
+            for start in range(0, MAX_NUM_REQS * Q_LEN, PAD_BLOCK):
                 o = start + pad
-                m = o < max_num_reqs * q_len
+                m = (o >= live_tokens) & (o < MAX_NUM_REQS * q_len)
                 tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + 0, mask=m)
                 tl.store(positions_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
-            for start in range(num_reqs, max_num_reqs, PAD_BLOCK):
+            for start in range(0, MAX_NUM_REQS, PAD_BLOCK):
                 o = start + pad
-                m = o < max_num_reqs
+                m = (o >= num_reqs) & (o < MAX_NUM_REQS)
                 tl.store(query_start_loc_ptr + o + 1, tl.zeros([PAD_BLOCK], tl.int32) + live_tokens, mask=m)
                 tl.store(seq_lens_ptr + o, tl.zeros([PAD_BLOCK], tl.int32), mask=m)
-            for start in range(num_reqs * NUM_SPEC, max_num_reqs * NUM_SPEC, PAD_BLOCK):
+            for start in range(0, MAX_NUM_REQS * NUM_SPEC, PAD_BLOCK):
                 o = start + pad
-                m = o < max_num_reqs * NUM_SPEC
+                m = (o >= num_reqs * NUM_SPEC) & (o < MAX_NUM_REQS * NUM_SPEC)
                 tl.store(sample_indices_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
                 tl.store(sample_pos_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
                 tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int32) + pad_sample_idx, mask=m)
@@ -162,8 +167,9 @@ def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled
         idx_mapping, last_sampled, num_computed,
         out.input_ids, out.positions, out.query_start_loc, out.seq_lens,
         out.sample_indices, out.sample_pos, out.sample_idx_mapping,
-        num_reqs, out.max_num_reqs, mask_token_id, pad_sample_idx,
-        NUM_SPEC=k, BLOCK=triton.next_power_of_2(k + 1), PAD_BLOCK=PAD_BLOCK,
+        num_reqs, mask_token_id, pad_sample_idx,
+        MAX_NUM_REQS=out.max_num_reqs, NUM_SPEC=k, Q_LEN=k + 1,
+        BLOCK=triton.next_power_of_2(k + 1), PAD_BLOCK=PAD_BLOCK,
     )
     return out
 

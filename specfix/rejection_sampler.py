@@ -723,7 +723,7 @@ if HAS_TRITON:
         target_argmax_ptr,  # [T] int32
         bonus_token_ids_ptr,  # [B] int32
         is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,
+        max_spec_len: tl.constexpr,
         HAS_IS_GREEDY: tl.constexpr,
     ):
         """Emit the target argmax at each position until a draft differs from it; bonus if none does.
@@ -737,8 +737,10 @@ if HAS_TRITON:
             num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
             row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
-            for pos in range(num_draft):
-                if not rejected:
+            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+            # loaded scalar as a range() bound (it is a 1-element array there).
+            for pos in range(max_spec_len):
+                if not rejected and pos < num_draft:
                     draft = tl.load(draft_token_ids_ptr + start + pos)
                     target = tl.load(target_argmax_ptr + start + pos)
                     tl.store(row_ptr + pos, target)
@@ -758,7 +760,7 @@ if HAS_TRITON:
         recovered_token_ids_ptr,  # [T] int32
         uniform_probs_ptr,  # [T] float64
         is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,
+        max_spec_len: tl.constexpr,
         vocab_size,
         NO_DRAFT_PROBS: tl.constexpr,
         HAS_IS_GREEDY: tl.constexpr,
@@ -782,8 +784,10 @@ if HAS_TRITON:
             num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
             row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
-            for pos in range(num_draft):
-                if not rejected:
+            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+            # loaded scalar as a range() bound (it is a 1-element array there).
+            for pos in range(max_spec_len):
+                if not rejected and pos < num_draft:
                     token_idx = (start + pos).to(tl.int64)
                     draft = tl.load(draft_token_ids_ptr + token_idx)
                     u = tl.load(uniform_probs_ptr + token_idx)
