@@ -22,8 +22,11 @@ test: lint unit notebooks
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The package tests run on the CPU (Triton's interpreter), as in CI, whatever the machine; where a GPU is
+# present the tests marked `cuda` then run on it, one at a time (they share the GPU and count its syncs).
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
+	SPECFIX_DEVICE=cpu $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not cuda" tests
+	if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python -m pytest -q -m cuda tests; fi
 
 notebooks: $(STAMP)
 	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
