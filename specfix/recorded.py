@@ -44,13 +44,16 @@ def load(name: str) -> dict:
     """Read a shipped recording; raises FileNotFoundError naming the script that makes it."""
     path = RECORDED_DIR / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"no recording {path.name} in {RECORDED_DIR}; run the scripts/ recorder on a GPU")
+        raise FileNotFoundError(
+            f"no recording {path.name} in {RECORDED_DIR}; run the scripts/ recorder on a GPU"
+        )
     return json.loads(path.read_text())
 
 
 def label(meta: dict) -> str:
     """One line that says where and when a recording was made."""
     return (
-        f"recorded on {meta.get('device', '?')} (driver {meta.get('driver', '?')}, torch {meta.get('torch', '?')}, "
+        f"recorded on {meta.get('device', '?')} (driver {meta.get('driver', '?')}, "
+        f"torch {meta.get('torch', '?')}, "
         f"triton {meta.get('triton', '?')}) on {meta.get('date', '?')}"
     )

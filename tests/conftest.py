@@ -1,4 +1,4 @@
-"""Package tests draw figures off-screen; notebooks keep their inline backend (this file does not reach them)."""
+"""Package tests draw figures off-screen; notebooks keep their inline backend."""
 
 import matplotlib
 
