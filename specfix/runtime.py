@@ -45,7 +45,7 @@ INTERPRET: bool = DEVICE.type == "cpu"
 
 def _load_triton() -> tuple[ModuleType | None, ModuleType | None]:
     if INTERPRET:
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
                 "triton was imported before specfix without TRITON_INTERPRET=1, so its kernels cannot run "
                 "on this CPU-only machine. Restart the kernel and import specfix first, or set "

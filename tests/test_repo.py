@@ -93,3 +93,39 @@ def test_runtime_rejects_bad_settings(var, value):
 def test_scale_picks_sizes():
     out = _run("from specfix.runtime import scaled; print(scaled(ci=1, full=2))", SPECFIX_SCALE="full")
     assert out.stdout.strip() == "2"
+
+
+_EVERY_KERNEL = """
+import json, sys
+if sys.argv[1] == "blocked":
+    sys.modules["triton"] = None          # what a machine without triton looks like to Python
+import torch
+import specfix
+from specfix import gumbel
+from specfix.dflash import DFlashInputs, prepare_dflash_inputs
+from specfix.engine import SamplingParams, generate
+
+out = generate(["the fox said"], SamplingParams(temperature=0.7, seed=1, max_tokens=8),
+               num_speculative_tokens=3)
+logits = torch.linspace(-3, 3, 300).reshape(3, 100)
+tokens = gumbel.gumbel_sample(logits, torch.tensor([0, 1, -1]), torch.ones(2), torch.tensor([1, 2]),
+                              torch.tensor([5, 6, 7]), True)
+prep = prepare_dflash_inputs(2, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([4, 5, 6]),
+                             torch.tensor([7, 9, 11]), 99, DFlashInputs.allocate(3, 2))
+print(json.dumps({"triton": specfix.runtime.HAS_TRITON, "text": out.outputs[0].token_ids,
+                  "tokens": tokens.tolist(), "dflash": {k: v.tolist() for k, v in prep.as_dict().items()}}))
+"""
+
+
+def test_without_triton_every_kernel_falls_back_to_its_torch_reference():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECFIX_", "TRITON_"))}
+    env["SPECFIX_DEVICE"] = "cpu"
+    blocked, normal = (
+        subprocess.run([sys.executable, "-c", _EVERY_KERNEL, how], capture_output=True, text=True, env=env)
+        for how in ("blocked", "normal")
+    )
+    assert blocked.returncode == 0 and normal.returncode == 0, blocked.stderr + normal.stderr
+    assert blocked.stderr.count("kernels run their torch reference") == 1, "one one-line notice"
+    got, want = json.loads(blocked.stdout), json.loads(normal.stdout)
+    assert got.pop("triton") is False and want.pop("triton") is True
+    assert got == want, "the torch references pick exactly what the kernels pick"
