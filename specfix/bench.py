@@ -54,7 +54,6 @@ import json
 import statistics
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +61,7 @@ import torch
 
 from specfix import recorded, runtime
 from specfix.fixes import Fixes
+from specfix.syncs import count_host_syncs
 
 SCHEMA = "specfix.bench/1"
 TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
@@ -286,26 +286,6 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAG
     graph.replay()
     torch.cuda.synchronize()
     return graph
-
-
-def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
-    """Host-device synchronisations ``fn`` performs, as torch's sync debug mode reports them.
-
-    Returns None on a CPU, where there is nothing to synchronise with.
-    """
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            fn()
-            torch.cuda.set_sync_debug_mode(previous)
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
 def result(case: str, impl: str, params: dict, samples_us: list[float], **metrics: float) -> dict:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from specfix.guard import PLACEHOLDER_TOKEN_ID
+from specfix.syncs import sync_warnings
 
 #: The variants, in the order tables and plots show them.
 FIXES = ("clamp", "host_mask", "host_mask_async", "scheduler_zero")
@@ -218,16 +218,7 @@ def count_syncs(fix: str, step: Step) -> dict:
     step.input_ids.copy_(step.pristine)
     apply(step)  # warm: first-call allocations are not per-step costs
     step.input_ids.copy_(step.pristine)
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            apply(step)
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    messages = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    messages = sync_warnings(lambda: apply(step))
     step.input_ids.copy_(step.pristine)
     torch.cuda.synchronize()
     return {"debug_mode": len(messages), "debug_messages": messages, **_profiled_syncs(apply, step)}

@@ -1,0 +1,45 @@
+"""Counting host-device synchronisations, the cost a serving step must not pay.
+
+torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns in the code paths that make
+the host wait for the GPU: ``.item()``, blocking copies, ``nonzero``... :func:`sync_warnings` runs a
+function once under it and returns those warnings. Garbage is collected first and the collector is paused
+while the function runs, so that freeing some earlier object (a CUDA graph's memory pool, which
+synchronises) is not charged to the function being measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable
+
+import torch
+
+
+def sync_warnings(fn: Callable[[], object]) -> list[str]:
+    """The first line of every synchronisation warning torch raises while ``fn()`` runs once on CUDA."""
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+    finally:
+        if collecting:
+            gc.enable()
+    return [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """How many times ``fn()`` makes the host wait for the GPU; None on a CPU, where nothing is waited for."""
+    if device.type != "cuda":
+        return None
+    return len(sync_warnings(fn))
