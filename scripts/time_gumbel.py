@@ -1,18 +1,30 @@
 """Time ``gumbel_sample`` on a GPU for chapter 4's performance section; record the medians.
 
-    PYTHONPATH=$PWD python3 scripts/time_gumbel.py [--out specfix/recorded] [--sweep]
+    PYTHONPATH=$PWD python3 scripts/time_gumbel.py [--out specfix/recorded] [--sweep] [--sweep-only]
+                                                   [--before PATH] [--profile]
 
 Throughput (G logits/s = rows x vocab / median time, ``triton.testing.do_bench``) of both noise modes at
 the issue-6 shapes, one row of 248,320 per call inside a CUDA graph (100 calls captured in one graph, so
 the host launch is not counted), the masked kernel against the unmasked one, and torch's samplers at
-256 x 151,936. ``--sweep`` also tries tile sizes and warp counts. Writes ``gumbel_perf.json``.
+256 x 151,936. Writes ``gumbel_perf.json``.
+
+``--sweep`` also times launch configurations (tile, warps, tiles per program, splits per row) of the fast
+kernel at the issue-6 shapes the way ``specfix bench`` does (L2 flushed, CUDA events around each call), checks
+their tokens against the torch reference (exact noise), and writes ``gumbel_sweep.json``; ``--before PATH``
+adds an older ``specfix/gumbel.py`` (e.g. ``git show REV:specfix/gumbel.py``) to compare against.
+``--sweep-only`` skips the recording. ``--profile`` only makes one call each of the older kernel (with
+``--before``) and the current one at 256 x 151,936 fp32, then one of the current one at 256 x 32,000, for
+``ncu --clock-control none -k regex:_gumbel_sample_kernel``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfix import Fixes, gumbel, recorded  # noqa: E402
+from specfix import gumbel_reference as ref  # noqa: E402
 from specfix.runtime import triton  # noqa: E402
 
 GRAPH_CALLS = 100
@@ -70,11 +83,148 @@ def graph_us_per_call(fn) -> float:
     return statistics.median(times)
 
 
+SWEEP_SHAPES = ((256, 32_000), (256, 129_280), (256, 151_936), (256, 248_320), (1024, 151_936))
+_FLUSH: list[torch.Tensor] = []
+
+
+def flushed_us(fn, reps: int = 15) -> float:
+    """Median GPU time of one call as ``specfix bench`` takes it: L2 flushed, CUDA events around the call."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
+    for _ in range(3):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        _FLUSH[0].zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+
+
+def configs(rows: int, vocab: int):
+    """(name, gumbel_sample keyword overrides) of the candidate launch configurations."""
+    yield "default", {}
+    yield "tile per program b2048 w4", dict(block_size=2048, num_warps=4)
+    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+        yield f"row per program b{block} w{warps}", dict(
+            block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block))
+    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4)):
+        tiles = triton.cdiv(vocab, block)
+        yield f"{splits} splits b{block} w{warps}", dict(
+            block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
+
+
+def load_before(path: str):
+    spec = importlib.util.spec_from_file_location("gumbel_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def before_call(before, inp: dict):
+    """A call of the older module's gumbel_sample (fast noise, default launch) on ``inp``."""
+    args = [inp[k] for k in ("logits", "expanded_idx_mapping", "temperature", "seed", "pos")]
+    return lambda: before.gumbel_sample(*args, False, noise="fast")
+
+
+def sweep(out_dir: Path, before_path: str | None) -> dict:
+    """Candidate launch configurations at the issue-6 shapes; tokens checked against the reference first."""
+    started = time.perf_counter()
+    before = load_before(before_path) if before_path else None
+    report = {"meta": recorded.gpu_meta(), "checks": [], "configs": [], "graph_one_row": [], "context": {}}
+    path = Path(out_dir) / "gumbel_sweep.json"
+
+    def save():
+        report["elapsed_s"] = round(time.perf_counter() - started, 1)
+        path.write_text(json.dumps(report, indent=1))
+
+    # 1. the compiled kernel picks the reference's tokens (exact noise) in each program layout
+    checked = ("default", "tile per program b2048 w4", "row per program b2048 w8", "2 splits b2048 w4",
+               "row per program b4096 w8")
+    for rows, vocab, dname in ((64, 32_000, "fp32"), (16, 151_936, "bf16"), (8, 3001, "fp32")):
+        inp = inputs(rows, vocab, {"fp32": torch.float32, "bf16": torch.bfloat16}[dname])
+        inp["temperature"] = torch.rand(rows, device="cuda") + 0.3
+        inp["temperature"][::5] = 0.0
+        want = ref.gumbel_sample_reference(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
+                                           inp["seed"], inp["pos"], False)
+        for name, kw in configs(rows, vocab):
+            if name not in checked:
+                continue
+            got = call(inp, noise="exact", **kw)()
+            fast = call(inp, noise="fast", **kw)()
+            report["checks"].append(dict(rows=rows, vocab=vocab, dtype=dname, config=name,
+                                         exact_equal=bool(torch.equal(got, want)),
+                                         fast_agree=float((fast == want).float().mean())))
+        print("checked", rows, vocab, dname, all(c["exact_equal"] for c in report["checks"]), flush=True)
+    save()
+    # 2. throughput of each configuration, L2 flushed, as the bench takes it
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    cases = [(d, r, v) for d in dtypes for r, v in SWEEP_SHAPES]
+    cases += [("fp32", 64, 151_936), ("fp32", 128, 151_936)]  # between the two launch policies
+    for dname, rows, vocab in cases:
+        inp = inputs(rows, vocab, dtypes[dname])
+        impls = [(name, call(inp, noise="fast", **kw)) for name, kw in configs(rows, vocab)]
+        if before is not None:
+            impls.insert(0, ("before (older kernel)", before_call(before, inp)))
+        for name, fn in impls:
+            us = flushed_us(fn)
+            report["configs"].append(dict(rows=rows, vocab=vocab, dtype=dname, config=name, us=us,
+                                          G_logits_per_s=rows * vocab / us / 1e3))
+            print(f"{dname} {rows} x {vocab}: {name:38s} {us:8.1f} us {rows * vocab / us / 1e3:6.0f} G/s",
+                  flush=True)
+        save()
+        del inp
+    # 3. one row of 248,320 in a CUDA graph (GPU time per call)
+    one = inputs(1, 248_320, torch.float32)
+    rows_graph = [("default", call(one, noise="fast"))]
+    for block in (512, 1024, 2048):
+        rows_graph.append((f"tile per program b{block}",
+                           call(one, noise="fast", block_size=block, num_warps=4)))
+    if before is not None:
+        rows_graph.insert(0, ("before (older kernel)", before_call(before, one)))
+    for name, fn in rows_graph:
+        report["graph_one_row"].append(dict(vocab=248_320, config=name, us_per_call=graph_us_per_call(fn)))
+        print(report["graph_one_row"][-1], flush=True)
+    # 4. context at 256 x 151,936 fp32: the read ceiling, and our kernel without noise (temperature 0)
+    inp = inputs(256, 151_936, torch.float32)
+    report["context"]["argmax_read_us"] = flushed_us(lambda: inp["logits"].argmax(-1))
+    greedy = dict(inp, temperature=torch.zeros(256, device="cuda"))
+    report["context"]["no_noise_default_us"] = flushed_us(call(greedy, noise="fast"))
+    report["context"]["exact_default_us"] = flushed_us(call(inp, noise="exact"))
+    for rows in (1, 8, 64):
+        small = inputs(rows, 151_936, torch.float32)
+        report["context"][f"default_fast_{rows}x151936_us"] = flushed_us(call(small, noise="fast"))
+        if before is not None:
+            report["context"][f"before_fast_{rows}x151936_us"] = flushed_us(before_call(before, small))
+    print("context:", report["context"], flush=True)
+    save()
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "specfix" / "recorded"))
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep-only", action="store_true")
+    parser.add_argument("--before", default=None, help="an older specfix/gumbel.py to compare against")
+    parser.add_argument("--profile", action="store_true", help="one call per kernel, for ncu")
     args = parser.parse_args()
+    if args.profile:
+        inp = inputs(256, 151_936, torch.float32)
+        if args.before:
+            before_call(load_before(args.before), inp)()
+        call(inp, noise="fast")()
+        call(inputs(256, 32_000, torch.float32), noise="fast")()
+        torch.cuda.synchronize()
+        return
+    if args.sweep or args.sweep_only:
+        sweep(Path(args.out), args.before)
+    if args.sweep_only:
+        return
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     throughput = []
     for vocab in (32_000, 151_936, 248_320):
@@ -118,25 +268,9 @@ def main() -> None:
                 us = graph_us_per_call(call(one, store, noise=noise, **extra))
                 graph.append(dict(vocab=vocab, noise=noise, drafter_store=store, us_per_call=us))
                 print(graph[-1], flush=True)
-    sweep = []
-    if args.sweep:
-        for noise in ("exact", "fast"):
-            for block in (1024, 2048, 4096, 8192, 16384):
-                for warps in (4, 8):
-                    ms = median_ms(call(inp, noise=noise, block_size=block, num_warps=warps))
-                    sweep.append(dict(rows=256, vocab=151_936, noise=noise, block=block, num_warps=warps,
-                                      G_logits_per_s=256 * 151_936 / ms / 1e6))
-                    print(sweep[-1], flush=True)
-            one = inputs(1, 248_320, torch.float32)
-            for block in (512, 1024, 2048):
-                for warps in (2, 4):
-                    us = graph_us_per_call(call(one, noise=noise, block_size=block, num_warps=warps))
-                    sweep.append(dict(rows=1, vocab=248_320, noise=noise, block=block, num_warps=warps,
-                                      graph_us_per_call=us))
-                    print(sweep[-1], flush=True)
     path = recorded.save("gumbel_perf", {"throughput": throughput, "baselines_256x151936_fp32_ms": baselines,
-                                         "mask_overhead_256x151936_fp32": mask, "graph_one_row": graph,
-                                         "sweep": sweep}, args.out)
+                                         "mask_overhead_256x151936_fp32": mask, "graph_one_row": graph},
+                         args.out)
     print("saved", path)
 
 

@@ -7,9 +7,12 @@ and never stores its processed logits. ``Fixes(mask_invalid_reqs=False)`` compil
 before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
 ``processed_logits[-1, col, :]``: memory that belongs to someone else.
 
-Sampling is a two-stage reduction over the vocabulary. Stage 1 (grid rows x tiles) adds noise to one
-tile and keeps its max and argmax; stage 2 (grid rows, a second small Triton kernel, so the whole call
-is two launches and no torch ops) picks the best tile. A vocabulary that fits one tile skips stage 2.
+Sampling is a reduction over the vocabulary in one or two stages. Stage 1 (grid rows x splits): each
+program loops over its tiles of one row, adds noise, keeps per lane the best value and the tile it came
+from, and ends with one max/argmax. When one program covers a whole row (256 rows and more, where rows
+alone fill the GPU) it stores the token and the call is one launch; with fewer rows each row is split over
+several programs and stage 2 (grid rows, a second small Triton kernel: never more than two launches and no
+torch ops) picks the best split. ``launch_config`` chooses; ``block_size`` alone gives one tile per program.
 
 Two noise modes, both a pure function of (request seed, position, token id) and sharing the same
 32-bit hash (``specfix.gumbel_reference``):
@@ -42,6 +45,9 @@ if HAS_TRITON:
     _LN2 = tl.constexpr(ref.LN2)
     _LOG2E = tl.constexpr(ref.LOG2E)
     _P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7 = (tl.constexpr(c) for c in ref.LN1P_POLY)
+    #: log2(e) / k in float32: -log2(1 - u) = log2(e) * (u + u**2/2 + u**3/3 + u**4/4 + ...)
+    _S1, _S2, _S3, _S4 = (tl.constexpr(torch.tensor(ref.LOG2E / k, dtype=torch.float32).item())
+                          for k in range(1, 5))
 
     @triton.jit
     def _fmix32(x):
@@ -60,9 +66,19 @@ if HAS_TRITON:
         return _fmix32(key ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
 
     @triton.jit
-    def _uniform(key, offs):
-        bits = _fmix32(key ^ (offs.to(tl.uint32) * _TOKEN_MULT))
-        return tl.minimum((bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10, _U_MAX)
+    def _uniform(key_mixed, token_mult):
+        """u of each token: ``fmix32(key ^ token_mult)``, ``token_mult = token id * TOKEN_MULT``, mapped to
+        (0, 1) as the reference does.
+
+        ``key_mixed = key ^ (key >> 16)`` is fmix32's first xor-shift of the key, done once per row (an
+        xor-shift distributes over xor). ``bits * 2**-32 + 2**-33`` rounds once, exactly like the reference's
+        ``(bits + 0.5) * 2**-32`` (scaling by a power of two is exact), and is one fused multiply-add."""
+        x = key_mixed ^ token_mult ^ (token_mult >> 16)
+        x = x * _C1
+        x = x ^ (x >> 13)
+        x = x * _C2
+        bits = x ^ (x >> 16)
+        return tl.minimum(bits.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10, _U_MAX)
 
     @triton.jit
     def _careful_log(x):
@@ -87,9 +103,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _approx_log2(x, USE_ASM: tl.constexpr):
+        """The hardware's approximate log2, flushing subnormals (our inputs are never below 2**-33, so the
+        ``ftz`` form is exact here and spares the three instructions that rescale a subnormal input)."""
         if USE_ASM:
             return tl.inline_asm_elementwise(
-                "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+                "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
             )
         else:
             return tl.log2(x)
@@ -100,7 +118,7 @@ if HAS_TRITON:
 
         The hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series.
         """
-        series = u * (1.0 + u * (0.5 + u * (0.3333333432674408 + u * 0.25))) * _LOG2E
+        series = u * (_S1 + u * (_S2 + u * (_S3 + u * _S4)))
         e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
         return -_approx_log2(e2, USE_ASM)
 
@@ -116,18 +134,52 @@ if HAS_TRITON:
             return x.to(dtype)
 
     @triton.jit
+    def _noisy_tile(
+        x, offs, token_mult, vocab_size, req_state_idx, temp, key_mixed, processed_row_ptr,
+        PARTIAL: tl.constexpr, APPLY_TEMPERATURE: tl.constexpr, STORE_PROCESSED: tl.constexpr,
+        MASK_INVALID: tl.constexpr, FAST_NOISE: tl.constexpr, USE_ASM: tl.constexpr,
+        BF16_BY_HAND: tl.constexpr,
+    ):
+        """logits (/ T) + noise of one loaded tile ``x`` (token ids ``offs``; ``token_mult`` is
+        ``offs * TOKEN_MULT``), storing the processed logits on the way. Only the vocabulary's last,
+        partial tile (``PARTIAL``) pays for a bounds mask."""
+        x = x.to(tl.float32)
+        if APPLY_TEMPERATURE:
+            if temp != 0.0:
+                x = tl.math.div_rn(x, temp)
+        if STORE_PROCESSED:
+            value = _round_for_store(x, processed_row_ptr.dtype.element_ty, BF16_BY_HAND)
+            if MASK_INVALID:  # compared per lane: the interpreter cannot mask a store by a scalar comparison
+                valid = tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0
+                if PARTIAL:
+                    tl.store(processed_row_ptr + offs, value, mask=(offs < vocab_size) & valid)
+                else:
+                    tl.store(processed_row_ptr + offs, value, mask=valid)
+            else:
+                if PARTIAL:
+                    tl.store(processed_row_ptr + offs, value, mask=offs < vocab_size)
+                else:
+                    tl.store(processed_row_ptr + offs, value)
+        if temp != 0.0:
+            u = _uniform(key_mixed, token_mult)
+            if FAST_NOISE:
+                x = x * _LOG2E + _fast_gumbel_log2(u, USE_ASM)
+            else:
+                x = x + _exact_gumbel(u)
+        return x
+
+    @triton.jit
     def gumbel_block_argmax(
         logits_row_ptr,
-        tile,
+        first_tile,
+        end_tile,
+        num_full_tiles,
         vocab_size,
         req_state_idx,
         temperature_ptr,
         seed_ptr,
         pos,
-        processed_ptr,
-        processed_stride0,
-        processed_stride1,
-        col,
+        processed_row_ptr,
         APPLY_TEMPERATURE: tl.constexpr,
         STORE_PROCESSED: tl.constexpr,
         MASK_INVALID: tl.constexpr,
@@ -136,39 +188,55 @@ if HAS_TRITON:
         BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        """Max and argmax (a token id) of logits + Gumbel noise over one vocabulary tile of one row."""
-        offs = tile * BLOCK + tl.arange(0, BLOCK)
-        in_vocab = offs < vocab_size
-        x = tl.load(logits_row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
+        """Max and argmax (a token id) of logits + Gumbel noise over tiles [first_tile, end_tile) of one row.
+
+        Each lane keeps its best value and the tile it came from (a strict ``>``, so an earlier tile wins a
+        tie); one reduction at the end, ties to the lowest token id. A NaN never wins. The next tile's
+        logits are loaded before this tile's noise is computed, so the load's latency hides behind it."""
         is_valid_req = req_state_idx >= 0
         if MASK_INVALID:
             temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
+            seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req & (temp != 0.0), other=0)
         else:
             temp = tl.load(temperature_ptr + req_state_idx)
-        if APPLY_TEMPERATURE:
-            if temp != 0.0:
-                x = tl.math.div_rn(x, temp)
-        if STORE_PROCESSED:
-            dst = processed_ptr + req_state_idx * processed_stride0 + col * processed_stride1 + offs
-            if MASK_INVALID:  # compared per lane: the interpreter cannot mask a store by a scalar comparison
-                store_mask = in_vocab & (tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0)
-            else:
-                store_mask = in_vocab
-            tl.store(dst, _round_for_store(x, processed_ptr.dtype.element_ty, BF16_BY_HAND), mask=store_mask)
-        if temp != 0.0:
-            if MASK_INVALID:
-                seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req, other=0)
-            else:
-                seed = tl.load(seed_ptr + req_state_idx)
-            u = _uniform(_row_key(seed, pos), offs)
-            if FAST_NOISE:
-                x = x * _LOG2E + _fast_gumbel_log2(u, USE_ASM)
-            else:
-                x = x + _exact_gumbel(u)
-        value, index = tl.max(x, axis=0, return_indices=True)
-        return value, tile * BLOCK + index
+            seed = tl.load(seed_ptr + req_state_idx, mask=temp != 0.0, other=0)
+        key = _row_key(seed, pos)
+        key_mixed = key ^ (key >> 16)
+        lanes = tl.arange(0, BLOCK)
+        lane_mult = lanes.to(tl.uint32) * _TOKEN_MULT  # a tile's token_mult: lane_mult + its first id's
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_tile = tl.zeros([BLOCK], tl.int32) + first_tile
+        full_end = tl.minimum(end_tile, num_full_tiles)
+        offs = first_tile * BLOCK + lanes
+        x_next = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
+        for tile in range(first_tile, full_end):
+            x = x_next
+            # the next tile (the last full one again at the end: always in bounds, and a cache hit)
+            x_next = tl.load(logits_row_ptr + tl.minimum(tile + 1, full_end - 1) * BLOCK + lanes)
+            start = tile * BLOCK
+            x = _noisy_tile(x, start + lanes, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
+                            req_state_idx, temp, key_mixed, processed_row_ptr, False, APPLY_TEMPERATURE,
+                            STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
+            better = x > best
+            best = tl.where(better, x, best)
+            best_tile = tl.where(better, tile, best_tile)
+        if end_tile > num_full_tiles:  # this program owns the partial last tile
+            start = num_full_tiles * BLOCK
+            offs = start + lanes
+            x = tl.load(logits_row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
+            x = _noisy_tile(x, offs, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
+                            req_state_idx, temp, key_mixed, processed_row_ptr, True, APPLY_TEMPERATURE,
+                            STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
+            better = x > best
+            best = tl.where(better, x, best)
+            best_tile = tl.where(better, num_full_tiles, best_tile)
+        value = tl.max(best, axis=0)
+        token = tl.min(tl.where(best == value, best_tile * BLOCK + lanes, 2147483647), axis=0)
+        return value, token
 
-    @triton.jit
+    # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
+    @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
+                                   "tiles_per_program", "num_splits"])
     def _gumbel_sample_kernel(
         out_ptr,
         local_max_ptr,
@@ -186,44 +254,50 @@ if HAS_TRITON:
         col_scalar,
         vocab_size,
         num_tiles,
+        num_full_tiles,
+        tiles_per_program,
+        num_splits,
         APPLY_TEMPERATURE: tl.constexpr,
         STORE_PROCESSED: tl.constexpr,
         PER_TOKEN_COL: tl.constexpr,
         MASK_INVALID: tl.constexpr,
         FAST_NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
-        SINGLE_TILE: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        """Stage 1: grid (rows, tiles). One tile's max/argmax; the token itself if there is one tile."""
+        """Stage 1: grid (rows, splits); each program loops over ``tiles_per_program`` tiles of its row and
+        keeps their max/argmax. With one split per row that is already the token (no stage 2)."""
         row = tl.program_id(0).to(tl.int64)
-        tile = tl.program_id(1)
+        split = tl.program_id(1)
+        first_tile = split * tiles_per_program
+        end_tile = tl.minimum(first_tile + tiles_per_program, num_tiles)
         req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
         pos = tl.load(pos_ptr + row).to(tl.int64)
         if PER_TOKEN_COL:
             col = tl.load(col_ptr + row).to(tl.int64)
         else:
             col = col_scalar
+        processed_row_ptr = processed_ptr + req_state_idx * processed_stride0 + col * processed_stride1
         value, token = gumbel_block_argmax(
-            logits_ptr + row * logits_stride, tile, vocab_size, req_state_idx, temperature_ptr, seed_ptr, pos,
-            processed_ptr, processed_stride0, processed_stride1, col,
+            logits_ptr + row * logits_stride, first_tile, end_tile, num_full_tiles, vocab_size, req_state_idx,
+            temperature_ptr, seed_ptr, pos, processed_row_ptr,
             APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK,
         )
-        if SINGLE_TILE:
+        if num_splits == 1:
             tl.store(out_ptr + row, token.to(tl.int64))
         else:
-            tl.store(local_max_ptr + row * num_tiles + tile, value)
-            tl.store(local_argmax_ptr + row * num_tiles + tile, token)
+            tl.store(local_max_ptr + row * num_splits + split, value)
+            tl.store(local_argmax_ptr + row * num_splits + split, token)
 
     @triton.jit
-    def _gumbel_reduce_kernel(out_ptr, local_max_ptr, local_argmax_ptr, num_tiles, TILES: tl.constexpr):
-        """Stage 2: grid (rows,). The best tile wins; ties go to the lower tile, i.e. the lower token id."""
+    def _gumbel_reduce_kernel(out_ptr, local_max_ptr, local_argmax_ptr, num_splits, SPLITS: tl.constexpr):
+        """Stage 2: grid (rows,). The best split wins; ties go to the lower split, i.e. the lower token id."""
         row = tl.program_id(0).to(tl.int64)
-        t = tl.arange(0, TILES)
-        values = tl.load(local_max_ptr + row * num_tiles + t, mask=t < num_tiles, other=float("-inf"))
+        s = tl.arange(0, SPLITS)
+        values = tl.load(local_max_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
         best = tl.argmax(values, axis=0)
-        token = tl.load(local_argmax_ptr + row * num_tiles + best)
+        token = tl.load(local_argmax_ptr + row * num_splits + best)
         tl.store(out_ptr + row, token.to(tl.int64))
 
     @triton.jit
@@ -232,7 +306,8 @@ if HAS_TRITON:
         """The noise itself, [rows, vocab] (exact mode: natural log; fast mode: log2 units), for teaching."""
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        u = _uniform(_row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row).to(tl.int64)), offs)
+        key = _row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row).to(tl.int64))
+        u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * _TOKEN_MULT)
         if FAST_NOISE:
             g = _fast_gumbel_log2(u, USE_ASM)
         else:
@@ -339,14 +414,30 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
                 raise ValueError(f"processed_logits_col must lie in [0, {processed_logits.shape[1]})")
 
 
-def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int]:
-    """(BLOCK, num_warps). Interpreter: one tile per row where possible (its cost is per program).
-    GPU: the largest tile in 1024..8192 that still leaves ~1024 programs to fill the H200's 132 SMs."""
+#: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all.
+_FEW_ROWS = 256
+_PROGRAMS = 512
+
+
+def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``.
+
+    Interpreter: one program per row, tiles as large as possible (its cost is per program instance).
+    GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): a thread holds at most 16 logits of a
+    tile (more spill the per-lane state to local memory). From 256 rows on, one program per row loops over
+    its tiles and stores the token itself: one launch, no stage 2; 8 warps each, so that ~2,048 warps run at
+    once (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over several programs
+    (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the best split."""
     if INTERPRET:
-        return min(triton.next_power_of_2(vocab_size), 1 << 16), 4
-    block = min(max(triton.next_power_of_2(max(num_tokens * vocab_size // 1024, 1)), 1024), 8192)
-    block = min(block, max(16, triton.next_power_of_2(vocab_size)))  # a tiny vocabulary needs no more
-    return block, 8 if block >= 4096 else 4
+        block = min(triton.next_power_of_2(vocab_size), 1 << 16)
+        return block, 4, triton.cdiv(vocab_size, block)
+    fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
+    if num_tokens >= _FEW_ROWS:
+        block = min(2048 if num_tokens >= 2 * _FEW_ROWS else 4096, fits)
+        return block, 8, triton.cdiv(vocab_size, block)
+    block = min(2048 if num_tokens * triton.cdiv(vocab_size, 2048) >= _PROGRAMS else 1024, fits)
+    tiles = triton.cdiv(vocab_size, block)
+    return block, 4, triton.cdiv(tiles, min(tiles, triton.cdiv(_PROGRAMS, num_tokens)))
 
 
 def gumbel_sample(
@@ -363,6 +454,7 @@ def gumbel_sample(
     noise: str = "exact",
     block_size: int | None = None,
     num_warps: int | None = None,
+    tiles_per_program: int | None = None,
 ) -> torch.Tensor:
     """Sample one token per logit row by Gumbel-max: ``argmax(logits / T + g)``, ``g ~ Gumbel(0, 1)``.
 
@@ -378,7 +470,8 @@ def gumbel_sample(
         processed_logits_col: the column: an int, or an int tensor ``[num_tokens]``; default 0.
         fixes: ``fixes.mask_invalid_reqs=False`` runs the pre-PR-#47066 kernel (no masks).
         noise: ``"exact"`` (bit-reproducible everywhere) or ``"fast"`` (hardware log2 on the GPU).
-        block_size, num_warps: override the launch configuration (tests, benchmarks).
+        block_size, num_warps, tiles_per_program: override the launch configuration (tests, benchmarks).
+            A ``block_size`` given alone means one tile per program.
 
     Returns:
         ``[num_tokens]`` int64 token ids. No host sync and no value-dependent allocation: safe to capture
@@ -397,14 +490,18 @@ def gumbel_sample(
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return out
-    default_block, default_warps = launch_config(num_tokens, vocab_size)
+    default_block, default_warps, default_tiles = launch_config(num_tokens, vocab_size)
     block = block_size or default_block
     if block < 16 or block & (block - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block}")
     num_tiles = triton.cdiv(vocab_size, block)
-    single = num_tiles == 1
-    partial_shape = (num_tokens, 1 if single else num_tiles)
-    local_max = torch.empty(partial_shape, dtype=torch.float32, device=logits.device)
+    if tiles_per_program is None:
+        tiles_per_program = 1 if block_size else default_tiles
+    if isinstance(tiles_per_program, bool) or not isinstance(tiles_per_program, int) or tiles_per_program < 1:
+        raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
+    tiles_per_program = min(tiles_per_program, num_tiles)
+    num_splits = triton.cdiv(num_tiles, tiles_per_program)
+    local_max = torch.empty((num_tokens, num_splits), dtype=torch.float32, device=logits.device)
     local_argmax = torch.empty_like(local_max, dtype=torch.int32)
     store = processed_logits is not None
     per_token_col = isinstance(processed_logits_col, torch.Tensor)
@@ -412,18 +509,18 @@ def gumbel_sample(
     col_scalar = 0 if per_token_col or processed_logits_col is None else processed_logits_col
     processed = processed_logits if store else local_max
     stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
-    launch = {} if noise == "fast" else {"enable_fp_fusion": False}
-    _gumbel_sample_kernel[(num_tokens, num_tiles)](
+    _gumbel_sample_kernel[(num_tokens, num_splits)](
         out, local_max, local_argmax, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
-        processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles,
+        processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles, vocab_size // block,
+        tiles_per_program, num_splits,
         APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store, PER_TOKEN_COL=per_token_col,
         MASK_INVALID=fixes.mask_invalid_reqs, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET,
-        SINGLE_TILE=single, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
-        BLOCK=block, num_warps=num_warps or default_warps, **launch,
+        BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
+        BLOCK=block, num_warps=num_warps or default_warps, enable_fp_fusion=noise == "fast",
     )
-    if not single:
-        _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_tiles,
-                                             TILES=triton.next_power_of_2(num_tiles), num_warps=1)
+    if num_splits > 1:
+        _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_splits,
+                                             SPLITS=triton.next_power_of_2(num_splits), num_warps=1)
     return out
 
 
@@ -443,9 +540,9 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
         return ref.gumbel_noise(seed, pos, vocab_size)
     out = torch.empty((seed.shape[0], vocab_size), dtype=torch.float32, device=seed.device)
     block = min(triton.next_power_of_2(vocab_size), 1 << 16 if INTERPRET else 4096)
-    launch = {} if noise == "fast" else {"enable_fp_fusion": False}
     _gumbel_noise_kernel[(seed.shape[0], triton.cdiv(vocab_size, block))](
-        out, seed, pos, vocab_size, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET, BLOCK=block, **launch
+        out, seed, pos, vocab_size, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET, BLOCK=block,
+        enable_fp_fusion=noise == "fast",
     )
     return out
 
