@@ -135,12 +135,15 @@ def test_tokens_and_processed_logits_match_reference(dtype, buf_dtype, apply_tem
 
 @settings(max_examples=8, deadline=None)
 @given(rows=st.integers(1, 5), vocab=st.integers(1, 2500), tiles=st.sampled_from([1, 2, 5]),
-       seed=st.integers(0, 2**31 - 1), greedy=st.booleans())
-def test_any_vocab_and_tiling_matches_reference(rows, vocab, tiles, seed, greedy):
-    """Any vocabulary size, in 1, 2 or 5+ tiles (the last one partial), picks the reference's tokens."""
+       per_program=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31 - 1), greedy=st.booleans())
+def test_any_vocab_and_tiling_matches_reference(rows, vocab, tiles, per_program, seed, greedy):
+    """Any vocabulary size, in 1, 2 or 5+ tiles (the last one partial), walked 1, 2 or 3 tiles per program
+    (so some rows need the second-stage kernel and some programs end on a partial or empty tile), picks the
+    reference's tokens."""
     b = batch(rows, vocab, temps=[0.0 if greedy else 0.8] * rows, seed=seed)
     block = max(16, triton_next_pow2(math.ceil(vocab / tiles)))
-    assert torch.equal(sample(b, block_size=block).cpu(), reference({k: v.cpu() for k, v in b.items()}))
+    got = sample(b, block_size=block, tiles_per_program=per_program)
+    assert torch.equal(got.cpu(), reference({k: v.cpu() for k, v in b.items()}))
 
 
 def triton_next_pow2(n: int) -> int:
