@@ -185,6 +185,20 @@ if HAS_TRITON:
         return x
 
     @triton.jit
+    def _fold_full_tile(x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp,
+                        key_mixed, processed_row_ptr, APPLY_TEMPERATURE: tl.constexpr,
+                        STORE_PROCESSED: tl.constexpr,
+                        MASK_INVALID: tl.constexpr, FAST_NOISE: tl.constexpr, USE_ASM: tl.constexpr,
+                        BF16_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
+        """Noise one full tile and fold it into each lane's best value and the tile it came from."""
+        start = tile * BLOCK
+        x = _noisy_tile(x, start + lanes, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
+                        req_state_idx, temp, key_mixed, processed_row_ptr, False, APPLY_TEMPERATURE,
+                        STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
+        better = x > best
+        return tl.where(better, x, best), tl.where(better, tile, best_tile)
+
+    @triton.jit
     def gumbel_block_argmax(
         logits_row_ptr,
         first_tile,
@@ -203,6 +217,7 @@ if HAS_TRITON:
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
+        STATIC_TILES: tl.constexpr,
     ):
         """Max and argmax (a token id) of logits + Gumbel noise over tiles [first_tile, end_tile) of one row.
 
@@ -223,19 +238,28 @@ if HAS_TRITON:
         best = tl.full([BLOCK], float("-inf"), tl.float32)
         best_tile = tl.zeros([BLOCK], tl.int32) + first_tile
         full_end = tl.minimum(end_tile, num_full_tiles)
-        offs = first_tile * BLOCK + lanes
-        x_next = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
-        for tile in range(first_tile, full_end):
-            x = x_next
-            # the next tile (the last full one again at the end: always in bounds, and a cache hit)
-            x_next = tl.load(logits_row_ptr + tl.minimum(tile + 1, full_end - 1) * BLOCK + lanes)
-            start = tile * BLOCK
-            x = _noisy_tile(x, start + lanes, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
-                            req_state_idx, temp, key_mixed, processed_row_ptr, False, APPLY_TEMPERATURE,
-                            STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_tile = tl.where(better, tile, best_tile)
+        if STATIC_TILES > 0:
+            # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
+            # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
+            for i in range(STATIC_TILES):
+                tile = first_tile + i
+                if tile < full_end:
+                    x = tl.load(logits_row_ptr + tile * BLOCK + lanes)
+                    best, best_tile = _fold_full_tile(
+                        x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp,
+                        key_mixed, processed_row_ptr, APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID,
+                        FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK)
+        else:
+            offs = first_tile * BLOCK + lanes
+            x_next = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
+            for tile in range(first_tile, full_end):
+                x = x_next
+                # the next tile (the last full one again at the end: always in bounds, and a cache hit)
+                x_next = tl.load(logits_row_ptr + tl.minimum(tile + 1, full_end - 1) * BLOCK + lanes)
+                best, best_tile = _fold_full_tile(
+                    x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp, key_mixed,
+                    processed_row_ptr, APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM,
+                    BF16_BY_HAND, BLOCK)
         if end_tile > num_full_tiles:  # this program owns the partial last tile
             start = num_full_tiles * BLOCK
             offs = start + lanes
@@ -281,6 +305,7 @@ if HAS_TRITON:
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
+        STATIC_TILES: tl.constexpr,
     ):
         """Stage 1: grid (rows, splits); each program loops over ``tiles_per_program`` tiles of its row and
         keeps their max/argmax. With one split per row that is already the token (no stage 2)."""
@@ -299,6 +324,7 @@ if HAS_TRITON:
             logits_ptr + row * logits_stride, first_tile, end_tile, num_full_tiles, vocab_size, req_state_idx,
             temperature_ptr, seed_ptr, pos, processed_row_ptr,
             APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK,
+            STATIC_TILES,
         )
         if num_splits == 1:
             tl.store(out_ptr + row, token.to(tl.int64))
@@ -533,7 +559,8 @@ def gumbel_sample(
         APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store, PER_TOKEN_COL=per_token_col,
         MASK_INVALID=fixes.mask_invalid_reqs, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET,
         BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
-        BLOCK=block, num_warps=num_warps or default_warps, enable_fp_fusion=noise == "fast",
+        BLOCK=block, STATIC_TILES=tiles_per_program if INTERPRET else 0,
+        num_warps=num_warps or default_warps, enable_fp_fusion=noise == "fast",
     )
     if num_splits > 1:
         _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_splits,

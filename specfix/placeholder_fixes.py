@@ -228,21 +228,25 @@ _BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventS
 
 
 def _profiled_syncs(apply: Callable[[Step], object], step: Step) -> dict:
-    try:
-        from torch.profiler import ProfilerActivity, profile
+    """Blocking CUDA runtime calls during ``apply(step)``, minus those of profiling an empty region (the
+    profiler and our closing synchronize make some of their own)."""
+    from torch.profiler import ProfilerActivity, profile
 
+    def blocking_calls(fn) -> list[str]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            apply(step)
-            torch.cuda.synchronize()  # our own, subtracted below
-        names = [e.name for e in prof.events()]
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.name in _BLOCKING_CALLS]
+
+    try:
+        baseline = blocking_calls(lambda: None)
+        calls = blocking_calls(lambda: apply(step))
     except Exception as exc:  # noqa: BLE001  (profiler support varies by build; the count is then unknown)
         return {"profiler": None, "profiler_error": f"{type(exc).__name__}: {exc}"}
-    blocking = [n for n in names if n in _BLOCKING_CALLS]
-    own = 1 if "cudaDeviceSynchronize" in blocking else 0
-    if own:
-        blocking.remove("cudaDeviceSynchronize")
-    return {"profiler": len(blocking), "profiler_calls": blocking,
-            "runtime_calls": sorted({n for n in names if n.startswith("cuda")})}
+    for name in baseline:
+        if name in calls:
+            calls.remove(name)
+    return {"profiler": len(calls), "profiler_calls": calls}
 
 
 def fixes_frame(timing: list[dict]):

@@ -15,6 +15,10 @@ from collections.abc import Callable
 
 import torch
 
+#: What torch says at each synchronising call (not to be confused with its one-time notice that the debug
+#: mode "is a prototype feature", which also mentions synchronisation and comes on first use).
+_SYNC_WARNING = "called a synchronizing CUDA operation"
+
 
 def sync_warnings(fn: Callable[[], object]) -> list[str]:
     """The first line of every synchronisation warning torch raises while ``fn()`` runs once on CUDA."""
@@ -35,7 +39,7 @@ def sync_warnings(fn: Callable[[], object]) -> list[str]:
     finally:
         if collecting:
             gc.enable()
-    return [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    return [str(w.message).splitlines()[0] for w in caught if _SYNC_WARNING in str(w.message)]
 
 
 def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
