@@ -37,7 +37,7 @@ from specfix.models import PAD_SLOT_ID, NgramLM
 from specfix.proposer import DraftModelProposer, NgramProposer
 from specfix.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
 from specfix.sampling_metadata import SamplingMetadata
-from specfix.scheduler import SchedulerOutput, check_num_spec_tokens
+from specfix.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
 from specfix.spec_decode_metadata import SpecDecodeMetadata
 
 #: Token counts a FULL CUDA graph would be captured for (vLLM's default list starts 1, 2, 4, 8, 16, ...).
@@ -150,6 +150,12 @@ class GPUModelRunner:
     # -- 1. states --------------------------------------------------------------------------------
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        # Check every id before changing anything, so a bad request leaves no other request half-updated.
+        for new in scheduler_output.scheduled_new_reqs:
+            check_token_ids(f"prompt_token_ids of {new.req_id!r}", new.prompt_token_ids, self.vocab_size)
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            check_token_ids(f"scheduled_spec_decode_tokens[{req_id!r}]", spec, self.vocab_size,
+                            allow_placeholder=True)
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)

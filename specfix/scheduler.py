@@ -384,10 +384,14 @@ class Scheduler:
         missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
         if missing:
             raise ValueError(f"model_runner_output has no result for scheduled request(s) {missing}")
+        generated_by_req = {  # checked before any request is touched
+            req_id: check_token_ids(f"sampled_token_ids of {req_id!r}", list(sampled[index[req_id]]),
+                                    self.vocab_size)
+            for req_id in scheduler_output.num_scheduled_tokens
+        }
         finished: list[Request] = []
-        for req_id in scheduler_output.num_scheduled_tokens:
+        for req_id, generated in generated_by_req.items():
             request = self.requests[req_id]
-            generated = list(sampled[index[req_id]])
             spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if spec and generated:
                 num_accepted = len(generated) - 1

@@ -147,3 +147,20 @@ def test_prefilled_request_receives_its_kv(models):
     result = runner.execute_model(sched.schedule())
     assert runner.kv_cache[:4].tolist() == prompt[:4]
     assert result.sampled_token_ids == [[int(target.score(prompt)[-1].argmax())]]
+
+
+def test_a_bad_draft_in_one_request_leaves_the_runner_unchanged(models):
+    """Every id is checked before any request's state is written."""
+    target, _ = models
+    runner = _runner(models, max_model_len=64)
+    sched = Scheduler(vocab_size=target.vocab_size, num_spec_tokens=3, max_model_len=64)
+    for req_id in ("a", "b"):
+        sched.add_request(Request(req_id, [4, 0, 17, 30], SamplingParams(max_tokens=8),
+                                  num_computed_tokens=3))
+    out = sched.schedule()
+    out.scheduled_spec_decode_tokens["b"] = [5, target.vocab_size, -1]
+    tokens_before = runner.input_batch.token_ids_cpu.copy()
+    with pytest.raises(ValueError, match="scheduled_spec_decode_tokens\\['b'\\]"):
+        runner.execute_model(out)
+    assert runner.requests == {} and runner.input_batch.req_id_to_index == {}
+    assert np.array_equal(runner.input_batch.token_ids_cpu, tokens_before)

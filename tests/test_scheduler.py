@@ -187,3 +187,14 @@ def test_bad_scheduler_settings_are_refused():
         _sched(placeholder_policy="nan")
     with pytest.raises(ValueError, match="1 \\+ k"):
         _sched(k=4, max_num_batched_tokens=4)
+
+
+def test_a_bad_sampled_id_leaves_every_request_unchanged():
+    sched = _sched()
+    for req_id in ("a", "b"):
+        sched.add_request(Request(req_id, [5, 6], SamplingParams()))
+    out = sched.schedule()
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="sampled_token_ids of 'b'"):
+        _run(sched, out, {"a": [8], "b": [VOCAB]})      # "a" is fine, "b" is out of range
+    assert _snapshot(sched) == before
