@@ -385,6 +385,10 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
         raise ValueError("logits has an empty vocabulary (vocab_size 0)")
     if logits.stride(1) != 1:
         raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
+    if not isinstance(expanded_idx_mapping, torch.Tensor):
+        raise TypeError(
+            f"expanded_idx_mapping must be a torch.Tensor, got {type(expanded_idx_mapping).__name__}"
+        )
     if expanded_idx_mapping.dtype.is_floating_point or (
         expanded_idx_mapping.dtype not in _INDEX_DTYPES and not expanded_idx_mapping.dtype.is_signed
     ):
@@ -443,8 +447,9 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
         if t.device != logits.device:
             raise ValueError(f"{name} is on {t.device} but logits is on {logits.device}")
     if logits.device.type == "cpu":
-        if temperature.numel() and bool((temperature < 0).any()):
-            raise ValueError(f"temperature must be >= 0 (0 means greedy); got min {temperature.min().item()}")
+        if temperature.numel() and not bool((temperature >= 0).all()):  # NaN is refused too
+            bad = temperature[~(temperature >= 0)][:4].tolist()
+            raise ValueError(f"temperature must be >= 0 (0 means greedy); got {bad}")
         if num_tokens and bool((expanded_idx_mapping >= temperature.shape[0]).any()):
             raise ValueError(
                 f"expanded_idx_mapping holds {expanded_idx_mapping.max().item()}, beyond the "

@@ -217,6 +217,8 @@ class DraftModelSpeculator:
                 raise ValueError(f"{name} must be the {dtype} request-state table of shape "
                                  f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
                                  f"{tuple(getattr(t, 'shape', ()))}")
+        if not bool((temperature >= 0).all()):  # NaN fails too; checked here so no buffer is half-written
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
         live = idx_mapping[:num_reqs].to("cpu")
         if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
             raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {self.max_num_reqs}), "

@@ -239,19 +239,31 @@ def test_fast_noise_follows_softmax_and_keeps_greedy_exact():
 # ---- CPU equals GPU: golden outputs recorded on the H200
 
 def test_golden_outputs_recorded_on_the_gpu_are_reproduced_bitwise():
+    """Here, on this machine's device (Triton's interpreter on a CPU)."""
+    _check_golden(DEVICE)
+
+
+@pytest.mark.cuda
+@cuda
+def test_golden_outputs_are_reproduced_by_the_compiled_kernel():
+    """The current compiled kernel still makes the recorded bits (run by `make unit`'s GPU pass)."""
+    _check_golden(torch.device("cuda"))
+
+
+def _check_golden(device):
     if not GOLDEN.exists():
         pytest.fail(f"{GOLDEN.relative_to(ROOT)} is not recorded yet: "
                     "run scripts/record_gumbel_golden.py on a GPU")
     golden = torch.load(GOLDEN, weights_only=True)
     recorder = _recorder()
     for case in recorder.golden_cases():
-        got = recorder.run_case(case, DEVICE)
+        got = recorder.run_case(case, device)
         want = golden["cases"][case["name"]]
         assert torch.equal(got["tokens"], want["tokens"]), case["name"]
         if want["processed"] is not None:
             assert torch.equal(got["processed"], want["processed"]), case["name"]
     nc = recorder.noise_case()
-    noise = gumbel.gumbel_noise(nc["seed"].to(DEVICE), nc["pos"].to(DEVICE), nc["vocab"]).cpu()
+    noise = gumbel.gumbel_noise(nc["seed"].to(device), nc["pos"].to(device), nc["vocab"]).cpu()
     assert torch.equal(noise, golden["noise"])
     assert "H200" in golden["meta"]["device"]
 
@@ -332,9 +344,16 @@ def test_bad_input_is_refused_naming_the_argument(changes, error, words):
         sample(b)
 
 
+def test_a_list_for_a_tensor_is_refused_naming_the_argument():
+    b = _bad()
+    with pytest.raises(TypeError, match="expanded_idx_mapping must be a torch.Tensor"):
+        gumbel.gumbel_sample(b["logits"], [0, 1, 0], b["temperature"], b["seed"], b["pos"], True)
+
+
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="value checks would need a host sync on the GPU")
 @pytest.mark.parametrize("changes,words", [
     ({"temperature": torch.tensor([1.0, -0.5])}, "temperature must be >= 0"),
+    ({"temperature": torch.tensor([1.0, float("nan")])}, "temperature must be >= 0"),
     ({"expanded_idx_mapping": torch.tensor([0, 1, 2], dtype=torch.int32)}, "beyond the 2 request-state rows"),
 ])
 def test_bad_values_are_refused_on_cpu(changes, words):

@@ -49,6 +49,8 @@ def test_copy_request_inputs(fix):
     (lambda s: s._copy_request_inputs(2, _idx(0, M), TEMP, SEEDS), ValueError, "idx_mapping"),
     (lambda s: s._copy_request_inputs(2, _idx(0, 1), TEMP[:4], SEEDS),
      ValueError, "temperature"),
+    (lambda s: s.propose(2, _idx(0, 1), -TEMP, SEEDS, torch.zeros(2, 1).long(), torch.arange(2)),
+     ValueError, "temperature must be >= 0"),
     (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.tensor([[0], [V]]),
                          torch.arange(2)), ValueError, "context_ids"),
     (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.zeros(2, 3).long(),
