@@ -258,7 +258,8 @@ def fixes_frame(timing: list[dict]):
         syncs = t.get("syncs") or {}
         rows.append({
             "fix": LABELS[t["fix"]], "tokens": t["num_tokens"],
-            "CUDA events, idle GPU (us)": t.get("event_us"), "host time (us)": t["host_us"],
+            "CUDA events, idle GPU (us)": t.get("event_us"),
+            "CUDA events, GPU busy (us)": t.get("event_us_busy"), "host time (us)": t["host_us"],
             "host time, GPU busy (us)": t.get("host_us_busy"),
             "syncs (sync debug mode)": syncs.get("debug_mode"), "syncs (profiler)": syncs.get("profiler"),
         })
