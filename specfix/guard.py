@@ -20,6 +20,9 @@ Strictness: ``x[-1]``-style wrap-around is legal for tensor indexing and ``torch
 engine a negative *token id* is a leaked placeholder (vLLM's ``PLACEHOLDER_TOKEN_ID`` is -1), so by default
 every negative index is reported. ``check_indices(allow_negative=True)`` accepts ``-size <= i < 0`` for the
 ops that wrap (indexing and take) and keeps the strict check for the others.
+
+Not covered: keys given as nested Python lists (``x[[[1, 5]]]``), and the scatter family (``index_put_``,
+``scatter_``, ``index_add_``); those reach torch's own checks (an IndexError on CPU, an assert on CUDA).
 """
 
 from __future__ import annotations
