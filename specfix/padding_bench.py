@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy import stats
 
 from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.gumbel import gumbel_sample
 from specfix.models import load_models
 from specfix.speculator import DraftModelSpeculator, RequestStates, reference_sampler, rejection_sample_mrv2
+from specfix.stats import chi_square
 from specfix.tokenizer import corpus_text, get_tokenizer
 
 ORIGIN_FRESH = "fresh buffer (zeros)"
@@ -335,21 +335,6 @@ class TableDraft(torch.nn.Module):
 
     def next_token_logits(self, context_ids: torch.Tensor) -> torch.Tensor:
         return self.table[context_ids[:, -1]]
-
-
-def chi_square(counts: np.ndarray, probs: np.ndarray) -> dict:
-    """Goodness of fit with bins of expected count < 5 merged; threshold df + 10 * sqrt(2 df)."""
-    expected = probs * counts.sum()
-    small = expected < 5
-    obs = np.append(counts[~small], counts[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    chi2 = float(((obs - exp) ** 2 / exp).sum())
-    df = len(exp) - 1
-    threshold = df + 10 * np.sqrt(2 * df)
-    return {"chi2": chi2, "df": df, "threshold": float(threshold), "passed": bool(chi2 <= threshold),
-            "p_value": float(stats.chi2.sf(chi2, df))}
 
 
 def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_size: int = 16,

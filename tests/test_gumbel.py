@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from specfix import Fixes, gumbel, runtime
 from specfix import gumbel_reference as ref
+from specfix.stats import chi_square_samples
 
 DEVICE = runtime.DEVICE
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,26 +61,8 @@ def reference(b, apply_temperature=True, **kwargs):
 
 
 def chi_square_ok(samples: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
-    """Chi-square with bins of expected count < 5 merged; threshold df + 10 * sqrt(2 df)."""
-    n = len(samples)
-    observed = np.bincount(samples, minlength=len(probs)).astype(float)
-    expected = probs * n
-    order = np.argsort(-expected)
-    obs_bins, exp_bins, o_acc, e_acc = [], [], 0.0, 0.0
-    for i in order:
-        o_acc, e_acc = o_acc + observed[i], e_acc + expected[i]
-        if e_acc >= 5:
-            obs_bins.append(o_acc)
-            exp_bins.append(e_acc)
-            o_acc = e_acc = 0.0
-    if e_acc > 0:
-        obs_bins[-1] += o_acc
-        exp_bins[-1] += e_acc
-    obs, exp = np.array(obs_bins), np.array(exp_bins)
-    statistic = float(((obs - exp) ** 2 / exp).sum())
-    df = len(obs) - 1
-    threshold = df + 10 * math.sqrt(2 * df)
-    return statistic <= threshold, statistic, threshold
+    r = chi_square_samples(samples, probs)
+    return r["passed"], r["chi2"], r["threshold"]
 
 
 def softmax64(logits_row: torch.Tensor, temperature: float) -> np.ndarray:

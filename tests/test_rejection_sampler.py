@@ -4,7 +4,6 @@ Expected values come from hand computation, from an independent numpy softmax, o
 statistical tests use chi-square with bins of expected count < 5 merged and threshold df + 10 sqrt(2 df).
 """
 
-import math
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from specfix.rejection_sampler import (
 from specfix.runtime import DEVICE, HAS_TRITON
 from specfix.sampling_metadata import SamplingMetadata
 from specfix.spec_decode_metadata import SpecDecodeMetadata
+from specfix.stats import chi_square_samples
 
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
 FIX_OFF = Fixes(reject_negative_drafts=False)
@@ -60,18 +60,8 @@ def check_output_contract(out: torch.Tensor, num_draft_tokens: list[int], vocab_
 
 
 def chi_square_passes(samples: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
-    """Goodness of fit of integer samples to probs; bins with expected count < 5 are merged."""
-    n = len(samples)
-    observed = np.bincount(samples, minlength=len(probs)).astype(float)
-    expected = n * probs
-    small = expected < 5
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    df = len(expected) - 1
-    stat = float(((observed - expected) ** 2 / expected).sum())
-    threshold = df + 10 * math.sqrt(2 * df)
-    return stat < threshold, stat, threshold
+    r = chi_square_samples(samples, probs)
+    return r["passed"], r["chi2"], r["threshold"]
 
 
 def softmax_np(logits: torch.Tensor, temperature: float) -> np.ndarray:
