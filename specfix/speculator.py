@@ -173,8 +173,10 @@ class DraftModelSpeculator:
                  vocab_size: int, context_len: int, device: torch.device | str = "cpu",
                  fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
                  sampler: Callable[..., torch.Tensor] = gumbel_sample):
-        if num_speculative_steps < 1:
-            raise ValueError(f"num_speculative_steps must be >= 1, got {num_speculative_steps}")
+        for name, value in (("max_num_reqs", max_num_reqs), ("num_speculative_steps", num_speculative_steps),
+                            ("vocab_size", vocab_size), ("context_len", context_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.model = model
         self.sampler = sampler
         self.device = torch.device(device)

@@ -182,3 +182,11 @@ def test_cuda_graph_replay_matches_eager_padded_step(fix):
     assert torch.equal(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])       # slots 5, 0: no stale row points there
     assert results[0][2] == results[1][2] == ([] if fix else [(3, 3)])
+
+
+@pytest.mark.parametrize("name", ["max_num_reqs", "num_speculative_steps", "vocab_size", "context_len"])
+@pytest.mark.parametrize("value", [0, 1.5])
+def test_bad_sizes_are_refused_by_name(name, value):
+    sizes = dict(max_num_reqs=M, num_speculative_steps=K, vocab_size=V, context_len=1)
+    with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
+        DraftModelSpeculator(TableDraft(torch.zeros(V, V)), **{**sizes, name: value})
