@@ -55,6 +55,14 @@ class BatchDescriptor:
         return range(self.num_reqs, self.num_reqs_padded)
 
 
+def check_num_reqs(num_reqs: object, max_num_reqs: int) -> None:
+    """A batch holds 1 to ``max_num_reqs`` requests: the size every persistent buffer was allocated for."""
+    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
+        raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
+    if not 1 <= num_reqs <= max_num_reqs:
+        raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={max_num_reqs}]")
+
+
 class CudaGraphDispatcher:
     """Maps a batch of ``num_reqs`` decode requests (one query token each, as in the drafter) to a size.
 
@@ -73,10 +81,7 @@ class CudaGraphDispatcher:
         self.capture_sizes = sorted({s for s in sizes if s <= max_num_reqs})
 
     def dispatch(self, num_reqs: int) -> BatchDescriptor:
-        if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
-            raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
-        if not 1 <= num_reqs <= self.max_num_reqs:
-            raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={self.max_num_reqs}]")
+        check_num_reqs(num_reqs, self.max_num_reqs)
         for size in self.capture_sizes:
             if size >= num_reqs:
                 return BatchDescriptor(num_reqs, size, "FULL")

@@ -22,8 +22,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from specfix.cudagraph import check_num_reqs
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.spec_decode_metadata import check_id_tensor
 
 #: Padded query rows get this token id (a valid one: the padded rows still run through the model).
 PAD_TOKEN_ID = 0
@@ -126,17 +128,8 @@ if HAS_TRITON:
 
 
 def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id):
-    if not isinstance(idx_mapping, torch.Tensor) or idx_mapping.dim() != 1:
-        raise TypeError("idx_mapping must be a 1-D tensor (batch row -> req_state_idx)")
-    if idx_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"idx_mapping must be int32 or int64 (signed: -1 marks a padded row), got "
-                        f"{idx_mapping.dtype}")
-    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
-        raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
-    if not 1 <= num_reqs <= out.max_num_reqs:
-        raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={out.max_num_reqs}]")
-    if idx_mapping.numel() < num_reqs:
-        raise ValueError(f"idx_mapping has {idx_mapping.numel()} rows, fewer than num_reqs={num_reqs}")
+    check_num_reqs(num_reqs, out.max_num_reqs)
+    check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
     live = idx_mapping[:num_reqs]
     if bool(((live < 0) | (live >= out.max_num_reqs)).any()):
         raise ValueError(f"idx_mapping[:num_reqs] must lie in [0, {out.max_num_reqs}), got {live.tolist()}")

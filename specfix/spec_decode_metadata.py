@@ -19,8 +19,9 @@ import torch
 ID_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def check_id_tensor(name: str, tensor: object, length: int | None = None) -> None:
-    """Raise TypeError/ValueError unless ``tensor`` is a 1-D signed-integer tensor (of ``length``)."""
+def check_id_tensor(name: str, tensor: object, length: int | None = None, min_length: int = 0) -> None:
+    """Raise TypeError/ValueError unless ``tensor`` is a 1-D signed-integer tensor (of ``length``, or of at
+    least ``min_length`` entries)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in ID_DTYPES:
@@ -29,6 +30,8 @@ def check_id_tensor(name: str, tensor: object, length: int | None = None) -> Non
         raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
     if length is not None and tensor.numel() != length:
         raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
+    if tensor.numel() < min_length:
+        raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
 
 
 def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfix.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher
+from specfix.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.fixes import Fixes
 from specfix.gumbel import gumbel_sample
 from specfix.gumbel_reference import gumbel_sample_reference
@@ -44,29 +44,10 @@ from specfix.rejection_sampler import (
     sample_recovered_tokens,
 )
 from specfix.sampling_metadata import SamplingMetadata
+from specfix.spec_decode_metadata import ID_DTYPES, check_id_tensor
 
 #: Added to a drafted token's position to key its Gumbel noise apart from the target's (vLLM PR #54282).
 DRAFT_POS_SALT = 1 << 30
-_SIGNED_INT = (torch.int32, torch.int64)
-
-
-def _check_signed_1d(name: str, t: object, min_len: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _SIGNED_INT:
-        raise TypeError(f"{name} must be int32 or int64 (signed, so that -1 can mark a padded row), "
-                        f"got {t.dtype}")
-    if t.dim() != 1 or t.numel() < min_len:
-        raise ValueError(f"{name} must be 1-D with at least {min_len} entries, got shape {tuple(t.shape)}")
-
-
-def _check_num_reqs(num_reqs: object, max_num_reqs: int) -> None:
-    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
-        raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
-    if not 1 <= num_reqs <= max_num_reqs:
-        raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={max_num_reqs}]")
-
-
 def reference_sampler(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
                       processed_logits=None, processed_logits_col=None, *, fixes: Fixes | None = None):
     """``gumbel_sample``'s torch reference: the same tokens and stores as the masked (fixed) kernel.
@@ -212,8 +193,8 @@ class DraftModelSpeculator:
         the rows past ``num_reqs`` become -1, so a padded replay writes nothing; without it they keep
         whatever an earlier step left.
         """
-        _check_num_reqs(num_reqs, self.max_num_reqs)
-        _check_signed_1d("idx_mapping", idx_mapping, num_reqs)
+        check_num_reqs(num_reqs, self.max_num_reqs)
+        check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
         for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
             if not isinstance(t, torch.Tensor) or t.shape != (self.max_num_reqs,) or t.dtype != dtype:
                 raise ValueError(f"{name} must be the {dtype} request-state table of shape "
@@ -260,10 +241,10 @@ class DraftModelSpeculator:
         position of each row's last token.
         ``padded=False`` runs eagerly at the exact size (the reference a padded run must match).
         """
-        _check_num_reqs(num_reqs, self.max_num_reqs)
-        _check_signed_1d("positions", positions, num_reqs)
+        check_num_reqs(num_reqs, self.max_num_reqs)
+        check_id_tensor("positions", positions, min_length=num_reqs)
         width = self.context_ids.shape[1]
-        if not isinstance(context_ids, torch.Tensor) or context_ids.dtype not in _SIGNED_INT or \
+        if not isinstance(context_ids, torch.Tensor) or context_ids.dtype not in ID_DTYPES or \
                 context_ids.dim() != 2 or context_ids.shape[1] != width or context_ids.shape[0] < num_reqs:
             raise ValueError(f"context_ids must be a signed integer [num_reqs, {width}] tensor, got "
                              f"{getattr(context_ids, 'dtype', type(context_ids))} "
@@ -317,7 +298,7 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
     if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
         raise ValueError("draft_token_ids must be a [num_reqs, k] tensor")
     num_reqs, k = draft_token_ids.shape
-    _check_signed_1d("idx_mapping", idx_mapping, num_reqs)
+    check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
     if draft_logits.dim() != 3 or draft_logits.shape[1] != k:
         raise ValueError(f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
                          f"got shape {tuple(draft_logits.shape)}")
