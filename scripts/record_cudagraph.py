@@ -21,13 +21,14 @@ from pathlib import Path
 import torch
 
 import specfix  # noqa: F401  (runtime first)
-from specfix import Fixes, recorded
-from specfix.cudagraph import time_eager_vs_graph
-from specfix.dflash import DFlashDrafter, DFlashInputs, ToyDFlashModel, prepare_dflash_inputs
-from specfix.invariance import check_dflash, check_speculator
+from specfix import Fixes
+from specfix.lab.invariance import check_dflash, check_speculator
+from specfix.lab.padding_bench import TableDraft, mark_differences, one_step_distribution, run_padding_bench
 from specfix.models import load_models
-from specfix.padding_bench import TableDraft, mark_differences, one_step_distribution, run_padding_bench
-from specfix.speculator import DraftModelSpeculator
+from specfix.mrv2.cudagraph import time_eager_vs_graph
+from specfix.mrv2.dflash import DFlashDrafter, DFlashInputs, ToyDFlashModel, prepare_dflash_inputs
+from specfix.mrv2.speculator import DraftModelSpeculator
+from specfix.tools import recorded
 
 OFF = Fixes(pad_idx_mapping=False)
 

@@ -2,12 +2,12 @@
 
     PYTHONPATH=$PWD python3 scripts/record_embedding_assert.py --out specfix/recorded
 
-Writes three labelled JSON files (``specfix.recorded.save``) into ``--out``:
+Writes three labelled JSON files (``specfix.tools.recorded.save``) into ``--out``:
 
 * ``embedding_assert_transcripts.json``: child runs (exit status, merged stdout/stderr, events) of
   ``F.embedding`` with a -1 id, with and without ``CUDA_LAUNCH_BLOCKING=1``, and of the specfix engine
   with ``Fixes(clamp_placeholders=False)``, likewise;
-* ``embedding_assert_ops.json``: for each op of ``specfix.embedding_assert.OPS`` and each bad index
+* ``embedding_assert_ops.json``: for each op of ``specfix.lab.embedding_assert.OPS`` and each bad index
   (-1, size), with 3 and with 4096 indices: what CUDA does (each case in its own child) and what the CPU does;
 * ``embedding_assert_fixes.json``: the placeholder fixes at 256, 2048 and 8192 tokens: cost per step
   (CUDA events and host time, median), host time with a busy GPU, synchronisations per step counted by
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from specfix import embedding_assert as ea
-from specfix import placeholder_fixes as pf
-from specfix import recorded
+from specfix.lab import embedding_assert as ea
+from specfix.lab import placeholder_fixes as pf
+from specfix.tools import recorded
 
 SECTIONS = ("transcripts", "ops", "fixes")
 TOKEN_COUNTS = (256, 2048, 8192)

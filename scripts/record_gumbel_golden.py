@@ -18,8 +18,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specfix import gumbel, recorded, runtime  # noqa: E402
-from specfix import gumbel_reference as ref  # noqa: E402
+from specfix import runtime  # noqa: E402
+from specfix.mrv2 import gumbel
+from specfix.mrv2 import gumbel_reference as ref  # noqa: E402
+from specfix.tools import recorded
 
 SENTINEL = -777.0
 

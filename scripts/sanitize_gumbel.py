@@ -34,7 +34,8 @@ VARIANTS = {
 def child(variant: str) -> None:
     import torch
 
-    from specfix import Fixes, gumbel
+    from specfix import Fixes
+    from specfix.mrv2 import gumbel
 
     vocab = 4096
     logits = torch.randn(4, vocab, device="cuda")
@@ -102,7 +103,7 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    from specfix import recorded
+    from specfix.tools import recorded
 
     results = {variant: run_variant(variant) for variant in VARIANTS}
     for name, res in results.items():

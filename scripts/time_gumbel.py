@@ -31,9 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specfix import Fixes, gumbel, recorded  # noqa: E402
-from specfix import gumbel_reference as ref  # noqa: E402
+from specfix import Fixes
+from specfix.mrv2 import gumbel
+from specfix.mrv2 import gumbel_reference as ref  # noqa: E402
 from specfix.runtime import triton  # noqa: E402
+from specfix.tools import recorded  # noqa: E402
 
 GRAPH_CALLS = 100
 

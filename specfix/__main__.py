@@ -11,7 +11,7 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    from specfix import bench
+    from specfix.tools import bench
 
     parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)")
     b.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this case (repeatable or comma-separated): {', '.join(bench.CASES)}")
-    b.add_argument("--json", metavar="PATH", help="write the results here (schema: specfix.bench docstring)")
+    b.add_argument("--json", metavar="PATH", help="write the results here (schema: the bench docstring)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from specfix import bench, runtime
+    from specfix import runtime
+    from specfix.tools import bench
 
     only = [n.strip() for item in (args.only or []) for n in item.split(",") if n.strip()] or None
     unknown = [n for n in only or [] if n not in bench.CASES]

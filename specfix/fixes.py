@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,87 @@ class Fixes:
         if unknown:
             raise ValueError(f"unknown fix name(s) {unknown}; known: {self.names()}")
         return dataclasses.replace(self, **{name: False for name in names})
+
+
+# -- showing a fix as code ------------------------------------------------------------------------------
+#
+# The lines a switch changes carry a trailing ``# [fix]`` (they run only with the fix on) or ``# [no fix]``
+# (they run only with it off). ``show_fix`` reads the live source of each site below, so what a chapter
+# shows is what runs; a test fails if a site loses its marked lines.
+
+#: Where each switch acts: ``module:qualname`` of the functions (Triton kernels included) holding its lines.
+FIX_SITES: dict[str, tuple[str, ...]] = {
+    "clamp_placeholders": ("specfix.v1.model_runner:GPUModelRunner._preprocess",),
+    "reject_negative_drafts": ("specfix.v1.rejection_sampler:rejection_random_sample_kernel",),
+    "mask_invalid_reqs": ("specfix.mrv2.gumbel:gumbel_block_argmax", "specfix.mrv2.gumbel:_noisy_tile"),
+    "pad_idx_mapping": ("specfix.mrv2.speculator:DraftModelSpeculator._copy_request_inputs",),
+    "dflash_pad_idx": ("specfix.mrv2.dflash:prepare_dflash_inputs",),
+}
+
+_MARK = {"# [fix]": "+", "# [no fix]": "-"}
+
+
+@dataclass(frozen=True)
+class FixListing:
+    """One switch's code sites as ``(site, path, first line, [(mark, text)])``; mark is "+", "-" or " "."""
+
+    name: str
+    sites: tuple[tuple[str, str, int, tuple[tuple[str, str], ...]], ...]
+
+    def marked(self, mark: str) -> list[str]:
+        return [text for *_, lines in self.sites for m, text in lines if m == mark]
+
+    def __str__(self) -> str:
+        out = [f"Fixes.{self.name}: '+' runs only with the fix on, '-' only with it off"]
+        for site, path, first, lines in self.sites:
+            out.append(f"\n{site}  ({path}:{first})")
+            out.extend(f"{mark} {text}" for mark, text in lines)
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        colours = {"+": "#d9f2d9", "-": "#f9d6d5", " ": "transparent"}
+        parts = [f"<p><b><code>Fixes.{self.name}</code></b>: lines on "
+                 f"<span style='background:{colours['+']}'>green (+)</span> run only with the fix on, "
+                 "lines on "
+                 f"<span style='background:{colours['-']}'>red (&minus;)</span> only with it off.</p>"]
+        for site, path, first, lines in self.sites:
+            rows = "".join(f"<div style='background:{colours[m]}'>{m} {html.escape(t) or '&nbsp;'}</div>"
+                           for m, t in lines)
+            parts.append(f"<p><code>{html.escape(site)}</code> "
+                         f"<small>({html.escape(path)}:{first})</small></p>"
+                         f"<pre style='line-height:1.3;font-size:90%'>{rows}</pre>")
+        return "".join(parts)
+
+
+def _site_source(site: str) -> tuple[str, int, list[str]]:
+    import importlib
+    import inspect
+    import textwrap
+
+    module_name, qualname = site.split(":")
+    obj = importlib.import_module(module_name)
+    for attr in qualname.split("."):
+        obj = getattr(obj, attr)
+    obj = getattr(obj, "fn", obj)  # a Triton JITFunction keeps the Python function in .fn
+    lines, first = inspect.getsourcelines(obj)
+    path = Path(inspect.getsourcefile(obj)).resolve().relative_to(Path(__file__).resolve().parents[1])
+    return path.as_posix(), first, textwrap.dedent("".join(lines)).splitlines()
+
+
+def show_fix(name: str) -> FixListing:
+    """The live source of every site of switch ``name``, its marked lines flagged; displays in a notebook."""
+    if name not in Fixes.names():
+        raise ValueError(f"name must be one of {Fixes.names()}, got {name!r}")
+    sites = []
+    for site in FIX_SITES[name]:
+        path, first, source = _site_source(site)
+        lines = []
+        for text in source:
+            mark = next((m for tag, m in _MARK.items() if text.rstrip().endswith(tag)), " ")
+            if mark != " ":
+                text = text.rstrip().removesuffix("# [fix]").removesuffix("# [no fix]").rstrip()
+            lines.append((mark, text))
+        sites.append((site, path, first, tuple(lines)))
+    return FixListing(name, tuple(sites))

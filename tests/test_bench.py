@@ -1,4 +1,4 @@
-"""specfix.bench's own logic: arithmetic, statistics, goals, schema, and the CLI on a CPU."""
+"""specfix.tools.bench's own logic: arithmetic, statistics, goals, schema, and the CLI on a CPU."""
 
 import copy
 import json
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specfix import bench
+from specfix.tools import bench
 
 CPU = bench.Settings(torch.device("cpu"), "ci")
 GPU = bench.Settings(torch.device("cuda"), "full")  # only its .cuda flag is used: no GPU needed

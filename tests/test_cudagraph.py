@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specfix.cudagraph import (
+from specfix.mrv2.cudagraph import (
     CapturedStep,
     CudaGraphDispatcher,
     cudagraph_capture_sizes,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfix import Fixes
-from specfix.dflash import DFlashDrafter, DFlashInputs, ToyDFlashModel, prepare_dflash_inputs
+from specfix.mrv2.dflash import DFlashDrafter, DFlashInputs, ToyDFlashModel, prepare_dflash_inputs
 from specfix.runtime import HAS_TRITON
 
 GOLDEN = Path(__file__).with_name("golden") / "dflash_prepare.json"

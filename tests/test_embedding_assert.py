@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfix import embedding_assert as ea
-from specfix import placeholder_fixes as pf
+from specfix.lab import embedding_assert as ea
+from specfix.lab import placeholder_fixes as pf
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -183,7 +183,7 @@ def test_clamp_makes_no_sync_and_the_host_mask_does():
 
 # -- the engine (chapter 1's pipeline) under each fix -------------------------------------------------------
 def test_engine_crashes_on_cpu_without_a_fix_and_the_guard_names_the_line():
-    from specfix.guard import IndexGuardError, check_indices
+    from specfix.lab.guard import IndexGuardError, check_indices
 
     with pytest.raises(IndexError) as plain:
         pf.run_engine_with_fix(None, max_tokens=4)

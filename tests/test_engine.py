@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from specfix.engine import LLMEngine, SamplingParams, generate, run_demo
 from specfix.fixes import Fixes
 from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
+from specfix.v1.engine import LLMEngine, SamplingParams, generate, run_demo
 
 PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
            "the boy cried"]
@@ -86,7 +86,7 @@ def test_without_the_clamp_the_embedding_raises():
 
 def test_demo_command_line():
     env = {**os.environ, "SPECFIX_DEVICE": "cpu"}
-    cmd = [sys.executable, "-m", "specfix.engine", "--device", "cpu", "--steps", "3"]
+    cmd = [sys.executable, "-m", "specfix.v1.engine", "--device", "cpu", "--steps", "3"]
     ok = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert ok.returncode == 0 and "acceptance_rate=" in ok.stdout
     crash = subprocess.run(cmd + ["--no-clamp"], capture_output=True, text=True, env=env)

@@ -1,4 +1,4 @@
-"""specfix.guard.check_indices: catches every bad index before a kernel runs, passes good ones untouched."""
+"""specfix.lab.guard.check_indices: catches every bad index before a kernel runs; good ones pass."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfix.guard import IndexGuardError, check_indices
+from specfix.lab.guard import IndexGuardError, check_indices
 
 ROWS, COLS = 10, 4
 

@@ -1,4 +1,4 @@
-"""specfix.gumbel: the Triton Gumbel-max sampler against its torch reference, statistics, masking, bad input.
+"""specfix.mrv2.gumbel: the Triton Gumbel-max sampler against its torch reference, statistics, masks, errors.
 
 On a CPU the kernel runs in Triton's interpreter (about 10 ms per program instance, so kernel-level
 statistics use a few hundred rows and the high-power statistics run on the bitwise-equal torch reference);
@@ -17,9 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfix import Fixes, gumbel, runtime
-from specfix import gumbel_reference as ref
-from specfix.stats import chi_square_samples
+from specfix import Fixes, runtime
+from specfix.mrv2 import gumbel
+from specfix.mrv2 import gumbel_reference as ref
+from specfix.tools.stats import chi_square_samples
 
 DEVICE = runtime.DEVICE
 ROOT = Path(__file__).resolve().parents[1]

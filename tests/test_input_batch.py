@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from specfix.input_batch import CachedRequestState, InputBatch
-from specfix.scheduler import SamplingParams
+from specfix.v1.input_batch import CachedRequestState, InputBatch
+from specfix.v1.scheduler import SamplingParams
 
 VOCAB = 512
 

@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from specfix import Fixes
-from specfix.dflash import DFlashDrafter, ToyDFlashModel
-from specfix.invariance import (
+from specfix.lab.invariance import (
     GARBAGE_PATTERNS,
     check_dflash,
     check_padding_invariance,
     check_speculator,
 )
-from specfix.padding_bench import TableDraft
-from specfix.speculator import DraftModelSpeculator
+from specfix.lab.padding_bench import TableDraft
+from specfix.mrv2.dflash import DFlashDrafter, ToyDFlashModel
+from specfix.mrv2.speculator import DraftModelSpeculator
 
 N, LIVE = 8, 5
 

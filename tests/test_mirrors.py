@@ -2,16 +2,16 @@
 
 import importlib
 
-from specfix.mirrors import vllm_map
+from specfix.tools.mirrors import vllm_map
 
 # Modules that re-implement a piece of vLLM (the rest are specfix's own tools: runtime, guard, bench...).
 MIRRORING = {
-    "scheduler": "vllm/v1/core/sched/scheduler.py",
-    "input_batch": "vllm/v1/worker/gpu_input_batch.py",
-    "model_runner": "vllm/v1/worker/gpu_model_runner.py",
-    "spec_decode_metadata": "vllm/v1/spec_decode/metadata.py",
-    "rejection_sampler": "vllm/v1/sample/rejection_sampler.py",
-    "gumbel": "vllm/v1/worker/gpu/sample/gumbel.py",
+    "v1.scheduler": "vllm/v1/core/sched/scheduler.py",
+    "v1.input_batch": "vllm/v1/worker/gpu_input_batch.py",
+    "v1.model_runner": "vllm/v1/worker/gpu_model_runner.py",
+    "v1.spec_decode_metadata": "vllm/v1/spec_decode/metadata.py",
+    "v1.rejection_sampler": "vllm/v1/sample/rejection_sampler.py",
+    "mrv2.gumbel": "vllm/v1/worker/gpu/sample/gumbel.py",
 }
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from specfix.fixes import Fixes
-from specfix.model_runner import GPUModelRunner, cumsum_and_arange
 from specfix.models import load_models
-from specfix.proposer import DraftModelProposer
-from specfix.scheduler import Request, SamplingParams, Scheduler
+from specfix.v1.model_runner import GPUModelRunner, cumsum_and_arange
+from specfix.v1.proposer import DraftModelProposer
+from specfix.v1.scheduler import Request, SamplingParams, Scheduler
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 import torch
 
-from specfix.engine import SamplingParams, generate
 from specfix.models import ALPHA, BETA, PAD_SLOT_ID, build_model, load_models
 from specfix.tokenizer import Tokenizer, corpus_text, get_tokenizer, words
+from specfix.v1.engine import SamplingParams, generate
 
 
 @pytest.fixture(scope="module")

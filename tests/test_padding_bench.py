@@ -3,8 +3,7 @@
 import pytest
 
 from specfix import Fixes
-from specfix.models import load_models
-from specfix.padding_bench import (
+from specfix.lab.padding_bench import (
     ORIGIN_FRESH,
     count_repeats,
     first_divergence,
@@ -13,6 +12,7 @@ from specfix.padding_bench import (
     one_step_distribution,
     run_padding_bench,
 )
+from specfix.models import load_models
 
 KW = dict(max_batch=3, max_num_reqs=4, max_tokens=(8, 14), device="cpu")   # batches of 3 replay size 4
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specfix.engine import SamplingParams, generate
 from specfix.fixes import Fixes
 from specfix.models import load_models
+from specfix.v1.engine import SamplingParams, generate
 
 MODELS = load_models("cpu")
 VOCAB = MODELS[0].vocab_size

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfix import Fixes
-from specfix.rejection_sampler import (
+from specfix.runtime import DEVICE, HAS_TRITON
+from specfix.tools.stats import chi_square_samples
+from specfix.v1.rejection_sampler import (
     MAX_SPEC_LEN,
     PLACEHOLDER_TOKEN_ID,
     RejectionSampler,
@@ -24,10 +26,8 @@ from specfix.rejection_sampler import (
     rejection_sample,
     sample_recovered_tokens,
 )
-from specfix.runtime import DEVICE, HAS_TRITON
-from specfix.sampling_metadata import SamplingMetadata
-from specfix.spec_decode_metadata import SpecDecodeMetadata
-from specfix.stats import chi_square_samples
+from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
 FIX_OFF = Fixes(reject_negative_drafts=False)
@@ -706,7 +706,7 @@ def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, f
 
 
 def test_without_triton_the_reference_runs(monkeypatch):
-    import specfix.rejection_sampler as rs
+    import specfix.v1.rejection_sampler as rs
 
     monkeypatch.setattr(rs, "HAS_TRITON", False)
     md = SpecDecodeMetadata.make_dummy([[1, -1]])

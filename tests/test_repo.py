@@ -101,9 +101,9 @@ if sys.argv[1] == "blocked":
     sys.modules["triton"] = None          # what a machine without triton looks like to Python
 import torch
 import specfix
-from specfix import gumbel
-from specfix.dflash import DFlashInputs, prepare_dflash_inputs
-from specfix.engine import SamplingParams, generate
+from specfix.mrv2 import gumbel
+from specfix.mrv2.dflash import DFlashInputs, prepare_dflash_inputs
+from specfix.v1.engine import SamplingParams, generate
 
 out = generate(["the fox said"], SamplingParams(temperature=0.7, seed=1, max_tokens=8),
                num_speculative_tokens=3)

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from specfix.model_runner import DraftTokenIds, ModelRunnerOutput
-from specfix.rejection_sampler import MAX_SPEC_LEN
-from specfix.scheduler import Request, SamplingParams, Scheduler, SpecDecodingStats
+from specfix.v1.model_runner import DraftTokenIds, ModelRunnerOutput
+from specfix.v1.rejection_sampler import MAX_SPEC_LEN
+from specfix.v1.scheduler import Request, SamplingParams, Scheduler, SpecDecodingStats
 
 VOCAB = 512
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfix.spec_decode_metadata import SpecDecodeMetadata
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 
 def test_make_dummy_matches_the_worked_example_layout():

@@ -4,9 +4,14 @@ import pytest
 import torch
 
 from specfix import Fixes
-from specfix.gumbel import gumbel_sample
-from specfix.padding_bench import TableDraft
-from specfix.speculator import DraftModelSpeculator, RequestStates, reference_sampler, rejection_sample_mrv2
+from specfix.lab.padding_bench import TableDraft
+from specfix.mrv2.gumbel import gumbel_sample
+from specfix.mrv2.speculator import (
+    DraftModelSpeculator,
+    RequestStates,
+    reference_sampler,
+    rejection_sample_mrv2,
+)
 
 V, M, K = 16, 8, 2
 

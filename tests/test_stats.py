@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specfix.stats import chi_square, chi_square_samples
+from specfix.tools.stats import chi_square, chi_square_samples
 
 
 def test_perfect_fit_scores_zero():

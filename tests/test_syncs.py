@@ -5,7 +5,7 @@ import gc
 import pytest
 import torch
 
-from specfix.syncs import count_host_syncs
+from specfix.tools.syncs import count_host_syncs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -26,7 +26,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from specfix.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
+from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
 
@@ -273,7 +273,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a request; checks it first (nothing changes when it is refused)."""
         if not isinstance(request, Request):
-            raise TypeError(f"request must be a specfix.scheduler.Request, got {type(request).__name__}")
+            raise TypeError(f"request must be a specfix.v1.scheduler.Request, got {type(request).__name__}")
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)

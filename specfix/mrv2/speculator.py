@@ -19,7 +19,7 @@ which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
 
 Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step])``,
 accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
-(chapter 1's rejection core, :mod:`specfix.rejection_sampler`). The draft token itself was sampled from
+(chapter 1's rejection core, :mod:`specfix.v1.rejection_sampler`). The draft token itself was sampled from
 the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
 no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
 tokens do not depend on the rest of the batch: the bench compares every batched response with its run
@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfix.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.fixes import Fixes
-from specfix.gumbel import gumbel_sample
-from specfix.gumbel_reference import gumbel_sample_reference
-from specfix.rejection_sampler import (
+from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
+from specfix.mrv2.gumbel import gumbel_sample
+from specfix.mrv2.gumbel_reference import gumbel_sample_reference
+from specfix.v1.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     generate_uniform_probs,
     rejection_sample,
     sample_recovered_tokens,
 )
-from specfix.sampling_metadata import SamplingMetadata
-from specfix.spec_decode_metadata import ID_DTYPES, check_id_tensor
+from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.spec_decode_metadata import ID_DTYPES, check_id_tensor
 
 #: Added to a drafted token's position to key its Gumbel noise apart from the target's (vLLM PR #54282).
 DRAFT_POS_SALT = 1 << 30
@@ -146,7 +146,7 @@ class DraftModelSpeculator:
     [max_num_reqs, k] (batch-row order) and ``draft_logits`` [max_num_reqs, k, vocab] float32
     (request-state order).
 
-    ``sampler`` is :func:`specfix.gumbel.gumbel_sample` (the Triton kernel); :func:`reference_sampler`
+    ``sampler`` is :func:`specfix.mrv2.gumbel.gumbel_sample` (the Triton kernel); :func:`reference_sampler`
     gives the same tokens and stores from torch, for statistics too big for Triton's interpreter.
     """
 
@@ -209,8 +209,8 @@ class DraftModelSpeculator:
         self.temperature.copy_(temperature)
         self.seeds.copy_(seeds)
         self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
-        if self.fixes.pad_idx_mapping:
-            self.idx_mapping[num_reqs:].fill_(-1)
+        if self.fixes.pad_idx_mapping:  # [fix]
+            self.idx_mapping[num_reqs:].fill_(-1)  # [fix]
 
     def _draft_step(self, num_rows: int) -> None:
         """k draft steps over the first ``num_rows`` rows of the buffers; no host sync (graph-safe)."""

@@ -5,15 +5,15 @@ Mirrors ``vllm/v1/engine/llm_engine.py`` (``LLMEngine.add_request`` / ``step``) 
 puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedule`` -> ``execute_model`` ->
 ``update_from_output`` -> ``take_draft_token_ids`` -> ``update_draft_token_ids``).
 
-    from specfix.engine import generate, SamplingParams
+    from specfix.v1.engine import generate, SamplingParams
     result = generate(["the fox said", "a lion was"], SamplingParams(temperature=0.8, seed=1, max_tokens=20),
                       num_speculative_tokens=3)
     result.outputs[0].text, result.stats.acceptance_rate, result.stats.mean_acceptance_length
 
 Chapter 2 re-creates the crash in a child process with the clamp switched off:
 
-    python -m specfix.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
-    python -m specfix.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
+    python -m specfix.v1.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
+    python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
 
 or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
 """
@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from specfix.fixes import Fixes
-from specfix.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, StepTrace
 from specfix.models import NgramLM, load_models
-from specfix.proposer import DraftModelProposer, NgramProposer
-from specfix.scheduler import (
+from specfix.tokenizer import Tokenizer, get_tokenizer
+from specfix.v1.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, StepTrace
+from specfix.v1.proposer import DraftModelProposer, NgramProposer
+from specfix.v1.scheduler import (
     Request,
     SamplingParams,
     Scheduler,
@@ -40,7 +41,6 @@ from specfix.scheduler import (
     check_num_spec_tokens,
     check_token_ids,
 )
-from specfix.tokenizer import Tokenizer, get_tokenizer
 
 PROPOSERS = ("draft_model", "ngram")
 _DEFAULT_FIXES = Fixes()
@@ -200,7 +200,7 @@ def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specfix.engine", description=run_demo.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specfix.v1.engine", description=run_demo.__doc__)
     parser.add_argument("--no-clamp", action="store_true", help="switch Fixes.clamp_placeholders off")
     parser.add_argument("--no-reject", action="store_true", help="switch Fixes.reject_negative_drafts off")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -1,6 +1,6 @@
 """Turn the cryptic CUDA index assert into a readable Python error, for debugging (not for serving).
 
-    from specfix.guard import check_indices
+    from specfix.lab.guard import check_indices
     with check_indices():
         model(input_ids)        # raises IndexGuardError naming the op, the bad values and where they sit
 

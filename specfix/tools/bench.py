@@ -16,9 +16,9 @@ Triton kernels through the interpreter: those timings say nothing about speed, a
 Every report carries one ``meta`` block (device, driver, torch, triton, date: ``recorded.gpu_meta()``)
 that labels all its results: one run, one machine.
 
-JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
+JSON schema (``SCHEMA`` = "specfix.tools.bench/1"), written by :func:`write_json`::
 
-    {"schema": "specfix.bench/1",
+    {"schema": "specfix.tools.bench/1",
      "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda]},  # gpu_meta()
      "config": {"device": "cpu"|"cuda", "scale": "ci"|"full", "cases": [names run]},
      "timing_note": str,                       # what the timings mean (loud on a CPU)
@@ -59,11 +59,12 @@ from pathlib import Path
 
 import torch
 
-from specfix import recorded, runtime
+from specfix import runtime
 from specfix.fixes import Fixes
-from specfix.syncs import count_host_syncs
+from specfix.tools import recorded
+from specfix.tools.syncs import count_host_syncs
 
-SCHEMA = "specfix.bench/1"
+SCHEMA = "specfix.tools.bench/1"
 TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
 GOAL_STATUSES = ("pass", "miss", "not measured", "n/a")
 CPU_NOTE = (
@@ -426,7 +427,7 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
     return (logits.float() - noise).argmax(dim=-1)
 
 
-#: specfix's two noise modes (specfix.gumbel): "fast" is the serving kernel the goals judge, "exact" the
+#: specfix's two noise modes (specfix.mrv2.gumbel): "fast" is the serving kernel the goals judge, "exact" the
 #: bit-reproducible one the golden tests and chapters 3 and 4 run.
 OURS = {"specfix_fast": "fast", "specfix_exact": "exact"}
 JUDGED = "specfix_fast"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specfix.scheduler import SamplingParams, check_token_ids
+from specfix.v1.scheduler import SamplingParams, check_token_ids
 
 
 @dataclass

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.guard import PLACEHOLDER_TOKEN_ID
-from specfix.syncs import sync_warnings
+from specfix.lab.guard import PLACEHOLDER_TOKEN_ID
+from specfix.tools.syncs import sync_warnings
 
 #: The variants, in the order tables and plots show them.
 FIXES = ("clamp", "host_mask", "host_mask_async", "scheduler_zero")
@@ -302,16 +302,16 @@ def _host_mask_runner(runner_cls):
 
 def run_engine_with_fix(fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24,
                         temperature: float = 0.0):
-    """The engine's demo batch (:data:`specfix.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
+    """The engine's demo batch (:data:`specfix.v1.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
     scheduler pads them with placeholders, n-gram drafts padded too) under one fix; ``None``: no fix.
 
     Returns ``(outputs, stats)``: the token ids per request and the scheduler's ``SpecDecodingStats``
     (``num_placeholders_accepted`` counts placeholder slots the sampler accepted). Raises what the
     engine raises (on CPU, without a fix: ``IndexError`` from the embedding).
     """
-    from specfix.engine import DEMO_PROMPTS, LLMEngine
     from specfix.fixes import Fixes
-    from specfix.scheduler import SamplingParams
+    from specfix.v1.engine import DEMO_PROMPTS, LLMEngine
+    from specfix.v1.scheduler import SamplingParams
 
     if fix not in (None, "clamp", "host_mask", "scheduler_zero"):
         raise ValueError(f"fix must be None, 'clamp', 'host_mask' or 'scheduler_zero', got {fix!r}")

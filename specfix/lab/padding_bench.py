@@ -1,7 +1,7 @@
 """Chapter 3's reproduction: seeded requests decoded in padded batches, each compared with its run alone.
 
 A small Model Runner V2 style engine (:class:`SpecDecodeEngine`) drives the real pieces: the
-:class:`~specfix.speculator.DraftModelSpeculator` (CUDA-graph replays on a GPU, the same step at the
+:class:`~specfix.mrv2.speculator.DraftModelSpeculator` (CUDA-graph replays on a GPU, the same step at the
 padded size on a CPU), the target n-gram model on vLLM's flat token layout, and MRV2 verification that
 reads the cached draft distribution by ``req_state_idx``. Every source of randomness is keyed by
 (seed, position), so a request's text must not depend on who shares its batch: :func:`run_padding_bench`
@@ -32,11 +32,16 @@ import torch
 
 from specfix import runtime
 from specfix.fixes import Fixes
-from specfix.gumbel import gumbel_sample
 from specfix.models import load_models
-from specfix.speculator import DraftModelSpeculator, RequestStates, reference_sampler, rejection_sample_mrv2
-from specfix.stats import chi_square
+from specfix.mrv2.gumbel import gumbel_sample
+from specfix.mrv2.speculator import (
+    DraftModelSpeculator,
+    RequestStates,
+    reference_sampler,
+    rejection_sample_mrv2,
+)
 from specfix.tokenizer import corpus_text, get_tokenizer
+from specfix.tools.stats import chi_square
 
 ORIGIN_FRESH = "fresh buffer (zeros)"
 ORIGIN_EARLIER = "earlier larger batch"

@@ -59,8 +59,8 @@ import torch
 from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
-from specfix.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
-from specfix.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
+from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
 
 __all__ = [
     "GREEDY_TEMPERATURE",
@@ -791,10 +791,10 @@ if HAS_TRITON:
                     token_idx = (start + pos).to(tl.int64)
                     draft = tl.load(draft_token_ids_ptr + token_idx)
                     u = tl.load(uniform_probs_ptr + token_idx)
-                    if REJECT_NEGATIVE_DRAFTS:
-                        flat = token_idx * vocab_size + tl.maximum(draft, 0)
-                    else:
-                        flat = token_idx * vocab_size + draft
+                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
+                        flat = token_idx * vocab_size + tl.maximum(draft, 0)  # [fix]
+                    else:  # [no fix]
+                        flat = token_idx * vocab_size + draft  # [no fix]
                     readable = flat >= 0
                     p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
                     if NO_DRAFT_PROBS:
@@ -804,8 +804,8 @@ if HAS_TRITON:
                         # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
                         ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
                         accepted = (q > 0) & (ratio.to(tl.float64) >= u)
-                    if REJECT_NEGATIVE_DRAFTS:
-                        accepted = accepted & (draft >= 0)
+                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
+                        accepted = accepted & (draft >= 0)  # [fix]
                     if accepted:
                         token = draft
                     else:

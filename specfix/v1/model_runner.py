@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from specfix.fixes import Fixes
-from specfix.input_batch import CachedRequestState, InputBatch
 from specfix.models import PAD_SLOT_ID, NgramLM
-from specfix.proposer import DraftModelProposer, NgramProposer
-from specfix.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
-from specfix.sampling_metadata import SamplingMetadata
-from specfix.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
-from specfix.spec_decode_metadata import SpecDecodeMetadata
+from specfix.v1.input_batch import CachedRequestState, InputBatch
+from specfix.v1.proposer import DraftModelProposer, NgramProposer
+from specfix.v1.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
+from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 #: Token counts a FULL CUDA graph would be captured for (vLLM's default list starts 1, 2, 4, 8, 16, ...).
 _DEFAULT_FIXES = Fixes()
@@ -285,8 +285,8 @@ class GPUModelRunner:
 
     def _preprocess(self, scheduler_output: SchedulerOutput, num_input_tokens: int):
         """The embedding's inputs. vLLM PR #47029: clamp speculative placeholders (-1) to 0 first."""
-        if self.speculative_config is not None and self.fixes.clamp_placeholders:
-            self.input_ids.gpu[:num_input_tokens].clamp_(min=0)
+        if self.speculative_config is not None and self.fixes.clamp_placeholders:  # [fix]
+            self.input_ids.gpu[:num_input_tokens].clamp_(min=0)  # [fix]
         return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
 
     # -- the step ---------------------------------------------------------------------------------

@@ -22,10 +22,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.cudagraph import check_num_reqs
 from specfix.fixes import Fixes
+from specfix.mrv2.cudagraph import check_num_reqs
 from specfix.runtime import HAS_TRITON, tl, triton
-from specfix.spec_decode_metadata import check_id_tensor
+from specfix.v1.spec_decode_metadata import check_id_tensor
 
 #: Padded query rows get this token id (a valid one: the padded rows still run through the model).
 PAD_TOKEN_ID = 0
@@ -151,7 +151,7 @@ def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled
     ``fixes.dflash_pad_idx``, else 0 (request-state slot 0, the pre-fix behaviour).
     """
     _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id)
-    pad_sample_idx = -1 if (fixes or Fixes()).dflash_pad_idx else 0
+    pad_sample_idx = -1 if (fixes or Fixes()).dflash_pad_idx else 0  # [fix]
     k = out.num_speculative_steps
     if not use_triton:
         return _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
@@ -231,7 +231,7 @@ class DFlashDrafter:
 
     def __init__(self, model: ToyDFlashModel, *, max_num_reqs: int, num_speculative_steps: int,
                  device: torch.device | str = "cpu", fixes: Fixes | None = None, sampler=None):
-        from specfix.gumbel import gumbel_sample
+        from specfix.mrv2.gumbel import gumbel_sample
 
         self.model, self.fixes = model, fixes or Fixes()
         self.sampler = sampler or gumbel_sample
@@ -260,7 +260,7 @@ class DFlashDrafter:
             fixes=self.fixes))
 
     def capture_cuda_graph(self) -> None:
-        from specfix.cudagraph import CapturedStep
+        from specfix.mrv2.cudagraph import CapturedStep
 
         full = self.inputs.max_num_reqs * self.inputs.num_speculative_steps
         self.graph = CapturedStep(lambda _: self._sample(full), [full], self.device)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specfix import runtime
 
-RECORDED_DIR = Path(__file__).with_name("recorded")
+RECORDED_DIR = Path(__file__).resolve().parents[1] / "recorded"
 
 
 def gpu_meta() -> dict[str, str]:

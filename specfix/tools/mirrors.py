@@ -16,15 +16,15 @@ _VLLM_PATH = re.compile(r"vllm/[\w/]+\.py")
 
 
 def vllm_map() -> list[dict[str, str]]:
-    """One row per specfix module: its name, the vLLM files it mirrors, and its one-line summary."""
+    """One row per module (subpackages included): its name, the vLLM files it mirrors, its summary."""
     rows = []
-    for info in sorted(pkgutil.iter_modules(specfix.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+    for info in sorted(pkgutil.walk_packages(specfix.__path__, "specfix."), key=lambda m: m.name):
+        if info.ispkg or info.name.rsplit(".", 1)[-1].startswith("_"):
             continue
-        doc = importlib.import_module(f"specfix.{info.name}").__doc__ or ""
+        doc = importlib.import_module(info.name).__doc__ or ""
         files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
         rows.append({
-            "module": f"specfix.{info.name}",
+            "module": info.name,
             "mirrors": ", ".join(files) if files else "(specfix's own)",
             "summary": doc.strip().splitlines()[0] if doc.strip() else "",
         })

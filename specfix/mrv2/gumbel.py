@@ -15,7 +15,7 @@ several programs and stage 2 (grid rows, a second small Triton kernel: never mor
 torch ops) picks the best split. ``launch_config`` chooses; ``block_size`` alone gives one tile per program.
 
 Two noise modes, both a pure function of (request seed, position, token id) and sharing the same
-32-bit hash (``specfix.gumbel_reference``):
+32-bit hash (``specfix.mrv2.gumbel_reference``):
 - ``"exact"`` (default): our own float32 logarithm, compiled without FMA contraction, so the GPU kernel,
   Triton's interpreter and the torch reference agree bit for bit. Golden tests and chapters 3 and 4 use it.
 - ``"fast"``: the hardware's approximate ``lg2`` (inline PTX on the GPU; ``tl.log2`` in the interpreter)
@@ -43,8 +43,8 @@ import functools
 
 import torch
 
-from specfix import gumbel_reference as ref
 from specfix.fixes import Fixes
+from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 
 NOISE_MODES = ("exact", "fast")
@@ -165,17 +165,18 @@ if HAS_TRITON:
                 x = tl.math.div_rn(x, temp)
         if STORE_PROCESSED:
             value = _round_for_store(x, processed_row_ptr.dtype.element_ty, BF16_BY_HAND)
-            if MASK_INVALID:  # compared per lane: the interpreter cannot mask a store by a scalar comparison
-                valid = tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0
-                if PARTIAL:
-                    tl.store(processed_row_ptr + offs, value, mask=(offs < vocab_size) & valid)
-                else:
-                    tl.store(processed_row_ptr + offs, value, mask=valid)
-            else:
-                if PARTIAL:
-                    tl.store(processed_row_ptr + offs, value, mask=offs < vocab_size)
-                else:
-                    tl.store(processed_row_ptr + offs, value)
+            # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
+            if MASK_INVALID:  # [fix]
+                valid = tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0  # [fix]
+                if PARTIAL:  # [fix]
+                    tl.store(processed_row_ptr + offs, value, mask=(offs < vocab_size) & valid)  # [fix]
+                else:  # [fix]
+                    tl.store(processed_row_ptr + offs, value, mask=valid)  # [fix]
+            else:  # [no fix]
+                if PARTIAL:  # [no fix]
+                    tl.store(processed_row_ptr + offs, value, mask=offs < vocab_size)  # [no fix]
+                else:  # [no fix]
+                    tl.store(processed_row_ptr + offs, value)  # [no fix]
         if temp != 0.0:
             u = _uniform(key_mixed, token_mult)
             if FAST_NOISE:
@@ -225,12 +226,12 @@ if HAS_TRITON:
         tie); one reduction at the end, ties to the lowest token id. A NaN never wins. The next tile's
         logits are loaded before this tile's noise is computed, so the load's latency hides behind it."""
         is_valid_req = req_state_idx >= 0
-        if MASK_INVALID:
-            temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
-            seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req & (temp != 0.0), other=0)
-        else:
-            temp = tl.load(temperature_ptr + req_state_idx)
-            seed = tl.load(seed_ptr + req_state_idx, mask=temp != 0.0, other=0)
+        if MASK_INVALID:  # [fix]
+            temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)  # [fix]
+            seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req & (temp != 0.0), other=0)  # [fix]
+        else:  # [no fix]
+            temp = tl.load(temperature_ptr + req_state_idx)  # [no fix]
+            seed = tl.load(seed_ptr + req_state_idx, mask=temp != 0.0, other=0)  # [no fix]
         key = _row_key(seed, pos)
         key_mixed = key ^ (key >> 16)
         lanes = tl.arange(0, BLOCK)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from specfix.models import NgramLM
-from specfix.scheduler import check_num_spec_tokens
+from specfix.v1.scheduler import check_num_spec_tokens
 
 
 class NgramProposer:

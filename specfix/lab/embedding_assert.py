@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401  (used by the op expressions, evaluated in this namespace)
 
 EVENT_PREFIX = "@@ "
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _ASSERT = re.compile(
     r"(?P<file>\S+?\.cuh?):(?P<line>\d+): (?P<kernel>.+?): block: \[(?P<block>[\d,\s]+)\], "
     r"thread: \[(?P<thread>[\d,\s]+)\] Assertion `(?P<condition>.+?)` failed\."
@@ -313,12 +313,12 @@ def pipeline_crash_code(steps: int = 4) -> str | None:
     prints an event each time an ``nn.Embedding`` returns. None if the engine is not available."""
     import importlib.util
 
-    if importlib.util.find_spec("specfix.engine") is None:
+    if importlib.util.find_spec("specfix.v1.engine") is None:
         return None
     body = f'''
 from torch import nn
 from specfix import Fixes
-from specfix.engine import run_demo
+from specfix.v1.engine import run_demo
 
 seen = [0]
 

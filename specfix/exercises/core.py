@@ -1,0 +1,126 @@
+"""What every checker shares: a verdict that displays well, hints with ids, and no exception ever escaping.
+
+A chapter's module defines each checker with :func:`checker`::
+
+    @checker("ch2.clamp", solution="embedding_assert:clamp_for_embedding",
+             todo="write clamp_for_embedding(input_ids): a copy the embedding can index",
+             hints={"in_place": "your clamp rewrote input_ids itself: ..."})
+    def check_clamp(answer, verdict):
+        out = answer(torch.tensor([5, -1]))
+        verdict.require(out is not ..., "in_place")
+
+The body calls the reader's ``answer`` and records failures with ``verdict.require(ok, hint_id)``; the first
+failed requirement stops the check. An unsolved stub (it raises ``NotImplementedError``, or the answer is
+``None`` or ``...``) reports the ``todo`` text; any other exception from the answer becomes a hint naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_use_solutions = False
+#: Every checker defined so far, by exercise id (tests walk it).
+CHECKERS: dict[str, Checker] = {}
+#: The last verdict of each exercise in this process (``summary`` reads it).
+RESULTS: dict[str, Verdict] = {}
+
+
+def use_solutions(enabled: bool) -> None:
+    """Check the reference solutions instead of the reader's answers (the notebooks' ``SOLUTIONS`` flag)."""
+    global _use_solutions
+    _use_solutions = bool(enabled)
+
+
+class _Stop(Exception):
+    """A requirement failed: the check ends there."""
+
+
+@dataclass
+class Verdict:
+    """The outcome of one check: solved, or the hints (id, message) of what is still wrong."""
+
+    exercise: str
+    hints: list[tuple[str, str]] = field(default_factory=list)
+    checked: bool = False
+
+    @property
+    def solved(self) -> bool:
+        return self.checked and not self.hints
+
+    @property
+    def hint_ids(self) -> list[str]:
+        return [hint_id for hint_id, _ in self.hints]
+
+    def require(self, ok: bool, hint_id: str, detail: str = "") -> None:
+        """Record hint ``hint_id`` (plus ``detail``) and stop the check unless ``ok``."""
+        if not ok:
+            message = CHECKERS[self.exercise].hints[hint_id]
+            self.hints.append((hint_id, f"{message} {detail}".strip()))
+            raise _Stop
+
+    def __str__(self) -> str:
+        if self.solved:
+            return f"[solved] {self.exercise}: correct."
+        return "\n".join([f"[not yet] {self.exercise}:"] + [f"  - {message}" for _, message in self.hints])
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        if self.solved:
+            return (f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
+                    f"<code>{self.exercise}</code> is correct.</div>")
+        items = "".join(f"<li>{html.escape(message)}</li>" for _, message in self.hints)
+        return (f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
+                f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>")
+
+
+@dataclass
+class Checker:
+    exercise: str
+    solution: str
+    todo: str
+    hints: dict[str, str]
+    body: Callable
+
+    def reference(self):
+        """The reference answer: ``module:name`` under ``specfix.exercises.solutions``."""
+        module, name = self.solution.split(":")
+        return getattr(importlib.import_module(f"specfix.exercises.solutions.{module}"), name)
+
+    def __call__(self, answer=None) -> Verdict:
+        if _use_solutions:
+            answer = self.reference()
+        verdict = Verdict(self.exercise)
+        if answer is None or answer is Ellipsis:
+            verdict.hints.append(("todo", self.todo))
+        else:
+            try:
+                self.body(answer, verdict)
+                verdict.checked = True
+            except _Stop:
+                verdict.checked = True
+            except NotImplementedError:
+                verdict.hints.append(("todo", self.todo))
+            except Exception as error:  # the reader's code failed: that is feedback, not a crash
+                verdict.hints.append(("raised", f"your answer raised {type(error).__name__}: {error}"))
+        RESULTS[self.exercise] = verdict
+        return verdict
+
+
+def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str]):
+    """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``."""
+    def wrap(body: Callable) -> Checker:
+        made = Checker(exercise, solution, todo, dict(hints), body)
+        functools.update_wrapper(made, body)
+        CHECKERS[exercise] = made
+        return made
+    return wrap
+
+
+def summary(prefix: str = "") -> dict[str, bool]:
+    """Exercise id -> solved, for the exercises checked so far whose id starts with ``prefix``."""
+    return {name: verdict.solved for name, verdict in sorted(RESULTS.items()) if name.startswith(prefix)}

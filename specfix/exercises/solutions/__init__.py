@@ -1,0 +1,1 @@
+"""Reference solutions, one module per chapter. Try each exercise first."""

@@ -1,0 +1,2 @@
+"""Model Runner V2 parts, mirroring ``vllm/v1/worker/gpu/``: the draft-model speculator and its persistent
+buffers, CUDA-graph dispatch, DFlash input preparation and the Triton Gumbel sampler (chapters 3 and 4)."""

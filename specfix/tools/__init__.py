@@ -1,0 +1,2 @@
+"""Tooling shared by the chapters: the benchmark, the chi-square test, the host-sync counter, the GPU
+recordings and the map of which vLLM file each module mirrors."""

@@ -1,0 +1,82 @@
+"""The exercises work: every checker accepts its reference solution, each notebook has its exercises, and each
+notebook, run with ``SOLUTIONS = True``, reports every exercise solved.
+
+Each chapter's own test file (``tests/test_exercises_<chapter>.py``) feeds its checkers the typical wrong
+answers and checks that each gets its own hint."""
+
+import importlib
+import json
+import pkgutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import specfix.exercises
+from specfix.exercises import core
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+#: At least this many ``exercise``-tagged cells per chapter (chapters 0 has none).
+MIN_EXERCISES = {"01": 3, "02": 3, "03": 3, "04": 3, "05": 2}
+
+for info in pkgutil.iter_modules(specfix.exercises.__path__):
+    if not info.ispkg and info.name != "core":
+        importlib.import_module(f"specfix.exercises.{info.name}")
+
+
+@pytest.fixture
+def solutions_on():
+    core.use_solutions(True)
+    yield
+    core.use_solutions(False)
+
+
+@pytest.mark.parametrize("exercise", sorted(core.CHECKERS))
+def test_reference_solution_is_accepted(exercise, solutions_on):
+    verdict = core.CHECKERS[exercise]()
+    assert verdict.solved, str(verdict)
+    assert "correct" in str(verdict)
+
+
+@pytest.mark.parametrize("exercise", sorted(core.CHECKERS))
+def test_an_unsolved_stub_says_what_to_do_and_does_not_raise(exercise):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for answer in (stub, None, ...):
+        verdict = core.CHECKERS[exercise](answer)
+        assert not verdict.solved and verdict.hint_ids == ["todo"], str(verdict)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_its_exercises(path):
+    nb = json.loads(path.read_text())
+    tagged = [c for c in nb["cells"] if "exercise" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) >= MIN_EXERCISES.get(path.name[:2], 0), f"{path.name}: {len(tagged)} exercise cells"
+    params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if MIN_EXERCISES.get(path.name[:2]):
+        assert "SOLUTIONS = False" in "".join(params[0]["source"]), f"{path.name}: parameters lack SOLUTIONS"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if MIN_EXERCISES.get(p.name[:2])],
+                         ids=lambda p: p.name)
+def test_notebook_with_solutions_reports_every_exercise_solved(path, tmp_path, monkeypatch):
+    nb = nbformat.read(path, as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = params.source.replace("SOLUTIONS = False", "SOLUTIONS = True")
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "from specfix.exercises.core import summary\n"
+        "_done = summary()\n"
+        "assert _done and all(_done.values()), _done\n"
+        "print(len(_done), 'solved')"))
+    monkeypatch.setenv("SPECFIX_SCALE", "ci")  # the kernel inherits this process's environment
+    monkeypatch.setenv("SPECFIX_DEVICE", "cpu")
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    solved = int(printed.split()[0])
+    assert solved >= MIN_EXERCISES[path.name[:2]]
