@@ -124,3 +124,34 @@ def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str]):
 def summary(prefix: str = "") -> dict[str, bool]:
     """Exercise id -> solved, for the exercises checked so far whose id starts with ``prefix``."""
     return {name: verdict.solved for name, verdict in sorted(RESULTS.items()) if name.startswith(prefix)}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Python source that displays as a code block (the live text of a reference solution)."""
+
+    code: str
+
+    def __str__(self) -> str:
+        return self.code
+
+    __repr__ = __str__
+
+    def _repr_markdown_(self) -> str:
+        return f"```python\n{self.code}\n```"
+
+
+def show_solution(exercise: str) -> Source:
+    """The live source of ``exercise``'s reference solution (a function, or the line that sets a value)."""
+    import inspect
+
+    if exercise not in CHECKERS:
+        raise ValueError(f"exercise must be one of {sorted(CHECKERS)}, got {exercise!r}")
+    made = CHECKERS[exercise]
+    module_name, name = made.solution.split(":")
+    module = importlib.import_module(f"specfix.exercises.solutions.{module_name}")
+    answer = getattr(module, name)
+    if inspect.isfunction(answer) or inspect.isclass(answer):
+        return Source(inspect.getsource(answer).rstrip())
+    lines = [line for line in inspect.getsource(module).splitlines() if line.startswith(f"{name} =")]
+    return Source(lines[0] if lines else f"{name} = {answer!r}")
