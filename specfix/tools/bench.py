@@ -16,9 +16,9 @@ Triton kernels through the interpreter: those timings say nothing about speed, a
 Every report carries one ``meta`` block (device, driver, torch, triton, date: ``recorded.gpu_meta()``)
 that labels all its results: one run, one machine.
 
-JSON schema (``SCHEMA`` = "specfix.tools.bench/1"), written by :func:`write_json`::
+JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
 
-    {"schema": "specfix.tools.bench/1",
+    {"schema": "specfix.bench/1",
      "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda]},  # gpu_meta()
      "config": {"device": "cpu"|"cuda", "scale": "ci"|"full", "cases": [names run]},
      "timing_note": str,                       # what the timings mean (loud on a CPU)
@@ -64,7 +64,7 @@ from specfix.fixes import Fixes
 from specfix.tools import recorded
 from specfix.tools.syncs import count_host_syncs
 
-SCHEMA = "specfix.tools.bench/1"
+SCHEMA = "specfix.bench/1"
 TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
 GOAL_STATUSES = ("pass", "miss", "not measured", "n/a")
 CPU_NOTE = (
