@@ -1,0 +1,428 @@
+"""Chapter 5's figures and tables, all read from one ``specfix bench`` report (live, or the H200 recording).
+
+For chapter 2: :func:`fix_costs` is the one table of what the placeholder fixes cost per step, read from the
+bench's ``placeholder_fixes`` case of ``specfix/recorded/bench_h200.json``, with the fixes named as
+``specfix.lab.placeholder_fixes.LABELS`` names them. Import it (``from specfix.figures.performance import
+fix_costs``) instead of reading another recording, so both chapters show the same numbers.
+
+One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned, its
+legend outside the data, log axes labelled at the measured sizes only) and leaves showing it to the notebook.
+A case the report lacks is drawn as a panel that says why it is missing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
+
+from specfix.figures import style
+from specfix.lab.placeholder_fixes import FIXES, LABELS
+from specfix.tools import bench, recorded
+
+#: Bytes per logit of each dtype the bench measures.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+_MARKERS = {"fp32": "o-", "bf16": "s--"}
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+def fix_costs(report: dict | None = None) -> pd.DataFrame:
+    """What each way of keeping ``-1`` out of the embedding costs per step: one row per (fix, tokens).
+
+    ``report`` is a bench report; by default the H200 recording ``bench_h200``. Columns: ``fix`` (the
+    bench's name), ``label`` (the chapters' name for it), ``num_tokens``, ``median_us``/``p20_us``/
+    ``p80_us`` (one step on an idle GPU, host work included), and, where the report ran on a GPU,
+    ``host_syncs_per_step`` and ``host_us_behind_busy_gpu`` (the call's host time with earlier GPU work
+    still queued)."""
+    report = recorded.load("bench_h200") if report is None else report
+    df = bench.frame(report, "placeholder_fixes")
+    if df.empty:
+        return pd.DataFrame(columns=["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"])
+    unknown = sorted(set(df["impl"]) - set(FIXES))
+    if unknown:
+        raise ValueError(f"report names fixes {unknown} that specfix.lab.placeholder_fixes does not know")
+    df = df.rename(columns={"impl": "fix"})
+    df.insert(1, "label", df["fix"].map(LABELS))
+    df["order"] = df["fix"].map(FIXES.index)
+    keep = ["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"]
+    keep += [c for c in ("host_syncs_per_step", "host_us_behind_busy_gpu") if c in df]
+    return df.sort_values(["order", "num_tokens"])[keep].reset_index(drop=True)
+
+
+def ceilings(report: dict) -> dict[str, float]:
+    """The two ceilings measured in the report's own run, in TB/s: ``copy`` (read + write) and ``read``
+    (a plain fp32 argmax). NaN where the report has no ceilings case."""
+    df = bench.frame(report, "ceilings")
+    pick = lambda impl: float(df.loc[df["impl"] == impl, "TB_per_s"].max()) if len(df) else math.nan
+    return {"copy": pick("copy"), "read": pick("argmax_read")}
+
+
+def floor_us(rows: int, vocab: int, dtype: str, read_tb_per_s: float) -> float:
+    """The time a sampler that only reads its logits would take: bytes over the read ceiling, in us."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if not read_tb_per_s > 0:
+        raise ValueError(f"read_tb_per_s must be a positive bandwidth, got {read_tb_per_s!r}")
+    return rows * vocab * DTYPE_BYTES[dtype] / (read_tb_per_s * 1e6)
+
+
+def floor_table(report: dict) -> pd.DataFrame:
+    """specfix's samplers at every measured shape: median, floor, and the fraction of the read ceiling."""
+    g = bench.frame(report, "gumbel")
+    if g.empty:
+        return g
+    read = ceilings(report)["read"]
+    g = g[g["impl"].isin(list(bench.OURS))].copy()
+    shapes = zip(g["rows"], g["vocab"], g["dtype"], strict=True)
+    g["floor_us"] = [floor_us(rows, vocab, dtype, read) for rows, vocab, dtype in shapes]
+    g["of_read_ceiling"] = g["TB_per_s_read"] / read
+    cols = ["impl", "dtype", "vocab", "rows", "median_us", "floor_us", "G_logits_per_s", "of_read_ceiling"]
+    return g[cols].reset_index(drop=True)
+
+
+def goal(report: dict, case: str, unit: str) -> dict | None:
+    """The report's goal for ``case`` measured in ``unit`` (None when the report judged none)."""
+    return next((g for g in report["goals"] if g["case"] == case and g["unit"] == unit), None)
+
+
+def mask_overhead(report: dict) -> pd.DataFrame:
+    """Masked against unmasked kernel, one row per variant: both medians and p20-p80 spreads, the median
+    per-call ratio - 1 (``overhead``), and whether the two spreads overlap."""
+    gm = bench.frame(report, "gumbel_mask")
+    if gm.empty:
+        return gm
+    key = ["store_processed_logits"]
+    masked = gm[gm["impl"] == "masked"].set_index(key)
+    plain = gm[gm["impl"] == "unmasked"].set_index(key)
+    out = pd.DataFrame({
+        "masked_us": masked["median_us"], "masked_p20": masked["p20_us"], "masked_p80": masked["p80_us"],
+        "unmasked_us": plain["median_us"], "unmasked_p20": plain["p20_us"], "unmasked_p80": plain["p80_us"],
+        "overhead": masked["overhead"]})
+    out["spreads_overlap"] = ((out["masked_p20"] <= out["unmasked_p80"])
+                              & (out["unmasked_p20"] <= out["masked_p80"]))
+    return out.reset_index()
+
+
+def padding_price(report: dict) -> pd.DataFrame:
+    """The drafter step per live batch: rows the graph replays, how many are padding, and the speedup of
+    the replay over eager launches, per draft model."""
+    dg = bench.frame(report, "drafter_graph")
+    if dg.empty or "speedup" not in dg:
+        return pd.DataFrame(columns=["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction",
+                                     "speedup"])
+    g = dg[dg["impl"] == "graph"].copy()
+    g["padded_rows"] = g["padded_batch"] - g["live_batch"]
+    g["padded_fraction"] = g["padded_rows"] / g["padded_batch"]
+    cols = ["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction", "speedup"]
+    return g[cols].sort_values(["model", "live_batch"]).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _log_ticks(axis, values=None) -> None:
+    """Labels on a log axis that never collide: ticks at the measured ``values`` when given, otherwise at
+    1, 2 and 5 times each power of ten; no labels on minor ticks."""
+    if values is not None:
+        axis.set_major_locator(FixedLocator(sorted({float(v) for v in values})))
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
+def _log_x(ax, values=None):
+    ax.set_xscale("log")
+    _log_ticks(ax.xaxis, values)
+
+
+def _log_y(ax, values=None):
+    ax.set_yscale("log")
+    _log_ticks(ax.yaxis, values)
+
+
+def _missing(ax, report: dict, case: str, reason: str | None = None) -> None:
+    if reason is None:
+        reasons = [u["reason"] for u in report["unavailable"] if u["case"] == case]
+        reasons += [e["error"] for e in report["errors"] if e["case"] == case]
+        reason = "; ".join(reasons) or "not run in this report"
+    ax.text(0.5, 0.5, f"{case}: not measured\n{reason}", ha="center", va="center", wrap=True,
+            transform=ax.transAxes, fontsize=9)
+    ax.set_axis_off()
+
+
+def _legend_right(fig, axes) -> None:
+    """One legend for the figure, right of every axes (never over the data); duplicates merged."""
+    handles, labels = [], []
+    for ax in np.atleast_1d(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+
+
+def _finish(fig, axes, title: str, source: str, caption: str) -> None:
+    fig.suptitle(f"{title}\n{source}", fontsize=9)
+    fig.tight_layout()
+    _legend_right(fig, axes)
+    style.caption(fig, caption)
+
+
+def _on_gpu(report: dict) -> bool:
+    return report["config"]["device"] == "cuda"
+
+
+# --------------------------------------------------------------------------------------------- figures
+
+def bandwidth_figure(report: dict, source: str):
+    """Read bandwidth of specfix's two samplers against the two ceilings, fp32 and bf16 side by side."""
+    g = bench.frame(report, "gumbel")
+    ceil = ceilings(report)
+    with style.apply():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+        if g.empty:
+            for ax in axes:
+                _missing(ax, report, "gumbel")
+        else:
+            ours = g[g["impl"].isin(list(bench.OURS))]
+            for ax, dtype in zip(axes, DTYPE_BYTES, strict=True):
+                for (impl, vocab), rows in ours[ours["dtype"] == dtype].groupby(["impl", "vocab"]):
+                    ax.plot(rows["rows"], rows["TB_per_s_read"], "o-" if impl == bench.JUDGED else "x:",
+                            label=f"{impl}, vocab {vocab:,}")
+                ax.axhline(ceil["read"], color=style.CEILING, ls="--", lw=1,
+                           label=f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s")
+                ax.axhline(ceil["copy"], color=style.PADDING, ls=":", lw=1,
+                           label=f"copy (read + write): {ceil['copy']:.2f} TB/s")
+                ax.set(xlabel="rows (sequences sampled at once)", title=f"{dtype} logits")
+                _log_x(ax, ours["rows"])
+            axes[0].set_ylabel("logits read, TB/s")
+        _finish(fig, axes, "Read bandwidth of gumbel_sample against the ceilings", source,
+                "Look at how far below the dashed read ceiling each line stays: the gap is time the kernel "
+                "spends computing noise, not waiting for memory.")
+    return fig
+
+
+def throughput_figure(report: dict, source: str):
+    """Logits per second of the judged (fast-noise) kernel per dtype and vocabulary, with its goal."""
+    g = bench.frame(report, "gumbel")
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        if g.empty:
+            _missing(ax, report, "gumbel")
+        else:
+            judged = g[g["impl"] == bench.JUDGED]
+            for (dtype, vocab), rows in judged.groupby(["dtype", "vocab"]):
+                ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype],
+                        label=f"{dtype}, vocab {vocab:,}")
+            target = goal(report, "gumbel", "G logits/s")
+            if _on_gpu(report) and target:
+                ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
+            ax.set(xlabel="rows", ylabel="G logits / s")
+            _log_x(ax, judged["rows"])
+            _log_y(ax)
+        _finish(fig, ax, f"Throughput of gumbel_sample ({bench.JUDGED})", source,
+                "Read the lines at 256 rows and more against the green goal; below 256 rows a batch is too "
+                "small to keep the GPU busy, so those points are not judged.")
+    return fig
+
+
+def speedup_figure(report: dict, source: str):
+    """How many times faster the judged kernel is than each torch sampler, per dtype and vocabulary."""
+    g = bench.frame(report, "gumbel")
+    refs = ("torch_softmax_multinomial", "torch_gumbel_max")
+    with style.apply():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+        if g.empty:
+            for ax in axes:
+                _missing(ax, report, "gumbel")
+        else:
+            wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us")
+            wide = wide.reset_index()
+            for ax, ref in zip(axes, refs, strict=True):
+                for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
+                    ax.plot(rows["rows"], rows[ref] / rows[bench.JUDGED], _MARKERS[dtype],
+                            label=f"{dtype}, vocab {vocab:,}")
+                ax.axhline(1, color=style.CEILING, lw=0.8)
+                ax.set(xlabel="rows", title=f"against {ref}")
+                _log_x(ax, wide["rows"])
+                _log_y(ax)
+            target = goal(report, "gumbel", "x")
+            if _on_gpu(report) and target:
+                axes[0].axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
+            axes[0].set_ylabel("speedup (torch time / specfix time)")
+        _finish(fig, axes, "How much faster the fused Triton sampler is than the torch samplers", source,
+                "The speedup grows with the data: at one row launch and fixed costs dominate every sampler; "
+                "at many rows the torch samplers pay for the tensors they write and read again.")
+    return fig
+
+
+def graph_call_figure(report: dict, source: str):
+    """GPU time of one single-row call inside a CUDA graph, per implementation and vocabulary."""
+    gg = bench.frame(report, "gumbel_graph")
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        if gg.empty:
+            _missing(ax, report, "gumbel_graph")
+        else:
+            labels = [f"{r.impl}\nvocab {r.vocab:,}" for r in gg.itertuples()]
+            colours = [style.NEUTRAL if impl == bench.JUDGED else style.ACCENT if impl in bench.OURS
+                       else style.PADDING for impl in gg["impl"]]
+            err = np.vstack([gg["median_us"] - gg["p20_us"], gg["p80_us"] - gg["median_us"]])
+            ax.bar(labels, gg["median_us"], yerr=err, capsize=4, color=colours)
+            target = goal(report, "gumbel_graph", "us")
+            if _on_gpu(report) and target:
+                ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
+            ax.set_ylabel("GPU time per call, us")
+            ax.tick_params(axis="x", labelsize=8)
+        _finish(fig, ax, "One row of logits per call, many calls captured in one CUDA graph", source,
+                "Compare the blue bars (the serving kernel) with the grey torch bar: inside a graph no host "
+                "launch cost is left, so this is GPU time alone.")
+    return fig
+
+
+def mask_figure(report: dict, source: str):
+    """Overhead of the masked kernel over the unmasked one, against the one-sided goal (at most +target%)."""
+    mo = mask_overhead(report)
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        if mo.empty:
+            _missing(ax, report, "gumbel_mask")
+        else:
+            labels = ["with processed-logits store" if store else "sampling only"
+                      for store in mo["store_processed_logits"]]
+            values = mo["overhead"] * 100
+            ax.bar(labels, values, width=0.5, color=[style.FIXED if v <= 0 else style.NEUTRAL
+                                                     for v in values])
+            for x, v in enumerate(values):
+                ax.annotate(f"{v:+.1f}%", (x, v), xytext=(0, 4 if v >= 0 else -12), ha="center", fontsize=9,
+                            textcoords="offset points")
+            target = goal(report, "gumbel_mask", "%")
+            limit = target["target"] if target else 2.0
+            top = max(limit * 2, float(values.max()) + 1)
+            bottom = min(-limit, float(values.min()) - 1.5)
+            ax.axhspan(limit, top, color=style.BUGGY, alpha=0.12,
+                       label=f"misses the goal (more than +{limit:g}%)")
+            ax.axhline(limit, color=style.BUGGY, lw=1)
+            ax.axhline(0, color=style.CEILING, lw=0.8)
+            ax.set(ylim=(bottom, top), ylabel="masked / unmasked - 1, %")
+        _finish(fig, ax, "Cost of the is_valid_req mask (vLLM PR #47066)", source,
+                "The goal bounds the cost from above only: a bar below zero means the masked kernel ran "
+                "faster than the unmasked one, which passes.")
+    return fig
+
+
+def fix_costs_figure(report: dict, source: str):
+    """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work."""
+    fc = fix_costs(report)
+    with style.apply():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        if fc.empty:
+            for ax in axes:
+                _missing(ax, report, "placeholder_fixes")
+        else:
+            colours = dict(zip(FIXES, (style.FIXED, style.BUGGY, style.PLACEHOLDER, style.PADDING),
+                               strict=True))
+            for fix, rows in fc.groupby("fix", sort=False):
+                syncs = (f", {rows['host_syncs_per_step'].max():g} host sync / step"
+                         if "host_syncs_per_step" in rows else "")
+                err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
+                axes[0].errorbar(rows["num_tokens"], rows["median_us"], yerr=err, fmt="o-", capsize=3,
+                                 color=colours[fix], label=LABELS[fix] + syncs)
+            axes[0].set(xlabel="tokens in the step", ylabel="one step on an idle GPU, us", title="idle GPU")
+            if "host_us_behind_busy_gpu" in fc:
+                for fix, rows in fc.groupby("fix", sort=False):
+                    axes[1].plot(rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-",
+                                 color=colours[fix])
+                axes[1].set(xlabel="tokens in the step", ylabel="host time of the call, us",
+                            title="earlier GPU work still queued")
+                _log_x(axes[1], fc["num_tokens"])
+                _log_y(axes[1])
+            else:
+                _missing(axes[1], report, "host time behind a busy GPU",
+                         "needs a GPU; this report ran on a CPU")
+            _log_x(axes[0], fc["num_tokens"])
+            _log_y(axes[0])
+        _finish(fig, axes, "Cost per step of each way to keep -1 out of the embedding", source,
+                "Compare the green clamp with the magenta host mask, left on an idle GPU, right with earlier "
+                "GPU work queued: a call that synchronises waits for all of that work.")
+    return fig
+
+
+def drafter_figure(report: dict, source: str):
+    """The drafter step, eager launches against one graph replay: time per step and the speedup."""
+    dg = bench.frame(report, "drafter_graph")
+    with style.apply():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        if dg.empty:
+            for ax in axes:
+                _missing(ax, report, "drafter_graph")
+        else:
+            colours = dict(zip(sorted(dg["model"].unique()), (style.NEUTRAL, style.ACCENT), strict=False))
+            for (model, impl), rows in dg.groupby(["model", "impl"]):
+                axes[0].plot(rows["live_batch"], rows["median_us"], "o-" if impl == "graph" else "s--", ms=3,
+                             color=colours[model], label=f"{model}: {impl}")
+            axes[0].set(xlabel="live batch", ylabel="time per drafter step, us")
+            _log_y(axes[0])
+            price = padding_price(report)
+            if len(price):
+                for model, rows in price.groupby("model"):
+                    axes[1].plot(rows["live_batch"], rows["speedup"], "o-", ms=3, color=colours[model])
+                axes[1].axhline(1, color=style.CEILING, lw=0.8)
+                axes[1].set(xlabel="live batch", ylabel="graph replay speedup over eager")
+            else:
+                _missing(axes[1], report, "graph replay", "CUDA graphs need a GPU; this report ran on a CPU")
+        _finish(fig, axes, "Drafter step: eager launches at the exact batch against one graph replay", source,
+                "The replay (solid) stays flat and low while eager launches (dashed) cost the same at every "
+                "batch: at small batch the host's launches, not the GPU, set the step time.")
+    return fig
+
+
+def padding_price_figure(report: dict, source: str):
+    """Per live batch: the fraction of replayed rows that are padding, and the replay's speedup."""
+    price = padding_price(report)
+    with style.apply():
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+        if price.empty:
+            for ax in (top, bottom):
+                _missing(ax, report, "drafter_graph", "needs the graph replay, which needs a GPU")
+        else:
+            one = price[price["model"] == price["model"].iloc[0]]
+            top.bar(one["live_batch"], one["padded_fraction"] * 100, color=style.PADDING, label="padded rows")
+            top.set(ylabel="padded rows, %")
+            for model, rows in price.groupby("model"):
+                bottom.plot(rows["live_batch"], rows["speedup"], "o-", ms=3, label=f"speedup, {model}")
+            bottom.axhline(1, color=style.CEILING, lw=0.8)
+            bottom.set(xlabel="live batch", ylabel="replay speedup")
+            style.integer_ticks(bottom.xaxis)
+        _finish(fig, (top, bottom), "What the padding costs, and what the graph gives back", source,
+                "The grey bars peak just past each captured size, where most of a replayed graph is padding; "
+                "compare the speedup below at those batches with its neighbours.")
+    return fig
+
+
+def rejection_figure(report: dict, source: str):
+    """Verification time per step of specfix's Triton rejection sampler and its torch reference."""
+    rj = bench.frame(report, "rejection")
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        if rj.empty:
+            _missing(ax, report, "rejection")
+        else:
+            for (impl, mode), rows in rj.groupby(["impl", "mode"]):
+                err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
+                ax.errorbar(rows["batch"], rows["median_us"], yerr=err, capsize=3,
+                            fmt="o-" if mode == "greedy" else "s--",
+                            color=style.NEUTRAL if impl == "specfix_triton" else style.PADDING,
+                            label=f"{impl}, {mode}")
+            ax.set(xlabel="requests in the batch", ylabel="time per verification step, us")
+            _log_x(ax, rj["batch"])
+            _log_y(ax)
+        _finish(fig, ax, "Rejection sampler (verification of k drafts per request), per step", source,
+                "The blue lines barely move from 1 to 64 requests: at these sizes the step is a fixed cost "
+                "per call, not arithmetic per request.")
+    return fig
