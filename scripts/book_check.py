@@ -1,0 +1,225 @@
+"""Check the built book in a real browser: headless Chromium (Debian's), driven by Playwright.
+
+    python scripts/book_check.py [build/book/html] [--chromium /usr/bin/chromium]
+
+Serves the book over http on 127.0.0.1 (the search page needs http), opens every page and fails on
+- any console error or uncaught page error,
+- any resource that fails to load or answers 400 or more, and any request that leaves this machine
+  (the book must read offline: such requests are blocked and reported),
+- any <img> whose natural width is 0 once it has loaded,
+- any link within the book that points to a file that is not there, or to an anchor the page lacks,
+- any widget view left on a page (the book shows each widget's static figure instead),
+- a search for `idx_mapping` that finds nothing.
+It saves a screenshot of each chapter's first screen next to the book (build/book/screenshots/) and ends
+with one line `book-check: N passed, M failed`, one check per page and kind plus the search.
+
+Playwright drives the browser given by --chromium; it never downloads one (`playwright install` is not
+needed and cannot run on machines without a network).
+"""
+
+import argparse
+import functools
+import http.server
+import sys
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+SEARCH_TERM = "idx_mapping"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+VIEWPORT = {"width": 1280, "height": 900}
+TIMEOUT_MS = 60_000
+
+_IMAGES_JS = """async () => {
+  const images = [...document.images];
+  for (const img of images) {
+    img.loading = "eager";
+    try { await img.decode(); } catch (e) { /* judged below by its natural width */ }
+  }
+  return images.filter((img) => !(img.complete && img.naturalWidth > 0))
+               .map((img) => img.getAttribute("src"));
+}"""
+_LINKS_JS = "() => [...document.querySelectorAll('a[href]')].map((a) => a.href)"
+_WIDGETS_JS = f"() => document.querySelectorAll('script[type=\"{WIDGET_VIEW}\"], .jupyter-widgets').length"
+_MATHJAX_JS = "() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null"
+
+
+class _Anchors(HTMLParser):
+    """Every id (and every <a name>) in one HTML file: the targets a `#fragment` may point at."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.names = set()
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            if value and (key == "id" or (tag == "a" and key == "name")):
+                self.names.add(value)
+
+
+@functools.cache
+def anchors_of(path: Path) -> frozenset:
+    parser = _Anchors()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(parser.names)
+
+
+def broken_link(url: str, root: Path, origin: str):
+    """Why `url` (absolute, as the browser resolved an href) is broken, or None when it resolves.
+
+    Only links into the book (same scheme and host as `origin`) are judged; any other link is None.
+    """
+    parts = urlsplit(url)
+    if f"{parts.scheme}://{parts.netloc}" != origin:
+        return None
+    relative = unquote(parts.path).lstrip("/")
+    target = (root / relative).resolve()
+    if not target.is_relative_to(root.resolve()):
+        return f"{url}: points outside the book"
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_file():
+        return f"{url}: no file {target.relative_to(root.resolve())}"
+    fragment = unquote(parts.fragment)
+    if fragment and target.suffix == ".html" and fragment not in anchors_of(target):
+        return f"{url}: {target.relative_to(root.resolve())} has no anchor #{fragment}"
+    return None
+
+
+def book_pages(root: Path) -> list:
+    """Every HTML page of the book, relative to `root`; theme and static assets (folders named _*) aside."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
+                  if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1]))
+
+
+def chapter_pages(pages: list) -> list:
+    return [page for page in pages if page.startswith("notebooks/")]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+def _serve(root: Path):
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _check_page(page, url, root, origin, outside):
+    """Open one page; return {check name: [problems]} for it."""
+    console, resources = [], []
+    page.on("console", lambda msg: console.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda err: console.append(f"uncaught: {err}"))
+    page.on("requestfailed", lambda req: resources.append(f"{req.url}: {req.failure}"))
+    page.on("response", lambda resp: resources.append(f"{resp.url}: HTTP {resp.status}")
+            if resp.status >= 400 else None)
+    outside.clear()
+    page.goto(url, wait_until="networkidle")
+    page.evaluate(_MATHJAX_JS)  # wait until MathJax has typeset the page (and loaded its fonts)
+    page.wait_for_load_state("networkidle")
+    images = [f"img {src!r} has natural width 0" for src in page.evaluate(_IMAGES_JS)]
+    links = sorted({problem for href in page.evaluate(_LINKS_JS)
+                    if (problem := broken_link(href, root, origin))})
+    widgets = page.evaluate(_WIDGETS_JS)
+    return {
+        "console": console,
+        "resources": resources + [f"{u}: request leaves this machine (blocked)" for u in outside],
+        "images": images,
+        "links": links,
+        "widgets": [f"{widgets} widget view(s) left on the page"] if widgets else [],
+    }
+
+
+def _search(page, origin, term):
+    """The pages a search for `term` lists, from the book's search page."""
+    page.goto(f"{origin}/search.html?q={term}", wait_until="networkidle")
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#search-results'); "
+        "return s && (s.querySelector('li') || /found|did not match/i.test(s.textContent)); }",
+        timeout=TIMEOUT_MS)
+    return page.eval_on_selector_all("#search-results li a", "(links) => links.map((a) => a.href)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("html", nargs="?", default="build/book/html", type=Path,
+                        help="the built book (default: build/book/html)")
+    parser.add_argument("--chromium", default="/usr/bin/chromium",
+                        help="the Chromium binary Playwright drives (default: Debian's, /usr/bin/chromium)")
+    parser.add_argument("--screenshots", type=Path, default=None,
+                        help="where the chapters' first screens go (default: screenshots/ beside html)")
+    args = parser.parse_args(argv)
+
+    root = args.html.resolve()
+    if not (root / "search.html").is_file():
+        parser.error(f"{args.html} holds no built book (no search.html): run `make book` first")
+    if not Path(args.chromium).is_file():
+        parser.error(f"--chromium {args.chromium} does not exist: install Debian's `chromium` package")
+    shots = (args.screenshots or root.parent / "screenshots").resolve()
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = book_pages(root)
+    chapters = chapter_pages(pages)
+    if not chapters:
+        parser.error(f"{args.html} holds no chapter page (notebooks/*.html)")
+
+    from playwright.sync_api import sync_playwright
+
+    server = _serve(root)
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    results, outside = {}, []
+
+    def route(request_route):
+        if request_route.request.url.startswith(origin + "/") or urlsplit(request_route.request.url).scheme \
+                not in ("http", "https", "ws", "wss"):
+            request_route.continue_()
+        else:
+            outside.append(request_route.request.url)
+            request_route.abort()
+
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=args.chromium, headless=True)
+            context = browser.new_context(viewport=VIEWPORT)
+            context.set_default_timeout(TIMEOUT_MS)
+            context.route("**/*", route)
+            for name in pages:
+                page = context.new_page()
+                results[name] = _check_page(page, f"{origin}/{name}", root, origin, outside)
+                if name in chapters:
+                    page.evaluate("() => window.scrollTo(0, 0)")
+                    page.screenshot(path=str(shots / (Path(name).stem + ".png")))
+                page.close()
+            page = context.new_page()
+            hits = _search(page, origin, SEARCH_TERM)
+            page.close()
+            browser.close()
+    finally:
+        server.shutdown()
+
+    passed = failed = 0
+    for name, checks in results.items():
+        for check, problems in checks.items():
+            if problems:
+                failed += 1
+                print(f"FAIL {name} [{check}]")
+                for problem in problems:
+                    print(f"    {problem}")
+            else:
+                passed += 1
+    if hits:
+        passed += 1
+        print(f"search for {SEARCH_TERM!r}: {len(hits)} page(s), e.g. {hits[0].removeprefix(origin + '/')}")
+    else:
+        failed += 1
+        print(f"FAIL search for {SEARCH_TERM!r} found nothing")
+    print(f"{len(pages)} pages opened in {args.chromium}; screenshots of {len(chapters)} chapters in {shots}")
+    print(f"book-check: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

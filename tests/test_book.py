@@ -1,0 +1,227 @@
+"""The book's promises that fail cheaply, without building it: every chapter in the toctree, a config that
+fetches nothing and fails on a failing cell, CI that checks it after `make test`, the cell presentation
+rules, and the link checker of scripts/book_check.py."""
+
+import importlib.util
+import json
+import os
+import re
+import runpy
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # specfix_book imports book_cells by name, as Sphinx loads it
+    spec.loader.exec_module(module)
+    return module
+
+
+book_cells = _load("book_cells", DOCS / "_ext" / "book_cells.py")
+book_check = _load("book_check", ROOT / "scripts" / "book_check.py")
+
+
+@pytest.fixture(scope="module")
+def conf():
+    with mock.patch.dict(os.environ), mock.patch.object(sys, "path", list(sys.path)):
+        return runpy.run_path(str(DOCS / "conf.py"))
+
+
+def _toctree_entries():
+    index = (DOCS / "index.md").read_text()
+    blocks = re.findall(r"```\{toctree\}\n(.*?)```", index, flags=re.S)
+    assert blocks, "docs/index.md has no toctree"
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.strip().startswith(":")]
+
+
+def test_every_chapter_is_in_the_toctree_in_order():
+    chapters = [f"../notebooks/{p.stem}" for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    assert chapters, "no notebooks found"
+    assert _toctree_entries() == chapters
+
+
+def test_conf_reads_the_chapters_where_they_live(conf):
+    assert conf["root_doc"] == "docs/index"
+    assert "notebooks/*.ipynb" in conf["include_patterns"]
+    # the walk is pruned everywhere but docs/ and notebooks/ (a .venv holds thousands of files)
+    assert {"specfix", "tests", "scripts"} <= set(conf["exclude_patterns"])
+    assert not {"docs", "notebooks"} & set(conf["exclude_patterns"])
+
+
+def test_conf_runs_every_chapter(conf):
+    assert conf["nb_execution_mode"] == "force"
+    assert conf["nb_execution_timeout"] >= 300
+    assert "specfix_book" in conf["extensions"]
+
+
+class _Env:
+    def __init__(self, **succeeded):
+        self.nb_metadata = {"docs/index": {}}
+        self.nb_metadata.update({f"notebooks/{name}": {"exec_data": {"succeeded": ok}}
+                                 for name, ok in succeeded.items()})
+
+
+def test_a_failing_chapter_fails_the_build():
+    pytest.importorskip("sphinx")
+    specfix_book = _load("specfix_book", DOCS / "_ext" / "specfix_book.py")
+    from sphinx.errors import ExtensionError
+
+    specfix_book._fail_on_failed_chapters(None, _Env(a=True, b=True))
+    with pytest.raises(ExtensionError, match=r"a cell raised in notebooks/b, notebooks/c \("):
+        specfix_book._fail_on_failed_chapters(None, _Env(a=True, b=False, c=False))
+
+
+def test_widget_views_are_dropped_and_other_outputs_kept():
+    pytest.importorskip("sphinx")
+    from docutils import nodes
+    from docutils.utils import new_document
+
+    specfix_book = _load("specfix_book", DOCS / "_ext" / "specfix_book.py")
+
+    def cell(*mime_types):
+        bundle = nodes.container(nb_element="mime_bundle")
+        bundle.extend(nodes.container(mime_type=m) for m in mime_types)
+        output = nodes.container(nb_element="cell_code_output")
+        output.append(bundle)
+        code = nodes.container(nb_element="cell_code")
+        code.append(output)
+        return code
+
+    document = new_document("chapter")
+    document.extend([cell(specfix_book.WIDGET_VIEW, "text/plain"), cell("image/svg+xml", "text/plain")])
+    specfix_book.DropWidgetViews(document).run()
+    widget_cell, figure_cell = document.children
+    assert widget_cell.children == [], "the widget's output area should be gone"
+    assert [c["mime_type"] for c in figure_cell.children[0].children[0].children] == ["image/svg+xml",
+                                                                                     "text/plain"]
+
+
+def test_conf_fetches_nothing(conf):
+    assert not re.match(r"https?:|//", conf["mathjax_path"]), "MathJax must come from the book itself"
+    assert conf["nb_ipywidgets_js"] == {}, "the ipywidgets loader comes from a CDN"
+    assert conf["html_theme"] == "sphinx_book_theme"
+
+
+def test_book_runs_at_ci_scale_on_the_cpu_by_default():
+    with mock.patch.dict(os.environ, clear=True), mock.patch.object(sys, "path", list(sys.path)):
+        runpy.run_path(str(DOCS / "conf.py"))
+        assert (os.environ["SPECFIX_SCALE"], os.environ["SPECFIX_DEVICE"]) == ("ci", "cpu")
+
+
+def _make_rule(makefile, target):
+    match = re.search(rf"^{re.escape(target)}:([^\n]*)\n((?:\t[^\n]*\n)*)", makefile, flags=re.M)
+    assert match, f"no rule for {target!r}"
+    return match.group(1).split(), match.group(2)
+
+
+def test_make_test_runs_what_it_ran_and_not_the_book():
+    makefile = (ROOT / "Makefile").read_text()
+    prerequisites, recipe = _make_rule(makefile, "test")
+    assert prerequisites == ["lint", "unit", "notebooks"] and not recipe.strip()
+    for target in prerequisites:
+        deps, recipe = _make_rule(makefile, target)
+        assert not {"book", "book-check"} & set(deps), f"`make {target}` must not build the book"
+        assert not re.search(r"sphinx|book_check|\$\(BOOK", recipe), f"`make {target}` builds the book"
+
+
+def test_ci_checks_the_book_after_make_test():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert lines.index("make test") < lines.index("make book-check")
+    assert _make_rule((ROOT / "Makefile").read_text(), "book-check")[0] == ["book"]
+
+
+def test_make_lab_keeps_the_token_and_the_loopback_address():
+    makefile = (ROOT / "Makefile").read_text()
+    _, recipe = _make_rule(makefile, "lab")
+    assert "--ip=127.0.0.1" in recipe and "$(LAB_ROOT)" in recipe and "$(LAB_ARGS)" in recipe
+    assert "token" not in recipe.lower() and "password" not in recipe.lower()
+    assert re.search(r"^LAB_ROOT\s*:=.*id -u.*--allow-root", makefile, flags=re.M)
+
+
+# --- how cells are presented ----------------------------------------------------------------------------
+
+
+def _cell(kind, lines, tags=()):
+    return {"cell_type": kind, "metadata": {"tags": list(tags)},
+            "source": [f"line {i}\n" for i in range(lines)]}
+
+
+def test_long_code_cells_start_collapsed_with_their_length():
+    nb = {"cells": [_cell("code", 16), _cell("code", 15), _cell("markdown", 40)]}
+    long, short, prose = book_cells.prepare_notebook(nb, collapse_lines=15)["cells"]
+    assert "hide-input" in long["metadata"]["tags"]
+    assert long["metadata"]["mystnb"]["code_prompt_show"] == "Show the code (16 lines)"
+    assert short["metadata"]["tags"] == [] and "mystnb" not in short["metadata"]
+    assert prose["metadata"]["tags"] == []
+
+
+def test_exercises_stay_open_and_solutions_hide():
+    nb = {"cells": [_cell("code", 40, ["exercise"]), _cell("code", 3, ["solution"]),
+                    _cell("markdown", 2, ["solution"]), _cell("code", 30, ["hide-output"])]}
+    exercise, code_solution, prose_solution, chosen = book_cells.prepare_notebook(nb, 15)["cells"]
+    assert exercise["metadata"]["tags"] == ["exercise"]
+    assert code_solution["metadata"]["tags"] == ["solution", "hide-cell"]
+    assert code_solution["metadata"]["mystnb"]["code_prompt_show"] == "Show the solution"
+    assert prose_solution["source"].startswith('<details class="specfix-solution">')
+    assert "line 1" in prose_solution["source"] and prose_solution["source"].endswith("</details>\n")
+    assert chosen["metadata"]["tags"] == ["hide-output"], "a cell that chose how to show itself is kept"
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "15"])
+def test_collapse_threshold_is_checked(bad):
+    with pytest.raises(ValueError, match="collapse_lines must be a positive int"):
+        book_cells.prepare_notebook({"cells": []}, bad)
+
+
+def test_the_real_chapters_prepare_without_error():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = book_cells.prepare_notebook(json.loads(path.read_text()), 15)
+        for cell in nb["cells"]:
+            tags = cell["metadata"]["tags"]
+            assert not ("exercise" in tags and "hide-input" in tags), f"{path.name}: exercise collapsed"
+
+
+# --- the browser check's link rules -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def site(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "index.html").write_text('<a href="notebooks/a.html#x">a</a>')
+    (tmp_path / "notebooks" / "a.html").write_text('<h1 id="x">A</h1><a name="old">n</a>')
+    (tmp_path / "notebooks" / "index.html").write_text("<p>folder index</p>")
+    (tmp_path / "_static" / "theme.html").write_text("<p>asset</p>")
+    return tmp_path
+
+
+ORIGIN = "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize("url", [f"{ORIGIN}/notebooks/a.html", f"{ORIGIN}/notebooks/a.html#x",
+                                 f"{ORIGIN}/notebooks/a.html#old", f"{ORIGIN}/notebooks/",
+                                 "https://github.com/vllm-project/vllm/pull/47066", "mailto:a@example.org"])
+def test_links_that_resolve(site, url):
+    assert book_check.broken_link(url, site, ORIGIN) is None
+
+
+@pytest.mark.parametrize("url, why", [(f"{ORIGIN}/notebooks/b.html", "no file notebooks/b.html"),
+                                      (f"{ORIGIN}/notebooks/a.html#y", "has no anchor #y"),
+                                      (f"{ORIGIN}/../../etc/passwd", "points outside the book")])
+def test_links_that_do_not(site, url, why):
+    assert why in book_check.broken_link(url, site, ORIGIN)
+
+
+def test_pages_leave_out_theme_assets(site):
+    pages = book_check.book_pages(site)
+    assert pages == ["index.html", "notebooks/a.html", "notebooks/index.html"]
+    assert book_check.chapter_pages(pages) == ["notebooks/a.html", "notebooks/index.html"]
