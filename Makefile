@@ -1,5 +1,6 @@
 # Two entry points: `make lab` and `make test`. Both create .venv and install specfix with its
-# notebook and test extras (from pyproject.toml, the one dependency list); a second run reuses it.
+# notebook, test and book extras (from pyproject.toml, the one dependency list); a second run reuses it.
+# `make book` renders the chapters as a static site, `make book-check` checks it in headless Chromium.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,15 +8,24 @@ STAMP  := $(VENV)/.specfix-installed
 # CPU CI: two workers for the package tests; notebooks run one at a time (kernel start-up races).
 PYTEST_WORKERS ?= 2
 
-.PHONY: lab test lint unit notebooks gpu-test clean
+# The book and its check: Sphinx + MyST-NB (docs/conf.py) run every chapter; Debian's Chromium reads it.
+BOOK      := build/book
+BOOK_JOBS ?= 2
+CHROMIUM  ?= /usr/bin/chromium
+# JupyterLab refuses to start as root unless told; containers usually run as root. LAB_ARGS adds options.
+LAB_ARGS  ?=
+LAB_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: lab test lint unit notebooks gpu-test clean book book-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev,notebooks]'
+	$(BIN)/python -m pip install -q -e '.[book,dev,notebooks]'
 	touch $(STAMP)
 
+# Token authentication and the loopback address stay as JupyterLab sets them; open the URL it prints.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --ip=127.0.0.1 $(LAB_ROOT) $(LAB_ARGS) notebooks/
 
 test: lint unit notebooks
 
@@ -30,6 +40,17 @@ unit: $(STAMP)
 
 notebooks: $(STAMP)
 	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
+
+# A fresh build every time (-E, and the old folder removed): the pages show what the code does today.
+# -W: any warning (a broken cross-reference, an unreadable output) fails the build, as a failing cell does.
+book: $(STAMP)
+	rm -rf $(BOOK)
+	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} SPECFIX_DEVICE=$${SPECFIX_DEVICE:-cpu} \
+		$(BIN)/sphinx-build -E -W --keep-going -j $(BOOK_JOBS) -b html -c docs -d $(BOOK)/doctrees . $(BOOK)/html
+	@echo "The book is built: open file://$(abspath $(BOOK))/html/index.html"
+
+book-check: book
+	$(BIN)/python scripts/book_check.py $(BOOK)/html --chromium $(CHROMIUM)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
