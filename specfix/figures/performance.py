@@ -155,19 +155,23 @@ def _missing(ax, report: dict, case: str, reason: str | None = None) -> None:
 
 
 def _legend_right(fig, axes) -> None:
-    """One legend for the figure, right of every axes (never over the data); duplicates merged."""
+    """One legend for the figure, right of every axes and level with their top (never over the data, never
+    over the title); duplicate labels merged."""
+    axes = [ax for ax in np.atleast_1d(axes) if ax.axison]
     handles, labels = [], []
-    for ax in np.atleast_1d(axes):
+    for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
     if handles:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+        right = max(ax.get_position().x1 for ax in axes)
+        top = max(ax.get_position().y1 for ax in axes)
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(right + 0.01, top))
 
 
 def _finish(fig, axes, title: str, source: str, caption: str) -> None:
-    fig.suptitle(f"{title}\n{source}", fontsize=9)
+    fig.suptitle(f"{title}\n{source}", fontsize=8)
     fig.tight_layout()
     _legend_right(fig, axes)
     style.caption(fig, caption)
@@ -269,19 +273,23 @@ def graph_call_figure(report: dict, source: str):
         if gg.empty:
             _missing(ax, report, "gumbel_graph")
         else:
-            labels = [f"{r.impl}\nvocab {r.vocab:,}" for r in gg.itertuples()]
-            colours = [style.NEUTRAL if impl == bench.JUDGED else style.ACCENT if impl in bench.OURS
-                       else style.PADDING for impl in gg["impl"]]
-            err = np.vstack([gg["median_us"] - gg["p20_us"], gg["p80_us"] - gg["median_us"]])
-            ax.bar(labels, gg["median_us"], yerr=err, capsize=4, color=colours)
+            impls = list(dict.fromkeys(gg["impl"]))
+            vocabs = sorted(gg["vocab"].unique())
+            width = 0.8 / len(impls)
+            colours = [style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER]
+            for i, impl in enumerate(impls):
+                rows = gg[gg["impl"] == impl].set_index("vocab").reindex(vocabs)
+                err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
+                ax.bar(np.arange(len(vocabs)) + (i - (len(impls) - 1) / 2) * width, rows["median_us"], width,
+                       yerr=err, capsize=3, color=colours[i % len(colours)], label=impl)
+            ax.set_xticks(np.arange(len(vocabs)), [f"vocab {v:,}" for v in vocabs])
             target = goal(report, "gumbel_graph", "us")
             if _on_gpu(report) and target:
                 ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
             ax.set_ylabel("GPU time per call, us")
-            ax.tick_params(axis="x", labelsize=8)
         _finish(fig, ax, "One row of logits per call, many calls captured in one CUDA graph", source,
-                "Compare the blue bars (the serving kernel) with the grey torch bar: inside a graph no host "
-                "launch cost is left, so this is GPU time alone.")
+                "Compare specfix_fast (the serving kernel) with the green goal and the torch bar: inside a "
+                "graph no host launch cost is left, so this is GPU time alone.")
     return fig
 
 
@@ -289,7 +297,7 @@ def mask_figure(report: dict, source: str):
     """Overhead of the masked kernel over the unmasked one, against the one-sided goal (at most +target%)."""
     mo = mask_overhead(report)
     with style.apply():
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
         if mo.empty:
             _missing(ax, report, "gumbel_mask")
         else:

@@ -1,0 +1,119 @@
+"""Chapter 5's exercises: the floor time of a sampler from its bytes, and the rows a CUDA-graph replay runs.
+
+Both are checked against the H200 recording ``specfix/recorded/bench_h200.json``: the read ceiling measured in
+that run, and the batch sizes its drafter steps were actually replayed at.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from specfix.exercises.core import checker
+from specfix.figures.performance import ceilings, floor_us
+from specfix.mrv2.cudagraph import cudagraph_capture_sizes
+from specfix.tools import bench, recorded
+
+#: The shape of the prediction: rows, vocabulary, dtype.
+FLOOR_SHAPE = (256, 151_936, "fp32")
+#: A prediction within this relative distance of the floor counts as right.
+FLOOR_TOLERANCE = 0.02
+
+
+def _h200() -> dict:
+    return recorded.load("bench_h200")
+
+
+def _close(value: float, target: float) -> bool:
+    return abs(value - target) <= FLOOR_TOLERANCE * abs(target)
+
+
+@checker(
+    "ch5.floor",
+    solution="performance:answer_floor_us",
+    todo="set answer to the floor time, in microseconds, of sampling 256 rows of 151,936 fp32 logits on the "
+         "H200: the bytes the sampler must read over the read ceiling of the recorded run",
+    hints={
+        "not_a_number": "answer must be a number of microseconds (e.g. answer = 12.5).",
+        "copy_ceiling": "you divided by the copy bandwidth: a copy's TB/s counts bytes read and bytes "
+                        "written, while a sampler only reads its logits. Use the read ceiling (fp32 argmax).",
+        "bytes_per_logit": "your bytes per logit are off: an fp32 logit is 4 bytes.",
+        "read_and_write": "you counted the logits twice, as if they were read and written: a sampler reads "
+                          "them once and writes only one token id per row.",
+        "units": "your answer is off by a power of ten: bytes / (TB/s x 1e12) gives seconds; the answer is "
+                 "in microseconds (x 1e6).",
+        "measured": "that is the kernel's measured time, not its floor: the floor is the time a kernel that "
+                    "did nothing but read the logits would take.",
+        "off": "not within 2% of the floor: rows x vocab x 4 bytes, over the read ceiling in bytes per "
+               "microsecond (TB/s x 1e6).",
+    },
+)
+def check_floor(answer, verdict):
+    verdict.require(isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0,
+                    "not_a_number", f"Got {answer!r}.")
+    report = _h200()
+    rows, vocab, dtype = FLOOR_SHAPE
+    limits = ceilings(report)
+    floor = floor_us(rows, vocab, dtype, limits["read"])
+    answer = float(answer)
+    if _close(answer, floor):
+        return
+    logits_over_read = rows * vocab / (limits["read"] * 1e6)
+    measured = bench.frame(report, "gumbel").query(
+        "impl == @bench.JUDGED and rows == @rows and vocab == @vocab and dtype == @dtype")["median_us"]
+    verdict.require(not _close(answer, floor_us(rows, vocab, dtype, limits["copy"])), "copy_ceiling")
+    verdict.require(not any(_close(answer, n * logits_over_read) for n in (1, 2)), "bytes_per_logit")
+    verdict.require(not _close(answer, 2 * floor), "read_and_write")
+    verdict.require(not any(_close(answer, floor * 10.0 ** e) for e in (-9, -6, -3, 3, 6, 9)), "units")
+    verdict.require(not any(_close(answer, m) for m in measured), "measured")
+    verdict.require(False, "off", f"You said {answer:,.4g} us.")
+
+
+#: The drafter's buffers in the H200 run hold this many requests: no graph is captured above it.
+MAX_NUM_REQS = 64
+
+
+@checker(
+    "ch5.replayed_rows",
+    solution="performance:replayed_rows",
+    todo="write replayed_rows(live_batch, capture_sizes): the number of rows a drafter step processes for "
+         "live_batch requests, given the batch sizes that have a CUDA graph",
+    hints={
+        "not_int": "replayed_rows must return an int, the number of rows the step processes.",
+        "too_few": "you replayed fewer rows than there are live requests: those requests would drop out of "
+                   "the step. A graph can only serve a batch it holds: take a captured size >= the batch.",
+        "exact_fit": "a batch that equals a captured size fits that graph exactly, yet you padded it to a "
+                     "larger one: compare with >=, not >.",
+        "not_smallest": "you replayed a graph larger than needed: every extra row is padding the GPU "
+                        "computes for nothing. Take the smallest captured size that holds the batch.",
+        "unsorted": "with the capture sizes listed largest first you picked the wrong one: the list need "
+                    "not be sorted, so take the smallest fitting size, not the first.",
+        "eager": "a batch larger than every captured size has no graph: it runs eagerly at its exact size, "
+                 "so return the batch itself.",
+    },
+)
+def check_replayed_rows(answer, verdict):
+    sizes = [s for s in cudagraph_capture_sizes() if s <= MAX_NUM_REQS]
+    runs = bench.frame(_h200(), "drafter_graph")[["live_batch", "padded_batch"]].drop_duplicates()
+    for live, padded in sorted(runs.itertuples(index=False)):
+        got = answer(int(live), list(sizes))
+        verdict.require(isinstance(got, numbers.Integral) and not isinstance(got, bool), "not_int",
+                        f"For a live batch of {live} it returned {got!r}.")
+        said = f"A live batch of {live} got {got} rows."
+        verdict.require(got >= live, "too_few", said)
+        next_up = min((s for s in sizes if s > live), default=None)
+        verdict.require(not (live in sizes and got == next_up), "exact_fit", said)
+        verdict.require(got == padded, "not_smallest",
+                        f"A live batch of {live} got {got} rows; the H200 run replayed {padded}.")
+    live = sizes[2] + 1
+    got = answer(live, sorted(sizes, reverse=True))
+    verdict.require(got == min(s for s in sizes if s >= live), "unsorted",
+                    f"A live batch of {live} got {got} rows.")
+    live = max(sizes) + 6
+    try:
+        got = answer(live, list(sizes))
+    except NotImplementedError:
+        raise
+    except Exception as error:  # e.g. min() of no fitting size
+        got = f"{type(error).__name__}: {error}"
+    verdict.require(got == live, "eager", f"A live batch of {live} got {got!r}; the largest graph holds "
+                                          f"{max(sizes)}.")
