@@ -52,7 +52,7 @@ def test_generate_gives_readable_text():
 def test_greedy_speculative_equals_plain_greedy(proposer):
     remote = [True, False, True, False, False, True]
     kw = dict(models=MODELS, sampler_backend="torch", remote_prefill=remote)
-    params = SamplingParams(max_tokens=15)
+    params = SamplingParams(temperature=0.0, max_tokens=15)
     spec = generate(PROMPTS, params, num_speculative_tokens=3, proposer=proposer, **kw)
     plain = generate(PROMPTS, params, num_speculative_tokens=None, **kw)
     tok = get_tokenizer()
@@ -76,6 +76,24 @@ def test_seeded_requests_are_reproducible_and_batch_independent():
     others = [SamplingParams(temperature=1.0, seed=i, max_tokens=9) for i in range(5)]
     crowd = generate(PROMPTS, [params, *others], **kw).outputs[0].token_ids
     assert alone == again == crowd
+
+
+def test_a_vanishing_temperature_decodes_greedily():
+    """Below SAMPLING_EPS (1e-5) a request is greedy, as in vLLM; a subnormal temperature used to turn
+    the softmax NaN and every token into 0."""
+    kw = dict(models=MODELS, sampler_backend="torch", remote_prefill=[True, False] * 3)
+    plain = generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10), **kw)
+    greedy = [o.token_ids for o in plain.outputs]
+    assert len({t for ids in greedy for t in ids}) > 5
+    for t in (1e-45, 1e-40, 1e-38, 9e-6):
+        tiny = generate(PROMPTS, SamplingParams(temperature=t, seed=4, max_tokens=10), **kw)
+        assert [o.token_ids for o in tiny.outputs] == greedy, t
+
+
+def test_seeds_at_the_int64_limits_run():
+    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=6) for s in (2**63 - 1, -(2**63))]
+    out = generate(PROMPTS[:2], params, models=MODELS, sampler_backend="torch").outputs
+    assert [len(o.token_ids) for o in out] == [6, 6]
 
 
 def test_without_the_clamp_the_embedding_raises():
@@ -125,7 +143,7 @@ def test_without_reject_negative_drafts_placeholders_get_accepted():
 
 def test_zero_placeholders_are_accepted_when_the_target_picks_token_zero():
     kw = dict(models=MODELS, sampler_backend="torch", proposer="ngram", remote_prefill=True, record=True)
-    params = SamplingParams(max_tokens=30)
+    params = SamplingParams(temperature=0.0, max_tokens=30)
     zero = generate(PROMPTS, params, placeholder_policy="zero", **kw)
     minus = generate(PROMPTS, params, **kw)
     accepted_zero_slots, emitted = 0, []
@@ -200,7 +218,7 @@ def test_bad_generate_calls_are_refused(args, kwargs, error):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_engine_matches_cpu():
     kw = dict(num_speculative_tokens=3, remote_prefill=[True, False] * 3, sampler_backend="auto")
-    greedy = SamplingParams(max_tokens=16)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
     on_gpu = generate(PROMPTS, greedy, device="cuda", models=load_models("cuda"), **kw)
     on_cpu = generate(PROMPTS, greedy, models=MODELS, **kw)
     assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]

@@ -107,7 +107,8 @@ def test_one_step_through_scheduler_runner_and_sampler(models):
     runner = _runner(models, record=True, max_model_len=64)
     sched = Scheduler(vocab_size=target.vocab_size, num_spec_tokens=3, max_model_len=64)
     prompt = [4, 0, 17, 30]
-    sched.add_request(Request("a", prompt, SamplingParams(max_tokens=8), num_computed_tokens=3))
+    sched.add_request(Request("a", prompt, SamplingParams(temperature=0.0, max_tokens=8),
+                                num_computed_tokens=3))
     out = sched.schedule()
     result = runner.execute_model(out)
     trace = runner.trace[-1]
@@ -143,7 +144,8 @@ def test_prefilled_request_receives_its_kv(models):
     runner = _runner(models, record=True, max_model_len=32)
     sched = Scheduler(vocab_size=target.vocab_size, num_spec_tokens=3, max_model_len=32)
     prompt = [4, 0, 17, 30, 2]
-    sched.add_request(Request("a", prompt, SamplingParams(max_tokens=4), num_computed_tokens=4))
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    sched.add_request(Request("a", prompt, greedy, num_computed_tokens=4))
     result = runner.execute_model(sched.schedule())
     assert runner.kv_cache[:4].tolist() == prompt[:4]
     assert result.sampled_token_ids == [[int(target.score(prompt)[-1].argmax())]]

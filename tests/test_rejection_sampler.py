@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfix import Fixes
+from specfix.fixes import show_fix
 from specfix.runtime import DEVICE, HAS_TRITON
 from specfix.tools.stats import chi_square_samples
 from specfix.v1.rejection_sampler import (
@@ -317,7 +318,7 @@ def test_without_the_guard_a_placeholder_is_accepted_and_emitted(backend):
     out = RejectionSampler(FIX_OFF, backend=backend)(md, None, logits, sm)
     assert out[1, 0].item() == PLACEHOLDER_TOKEN_ID, "the -1 draft should be accepted and emitted"
     assert out[1, 1].item() == 5, "decoding continues after the bogus token"
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="non-token in the valid prefix"):
         check_output_contract(out, md.num_draft_tokens, 8)
     # parse_output silently drops the -1: the request advances by two tokens where one was real.
     assert RejectionSampler.parse_output(out, 8)[1][0] == 5
@@ -607,6 +608,13 @@ def _good():
     return md, torch.randn(5, 8), SamplingMetadata.from_requests([1.0, 0.0], [7, None])
 
 
+def _poisoned(table, row, value):
+    """A copy with one bad entry in ``row`` (or, for -inf, the whole row -inf)."""
+    table = table.clone()
+    table[row, slice(None) if value == float("-inf") else 2] = value
+    return table
+
+
 @pytest.mark.parametrize(
     "mutate, error, word",
     [
@@ -618,6 +626,13 @@ def _good():
         (lambda md, lg, q: (SpecDecodeMetadata.make_dummy([[1, -2], [3]]), lg, q), ValueError, "draft_token"),
         (lambda md, lg, q: (SpecDecodeMetadata.make_dummy([[1], [2], [3]]), torch.randn(6, 8), q), ValueError,
          "temperature"),
+        # a NaN row used to be sampled silently as token 0; +inf and an all -inf row make the softmax NaN
+        (lambda md, lg, q: (md, _poisoned(lg, 3, float("nan")), q), ValueError,
+         r"logits must be free of NaN.*1 row\(s\) are not, the first is row 3"),
+        (lambda md, lg, q: (md, _poisoned(lg, 0, float("inf")), q), ValueError, "first is row 0"),
+        (lambda md, lg, q: (md, _poisoned(lg, 4, float("-inf")), q), ValueError, "first is row 4"),
+        (lambda md, lg, q: (md, lg, _poisoned(torch.rand(3, 8), 1, float("nan"))), ValueError,
+         "draft_probs must be free of NaN"),
     ],
 )  # fmt: skip
 def test_bad_forward_input_is_refused_before_any_randomness(mutate, error, word):
@@ -652,6 +667,30 @@ def test_sampling_metadata_bad_input():
         SamplingMetadata(torch.tensor([0.0, 1.0]), True, False, {})
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_temperatures_below_sampling_eps_are_greedy(backend):
+    """A subnormal temperature (1e-40; 1e-45 in float32) overflows ``logits / T`` into NaN, which made
+    every token 0. Below SAMPLING_EPS (vLLM's 1e-5) a request is greedy, however it reaches the sampler."""
+    md = SpecDecodeMetadata.make_dummy([[3, 1], [2], [4, 4], [0]])
+    logits = torch.randn(10, 6, generator=torch.Generator().manual_seed(0)) * 4
+    tiny = torch.tensor([1e-40, 1e-45, 9e-6, 0.0])
+    assert tiny[1] > 0  # float32 keeps 1e-45 as a subnormal, not as zero
+    direct = SamplingMetadata(tiny, all_greedy=True, all_random=False, generators={})
+    assert direct.is_greedy.tolist() == [True] * 4
+    built = SamplingMetadata.from_requests([1e-40, 1e-45, 9e-6, 0.0], [1, 2, None, 3])
+    assert built.all_greedy and built.temperature is None and built.generators == {}
+    expected = RejectionSampler(backend=backend)(md, None, logits.clone(), greedy(4))
+    for sm in (direct, built):
+        assert torch.equal(RejectionSampler(backend=backend)(md, None, logits.clone(), sm), expected)
+    # one tiny temperature among random requests: that row alone is greedy, and its temperature is 1
+    mixed = SamplingMetadata.from_requests([1e-40, 1.0, 0.5, 1.0], [None, 5, 6, 7])
+    assert mixed.is_greedy.tolist() == [True, False, False, False]
+    assert mixed.temperature.tolist() == [0.0, 1.0, 0.5, 1.0]
+    out = RejectionSampler(backend=backend)(md, None, logits.clone(), mixed)
+    assert torch.equal(out[0], expected[0])
+    check_output_contract(out, md.num_draft_tokens, 6)
+
+
 def test_sampling_metadata_flags_and_generators():
     sm = SamplingMetadata.from_requests([0.0, 1.0, 0.5], [4, 5, None])
     assert (sm.all_greedy, sm.all_random) == (False, False)
@@ -674,6 +713,18 @@ def test_core_refuses_bad_caller_randomness():
         rejection_sample(*args[:6], torch.tensor([0.0]), sm)
     with pytest.raises(ValueError, match="backend"):
         rejection_sample(*args, backend="cuda")
+    with pytest.raises(ValueError, match="target_logits must be free of NaN"):
+        rejection_sample(*args[:5], torch.tensor([[0.0, float("nan"), 1.0, 2.0]]), *args[6:])
+
+
+def test_a_negative_draft_is_rejected_without_reading_a_probability():
+    """vLLM's kernel masks both probability loads with ``draft >= 0``: nothing is read for a -1 (the
+    outputs are those of a clamped read; the memory traffic is not). The fixed lines say so."""
+    fixed = " ".join(show_fix("reject_negative_drafts").marked("+"))
+    unfixed = " ".join(show_fix("reject_negative_drafts").marked("-"))
+    assert "readable = draft >= 0" in fixed and "readable = flat >= 0" in unfixed
+    kernel = "\n".join(text for _, text in show_fix("reject_negative_drafts").sites[0][3])
+    assert kernel.count("mask=readable") == 2 and "maximum(draft" not in kernel
 
 
 @pytest.mark.cuda

@@ -175,11 +175,32 @@ def test_bad_k_is_refused(k, error):
         _sched(k=k)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(temperature=float("nan")),
-                                    dict(max_tokens=0), dict(seed=1.5)])
-def test_bad_sampling_params_are_refused(kwargs):
-    with pytest.raises((ValueError, TypeError)):
+@pytest.mark.parametrize("kwargs, error, word", [
+    (dict(temperature=-0.5), ValueError, "temperature must be >= 0"),
+    (dict(temperature=float("nan")), TypeError, "temperature must be a finite number"),
+    (dict(temperature=float("inf")), TypeError, "temperature must be a finite number"),
+    (dict(max_tokens=0), ValueError, "max_tokens"),
+    (dict(seed=1.5), TypeError, "seed must be an int"),
+    (dict(seed=2**64), ValueError, r"seed must fit in an int64.*got 18446744073709551616"),
+    (dict(seed=2**63), ValueError, "seed must fit in an int64"),
+    (dict(seed=2**70), ValueError, "seed must fit in an int64"),
+    (dict(seed=-(2**63) - 1), ValueError, "seed must fit in an int64"),
+])
+def test_bad_sampling_params_are_refused_by_name(kwargs, error, word):
+    with pytest.raises(error, match=word):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_follow_vllm_defaults_and_temperature_rules():
+    assert SamplingParams().temperature == 1.0 and not SamplingParams().is_greedy  # vLLM's default
+    for t in (0.0, 1e-45, 1e-40, 1e-38, 9.99e-6):  # below vLLM's _SAMPLING_EPS = 1e-5: greedy
+        assert SamplingParams(temperature=t).is_greedy, t
+    with pytest.warns(UserWarning, match="raised to 0.01"):  # vLLM's _MAX_TEMP
+        low = SamplingParams(temperature=1e-5)
+    assert low.temperature == 0.01 and not low.is_greedy
+    assert SamplingParams(temperature=0.01).temperature == 0.01
+    for seed in (2**63 - 1, -(2**63), 0):  # the int64 extremes are fine
+        assert SamplingParams(seed=seed).seed == seed
 
 
 def test_bad_scheduler_settings_are_refused():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE
 from specfix.v1.scheduler import SamplingParams, check_token_ids
 
 
@@ -86,7 +87,8 @@ class InputBatch:
         self.num_tokens_no_spec[index] = len(tokens)
         self.num_prompt_tokens[index] = len(request.prompt_token_ids)
         self.num_computed_tokens_cpu[index] = request.num_computed_tokens
-        self.temperature_cpu[index] = request.sampling_params.temperature
+        params = request.sampling_params
+        self.temperature_cpu[index] = GREEDY_TEMPERATURE if params.is_greedy else params.temperature
         self.spec_token_ids[index] = []
         if request.generator is not None:
             self.generators[index] = request.generator

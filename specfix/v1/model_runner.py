@@ -36,7 +36,7 @@ from specfix.models import PAD_SLOT_ID, NgramLM
 from specfix.v1.input_batch import CachedRequestState, InputBatch
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
-from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
 from specfix.v1.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
@@ -162,7 +162,7 @@ class GPUModelRunner:
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
-            if params.seed is not None and params.temperature > 0:
+            if params.seed is not None and not params.is_greedy:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed)
             state = CachedRequestState(new.req_id, list(new.prompt_token_ids), params, generator,
                                        num_computed_tokens=new.num_computed_tokens)
@@ -292,14 +292,17 @@ class GPUModelRunner:
     # -- the step ---------------------------------------------------------------------------------
 
     def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
-        temps = [self.requests[r].sampling_params.temperature for r in req_ids]
-        all_greedy = all(t == 0 for t in temps)
+        """Greedy requests (temperature below ``SAMPLING_EPS``) get ``GREEDY_TEMPERATURE``, as in vLLM's
+        input batch, so no sampler divides by a vanishing temperature."""
+        params = [self.requests[r].sampling_params for r in req_ids]
+        temps = [GREEDY_TEMPERATURE if p.is_greedy else p.temperature for p in params]
+        all_greedy = all(p.is_greedy for p in params)
         generators = {i: self.requests[r].generator for i, r in enumerate(req_ids)
                       if self.requests[r].generator is not None}
         return SamplingMetadata(
             temperature=None if all_greedy else torch.tensor(temps, dtype=torch.float32, device=self.device),
             all_greedy=all_greedy,
-            all_random=all(t > 0 for t in temps),
+            all_random=not any(p.is_greedy for p in params),
             generators=generators,
         )
 

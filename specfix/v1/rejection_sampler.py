@@ -43,7 +43,9 @@ Pieces, each usable on its own (chapter 3 calls the random core with its own ran
         ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
 
     These in-place cores do not validate their inputs (like vLLM's kernels); ``rejection_sample`` and
-    ``RejectionSampler.forward`` do, with one host sync per call for all value checks.
+    ``RejectionSampler.forward`` do, with one host sync per call for all value checks (ids in range;
+    logits and draft probabilities free of NaN, +inf and rows of only -inf, which vLLM does not check:
+    a NaN row would otherwise emit token 0 without a word).
 
 The two verification loops are Triton kernels (grid ``(B,)``, one program per request looping over its
 drafts) with vectorised torch references beside them; recovered-token and bonus sampling are plain
@@ -59,7 +61,7 @@ import torch
 from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
-from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
+from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SAMPLING_EPS, SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "MAX_SPEC_LEN",
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
+    "SAMPLING_EPS",
     "apply_sampling_constraints",
     "expand_batch_to_tokens",
     "generate_uniform_probs",
@@ -154,6 +157,7 @@ class RejectionSampler(torch.nn.Module):
                 "metadata.target_logits_indices": (metadata.target_logits_indices, expected_rows),
                 "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, expected_rows),
             },
+            scores={"logits": logits, "draft_probs": draft_probs},
         )
         bonus_logits = logits[metadata.bonus_logits_indices.long()].to(torch.float32, copy=True)
         target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32, copy=True)
@@ -223,15 +227,28 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None
         raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
 
 
-def _check_ranges(ranges: dict[str, tuple[torch.Tensor, int, int]]) -> None:
-    """Raise ValueError unless every ``tensor`` lies in ``[low, high)``; one host sync for all of them."""
+def _check_values(
+    ranges: dict[str, tuple[torch.Tensor, int, int]], scores: dict[str, torch.Tensor | None]
+) -> None:
+    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)``, and no
+    ``scores`` tensor (logits or probabilities, [rows, V]) holds NaN or +inf or a row of only -inf
+    (each makes the softmax NaN, and a NaN row would silently emit token 0)."""
     named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
-    if not named:
+    floats = [(name, t) for name, t in scores.items() if t is not None and t.numel()]
+    stats = [torch.stack([t.min().long(), t.max().long()]) for _, t, _, _ in named]
+    for _, t in floats:
+        bad_rows = (t.isnan() | t.isposinf()).any(dim=-1) | (t.amax(dim=-1) == float("-inf"))
+        stats.append(torch.stack([bad_rows.sum(), bad_rows.long().argmax()]))
+    if not stats:
         return
-    extrema = torch.stack([torch.stack([t.min().long(), t.max().long()]) for _, t, _, _ in named]).tolist()
-    for (name, _, lo, hi), (smallest, largest) in zip(named, extrema, strict=True):
+    values = torch.stack([x.to(stats[0].device) for x in stats]).tolist()
+    for (name, _, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
         if smallest < lo or largest >= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}), got min {smallest}, max {largest}")
+    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named):], strict=True):
+        if num_bad:
+            raise ValueError(f"{name} must be free of NaN, +inf and all -inf rows; {num_bad} row(s) are "
+                             f"not, the first is row {first_bad}")
 
 
 def _check_rejection_inputs(
@@ -244,6 +261,7 @@ def _check_rejection_inputs(
     uniform_probs=None,
     recovered_token_ids=None,
     index_ranges: dict[str, tuple[torch.Tensor, int]] | None = None,
+    scores: dict[str, torch.Tensor | None] | None = None,
 ) -> None:
     if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
         raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
@@ -278,7 +296,7 @@ def _check_rejection_inputs(
         ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
     for name, (index, high) in (index_ranges or {}).items():
         ranges[name] = (index, 0, high)
-    _check_ranges(ranges)
+    _check_values(ranges, scores or {})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -305,16 +323,12 @@ def expand_batch_to_tokens(
 def apply_sampling_constraints(
     logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata
 ) -> torch.Tensor:
-    """Divide each token's logits by its request's temperature, in place (greedy rows divide by 1)."""
+    """Divide each token's logits by its request's temperature, in place (greedy rows, with a temperature
+    below ``SAMPLING_EPS``, divide by 1)."""
     if sampling_metadata.all_greedy:
         return logits
-    temperature = expand_batch_to_tokens(
-        sampling_metadata.temperature,
-        cu_num_draft_tokens,
-        logits.shape[0],
-        replace_from=GREEDY_TEMPERATURE,
-        replace_to=1,
-    )
+    temperature = torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
+    temperature = expand_batch_to_tokens(temperature, cu_num_draft_tokens, logits.shape[0])
     return logits.div_(temperature.unsqueeze(-1))
 
 
@@ -442,6 +456,7 @@ def rejection_sample(
         tuple(target_logits.shape),
         uniform_probs,
         recovered_token_ids,
+        scores={"target_logits": target_logits, "draft_probs": draft_probs},
     )
     check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
     return _rejection_sample(
@@ -672,10 +687,10 @@ def rejection_greedy_sample_ref(
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
 
 
-def _gather_flat(table: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """``table.flatten()[flat]``, with 0.0 wherever ``flat`` < 0 (a read the kernel does not perform)."""
-    values = table.reshape(-1)[flat.clamp_min(0)]
-    return torch.where(flat >= 0, values, torch.zeros_like(values))
+def _gather_flat(table: torch.Tensor, flat: torch.Tensor, readable: torch.Tensor) -> torch.Tensor:
+    """``table.flatten()[flat]`` where ``readable``, 0.0 elsewhere (a load the kernel masks off)."""
+    values = table.reshape(-1)[torch.where(readable, flat, 0)]
+    return torch.where(readable, values, torch.zeros_like(values))
 
 
 def rejection_random_sample_ref(
@@ -697,14 +712,15 @@ def rejection_random_sample_ref(
     num_tokens, vocab_size = target_probs.shape
     req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
     draft = draft_token_ids.long()
-    column = draft.clamp_min(0) if reject_negative_drafts else draft
-    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + column
-    p = _gather_flat(target_probs.float().contiguous(), flat)
-    q = torch.ones_like(p) if draft_probs is None else _gather_flat(draft_probs.float().contiguous(), flat)
-    ratio = p / torch.where(q > 0, q, torch.ones_like(q))
-    accepted = (q > 0) & (ratio.double() >= uniform_probs)
-    if reject_negative_drafts:
-        accepted &= draft >= 0
+    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
+    readable = draft >= 0 if reject_negative_drafts else flat >= 0
+    p = _gather_flat(target_probs.float().contiguous(), flat, readable)
+    if draft_probs is None:
+        accepted = readable & (p.double() >= uniform_probs)
+    else:
+        q = _gather_flat(draft_probs.float().contiguous(), flat, readable)
+        ratio = p / torch.where(q > 0, q, torch.ones_like(q))
+        accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
     emitted = torch.where(accepted, draft, recovered_token_ids.long())
     active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
@@ -769,11 +785,12 @@ if HAS_TRITON:
         """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
         rejection emit the recovered token and stop; bonus if nothing was rejected.
 
-        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 and never uses it as an index. Without it,
-        as before the fix, d = -1 is used as a column: the flat offset ``t * V - 1`` reads the previous
-        row's last probability, so the placeholder is accepted when that value beats u, and -1 is emitted
-        as a token. For the batch's first draft the offset is -1: on the GPU the old kernel read memory
-        just before the tensor (undefined); here that read is masked off and yields p = q = 0, a rejection.
+        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
+        vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
+        as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
+        placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
+        first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
+        (undefined); here that read is masked off and the draft is rejected.
         """
         req_idx = tl.program_id(0)
         active = True
@@ -791,21 +808,21 @@ if HAS_TRITON:
                     token_idx = (start + pos).to(tl.int64)
                     draft = tl.load(draft_token_ids_ptr + token_idx)
                     u = tl.load(uniform_probs_ptr + token_idx)
+                    flat = token_idx * vocab_size + draft
+                    # Both probability loads are masked off (no memory is read) where `readable` is False,
+                    # and such a draft is never accepted.
                     if REJECT_NEGATIVE_DRAFTS:  # [fix]
-                        flat = token_idx * vocab_size + tl.maximum(draft, 0)  # [fix]
+                        readable = draft >= 0  # [fix]
                     else:  # [no fix]
-                        flat = token_idx * vocab_size + draft  # [no fix]
-                    readable = flat >= 0
+                        readable = flat >= 0  # [no fix]
                     p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
                     if NO_DRAFT_PROBS:
-                        accepted = p.to(tl.float64) >= u
+                        accepted = readable & (p.to(tl.float64) >= u)
                     else:
                         q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
                         # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
                         ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
-                        accepted = (q > 0) & (ratio.to(tl.float64) >= u)
-                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
-                        accepted = accepted & (draft >= 0)  # [fix]
+                        accepted = readable & (q > 0) & (ratio.to(tl.float64) >= u)
                     if accepted:
                         token = draft
                     else:

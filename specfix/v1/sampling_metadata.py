@@ -1,8 +1,15 @@
 """Per-request sampling parameters for one step, as the rejection sampler needs them.
 
 Mirrors ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), keeping only what specfix uses:
-temperature (0 means greedy) and per-request seeded generators. vLLM's top-k/top-p, penalties, logits
-processors and logprobs are left out.
+temperature (below ``SAMPLING_EPS`` means greedy) and per-request seeded generators. vLLM's top-k/top-p,
+penalties, logits processors and logprobs are left out.
+
+The greedy rule, in one place for every sampler in specfix (the engine's ``SamplingParams``, the
+rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM's ``_SAMPLING_EPS``,
+``vllm/sampling_params.py``) is greedy decoding. vLLM decides it there, per request
+(``SamplingType.GREEDY``), and its input batch then stores ``GREEDY_TEMPERATURE`` for that row, so that
+no kernel ever divides by a temperature that small: 1e-40 in float32 is subnormal, ``logits / T``
+overflows to infinity and the softmax turns NaN.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-#: A request with this temperature is decoded greedily (vLLM's ``GREEDY_TEMPERATURE``).
+#: A temperature below this is greedy decoding (vLLM's ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+#: What the runner stores for a greedy request (vLLM's ``GREEDY_TEMPERATURE``).
 GREEDY_TEMPERATURE = 0
 
 
@@ -22,8 +31,8 @@ class SamplingMetadata:
 
     Fields:
         temperature: [B] float32, or None when every request is greedy (as in vLLM).
-        all_greedy: every request has temperature 0.
-        all_random: no request has temperature 0.
+        all_greedy: every request's temperature is below ``SAMPLING_EPS``.
+        all_random: no request's temperature is below ``SAMPLING_EPS``.
         generators: batch index -> torch.Generator, for seeded random requests only; unseeded requests
             draw from torch's global generator.
     """
@@ -50,7 +59,7 @@ class SamplingMetadata:
         values = t.tolist()  # one host sync for all checks
         if any(math.isnan(v) or v < 0 for v in values):
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {values}")
-        greedy = [v == GREEDY_TEMPERATURE for v in values]
+        greedy = [v < SAMPLING_EPS for v in values]
         if self.all_greedy != all(greedy) or self.all_random != (not any(greedy)):
             raise ValueError(
                 f"all_greedy={self.all_greedy} / all_random={self.all_random} disagree with "
@@ -66,8 +75,9 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         """Build from per-request temperatures and seeds (None = unseeded).
 
-        Seeded random requests get their own ``torch.Generator`` on ``device``; seeds of greedy requests
-        are ignored, as in vLLM (greedy needs no randomness).
+        A temperature below ``SAMPLING_EPS`` is greedy and stored as ``GREEDY_TEMPERATURE``. Seeded
+        random requests get their own ``torch.Generator`` on ``device``; seeds of greedy requests are
+        ignored, as in vLLM (greedy needs no randomness).
         """
         if len(temperatures) == 0:
             raise ValueError("temperatures is empty: a batch needs at least one request")
@@ -81,17 +91,16 @@ class SamplingMetadata:
         for i, s in enumerate(seeds):
             if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
                 raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
-        greedy = [t == GREEDY_TEMPERATURE for t in temperatures]
+        greedy = [t < SAMPLING_EPS for t in temperatures]
         generators = {
             i: torch.Generator(device=device).manual_seed(s)
             for i, (s, g) in enumerate(zip(seeds, greedy, strict=True))
             if s is not None and not g
         }
         all_greedy = all(greedy)
+        stored = [GREEDY_TEMPERATURE if g else t for t, g in zip(temperatures, greedy, strict=True)]
         return cls(
-            temperature=None
-            if all_greedy
-            else torch.tensor(temperatures, dtype=torch.float32, device=device),
+            temperature=None if all_greedy else torch.tensor(stored, dtype=torch.float32, device=device),
             all_greedy=all_greedy,
             all_random=not any(greedy),
             generators=generators,
@@ -100,4 +109,4 @@ class SamplingMetadata:
     @property
     def is_greedy(self) -> torch.Tensor | None:
         """[B] bool, True where the request is greedy; None when all requests are greedy."""
-        return None if self.temperature is None else self.temperature == GREEDY_TEMPERATURE
+        return None if self.temperature is None else self.temperature < SAMPLING_EPS

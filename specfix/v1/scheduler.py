@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
+from specfix.v1.sampling_metadata import SAMPLING_EPS
 
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
+#: vLLM's ``_MAX_TEMP``: a random request's temperature is raised to at least this.
+MAX_TEMP = 1e-2
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
@@ -70,9 +75,16 @@ def check_token_ids(
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling: ``temperature`` 0 is greedy; ``seed`` makes random sampling reproducible."""
+    """Per-request sampling, with vLLM's defaults and temperature rules (``vllm/sampling_params.py``).
 
-    temperature: float = 0.0
+    ``temperature`` defaults to 1.0 (sample from the model's distribution); below ``SAMPLING_EPS`` (1e-5)
+    the request is greedy (``is_greedy``), and a temperature in ``[SAMPLING_EPS, MAX_TEMP)`` is raised
+    to ``MAX_TEMP`` (1e-2) with a warning, as vLLM does, since dividing logits by it risks inf and NaN.
+    ``seed`` makes random sampling reproducible; it must fit in an int64, as the generators and the
+    request-state seed tables hold it.
+    """
+
+    temperature: float = 1.0
     seed: int | None = None
     max_tokens: int = 16
 
@@ -81,11 +93,23 @@ class SamplingParams:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             raise TypeError(f"temperature must be a finite number, got {t!r}")
         if t < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+            raise ValueError(f"temperature must be >= 0 (below {SAMPLING_EPS} = greedy), got {t}")
+        if SAMPLING_EPS <= t < MAX_TEMP:
+            warnings.warn(f"temperature {t} is below {MAX_TEMP} and risks inf or NaN logits; raised to "
+                          f"{MAX_TEMP} (as vLLM does)", stacklevel=3)
+            object.__setattr__(self, "temperature", MAX_TEMP)
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+            if not INT64_MIN <= self.seed <= INT64_MAX:
+                raise ValueError(f"seed must fit in an int64, [-2**63, 2**63 - 1], got {self.seed}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """vLLM's ``SamplingType.GREEDY``: the temperature is below ``SAMPLING_EPS``."""
+        return self.temperature < SAMPLING_EPS
 
 
 class RequestStatus(enum.Enum):
