@@ -1,0 +1,163 @@
+"""Chapter 5's figures and tables: content read from the report, legends off the data, tick labels apart."""
+
+import itertools
+import json
+
+import matplotlib.pyplot as plt
+import pytest
+
+from specfix.figures import performance as perf
+from specfix.lab.placeholder_fixes import FIXES, LABELS
+from specfix.tools import bench, recorded
+
+H200 = recorded.load("bench_h200")
+SOURCE = "test source label"
+FIGURES = ["bandwidth_figure", "throughput_figure", "speedup_figure", "graph_call_figure", "mask_figure",
+           "fix_costs_figure", "drafter_figure", "padding_price_figure", "rejection_figure"]
+
+
+def _report(results, device="cuda", goals=()):
+    return {"config": {"device": device}, "results": results, "goals": list(goals), "unavailable": [],
+            "errors": []}
+
+
+def _result(case, impl, median, **params_and_metrics):
+    metrics = {k: params_and_metrics.pop(k) for k in list(params_and_metrics) if k in _METRICS}
+    return bench.result(case, impl, params_and_metrics, [median * 0.9, median, median * 1.1], **metrics)
+
+
+_METRICS = {"overhead", "speedup", "host_syncs_per_step", "host_us_behind_busy_gpu", "TB_per_s"}
+
+
+def _boxes(fig, texts):
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in texts]
+
+
+def _assert_legends_outside_the_axes(fig):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    for legend, ax in itertools.product(legends, [ax for ax in fig.axes if ax.axison]):
+        assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)), \
+            f"legend over the data of {ax.get_title()!r}"
+
+
+def _inside(box, area, axis_name):
+    """Whether a tick label's centre lies along the axes (labels of ticks outside the view are not drawn)."""
+    if axis_name == "x":
+        return area.x0 - 1 <= (box.x0 + box.x1) / 2 <= area.x1 + 1
+    return area.y0 - 1 <= (box.y0 + box.y1) / 2 <= area.y1 + 1
+
+
+def _assert_tick_labels_apart(fig):
+    fig.canvas.draw()
+    for ax in [ax for ax in fig.axes if ax.axison]:
+        area = ax.get_window_extent(fig.canvas.get_renderer())
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            labels = [t for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)
+                      if t.get_visible() and t.get_text()]
+            boxes = [b for b in _boxes(fig, labels) if _inside(b, area, name)]
+            for a, b in itertools.combinations(boxes, 2):
+                assert not a.overlaps(b), f"tick labels collide on {ax.get_ylabel() or ax.get_xlabel()!r}"
+
+
+def _caption(fig):
+    return [t.get_text() for t in fig.texts if t.get_style() == "italic"]
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_each_figure_of_the_recording_is_captioned_labelled_and_readable(name):
+    fig = getattr(perf, name)(H200, SOURCE)
+    try:
+        assert len(_caption(fig)) == 1 and len(_caption(fig)[0]) > 40
+        assert SOURCE in fig._suptitle.get_text()
+        _assert_legends_outside_the_axes(fig)
+        _assert_tick_labels_apart(fig)
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_each_figure_says_what_an_empty_report_lacks(name):
+    empty = _report([], device="cpu")
+    empty["unavailable"] = [{"case": c, "reason": "module missing"} for c in bench.CASES]
+    fig = getattr(perf, name)(empty, SOURCE)
+    try:
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert texts and all("not measured" in t for t in texts)
+    finally:
+        plt.close(fig)
+
+
+def test_fix_costs_reads_the_bench_recording_with_the_chapters_names():
+    costs = perf.fix_costs()
+    raw = [r for r in json.loads((recorded.RECORDED_DIR / "bench_h200.json").read_text())["results"]
+           if r["case"] == "placeholder_fixes"]
+    assert len(costs) == len(raw)
+    assert list(dict.fromkeys(costs["fix"])) == [f for f in FIXES if f in set(costs["fix"])]
+    assert (costs["label"] == costs["fix"].map(LABELS)).all()
+    for r in raw:
+        row = costs[(costs["fix"] == r["impl"]) & (costs["num_tokens"] == r["params"]["num_tokens"])]
+        assert row["median_us"].item() == r["median_us"]
+        assert row["host_syncs_per_step"].item() == r["metrics"]["host_syncs_per_step"]
+
+
+def test_fix_costs_refuses_a_fix_it_cannot_name():
+    report = _report([_result("placeholder_fixes", "clamp_twice", 3.0, num_tokens=256, k=3)])
+    with pytest.raises(ValueError, match="clamp_twice"):
+        perf.fix_costs(report)
+
+
+def test_floor_is_bytes_over_the_read_ceiling():
+    assert perf.floor_us(1, 1_000_000, "fp32", 4.0) == pytest.approx(1.0)     # 4 MB at 4 MB/us
+    assert perf.floor_us(2, 1_000_000, "bf16", 4.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="dtype"):
+        perf.floor_us(1, 10, "fp64", 4.0)
+    with pytest.raises(ValueError, match="read_tb_per_s"):
+        perf.floor_us(1, 10, "fp32", 0.0)
+
+
+def test_mask_overhead_says_whether_the_spreads_overlap():
+    params = {"vocab": 8, "rows": 2, "dtype": "fp32"}
+    report = _report([
+        _result("gumbel_mask", "masked", 100.0, store_processed_logits=False, overhead=0.01, **params),
+        _result("gumbel_mask", "unmasked", 99.0, store_processed_logits=False, **params),
+        _result("gumbel_mask", "masked", 50.0, store_processed_logits=True, overhead=-0.5, **params),
+        _result("gumbel_mask", "unmasked", 100.0, store_processed_logits=True, **params)])
+    table = perf.mask_overhead(report).set_index("store_processed_logits")
+    assert table.loc[False, "spreads_overlap"] and not table.loc[True, "spreads_overlap"]
+    assert table.loc[True, "overhead"] == -0.5
+
+
+def test_mask_figure_draws_the_goal_as_an_upper_bound():
+    fig = perf.mask_figure(H200, SOURCE)
+    try:
+        (ax,) = fig.axes
+        target = perf.goal(H200, "gumbel_mask", "%")["target"]
+        spans = [p for p in ax.patches if p.get_label().startswith("misses the goal")]
+        assert len(spans) == 1
+        assert spans[0].get_y() == pytest.approx(target) and spans[0].get_height() > 0
+        bars = [p for p in ax.patches if p not in spans]
+        assert len(bars) == len(perf.mask_overhead(H200))
+    finally:
+        plt.close(fig)
+
+
+def test_padding_price_counts_the_padded_rows():
+    rows = [_result("drafter_graph", "graph", 10.0, live_batch=5, padded_batch=8, model="m", speedup=3.0),
+            _result("drafter_graph", "graph", 10.0, live_batch=8, padded_batch=8, model="m", speedup=2.0),
+            _result("drafter_graph", "eager", 30.0, live_batch=5, padded_batch=8, model="m")]
+    price = perf.padding_price(_report(rows))
+    assert price[["live_batch", "padded_rows"]].values.tolist() == [[5, 3], [8, 0]]
+    assert price["padded_fraction"].tolist() == [3 / 8, 0.0]
+
+
+def test_fix_costs_figure_has_one_line_per_fix_in_each_panel():
+    fig = perf.fix_costs_figure(H200, SOURCE)
+    try:
+        fixes = perf.fix_costs(H200)["fix"].nunique()
+        assert [len(ax.get_lines()) >= fixes for ax in fig.axes] == [True, True]
+        assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in fig.axes)
+    finally:
+        plt.close(fig)
