@@ -1,17 +1,17 @@
-"""Record chapter 2's GPU evidence: the real device-side assert, the op table, the fixes measured.
+"""Record chapter 2's GPU evidence: the real device-side assert and the op table.
 
     PYTHONPATH=$PWD python3 scripts/record_embedding_assert.py --out specfix/recorded
 
-Writes three labelled JSON files (``specfix.tools.recorded.save``) into ``--out``:
+Writes two labelled JSON files (``specfix.tools.recorded.save``) into ``--out``:
 
 * ``embedding_assert_transcripts.json``: child runs (exit status, merged stdout/stderr, events) of
   ``F.embedding`` with a -1 id, with and without ``CUDA_LAUNCH_BLOCKING=1``, and of the specfix engine
   with ``Fixes(clamp_placeholders=False)``, likewise;
 * ``embedding_assert_ops.json``: for each op of ``specfix.lab.embedding_assert.OPS`` and each bad index
-  (-1, size), with 3 and with 4096 indices: what CUDA does (each case in its own child) and what the CPU does;
-* ``embedding_assert_fixes.json``: the placeholder fixes at 256, 2048 and 8192 tokens: cost per step
-  (CUDA events and host time, median), host time with a busy GPU, synchronisations per step counted by
-  ``torch.cuda.set_sync_debug_mode`` and by the profiler; and correctness in the engine.
+  (-1, size), with 3 and with 4096 indices: what CUDA does (each case in its own child) and what the CPU does.
+
+What the placeholder fixes cost per step is recorded once, by the bench (``python -m specfix bench``, case
+``placeholder_fixes``, into ``bench_h200.json``), and chapters 2 and 5 both read it from there.
 
 Every child has a timeout; a case that fails is written down as data, never aborts the recording.
 Needs a CUDA GPU (``--allow-cpu`` runs it anyway, for testing the script: the results then mean nothing).
@@ -27,13 +27,10 @@ from pathlib import Path
 import torch
 
 from specfix.lab import embedding_assert as ea
-from specfix.lab import placeholder_fixes as pf
 from specfix.tools import recorded
 
-SECTIONS = ("transcripts", "ops", "fixes")
-TOKEN_COUNTS = (256, 2048, 8192)
+SECTIONS = ("transcripts", "ops")
 INDEX_COUNTS = (3, 4096)
-BUSY_US = 1000.0
 
 
 def log(message: str) -> None:
@@ -60,44 +57,22 @@ def record_ops(timeout: float) -> dict:
     return {"rows": rows, "weight_shape": [ea.ROWS, ea.COLS]}
 
 
-def record_fixes(repeats: int, device: str) -> dict:
-    timing = []
-    for num_tokens in TOKEN_COUNTS:
-        for fix in pf.FIXES:
-            log(f"fix {fix} at {num_tokens} tokens")
-            step = pf.make_step(num_tokens, device=device)
-            row = {"fix": fix, "num_tokens": num_tokens, "num_reqs": len(step.req_ids),
-                   **pf.time_fix(fix, step, repeats=repeats)}
-            if device == "cuda":
-                busy = pf.time_fix(fix, step, repeats=max(repeats // 4, 10), busy_us=BUSY_US)
-                row["host_us_busy"] = busy["host_us"]
-                row["event_us_busy"] = busy["event_us"]
-                row["syncs"] = pf.count_syncs(fix, step)
-            timing.append(row)
-    correctness = pf.engine_correctness(device) if hasattr(pf, "engine_correctness") else None
-    return {"timing": timing, "busy_us": BUSY_US, "descriptions": pf.DESCRIPTIONS,
-            "step": {"num_spec_tokens": 3, "padded_fraction": 0.25}, "correctness": correctness}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=recorded.RECORDED_DIR, help="output directory")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="record only this section")
-    parser.add_argument("--repeats", type=int, default=300, help="timed steps per fix and size (median)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per child process")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (tests the script only)")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.timeout <= 0:
-        parser.error("--repeats must be >= 1 and --timeout > 0")
+    if args.timeout <= 0:
+        parser.error("--timeout must be > 0")
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
         parser.error("no CUDA GPU: these recordings are GPU evidence (--allow-cpu only tests the script)")
-    device = "cuda" if cuda else "cpu"
     sections = args.only or list(SECTIONS)
     started = time.perf_counter()
     makers = {"transcripts": lambda: record_transcripts(args.timeout),
-              "ops": lambda: record_ops(args.timeout),
-              "fixes": lambda: record_fixes(args.repeats, device)}
+              "ops": lambda: record_ops(args.timeout)}
     for section in sections:
         log(f"wrote {recorded.save(f'embedding_assert_{section}', makers[section](), args.out)}")
     log(f"done in {time.perf_counter() - started:.0f} s")

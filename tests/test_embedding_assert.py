@@ -140,6 +140,7 @@ def test_time_fix_on_cpu_and_its_arguments():
     step = pf.make_step(64)
     result = pf.time_fix("clamp", step, repeats=5, warmup=1)
     assert result["host_us"] > 0 and result["event_us"] is None and result["repeats"] == 5
+    assert result["host_p20_us"] <= result["host_us"] <= result["host_p80_us"]
     assert step.input_ids.min() >= 0
     with pytest.raises(ValueError, match="fix"):
         pf.time_fix("nope", step)
@@ -214,20 +215,14 @@ def test_engine_child_reports_where_python_heard_of_the_error():
     assert ea.where_python_heard(run).startswith("models.py:")
 
 
-def test_tables_from_recorded_rows():
-    rows = [{"op": "F.embedding", "bad": "-1", "num_indices": 3,
-             "cpu": {"outcome": "raised", "type": "IndexError", "message": "index out of range in self"},
-             "cuda": {"outcome": "device assert", "kernel": "indexSelectSmallIndex", "where": "Indexing.cu:1",
-                      "condition": "srcIndex < srcSelectDimSize"}},
-            {"op": "w[idx]", "bad": "-1", "num_indices": 3,
-             "cpu": {"outcome": "returned", "wrapped": True},
-             "cuda": {"outcome": "returned", "wrapped": True}}]
-    frame = ea.ops_frame(rows)
-    cell = frame.loc[("F.embedding", "-1"), "CUDA, 3 indices"]
-    assert cell.startswith("device assert in indexSelectSmallIndex")
-    assert frame.loc[("w[idx]", "-1"), "CPU"] == "no error: -1 wrapped around"
-    timing = [{"fix": "clamp", "num_tokens": 256, "host_us": 2.0, "event_us": 5.0,
-               "syncs": {"debug_mode": 0, "profiler": 0}}]
-    table = pf.fixes_frame(timing)
-    assert table.loc[(pf.LABELS["clamp"], 256), "syncs (sync debug mode)"] == 0
-    assert pf.plot_fixes(timing).get_lines()
+def test_engine_correctness_counts_real_drafts_and_placeholder_slots_apart():
+    rows = pf.engine_correctness("cpu", max_tokens=6)
+    ran = [r for r in rows if r["crashes"] == "no"]
+    assert {r["fix"] for r in rows if r["crashes"] != "no"} == {"no fix"}
+    for r in ran:
+        assert r["acceptance rate, real drafts"] == r["accepted drafts"] / r["real drafts"]
+        slots = r["real drafts"] + r["placeholder slots"]
+        assert r["acceptance rate, all slots"] == (r["accepted drafts"] + r["placeholders accepted"]) / slots
+    zero = [r for r in ran if r["fix"] == pf.LABELS["scheduler_zero"]]
+    assert any(r["placeholders accepted"] > 0 for r in zero)
+    assert all(r["placeholders accepted"] == 0 for r in ran if r["fix"] != pf.LABELS["scheduler_zero"])

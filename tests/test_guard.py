@@ -142,3 +142,25 @@ def test_nothing_else_is_touched():
 def test_bad_argument_is_named():
     with pytest.raises(TypeError, match="allow_negative"):
         check_indices(allow_negative="yes")
+
+
+def test_time_guard_times_both_ways_and_counts_the_checks():
+    from specfix.lab.guard import time_guard
+
+    w = weight("cpu")
+    calls = []
+
+    def lookups():
+        calls.append(torch._C._len_torch_function_stack())
+        F.embedding(torch.tensor([1, 2]), w)
+        w.index_select(0, torch.tensor([0]))
+
+    timing = time_guard(lookups, repeats=3)
+    assert len(timing.plain_s) == len(timing.guarded_s) == 3 and timing.checked == 2
+    assert min(timing.plain_s + timing.guarded_s) > 0 and timing.ratio > 0
+    assert timing.separated == (min(timing.guarded_s) > max(timing.plain_s))
+    # one untimed run of each first, then unguarded and guarded runs alternate
+    base = min(calls)
+    assert calls == [base, base + 1] * 4
+    with pytest.raises(ValueError, match="repeats"):
+        time_guard(lookups, repeats=0)

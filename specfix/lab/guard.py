@@ -27,6 +27,8 @@ Not covered: keys given as nested Python lists (``x[[[1, 5]]]``), and the scatte
 
 from __future__ import annotations
 
+import statistics
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,6 +215,52 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
             shape=tuple(lookup.source.shape), dim=lookup.dim,
             index_shape=tuple(index.shape), device=str(index.device), caller=_caller(),
         )
+
+
+@dataclass(frozen=True)
+class GuardTiming:
+    """Wall times of the same call run unguarded and under :func:`check_indices`, interleaved."""
+
+    plain_s: tuple[float, ...]
+    guarded_s: tuple[float, ...]
+    checked: int  # index tensors the guard checked in one guarded run (one host read each)
+
+    @property
+    def ratio(self) -> float:
+        """Median guarded time over median unguarded time."""
+        return statistics.median(self.guarded_s) / statistics.median(self.plain_s)
+
+    @property
+    def separated(self) -> bool:
+        """Every guarded run was slower than every unguarded one: the cost stands out of the noise."""
+        return min(self.guarded_s) > max(self.plain_s)
+
+
+def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
+    """Time ``fn()`` ``repeats`` times unguarded and ``repeats`` times guarded, alternating (after one untimed
+    run of each), so that drift in the machine's speed hits both alike. Synchronises CUDA around each run."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def once(guarded: bool) -> tuple[float, int]:
+        sync()
+        start = time.perf_counter()
+        if guarded:
+            with check_indices() as guard:
+                fn()
+        else:
+            fn()
+        sync()
+        return time.perf_counter() - start, guard.checked if guarded else 0
+
+    once(False), once(True)  # warm-up: first calls pay one-time set-up
+    plain, guarded, checked = [], [], 0
+    for _ in range(repeats):
+        plain.append(once(False)[0])
+        seconds, checked = once(True)
+        guarded.append(seconds)
+    return GuardTiming(tuple(plain), tuple(guarded), checked)
 
 
 def _caller() -> str:

@@ -1,0 +1,173 @@
+"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op.
+
+* ``ch2.clamp`` (write it): the clamp of ``_preprocess`` that keeps ``-1`` in the metadata while the
+  embedding sees ids >= 0.
+* ``ch2.which_ops`` (predict, then run): which ops can produce a given assert line with a ``-1``, from the
+  op table recorded on the GPU.
+* ``ch2.first_bad_op`` (debug): in the recorded transcript of the unfixed engine, the line of the model
+  whose kernel failed first, although the traceback ends elsewhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import torch
+
+from specfix.exercises.core import checker
+from specfix.lab import embedding_assert as ea
+from specfix.tools import recorded
+
+# -- ch2.clamp ------------------------------------------------------------------------------------------
+
+#: A step of two requests with 3 drafts each ([last token, d1, d2, d3]); the second is padded with
+#: placeholders. Rows 8:12 are CUDA-graph padding left from an earlier step; rows 12: lie past this step.
+_BUFFER = [11, 42, 7, 19, 23, -1, -1, -1, 5, -1, -1, 30, -1, -1, 8, -1]
+_NUM_TOKENS, _NUM_INPUT_TOKENS = 8, 12
+_DRAFTS = [42, 7, 19, -1, -1, -1]
+
+
+@checker(
+    "ch2.clamp",
+    solution="embedding_assert:preprocess",
+    todo="write preprocess(input_ids, num_tokens, num_input_tokens, draft_token_ids): return what the "
+         "embedding reads, with no id below 0, while draft_token_ids keeps its -1",
+    hints={
+        "shape": "return what the embedding reads: the first num_input_tokens rows of input_ids (the "
+                 "scheduled tokens and the CUDA-graph padding after them), as a view of the buffer.",
+        "metadata": "your clamp also rewrote draft_token_ids: the rejection sampler can no longer see the "
+                    "placeholder, and would verify a real token (0) in that slot. Clamp input_ids only.",
+        "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU that is the "
+                         "device-side assert of this chapter.",
+        "only_scheduled": "you clamped only the scheduled tokens [:num_tokens], but the embedding reads "
+                          "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] "
+                          "holds whatever an earlier step left there, a -1 included. Clamp all that the "
+                          "embedding reads.",
+        "changed_real": "you changed real token ids: only the -1 placeholders may change (clamp(min=0) "
+                        "leaves every id >= 0 as it is).",
+        "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a masked copy): "
+                     "it allocates on every step, and a CUDA graph captured on the persistent input_ids "
+                     "buffer still reads the -1 there. Clamp the buffer in place and return a view of it.",
+    },
+)
+def check_clamp(answer, verdict):
+    buffer = torch.tensor(_BUFFER, dtype=torch.int32)
+    drafts = torch.tensor(_DRAFTS, dtype=torch.int32)
+    before = buffer.clone()
+    out = answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts)
+    verdict.require(isinstance(out, torch.Tensor) and tuple(out.shape) == (_NUM_INPUT_TOKENS,), "shape",
+                    f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})")
+    verdict.require(drafts.tolist() == _DRAFTS, "metadata", f"(draft_token_ids became {drafts.tolist()})")
+    reads = f"(the embedding reads {out.tolist()})"
+    verdict.require(bool((out[:_NUM_TOKENS] >= 0).all()), "left_negative", reads)
+    verdict.require(bool((out >= 0).all()), "only_scheduled", reads)
+    real = before[:_NUM_INPUT_TOKENS] >= 0
+    verdict.require(torch.equal(out[real], before[:_NUM_INPUT_TOKENS][real]), "changed_real", reads)
+    in_place = out.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:_NUM_INPUT_TOKENS], out)
+    verdict.require(in_place, "allocates")
+
+
+# -- ch2.which_ops --------------------------------------------------------------------------------------
+
+#: The kernel of the prediction: the one the embedding runs at a realistic batch size.
+KERNEL = "vectorized_gather_kernel"
+
+
+def _ops_rows() -> list[dict]:
+    return recorded.load("embedding_assert_ops")["rows"]
+
+
+def assert_line(kernel: str = KERNEL) -> str:
+    """One assert line of ``kernel`` exactly as the driver printed it in the recorded op table."""
+    rows = sorted(_ops_rows(), key=lambda row: (row["op"] != "F.embedding", -row["num_indices"]))
+    for row in rows:
+        for a in ea.device_asserts(row.get("transcript", "")):
+            if a.kernel == kernel:
+                return (f"{a.where}: {a.kernel}: block: [{a.block}], thread: [{a.thread}] "
+                        f"Assertion `{a.condition}` failed.")
+    raise LookupError(f"no assert line of {kernel!r} in the recorded op table")
+
+
+def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
+    """The ops whose CUDA run, with a -1 among the indices, asserted in ``kernel`` (at any recorded index
+    count)."""
+    return {row["op"] for row in _ops_rows() if row["bad"] == "-1"
+            and row["cuda"].get("outcome") == "device assert" and row["cuda"]["kernel"] == kernel}
+
+
+@checker(
+    "ch2.which_ops",
+    solution="embedding_assert:which_ops",
+    todo=f"set which_ops to the set of ops (names from the op table) that can print this {KERNEL} line "
+         "when the bad index is -1",
+    hints={
+        "not_ops": "answer with a set of op names as the op table writes them, e.g. {'torch.gather'}.",
+        "wraps": "w[idx] and torch.take accept -1 (Python's wrap-around rule): they return the last row and "
+                 "assert nothing. Only an index equal to the size makes w[idx] assert.",
+        "gather_only": "the kernel's name says gather, but with the larger index count F.embedding and "
+                       "torch.index_select end in this kernel too: the name does not tell these ops apart.",
+        "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup runs "
+                            "this kernel. That is the batch size of a serving engine.",
+        "incomplete": "not the set the recorded table shows: compare each op's -1 row at both index counts.",
+    },
+)
+def check_which_ops(answer, verdict):
+    names = set(ea.OPS)
+    ok = isinstance(answer, set | frozenset | list | tuple) and all(isinstance(a, str) for a in answer)
+    verdict.require(ok and set(answer) <= names, "not_ops", f"(names: {sorted(names)})")
+    answer = set(answer)
+    verdict.require(not answer & {"w[idx]", "torch.take"}, "wraps")
+    verdict.require(answer != {"torch.gather"}, "gather_only")
+    verdict.require("F.embedding" in answer, "missed_embedding")
+    verdict.require(answer == ops_with_minus_one(), "incomplete")
+
+
+# -- ch2.first_bad_op -----------------------------------------------------------------------------------
+
+def _transcripts() -> dict:
+    return recorded.load("embedding_assert_transcripts")["runs"]
+
+
+def _source(where: str) -> str:
+    return where.split(": ", 1)[1].strip() if ": " in where else ""
+
+
+def forward_lines() -> list[str]:
+    """The code lines of the model's forward (``specfix.models.NgramLM.forward``), comments left out."""
+    from specfix.models import NgramLM
+
+    lines = inspect.getsource(NgramLM.forward).splitlines()
+    return [line.rstrip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+@checker(
+    "ch2.first_bad_op",
+    solution="embedding_assert:first_bad_op",
+    todo="set first_bad_op to the line of NgramLM.forward (copied from forward_lines()) whose kernel "
+         "asserted",
+    hints={
+        "not_a_line": "answer with one line of NgramLM.forward, as a string copied from forward_lines().",
+        "traceback_line": "that is the line where the traceback ends: where Python heard of the error, the "
+                          "first CUDA call after the kernel had trapped. The failing kernel ran earlier.",
+        "not_in_forward": "that is not a line of NgramLM.forward: copy one from forward_lines().",
+        "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come "
+                           "from searchsorted and torch.where and never go below 0: which lookup gets the "
+                           "raw input_ids?",
+        "indexing": "that line indexes with x[idx]: per the op table that fails in a gather or indexing "
+                    "kernel, never in the kernel the assert lines name.",
+        "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
+    },
+)
+def check_first_bad_op(answer, verdict):
+    runs = _transcripts()
+    expected = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline_blocking"])))
+    heard = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline"])))
+    verdict.require(isinstance(answer, str) and bool(answer.strip()), "not_a_line")
+    line = " ".join(answer.split())
+    verdict.require(line != heard, "traceback_line")
+    verdict.require(line in {" ".join(code.split()) for code in forward_lines()}, "not_in_forward")
+    if line != expected:
+        verdict.require(not re.search(r"\btable\(", line), "other_embedding")
+        verdict.require(not re.search(r"[\w)]\[(?!:)", line), "indexing")
+        verdict.require(False, "wrong_line")

@@ -1,0 +1,120 @@
+"""Chapter 2's figures and tables, drawn from small hand-made data: their content, not their pixels."""
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from specfix.figures import embedding_assert as fig2
+from specfix.lab import embedding_assert as ea
+from specfix.lab import placeholder_fixes as pf
+from specfix.lab.guard import GuardTiming
+
+ASSERT = ("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], "
+          "thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed.\n")
+
+
+def _run(blocking: bool) -> ea.ChildRun:
+    events = [{"kind": "start", "blocking": blocking},
+              {"kind": "raised", "during": "F.embedding(ids, weight)" if blocking else "torch.cuda.synchronize()",
+               "type": "AcceleratorError"}]
+    if not blocking:
+        events.insert(1, {"kind": "returned", "launch_us": 7.0})
+    return ea.ChildRun("minimal", "", {}, 1, ASSERT, 1.0, events)
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
+
+
+def test_crash_timeline_names_the_kernel_and_where_python_heard():
+    fig = fig2.crash_timeline(_run(False), _run(True))
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert "torch.cuda.synchronize()" in titles[0] and "F.embedding(ids, weight)" in titles[1]
+    texts = _texts(fig)
+    assert sum("indexSelectSmallIndex" in t for t in texts) == 2
+    assert "returns" in texts and "CUDA_LAUNCH_BLOCKING=1" in fig.texts[-1].get_text()
+    plt.close(fig)
+
+
+ROWS = [
+    {"op": "F.embedding", "bad": "-1", "num_indices": 3, "cpu": {"outcome": "raised", "type": "IndexError",
+                                                                  "message": "index out of range in self"},
+     "cuda": {"outcome": "device assert", "kernel": "indexSelectSmallIndex", "where": "Indexing.cu:1",
+              "condition": "srcIndex < srcSelectDimSize"}},
+    {"op": "F.embedding", "bad": "-1", "num_indices": 4096, "cpu": {"outcome": "raised", "type": "IndexError",
+                                                                     "message": "index out of range in self"},
+     "cuda": {"outcome": "device assert", "kernel": "vectorized_gather_kernel", "where": "K.cu:16",
+              "condition": "ind >= 0"}},
+    {"op": "torch.gather", "bad": "-1", "num_indices": 4096, "cpu": {"outcome": "raised", "type": "RuntimeError",
+                                                                      "message": "index -1 is out of bounds"},
+     "cuda": {"outcome": "device assert", "kernel": "vectorized_gather_kernel", "where": "K.cu:16",
+              "condition": "ind >= 0"}},
+    {"op": "w[idx]", "bad": "-1", "num_indices": 3, "cpu": {"outcome": "returned", "wrapped": True},
+     "cuda": {"outcome": "returned", "wrapped": True}},
+]
+
+
+def test_ops_table_one_row_per_op_and_bad_index_a_column_per_count():
+    frame = fig2.ops_table(ROWS)
+    assert list(frame.columns) == ["CPU", "CUDA, 3 indices", "CUDA, 4,096 indices"]
+    assert frame.loc[("F.embedding", "-1"), "CUDA, 3 indices"].startswith("device assert in indexSelectSmallIndex")
+    assert frame.loc[("w[idx]", "-1"), "CPU"] == "no error: -1 wrapped around"
+    assert frame.loc[("torch.gather", "-1"), "CPU"].startswith("RuntimeError")
+
+
+def test_kernel_table_says_which_ops_share_a_kernel_at_each_count():
+    frame = fig2.kernel_table(ROWS)
+    assert set(frame.index) == {"indexSelectSmallIndex", "vectorized_gather_kernel"}
+    big = frame.loc["vectorized_gather_kernel"]
+    assert big["4,096 indices"] == "F.embedding (-1), torch.gather (-1)" and big["3 indices"] == "-"
+    assert fig2.ops_by_kernel(ROWS)["indexSelectSmallIndex"] == {3: [("F.embedding", "-1")]}
+
+
+def _costs(busy: bool) -> pd.DataFrame:
+    rows = []
+    for i, fix in enumerate(pf.FIXES):
+        for n in (256, 8192):
+            row = {"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, "median_us": 10.0 * (i + 1) * n / 256,
+                   "p20_us": 9.0 * (i + 1) * n / 256, "p80_us": 11.0 * (i + 1) * n / 256}
+            if busy:
+                row["host_us_behind_busy_gpu"] = 5.0 * (i + 1)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_fix_costs_figure_one_line_per_fix_ticks_at_the_measured_sizes(busy):
+    fig = fig2.fix_costs_figure(_costs(busy), "test machine")
+    assert len(fig.axes) == (2 if busy else 1)
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == ["256", "8,192"]
+        assert len(ax.get_lines()) >= len(pf.FIXES)
+        xs = {tuple(line.get_xdata()) for line in ax.get_lines() if len(line.get_xdata()) == 2}
+        assert len(xs) >= len(pf.FIXES)  # nudged apart: no two fixes share their x positions
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [pf.LABELS[f] for f in pf.FIXES]
+    assert "no line hides another" in fig.texts[-1].get_text()
+    plt.close(fig)
+
+
+def test_fix_cost_facts_index_by_fix_and_size():
+    facts = fig2.fix_cost_facts(_costs(True))
+    assert facts["sizes"] == [256, 8192] and facts["clamp"][8192]["median_us"] == 320.0
+
+
+def test_guard_timing_figure_shows_every_run():
+    timing = GuardTiming((0.010, 0.012, 0.011), (0.020, 0.019, 0.021), checked=5)
+    fig = fig2.guard_timing(timing, "4 engine steps")
+    ax = fig.axes[0]
+    dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert sum(len(d.get_xdata()) for d in dots) == 6
+    assert "3 of each" in fig.texts[-1].get_text() and ax.get_xlabel() == "wall time of 4 engine steps (ms)"
+    plt.close(fig)
+
+
+def test_acceptance_table_indexes_by_temperature_and_fix():
+    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "acceptance rate, real drafts": 0.12345,
+             "acceptance rate, all slots": 0.05555}]
+    frame = fig2.acceptance_table(rows)
+    assert frame.loc[(0.0, "clamp (a)"), "acceptance rate, real drafts"] == 0.123
