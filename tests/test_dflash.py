@@ -14,17 +14,19 @@ GOLDEN = Path(__file__).with_name("golden") / "dflash_prepare.json"
 
 
 def _prepare(fix, use_triton, num_reqs=3, idx=(4, 0, 2), max_num_reqs=6, k=3):
+    """``fix`` True/False passes the switch; None passes no ``fixes`` at all (the default path)."""
     out = DFlashInputs.allocate(max_num_reqs, k)
     for t in out.as_dict().values():
         t.fill_(77)                                        # sentinel: every entry must be written
     last_sampled = torch.arange(100, 100 + max_num_reqs)
     num_computed = torch.arange(10, 10 * (max_num_reqs + 1), 10)
+    fixes = () if fix is None else (Fixes(dflash_pad_idx=fix),)
     prepare_dflash_inputs(num_reqs, torch.tensor(idx, dtype=torch.int32), last_sampled, num_computed, 99, out,
-                          Fixes(dflash_pad_idx=fix), use_triton=use_triton)
+                          *fixes, use_triton=use_triton)
     return out
 
 
-@pytest.mark.parametrize("fix", [True, False])
+@pytest.mark.parametrize("fix", [True, False, None], ids=["fix", "no-fix", "default"])
 def test_prepare_contract_by_hand(fix):
     out = _prepare(fix, HAS_TRITON)
     # request rows 0,1,2 -> slots 4,0,2: anchors 104,100,102 at positions 50,10,30, then MASK=99 x3
@@ -35,7 +37,7 @@ def test_prepare_contract_by_hand(fix):
     assert out.seq_lens.tolist() == [54, 14, 34, 0, 0, 0]
     assert out.sample_indices.tolist() == [1, 2, 3, 5, 6, 7, 9, 10, 11] + [0] * 9
     assert out.sample_pos.tolist() == [51, 52, 53, 11, 12, 13, 31, 32, 33] + [0] * 9
-    pad = -1 if fix else 0
+    pad = 0 if fix is False else -1  # by default the fix is on: padded entries name no request
     assert out.sample_idx_mapping.tolist() == [4, 4, 4, 0, 0, 0, 2, 2, 2] + [pad] * 9
 
 
@@ -58,32 +60,61 @@ def test_golden_from_gpu():
             assert getattr(out, name).tolist() == values, (case, name)
 
 
-def test_bad_input():
+@pytest.mark.parametrize("change, error, word", [
+    (dict(num_reqs=5, idx_mapping=torch.arange(5, dtype=torch.int32)), ValueError, "num_reqs=5"),
+    (dict(idx_mapping=torch.tensor([0, 1], dtype=torch.uint8)), TypeError, "idx_mapping must hold signed"),
+    (dict(idx_mapping=torch.tensor([0, 7], dtype=torch.int32)), ValueError, r"idx_mapping\[:num_reqs\]"),
+    # two requests naming one slot would both write its draft logits
+    (dict(idx_mapping=torch.tensor([1, 1], dtype=torch.int32)), ValueError, r"distinct slots.*got \[1, 1\]"),
+    (dict(last_sampled=torch.arange(3)), ValueError, "last_sampled must be an int64 request-state table"),
+    (dict(num_computed=torch.arange(4, dtype=torch.int32)), ValueError, "num_computed must be an int64"),
+    # a -1 anchor would go verbatim into input_ids: the very leak the suite is about
+    (dict(last_sampled=torch.tensor([5, -1, 3, 3])), ValueError, r"last_sampled of the live slots \[1, 0\]"),
+    (dict(last_sampled=torch.tensor([5, 8, 3, 3])), ValueError, r"must lie in \[0, vocab_size=8\)"),
+    (dict(num_computed=torch.tensor([0, -2, 0, 0])), ValueError, "num_computed of the live slots .* >= 0"),
+    (dict(mask_token_id=-1), ValueError, "mask_token_id"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be a positive int"),
+])  # fmt: skip
+def test_bad_input_is_refused_by_name_before_any_write(change, error, word):
     out = DFlashInputs.allocate(4, 2)
-    args = (torch.arange(4), torch.arange(4), 9, out)
-    with pytest.raises(ValueError, match="num_reqs"):
-        prepare_dflash_inputs(5, torch.arange(5, dtype=torch.int32), *args)
-    with pytest.raises(TypeError, match="signed"):
-        prepare_dflash_inputs(2, torch.tensor([0, 1], dtype=torch.uint8), *args)
-    with pytest.raises(ValueError, match="idx_mapping"):
-        prepare_dflash_inputs(2, torch.tensor([0, 7], dtype=torch.int32), *args)
-    with pytest.raises(ValueError, match="last_sampled"):
-        prepare_dflash_inputs(2, torch.tensor([0, 1], dtype=torch.int32), torch.arange(3), torch.arange(4), 9,
-                              out)
+    for t in out.as_dict().values():
+        t.fill_(77)
+    args = dict(num_reqs=2, idx_mapping=torch.tensor([1, 0], dtype=torch.int32), last_sampled=torch.arange(4),
+                num_computed=torch.arange(4), mask_token_id=9, out=out, vocab_size=8)
+    with pytest.raises(error, match=word):
+        prepare_dflash_inputs(**{**args, **change})
+    assert all(t.eq(77).all() for t in out.as_dict().values())
 
 
-@pytest.mark.parametrize("fix", [True, False])
+def test_anchors_of_free_slots_are_not_checked():
+    """Only the live slots' anchors are tokens; a free slot's table entry may hold anything (-1 too)."""
+    out = DFlashInputs.allocate(4, 2)
+    prepare_dflash_inputs(2, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([5, 6, -1, 99]),
+                          torch.tensor([3, 4, -7, 0]), 9, out, vocab_size=8)
+    assert out.input_ids[:6].tolist() == [6, 9, 9, 5, 9, 9]
+
+
+def test_the_drafter_refuses_an_out_of_vocabulary_anchor_before_touching_a_buffer():
+    drafter = DFlashDrafter(ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=3)
+    before = {name: t.clone() for name, t in drafter.buffers().items()}
+    idx, last = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([0, 1, 16, 3])
+    with pytest.raises(ValueError, match=r"last_sampled .* must lie in \[0, vocab_size=16\), got \[16, 0\]"):
+        drafter.propose(2, idx, last, torch.arange(4))
+    assert all(torch.equal(t, before[name]) for name, t in drafter.buffers().items())
+
+
+@pytest.mark.parametrize("fix", [True, False, None], ids=["fix", "no-fix", "default"])
 def test_unfixed_padding_corrupts_request_state_zero(fix):
     v, m, k = 16, 4, 3
-    drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k,
-                            fixes=Fixes(dflash_pad_idx=fix))
+    fixes = {} if fix is None else {"fixes": Fixes(dflash_pad_idx=fix)}
+    drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k, **fixes)
     idx = torch.tensor([2, 0], dtype=torch.int32)           # slot 0 is live, at batch row 1
     last, num_computed = torch.arange(m), torch.arange(m) * 3 + 5
     drafter.propose(2, idx, last, num_computed)
     # what slot 0 must hold: its own MASK rows' logits (query rows 5, 6, 7), temperature 1
     model = drafter.model
     expected = model(drafter.inputs.input_ids[5:8], drafter.inputs.positions[5:8])
-    assert torch.equal(drafter.draft_logits[0], expected) == fix
+    assert torch.equal(drafter.draft_logits[0], expected) == (fix is not False)
     # slot 2 (batch row 0) is never hit
     own = model(drafter.inputs.input_ids[1:4], drafter.inputs.positions[1:4])
     assert torch.equal(drafter.draft_logits[2], own)

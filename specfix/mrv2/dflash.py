@@ -1,12 +1,12 @@
 """DFlash-style draft input preparation: a Triton kernel that pads its sample arrays for a full graph.
 
-Mirrors ``_prepare_dflash_inputs_kernel`` in ``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``.
-A DFlash drafter proposes a whole block at once: for each request it feeds ``[anchor, MASK x k]`` (the
-anchor is the request's last sampled token) through one non-causal forward and samples the k MASK
-positions. The kernel writes the query tokens and positions, ``query_start_loc`` and ``seq_lens``, and
-three *sample arrays* (one entry per drafted token): ``sample_indices`` (which query row holds its
-logits), ``sample_pos`` (its position, the key of its Gumbel noise) and ``sample_idx_mapping`` (the
-``req_state_idx`` whose ``draft_logits`` it fills).
+A simplified stand-in for ``_prepare_dflash_inputs_kernel`` in
+``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``. A DFlash drafter proposes a whole block at
+once: for each request it feeds ``[anchor, MASK x k]`` (the anchor is the request's last sampled token)
+through one non-causal forward and samples the k MASK positions. The kernel writes the query tokens and
+positions, ``query_start_loc`` and ``seq_lens``, and three *sample arrays* (one entry per drafted
+token): ``sample_indices`` (which query row holds its logits), ``sample_pos`` (its position, the key of
+its Gumbel noise) and ``sample_idx_mapping`` (the ``req_state_idx`` whose ``draft_logits`` it fills).
 
 Under a FULL CUDA graph the sampling that follows always processes ``max_num_reqs * k`` entries, so the
 last request's program pads the arrays up to that size. Padded ``sample_indices`` and ``sample_pos`` are
@@ -14,6 +14,29 @@ last request's program pads the arrays up to that size. Padded ``sample_indices`
 ``sample_idx_mapping`` was 0 too, which is a real request-state slot: every padded entry wrote the logits
 of query row 0 into ``draft_logits[0]``, overwriting whatever request owns slot 0. With
 ``Fixes.dflash_pad_idx`` it is -1, which the sampler skips.
+
+What this stand-in leaves out of vLLM's kernel (the padding of the sample arrays, the bug's site, is
+as there):
+
+* no context slots: vLLM also writes the positions and KV-cache slots of the target's tokens of this
+  step (the context whose hidden states the drafter's K/V precompute stores); the toy drafter here has
+  no KV cache and attends only to its own query block;
+* no block table: vLLM maps every query and context position to a KV-cache slot through the request's
+  block table (the query slot mapping); here no slot mapping is built at all;
+* no rejected-token handling: vLLM takes the anchor's position from the last *accepted* target token
+  (the context end minus ``num_rejected``, so rejected drafts are not context) and, for a chunked
+  prefill, the next prompt token as the anchor; here ``last_sampled`` and ``num_computed`` are taken as
+  already final;
+* no ``PAD_SLOT_ID`` padding of the query slot mapping: vLLM pads it past the live query rows so that a
+  graph replay writes no KV for padded rows; with no slot mapping there is nothing to pad here (padded
+  query rows get token ``PAD_TOKEN_ID`` and position 0).
+
+vLLM also clamps query positions to ``max_model_len - 1`` and has a DSpark layout that samples from the
+anchor too; neither is modelled.
+
+Every input is checked before anything is written (as the drafter does): ``idx_mapping[:num_reqs]``
+distinct slots in range, live anchors real tokens (never a ``-1``; below ``vocab_size`` when given),
+live positions non-negative, all tensors on ``out``'s device.
 """
 
 from __future__ import annotations
@@ -127,30 +150,53 @@ if HAS_TRITON:
                 tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int32) + pad_sample_idx, mask=m)
 
 
-def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id):
+def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id,
+              vocab_size):
+    """Every check ``prepare_dflash_inputs`` makes, all before its first write."""
     check_num_reqs(num_reqs, out.max_num_reqs)
     check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
-    live = idx_mapping[:num_reqs]
-    if bool(((live < 0) | (live >= out.max_num_reqs)).any()):
-        raise ValueError(f"idx_mapping[:num_reqs] must lie in [0, {out.max_num_reqs}), got {live.tolist()}")
     for name, t in (("last_sampled", last_sampled), ("num_computed", num_computed)):
-        if t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
+        if not isinstance(t, torch.Tensor) or t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
             raise ValueError(f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
-                             f"got {t.dtype} {tuple(t.shape)}")
-    if not isinstance(mask_token_id, int) or mask_token_id < 0:
+                             f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    device = out.sample_idx_mapping.device
+    tables = (("idx_mapping", idx_mapping), ("last_sampled", last_sampled), ("num_computed", num_computed))
+    for name, t in tables:
+        if t.device != device:
+            raise ValueError(f"{name} must be on out's device {device}, got {t.device}")
+    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or mask_token_id < 0:
         raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or vocab_size < 1):
+        raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+    live = idx_mapping[:num_reqs].long().cpu()
+    if bool(((live < 0) | (live >= out.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
+        raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {out.max_num_reqs}), "
+                         f"got {live.tolist()}")
+    anchors, positions = last_sampled.cpu()[live], num_computed.cpu()[live]
+    high = vocab_size if vocab_size is not None else torch.iinfo(torch.int64).max
+    if bool(((anchors < 0) | (anchors >= high)).any()):
+        bound = f"[0, vocab_size={vocab_size})" if vocab_size is not None else ">= 0 (a -1 is no token)"
+        raise ValueError(f"last_sampled of the live slots {live.tolist()} must lie in {bound}, "
+                         f"got {anchors.tolist()}")
+    if bool((positions < 0).any()):
+        raise ValueError(f"num_computed of the live slots {live.tolist()} must be >= 0, "
+                         f"got {positions.tolist()}")
 
 
 def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
                           num_computed: torch.Tensor, mask_token_id: int, out: DFlashInputs,
-                          fixes: Fixes | None = None, use_triton: bool = HAS_TRITON) -> DFlashInputs:
+                          fixes: Fixes | None = None, use_triton: bool = HAS_TRITON, *,
+                          vocab_size: int | None = None) -> DFlashInputs:
     """Fill ``out`` for a batch of ``num_reqs`` requests and pad it up to ``out.max_num_reqs``.
 
     ``last_sampled`` and ``num_computed`` are request-state tables (indexed by ``req_state_idx``): each
     request's anchor token and its position. Padded sample entries get ``sample_idx_mapping`` -1 with
-    ``fixes.dflash_pad_idx``, else 0 (request-state slot 0, the pre-fix behaviour).
+    ``fixes.dflash_pad_idx`` (``fixes=None`` means ``Fixes()``, every fix on), else 0 (request-state
+    slot 0, the pre-fix behaviour). ``vocab_size``, when given, bounds the anchors (the drafter passes
+    its model's). Bad input raises before any buffer of ``out`` is written.
     """
-    _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id)
+    _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id, vocab_size)
     pad_sample_idx = -1 if (fixes or Fixes()).dflash_pad_idx else 0  # [fix]
     k = out.num_speculative_steps
     if not use_triton:
@@ -270,7 +316,7 @@ class DFlashDrafter:
         """Draft k tokens for each of the ``num_reqs`` requests; returns ``[num_reqs, k]``."""
         k = self.inputs.num_speculative_steps
         prepare_dflash_inputs(num_reqs, idx_mapping, last_sampled, num_computed, self.model.mask_token_id,
-                              self.inputs, self.fixes)
+                              self.inputs, self.fixes, vocab_size=self.model.vocab_size)
         full = self.inputs.max_num_reqs * k
         if padded and self.graph is not None:
             self.graph.replay(full)
