@@ -44,6 +44,19 @@ def test_child_survives_its_own_failure_and_reports_events_in_order():
     assert ea.ChildRun.from_json(run.to_json()) == run
 
 
+def test_malformed_event_lines_are_data_not_a_crash():
+    """A child can die in the middle of an event line, or print '@@' itself: run_child keeps the line."""
+    code = (ea.PRELUDE + "event('a', 'first')\nprint('@@ {\"kind\": \"cut', flush=True)\n"
+            "print('@@ [1, 2]')\nprint('@@ {\"text\": \"no kind\"}')\nevent('b', 'last')\n")
+    run = ea.run_child(code, label="malformed")
+    assert run.returncode == 0
+    assert [e["kind"] for e in run.events] == ["a", "malformed", "malformed", "malformed", "b"]
+    assert run.events[1]["text"] == '@@ {"kind": "cut'
+    lines = run.transcript().splitlines()
+    assert lines == ["[child] first", '[child] @@ {"kind": "cut', "[child] @@ [1, 2]",
+                     '[child] @@ {"text": "no kind"}', "[child] last"]
+
+
 def test_child_timeout_is_reported_not_raised():
     run = ea.run_child("import time\nprint('started', flush=True)\ntime.sleep(30)\n", timeout=3)
     assert run.timed_out and run.returncode is None and "started" in run.output
@@ -186,10 +199,11 @@ def test_clamp_makes_no_sync_and_the_host_mask_does():
 def test_engine_crashes_on_cpu_without_a_fix_and_the_guard_names_the_line():
     from specfix.lab.guard import IndexGuardError, check_indices
 
-    with pytest.raises(IndexError) as plain:
+    with pytest.raises(IndexError, match="index out of range in self") as plain:
         pf.run_engine_with_fix(None, max_tokens=4)
     assert not isinstance(plain.value, IndexGuardError)
-    with pytest.raises(IndexGuardError) as guarded, check_indices():
+    with pytest.raises(IndexGuardError, match=r"F.embedding: \d+ of \d+ indices fall outside") as guarded, \
+            check_indices():
         pf.run_engine_with_fix(None, max_tokens=4)
     err = guarded.value
     assert err.op == "F.embedding" and set(err.values) == {-1} and "models.py" in err.caller

@@ -64,6 +64,18 @@ def device_asserts(text: str) -> list[DeviceAssert]:
             for m in _ASSERT.finditer(text)]
 
 
+def parse_event(line: str) -> dict:
+    """The event a ``@@ {json}`` line carries. A line that is not a JSON object (the child died mid-line,
+    or printed ``@@`` itself) is kept as data too: ``{"kind": "malformed", "text": <the line>}``."""
+    try:
+        event = json.loads(line[len(EVENT_PREFIX):])
+    except json.JSONDecodeError:
+        event = None
+    if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+        return {"kind": "malformed", "text": line}
+    return event
+
+
 @dataclass
 class ChildRun:
     """What a child Python left behind: exit status, merged output, and its structured events."""
@@ -92,7 +104,7 @@ class ChildRun:
         lines, asserts = [], 0
         for line in self.output.splitlines():
             if line.startswith(EVENT_PREFIX):
-                lines.append("[child] " + json.loads(line[len(EVENT_PREFIX):]).get("text", ""))
+                lines.append("[child] " + str(parse_event(line).get("text", "")))
             elif _ASSERT.search(line):
                 asserts += 1
                 if asserts <= max_asserts:
@@ -136,8 +148,7 @@ def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
         except subprocess.TimeoutExpired as expired:
             returncode, raw = None, expired.stdout or b""
     output = raw.decode("utf-8", errors="replace")
-    events = [json.loads(line[len(EVENT_PREFIX):]) for line in output.splitlines()
-              if line.startswith(EVENT_PREFIX)]
+    events = [parse_event(line) for line in output.splitlines() if line.startswith(EVENT_PREFIX)]
     return ChildRun(label, code, dict(env or {}), returncode, output, time.perf_counter() - start, events)
 
 
