@@ -1,0 +1,182 @@
+"""Chapter 4's exercises: the ``is_valid_req`` mask in a Triton kernel of your own, the token of a padded
+row, and the request slot that a stale padded row overwrote.
+
+- ``ch4.mask_kernel`` (write it): a kernel that scales each row of logits by its request's temperature
+  and stores it at the request's slot, with the loads and the store masked by ``req_state_idx >= 0``. It
+  runs on tables that sit between guard rows, so a stray read or write one row before a table shows.
+- ``ch4.padded_token`` (predict, then run): the token the masked kernel returns for a padded row.
+- ``ch4.find_overwritten`` (debug): from a draft-logits table after a step with stale padded rows, find
+  the live request whose cached logits are no longer its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfix import runtime
+from specfix.exercises.core import checker
+from specfix.fixes import Fixes
+from specfix.lab import masked_gumbel
+from specfix.mrv2 import gumbel
+
+#: The write-it exercise's tables: 4 request slots (slot 2 greedy), 6 rows of which the last 2 are padding.
+KERNEL_VOCAB, KERNEL_BLOCK = 24, 32
+KERNEL_TEMPERATURE = (1.0, 0.5, 0.0, 2.0)
+KERNEL_IDX_MAPPING = (2, 0, 3, 1, -1, -1)
+#: What the guard rows hold: the temperature one row before the table, and the output's sentinel.
+GUARD_TEMPERATURE = 4.0
+OUT_SENTINEL = -555.0
+
+
+def _kernel_tables(device):
+    """Inputs and guarded outputs of the write-it kernel (whole allocations kept for inspection)."""
+    gen = torch.Generator().manual_seed(41)
+    rows, slots = len(KERNEL_IDX_MAPPING), len(KERNEL_TEMPERATURE)
+    logits = (torch.randn(rows, KERNEL_VOCAB, generator=gen) * 3).to(device)
+    idx = torch.tensor(KERNEL_IDX_MAPPING, dtype=torch.int32, device=device)
+    temperature, temp_whole = gumbel.guarded_table((slots,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE,
+                                                   device=device)
+    temperature.copy_(torch.tensor(KERNEL_TEMPERATURE))
+    out, out_whole = gumbel.guarded_table((slots, KERNEL_VOCAB), OUT_SENTINEL, torch.float32, device=device)
+    row_temp = torch.full((rows,), float("nan"), device=device)
+    return logits, idx, temperature, out, out_whole, row_temp
+
+
+@checker(
+    "ch4.mask_kernel",
+    solution="masked_gumbel_sampling:scale_rows_kernel",
+    todo="write the @triton.jit kernel scale_rows(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, "
+         "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
+    hints={
+        "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
+        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats the "
+                       "scalar as int32 and refuses the mask): make the condition per lane, e.g. "
+                       "`offs * 0 + req_state_idx >= 0`, or "
+                       "`tl.where(is_valid_req, offs < vocab_size, False)`.",
+        "no_mask": "neither the loads nor the store are masked: the padded rows read temperature[-1] (the "
+                   "guard row's 4.0 here) and wrote out[-1], the row before the table.",
+        "load_unmasked": "you masked the store but not the loads: the padded row still reads temperature[-1] "
+                         "(here the guard row's 4.0; in an engine, whatever lies before the table).",
+        "store_unmasked": "you masked the loads but not the store: the padded row overwrote out[-1], the row "
+                          "before the table (here the guard row; in an engine, another request's draft "
+                          "logits).",
+        "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read temperature "
+                        "0.0 and stored nothing). Slot 0 is a real request; only negative entries are "
+                        "padding.",
+        "other_not_zero": "a padded row must come out greedy: give the masked temperature load other=0.0 "
+                          "(then the real kernel needs no seed and adds no noise for it).",
+        "wrong_values": "a live row stored the wrong values: out[req_state_idx] must hold the row's logits "
+                        "divided by its temperature (the raw logits when the temperature is 0).",
+    },
+)
+def check_mask_kernel(answer, verdict):
+    kernel = answer if hasattr(answer, "fn") else answer()  # the reference solution builds its kernel
+    verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
+    logits, idx, temperature, out, out_whole, row_temp = _kernel_tables(runtime.DEVICE)
+    try:
+        kernel[(len(KERNEL_IDX_MAPPING),)](logits, idx, temperature, out, row_temp, KERNEL_VOCAB,
+                                           BLOCK=KERNEL_BLOCK)
+    except Exception as error:
+        verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
+        raise
+    logits, idx, out_whole, row_temp = logits.cpu(), idx.cpu(), out_whole.cpu(), row_temp.cpu()
+    padded = idx < 0
+    stray_write = bool((out_whole[0] != OUT_SENTINEL).any() or (out_whole[-1] != OUT_SENTINEL).any())
+    stray_read = bool((row_temp[padded] == GUARD_TEMPERATURE).any())
+    verdict.require(not (stray_write and stray_read), "no_mask")
+    verdict.require(not stray_read, "load_unmasked")
+    verdict.require(not stray_write, "store_unmasked")
+    slot0_row = KERNEL_IDX_MAPPING.index(0)
+    verdict.require(bool((out_whole[1] != OUT_SENTINEL).any()) and row_temp[slot0_row] != 0.0, "skips_slot_0")
+    verdict.require(bool((row_temp[padded] == 0.0).all()), "other_not_zero",
+                    f"(the padded rows ran with {row_temp[padded].tolist()})")
+    for row, slot in enumerate(KERNEL_IDX_MAPPING):
+        if slot < 0:
+            continue
+        temp = KERNEL_TEMPERATURE[slot]
+        want = logits[row] / temp if temp != 0.0 else logits[row]
+        verdict.require(torch.allclose(out_whole[slot + 1], want) and row_temp[row] == temp, "wrong_values",
+                        f"(row {row}, slot {slot}, temperature {temp})")
+
+
+def _padded_row_tokens():
+    """The first padded row's token from the masked kernel and from the unmasked one."""
+    step = masked_gumbel.padded_drafter_step()
+    row = int((step.expanded_idx_mapping < 0).nonzero()[0])
+    masked, _ = masked_gumbel.run_drafter_step(step, device=runtime.DEVICE)
+    unmasked, _ = masked_gumbel.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=runtime.DEVICE)
+    return int(masked[row]), int(unmasked[row])
+
+
+@checker(
+    "ch4.padded_token",
+    solution="masked_gumbel_sampling:padded_token",
+    todo="set padded_token to the token id that the masked kernel returns for row 4 of the step (an int, "
+         "or an expression over step.logits), then run the cell",
+    hints={
+        "not_an_int": "give one token id: an int, or a one-element tensor.",
+        "minus_one": "-1 is the row's expanded_idx_mapping entry, not a token: the kernel samples every row "
+                     "it is given and returns a token for the padded row too (the engine throws it away).",
+        "guard_draw": "that is the token the UNMASKED kernel draws, with the temperature 2.0 and seed 12345 "
+                      "it reads from row -1 (the guard). With the mask the temperature load returns its "
+                      "other=0.0.",
+        "not_greedy": "with the mask the padded row runs with temperature 0.0 (the load's other): a greedy "
+                      "row, no noise. Its token is the argmax of its own logits.",
+    },
+)
+def check_padded_token(answer, verdict):
+    if isinstance(answer, torch.Tensor):
+        verdict.require(answer.numel() == 1 and not answer.dtype.is_floating_point, "not_an_int")
+        answer = int(answer)
+    verdict.require(isinstance(answer, int) and not isinstance(answer, bool), "not_an_int")
+    masked, unmasked = _padded_row_tokens()
+    verdict.require(answer != -1, "minus_one")
+    verdict.require(answer != unmasked, "guard_draw")
+    verdict.require(answer == masked, "not_greedy")
+
+
+#: The stale-padding scenarios a ``find_overwritten`` answer is checked on (the notebook shows the first).
+DEBUG_SEEDS = (0, 1, 2, 3)
+
+
+@checker(
+    "ch4.find_overwritten",
+    solution="masked_gumbel_sampling:find_overwritten",
+    todo="write find_overwritten(table, col, logits, idx_mapping, temperature) returning the sorted list of "
+         "request slots whose table[slot, col] is not what their own live row stored",
+    hints={
+        "not_a_list": "return a list of ints (request-state slots), sorted.",
+        "all_flagged": "every live slot is flagged: read column col of each slot (table[slot, col]) and "
+                       "compare it with what the kernel stores there, logits / temperature.",
+        "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at "
+                          "slot idx_mapping[i].",
+        "not_live": "a slot with no live row in this step has nothing to compare with: its column holds "
+                    "older data. Look only at the slots in idx_mapping.",
+        "greedy_divided": "the greedy request (temperature 0) stores its raw logits: the kernel divides only "
+                          "when the temperature is not 0 (dividing by 0 gives inf).",
+        "no_temperature": "you compared with the raw logits: a slot stores logits / temperature, so every "
+                          "slot with a temperature other than 1 looked overwritten.",
+        "missed": "an overwritten slot is missing from your answer: compare the whole column, not one "
+                  "value or the argmax.",
+    },
+)
+def check_find_overwritten(answer, verdict):
+    for seed in DEBUG_SEEDS:
+        puzzle, truth = masked_gumbel.stale_padding_step(seed, device=runtime.DEVICE)
+        got = answer(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in puzzle.items()})
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        verdict.require(isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got),
+                        "not_a_list")
+        got = sorted(got)
+        if got == truth:
+            continue
+        live = puzzle["idx_mapping"].tolist()
+        temps = puzzle["temperature"]
+        verdict.require(got != sorted(live), "all_flagged")
+        verdict.require(got != sorted(live.index(s) for s in truth), "rows_not_slots")
+        verdict.require(set(got) <= set(live), "not_live", f"(slots {sorted(set(got) - set(live))})")
+        extra = set(got) - set(truth)
+        verdict.require(not any(temps[s] == 0.0 for s in extra), "greedy_divided")
+        verdict.require(not extra, "no_temperature")
+        verdict.require(False, "missed")

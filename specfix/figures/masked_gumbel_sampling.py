@@ -1,0 +1,241 @@
+"""Chapter 4's figures and tables: Gumbel-max draws against softmax, the noise's small-u tail, tiles and their
+winners, the draft-logits buffer with and without the mask, and the H200 bench recording.
+
+One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned) and
+leaves showing it to the notebook. The table builders return DataFrames read from a recording.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
+
+from specfix.figures import style
+
+#: Cell categories of the draft-logits picture: untouched sentinel, written by a live row, written outside
+#: every live slot (a stray write), with a text colour that reads on each fill.
+_CELL_FILLS = ("#f0f0f0", style.NEUTRAL, style.BUGGY)
+_CELL_TEXT = ("black", "white", "white")
+_CELL_WORDS = ("sentinel", "written", "stray write")
+
+
+def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
+    """Grouped bars: softmax(logits / T) and the frequency of each token among each sampler's draws.
+
+    ``draws`` maps a label to an int array of token ids."""
+    vocab = len(probs)
+    series = [("softmax(logits / T)", np.asarray(probs))]
+    series += [(f"{name} ({len(s):,} draws)", np.bincount(s, minlength=vocab) / len(s))
+               for name, s in draws.items()]
+    width = 0.8 / len(series)
+    colours = [style.CEILING, style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER]
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+        x = np.arange(vocab)
+        for i, (label, freq) in enumerate(series):
+            ax.bar(x + (i - (len(series) - 1) / 2) * width, freq, width, label=label,
+                   color=colours[i % len(colours)])
+        style.integer_ticks(ax.xaxis)
+        ax.set(xlabel="token id", ylabel="frequency",
+               title=f"Gumbel-max draws against softmax, T = {temperature}")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.caption(fig, "Every sampler's bars sit on the black softmax bar of the same token: "
+                           "argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).")
+    return fig
+
+
+def gumbel_tail(u, exact, careful, naive):
+    """The noise g(u) at small u: exact (float64), the careful float32 form, and the naive float32 form,
+    whose +inf values are marked along the top instead of being clipped out of sight."""
+    u, exact, careful, naive = (np.asarray(a, dtype=np.float64) for a in (u, exact, careful, naive))
+    overflow = ~np.isfinite(naive)
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(7.5, 3.4))
+        ax.semilogx(u, exact, color=style.CEILING, lw=4, alpha=0.35, label="exact (float64)")
+        ax.semilogx(u, careful, "--", color=style.FIXED, label="careful -log(-log1p(-u)), float32")
+        finite = np.where(overflow, np.nan, naive)
+        ax.semilogx(u, finite, ":", color=style.BUGGY, lw=2, label="naive -log(-log(1 - u)), float32")
+        top = np.nanmax(exact) * 1.12
+        if overflow.any():
+            ax.axvspan(u[overflow].min(), u[overflow].max(), color=style.BUGGY, alpha=0.08)
+            ax.plot(u[overflow][::8], np.full(len(u[overflow][::8]), top), "^", color=style.BUGGY, ms=5,
+                    label="naive = +inf (1 - u rounds to 1)")
+        ax.set_ylim(top=top * 1.06)
+        ax.set(xlabel="u", ylabel="Gumbel noise g", title="The winners' noise lives at small u")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.caption(fig, "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in "
+                           "float32. Just right of it, it is a staircase. The careful form follows the exact "
+                           "curve everywhere.")
+    return fig
+
+
+def tile_winners(noisy, block: int):
+    """One row's logits + noise, shaded by tile of ``block`` tokens, each tile's maximum marked (stage 1)
+    and the best of them annotated (stage 2)."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    vocab = len(noisy)
+    starts = range(0, vocab, block)
+    maxima = [noisy[s:s + block].max() for s in starts]
+    winners = [s + int(noisy[s:s + block].argmax()) for s in starts]
+    best = int(np.argmax(maxima))
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        ax.plot(noisy, lw=0.4, color=style.PADDING)
+        for t, s in enumerate(starts):
+            if t % 2:
+                ax.axvspan(s, min(s + block, vocab), color=style.PADDING, alpha=0.12, lw=0)
+        ax.plot(winners, maxima, "o", color=style.NEUTRAL, label="each tile's max (stage 1)")
+        ax.plot([winners[best]], [maxima[best]], "o", ms=11, mfc="none", mec=style.FIXED, mew=2,
+                label="best of the tiles (stage 2)")
+        ax.set_ylim(top=maxima[best] + 0.15 * (maxima[best] - noisy.min()))
+        style.integer_ticks(ax.xaxis)
+        ax.set(xlabel="token id", ylabel="logit + noise",
+               title=f"{len(maxima)} tiles of {block} (the last one partial)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.caption(fig, f"Each tile keeps only its maximum and its token id; the row's token is the best "
+                           f"tile's winner, token {winners[best]}, whatever the tile size.")
+    return fig
+
+
+def draft_logits_cells(buf, sentinel: float, live_slots) -> np.ndarray:
+    """``[rows, cols]`` category of each (row, column) of a guarded buffer ``[rows, cols, vocab]``:
+    0 untouched (all sentinel), 1 written inside a live slot, 2 written anywhere else."""
+    buf = np.asarray(buf)
+    written = (buf != sentinel).any(axis=-1)
+    cells = written.astype(int)
+    live = np.zeros(written.shape, dtype=bool)
+    for row, col in live_slots:
+        live[row, col] = True
+    cells[written & ~live] = 2
+    return cells
+
+
+def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_slots, row_labels):
+    """Side-by-side maps of a guarded draft-logits buffer after one drafter step, one per kernel variant.
+
+    ``buffers`` maps a title to the whole guarded buffer ``[rows, cols, vocab]``; ``live_slots`` lists the
+    (row, column) cells the live rows should write."""
+    cmap = ListedColormap(_CELL_FILLS)
+    with style.apply():
+        fig, axes = plt.subplots(1, len(buffers), figsize=(4.6 * len(buffers), 3.2), sharey=True)
+        axes = np.atleast_1d(axes)
+        for ax, (title, buf) in zip(axes, buffers.items(), strict=True):
+            cells = draft_logits_cells(buf, sentinel, live_slots)
+            ax.imshow(cells, cmap=cmap, vmin=0, vmax=len(_CELL_FILLS) - 1, aspect="auto")
+            for (r, c), kind in np.ndenumerate(cells):
+                ax.text(c, r, _CELL_WORDS[kind], ha="center", va="center", fontsize=8, color=_CELL_TEXT[kind])
+            ax.set(title=title, xticks=range(cells.shape[1]),
+                   xticklabels=[f"column {c}" for c in range(cells.shape[1])],
+                   yticks=range(len(row_labels)), yticklabels=row_labels)
+            ax.grid(False)
+        style.caption(fig, "Grey: still the sentinel. Blue: written by a live row into its own slot. "
+                           "Magenta: written where no live row belongs, here the guard row just before the "
+                           "table.")
+    return fig
+
+
+def draws_at_temperature(probs, samples, temperature: float, chi2: float, threshold: float):
+    """The widget's figure: softmax(logits / T) and the frequency of each token among ``samples``."""
+    vocab = len(probs)
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        x = np.arange(vocab)
+        ax.bar(x - 0.2, probs, 0.4, color=style.CEILING, label="softmax(logits / T)")
+        ax.bar(x + 0.2, np.bincount(samples, minlength=vocab) / len(samples), 0.4, color=style.NEUTRAL,
+               label=f"{len(samples):,} Gumbel-max draws")
+        style.integer_ticks(ax.xaxis)
+        ax.set(xlabel="token id", ylabel="frequency", title=f"T = {temperature:g}, vocabulary {vocab}")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        verdict = "passes" if chi2 < threshold else "fails"
+        style.caption(fig, f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
+                           f"{verdict} the test. Lower T piles the draws onto the top tokens; higher T "
+                           "flattens them.")
+    return fig
+
+
+# -- the H200 bench recording ---------------------------------------------------------------------------
+
+def bench_frame(bench: dict) -> pd.DataFrame:
+    """One row per recorded measurement: case, impl, its parameters, the median in us and its metrics."""
+    frame = pd.DataFrame([{"case": r["case"], "impl": r["impl"], **r["params"], "us": r["median_us"],
+                           **r["metrics"]} for r in bench["results"]])
+    for column in ("vocab", "rows"):
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def bench_goal(bench: dict, case: str, unit: str) -> dict:
+    """The recorded goal of ``case`` measured in ``unit`` (target, measured, status)."""
+    return next(g for g in bench["goals"] if g["case"] == case and g["unit"] == unit)
+
+
+def throughput_table(bench: dict, min_rows: int = 256) -> pd.DataFrame:
+    """G logits/s of specfix's two noise modes, by vocabulary and rows (from ``min_rows`` on), per dtype."""
+    frame = bench_frame(bench)
+    ours = frame[(frame.case == "gumbel") & frame.impl.str.startswith("specfix") & (frame.rows >= min_rows)]
+    table = ours.pivot_table(index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s")
+    return table.round(0)
+
+
+def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
+    """Left: G logits/s against rows at one vocabulary (both noise modes, fp32 and bf16, the goal line).
+    Right: us per call of every sampler at ``rows_at`` x ``vocab`` fp32."""
+    frame = bench_frame(bench)
+    gumbel = frame[frame.case == "gumbel"]
+    goal = bench_goal(bench, "gumbel", "G logits/s")
+    names = ["torch_softmax_multinomial", "torch_gumbel_max", "specfix_exact", "specfix_fast"]
+    at = gumbel[(gumbel.rows == rows_at) & (gumbel.vocab == vocab) & (gumbel.dtype == "fp32")]
+    at = at.set_index("impl").us
+    with style.apply():
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [1.3, 1]})
+        for impl, colour in (("specfix_exact", style.ACCENT), ("specfix_fast", style.FIXED)):
+            for dtype, line in (("fp32", "-"), ("bf16", "--")):
+                sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype) & (gumbel.vocab == vocab)]
+                sel = sel.sort_values("rows")
+                axes[0].plot(sel.rows.astype(float), sel.G_logits_per_s, line, marker="o", color=colour,
+                             label=f"{impl.removeprefix('specfix_')} noise, {dtype}")
+        axes[0].axhline(goal["target"], color=style.CEILING, lw=1, ls=":",
+                        label=f"goal: {goal['target']:.0f} G/s at >= 256 rows")
+        axes[0].set_xscale("log", base=2)
+        axes[0].set(xlabel="rows", ylabel="G logits / s", title=f"vocabulary {vocab:,}")
+        axes[0].legend(loc="upper left", fontsize=8)
+        axes[1].barh([n.replace("_", " ") for n in names], [at[n] for n in names],
+                     color=[style.PADDING, style.PADDING, style.ACCENT, style.FIXED])
+        axes[1].set(xlabel="us per call (median)", title=f"{rows_at} x {vocab:,}, fp32")
+        fig.tight_layout()
+        big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.vocab == vocab) & (gumbel.rows >= 256)]
+        low, high = big.G_logits_per_s.min(), big.G_logits_per_s.max()
+        style.caption(fig, f"Left: from 256 rows on, where the goal applies, the fast noise runs at "
+                           f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Right: both "
+                           "noise modes against the textbook samplers at one shape (shorter is faster).")
+    return fig
+
+
+def graph_table(bench: dict) -> pd.DataFrame:
+    """us per call of one row sampled inside a CUDA graph, by vocabulary and sampler."""
+    frame = bench_frame(bench)
+    graph = frame[frame.case == "gumbel_graph"]
+    return graph.pivot_table(index="vocab", columns="impl", values="us").round(2)
+
+
+def mask_table(bench: dict) -> pd.DataFrame:
+    """The mask's recorded overhead (masked / unmasked - 1, in %), with and without the logits store."""
+    frame = bench_frame(bench)
+    mask = frame[frame.case == "gumbel_mask"]
+    masked = mask[mask.impl == "masked"].set_index("store_processed_logits")
+    unmasked = mask[mask.impl == "unmasked"].set_index("store_processed_logits")
+    table = pd.DataFrame({"masked us": masked.us.round(1), "unmasked us": unmasked.us.round(1),
+                          "overhead %": (100 * masked.overhead).round(2)})
+    return table.rename_axis("store processed logits")
+
+
+def drafter_store_table(perf: dict) -> pd.DataFrame:
+    """us per call of one row in a CUDA graph, with and without storing the draft logits, and the cost."""
+    frame = pd.DataFrame(perf["graph_one_row"])
+    table = frame.pivot_table(index=["vocab", "noise"], columns="drafter_store", values="us_per_call")
+    table.columns = ["without store (us)" if not c else "with store (us)" for c in table.columns]
+    table["store adds (us)"] = table["with store (us)"] - table["without store (us)"]
+    return table.round(2)

@@ -1,0 +1,176 @@
+"""Chapter 4's experiments around the Gumbel sampler: batches that share logits, the same requests alone
+and in a crowd, one drafter step with padded rows run on request tables that sit between guard rows, and
+a draft-logits table corrupted by stale padded rows.
+
+A drafter under a FULL CUDA graph samples the captured number of rows; the rows past ``num_reqs`` are
+padding. :func:`run_drafter_step` samples such a step with ``specfix.mrv2.gumbel.gumbel_sample`` and
+returns the whole guarded allocations, so that a read or write one row before a table (what the unmasked
+kernel does with a ``-1`` row) lands in a guard row we can inspect. :func:`stale_padding_step` builds the
+other half of chapter 3's bug: padded rows that still carry a previous step's request-state indices,
+which the mask cannot catch (they are ``>= 0``), overwrite live requests' draft logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfix.fixes import Fixes
+from specfix.mrv2 import gumbel
+
+#: What every guarded draft-logits buffer holds before a step: any other value was written by the kernel.
+SENTINEL = -777.0
+#: The keys of a batch: ``gumbel_sample``'s tensor arguments.
+BATCH_KEYS = ("logits", "expanded_idx_mapping", "temperature", "seed", "pos")
+
+
+def repeated_rows(rows: int, logits: torch.Tensor, temperature: float, num_reqs: int = 8, seed: int = 0,
+                  device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """``rows`` rows that all hold ``logits`` (``[vocab]``): row i is request ``i % num_reqs`` at position
+    ``i // num_reqs``, each request with its own random seed. Every row is one independent draw."""
+    if rows < 1 or num_reqs < 1:
+        raise ValueError(f"rows and num_reqs must be >= 1, got {rows} and {num_reqs}")
+    if logits.dim() != 1:
+        raise ValueError(f"logits must be one row [vocab], got shape {tuple(logits.shape)}")
+    gen = torch.Generator().manual_seed(seed)
+    batch = dict(
+        logits=logits.expand(rows, -1).contiguous(),
+        expanded_idx_mapping=torch.arange(rows, dtype=torch.int32) % num_reqs,
+        temperature=torch.full((num_reqs,), float(temperature)),
+        seed=torch.randint(0, 2**62, (num_reqs,), generator=gen),
+        pos=torch.arange(rows) // num_reqs,
+    )
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
+    """Four requests sampled alone, and the same four moved to other request-state slots among four
+    strangers: ``(alone, crowd, rows)``, where ``crowd``'s rows ``rows`` are the four requests in order."""
+    gen = torch.Generator().manual_seed(3)
+    alone = dict(logits=torch.randn(4, vocab_size, generator=gen) * 3,
+                 expanded_idx_mapping=torch.arange(4, dtype=torch.int32),
+                 temperature=torch.tensor([1.0, 0.5, 2.0, 1.0]), seed=torch.tensor([11, 22, 33, 44]),
+                 pos=torch.tensor([7, 7, 8, 9]))
+    crowd = dict(logits=torch.randn(8, vocab_size, generator=gen) * 3,
+                 expanded_idx_mapping=torch.arange(8, dtype=torch.int32), temperature=torch.ones(8),
+                 seed=torch.arange(100, 108), pos=torch.arange(8))
+    rows, slots = [6, 0, 3, 5], [5, 2, 7, 0]
+    for old, (row, slot) in enumerate(zip(rows, slots, strict=True)):
+        crowd["logits"][row] = alone["logits"][old]
+        crowd["expanded_idx_mapping"][row] = slot
+        crowd["temperature"][slot] = alone["temperature"][old]
+        crowd["seed"][slot] = alone["seed"][old]
+        crowd["pos"][row] = alone["pos"][old]
+    return alone, crowd, rows
+
+
+def sample(batch: dict, device: torch.device | str = "cpu", **kwargs) -> torch.Tensor:
+    """``gumbel_sample`` of ``batch`` on ``device``, temperature applied; the tokens on the CPU."""
+    on = {k: batch[k].to(device) for k in BATCH_KEYS}
+    return gumbel.gumbel_sample(**on, apply_temperature=True, **kwargs).cpu()
+
+
+@dataclass(frozen=True)
+class DrafterStep:
+    """One drafter step's sampler inputs: ``rows`` logit rows (live rows first, then padding) and the
+    request-state tables, plus what the guard rows around the temperature and seed tables hold."""
+
+    logits: torch.Tensor               # [rows, vocab] float32
+    expanded_idx_mapping: torch.Tensor  # [rows] int32, -1 for a padded row
+    pos: torch.Tensor                  # [rows] int64
+    temperature: torch.Tensor          # [max_num_reqs] float32
+    seed: torch.Tensor                 # [max_num_reqs] int64
+    num_cols: int                      # draft steps: the columns of draft_logits
+    col: int                           # the column this step writes
+    guard_temperature: float
+    guard_seed: int
+
+    @property
+    def live_slots(self) -> list[tuple[int, int]]:
+        """(request-state row, column) of every cell the live rows write."""
+        idx = self.expanded_idx_mapping
+        return [(int(r), self.col) for r in idx[idx >= 0]]
+
+
+def padded_drafter_step(vocab_size: int = 600) -> DrafterStep:
+    """The chapter's example: 4 live rows in 4 request slots (one greedy), then 2 padded rows (``-1``)
+    sharing one set of logits, so that both write the same values wherever they write."""
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, vocab_size, generator=gen) * 3
+    logits[5] = logits[4]
+    return DrafterStep(
+        logits=logits,
+        expanded_idx_mapping=torch.tensor([2, 0, 3, 1, -1, -1], dtype=torch.int32),
+        pos=torch.tensor([4, 5, 6, 7, 0, 0]),
+        temperature=torch.tensor([1.0, 0.6, 0.0, 1.5]),
+        seed=torch.tensor([1, 2, 3, 4]),
+        num_cols=2, col=1, guard_temperature=2.0, guard_seed=12345,
+    )
+
+
+def run_drafter_step(step: DrafterStep, fixes: Fixes | None = None, device: torch.device | str = "cpu"):
+    """Sample ``step`` on tables with a guard row on each side; returns ``(tokens, buffers)`` on the CPU.
+
+    ``buffers`` holds the whole guarded allocations (guard, table rows, guard) of ``draft_logits``
+    (``[max_num_reqs + 2, num_cols, vocab]``, filled with :data:`SENTINEL`), ``temperature`` and ``seed``.
+    """
+    max_reqs, vocab = step.temperature.shape[0], step.logits.shape[1]
+    temperature, temp_whole = gumbel.guarded_table((max_reqs,), 0.0, torch.float32,
+                                                   guard_fill=step.guard_temperature, device=device)
+    temperature.copy_(step.temperature)
+    seed, seed_whole = gumbel.guarded_table((max_reqs,), 0, torch.int64, guard_fill=step.guard_seed,
+                                            device=device)
+    seed.copy_(step.seed)
+    draft_logits, whole = gumbel.guarded_table((max_reqs, step.num_cols, vocab), SENTINEL, torch.float32,
+                                               device=device)
+    tokens = gumbel.gumbel_sample(step.logits.to(device), step.expanded_idx_mapping.to(device), temperature,
+                                  seed, step.pos.to(device), True, processed_logits=draft_logits,
+                                  processed_logits_col=step.col, fixes=fixes)
+    return tokens.cpu(), {"draft_logits": whole.cpu(), "temperature": temp_whole.cpu(),
+                          "seed": seed_whole.cpu()}
+
+
+def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[dict, list[int]]:
+    """A draft-logits table after one step whose padded rows kept the previous step's indices.
+
+    The previous step ran 5 requests; 2 of them finished, so this step runs 3 live rows, padded to the
+    captured 6. Rows 3 to 5 still hold the indices of the previous step's rows 3 to 5: request slots that
+    are >= 0, so the kernel's mask lets them through, and that may belong to a live request. On the GPU the
+    live row and the padded row race for such a slot; the table here is one where the padded row's write
+    landed last (the step is sampled in two calls: live rows, then padded rows).
+
+    Returns ``(puzzle, overwritten)``: ``puzzle`` holds ``table`` (``[8, 3, vocab]`` float32), ``col``,
+    ``logits`` (the live rows' logits), ``idx_mapping`` (the live rows' request slots) and ``temperature``
+    (``[8]``: one live request is greedy, none has temperature 1); ``overwritten`` lists the one live slot
+    whose column ``col`` no longer holds its own row's processed logits.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    max_reqs, num_cols, vocab, live_rows = 8, 3, 40, 3
+    while True:
+        previous = torch.randperm(max_reqs, generator=gen)[:6]
+        live = previous[torch.randperm(5, generator=gen)[:live_rows]]       # 3 of the 5 that ran before
+        stale = previous[3:6]
+        overwritten = sorted(set(live.tolist()) & set(stale.tolist()))
+        if len(overwritten) == 1:
+            break
+    temperature = torch.tensor([0.7, 1.2, 1.3, 0.5, 2.0, 0.9, 1.6, 0.8])
+    temperature = temperature[torch.randperm(max_reqs, generator=gen)]
+    greedy = next(int(s) for s in live if int(s) not in overwritten)
+    temperature[greedy] = 0.0                                               # one live request is greedy
+    table = torch.randn(max_reqs, num_cols, vocab, generator=gen) * 3       # what earlier steps left there
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    col = int(torch.randint(0, num_cols, (1,), generator=gen))
+    idx = torch.cat([live, stale]).to(torch.int32)
+    pos = torch.arange(6) + 10
+    seeds = torch.arange(max_reqs, dtype=torch.int64)
+    on = {k: v.to(device) for k, v in dict(logits=logits, idx=idx, pos=pos, temperature=temperature,
+                                            seed=seeds, table=table).items()}
+    for rows in (slice(0, live_rows), slice(live_rows, 6)):               # live rows first, padded rows last
+        gumbel.gumbel_sample(on["logits"][rows], on["idx"][rows], on["temperature"], on["seed"],
+                             on["pos"][rows], True, processed_logits=on["table"], processed_logits_col=col)
+    puzzle = {"table": on["table"].cpu(), "col": col, "logits": logits[:live_rows].clone(),
+              "idx_mapping": idx[:live_rows].clone(), "temperature": temperature}
+    return puzzle, overwritten

@@ -1,0 +1,160 @@
+"""Chapter 4's figures and tables draw what they are given: bars, lines, marks, captions, table cells."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from matplotlib.colors import to_rgb
+
+from specfix.figures import masked_gumbel_sampling as figs
+from specfix.figures import style
+
+
+def _caption(fig) -> str:
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def test_draws_vs_softmax_has_one_bar_per_token_and_series():
+    probs = np.array([0.5, 0.3, 0.2])
+    draws = {"numpy toy": np.array([0, 0, 1, 2]), "kernel": np.array([0, 1, 1])}
+    fig = figs.draws_vs_softmax(probs, draws, 0.8)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 3 * (1 + len(draws))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["softmax(logits / T)", "numpy toy (4 draws)", "kernel (3 draws)"]
+    assert "softmax" in _caption(fig)
+
+
+def test_draws_vs_softmax_bar_heights_are_the_frequencies():
+    probs = np.array([0.25, 0.75])
+    fig = figs.draws_vs_softmax(probs, {"a": np.array([1, 1, 1, 0])}, 1.0)
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == pytest.approx([0.25, 0.75, 0.25, 0.75])
+
+
+def test_gumbel_tail_marks_the_naive_overflow_instead_of_clipping_it():
+    u = torch.logspace(-9, -0.1, 60, dtype=torch.float32)
+    naive = -torch.log(-torch.log(1 - u))
+    exact = -np.log(-np.log1p(-u.double().numpy()))
+    fig = figs.gumbel_tail(u, exact, exact, naive)
+    ax = fig.axes[0]
+    overflow = int((~torch.isfinite(naive)).sum())
+    assert overflow > 0, "the example must overflow"
+    triangles = [line for line in ax.get_lines() if line.get_marker() == "^"]
+    assert len(triangles) == 1 and len(triangles[0].get_xdata()) == len(range(0, overflow, 8))
+    naive_line = next(line for line in ax.get_lines() if line.get_label().startswith("naive -log"))
+    assert np.isnan(naive_line.get_ydata()).sum() == overflow      # +inf is not drawn as a clipped value
+    assert "+inf" in _caption(fig)
+
+
+def test_gumbel_tail_without_overflow_draws_no_marks():
+    u = np.array([0.1, 0.2, 0.5])
+    g = -np.log(-np.log1p(-u))
+    fig = figs.gumbel_tail(u, g, g, g)
+    assert not [line for line in fig.axes[0].get_lines() if line.get_marker() == "^"]
+
+
+def test_tile_winners_marks_one_maximum_per_tile_and_names_the_winner():
+    noisy = np.array([0.0, 5.0, 1.0, 2.0, 9.0, 3.0, 4.0])
+    fig = figs.tile_winners(noisy, 3)
+    ax = fig.axes[0]
+    maxima = next(line for line in ax.get_lines() if line.get_label().startswith("each tile"))
+    assert list(maxima.get_xdata()) == [1, 4, 6] and list(maxima.get_ydata()) == [5.0, 9.0, 4.0]
+    assert "3 tiles of 3" in ax.get_title()
+    assert "token 4" in _caption(fig)
+
+
+def test_draft_logits_cells_tell_live_writes_from_stray_ones():
+    sentinel = -1.0
+    buf = np.full((4, 2, 3), sentinel)
+    buf[1, 1] = 7.0      # a live slot
+    buf[0, 1, 2] = 7.0   # one value in the guard row
+    cells = figs.draft_logits_cells(buf, sentinel, [(1, 1), (2, 1)])
+    assert cells.tolist() == [[0, 2], [0, 1], [0, 0], [0, 0]]
+
+
+def test_padded_rows_buffers_draws_one_panel_per_variant_with_readable_text():
+    sentinel = -1.0
+    clean = np.full((3, 2, 4), sentinel)
+    clean[1, 1] = 0.0
+    dirty = clean.copy()
+    dirty[0, 1] = 3.0
+    fig = figs.padded_rows_buffers({"masked": clean, "unmasked": dirty}, sentinel, [(1, 1)],
+                                   ["guard", "slot 0", "guard"])
+    assert [ax.get_title() for ax in fig.axes] == ["masked", "unmasked"]
+    words = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+    assert words[0].count("stray write") == 0 and words[1].count("stray write") == 1
+    for ax in fig.axes:
+        for text in ax.texts:
+            if text.get_text() != "sentinel":
+                assert text.get_color() == "white"   # white on the dark fills
+
+
+def test_draws_at_temperature_reports_the_test_in_its_caption():
+    fig = figs.draws_at_temperature(np.array([0.5, 0.5]), np.array([0, 1, 1, 0]), 0.5, 1.25, 11.0)
+    assert len(fig.axes[0].patches) == 4
+    assert "1.2" in _caption(fig) and "passes" in _caption(fig)
+    fig = figs.draws_at_temperature(np.array([0.5, 0.5]), np.array([0, 0, 0, 0]), 0.5, 30.0, 11.0)
+    assert "fails" in _caption(fig)
+
+
+def _bench():
+    def gumbel(impl, rows, vocab, dtype, us):
+        return {"case": "gumbel", "impl": impl, "params": {"vocab": vocab, "rows": rows, "dtype": dtype},
+                "median_us": us, "metrics": {"G_logits_per_s": rows * vocab / us / 1e3}}
+
+    results = [gumbel(impl, rows, 1000, dtype, us)
+               for impl, us in (("specfix_fast", 1.0), ("specfix_exact", 2.0), ("torch_gumbel_max", 4.0),
+                                ("torch_softmax_multinomial", 8.0))
+               for rows in (1, 256, 1024) for dtype in ("fp32", "bf16")]
+    results += [{"case": "gumbel_graph", "impl": impl, "params": {"vocab": 1000, "rows": 1}, "median_us": us,
+                 "metrics": {}} for impl, us in (("specfix_fast", 3.0), ("specfix_exact", 4.0))]
+    results += [{"case": "gumbel_mask", "impl": impl, "params": {"vocab": 1000, "rows": 256,
+                 "store_processed_logits": store}, "median_us": us, "metrics": metrics}
+                for store, masked_us, unmasked_us in ((False, 10.0, 10.0), (True, 9.0, 10.0))
+                for impl, us, metrics in (("masked", masked_us, {"overhead": masked_us / unmasked_us - 1}),
+                                          ("unmasked", unmasked_us, {}))]
+    goals = [{"case": "gumbel", "unit": "G logits/s", "target": 500.0}]
+    return {"results": results, "goals": goals}
+
+
+def test_bench_speed_draws_four_lines_the_goal_and_four_bars():
+    fig = figs.bench_speed(_bench(), vocab=1000, rows_at=256)
+    left, right = fig.axes
+    lines = [line for line in left.get_lines() if line.get_label().endswith(("fp32", "bf16"))]
+    assert len(lines) == 4
+    goal = [line for line in left.get_lines() if line.get_label().startswith("goal")]
+    assert len(goal) == 1 and goal[0].get_ydata()[0] == 500.0
+    widths = [p.get_width() for p in right.patches]
+    assert widths == pytest.approx([8.0, 4.0, 2.0, 1.0])
+    assert "256 to 1024 G logits/s" in _caption(fig)   # rows x 1000 logits in 1 us
+
+
+def test_bench_tables_read_the_recording():
+    bench = _bench()
+    table = figs.throughput_table(bench)
+    assert list(table.index.get_level_values("rows")) == [256, 1024]
+    assert figs.graph_table(bench).loc[1000, "specfix_fast"] == 3.0
+    mask = figs.mask_table(bench)
+    assert mask.loc[True, "overhead %"] == pytest.approx(-10.0)
+    assert mask.loc[False, "overhead %"] == 0.0
+    assert figs.bench_goal(bench, "gumbel", "G logits/s")["target"] == 500.0
+
+
+def test_drafter_store_table_subtracts_the_two_timings():
+    perf = {"graph_one_row": [{"vocab": 10, "noise": "fast", "drafter_store": False, "us_per_call": 3.0},
+                              {"vocab": 10, "noise": "fast", "drafter_store": True, "us_per_call": 3.5}]}
+    table = figs.drafter_store_table(perf)
+    assert table.loc[(10, "fast"), "store adds (us)"] == pytest.approx(0.5)
+
+
+def test_the_bars_use_the_suite_style_colours():
+    fig = figs.draws_vs_softmax(np.array([1.0]), {"a": np.array([0])}, 1.0)
+    colours = {tuple(p.get_facecolor()[:3]) for p in fig.axes[0].patches}
+    assert colours == {to_rgb(style.CEILING), to_rgb(style.NEUTRAL)}

@@ -1,0 +1,84 @@
+"""specfix.lab.masked_gumbel: chapter 4's batches, the guarded drafter step and the stale-padding table."""
+
+import pytest
+import torch
+
+from specfix import Fixes, runtime
+from specfix.lab import masked_gumbel as lab
+from specfix.mrv2 import gumbel_reference as ref
+
+DEVICE = runtime.DEVICE
+
+
+def test_repeated_rows_assigns_requests_round_robin():
+    b = lab.repeated_rows(10, torch.arange(5.0), 0.7, num_reqs=4, seed=3)
+    assert torch.equal(b["logits"][7], torch.arange(5.0))
+    assert b["expanded_idx_mapping"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert b["pos"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert b["temperature"].tolist() == pytest.approx([0.7] * 4)
+    assert len(set(b["seed"].tolist())) == 4
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(rows=0), r"rows and num_reqs must be >= 1, got 0"),
+    (dict(logits=torch.zeros(2, 3)), r"logits must be one row \[vocab\], got shape \(2, 3\)"),
+])
+def test_repeated_rows_refuses_bad_sizes(kwargs, match):
+    args = dict(rows=4, logits=torch.zeros(3), temperature=1.0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        lab.repeated_rows(**args)
+
+
+def test_the_crowd_holds_the_same_requests():
+    alone, crowd, rows = lab.alone_and_crowded(vocab_size=50)
+    for i, row in enumerate(rows):
+        slot = int(crowd["expanded_idx_mapping"][row])
+        assert torch.equal(crowd["logits"][row], alone["logits"][i])
+        assert crowd["seed"][slot] == alone["seed"][i] and crowd["pos"][row] == alone["pos"][i]
+        assert crowd["temperature"][slot] == alone["temperature"][i]
+    assert sorted(int(crowd["expanded_idx_mapping"][r]) for r in rows) != [0, 1, 2, 3]   # moved slots
+
+
+def test_sample_matches_the_reference_for_the_crowd():
+    alone, crowd, rows = lab.alone_and_crowded(vocab_size=300)
+    want = ref.gumbel_sample_reference(**alone, apply_temperature=True)
+    assert torch.equal(lab.sample(alone, device=DEVICE), want)
+    assert torch.equal(lab.sample(crowd, device=DEVICE)[rows], want)
+
+
+def test_padded_drafter_step_with_the_mask_writes_only_live_slots():
+    step = lab.padded_drafter_step(vocab_size=64)
+    tokens, buffers = lab.run_drafter_step(step, device=DEVICE)
+    whole = buffers["draft_logits"]
+    written = (whole != lab.SENTINEL).any(-1)
+    want = torch.zeros_like(written)
+    for slot, col in step.live_slots:
+        want[slot + 1, col] = True
+    assert torch.equal(written, want)
+    assert tokens[4] == step.logits[4].argmax() and tokens[5] == step.logits[5].argmax()
+
+
+def test_padded_drafter_step_without_the_mask_writes_the_guard_row():
+    step = lab.padded_drafter_step(vocab_size=64)
+    _, buffers = lab.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=DEVICE)
+    guard = buffers["draft_logits"][0, step.col]
+    assert torch.equal(guard, step.logits[5] / step.guard_temperature)
+    assert buffers["temperature"][0] == step.guard_temperature   # the guard itself is read, never written
+
+
+def test_padded_drafter_step_refuses_a_tiny_vocabulary():
+    with pytest.raises(ValueError, match=r"vocab_size must be >= 2, got 1"):
+        lab.padded_drafter_step(vocab_size=1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stale_padding_step_overwrites_exactly_the_reported_slot(seed):
+    puzzle, overwritten = lab.stale_padding_step(seed, device=DEVICE)
+    table, col, temps = puzzle["table"], puzzle["col"], puzzle["temperature"]
+    own = {}
+    for row, slot in enumerate(puzzle["idx_mapping"].tolist()):
+        t = float(temps[slot])
+        stored = puzzle["logits"][row] / t if t != 0 else puzzle["logits"][row]
+        own[slot] = torch.equal(table[slot, col], stored)
+    assert [slot for slot, ok in own.items() if not ok] == overwritten and len(overwritten) == 1
+    assert (temps[puzzle["idx_mapping"].long()] == 0).sum() == 1 and not (temps == 1).any()
