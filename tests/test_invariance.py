@@ -6,6 +6,7 @@ import torch
 from specfix import Fixes
 from specfix.lab.invariance import (
     GARBAGE_PATTERNS,
+    STALE_RUN,
     check_dflash,
     check_padding_invariance,
     check_speculator,
@@ -115,3 +116,24 @@ def test_real_cuda_graphs(fix):
     idx = torch.tensor([2, 0], dtype=torch.int32, device="cuda")
     report = check_dflash(drafter, 2, idx, torch.arange(4, device="cuda"), torch.arange(4, device="cuda") + 5)
     assert report.ok == fix, str(report)
+
+
+def test_the_stale_run_comes_first_and_names_what_the_padding_corrupts_now():
+    step, bufs = _toy(False)
+    bufs["idx"][LIVE:] = torch.tensor([1, 7, 6])     # as an earlier step left it: row 5 names live slot 1
+    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
+                                      live={"table": [3, 1, 4, 0, 2]}, bounds={"idx": (-1, N)},
+                                      reference=lambda: None)
+    assert report.runs[0] == STALE_RUN and report.runs[-1] == "reference"
+    assert {d.run_a for d in report.differences} == {STALE_RUN}
+    assert report.rows("table", "minus_one") == [1]       # -1 padding writes nothing: only row 5's harm shows
+    with pytest.raises(ValueError, match="run must be one of"):
+        report.rows("table", "zeros")
+
+
+def test_without_the_stale_run_the_first_pattern_is_the_baseline():
+    step, bufs = _toy(False)
+    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None)}, live={"table": [3, 1]},
+                                      bounds={"idx": (-1, N)}, stale=False)
+    assert report.runs == list(GARBAGE_PATTERNS)
+    assert {d.run_a for d in report.differences} <= {GARBAGE_PATTERNS[0]}

@@ -4,8 +4,12 @@ A step that runs at a padded size (a CUDA-graph replay, say) reads whole persist
 rows included. Those rows hold whatever was there: zeros from allocation, an earlier larger batch, a
 finished request. A correct step gives its live requests the same outputs and leaves their state the
 same *whatever* the padding holds. :func:`check_padding_invariance` tests exactly that: it runs the step
-once per garbage pattern (random values, NaN, -1, huge ids), each time over the same live inputs with
-the padded region of every buffer overwritten, and compares the live rows it was told to watch.
+once on the buffers as it finds them (the ``"stale"`` run: the padding as the engine left it), then once
+per garbage pattern (random values, NaN, -1, huge ids), each time over the same live inputs with the
+padded region of every buffer overwritten, and compares the live rows it was told to watch with the
+stale run's. So a report says both *whether* the padding can leak into live results and, where the
+stale run differs from a harmless pattern (``minus_one`` for an index buffer) or from the reference,
+*which* live rows the padding as it stands corrupts.
 
     report = check_padding_invariance(
         step=lambda: speculator.propose(...),              # any callable over persistent buffers
@@ -34,6 +38,8 @@ import torch
 
 #: The garbage the padded region is filled with, one run each.
 GARBAGE_PATTERNS = ("random", "nan", "minus_one", "huge")
+#: The first run's name: the step on the buffers as found, padded region untouched.
+STALE_RUN = "stale"
 Rows = slice | range | Sequence[int] | torch.Tensor
 
 
@@ -62,6 +68,12 @@ class InvarianceReport:
     @property
     def ok(self) -> bool:
         return not self.differences and not self.errors
+
+    def rows(self, buffer: str, run: str) -> list[int]:
+        """The live rows of ``buffer`` that came out differently in ``run`` than in the first run."""
+        if run not in self.runs:
+            raise ValueError(f"run must be one of {self.runs}, got {run!r}")
+        return sorted({r for d in self.differences if d.buffer == buffer and d.run_b == run for r in d.rows})
 
     @property
     def buffers(self) -> list[str]:
@@ -131,6 +143,7 @@ def check_padding_invariance(
     bounds: Mapping[str, tuple[int, int]] | None = None,
     reference: Callable[[], object] | None = None,
     seed: int = 0,
+    stale: bool = True,
 ) -> InvarianceReport:
     """Run ``step`` once per garbage pattern and report live rows that change (see the module docstring).
 
@@ -144,6 +157,8 @@ def check_padding_invariance(
             buffer gets garbage ids the step can use without faulting (``huge`` = high - 1).
         reference: optional step at the exact size (no padding); live rows must also match it.
         seed: seeds the ``random`` pattern.
+        stale: run the step on the buffers as found first (run ``"stale"``), the baseline of every
+            comparison; with ``False`` the first garbage pattern is the baseline.
     """
     bounds = dict(bounds or {})
     unknown = [p for p in patterns if p not in GARBAGE_PATTERNS]
@@ -175,11 +190,12 @@ def check_padding_invariance(
         call()
         return {n: buffers[n].index_select(0, rows).clone() for n, rows in live_rows.items()}
 
-    report = InvarianceReport(runs=list(patterns) + (["reference"] if reference is not None else []))
+    runs = ([(STALE_RUN, None, step)] if stale else []) + [(p, p, step) for p in patterns] + (
+        [("reference", None, reference)] if reference is not None else [])
+    report = InvarianceReport(runs=[name for name, _, _ in runs])
     results: dict[str, dict[str, torch.Tensor]] = {}
     try:
-        for name, fill, call in [(p, p, step) for p in patterns] + (
-                [("reference", None, reference)] if reference is not None else []):
+        for name, fill, call in runs:
             try:
                 results[name] = run(fill, call)
             except Exception as exc:  # a fault under garbage is itself a finding

@@ -14,6 +14,10 @@ into which slot, whose slot that was, and where the stale ``idx_mapping`` value 
 - ``"finished request's slot, reused"``: the row's request finished and its slot now belongs to another;
 - ``"free slot"``: the named slot is free; the write is harmless.
 
+:func:`padded_step_scenario` plays a short, named history (``"step abcdef"``, ``"finish c"``,
+``"step abdef"``) on a real speculator and returns the last step's ``idx_mapping`` with what each padded
+row writes: the chapter's buffer figure, its slider and its prediction exercise are built on it.
+
 :func:`one_step_distribution` is the controlled setup for the statistics: many trials of one step with
 every live slot overwritten by a padded row, and a chi-square test of each output position against the
 target distribution. Mirrors the MRV2 engine of ``vllm/v1/worker/gpu/model_runner.py`` in miniature.
@@ -80,7 +84,7 @@ class PaddedWrite:
 
     row: int
     slot: int
-    victim: int | None          # the live request that owns ``slot`` (None: free)
+    victim: object | None       # the live request that owns ``slot`` (None: free)
     origin: str
     overwritten_cols: tuple[int, ...] = ()  # draft steps whose cached logits no longer match the victim's
 
@@ -117,22 +121,53 @@ class _Live:
     out: list[int] = field(default_factory=list)
 
 
+#: The drafter's two samplers by name: the Triton kernel and its torch twin.
+SAMPLERS = {"kernel": gumbel_sample, "reference": reference_sampler}
+
+
+def _origin(writer: object | None, victim: object | None) -> str:
+    """Where a padded row's stale ``idx_mapping`` value came from: the request that last wrote the row
+    (None: never written) against the live request that owns the slot it names now (None: free)."""
+    if writer is None:
+        return ORIGIN_FRESH
+    if victim is None:
+        return ORIGIN_FREE
+    return ORIGIN_EARLIER if victim == writer else ORIGIN_REUSED
+
+
+def resolve_sampler(sampler: str, device: torch.device, fixes: Fixes) -> str:
+    """Which of :data:`SAMPLERS` drafts: ``"kernel"`` (the Triton ``gumbel_sample``), ``"reference"`` (its
+    torch twin: the same tokens and stores, tied by tests/test_speculator.py, and fast on a CPU, where
+    Triton's interpreter pays milliseconds per program) or, for ``"auto"``, the kernel on a GPU and the
+    reference on a CPU. The reference is the masked sampler: with ``fixes.mask_invalid_reqs`` off, "auto"
+    picks the kernel."""
+    if sampler not in ("auto", "kernel", "reference"):
+        raise ValueError(f"sampler must be 'auto', 'kernel' or 'reference', got {sampler!r}")
+    if sampler == "auto":
+        sampler = "kernel" if device.type == "cuda" or not fixes.mask_invalid_reqs else "reference"
+    if sampler == "reference" and not fixes.mask_invalid_reqs:
+        raise ValueError("sampler='reference' is the masked sampler: with mask_invalid_reqs off use 'kernel'")
+    return sampler
+
+
 class SpecDecodeEngine:
     """Drafter (padded, graph-replayed on a GPU) + target verification, one step per loop iteration."""
 
     def __init__(self, target, draft, *, max_num_reqs: int = 8, num_speculative_steps: int = 3,
                  max_model_len: int = 128, device: torch.device | str | None = None,
                  fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, sampler: str = "auto"):
         self.device = torch.device(device or runtime.DEVICE)
         self.fixes = fixes or Fixes()
+        self.sampler = resolve_sampler(sampler, self.device, self.fixes)
         self.target, self.draft = target, draft
         self.k = num_speculative_steps
         self.max_model_len = max_model_len
         self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
         self.spec = DraftModelSpeculator(draft, max_num_reqs=max_num_reqs, num_speculative_steps=self.k,
                                          vocab_size=target.vocab_size, context_len=draft.order - 1,
-                                         device=self.device, fixes=self.fixes, capture_sizes=capture_sizes)
+                                         device=self.device, fixes=self.fixes, capture_sizes=capture_sizes,
+                                         sampler=SAMPLERS[self.sampler])
         self.kv_cache = target.make_kv_cache(max_num_reqs * max_model_len, self.device)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
@@ -148,16 +183,7 @@ class SpecDecodeEngine:
 
     def _classify(self, row: int, slot: int) -> PaddedWrite:
         victim = self.states.owner(slot)
-        writer = self._row_writer[row]
-        if writer is None:
-            origin = ORIGIN_FRESH
-        elif victim is None:
-            origin = ORIGIN_FREE
-        elif victim == writer:
-            origin = ORIGIN_EARLIER
-        else:
-            origin = ORIGIN_REUSED
-        return PaddedWrite(row, slot, victim, origin)
+        return PaddedWrite(row, slot, victim, _origin(self._row_writer[row], victim))
 
     def _overwritten_cols(self, context: torch.Tensor, drafts: torch.Tensor, slot: int) -> tuple[int, ...]:
         """Draft steps whose cached logits differ from what the victim's own row computed."""
@@ -308,23 +334,164 @@ def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batc
                       max_tokens: tuple[int, int] = (16, 32),
                       device: torch.device | str | None = None, capture_sizes: list[int] | None = None,
                       cuda_graphs: bool | None = None, models=None,
-                      solo: RunResult | None = None) -> PaddingBench:
+                      solo: RunResult | None = None, sampler: str = "auto") -> PaddingBench:
     """Run ``num_requests`` seeded requests batched (``max_batch`` at a time) and each alone.
 
     A batch of one has no padded rows, so the solo outputs do not depend on the fixes: pass ``solo``
-    from an earlier bench with the same requests to skip re-running them.
+    from an earlier bench with the same requests to skip re-running them. ``sampler``: the drafter's
+    sampler (:func:`resolve_sampler`; by default the Triton kernel on a GPU, its torch twin on a CPU).
     """
     device = torch.device(device or runtime.DEVICE)
     target, draft = models or load_models(device)
     requests = make_requests(num_requests, seed=seed, max_tokens=max_tokens)
     kw = dict(max_num_reqs=max_num_reqs, num_speculative_steps=num_speculative_steps, device=device,
-              fixes=fixes, capture_sizes=capture_sizes, cuda_graphs=cuda_graphs)
+              fixes=fixes, capture_sizes=capture_sizes, cuda_graphs=cuda_graphs, sampler=sampler)
     batched = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=max_batch)
     if solo is None:
         solo = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=1)
     elif set(solo.outputs) != {r.req_id for r in requests}:
         raise ValueError("solo holds other requests than this bench's")
     return PaddingBench(requests, fixes or Fixes(), batched, solo)
+
+
+# -- a named history on one speculator: where each padded row's stale value points --------------------
+
+@dataclass(frozen=True)
+class BufferState:
+    """The drafter's ``idx_mapping`` as one padded step's replay reads it, and what its padded rows write."""
+
+    idx_mapping: tuple[int, ...]     # the whole persistent buffer (max_num_reqs rows)
+    batch: tuple[str, ...]           # the live request in each batch row
+    num_reqs_padded: int             # rows the step processes (the captured size it dispatched to)
+    owners: dict[int, str]           # request-state slot -> live request (scheduled this step or not)
+    writes: tuple[PaddedWrite, ...]  # padded rows whose entry is a slot: each writes draft_logits[slot]
+    fixes: Fixes
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.batch)
+
+    @property
+    def victims(self) -> list[str]:
+        """The live requests whose cached draft logits a padded row overwrites, by name."""
+        return sorted({w.victim for w in self.writes if w.victim is not None})
+
+
+_VERBS = ("step", "arrive", "finish")
+
+
+def _parse_events(events, live: set[str], finished: set[str], max_num_reqs: int) -> list[tuple[str, str]]:
+    """Check a whole history against the requests live now, before anything runs; (verb, names) pairs."""
+    if isinstance(events, str) or not isinstance(events, (list, tuple)) or not events:
+        raise ValueError(f"events must be a non-empty list of strings such as 'step abc', got {events!r}")
+    live, finished, parsed = set(live), set(finished), []
+    for i, event in enumerate(events):
+        parts = event.split() if isinstance(event, str) else []
+        if len(parts) != 2 or parts[0] not in _VERBS or not (parts[1].isascii() and parts[1].isalpha()
+                                                            and parts[1].islower()) \
+                or len(set(parts[1])) != len(parts[1]):
+            raise ValueError(f"events[{i}] must be '<verb> <names>' with a verb of {_VERBS} and distinct "
+                             f"lowercase letters as names, got {event!r}")
+        verb, names = parts
+        if verb == "finish" and not set(names) <= live:
+            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) - live)} not live")
+        if verb == "arrive" and set(names) & live:
+            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) & live)} already live")
+        if set(names) & finished:
+            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) & finished)} already finished "
+                             "(a name is used once)")
+        if verb == "finish":
+            live -= set(names)
+            finished |= set(names)
+        else:
+            live |= set(names)
+        if len(live) > max_num_reqs:
+            raise ValueError(f"events[{i}] {event!r}: {len(live)} live requests, more than "
+                             f"max_num_reqs={max_num_reqs} slots")
+        parsed.append((verb, names))
+    return parsed
+
+
+class StaleRowScenario:
+    """A real :class:`DraftModelSpeculator` driven by a named history, for pictures and exercises.
+
+    Requests are single letters. :meth:`play` takes events in order: ``"step abf"`` runs one drafting step
+    for a, b and f in that batch order (a name not yet live arrives first, taking the lowest free slot);
+    ``"arrive g"`` adds requests without running them; ``"finish c"`` ends them (their slots free up, their
+    table rows keep their stale values). A live request left out of a step is simply not scheduled in it.
+    The step dispatches to vLLM's capture sizes (1, 2, 4, 8, 16, ...) and runs eagerly at that padded size
+    over the persistent buffers, which is what a replay does. The draft model is a small table: the
+    buffer state does not depend on it, and each request gets its own context (its letter and step), so
+    a padded row's logits differ from those of the request whose slot it names.
+    """
+
+    def __init__(self, *, fixes: Fixes | None = None, max_num_reqs: int = 16, num_speculative_steps: int = 1,
+                 vocab_size: int = 32, device: torch.device | str | None = None, sampler: str = "auto"):
+        self.device = torch.device(device or runtime.DEVICE)
+        self.fixes = fixes or Fixes()
+        table = torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
+        self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
+        self.spec = DraftModelSpeculator(
+            TableDraft(table).to(self.device), max_num_reqs=max_num_reqs,
+            num_speculative_steps=num_speculative_steps, vocab_size=vocab_size, context_len=1,
+            device=self.device, fixes=self.fixes,
+            sampler=SAMPLERS[resolve_sampler(sampler, self.device, self.fixes)])
+        self.row_writer: list[str | None] = [None] * max_num_reqs
+        self.finished: set[str] = set()
+        self.steps_run = 0
+
+    def step_inputs(self, names: str) -> tuple:
+        """``propose``'s arguments for live requests ``names`` in batch order (also what
+        :func:`specfix.lab.invariance.check_speculator` takes)."""
+        live = self.states.req_id_to_index
+        missing = [n for n in names if n not in live]
+        if missing:
+            raise ValueError(f"requests {missing} are not live")
+        dev, vocab = self.device, self.spec.vocab_size
+        idx = torch.tensor([live[n] for n in names], dtype=torch.int32, device=dev)
+        context = torch.tensor([[(ord(n) * 7 + self.steps_run * 3) % vocab] for n in names], device=dev)
+        positions = torch.full((len(names),), 10 + self.steps_run, dtype=torch.long, device=dev)
+        return len(names), idx, self.states.temperature, self.states.seeds, context, positions
+
+    def play(self, events) -> BufferState | None:
+        """Run ``events`` (the whole list is checked first); returns the buffer state of the last step run
+        (None if ``events`` holds no step)."""
+        live = set(self.states.req_id_to_index)
+        parsed = _parse_events(events, live, self.finished, self.states.max_num_reqs)
+        state = None
+        for verb, names in parsed:
+            if verb == "finish":
+                for n in names:
+                    self.states.remove_request(n)
+                self.finished |= set(names)
+                continue
+            for n in names:
+                if n not in self.states.req_id_to_index:
+                    self.states.add_request(n, 1.0, ord(n))
+            if verb == "step":
+                state = self._step(names)
+        return state
+
+    def _step(self, names: str) -> BufferState:
+        proposal = self.spec.propose(*self.step_inputs(names), trace=True)
+        owners = {slot: name for name, slot in self.states.req_id_to_index.items()}
+        writes = tuple(
+            PaddedWrite(row, slot, owners.get(slot), _origin(self.row_writer[row], owners.get(slot)))
+            for row, slot in proposal.padded_writes)
+        self.row_writer[:len(names)] = list(names)
+        self.steps_run += 1
+        return BufferState(tuple(self.spec.idx_mapping.tolist()), tuple(names),
+                           proposal.batch.num_reqs_padded, owners, writes, self.fixes)
+
+
+def padded_step_scenario(events, **kwargs) -> BufferState:
+    """The buffer state of the last step of ``events``, played on a fresh :class:`StaleRowScenario` (keywords
+    go to it), e.g. ``padded_step_scenario(["step abcdef", "finish c", "step abdef"])``."""
+    scenario = StaleRowScenario(**kwargs)
+    _parse_events(events, set(), set(), scenario.states.max_num_reqs)
+    if events[-1].split()[0] != "step":
+        raise ValueError(f"the last event must be a 'step' (its buffer is returned), got {events[-1]!r}")
+    return scenario.play(events)
 
 
 # -- the statistics: many trials of one step, every live slot overwritten -------------------------------
@@ -348,21 +515,20 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     """Many independent trials of one speculative step, with every live slot exposed to a stale row.
 
     Setup: a context-free target p (so every output position should follow p exactly), a draft q that
-    differs from p, and a stale token whose draft row is peaked on the last token id. First a batch of
+    differs from p, and a stale token whose draft row q' is peaked on the last token id. First a batch of
     ``2 * num_trials`` rows runs (rows ``num_trials..`` hold the trial slots and the stale token), then the
     ``num_trials`` trials run padded to ``2 * num_trials``: without the fix each padded row overwrites
-    one trial's draft logits. Returns per-position chi-square results (:func:`chi_square`).
+    one trial's draft logits with q'. Returns, per output position (``role`` "draft" for the k verified
+    positions, "bonus" for the last), the chi-square test against p (:func:`chi_square`) and the total
+    variation distance of the output to p and to q; plus p, q, q' and the draft acceptance rate.
 
-    ``sampler``: ``"kernel"`` (the Triton ``gumbel_sample``), ``"reference"`` (its torch twin: same tokens
-    and stores, and fast on a CPU, where the interpreter pays ~15 ms per program) or ``"auto"`` (the
-    kernel on a GPU, the reference on a CPU).
+    ``sampler``: see :func:`resolve_sampler` (by default the kernel on a GPU, its torch twin on a CPU).
     """
-    if sampler not in ("auto", "kernel", "reference"):
-        raise ValueError(f"sampler must be 'auto', 'kernel' or 'reference', got {sampler!r}")
+    if not isinstance(num_trials, int) or isinstance(num_trials, bool) or num_trials < 1:
+        raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
     device = torch.device(device or runtime.DEVICE)
     fixes = fixes or Fixes()
-    if sampler == "auto":
-        sampler = "kernel" if device.type == "cuda" else "reference"
+    sampler = resolve_sampler(sampler, device, fixes)
     g = torch.Generator().manual_seed(seed)
     v, k, t = vocab_size, num_speculative_steps, num_trials
     p_logits = torch.randn(v, generator=g)
@@ -372,7 +538,7 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     draft = TableDraft(table).to(device)
     spec = DraftModelSpeculator(draft, max_num_reqs=2 * t, num_speculative_steps=k, vocab_size=v,
                                 context_len=1, device=device, fixes=fixes, capture_sizes=[2 * t],
-                                sampler=gumbel_sample if sampler == "kernel" else reference_sampler)
+                                sampler=SAMPLERS[sampler])
     temperature = torch.ones(2 * t, device=device)
     seeds = torch.randint(0, 2**31, (2 * t,), generator=g).to(device)
     # The earlier, larger batch: rows t.. hold the trial slots 0..t-1 with the stale token as context.
@@ -389,14 +555,26 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     sampled, num_sampled = rejection_sample_mrv2(target_logits, proposal.draft_tokens, spec.draft_logits, idx,
                                                  temperature, seeds, pos, fixes)
     p = torch.softmax(p_logits, dim=0).double().numpy()
+    q = torch.softmax(table[0], 0).double().numpy()
     sampled, num_sampled = sampled.cpu().numpy(), num_sampled.cpu().numpy()
     positions = []
     for j in range(k + 1):
         reached = num_sampled > j
         counts = np.bincount(sampled[reached, j], minlength=v).astype(float)
-        positions.append({"position": j, "trials": int(reached.sum()), "counts": counts.tolist(),
-                          **chi_square(counts, p)})
-    return {"sampler": sampler, "target_probs": p.tolist(),
-            "draft_probs": torch.softmax(table[0], 0).tolist(),
+        freq = counts / max(counts.sum(), 1.0)
+        positions.append({"position": j, "role": "bonus" if j == k else "draft", "trials": int(reached.sum()),
+                          "counts": counts.tolist(), "tv_to_target": total_variation(freq, p),
+                          "tv_to_draft": total_variation(freq, q), **chi_square(counts, p)})
+    mean_accepted = float((num_sampled - 1).mean())
+    return {"sampler": sampler, "target_probs": p.tolist(), "draft_probs": q.tolist(),
+            "stale_probs": torch.softmax(table[stale], 0).tolist(), "stale_token": stale,
             "positions": positions, "passed": all(r["passed"] for r in positions),
-            "mean_accepted": float((num_sampled - 1).mean())}
+            "mean_accepted": mean_accepted, "acceptance_rate": mean_accepted / k}
+
+
+def total_variation(a, b) -> float:
+    """Total variation distance between two distributions: half the sum of absolute differences."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-D of one length, got {a.shape} and {b.shape}")
+    return float(0.5 * np.abs(a - b).sum())

@@ -1,0 +1,198 @@
+"""Chapter 3's exercises: the ``-1`` padding of ``idx_mapping``, whose draft logits a stale row overwrites,
+and the stale row behind a corrupted batch.
+
+- ``ch3.pad_idx_mapping`` (write it): fill the drafter's persistent ``idx_mapping`` for a batch, in place:
+  the live rows, then ``-1`` in every row after them. Checked over two steps on a buffer that an earlier
+  batch of 8 left full of request-state slots, so padding that stops short or writes 0 shows.
+- ``ch3.stale_victims`` (predict, then run): after a named history, which live requests' cached draft
+  logits the padded rows overwrite.
+- ``ch3.find_stale_row`` (debug): a drafter left in a corrupted state by a history you do not see; find,
+  with the invariance checker, the padded row whose stale entry corrupts a live request, and its slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfix.exercises.core import checker
+from specfix.fixes import Fixes
+from specfix.lab.padding_bench import StaleRowScenario, padded_step_scenario
+
+#: ch3.pad_idx_mapping: the buffer as an earlier batch of 8 left it, and the two batches written into it.
+STALE_BUFFER = (7, 6, 5, 4, 3, 2, 1, 0)
+BATCHES = ((5, 3, 0, 1, 4, 2), (4, 0, 2))
+
+#: ch3.stale_victims: the history to predict from (requests are letters; see StaleRowScenario.play).
+PREDICT_EVENTS = ("step abcdefg", "finish cf", "step abdeg")
+UNFIXED = Fixes(pad_idx_mapping=False)
+
+
+# -- ch3.pad_idx_mapping ------------------------------------------------------------------------------------
+
+@checker(
+    "ch3.pad_idx_mapping",
+    solution="cudagraph_idx_mapping:pad_idx_mapping",
+    todo="write pad_idx_mapping(buffer, idx_mapping, num_reqs): copy the batch into buffer[:num_reqs] and "
+         "write -1 into every row after it, in place",
+    hints={
+        "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the "
+                      "name `buffer`) instead of writing into it. A captured CUDA graph reads the "
+                      "buffer's address, fixed at capture: a new tensor is one the replay never sees. "
+                      "Write in place (buffer[...] = ..., .copy_(), .fill_()).",
+        "padded_live": "the live rows came out -1 too: the -1 must go only after the batch "
+                       "(buffer[num_reqs:]), or the live requests themselves are skipped by the sampler.",
+        "live_rows": "the live rows must hold this step's idx_mapping in batch order: "
+                     "buffer[:num_reqs] = idx_mapping[:num_reqs].",
+        "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would "
+                     "write its garbage logits into draft_logits[0], the request in slot 0. The sampler "
+                     "skips -1 only.",
+        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there: a "
+                      "later replay of a bigger graph reads them. Fill all of buffer[num_reqs:], not just "
+                      "up to this step's graph size.",
+        "pad_value": "the padded rows must be -1, the value the sampler's req_state_idx >= 0 mask skips.",
+        "changed_input": "you changed the idx_mapping argument: it is the batch's own table, read again by "
+                         "verification; write only the persistent buffer.",
+    },
+)
+def check_pad_idx_mapping(answer, verdict):
+    buffer = torch.tensor(STALE_BUFFER, dtype=torch.int32)
+    address = buffer.data_ptr()
+    for batch in BATCHES:
+        before = buffer.clone()
+        idx = torch.tensor(batch, dtype=torch.int32)
+        n = len(batch)
+        answer(buffer, idx, n)
+        shown = f"(after the batch {list(batch)} the buffer is {buffer.tolist()})"
+        verdict.require(torch.equal(idx, torch.tensor(batch, dtype=torch.int32)), "changed_input")
+        verdict.require(buffer.data_ptr() == address and not torch.equal(buffer, before), "new_tensor", shown)
+        verdict.require(not bool((buffer[:n] == -1).any()), "padded_live", shown)
+        verdict.require(torch.equal(buffer[:n], idx), "live_rows", shown)
+        tail, old_tail = buffer[n:], before[n:]
+        verdict.require(not bool((tail == 0).all()), "fill_zero", shown)
+        verdict.require(not bool(((tail == old_tail) & (old_tail >= 0)).any()), "stale_tail", shown)
+        verdict.require(bool((tail == -1).all()), "pad_value", shown)
+
+
+# -- ch3.stale_victims --------------------------------------------------------------------------------------
+
+def _names(answer) -> set[str] | None:
+    """A set of request names from a set, list or string of letters; None if it is none of those."""
+    if isinstance(answer, str):
+        return {c for c in answer if c.isalpha()}
+    if isinstance(answer, (set, frozenset, list, tuple)) and all(isinstance(a, str) for a in answer):
+        return {c for a in answer for c in a if c.isalpha()}
+    return None
+
+
+@checker(
+    "ch3.stale_victims",
+    solution="cudagraph_idx_mapping:stale_victims",
+    todo="set stale_victims to the set of requests whose draft logits the padded rows overwrite, e.g. {'a'}",
+    hints={
+        "format": "answer with a set of request names (letters), e.g. {'a', 'b'}.",
+        "unknown": "name only requests of the history.",
+        "finished": "a finished request has no draft logits to lose: its slot is free, and a padded row "
+                    "writing a free slot harms nobody (until a new request takes that slot).",
+        "not_written": "a padded row that no step ever wrote still holds the buffer's first value, 0, and "
+                       "slot 0 is a real request's slot.",
+        "moved": "a request that moved to an earlier row keeps its slot, and the row it left still "
+                 "names that slot: when the batch shrinks, that row is padding and overwrites the "
+                 "request's logits.",
+        "too_many": "a live request is overwritten only if some padded row names its slot.",
+    },
+)
+def check_stale_victims(answer, verdict):
+    names = _names(answer)
+    verdict.require(names is not None, "format")
+    state = padded_step_scenario(list(PREDICT_EVENTS), fixes=UNFIXED)
+    everyone = {c for event in PREDICT_EVENTS for c in event.split()[1]}
+    verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
+    live = set(state.owners.values())
+    verdict.require(not names - live, "finished", f"({sorted(names - live)} finished)")
+    truth = set(state.victims)
+    for w in state.writes:
+        if w.victim in truth - names:
+            hint = "not_written" if w.slot == 0 and w.origin == "fresh buffer (zeros)" else "moved"
+            verdict.require(False, hint, f"(padded row {w.row} holds slot {w.slot})")
+    verdict.require(names == truth, "too_many", f"({sorted(names - truth)} are not named by a padded row)")
+
+
+# -- ch3.find_stale_row -------------------------------------------------------------------------------------
+
+#: The history that left the mystery drafter corrupted (hidden from the reader in the notebook) and the step
+#: that goes wrong.
+_MYSTERY_HISTORY = ("step abcdefgh", "step hgfedcba", "finish abe")
+MYSTERY_BATCH = "hgfdc"
+
+
+@dataclass
+class Mystery:
+    """A drafter as an unfixed engine left it, and the step about to run (``inputs`` are what
+    ``check_speculator(spec, *inputs)`` takes after ``spec``)."""
+
+    scenario: StaleRowScenario
+    batch: str
+
+    @property
+    def spec(self):
+        return self.scenario.spec
+
+    @property
+    def inputs(self) -> tuple:
+        return self.scenario.step_inputs(self.batch)
+
+    @property
+    def owners(self) -> dict[int, str]:
+        """Request-state slot -> live request."""
+        return {slot: name for name, slot in self.scenario.states.req_id_to_index.items()}
+
+
+def mystery_batch() -> Mystery:
+    """A fresh copy of the corrupted drafter and its next batch (the torch sampler on a CPU: quick)."""
+    scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8)
+    scenario.play(list(_MYSTERY_HISTORY))
+    return Mystery(scenario, MYSTERY_BATCH)
+
+
+def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
+    """(padded row, slot) of every padded row whose stale entry names a live request's slot."""
+    n = len(mystery.batch)
+    padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
+    idx = mystery.spec.idx_mapping.tolist()
+    return {(r, idx[r]) for r in range(n, padded) if idx[r] in mystery.owners}
+
+
+@checker(
+    "ch3.find_stale_row",
+    solution="cudagraph_idx_mapping:find_stale_row",
+    todo="write find_stale_row(mystery) -> (row, slot): the padded row whose stale idx_mapping entry "
+         "corrupts a live request, and the slot it names (run check_speculator on it first)",
+    hints={
+        "format": "return a pair of ints: (padded row, request-state slot).",
+        "swapped": "row and slot are swapped: the row is the position in idx_mapping, the slot is the value "
+                   "stored there.",
+        "live_row": "that row is a live row (a request of this batch sits there); the culprit is a "
+                    "padded row, at or past num_reqs.",
+        "beyond_graph": "that row lies beyond the graph this batch replays: the replay never reads it.",
+        "not_there": "that row does not hold that slot: the slot is idx_mapping[row].",
+        "free_slot": "that padded row names a free slot: its write harms nobody. The report's draft_logits "
+                     "rows are the live slots that changed; find the padded row naming one of them.",
+    },
+)
+def check_find_stale_row(answer, verdict):
+    mystery = mystery_batch()
+    found = answer(mystery)
+    verdict.require(isinstance(found, (tuple, list)) and len(found) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in found), "format")
+    row, slot = found
+    truth = _culprits(mystery)
+    n, idx = len(mystery.batch), mystery.spec.idx_mapping.tolist()
+    padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
+    verdict.require((slot, row) not in truth or (row, slot) in truth, "swapped")
+    verdict.require(not 0 <= row < n, "live_row", f"(row {row} holds request {mystery.batch[row]})"
+                    if 0 <= row < n else "")
+    verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
+    verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
+    verdict.require((row, slot) in truth, "free_slot")

@@ -1,0 +1,25 @@
+"""Reference solutions of chapter 3's exercises (``specfix.exercises.cudagraph_idx_mapping``)."""
+
+from __future__ import annotations
+
+from specfix.lab.invariance import check_speculator
+
+
+def pad_idx_mapping(buffer, idx_mapping, num_reqs):
+    """Write the batch into the persistent buffer in place (the graph reads this address), -1 after it."""
+    buffer[:num_reqs].copy_(idx_mapping[:num_reqs])
+    buffer[num_reqs:].fill_(-1)  # every row past the batch, not only up to this step's graph size
+
+
+# Row 5 names f's slot, but f finished: a free slot, no harm. Row 6 names slot 6: g's, still live at row 4.
+# Row 7 was never written: it still holds the buffer's first value, 0, and slot 0 is a's.
+stale_victims = {"a", "g"}
+
+
+def find_stale_row(mystery):
+    """The padded row whose stale entry names a slot that the invariance report shows corrupted."""
+    report = check_speculator(mystery.spec, *mystery.inputs)
+    corrupted = report.rows("draft_logits", "reference")  # live slots where the padding as left differs
+    idx = mystery.spec.idx_mapping.tolist()
+    row = next(r for r in range(len(mystery.batch), len(idx)) if idx[r] in corrupted)
+    return row, idx[row]
