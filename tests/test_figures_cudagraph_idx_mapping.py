@@ -1,0 +1,71 @@
+"""Chapter 3's figures draw what they are given: checked by their content, not by pixels."""
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.patches import FancyArrowPatch
+
+from specfix import Fixes
+from specfix.figures import cudagraph_idx_mapping as F
+from specfix.lab.padding_bench import one_step_distribution, padded_step_scenario
+
+EVENTS = ["step abcdef", "finish c", "step abdef"]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _caption(fig):
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+def test_launch_overhead_draws_both_series_and_reads_the_speedup_from_the_data():
+    rows = [{"size": 1, "eager_us": 1000.0, "graph_us": 100.0},
+            {"size": 8, "eager_us": 1500.0, "graph_us": 100.0}]
+    fig = F.launch_overhead(rows, "recorded somewhere")
+    (ax,) = fig.axes
+    assert [line.get_label() for line in ax.get_lines()] == ["eager launches", "one graph replay"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8"]
+    assert "10 to 15 times" in _caption(fig)
+    with pytest.raises(ValueError, match="graph_us"):
+        F.launch_overhead([{"size": 1, "eager_us": 1.0}], "x")
+
+
+def test_padded_buffers_draws_one_arrow_per_padded_write():
+    states = [padded_step_scenario(EVENTS, fixes=Fixes(pad_idx_mapping=f)) for f in (False, True)]
+    fig = F.padded_buffers(states, ["fix off", "fix on"])
+    off, on = fig.axes
+    arrows = lambda ax: [p for p in ax.patches if isinstance(p, FancyArrowPatch)] + [
+        a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
+    assert len(arrows(off)) == len(states[0].writes) == 3 and arrows(on) == []
+    assert "overwritten: a, f" in off.get_title() and "overwritten: none" in on.get_title()
+    labels = [t.get_text() for t in off.texts]
+    assert "row 5: 5  padded" in labels and "slot 2: free" in labels and "slot 5: f" in labels
+    assert "magenta arrow" in _caption(fig)
+    with pytest.raises(ValueError, match="one title per state"):
+        F.padded_buffers(states, ["only one"])
+
+
+def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
+    dists = {label: one_step_distribution(60, fixes=Fixes(pad_idx_mapping=fix))
+             for label, fix in (("fix on", True), ("fix off", False))}
+    fig = F.output_distribution(dists)
+    assert [ax.get_title() for ax in fig.axes] == ["position 0 (draft)", "position 1 (draft)",
+                                                    "position 2 (bonus)"]
+    assert len(fig.axes[0].patches) == 2 * 16                   # one bar per token and run
+    table = F.chi_square_table(dists)
+    assert list(table["fix"]) == ["fix on"] * 3 + ["fix off"] * 3
+    assert list(table["role"]) == ["draft", "draft", "bonus"] * 2
+    assert "bonus" in _caption(fig)
+    with pytest.raises(ValueError, match="empty"):
+        F.output_distribution({})
+
+
+def test_bench_table_keeps_the_columns_it_promises():
+    summary = {c: 1 for c in F.BENCH_COLUMNS} | {"ran": ["eager"]}
+    table = F.bench_table({"fix off": summary, "fix on": summary})
+    assert list(table.columns) == F.BENCH_COLUMNS and list(table.index) == ["fix off", "fix on"]
+    with pytest.raises(ValueError, match="differing"):
+        F.bench_table({"x": {"num_requests": 1}})
