@@ -55,9 +55,10 @@ def test_percentile_matches_numpy(samples, q):
     assert bench.percentile(samples, q) == pytest.approx(np.percentile(samples, q), rel=1e-9, abs=1e-9)
 
 
-@pytest.mark.parametrize("samples,q", [([], 50), ([1.0], -1), ([1.0], 101)])
-def test_percentile_rejects_bad_input(samples, q):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("samples,q,word", [
+    ([], 50, "no samples"), ([1.0], -1, r"q must lie in \[0, 100\], got -1"), ([1.0], 101, "got 101")])
+def test_percentile_rejects_bad_input(samples, q, word):
+    with pytest.raises(ValueError, match=word):
         bench.percentile(samples, q)
 
 
@@ -128,17 +129,41 @@ def test_goals_without_results_are_not_measured():
 
 # ---------------------------------------------------------------------------------------- timing and refs
 
-def test_cpu_timer_times_every_call():
+class FakeClock:
+    """Stands in for the ``time`` module inside bench: its clock moves only when a test moves it, so the
+    timers' logic is tested without a real clock (which a loaded machine makes flaky)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(bench, "time", fake)
+    return fake
+
+
+def test_cpu_timer_times_every_call(clock):
     calls = []
-    samples = bench.Timer(CPU).time(lambda: calls.append(time.sleep(0.002)))
+    samples = bench.Timer(CPU).time(lambda: calls.append(clock.advance(0.002)))
     timer = bench.Timer(CPU)
     assert len(samples) == timer.min_reps and len(calls) == timer.warmup + timer.min_reps
-    assert all(s >= 2000 for s in samples)  # microseconds: each call slept 2 ms
+    assert samples == pytest.approx([2000.0] * timer.min_reps)  # microseconds: each call took 2 ms
 
 
-def test_step_timer_leaves_setup_out():
-    samples = bench.Timer(CPU).time_step(lambda: time.sleep(0.001), setup=lambda: time.sleep(0.005))
-    assert all(1000 <= s < 4000 for s in samples), samples
+def test_step_timer_leaves_setup_out(clock):
+    samples = bench.Timer(CPU).time_step(lambda: clock.advance(0.001), setup=lambda: clock.advance(0.005))
+    assert samples == pytest.approx([1000.0] * bench.Timer(CPU).min_reps)  # the 5 ms of setup: not counted
 
 
 def test_torch_reference_samplers_follow_softmax():
@@ -179,20 +204,20 @@ def test_report_follows_schema(ceilings_report, tmp_path):
     assert "nothing" in ceilings_report["timing_note"]
 
 
-@pytest.mark.parametrize("breakage", [
-    lambda r: r.pop("meta"),
-    lambda r: r.__setitem__("schema", "other/0"),
-    lambda r: r["meta"].pop("driver"),
-    lambda r: r["results"][0].__setitem__("case", "nonsense"),
-    lambda r: r["results"][0].__setitem__("p20_us", r["results"][0]["median_us"] + 1),
-    lambda r: r["results"][0].pop("metrics"),
-    lambda r: r["goals"].append({"case": "x", "goal": "g", "status": "maybe", "target": 1, "unit": "",
-                                 "margin": ""}),
+@pytest.mark.parametrize("breakage, word", [
+    (lambda r: r.pop("meta"), r"report\['meta'\] missing"),
+    (lambda r: r.__setitem__("schema", "other/0"), "schema 'other/0' is not"),
+    (lambda r: r["meta"].pop("driver"), "meta lacks 'driver'"),
+    (lambda r: r["results"][0].__setitem__("case", "nonsense"), "bad result"),
+    (lambda r: r["results"][0].__setitem__("p20_us", r["results"][0]["median_us"] + 1), "bad timing fields"),
+    (lambda r: r["results"][0].pop("metrics"), "result without metrics"),
+    (lambda r: r["goals"].append({"case": "x", "goal": "g", "status": "maybe", "target": 1, "unit": "",
+                                  "margin": ""}), "bad goal"),
 ])
-def test_validate_rejects_broken_reports(ceilings_report, breakage):
+def test_validate_rejects_broken_reports(ceilings_report, breakage, word):
     broken = copy.deepcopy(ceilings_report)
     breakage(broken)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=word):
         bench.validate(broken)
 
 
@@ -232,17 +257,16 @@ def test_failing_job_is_recorded_and_the_run_goes_on(monkeypatch):
 def _cli(*args):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECFIX_", "TRITON_"))}
     env["SPECFIX_DEVICE"] = "cpu"
+    # The timeout guards against a hang only (a run takes well under a minute); how fast the CLI is
+    # belongs in the bench, not in an assertion.
     return subprocess.run([sys.executable, "-m", "specfix", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=1800)
 
 
 def test_cli_smoke_run_on_cpu(tmp_path):
     path = tmp_path / "bench.json"
-    started = time.perf_counter()
     out = _cli("bench", "--device", "cpu", "--scale", "ci", "--json", str(path), "--no-progress")
-    elapsed = time.perf_counter() - started
     assert out.returncode == 0, out.stderr + out.stdout[-3000:]
-    assert elapsed < 30, f"CPU smoke run took {elapsed:.1f} s"
     report = json.loads(path.read_text())
     bench.validate(report)
     assert report["config"] == {"device": "cpu", "scale": "ci", "cases": list(bench.CASES)}

@@ -173,44 +173,44 @@ def _engine_snapshot(engine):
 
 
 @pytest.mark.parametrize(
-    "prompt, params, error",
+    "prompt, params, error, word",
     [
-        ([0, 512], SamplingParams(), ValueError),  # id >= vocab size
-        (torch.tensor([1.0, 2.0]), SamplingParams(), TypeError),
-        (torch.tensor([1, 2], dtype=torch.uint8), SamplingParams(), TypeError),
-        ([1, 2], {"temperature": 0.5}, TypeError),
-        ("the fox " * 200, SamplingParams(), ValueError),  # longer than max_model_len
+        ([0, 512], SamplingParams(), ValueError, r"prompt must lie in \[0, vocab_size=\d+\), got 512"),
+        (torch.tensor([1.0, 2.0]), SamplingParams(), TypeError, "prompt must hold signed integers"),
+        (torch.tensor([1, 2], dtype=torch.uint8), SamplingParams(), TypeError, "torch.uint8"),
+        ([1, 2], {"temperature": 0.5}, TypeError, "sampling_params must be a SamplingParams, got dict"),
+        ("the fox " * 200, SamplingParams(), ValueError, "exceeds max_model_len=256"),
     ],
 )
-def test_bad_requests_leave_the_engine_unchanged(prompt, params, error):
+def test_bad_requests_leave_the_engine_unchanged(prompt, params, error, word):
     engine = LLMEngine(models=MODELS, sampler_backend="torch")
     engine.add_request("the fox", SamplingParams(max_tokens=4))
     engine.step()
     before = _engine_snapshot(engine)
-    with pytest.raises(error):
+    with pytest.raises(error, match=word):
         engine.add_request(prompt, params)
     after = _engine_snapshot(engine)
     assert before[:3] == after[:3] and (before[3] == after[3]).all()
 
 
 @pytest.mark.parametrize(
-    "args, kwargs, error",
+    "args, kwargs, error, word",
     [
-        ([[]], {}, ValueError),  # empty batch
-        (["the fox"], {}, TypeError),  # a string, not a list of prompts
-        ([["a", "b"], [SamplingParams()]], {}, ValueError),  # mismatched lengths
-        ([["a", "b"]], {"remote_prefill": [True]}, ValueError),
-        ([["a"]], {"num_speculative_tokens": 0}, ValueError),
-        ([["a"]], {"num_speculative_tokens": 129}, ValueError),
-        ([["a"]], {"fixes": {"clamp_placeholders": True}}, TypeError),
-        ([["a"]], {"proposer": "eagle"}, ValueError),
-        ([["a"]], {"placeholder_policy": "two"}, ValueError),
-        ([["a"], [{"temperature": 0.5}]], {}, TypeError),
-        ([["a"]], {"device": "meta"}, ValueError),  # models on the CPU, engine elsewhere
+        ([[]], {}, ValueError, "prompts is empty"),  # empty batch
+        (["the fox"], {}, TypeError, "prompts must be a list"),  # a string, not a list of prompts
+        ([["a", "b"], [SamplingParams()]], {}, ValueError, "sampling_params has 1 entries for 2 prompts"),
+        ([["a", "b"]], {"remote_prefill": [True]}, ValueError, "remote_prefill has 1 entries for 2 prompts"),
+        ([["a"]], {"num_speculative_tokens": 0}, ValueError, r"num_speculative_tokens must lie in \[1,"),
+        ([["a"]], {"num_speculative_tokens": 129}, ValueError, "got 129"),
+        ([["a"]], {"fixes": {"clamp_placeholders": True}}, TypeError, "fixes must be a specfix.Fixes"),
+        ([["a"]], {"proposer": "eagle"}, ValueError, "proposer must be one of .* got 'eagle'"),
+        ([["a"]], {"placeholder_policy": "two"}, ValueError, "placeholder_policy must be one of"),
+        ([["a"], [{"temperature": 0.5}]], {}, TypeError, "sampling_params must be SamplingParams, got dict"),
+        ([["a"]], {"device": "meta"}, ValueError, "models live on cpu, but device='meta'"),
     ],
 )
-def test_bad_generate_calls_are_refused(args, kwargs, error):
-    with pytest.raises(error):
+def test_bad_generate_calls_are_refused(args, kwargs, error, word):
+    with pytest.raises(error, match=word):
         generate(*args, models=MODELS, **kwargs)
 
 

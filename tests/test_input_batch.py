@@ -71,21 +71,21 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize(
-    "spec, error",
+    "spec, error, word",
     [
-        ([13, VOCAB], ValueError),  # id >= vocab size
-        ([13, -2], ValueError),  # only -1 is a placeholder
-        ([13, 1.0], TypeError),  # float id
-        (torch.tensor([13.0]), TypeError),  # float tensor
-        (torch.tensor([13], dtype=torch.uint8), TypeError),  # unsigned: -1 would wrap
-        ([1, 2, 3, 4, 5, 6], ValueError),  # overflows max_model_len
+        ([13, VOCAB], ValueError, rf"must lie in \[-1, vocab_size={VOCAB}\), got {VOCAB}"),  # id >= vocab
+        ([13, -2], ValueError, r"must lie in \[-1, .*got -2"),  # only -1 is a placeholder
+        ([13, 1.0], TypeError, "must hold ints, got 1.0"),  # float id
+        (torch.tensor([13.0]), TypeError, "must hold signed integers, got dtype torch.float32"),
+        (torch.tensor([13], dtype=torch.uint8), TypeError, "torch.uint8"),  # unsigned: -1 would wrap
+        ([1, 2, 3, 4, 5, 6], ValueError, "overflow max_model_len"),
     ],
 )
-def test_bad_drafts_are_refused_and_the_row_is_untouched(spec, error):
+def test_bad_drafts_are_refused_and_the_row_is_untouched(spec, error, word):
     batch, req = _batch_with_one_request()
     batch.update_req_spec_token_ids(req, {"req": [13, -1, -1]})
     before, prev = _snapshot(batch), req.prev_num_draft_len
-    with pytest.raises(error):
+    with pytest.raises(error, match=word):
         batch.update_req_spec_token_ids(req, {"req": spec})
     assert _same(before, _snapshot(batch)) and req.prev_num_draft_len == prev
 

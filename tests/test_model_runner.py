@@ -80,21 +80,21 @@ def test_preprocess_clamps_input_ids_only(models, clamp, spec, expect_clamped):
 
 
 @pytest.mark.parametrize(
-    "num_draft, cu, error",
+    "num_draft, cu, error, word",
     [
-        ([2, 1], [3, 5, 8], ValueError),  # mismatched lengths
-        ([], [], ValueError),  # empty batch
-        ([2.0, 1.0], [3, 5], TypeError),  # float counts
-        (np.array([2, 1], dtype=np.uint8), [3, 5], TypeError),
-        ([3, 1], [3, 5], ValueError),  # 3 drafts need 4 scheduled tokens
-        ([-1, 1], [3, 5], ValueError),
-        ([129, 0], [130, 131], ValueError),  # above MAX_SPEC_LEN
+        ([2, 1], [3, 5, 8], ValueError, "num_draft_tokens has 2 entries but cu_num_scheduled_tokens has 3"),
+        ([], [], ValueError, "num_draft_tokens is empty"),
+        ([2.0, 1.0], [3, 5], TypeError, "num_draft_tokens must be a 1-D array of signed integers"),
+        (np.array([2, 1], dtype=np.uint8), [3, 5], TypeError, "num_draft_tokens must be .* got uint8"),
+        ([3, 1], [3, 5], ValueError, "at least its drafts \\+ 1 tokens"),  # 3 drafts need 4 tokens
+        ([-1, 1], [3, 5], ValueError, r"num_draft_tokens must lie in \[0, 128\]"),
+        ([129, 0], [130, 131], ValueError, r"must lie in \[0, 128\], got \[129, 0\]"),  # > MAX_SPEC_LEN
     ],
 )
-def test_bad_metadata_inputs_are_refused(models, num_draft, cu, error):
+def test_bad_metadata_inputs_are_refused(models, num_draft, cu, error, word):
     runner = _runner(models)
     before = runner.input_ids.gpu.clone()
-    with pytest.raises(error):
+    with pytest.raises(error, match=word):
         as_array = (lambda x: x if isinstance(x, np.ndarray) else np.array(x, dtype=np.asarray(x).dtype
                     if len(x) else np.int64))
         runner._calc_spec_decode_metadata(as_array(num_draft), as_array(cu))

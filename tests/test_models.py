@@ -2,7 +2,6 @@
 independent count, the flat vLLM layout, and the draft/target acceptance rate at k=3."""
 
 import math
-import time
 from collections import Counter
 
 import pytest
@@ -37,10 +36,8 @@ def test_tokenizer_round_trip_and_visible_placeholders():
         Tokenizer(["a", "a", "<unk>"])
 
 
-def test_models_are_deterministic_and_fast():
-    start = time.perf_counter()
+def test_models_are_deterministic():
     (t1, d1), (t2, d2) = load_models("cpu"), load_models("cpu")
-    assert time.perf_counter() - start < 2.0
     for a, b in [(t1, t2), (d1, d2)]:
         for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
             assert torch.equal(x, y), name
@@ -122,9 +119,9 @@ def test_next_token_logits_matches_score(models):
     ctx = torch.tensor([[5, 0, 12], [7, 7, 3]])
     out = draft.next_token_logits(ctx)
     assert torch.equal(out[0], draft.score([0, 12])[-1]) and torch.equal(out[1], draft.score([7, 3])[-1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"context_ids must be a \[B, L\] tensor"):
         draft.next_token_logits(torch.tensor([1, 2]))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="context_ids must hold signed integers"):
         draft.next_token_logits(torch.tensor([[1.0, 2.0]]))
     with pytest.raises(ValueError, match="order"):
         build_model(1)

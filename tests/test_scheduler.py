@@ -132,24 +132,26 @@ def _snapshot(sched):
 
 
 @pytest.mark.parametrize(
-    "make, error",
+    "make, error, word",
     [
-        (lambda: Request("b", [VOCAB], SamplingParams()), ValueError),  # id >= vocab size
-        (lambda: Request("b", [-1, 2], SamplingParams()), ValueError),  # a placeholder is not a prompt token
-        (lambda: Request("b", torch.tensor([1.0, 2.0]), SamplingParams()), TypeError),
-        (lambda: Request("b", torch.tensor([1, 2], dtype=torch.uint8), SamplingParams()), TypeError),
-        (lambda: Request("b", [], SamplingParams()), ValueError),
-        (lambda: Request("a", [1], SamplingParams()), ValueError),  # duplicate id
-        (lambda: Request("b", [1] * 250, SamplingParams(max_tokens=10)), ValueError),  # > max_model_len
-        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2), ValueError),
+        (lambda: Request("b", [VOCAB], SamplingParams()), ValueError, f"got {VOCAB}"),  # id >= vocab size
+        # a placeholder is not a prompt token
+        (lambda: Request("b", [-1, 2], SamplingParams()), ValueError, r"prompt_token_ids must lie in \[0,"),
+        (lambda: Request("b", torch.tensor([1.0, 2.0]), SamplingParams()), TypeError, "signed integers"),
+        (lambda: Request("b", torch.tensor([1, 2], dtype=torch.uint8), SamplingParams()), TypeError, "uint8"),
+        (lambda: Request("b", [], SamplingParams()), ValueError, "prompt_token_ids is empty"),
+        (lambda: Request("a", [1], SamplingParams()), ValueError, "request_id 'a' is already in the sched"),
+        (lambda: Request("b", [1] * 250, SamplingParams(max_tokens=10)), ValueError, "exceeds max_model_len"),
+        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2), ValueError,
+         r"num_computed_tokens must lie in \[0, 2\)"),
     ],
 )
-def test_bad_requests_leave_the_scheduler_unchanged(make, error):
+def test_bad_requests_leave_the_scheduler_unchanged(make, error, word):
     sched = _sched()
-    sched.add_request(Request("a", [5, 6], SamplingParams()))
+    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=3)))
     _run(sched, sched.schedule(), {"a": [8]})
     before = _snapshot(sched)
-    with pytest.raises(error):
+    with pytest.raises(error, match=word):
         sched.add_request(make())
     assert _snapshot(sched) == before
 
@@ -163,7 +165,7 @@ def test_bad_drafts_leave_the_scheduler_unchanged():
         sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, VOCAB]]))
     with pytest.raises(ValueError, match="req_ids"):
         sched.update_draft_token_ids(DraftTokenIds(["a"], [[1], [2]]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"draft_token_ids\[0\] must lie in \[0, vocab_size=512\), got -1"):
         sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, -1]]))  # drafters never propose -1
     assert _snapshot(sched) == before
 
