@@ -30,6 +30,21 @@ _MARKERS = {"fp32": "o-", "bf16": "s--"}
 
 # --------------------------------------------------------------------------------------------- tables
 
+def load_report(live: bool, scale: str) -> tuple[dict, str]:
+    """The report chapter 5 plots and the line that says where it comes from: a live run on this GPU when
+    ``live``, else the H200 recording (or, if none ships, a CPU smoke run whose timings mean nothing)."""
+    if live:
+        report = bench.run("cuda", scale)
+        return report, "MEASURED LIVE on this machine, " + recorded.label(report["meta"])
+    try:
+        report = recorded.load("bench_h200")
+        return report, "RECORDED ON THE H200, not on this machine: " + recorded.label(report["meta"])
+    except FileNotFoundError:
+        report = bench.run("cpu", "ci", progress=False)
+        return report, ("NO H200 RECORDING SHIPPED: a CPU SMOKE RUN through Triton's interpreter, whose "
+                        "timings mean NOTHING about GPU speed")
+
+
 def fix_costs(report: dict | None = None) -> pd.DataFrame:
     """What each way of keeping ``-1`` out of the embedding costs per step: one row per (fix, tokens).
 
@@ -121,6 +136,42 @@ def padding_price(report: dict) -> pd.DataFrame:
     return g[cols].sort_values(["model", "live_batch"]).reset_index(drop=True)
 
 
+#: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
+COURSE = (
+    ("clamp_placeholders", "1, 2", "#47029",
+     "a -1 reaches F.embedding: a device-side assert on the GPU, and every later CUDA call fails"),
+    ("reject_negative_drafts", "1", "#46533",
+     "the random rejection kernel reads a -1 draft's probability out of bounds and may accept it"),
+    ("pad_idx_mapping", "3", "#47066",
+     "padded rows of a graph replay keep stale idx_mapping entries and overwrite live draft logits"),
+    ("dflash_pad_idx", "3", "#47066",
+     "DFlash's padded sample slots point at request 0 and overwrite its draft logits"),
+    ("mask_invalid_reqs", "3, 4", "#47066",
+     "gumbel_block_argmax reads temperature[-1] and seed[-1] and writes a padded row's logits"),
+)
+
+
+def course_table(report: dict) -> pd.DataFrame:
+    """Every fix of the course: where it is taught, its PR, what breaks without it, and what ``report``
+    measured it to cost (where the bench times it on its own)."""
+    costs = {}
+    fc = fix_costs(report)
+    clamp = fc[fc["fix"] == "clamp"]
+    if len(clamp):
+        low, high = clamp["median_us"].min(), clamp["median_us"].max()
+        syncs = ""
+        if "host_syncs_per_step" in clamp:
+            syncs = f"; {clamp['host_syncs_per_step'].max():g} host syncs"
+        costs["clamp_placeholders"] = f"{low:.0f}-{high:.0f} us a step, launch included{syncs}"
+    mo = mask_overhead(report)
+    if len(mo):
+        costs["mask_invalid_reqs"] = f"{mo['overhead'].max():+.1%} kernel time at most ({len(mo)} variants)"
+    rows = [{"switch": name, "chapters": chapters, "vLLM PR": pr, "without it": breaks,
+             "cost measured here": costs.get(name, "not timed on its own")}
+            for name, chapters, pr, breaks in COURSE]
+    return pd.DataFrame(rows).set_index("switch")
+
+
 # --------------------------------------------------------------------------------------------- helpers
 
 def _log_ticks(axis, values=None) -> None:
@@ -206,8 +257,8 @@ def bandwidth_figure(report: dict, source: str):
                 _log_x(ax, ours["rows"])
             axes[0].set_ylabel("logits read, TB/s")
         _finish(fig, axes, "Read bandwidth of gumbel_sample against the ceilings", source,
-                "Look at how far below the dashed read ceiling each line stays: the gap is time the kernel "
-                "spends computing noise, not waiting for memory.")
+                "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
+                "far below it; at many rows the gap left is the time spent making the noise.")
     return fig
 
 
