@@ -1,0 +1,139 @@
+"""Chapter 1's figures and tables: content read back from the returned objects (no image comparison)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from specfix.figures import placeholder_lifecycle as figs
+from specfix.figures import style
+from specfix.tokenizer import get_tokenizer
+from specfix.v1.engine import LLMEngine, SamplingParams, generate
+
+VOCAB = get_tokenizer().vocab
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def step():
+    """One step: "pd" arrives prefilled (padded with three -1 drafts), "fresh" is prefilled from scratch."""
+    engine = LLMEngine(num_speculative_tokens=3, device="cpu", record=True)
+    engine.add_request("the fox saw the crow", GREEDY, request_id="pd", remote_prefill=True)
+    engine.add_request("a lion was", GREEDY, request_id="fresh")
+    engine.step()
+    return engine.model_runner.trace[0]
+
+
+def _cell_texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def _caption(fig):
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+def test_token_table_writes_the_filled_cells_only(step):
+    fig = figs.token_table(step, VOCAB, width=10)
+    (ax,) = fig.axes
+    pd_prompt, fresh_prompt = (len(get_tokenizer().encode(p)) for p in ("the fox saw the crow", "a lion was"))
+    assert len(ax.texts) == pd_prompt + 3 + fresh_prompt  # pd: its prompt and 3 drafts; fresh: its prompt
+    assert _cell_texts(ax).count("-1\n") == 3
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["pd", "fresh"]
+    assert "-1 is still only a value" in _caption(fig)
+    assert fig.legends and ax.get_legend() is None  # the colour key sits outside the grid
+
+
+def test_token_table_refuses_rows_of_the_wrong_length(step):
+    with pytest.raises(ValueError, match="rows has 1 entries for 2 requests"):
+        figs.token_table(step, VOCAB, rows=[0])
+
+
+def test_step_stages_shows_the_minus_one_kept_in_the_metadata_and_clamped_for_the_embedding(step):
+    fig = figs.step_stages(step, VOCAB)
+    before, drafts, after = fig.axes
+    assert _cell_texts(before).count("-1\n") == 3
+    assert _cell_texts(drafts) == ["-1\n"] * 3  # only the draft positions are written
+    assert "-1\n" not in _cell_texts(after) and _cell_texts(after).count("0\nthe") >= 3
+    labels = [t.get_text() for t in before.get_xticklabels()]
+    assert labels[:4] == ["pd"] * 4 and set(labels[4:]) <= {"fresh", "pad"}
+    assert "clamped to 0" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+
+
+def test_draft_positions_point_at_the_drafts_in_input_ids(step):
+    positions = figs.draft_positions(step)
+    drafts = step.spec_decode_metadata.draft_token_ids
+    assert step.input_ids_before_clamp[positions].tolist() == drafts.tolist()
+
+
+def test_sampler_output_has_one_row_per_request_and_a_bonus_column(step):
+    fig = figs.sampler_output(step, VOCAB)
+    (ax,) = fig.axes
+    assert len(ax.texts) == step.sampler_output.numel()
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"column {j}" for j in range(4)]
+    assert "bonus" in _caption(fig)
+
+
+@pytest.fixture(scope="module")
+def two_runs():
+    prompts = ["the fox saw the crow", "a lion was asleep"]
+    return {"greedy": generate(prompts, GREEDY, num_speculative_tokens=3).stats,
+            "T = 0.7": generate(prompts, SamplingParams(temperature=0.7, seed=1, max_tokens=6),
+                                num_speculative_tokens=3).stats}
+
+
+def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_data(two_runs):
+    fig = figs.acceptance(two_runs)
+    rates, lengths = fig.axes
+    assert len(rates.patches) == 3 * 2 and len(lengths.patches) == 4 * 2
+    assert rates.get_legend() is None and lengths.get_legend() is None
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["greedy", "T = 0.7"]
+    heights = [p.get_height() for p in rates.patches[:3]]  # the greedy run, draft 1..3
+    assert np.allclose(heights, two_runs["greedy"].acceptance_rate_per_pos)
+    assert "only verified when" in _caption(fig)
+
+
+def test_acceptance_refuses_no_runs():
+    with pytest.raises(ValueError, match="stats is empty"):
+        figs.acceptance({})
+
+
+def test_figures_use_the_suite_colours(step):
+    fig = figs.step_stages(step, VOCAB)
+    fills = [p.get_facecolor() for p in fig.legends[0].get_patches()]
+    assert any(np.allclose(f[:3], np.array([int(style.PLACEHOLDER[i:i + 2], 16) for i in (1, 3, 5)]) / 255)
+               for f in fills)
+
+
+@pytest.fixture(scope="module")
+def designs():
+    prompts = ["the fox saw the crow", "a lion was asleep", "the north wind"]
+    work = dict(num_speculative_tokens=3, proposer="ngram", remote_prefill=True, record=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    return (generate(prompts, greedy, placeholder_policy="zero", **work), generate(prompts, greedy, **work),
+            generate(prompts, greedy, num_speculative_tokens=None))
+
+
+def test_design_table_counts_drafts_and_placeholder_slots_apart(designs):
+    zero, clamp, plain = designs
+    table = figs.design_table({"crash": IndexError("boom"), "zero": zero, "clamp": clamp}, plain)
+    assert table.loc["crash", "outcome"] == "crash: IndexError"
+    for name, result in [("zero", zero), ("clamp", clamp)]:
+        row, stats = table.loc[name], result.stats
+        assert row["real drafts"] == stats.num_draft_tokens
+        assert row["placeholder slots"] == stats.num_placeholder_slots
+        assert row["placeholder slots accepted"] == stats.num_placeholders_accepted
+        assert row["slots verified"] == row["real drafts"] + row["placeholder slots"]
+        assert math.isclose(row["rate over real drafts"], round(stats.acceptance_rate, 3))
+    recognisable = table["placeholders recognisable by id (< 0)"]
+    assert recognisable["zero"] == 0 and recognisable["clamp"] == table.loc["clamp", "placeholder slots"] > 0
+    assert table.loc["clamp", "text == plain greedy"]
+
+
+def test_comparison_table_names_the_runs_and_the_word():
+    summary = {group: {"verifications": i, "drafts": 2 * i, "accepted in a": i, "accepted in b": 0,
+                       "after token_id": i} for i, group in enumerate(["both", "only a", "only b"])}
+    table = figs.comparison_table(summary, "zero", "clamp", "the")
+    assert list(table.index) == ["verified by both runs", "only by the zero run", "only by the clamp run"]
+    assert table.loc["only by the clamp run", "real drafts"] == 4
+    assert "right after 'the'" in table.columns and "accepted (zero run)" in table.columns
