@@ -1,0 +1,287 @@
+"""Chapter 1's exercises: read a step's draft layout, predict what zeroing accepts, reject negative drafts.
+
+* ``ch1.metadata`` (debug): from a shown scheduler output, give ``num_draft_tokens``,
+  ``cu_num_draft_tokens`` and the indices of ``draft_token_ids`` that hold ``-1``; checked against the
+  model runner's own ``_prepare_inputs`` on that output.
+* ``ch1.zero_accepts`` (predict, then run): how many placeholder slots the "zero" policy gets accepted in
+  a shown greedy batch; checked against one engine step.
+* ``ch1.reject_negative`` (write it): the acceptance test of random rejection sampling, rejecting
+  negative drafts; checked against specfix's rejection sampler on rows built to catch each typical slip.
+
+An answer that is a value may also be given as a function that returns it (a stub that raises
+``NotImplementedError`` counts as not yet answered). Everything runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfix.exercises.core import checker
+from specfix.models import load_models
+from specfix.tokenizer import get_tokenizer
+from specfix.v1.engine import LLMEngine, generate
+from specfix.v1.model_runner import GPUModelRunner, StepTrace
+from specfix.v1.rejection_sampler import rejection_random_sample
+from specfix.v1.scheduler import (
+    CachedRequestData,
+    NewRequestData,
+    SamplingParams,
+    SchedulerOutput,
+)
+
+_GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+def _value(answer):
+    """The answer itself, or what a function-valued answer returns; ``...`` inside means not yet answered."""
+    value = answer() if callable(answer) else answer
+    if value is None or value is Ellipsis or (isinstance(value, dict) and Ellipsis in value.values()):
+        raise NotImplementedError
+    return value
+
+
+# -- ch1.metadata ----------------------------------------------------------------------------------------
+
+#: The debug exercise's batch, in batch order: (request, prompt token ids, tokens computed, drafts).
+#: "a" and "d" decode (their last token plus three draft slots), "b" prefills six tokens, "c" is the first
+#: decode on a P/D decode node (padded), "d"'s last two drafts were rejected by a grammar (-1 too in vLLM).
+METADATA_BATCH = (
+    ("a", [5, 11, 30], 2, [17, 4, 9]),
+    ("b", [40, 41, 42, 43, 44, 45], 0, []),
+    ("c", [8, 2, 22], 2, [-1, -1, -1]),
+    ("d", [3, 14, 35], 2, [13, -1, -1]),
+)
+_METADATA_KEYS = ("num_draft_tokens", "cu_num_draft_tokens", "placeholder_indices")
+
+
+def metadata_scheduler_output() -> SchedulerOutput:
+    """The scheduler output of the ``ch1.metadata`` exercise (every request new to the runner)."""
+    new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in METADATA_BATCH]
+    scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in METADATA_BATCH}
+    return SchedulerOutput(
+        scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData(), num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={r: list(d) for r, _, _, d in METADATA_BATCH if d},
+        num_placeholder_spec_tokens={}, finished_req_ids=set())
+
+
+def metadata_truth() -> dict[str, list[int]]:
+    """What the model runner builds from :func:`metadata_scheduler_output`, plus where its ``-1``s sit."""
+    target, _ = load_models("cpu")
+    runner = GPUModelRunner(target, device="cpu")
+    output = metadata_scheduler_output()
+    runner._update_states(output)
+    _, cu_num_scheduled, _, metadata = runner._prepare_inputs(output)
+    drafts = metadata.draft_token_ids.cpu()
+    return {"num_draft_tokens": list(metadata.num_draft_tokens),
+            "cu_num_draft_tokens": metadata.cu_num_draft_tokens.cpu().tolist(),
+            "placeholder_indices": torch.nonzero(drafts == -1).flatten().tolist(),
+            "input_ids": runner.input_ids.cpu[: int(cu_num_scheduled[-1])].tolist()}
+
+
+def metadata_table():
+    """The ``ch1.metadata`` batch as the reader sees it: one row per request, in batch order."""
+    import pandas as pd
+
+    output = metadata_scheduler_output()
+    return pd.DataFrame([{"request": r, "prompt tokens": len(prompt), "already computed": computed,
+                          "num_scheduled_tokens": output.num_scheduled_tokens[r],
+                          "scheduled_spec_decode_tokens": output.scheduled_spec_decode_tokens.get(r, [])}
+                         for r, prompt, computed, _ in METADATA_BATCH]).set_index("request")
+
+
+@checker(
+    "ch1.metadata",
+    solution="placeholder_lifecycle:metadata_answer",
+    todo="fill in the three lists of `answer` for the scheduler output shown above",
+    hints={
+        "format": "answer must be a dict with the keys num_draft_tokens, cu_num_draft_tokens and "
+                  "placeholder_indices, each a list of ints.",
+        "missing_request": "every request in the batch has an entry, 0 for a request without drafts (the "
+                           "prefill 'b'): the per-request tensors have one entry per request.",
+        "placeholders_not_counted": "placeholders count as drafts: num_draft_tokens[i] is "
+                                    "len(scheduled_spec_decode_tokens[req]), -1s included. The sampler needs "
+                                    "a slot for each -1 to reject it.",
+        "num_draft_tokens": "num_draft_tokens is not right yet: one entry per request in batch order, the "
+                            "number of draft slots it verifies.",
+        "exclusive_cumsum": "cu_num_draft_tokens is an inclusive running sum with no leading 0: entry i is "
+                            "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the "
+                            "start).",
+        "cu_num_draft_tokens": "cu_num_draft_tokens is not right yet: it is the running sum of "
+                               "num_draft_tokens.",
+        "input_ids_positions": "those are positions in input_ids; draft_token_ids holds only the draft "
+                               "slots, request after request, without the last tokens or the prefill.",
+        "placeholder_indices": "placeholder_indices is not right yet: list every i with "
+                               "draft_token_ids[i] == -1 (flattened drafts, request after request).",
+    },
+)
+def check_metadata(answer, verdict):
+    value = _value(answer)
+    verdict.require(isinstance(value, dict) and set(value) >= set(_METADATA_KEYS), "format")
+    got = {key: value[key] for key in _METADATA_KEYS}
+    verdict.require(all(isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v)
+                        for v in got.values()), "format")
+    got = {key: list(v) for key, v in got.items()}
+    truth = metadata_truth()
+    real = [len([t for t in d if t >= 0]) for *_, d in METADATA_BATCH]
+    num = got["num_draft_tokens"]
+    verdict.require(len(num) == len(METADATA_BATCH), "missing_request",
+                    f"(you gave {len(num)} entries for {len(METADATA_BATCH)} requests)")
+    verdict.require(num != real, "placeholders_not_counted")
+    verdict.require(num == truth["num_draft_tokens"], "num_draft_tokens")
+    cu, want = got["cu_num_draft_tokens"], truth["cu_num_draft_tokens"]
+    verdict.require(cu not in ([0] + want[:-1], [0] + want), "exclusive_cumsum")
+    verdict.require(cu == want, "cu_num_draft_tokens")
+    in_input_ids = [i for i, t in enumerate(truth["input_ids"]) if t == -1]
+    verdict.require(sorted(got["placeholder_indices"]) != in_input_ids, "input_ids_positions")
+    verdict.require(sorted(got["placeholder_indices"]) == truth["placeholder_indices"], "placeholder_indices")
+
+
+# -- ch1.zero_accepts ------------------------------------------------------------------------------------
+
+#: The prediction exercise's batch: every request arrives prefilled, so its first decode is padded.
+ZERO_BATCH = ("the hare ran as fast as", "a lion was asleep", "the crow sat in", "the lion was caught in",
+              "the north wind")
+
+
+def zero_batch_continuations(num_words: int = 3) -> list[list[str]]:
+    """The first ``num_words`` words plain greedy decoding (no speculation) writes after each prompt."""
+    result = generate(list(ZERO_BATCH), SamplingParams(temperature=0.0, max_tokens=num_words),
+                      num_speculative_tokens=None, device="cpu")
+    vocab = get_tokenizer().vocab
+    return [[vocab[t] for t in out.token_ids] for out in result.outputs]
+
+
+def zero_batch_table():
+    """The ``ch1.zero_accepts`` batch: each prompt and the words plain greedy decoding writes next."""
+    import pandas as pd
+
+    words = [" ".join(w) for w in zero_batch_continuations()]
+    return pd.DataFrame({"prompt": list(ZERO_BATCH), "plain greedy decoding continues": words},
+                        index=[f"r{i}" for i in range(len(ZERO_BATCH))])
+
+
+def run_zero_batch() -> StepTrace:
+    """One greedy step of :data:`ZERO_BATCH` under ``placeholder_policy="zero"``: k = 3 slots of token 0."""
+    engine = LLMEngine(num_speculative_tokens=3, placeholder_policy="zero", device="cpu", record=True)
+    for i, prompt in enumerate(ZERO_BATCH):
+        engine.add_request(prompt, _GREEDY, request_id=f"r{i}", remote_prefill=True)
+    engine.step()
+    return engine.model_runner.trace[0]
+
+
+@checker(
+    "ch1.zero_accepts",
+    solution="placeholder_lifecycle:zero_accepts",
+    todo="set `answer` to the number of placeholder slots you expect the zero policy to get accepted",
+    hints={
+        "type": "answer must be a whole number of slots (an int).",
+        "none": "a zeroed slot is a draft of token 0, 'the': greedy verification accepts it wherever the "
+                "target's own next token is 'the'.",
+        "every_the": "you counted every 'the' in the continuations: slot 2 is verified only if slot 1 was "
+                     "accepted, and a request whose next word is not 'the' rejects slot 1 already.",
+        "too_many": "too many: a request's slots are accepted as a prefix, and a slot of token 0 survives "
+                    "only where the target's own next token is 'the'.",
+        "too_few": "too few: look again for requests whose very next word is 'the'.",
+    },
+)
+def check_zero_accepts(answer, verdict):
+    value = _value(answer)
+    verdict.require(isinstance(value, int) and not isinstance(value, bool), "type")
+    step = run_zero_batch()
+    truth = sum(len(tokens) - 1 for tokens in step.sampled_token_ids)
+    every_the = sum(words.count("the") for words in zero_batch_continuations())
+    verdict.require(value != 0 or truth == 0, "none")
+    verdict.require(value != every_the or every_the == truth, "every_the")
+    verdict.require(value <= truth, "too_many")
+    verdict.require(value >= truth, "too_few")
+
+
+# -- ch1.reject_negative ---------------------------------------------------------------------------------
+
+
+def _crafted_rows():
+    """Six slots over a vocabulary of 5, each built to catch one slip (see the comments)."""
+    p = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.1],       # 0: d=2, p/q = 2 beats u = 0.9 (p alone does not)
+                      [0.3, 0.2, 0.2, 0.2, 0.1],       # 1: d=1, p/q = 0.4 beats u = 0.3
+                      [0.9, 0.025, 0.025, 0.025, 0.025],  # 2: d=-1, column 0 would pass (0.9 / 0.3)
+                      [0.01, 0.01, 0.01, 0.07, 0.9],   # 3: d=-1, the last column would pass (0.9 / 0.1)
+                      [0.1, 0.1, 0.1, 0.6, 0.1],       # 4: d=3, but the drafter gave it q = 0
+                      [0.2, 0.2, 0.2, 0.2, 0.2]])      # 5: d=0, p/q = 0.25 loses to u = 0.5
+    q = torch.tensor([[0.25, 0.25, 0.25, 0.15, 0.1],
+                      [0.1, 0.5, 0.2, 0.1, 0.1],
+                      [0.3, 0.2, 0.2, 0.2, 0.1],
+                      [0.5, 0.2, 0.1, 0.1, 0.1],
+                      [0.4, 0.3, 0.3, 0.0, 0.0],
+                      [0.8, 0.05, 0.05, 0.05, 0.05]])
+    drafts = torch.tensor([2, 1, -1, -1, 3, 0])
+    uniforms = torch.tensor([0.9, 0.3, 0.5, 0.5, 0.1, 0.5], dtype=torch.float64)
+    return drafts, p, q, uniforms
+
+
+def _random_rows(num_slots: int = 64, vocab_size: int = 16, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.randint(0, vocab_size, (num_slots,), generator=gen)
+    drafts[torch.rand(num_slots, generator=gen) < 0.25] = -1
+    p = torch.softmax(2 * torch.randn(num_slots, vocab_size, generator=gen), dim=-1)
+    q = torch.softmax(2 * torch.randn(num_slots, vocab_size, generator=gen), dim=-1)
+    q[torch.rand(num_slots, vocab_size, generator=gen) < 0.2] = 0.0
+    uniforms = torch.rand(num_slots, generator=gen, dtype=torch.float64)
+    return drafts, p, q, uniforms
+
+
+def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Tensor:
+    """Which slots specfix's rejection sampler accepts, each slot run as a request with one draft."""
+    num_slots = drafts.numel()
+    output = torch.full((num_slots, 2), -1, dtype=torch.int32)
+    rejected_marker = torch.full((num_slots,), -2)  # "recovered token" no draft can equal
+    rejection_random_sample(output, torch.arange(1, num_slots + 1, dtype=torch.int32), drafts, draft_probs,
+                            target_probs, torch.zeros(num_slots, dtype=torch.int32), rejected_marker,
+                            uniforms, None, 1, reject_negative_drafts=True, backend="torch")
+    return output[:, 0] != -2
+
+
+@checker(
+    "ch1.reject_negative",
+    solution="placeholder_lifecycle:accept_drafts",
+    todo="write accept_drafts(draft_ids, target_probs, draft_probs, uniforms) -> [T] bool",
+    hints={
+        "shape": "return a bool tensor with one entry per slot ([T]).",
+        "gather_negative": "the -1 draft reached an index op, which refused it: read a safe column for "
+                           "negative drafts and reject those slots outright.",
+        "mutated": "your function changed its inputs in place: the caller's draft_ids (with its -1) or a "
+                   "probability table is no longer what the next stage expects.",
+        "wrapped": "you indexed the probabilities with the -1 draft: torch wrapped it to the last column, "
+                   "whose p/q beat the uniform, and the placeholder was accepted (the old kernel's flat "
+                   "offset made the same mistake, reading the previous row's last entry).",
+        "clamp_only": "you read column 0 for the -1 draft (a clamp) but never rejected the slot: p/q of "
+                      "token 0 beat the uniform, and the placeholder was accepted as token 0.",
+        "q_zero": "a draft the drafter gave probability q = 0 was accepted: p / 0 is inf, which beats every "
+                  "uniform; require q > 0.",
+        "ratio": "a real draft was judged wrongly: accept d iff q(d) > 0 and p(d) / q(d) >= u.",
+        "mismatch": "your answer disagrees with specfix's rejection sampler on a random batch.",
+    },
+)
+def check_reject_negative(answer, verdict):
+    for rows, crafted in ((_crafted_rows(), True), (_random_rows(), False)):
+        inputs = [t.clone() for t in rows]
+        try:
+            got = answer(*inputs)
+        except (IndexError, RuntimeError) as error:
+            verdict.require("out of bounds" not in str(error) and "out of range" not in str(error),
+                            "gather_negative", f"({type(error).__name__}: {error})")
+            raise
+        verdict.require(isinstance(got, torch.Tensor) and got.dtype == torch.bool
+                        and tuple(got.shape) == (rows[0].numel(),), "shape",
+                        f"(got {type(got).__name__} {getattr(got, 'dtype', '')} "
+                        f"{tuple(getattr(got, 'shape', ()))})")
+        verdict.require(all(torch.equal(a, b) for a, b in zip(inputs, rows, strict=True)), "mutated")
+        want = expected_acceptance(*rows)
+        if crafted:
+            verdict.require(not got[3], "wrapped")
+            verdict.require(not got[2], "clamp_only")
+            verdict.require(not got[4], "q_zero")
+        wrong = torch.nonzero(got != want).flatten().tolist()
+        verdict.require(not wrong, "ratio" if crafted else "mismatch",
+                        f"(slot {wrong[0]}: draft {int(rows[0][wrong[0]])}, you said "
+                        f"{bool(got[wrong[0]])})" if wrong else "")

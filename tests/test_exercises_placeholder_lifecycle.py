@@ -1,0 +1,153 @@
+"""Chapter 1's checkers name each typical wrong answer with its own hint (and never raise)."""
+
+import pytest
+import torch
+
+from specfix.exercises import placeholder_lifecycle as ex
+from specfix.exercises.solutions import placeholder_lifecycle as solutions
+
+# -- ch1.metadata -----------------------------------------------------------------------------------------
+
+RIGHT = solutions.metadata_answer()
+
+
+@pytest.mark.parametrize("change,hint", [
+    ({"num_draft_tokens": [3, 0, 0, 1]}, "placeholders_not_counted"),     # only the real drafts
+    ({"num_draft_tokens": [3, 3, 3]}, "missing_request"),                 # the prefill left out
+    ({"num_draft_tokens": [3, 0, 3, 2]}, "num_draft_tokens"),
+    ({"cu_num_draft_tokens": [0, 3, 3, 6]}, "exclusive_cumsum"),          # a leading 0, the last sum dropped
+    ({"cu_num_draft_tokens": [0, 3, 3, 6, 9]}, "exclusive_cumsum"),       # a leading 0
+    ({"cu_num_draft_tokens": [3, 0, 3, 3]}, "cu_num_draft_tokens"),       # the counts again
+    ({"placeholder_indices": [11, 12, 13, 16, 17]}, "input_ids_positions"),  # positions in input_ids
+    ({"placeholder_indices": [3, 4, 5]}, "placeholder_indices"),          # d's grammar tail forgotten
+    ({"placeholder_indices": "3 4 5 7 8"}, "format"),
+])
+def test_metadata_names_each_mistake(change, hint):
+    verdict = ex.check_metadata({**RIGHT, **change})
+    assert verdict.hint_ids == [hint], str(verdict)
+
+
+def test_metadata_needs_all_three_keys():
+    answer = {key: value for key, value in RIGHT.items() if key != "cu_num_draft_tokens"}
+    assert ex.check_metadata(answer).hint_ids == ["format"]
+
+
+def test_metadata_accepts_the_value_or_a_function_returning_it():
+    assert ex.check_metadata(RIGHT).solved
+    assert ex.check_metadata(lambda: RIGHT).solved
+
+
+def test_metadata_with_blanks_left_is_not_yet_answered():
+    assert ex.check_metadata({**RIGHT, "placeholder_indices": ...}).hint_ids == ["todo"]
+
+
+def test_metadata_truth_is_what_the_runner_builds():
+    truth = ex.metadata_truth()
+    drafts = [t for *_, d in ex.METADATA_BATCH for t in d]  # flattened in batch order
+    assert truth["placeholder_indices"] == [i for i, t in enumerate(drafts) if t == -1]
+    assert truth["num_draft_tokens"] == [len(d) for *_, d in ex.METADATA_BATCH]
+
+
+# -- ch1.zero_accepts -------------------------------------------------------------------------------------
+
+
+def test_zero_batch_truth_counts_the_prompts_whose_next_word_is_the():
+    step = ex.run_zero_batch()
+    accepted = sum(len(t) - 1 for t in step.sampled_token_ids)
+    assert accepted == sum(words[0] == "the" for words in ex.zero_batch_continuations())
+    assert accepted == solutions.zero_accepts
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (0, "none"),
+    (len(ex.ZERO_BATCH) * 3, "too_many"),  # every slot
+    (1, "too_few"),
+    ("2", "type"),
+    (2.0, "type"),
+])
+def test_zero_accepts_names_each_mistake(answer, hint):
+    verdict = ex.check_zero_accepts(answer)
+    assert verdict.hint_ids == [hint], str(verdict)
+
+
+def test_zero_accepts_names_counting_every_the():
+    every_the = sum(words.count("the") for words in ex.zero_batch_continuations())
+    assert every_the > solutions.zero_accepts, "the batch must hold a 'the' that is not the next word"
+    assert ex.check_zero_accepts(every_the).hint_ids == ["every_the"]
+
+
+# -- ch1.reject_negative ----------------------------------------------------------------------------------
+
+
+def _ratio_test(p, q, u):
+    return (q > 0) & ((p / torch.where(q > 0, q, torch.ones_like(q))).double() >= u)
+
+
+def _wraps(draft_ids, p, q, u):  # indexes with the -1 itself: torch wraps it to the last column
+    rows = torch.arange(draft_ids.numel())
+    return _ratio_test(p[rows, draft_ids], q[rows, draft_ids], u)
+
+
+def _clamp_only(draft_ids, p, q, u):  # a safe column, but the slot is never rejected
+    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
+    return _ratio_test(p[rows, column], q[rows, column], u)
+
+
+def _gathers_minus_one(draft_ids, p, q, u):
+    return _ratio_test(p.gather(1, draft_ids[:, None])[:, 0], q.gather(1, draft_ids[:, None])[:, 0], u)
+
+
+def _divides_by_zero_q(draft_ids, p, q, u):
+    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
+    return (draft_ids >= 0) & ((p[rows, column] / q[rows, column]).double() >= u)
+
+
+def _ignores_q(draft_ids, p, q, u):
+    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
+    return (draft_ids >= 0) & (q[rows, column] > 0) & (p[rows, column].double() >= u)
+
+
+def _clamps_in_place(draft_ids, p, q, u):
+    real = draft_ids >= 0
+    draft_ids.clamp_(min=0)  # the caller's -1 is gone
+    rows = torch.arange(draft_ids.numel())
+    return real & _ratio_test(p[rows, draft_ids], q[rows, draft_ids], u)
+
+
+def _returns_a_list(draft_ids, p, q, u):
+    return solutions.accept_drafts(draft_ids, p, q, u).tolist()
+
+
+def _tuned_to_six_slots(draft_ids, p, q, u):  # right on the crafted slots, wrong past them
+    accepted = solutions.accept_drafts(draft_ids, p, q, u)
+    return accepted & (torch.arange(draft_ids.numel()) < 6)
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (_wraps, "wrapped"),
+    (_clamp_only, "clamp_only"),
+    (_gathers_minus_one, "gather_negative"),
+    (_divides_by_zero_q, "q_zero"),
+    (_ignores_q, "ratio"),
+    (_clamps_in_place, "mutated"),
+    (_returns_a_list, "shape"),
+    (_tuned_to_six_slots, "mismatch"),
+])
+def test_reject_negative_names_each_mistake(answer, hint):
+    verdict = ex.check_reject_negative(answer)
+    assert verdict.hint_ids == [hint], str(verdict)
+
+
+def test_reject_negative_reports_other_errors_without_raising():
+    def broken(draft_ids, p, q, u):
+        raise KeyError("oops")
+
+    assert ex.check_reject_negative(broken).hint_ids == ["raised"]
+
+
+def test_the_crafted_minus_one_slots_tempt_both_naive_reads():
+    """Slot 2's column 0 and slot 3's last column pass the ratio test, so each naive read accepts a -1."""
+    drafts, p, q, u = ex._crafted_rows()
+    assert drafts[2] == drafts[3] == -1
+    assert _ratio_test(p[2, 0], q[2, 0], u[2]) and _ratio_test(p[3, -1], q[3, -1], u[3])
+    assert not ex.expected_acceptance(drafts, p, q, u)[2:4].any()
