@@ -229,7 +229,8 @@ def mask_table(bench: dict) -> pd.DataFrame:
     unmasked = mask[mask.impl == "unmasked"].set_index("store_processed_logits")
     table = pd.DataFrame({"masked us": masked.us.round(1), "unmasked us": unmasked.us.round(1),
                           "overhead %": (100 * masked.overhead).round(2)})
-    return table.rename_axis("store processed logits")
+    table.index = table.index.map({False: "without", True: "with"})
+    return table.rename_axis("processed-logits store")
 
 
 def drafter_store_table(perf: dict) -> pd.DataFrame:

@@ -12,10 +12,14 @@ which the mask cannot catch (they are ``>= 0``), overwrite live requests' draft 
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel
 
@@ -42,6 +46,38 @@ def repeated_rows(rows: int, logits: torch.Tensor, temperature: float, num_reqs:
         pos=torch.arange(rows) // num_reqs,
     )
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def random_batch(rows: int, vocab_size: int, seed: int = 0,
+                 device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """``rows`` rows of random logits, one request each, at random positions, with temperatures between 0.3
+    and 2 except request 0, which is greedy (temperature 0)."""
+    if rows < 1 or vocab_size < 1:
+        raise ValueError(f"rows and vocab_size must be >= 1, got {rows} and {vocab_size}")
+    gen = torch.Generator().manual_seed(seed)
+    temperature = torch.rand(rows, generator=gen) * 1.7 + 0.3
+    temperature[0] = 0.0
+    batch = dict(logits=torch.randn(rows, vocab_size, generator=gen) * 3,
+                 expanded_idx_mapping=torch.arange(rows, dtype=torch.int32), temperature=temperature,
+                 seed=torch.randint(-2**62, 2**62, (rows,), generator=gen),
+                 pos=torch.randint(0, 1 << 20, (rows,), generator=gen))
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+#: Where ``shared/peer/fetch-vllm-sampler.sh`` puts vLLM's own sampler files (git-ignored, never shipped).
+PEER_DIR = Path(__file__).resolve().parents[2] / ".peer"
+
+
+def load_vllm_sampler(version: str = "0.33.0"):
+    """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version``, imported from ``.peer/``, or None
+    when it has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments:
+    ``(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting)``."""
+    name = "vllm_gumbel_" + version.replace(".", "_")
+    if not runtime.HAS_TRITON or not (PEER_DIR / f"{name}.py").is_file():
+        return None
+    if str(PEER_DIR) not in sys.path:
+        sys.path.insert(0, str(PEER_DIR))
+    return importlib.import_module(name)
 
 
 def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
