@@ -82,3 +82,28 @@ def test_stale_padding_step_overwrites_exactly_the_reported_slot(seed):
         own[slot] = torch.equal(table[slot, col], stored)
     assert [slot for slot, ok in own.items() if not ok] == overwritten and len(overwritten) == 1
     assert (temps[puzzle["idx_mapping"].long()] == 0).sum() == 1 and not (temps == 1).any()
+
+
+def test_random_batch_has_one_greedy_request_and_sampled_others():
+    b = lab.random_batch(6, 50, seed=2)
+    assert b["logits"].shape == (6, 50) and b["expanded_idx_mapping"].tolist() == list(range(6))
+    sampled = b["temperature"][1:]
+    assert b["temperature"][0] == 0 and bool(((sampled >= 0.3) & (sampled <= 2)).all())
+
+
+def test_random_batch_refuses_bad_sizes():
+    with pytest.raises(ValueError, match=r"rows and vocab_size must be >= 1, got 3 and 0"):
+        lab.random_batch(3, 0)
+
+
+def test_load_vllm_sampler_is_none_until_fetched(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab, "PEER_DIR", tmp_path)
+    assert lab.load_vllm_sampler("0.33.0") is None
+
+
+@pytest.mark.skipif(not (lab.PEER_DIR / "vllm_gumbel_0_33_0.py").is_file(),
+                    reason="vLLM's sampler not fetched")
+def test_load_vllm_sampler_imports_vllms_own_file():
+    module = lab.load_vllm_sampler("0.33.0")
+    assert module.__file__ == str(lab.PEER_DIR / "vllm_gumbel_0_33_0.py")
+    assert callable(module.gumbel_sample)
