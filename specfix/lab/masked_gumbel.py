@@ -70,8 +70,8 @@ PEER_DIR = Path(__file__).resolve().parents[2] / ".peer"
 
 def load_vllm_sampler(version: str = "0.33.0"):
     """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version``, imported from ``.peer/``, or None
-    when it has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments:
-    ``(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting)``."""
+    when it has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments
+    (0.33: ``logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting``)."""
     name = "vllm_gumbel_" + version.replace(".", "_")
     if not runtime.HAS_TRITON or not (PEER_DIR / f"{name}.py").is_file():
         return None
