@@ -1,0 +1,158 @@
+"""Chapter 0's figures and tables: one speculative step drawn box by box, the map of the course read from the
+chapters themselves, and the map of the package by role read from the modules' docstrings.
+
+One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned) and leaves
+showing it to the notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.colors import to_rgb
+from matplotlib.patches import FancyBboxPatch, Patch
+
+from specfix.figures import style
+from specfix.tools.mirrors import roles, vllm_map
+
+#: Where the chapters live (the repository's notebooks/ folder, next to the package).
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+#: The course in order: each chapter's notebook and, in one line, what it teaches.
+COURSE = (
+    ("00_tour", "speculative decoding step by step, the two kinds of padding, the map of the package, the "
+                "glossary"),
+    ("01_placeholder_lifecycle", "one `-1` placeholder through every stage of the V1 pipeline: where it must "
+                                 "stay `-1`, where it must not, and what zeroing it instead breaks"),
+    ("02_embedding_assert", "the device-side assert a `-1` causes in the embedding: why the traceback "
+                            "points at the wrong line, how to find the real one, the clamp that fixes it"),
+    ("03_cudagraph_idx_mapping", "CUDA-graph padding: stale `idx_mapping` rows overwrite live requests' "
+                                 "draft logits and corrupt their text; the `-1` fill that stops it"),
+    ("04_masked_gumbel_sampling", "the Triton Gumbel-max sampler of Model Runner V2, proven against softmax, "
+                                  "and the `req_state_idx >= 0` mask that skips padded rows"),
+    ("05_performance", "what each fix costs and how close the kernels come to the H200's limits"),
+)
+
+#: Roles shown in the module map, in reading order (figures and exercises are the chapters' own helpers).
+MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")
+
+# Box fills: light tints, so the black words on them stay readable.
+_TINT = 0.3
+_DRAFT_FILL = {"accept": style.FIXED, "reject": style.BUGGY, "placeholder": style.PLACEHOLDER,
+               "unreached": style.PADDING}
+_TARGET_FILL = {"accept": style.FIXED, "recover": style.NEUTRAL, "bonus": style.ACCENT}
+
+
+def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
+    """Greedy verification, slot by slot: ``accept`` while a draft equals the target's choice, then
+    ``recover`` (the target's token replaces the first mismatch) and nothing after it; ``bonus`` after the
+    last draft when every draft was accepted. ``choices`` has one entry more than ``drafts``."""
+    if len(choices) != len(drafts) + 1:
+        raise ValueError(f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, "
+                         f"got {len(choices)}")
+    out = []
+    for draft, choice in zip(drafts, choices, strict=False):
+        out.append("accept" if draft == choice else "recover")
+        if out[-1] == "recover":
+            return out
+    return [*out, "bonus"]
+
+
+def _tint(colour: str) -> tuple[float, float, float]:
+    """``colour`` mixed with white: a light fill on which black text reads."""
+    r, g, b = to_rgb(colour)
+    return tuple(_TINT * c + (1 - _TINT) for c in (r, g, b))
+
+
+def _box(ax, x, y, text, fill):
+    ax.add_patch(FancyBboxPatch((x, y), 0.9, 0.6, boxstyle="round,pad=0.02", fc=_tint(fill), ec="#777"))
+    ax.text(x + 0.45, y + 0.3, text, ha="center", va="center", fontsize=9, color="black")
+
+
+def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence[int],
+                word: Callable[[int], str], title: str):
+    """One speculative step: the last context words, then one column per draft slot with the draft on top
+    and what the target emits below it (accepted, recovered or bonus), and nothing past the first mismatch.
+
+    ``choices`` are the target's own tokens at the ``len(drafts) + 1`` positions; ``word`` names a token id
+    (a ``-1`` is drawn as ``-1``)."""
+    outcomes = step_outcomes(drafts, choices)
+    name = lambda i: "-1" if i < 0 else word(i)
+    with style.apply():
+        fig, ax = plt.subplots(figsize=(9, 2.2))
+        ax.set_axis_off()
+        ax.set_title(title, loc="left")
+        x = 0.0
+        for token in context[-4:]:
+            _box(ax, x, 1.0, name(token), style.PADDING)
+            x += 1.0
+        for slot in range(len(drafts) + 1):
+            if slot < len(drafts):
+                kind = ("placeholder" if drafts[slot] < 0 else "unreached" if slot >= len(outcomes)
+                        else "accept" if outcomes[slot] == "accept" else "reject")
+                _box(ax, x, 1.0, name(drafts[slot]), _DRAFT_FILL[kind])
+            if slot < len(outcomes):
+                _box(ax, x, 0.1, name(choices[slot]), _TARGET_FILL[outcomes[slot]])
+                ax.text(x + 0.45, -0.15, outcomes[slot], ha="center", va="center", fontsize=8)
+            x += 1.0
+        ax.text(-0.2, 1.3, "draft", ha="right", va="center")
+        ax.text(-0.2, 0.4, "target", ha="right", va="center")
+        ax.set(xlim=(-1.2, x + 0.2), ylim=(-0.4, 1.8))
+        kinds = [("context", style.PADDING), ("draft accepted", style.FIXED), ("draft rejected", style.BUGGY),
+                 ("placeholder -1", style.PLACEHOLDER), ("recovered", style.NEUTRAL), ("bonus", style.ACCENT)]
+        ax.legend(handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds],
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        style.caption(fig, "Read each column top to bottom: the target keeps a draft it would have chosen "
+                           "itself, replaces the first one it would not, and stops there; if it keeps all of "
+                           "them it adds its own next token, the bonus.")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- the course
+
+def chapter_header(path: Path | str) -> dict[str, str]:
+    """A chapter's title (its first heading, without the chapter number) and its **Time** paragraph."""
+    path = Path(path)
+    cells = json.loads(path.read_text())["cells"]
+    first = "".join(cells[0]["source"]) if cells and cells[0]["cell_type"] == "markdown" else ""
+    heading = re.search(r"^# (.+)$", first, flags=re.M)
+    if heading is None:
+        raise ValueError(f"{path.name}: its first cell has no '# title' heading")
+    title = re.sub(r"^(Chapter\s+)?\d+\s*[.:\u2014\u2013-]\s*", "", heading.group(1)).strip()
+    time = re.search(r"\*\*Time\b[^*]*\*\*[.:]?\s*(.+?)(?:\n\s*\n|$)", first, flags=re.S)
+    return {"title": title, "time": " ".join(time.group(1).split()) if time else "(not stated)"}
+
+
+def course_map(notebooks: Path | str = NOTEBOOKS) -> str:
+    """The map of the course as a markdown table: each chapter linked by its own title, what it teaches,
+    and its time as the chapter states it."""
+    rows = ["| chapter | what it teaches | time |", "|---|---|---|"]
+    for number, (stem, teaches) in enumerate(COURSE):
+        path = Path(notebooks) / f"{stem}.ipynb"
+        if not path.exists():
+            raise FileNotFoundError(f"chapter {number} is missing: no {path}")
+        head = chapter_header(path)
+        rows.append(f"| [{number}. {head['title']}]({stem}.ipynb) | {teaches} | {head['time']} |")
+    return "\n".join(rows)
+
+
+def module_map() -> dict[str, pd.DataFrame]:
+    """The package by role: for each of :data:`MAP_ROLES`, its modules, the vLLM files they mirror and their
+    one-line summaries (read from the docstrings, so the map cannot drift from the code)."""
+    table = pd.DataFrame(vllm_map())
+    out = {}
+    for role in MAP_ROLES:
+        rows = table[table["role"] == role].copy()
+        rows["module"] = rows["module"].str.removeprefix("specfix.")
+        out[role] = rows.set_index("module")[["mirrors", "summary"]]
+    return out
+
+
+def role_titles() -> dict[str, str]:
+    """What each role holds, from the subpackages' docstrings (markdown: double backticks made single)."""
+    return {role: text.replace("``", "`") for role, text in roles().items()}
