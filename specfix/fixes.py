@@ -53,7 +53,7 @@ class Fixes:
 FIX_SITES: dict[str, tuple[str, ...]] = {
     "clamp_placeholders": ("specfix.v1.model_runner:GPUModelRunner._preprocess",),
     "reject_negative_drafts": ("specfix.v1.rejection_sampler:rejection_random_sample_kernel",),
-    "mask_invalid_reqs": ("specfix.mrv2.gumbel:gumbel_block_argmax", "specfix.mrv2.gumbel:_noisy_tile"),
+    "mask_invalid_reqs": ("specfix.mrv2.gumbel:gumbel_block_argmax",),
     "pad_idx_mapping": ("specfix.mrv2.speculator:DraftModelSpeculator._copy_request_inputs",),
     "dflash_pad_idx": ("specfix.mrv2.dflash:prepare_dflash_inputs",),
 }

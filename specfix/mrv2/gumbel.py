@@ -7,34 +7,51 @@ and never stores its processed logits. ``Fixes(mask_invalid_reqs=False)`` compil
 before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
 ``processed_logits[-1, col, :]``: memory that belongs to someone else.
 
-Sampling is a reduction over the vocabulary in one or two stages. Stage 1 (grid rows x splits): each
-program loops over its tiles of one row, adds noise, keeps per lane the best value and the tile it came
-from, and ends with one max/argmax. When one program covers a whole row (256 rows and more, where rows
-alone fill the GPU) it stores the token and the call is one launch; with fewer rows each row is split over
-several programs and stage 2 (grid rows, a second small Triton kernel: never more than two launches and no
-torch ops) picks the best split. ``launch_config`` chooses; ``block_size`` alone gives one tile per program.
+``gumbel_block_argmax`` has vLLM's contract (0.25 and 0.33): it is handed one loaded tile of a row's
+logits with its token ids, its in-vocabulary mask and the row (``token_idx``); it loads the row's
+``req_state_idx``, temperature, seed and position itself, applies the #47066 masks, stores the processed
+tile and returns the tile's max and its index within the tile. Its arguments are vLLM 0.25's, in vLLM's
+order, where they carry over (specfix addresses the buffer by two strides, as 0.33 does, and takes the
+column as an int as well as a tensor); the constexprs after them are specfix's switches. The loop over
+tiles is the caller's, as in vLLM, but where vLLM's ``_gumbel_sample_kernel`` gives each program one tile
+of 1,024, specfix's walks several tiles of one row: two per turn, each loaded one tile ahead of its use,
+keeping the best (value, token) in two scalars. When one program covers a whole row (256 rows and more,
+where rows alone fill the GPU) it stores the token and the call is one launch; with fewer rows each row is
+split over several programs and stage 2 (grid rows, a second small Triton kernel: never more than two
+launches and no torch ops) picks the best split, where vLLM reduces its tiles with two torch ops.
+``launch_config`` chooses; ``block_size`` alone gives one tile per program.
 
-Two noise modes, both a pure function of (request seed, position, token id) and sharing the same
-32-bit hash (``specfix.mrv2.gumbel_reference``):
-- ``"exact"`` (default): our own float32 logarithm, compiled without FMA contraction, so the GPU kernel,
-  Triton's interpreter and the torch reference agree bit for bit. Golden tests and chapters 3 and 4 use it.
-- ``"fast"``: the hardware's approximate ``lg2`` (inline PTX on the GPU; ``tl.log2`` in the interpreter)
-  with a series for the small-u tail. Same distribution to ~1e-6, about twice the throughput; its tokens
-  may differ from the exact mode's in rare near-ties. Chapter 5 measures both.
+Three noise modes, each a pure function of (request seed, position, token id)
+(``specfix.mrv2.gumbel_reference`` defines them in torch):
+- ``"exact"`` (default): specfix's own 32-bit hash and float32 logarithm, compiled without FMA
+  contraction, so the GPU kernel, Triton's interpreter and the torch reference agree bit for bit. Golden
+  tests and chapters 3 and 4 use it.
+- ``"fast"``: the same hash, the hardware's approximate ``lg2`` (inline PTX on the GPU; ``tl.log2`` in
+  the interpreter) with a series for the small-u tail. Same distribution to ~1e-6, about twice the
+  throughput; its tokens may differ from the exact mode's in rare near-ties. Chapter 5 measures both.
+- ``"vllm"``: vLLM 0.33's noise (MurmurHash3 of seed, position and token id; its log1p series; its
+  division by the temperature), compiled as vLLM's kernel is: from the same inputs, vLLM 0.33's
+  ``gumbel_sample`` picks the same tokens (``scripts/compare_vllm_noise.py``, ``tests/test_gumbel.py``).
 
-Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-11-29).
-630-770 G logits/s at 256 rows of 129,280-248,320 and 640-850 G/s at 1,024 rows (the kernel before
-this design: 360-535); one row of 248,320 in a CUDA graph: 3.9 us. The kernel is bound by instruction
-issue, not memory: ~30 instructions a logit (ncu: 36.3 M warp instructions at 256 x 151,936, before 59.4
-M), ~40% of them on the integer/logic pipe, which issues at half rate: the hash (2 multiplies, 3
-xor-shifts), u (a conversion, an FMA), the small-u series, two hardware lg2 and the running argmax (a
-compare, two selects). At 256 x 151,936 fp32 ncu gives 56.7 us with 62% of issue slots busy and the ALU
-pipe 55% busy, reading 2.7 TB/s of the 3.97 TB/s an argmax reads (3.4 TB/s at 1,024 x 248,320). The
-500 G/s goal is missed at 256 x 32,000: a program there has only 8 tiles, so its fixed costs (row key,
-first load from HBM with nothing to hide it behind, final reductions; 124 SMs get two rows, 8 get one)
-leave 48% of issue slots busy and the kernel takes 16.8 us on the GPU alone (ncu; 488 G/s). The bench,
-which queues a spin kernel before each timed call so that host launch work stays out of the events, records
-19.6 us there (418 G/s fp32, 468 G/s bf16): the kernel plus the gap between launches.
+Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafting`` adds vLLM 0.33's
+drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
+
+Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-11-29,
+measured on the kernel before the per-tile contract, which kept a running best per lane and reduced once
+per program). 630-770 G logits/s at 256 rows of 129,280-248,320 and 640-850 G/s at 1,024 rows; one row
+of 248,320 in a CUDA graph: 3.9 us. The kernel is bound by instruction issue, not memory: ~30
+instructions a logit (ncu: 36.3 M warp instructions at 256 x 151,936), ~40% of them on the integer/logic
+pipe, which issues at half rate: the hash (2 multiplies, 3 xor-shifts), u (a conversion, an FMA), the
+small-u series, two hardware lg2 and the argmax. At 256 x 151,936 fp32 ncu gives 56.7 us with 62% of
+issue slots busy, reading 2.7 TB/s of the 3.97 TB/s an argmax reads. The 500 G/s goal is missed at 256 x
+32,000: a program there has only 8 tiles, so its fixed costs (row key, first load from HBM with nothing to
+hide it behind, final reductions) leave 48% of issue slots busy (16.8 us on the GPU, ncu). The per-tile
+contract costs each tile a block-wide max and index (shuffles, two shared-memory rounds): compiled
+offline for sm_90 (triton 3.9, 2026-12-01), the loop's SASS grows from 27.6 to 29.6 instructions a logit
+at tile 4096 / 8 warps (256+ rows) and from 28.6 to 32.1 at tile 2048 (512+ rows, and the split
+programs of fewer rows); storing processed logits (the drafter) from 28.9 to 34.0, because a loop that
+stores cannot have its row loads and row key hoisted out of it. Time it with ``specfix bench`` or
+``scripts/time_gumbel.py --sweep``.
 """
 
 from __future__ import annotations
@@ -47,7 +64,7 @@ from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 
-NOISE_MODES = ("exact", "fast")
+NOISE_MODES = ref.NOISE_MODES
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -64,6 +81,18 @@ if HAS_TRITON:
     #: log2(e) / k in float32: -log2(1 - u) = log2(e) * (u + u**2/2 + u**3/3 + u**4/4 + ...)
     _S1, _S2, _S3, _S4 = (tl.constexpr(torch.tensor(ref.LOG2E / k, dtype=torch.float32).item())
                           for k in range(1, 5))
+    _SAMPLING_EPS = tl.constexpr(ref.SAMPLING_EPS)
+    _DRAFT_NOISE_SALT = tl.constexpr(ref.DRAFT_NOISE_SALT)
+    _M_C1 = tl.constexpr(ref.MURMUR_C1)
+    _M_C2 = tl.constexpr(ref.MURMUR_C2)
+    _M_R1 = tl.constexpr(ref.MURMUR_R1)
+    _M_R2 = tl.constexpr(ref.MURMUR_R2)
+    _M_N = tl.constexpr(ref.MURMUR_N)
+    _VLLM_KEY_BYTES = tl.constexpr(ref.VLLM_KEY_BYTES)
+    _VLLM_SERIES_BELOW = tl.constexpr(ref.VLLM_SERIES_BELOW)
+    _VLLM_ONE_MINUS_U_MIN = tl.constexpr(ref.VLLM_ONE_MINUS_U_MIN)
+    #: The NOISE constexpr of the kernels, one per mode.
+    _EXACT, _FAST, _VLLM = (tl.constexpr(i) for i in range(3))
 
     @triton.jit
     def _fmix32(x):
@@ -139,6 +168,38 @@ if HAS_TRITON:
         return -_approx_log2(e2, USE_ASM)
 
     @triton.jit
+    def _rotl32(x, r: tl.constexpr):
+        return (x << r) | (x >> (32 - r))
+
+    @triton.jit
+    def _murmur3_mix(h, k):
+        """MurmurHash3_x86_32's update of its state ``h`` by one 32-bit block ``k`` (uint32)."""
+        k = _rotl32(k * _M_C1, _M_R1) * _M_C2
+        return _rotl32(h ^ k, _M_R2) * 5 + _M_N
+
+    @triton.jit
+    def _vllm_row_state(seed, pos):
+        """The hash state after a row's three words: seed low, seed high, position low (int64 scalars)."""
+        seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+        h = _murmur3_mix(seed_lo ^ seed_lo, seed_lo)  # MurmurHash3 seed 0
+        h = _murmur3_mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+        return _murmur3_mix(h, (pos & 0xFFFFFFFF).to(tl.uint32))
+
+    @triton.jit
+    def _vllm_gumbel(row_state, token_ids):
+        """vLLM 0.33's noise of each token (see gumbel_reference.vllm_gumbel_noise): the last word, the
+        finaliser with length 16, u from the hash's 16-bit halves, the log1p series below u = 1/4."""
+        bits = _fmix32(_murmur3_mix(row_state, token_ids.to(tl.uint32)) ^ _VLLM_KEY_BYTES)
+        hi = (bits >> 16).to(tl.int32).to(tl.float32)
+        lo = (bits & 0xFFFF).to(tl.int32).to(tl.float32)
+        u = hi * 1.52587890625e-05 + (lo + 0.5) * 2.3283064365386963e-10
+        p = u * 0.125 + 1.0 / 7.0
+        for k in tl.static_range(6, 0, -1):
+            p = u * p + 1.0 / k
+        direct = tl.log(tl.maximum(1.0 - u, _VLLM_ONE_MINUS_U_MIN))
+        return -tl.log(-tl.where(u < _VLLM_SERIES_BELOW, -u * p, direct))
+
+    @triton.jit
     def _round_for_store(x, dtype: tl.constexpr, BF16_BY_HAND: tl.constexpr):
         """x in the buffer's dtype, rounded to nearest even. Triton's interpreter truncates float32 to
         bfloat16, so there we round the bits ourselves (the same result as the GPU's cvt.rn.bf16.f32)."""
@@ -150,130 +211,90 @@ if HAS_TRITON:
             return x.to(dtype)
 
     @triton.jit
-    def _noisy_tile(
-        x, offs, token_mult, vocab_size, req_state_idx, temp, key_mixed, processed_row_ptr,
-        PARTIAL: tl.constexpr, APPLY_TEMPERATURE: tl.constexpr, STORE_PROCESSED: tl.constexpr,
-        MASK_INVALID: tl.constexpr, FAST_NOISE: tl.constexpr, USE_ASM: tl.constexpr,
-        BF16_BY_HAND: tl.constexpr,
-    ):
-        """logits (/ T) + noise of one loaded tile ``x`` (token ids ``offs``; ``token_mult`` is
-        ``offs * TOKEN_MULT``), storing the processed logits on the way. Only the vocabulary's last,
-        partial tile (``PARTIAL``) pays for a bounds mask."""
-        x = x.to(tl.float32)
-        if APPLY_TEMPERATURE:
-            if temp != 0.0:
-                x = tl.math.div_rn(x, temp)
-        if STORE_PROCESSED:
-            value = _round_for_store(x, processed_row_ptr.dtype.element_ty, BF16_BY_HAND)
-            # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
-            if MASK_INVALID:  # [fix]
-                valid = tl.zeros_like(offs).to(tl.int64) + req_state_idx >= 0  # [fix]
-                if PARTIAL:  # [fix]
-                    tl.store(processed_row_ptr + offs, value, mask=(offs < vocab_size) & valid)  # [fix]
-                else:  # [fix]
-                    tl.store(processed_row_ptr + offs, value, mask=valid)  # [fix]
-            else:  # [no fix]
-                if PARTIAL:  # [no fix]
-                    tl.store(processed_row_ptr + offs, value, mask=offs < vocab_size)  # [no fix]
-                else:  # [no fix]
-                    tl.store(processed_row_ptr + offs, value)  # [no fix]
-        if temp != 0.0:
-            u = _uniform(key_mixed, token_mult)
-            if FAST_NOISE:
-                x = x * _LOG2E + _fast_gumbel_log2(u, USE_ASM)
-            else:
-                x = x + _exact_gumbel(u)
-        return x
-
-    @triton.jit
-    def _fold_full_tile(x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp,
-                        key_mixed, processed_row_ptr, APPLY_TEMPERATURE: tl.constexpr,
-                        STORE_PROCESSED: tl.constexpr,
-                        MASK_INVALID: tl.constexpr, FAST_NOISE: tl.constexpr, USE_ASM: tl.constexpr,
-                        BF16_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
-        """Noise one full tile and fold it into each lane's best value and the tile it came from."""
-        start = tile * BLOCK
-        x = _noisy_tile(x, start + lanes, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
-                        req_state_idx, temp, key_mixed, processed_row_ptr, False, APPLY_TEMPERATURE,
-                        STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
-        better = x > best
-        return tl.where(better, x, best), tl.where(better, tile, best_tile)
-
-    @triton.jit
     def gumbel_block_argmax(
-        logits_row_ptr,
-        first_tile,
-        end_tile,
-        num_full_tiles,
-        vocab_size,
-        req_state_idx,
-        temperature_ptr,
-        seed_ptr,
-        pos,
-        processed_row_ptr,
+        logits,
+        block,
+        mask,
+        token_idx,
+        expanded_idx_mapping_ptr,
+        temp_ptr,
+        seeds_ptr,
+        pos_ptr,
+        processed_logits_ptr,
+        processed_logits_stride_0,
+        processed_logits_stride_1,
+        processed_logits_col_ptr,
+        processed_logits_col,
+        IS_DRAFTING: tl.constexpr,
         APPLY_TEMPERATURE: tl.constexpr,
+        PER_TOKEN_COL: tl.constexpr,
         STORE_PROCESSED: tl.constexpr,
         MASK_INVALID: tl.constexpr,
-        FAST_NOISE: tl.constexpr,
+        NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
-        BLOCK: tl.constexpr,
-        STATIC_TILES: tl.constexpr,
     ):
-        """Max and argmax (a token id) of logits + Gumbel noise over tiles [first_tile, end_tile) of one row.
+        """Gumbel-max over one tile of logit row ``token_idx``: returns the tile's max of logits (/ T) +
+        noise and its index within the tile (ties to the lowest; a NaN never wins).
 
-        Each lane keeps its best value and the tile it came from (a strict ``>``, so an earlier tile wins a
-        tie); one reduction at the end, ties to the lowest token id. A NaN never wins. The next tile's
-        logits are loaded before this tile's noise is computed, so the load's latency hides behind it."""
+        ``logits``: the tile, loaded as float32 (lanes outside the vocabulary hold -inf); ``block``: its
+        token ids; ``mask``: which lanes lie inside the vocabulary. The request-state row, temperature,
+        seed and position are loaded here; the processed (temperature-applied) tile is stored to
+        ``processed_logits[req_state_idx, col]`` on the way. A temperature under ``SAMPLING_EPS`` is greedy:
+        plain logits, no noise. In the fast mode the value is in log2 units (logits * log2(e) + noise / ln 2).
+        """
+        req_state_idx = tl.load(expanded_idx_mapping_ptr + token_idx).to(tl.int64)
         is_valid_req = req_state_idx >= 0
         if MASK_INVALID:  # [fix]
-            temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)  # [fix]
-            seed = tl.load(seed_ptr + req_state_idx, mask=is_valid_req & (temp != 0.0), other=0)  # [fix]
+            temp = tl.load(temp_ptr + req_state_idx, mask=is_valid_req, other=0.0)  # [fix]
+            seed = tl.load(seeds_ptr + req_state_idx, mask=is_valid_req, other=0)  # [fix]
         else:  # [no fix]
-            temp = tl.load(temperature_ptr + req_state_idx)  # [no fix]
-            seed = tl.load(seed_ptr + req_state_idx, mask=temp != 0.0, other=0)  # [no fix]
-        key = _row_key(seed, pos)
-        key_mixed = key ^ (key >> 16)
-        lanes = tl.arange(0, BLOCK)
-        lane_mult = lanes.to(tl.uint32) * _TOKEN_MULT  # a tile's token_mult: lane_mult + its first id's
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_tile = tl.zeros([BLOCK], tl.int32) + first_tile
-        full_end = tl.minimum(end_tile, num_full_tiles)
-        if STATIC_TILES > 0:
-            # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
-            # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
-            for i in range(STATIC_TILES):
-                tile = first_tile + i
-                if tile < full_end:
-                    x = tl.load(logits_row_ptr + tile * BLOCK + lanes)
-                    best, best_tile = _fold_full_tile(
-                        x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp,
-                        key_mixed, processed_row_ptr, APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID,
-                        FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK)
+            temp = tl.load(temp_ptr + req_state_idx)  # [no fix]
+            seed = tl.load(seeds_ptr + req_state_idx)  # [no fix]
+        temp = tl.where(temp >= _SAMPLING_EPS, temp, 0.0)  # NaN too
+        pos = tl.load(pos_ptr + token_idx).to(tl.int64)
+        if IS_DRAFTING:
+            pos = pos + _DRAFT_NOISE_SALT
+        x = logits
+        if APPLY_TEMPERATURE:
+            if temp != 0.0:
+                if NOISE == _VLLM:
+                    x = x / temp  # vLLM's division (on the GPU an approximate one), for its exact tokens
+                else:
+                    x = tl.math.div_rn(x, temp)
+        if STORE_PROCESSED:
+            if PER_TOKEN_COL:
+                col = tl.load(processed_logits_col_ptr + token_idx).to(tl.int64)
+            else:
+                col = processed_logits_col.to(tl.int64)
+            row_ptr = (processed_logits_ptr + req_state_idx * processed_logits_stride_0
+                       + col * processed_logits_stride_1)
+            value = _round_for_store(x, processed_logits_ptr.dtype.element_ty, BF16_BY_HAND)
+            # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
+            if MASK_INVALID:  # [fix]
+                lane_is_valid = tl.zeros_like(block).to(tl.int64) + req_state_idx >= 0  # [fix]
+                tl.store(row_ptr + block, value, mask=mask & lane_is_valid)  # [fix]
+            else:  # [no fix]
+                tl.store(row_ptr + block, value, mask=mask)  # [no fix]
+            if NOISE == _VLLM:
+                seed = seed ^ (col << 32)  # vLLM 0.33's spec_step_seed: each drafter column its own stream
+        if NOISE == _VLLM:
+            row_state = _vllm_row_state(seed, pos)
         else:
-            offs = first_tile * BLOCK + lanes
-            x_next = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
-            for tile in range(first_tile, full_end):
-                x = x_next
-                # the next tile (the last full one again at the end: always in bounds, and a cache hit)
-                x_next = tl.load(logits_row_ptr + tl.minimum(tile + 1, full_end - 1) * BLOCK + lanes)
-                best, best_tile = _fold_full_tile(
-                    x, tile, best, best_tile, lanes, lane_mult, vocab_size, req_state_idx, temp, key_mixed,
-                    processed_row_ptr, APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM,
-                    BF16_BY_HAND, BLOCK)
-        if end_tile > num_full_tiles:  # this program owns the partial last tile
-            start = num_full_tiles * BLOCK
-            offs = start + lanes
-            x = tl.load(logits_row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
-            x = _noisy_tile(x, offs, lane_mult + start.to(tl.uint32) * _TOKEN_MULT, vocab_size,
-                            req_state_idx, temp, key_mixed, processed_row_ptr, True, APPLY_TEMPERATURE,
-                            STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_tile = tl.where(better, num_full_tiles, best_tile)
-        value = tl.max(best, axis=0)
-        token = tl.min(tl.where(best == value, best_tile * BLOCK + lanes, 2147483647), axis=0)
-        return value, token
+            key = _row_key(seed, pos)
+            key_mixed = key ^ (key >> 16)
+        if temp != 0.0:
+            if NOISE == _VLLM:
+                x = x + _vllm_gumbel(row_state, block)
+            elif NOISE == _FAST:
+                x = x * _LOG2E + _fast_gumbel_log2(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT),
+                                                   USE_ASM)
+            else:
+                x = x + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT))
+            x = tl.where(mask, x, float("-inf"))
+        value = tl.max(x, axis=0)
+        lanes = tl.arange(0, x.shape[0])
+        return value, tl.min(tl.where(x == value, lanes, x.shape[0]), axis=0)
 
     # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
     @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
@@ -298,40 +319,88 @@ if HAS_TRITON:
         num_full_tiles,
         tiles_per_program,
         num_splits,
+        IS_DRAFTING: tl.constexpr,
         APPLY_TEMPERATURE: tl.constexpr,
         STORE_PROCESSED: tl.constexpr,
         PER_TOKEN_COL: tl.constexpr,
         MASK_INVALID: tl.constexpr,
-        FAST_NOISE: tl.constexpr,
+        NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
         BLOCK: tl.constexpr,
         STATIC_TILES: tl.constexpr,
     ):
-        """Stage 1: grid (rows, splits); each program loops over ``tiles_per_program`` tiles of its row and
-        keeps their max/argmax. With one split per row that is already the token (no stage 2)."""
+        """Stage 1: grid (rows, splits); each program walks ``tiles_per_program`` tiles of its row, calls
+        ``gumbel_block_argmax`` on each and keeps the best (a strict ``>``: an earlier tile wins a tie).
+        With one split per row that is already the token (no stage 2). The next tile's logits are loaded
+        before this tile's noise is computed, so the load's latency hides behind it."""
         row = tl.program_id(0).to(tl.int64)
         split = tl.program_id(1)
         first_tile = split * tiles_per_program
         end_tile = tl.minimum(first_tile + tiles_per_program, num_tiles)
-        req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
-        pos = tl.load(pos_ptr + row).to(tl.int64)
-        if PER_TOKEN_COL:
-            col = tl.load(col_ptr + row).to(tl.int64)
+        full_end = tl.minimum(end_tile, num_full_tiles)
+        logits_row_ptr = logits_ptr + row * logits_stride
+        lanes = tl.arange(0, BLOCK)
+        in_vocab = tl.full([BLOCK], True, tl.int1)  # every lane of a full tile
+        best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
+        best_token = first_tile * BLOCK  # what a program whose scores are all NaN or -inf returns
+        if STATIC_TILES > 0:
+            # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
+            # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
+            for i in range(STATIC_TILES):
+                tile = first_tile + i
+                if tile < full_end:
+                    block = tile * BLOCK + lanes
+                    value, idx = gumbel_block_argmax(
+                        tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
+                        temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
+                        processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE,
+                        PER_TOKEN_COL, STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                    better = value > best
+                    best = tl.where(better, value, best)
+                    best_token = tl.where(better, tile * BLOCK + idx, best_token)
         else:
-            col = col_scalar
-        processed_row_ptr = processed_ptr + req_state_idx * processed_stride0 + col * processed_stride1
-        value, token = gumbel_block_argmax(
-            logits_ptr + row * logits_stride, first_tile, end_tile, num_full_tiles, vocab_size, req_state_idx,
-            temperature_ptr, seed_ptr, pos, processed_row_ptr,
-            APPLY_TEMPERATURE, STORE_PROCESSED, MASK_INVALID, FAST_NOISE, USE_ASM, BF16_BY_HAND, BLOCK,
-            STATIC_TILES,
-        )
+            # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
+            # tile's noise) into its own registers. A tile index past the program's last full tile is
+            # clamped to it: in bounds, a cache hit, and a repeat of a tile already seen changes nothing.
+            offs = first_tile * BLOCK + lanes
+            x_even = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
+            for tile in range(first_tile, full_end, 2):
+                odd = tl.minimum(tile + 1, full_end - 1)
+                x_odd = tl.load(logits_row_ptr + odd * BLOCK + lanes)
+                value, idx = gumbel_block_argmax(
+                    x_even.to(tl.float32), tile * BLOCK + lanes, in_vocab, row, idx_mapping_ptr,
+                    temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
+                    col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
+                    MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                better = value > best
+                best = tl.where(better, value, best)
+                best_token = tl.where(better, tile * BLOCK + idx, best_token)
+                x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + lanes)
+                value, idx = gumbel_block_argmax(
+                    x_odd.to(tl.float32), odd * BLOCK + lanes, in_vocab, row, idx_mapping_ptr,
+                    temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
+                    col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
+                    MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                better = value > best
+                best = tl.where(better, value, best)
+                best_token = tl.where(better, odd * BLOCK + idx, best_token)
+        if end_tile > num_full_tiles:  # this program owns the partial last tile
+            block = num_full_tiles * BLOCK + lanes
+            mask = block < vocab_size
+            value, idx = gumbel_block_argmax(
+                tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
+                row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
+                processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL,
+                STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+            better = value > best
+            best = tl.where(better, value, best)
+            best_token = tl.where(better, num_full_tiles * BLOCK + idx, best_token)
         if num_splits == 1:
-            tl.store(out_ptr + row, token.to(tl.int64))
+            tl.store(out_ptr + row, best_token.to(tl.int64))
         else:
-            tl.store(local_max_ptr + row * num_splits + split, value)
-            tl.store(local_argmax_ptr + row * num_splits + split, token)
+            tl.store(local_max_ptr + row * num_splits + split, best)
+            tl.store(local_argmax_ptr + row * num_splits + split, best_token)
 
     @triton.jit
     def _gumbel_reduce_kernel(out_ptr, local_max_ptr, local_argmax_ptr, num_splits, SPLITS: tl.constexpr):
@@ -344,17 +413,22 @@ if HAS_TRITON:
         tl.store(out_ptr + row, token.to(tl.int64))
 
     @triton.jit
-    def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, FAST_NOISE: tl.constexpr,
+    def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr,
                              USE_ASM: tl.constexpr, BLOCK: tl.constexpr):
-        """The noise itself, [rows, vocab] (exact mode: natural log; fast mode: log2 units), for teaching."""
+        """The noise itself, [rows, vocab] (exact and vllm modes: natural log; fast mode: log2 units)."""
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        key = _row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row).to(tl.int64))
-        u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * _TOKEN_MULT)
-        if FAST_NOISE:
-            g = _fast_gumbel_log2(u, USE_ASM)
+        seed = tl.load(seed_ptr + row)
+        pos = tl.load(pos_ptr + row).to(tl.int64)
+        if NOISE == _VLLM:
+            g = _vllm_gumbel(_vllm_row_state(seed, pos), offs)
         else:
-            g = _exact_gumbel(u)
+            key = _row_key(seed, pos)
+            u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * _TOKEN_MULT)
+            if NOISE == _FAST:
+                g = _fast_gumbel_log2(u, USE_ASM)
+            else:
+                g = _exact_gumbel(u)
         tl.store(out_ptr + row * vocab_size + offs, g, mask=offs < vocab_size)
 
 
@@ -477,10 +551,10 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
     its tiles and stores the token itself: one launch, no stage 2; 8 warps each, so that ~2,048 warps run at
     once (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over several programs
     (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the best split."""
-    if INTERPRET:
-        block = min(triton.next_power_of_2(vocab_size), 1 << 16)
-        return block, 4, triton.cdiv(vocab_size, block)
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
+    if INTERPRET:
+        block = min(fits, 1 << 16)
+        return block, 4, triton.cdiv(vocab_size, block)
     if num_tokens >= _FEW_ROWS:
         block = min(2048 if num_tokens >= 2 * _FEW_ROWS else 4096, fits)
         return block, 8, triton.cdiv(vocab_size, block)
@@ -499,6 +573,7 @@ def gumbel_sample(
     processed_logits: torch.Tensor | None = None,
     processed_logits_col: int | torch.Tensor | None = None,
     *,
+    is_drafting: bool = False,
     fixes: Fixes | None = None,
     noise: str = "exact",
     block_size: int | None = None,
@@ -510,21 +585,23 @@ def gumbel_sample(
     Args:
         logits: ``[num_tokens, vocab_size]`` float32/float16/bfloat16; rows may be strided.
         expanded_idx_mapping: ``[num_tokens]`` int32/int64, logit row -> request-state row; ``< 0`` = padding.
-        temperature: ``[max_num_reqs]`` float32; 0 means greedy (plain argmax).
+        temperature: ``[max_num_reqs]`` float32; under ``SAMPLING_EPS`` (0 included) means greedy.
         seed: ``[max_num_reqs]`` int64 per-request seeds.
         pos: ``[num_tokens]`` int32/int64 positions; the noise is keyed by (seed, pos, token id).
         apply_temperature: divide the logits by the temperature (else the caller already did).
         processed_logits: optional ``[max_num_reqs, num_cols, vocab_size]`` buffer that receives the
             (temperature-applied) logits of each valid row at ``[req_state_idx, col]``.
         processed_logits_col: the column: an int, or an int tensor ``[num_tokens]``; default 0.
+        is_drafting: a drafter's draw: ``DRAFT_NOISE_SALT`` is added to the position (vLLM 0.33).
         fixes: ``fixes.mask_invalid_reqs=False`` runs the pre-PR-#47066 kernel (no masks).
-        noise: ``"exact"`` (bit-reproducible everywhere) or ``"fast"`` (hardware log2 on the GPU).
+        noise: ``"exact"`` (bit-reproducible everywhere), ``"fast"`` (hardware log2 on the GPU) or
+            ``"vllm"`` (vLLM 0.33's noise: its tokens, from the same inputs).
         block_size, num_warps, tiles_per_program: override the launch configuration (tests, benchmarks).
             A ``block_size`` given alone means one tile per program.
 
     Returns:
-        ``[num_tokens]`` int64 token ids. No host sync and no value-dependent allocation: safe to capture
-        in a CUDA graph.
+        ``[num_tokens]`` int64 token ids. A NaN score never wins; a row whose scores are all NaN or -inf
+        gives token 0. No host sync and no value-dependent allocation: safe to capture in a CUDA graph.
     """
     fixes = Fixes() if fixes is None else fixes
     if noise not in NOISE_MODES:
@@ -533,16 +610,19 @@ def gumbel_sample(
     if not HAS_TRITON:
         if not fixes.mask_invalid_reqs:
             raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
+        if noise == "fast":
+            raise RuntimeError("the fast noise needs triton")
         return ref.gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos,
-                                           apply_temperature, processed_logits, processed_logits_col)
+                                           apply_temperature, processed_logits, processed_logits_col,
+                                           noise=noise, is_drafting=is_drafting)
     num_tokens, vocab_size = logits.shape
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return out
     default_block, default_warps, default_tiles = launch_config(num_tokens, vocab_size)
-    block = block_size or default_block
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    block = default_block if block_size is None else block_size
+    if isinstance(block, bool) or not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
     num_tiles = triton.cdiv(vocab_size, block)
     if tiles_per_program is None:
         tiles_per_program = 1 if block_size else default_tiles
@@ -558,15 +638,18 @@ def gumbel_sample(
     col_scalar = 0 if per_token_col or processed_logits_col is None else processed_logits_col
     processed = processed_logits if store else local_max
     stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
+    # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
+    # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
+    fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_sample_kernel[(num_tokens, num_splits)](
         out, local_max, local_argmax, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
         processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles, vocab_size // block,
         tiles_per_program, num_splits,
-        APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store, PER_TOKEN_COL=per_token_col,
-        MASK_INVALID=fixes.mask_invalid_reqs, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET,
-        BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
+        IS_DRAFTING=bool(is_drafting), APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store,
+        PER_TOKEN_COL=per_token_col, MASK_INVALID=fixes.mask_invalid_reqs, NOISE=NOISE_MODES.index(noise),
+        USE_ASM=not INTERPRET, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
         BLOCK=block, STATIC_TILES=tiles_per_program if INTERPRET else 0,
-        num_warps=num_warps or default_warps, enable_fp_fusion=noise == "fast",
+        num_warps=num_warps or default_warps, **fusion,
     )
     if num_splits > 1:
         _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_splits,
@@ -579,7 +662,8 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
     """``[rows, vocab_size]`` float32 noise exactly as the sampling kernel draws it (for teaching and tests).
 
     ``"exact"``: Gumbel noise in natural-log units, bitwise equal to ``gumbel_reference.gumbel_noise``.
-    ``"fast"``: the fast mode's noise in log2 units (Gumbel / ln 2, shifted by a constant)."""
+    ``"fast"``: the fast mode's noise in log2 units (Gumbel / ln 2, shifted by a constant).
+    ``"vllm"``: vLLM 0.33's noise in natural-log units (``gumbel_reference.vllm_gumbel_noise``)."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     _check_vector("seed", seed, (torch.int64,))
@@ -587,12 +671,13 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
     if not HAS_TRITON:
         if noise == "fast":
             raise RuntimeError("the fast noise needs triton")
-        return ref.gumbel_noise(seed, pos, vocab_size)
+        return (ref.vllm_gumbel_noise if noise == "vllm" else ref.gumbel_noise)(seed, pos, vocab_size)
     out = torch.empty((seed.shape[0], vocab_size), dtype=torch.float32, device=seed.device)
     block = min(triton.next_power_of_2(vocab_size), 1 << 16 if INTERPRET else 4096)
+    fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_noise_kernel[(seed.shape[0], triton.cdiv(vocab_size, block))](
-        out, seed, pos, vocab_size, FAST_NOISE=noise == "fast", USE_ASM=not INTERPRET, BLOCK=block,
-        enable_fp_fusion=noise == "fast",
+        out, seed, pos, vocab_size, NOISE=NOISE_MODES.index(noise), USE_ASM=not INTERPRET, BLOCK=block,
+        **fusion,
     )
     return out
 

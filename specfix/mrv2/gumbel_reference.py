@@ -17,12 +17,38 @@ kernel, Triton's interpreter and this file all produce the same bits:
 
 All integer work is done in int64 holding 32-bit values (no reliance on overflow), all float work in
 float32 in the same order as the kernel.
+
+``noise="vllm"`` is vLLM 0.33's noise instead (``vllm/v1/worker/gpu/sample/gumbel.py``, PR #51367), so
+that specfix and vLLM pick the same tokens from the same inputs:
+
+1. ``bits = MurmurHash3_x86_32`` (seed 0) of four little-endian 32-bit words: the request seed's low and
+   high words, the position's low word and the token id (16 bytes, so the finaliser mixes in length 16).
+2. ``u`` from the two 16-bit halves of ``bits``: ``hi * 2**-16 + (lo + 0.5) * 2**-32`` in float32, i.e.
+   ``(bits + 0.5) * 2**-32`` rounded once (it can round up to 1.0; step 3 guards that).
+3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
+   ``log(max(1 - u, 2**-24))`` above; the logarithms are the platform's (``torch.log`` here, ``tl.log`` in
+   the kernel), so this reference matches the kernel's hash and uniforms bit for bit and its noise to
+   within a rounding of the logarithm.
+4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
+   a draft and the residual it may be resampled from must not share noise). When the call stores processed
+   logits (the drafter's cache), the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
+   vLLM 0.33's ``spec_step_seed`` does (vllm mode only; the exact mode keys by (seed, position) alone).
+
+Rules shared by every mode: a temperature below ``SAMPLING_EPS`` (or NaN) is greedy, a plain argmax with
+no noise; a NaN score never wins (ties go to the lowest token id, and a row whose scores are all NaN or
+``-inf`` gives token 0).
 """
 
 from __future__ import annotations
 
 import torch
 
+from specfix.v1.sampling_metadata import SAMPLING_EPS
+
+#: The noise modes of ``gumbel_sample``: this file defines "exact" and "vllm"; "fast" needs the GPU's lg2.
+NOISE_MODES = ("exact", "fast", "vllm")
+#: Added to the position of a drafter's draw (``is_drafting``), as vLLM 0.33's ``_DRAFT_NOISE_SALT``.
+DRAFT_NOISE_SALT = 1 << 30
 MASK32 = 0xFFFFFFFF
 #: murmur3 ``fmix32`` multipliers, the token multiplier (2**32 / golden ratio) and the row-key salt.
 FMIX_C1 = 0x85EBCA6B
@@ -113,6 +139,80 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torc
     return gumbel_from_uniform(bits_to_uniform(token_bits(row_key(seed, pos), vocab_size)))
 
 
+# ---- vLLM 0.33's noise ("vllm" mode)
+
+#: MurmurHash3_x86_32's block multipliers, rotations and the constant of its per-block update.
+MURMUR_C1 = 0xCC9E2D51
+MURMUR_C2 = 0x1B873593
+MURMUR_R1 = 15
+MURMUR_R2 = 13
+MURMUR_N = 0xE6546B64
+#: Bytes hashed per (seed, position, token): four 32-bit words.
+VLLM_KEY_BYTES = 16
+#: float32 constants of the vllm mode's log1p series and its floor under 1 - u (2**-24).
+VLLM_SERIES_BELOW = 0.25
+VLLM_ONE_MINUS_U_MIN = 5.960464477539063e-08
+
+
+def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) | (x >> (32 - r))) & MASK32
+
+
+def murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3_x86_32's update of the state ``h`` by one 32-bit block ``k`` (both held in int64)."""
+    k = _mul32(_rotl32(_mul32(k, MURMUR_C1), MURMUR_R1), MURMUR_C2)
+    h = _rotl32(h ^ k, MURMUR_R2)
+    return (_mul32(h, 5) + MURMUR_N) & MASK32
+
+
+def murmur3_x86_32(words: list[torch.Tensor], seed: int = 0) -> torch.Tensor:
+    """MurmurHash3_x86_32 of a key made of whole 32-bit little-endian words (no tail bytes), with ``seed``.
+
+    ``words`` are int tensors of one shape holding values in [0, 2**32); returns the hashes, likewise."""
+    h = torch.full_like(words[0], seed & MASK32, dtype=torch.int64)
+    for k in words:
+        h = murmur3_mix(h, k.to(torch.int64) & MASK32)
+    return fmix32(h ^ (4 * len(words)))
+
+
+def vllm_token_bits(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[rows, vocab_size]`` hashes of (seed low word, seed high word, position low word, token id)."""
+    seed, pos = seed.to(torch.int64), pos.to(torch.int64)
+    h = torch.zeros_like(seed)
+    for word in (seed & MASK32, (seed >> 32) & MASK32, pos & MASK32):  # the row's part, once per row
+        h = murmur3_mix(h, word)
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=seed.device)
+    return fmix32(murmur3_mix(h[:, None], tokens[None, :]) ^ VLLM_KEY_BYTES)
+
+
+def vllm_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """u in (0, 1] from the hash's two 16-bit halves: ``(bits + 0.5) * 2**-32`` rounded once to float32."""
+    hi = (bits >> 16).to(torch.float32)
+    lo = (bits & 0xFFFF).to(torch.float32)
+    return hi * 2.0**-16 + (lo + 0.5) * 2.0**-32
+
+
+def vllm_log1p_neg(u: torch.Tensor) -> torch.Tensor:
+    """log1p(-u) as vLLM 0.33 computes it: ``-u * (1 + u/2 + u**2/3 + ... + u**7/8)`` (Horner, float32)
+    below u = 0.25, ``log(max(1 - u, 2**-24))`` above."""
+    p = torch.full_like(u, 1.0 / 8.0)
+    for k in range(7, 0, -1):
+        p = torch.tensor(1.0 / k, dtype=torch.float32) + u * p
+    series = -u * p
+    direct = torch.log(torch.clamp(1.0 - u, min=VLLM_ONE_MINUS_U_MIN))
+    return torch.where(u < VLLM_SERIES_BELOW, series, direct)
+
+
+def vllm_gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[rows, vocab_size]`` float32 noise of the vllm mode (vLLM 0.33's ``murmur3_uniform32`` noise)."""
+    return -torch.log(-vllm_log1p_neg(vllm_uniform(vllm_token_bits(seed, pos, vocab_size))))
+
+
+def greedy_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """The temperatures a sampler acts on: those under ``SAMPLING_EPS`` (and NaN) read as 0, greedy."""
+    return torch.where(temperature >= SAMPLING_EPS, temperature, torch.zeros_like(temperature))
+
+
 def gumbel_sample_reference(
     logits: torch.Tensor,
     expanded_idx_mapping: torch.Tensor,
@@ -122,17 +222,25 @@ def gumbel_sample_reference(
     apply_temperature: bool,
     processed_logits: torch.Tensor | None = None,
     processed_logits_col: int | torch.Tensor | None = None,
+    *,
+    noise: str = "exact",
+    is_drafting: bool = False,
 ) -> torch.Tensor:
     """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores).
 
     Rows with ``expanded_idx_mapping < 0`` are padding: temperature 0 (plain argmax), nothing stored.
+    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin).
     """
+    if noise not in ("exact", "vllm"):
+        raise ValueError(f"noise must be 'exact' or 'vllm' for the torch reference, got {noise!r}")
     num_tokens, vocab_size = logits.shape
     idx = expanded_idx_mapping.to(torch.int64)
     valid = idx >= 0
     safe = idx.clamp(min=0)
     temp = torch.where(valid, temperature[safe], torch.zeros((), dtype=temperature.dtype, device=idx.device))
+    temp = greedy_temperature(temp)
     row_seed = torch.where(valid, seed[safe], torch.zeros((), dtype=seed.dtype, device=idx.device))
+    row_pos = pos.to(torch.int64) + (DRAFT_NOISE_SALT if is_drafting else 0)
     x = logits.to(torch.float32)
     sampling = temp != 0
     if apply_temperature:
@@ -145,6 +253,11 @@ def gumbel_sample_reference(
         else:
             cols = processed_logits_col.to(torch.int64)
         processed_logits[idx[valid], cols[valid]] = x[valid].to(processed_logits.dtype)
-    noise = gumbel_noise(row_seed, pos, vocab_size)
-    scores = torch.where(sampling[:, None], x + noise, x)
-    return scores.argmax(dim=-1)
+        if noise == "vllm":
+            row_seed = row_seed ^ (cols << 32)
+    if noise == "vllm":
+        g = vllm_gumbel_noise(row_seed, row_pos, vocab_size)
+    else:
+        g = gumbel_noise(row_seed, row_pos, vocab_size)
+    scores = torch.where(sampling[:, None], x + g, x)
+    return torch.where(scores.isnan(), float("-inf"), scores).argmax(dim=-1)
