@@ -14,9 +14,9 @@ ASSERT = ("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmall
 
 
 def _run(blocking: bool) -> ea.ChildRun:
+    during = "F.embedding(ids, weight)" if blocking else "torch.cuda.synchronize()"
     events = [{"kind": "start", "blocking": blocking},
-              {"kind": "raised", "during": "F.embedding(ids, weight)" if blocking else "torch.cuda.synchronize()",
-               "type": "AcceleratorError"}]
+              {"kind": "raised", "during": during, "type": "AcceleratorError"}]
     if not blocking:
         events.insert(1, {"kind": "returned", "launch_us": 7.0})
     return ea.ChildRun("minimal", "", {}, 1, ASSERT, 1.0, events)
@@ -36,28 +36,28 @@ def test_crash_timeline_names_the_kernel_and_where_python_heard():
     plt.close(fig)
 
 
+def _row(op, num_indices, cpu, kernel=None, condition=""):
+    cuda = {"outcome": "returned", "wrapped": True}
+    if kernel:
+        cuda = {"outcome": "device assert", "kernel": kernel, "where": "K.cu:1", "condition": condition}
+    return {"op": op, "bad": "-1", "num_indices": num_indices, "cpu": cpu, "cuda": cuda}
+
+
+OUT_OF_RANGE = {"outcome": "raised", "type": "IndexError", "message": "index out of range in self"}
 ROWS = [
-    {"op": "F.embedding", "bad": "-1", "num_indices": 3, "cpu": {"outcome": "raised", "type": "IndexError",
-                                                                  "message": "index out of range in self"},
-     "cuda": {"outcome": "device assert", "kernel": "indexSelectSmallIndex", "where": "Indexing.cu:1",
-              "condition": "srcIndex < srcSelectDimSize"}},
-    {"op": "F.embedding", "bad": "-1", "num_indices": 4096, "cpu": {"outcome": "raised", "type": "IndexError",
-                                                                     "message": "index out of range in self"},
-     "cuda": {"outcome": "device assert", "kernel": "vectorized_gather_kernel", "where": "K.cu:16",
-              "condition": "ind >= 0"}},
-    {"op": "torch.gather", "bad": "-1", "num_indices": 4096, "cpu": {"outcome": "raised", "type": "RuntimeError",
-                                                                      "message": "index -1 is out of bounds"},
-     "cuda": {"outcome": "device assert", "kernel": "vectorized_gather_kernel", "where": "K.cu:16",
-              "condition": "ind >= 0"}},
-    {"op": "w[idx]", "bad": "-1", "num_indices": 3, "cpu": {"outcome": "returned", "wrapped": True},
-     "cuda": {"outcome": "returned", "wrapped": True}},
+    _row("F.embedding", 3, OUT_OF_RANGE, "indexSelectSmallIndex", "srcIndex < srcSelectDimSize"),
+    _row("F.embedding", 4096, OUT_OF_RANGE, "vectorized_gather_kernel", "ind >= 0"),
+    _row("torch.gather", 4096, {"outcome": "raised", "type": "RuntimeError", "message": "index -1 is out"},
+         "vectorized_gather_kernel", "ind >= 0"),
+    _row("w[idx]", 3, {"outcome": "returned", "wrapped": True}),
 ]
 
 
 def test_ops_table_one_row_per_op_and_bad_index_a_column_per_count():
     frame = fig2.ops_table(ROWS)
     assert list(frame.columns) == ["CPU", "CUDA, 3 indices", "CUDA, 4,096 indices"]
-    assert frame.loc[("F.embedding", "-1"), "CUDA, 3 indices"].startswith("device assert in indexSelectSmallIndex")
+    cell = frame.loc[("F.embedding", "-1"), "CUDA, 3 indices"]
+    assert cell.startswith("device assert in indexSelectSmallIndex")
     assert frame.loc[("w[idx]", "-1"), "CPU"] == "no error: -1 wrapped around"
     assert frame.loc[("torch.gather", "-1"), "CPU"].startswith("RuntimeError")
 
@@ -74,8 +74,9 @@ def _costs(busy: bool) -> pd.DataFrame:
     rows = []
     for i, fix in enumerate(pf.FIXES):
         for n in (256, 8192):
-            row = {"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, "median_us": 10.0 * (i + 1) * n / 256,
-                   "p20_us": 9.0 * (i + 1) * n / 256, "p80_us": 11.0 * (i + 1) * n / 256}
+            scale = (i + 1) * n / 256
+            row = {"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, "median_us": 10.0 * scale,
+                   "p20_us": 9.0 * scale, "p80_us": 11.0 * scale}
             if busy:
                 row["host_us_behind_busy_gpu"] = 5.0 * (i + 1)
             rows.append(row)
@@ -118,3 +119,12 @@ def test_acceptance_table_indexes_by_temperature_and_fix():
              "acceptance rate, all slots": 0.05555}]
     frame = fig2.acceptance_table(rows)
     assert frame.loc[(0.0, "clamp (a)"), "acceptance rate, real drafts"] == 0.123
+
+
+def test_acceptance_table_counts_are_whole_numbers_and_blank_for_a_crash():
+    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42,
+             "accepted drafts": 18},
+            {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"}]
+    frame = fig2.acceptance_table(rows)
+    assert str(frame["real drafts"].dtype) == "Int64" and frame.loc[(0.0, "clamp (a)"), "real drafts"] == 42
+    assert pd.isna(frame.loc[(0.0, "no fix"), "accepted drafts"])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from specfix.figures import style
 from specfix.lab import embedding_assert as ea
@@ -23,7 +23,7 @@ from specfix.lab.guard import GuardTiming
 
 # -- 1. the crash, on a timeline ---------------------------------------------------------------------------
 
-_LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd", "gpu": "#e3e3e3"}
+_LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd"}
 
 
 def _timeline(run: ea.ChildRun, ax) -> None:
@@ -31,20 +31,22 @@ def _timeline(run: ea.ChildRun, ax) -> None:
     late = run.first("returned") is not None  # the launch returned before the error surfaced
     blocking = bool((run.first("start") or {}).get("blocking"))
     kernel = run.asserts[0].kernel if run.asserts else "the kernel"
+    raises = f"raises\n{raised.get('type', '?')}"
     if late:
         host = [(0, 1, "launch\nF.embedding", "host"), (1, 1, "returns", "host"),
                 (2, 1.2, "more Python", "host"), (3.2, 1, "synchronize()\nwaits", "wait"),
-                (4.2, 1.4, f"raises\n{raised.get('type', '?')}", "error")]
+                (4.2, 1.4, raises, "error")]
     else:
-        host = [(0, 1, "launch\nF.embedding", "host"), (1, 1, "launch waits\n(blocking)", "wait"),
-                (2, 1.4, f"raises\n{raised.get('type', '?')}", "error")]
-    gpu = [(0.3, 0.5, "", "gpu"), (0.8, 0.9, f"{kernel}:\na thread asserts", "error"),
-           (1.7, 5.4 if late else 3.4, "context poisoned: every later CUDA call fails", "error")]
+        host = [(0, 1, "launch\nF.embedding", "host"), (1, 1.3, "launch waits\n(blocking)", "wait"),
+                (2.3, 1.4, raises, "error")]
+    end = 7.2 if late else 5.2
+    gpu = [(0.7, 1.6, f"{kernel}:\na thread asserts", "error"),
+           (2.3, end - 2.3, "context poisoned: every later CUDA call fails", "error")]
     for lane, bars in ((1, host), (0, gpu)):
         for start, width, text, kind in bars:
             ax.barh(lane, width, left=start, color=_LIGHT[kind], edgecolor=style.CEILING, height=0.6)
             ax.text(start + width / 2, lane, text, ha="center", va="center", fontsize=8)
-    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, 7.2 if late else 5.2),
+    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, end),
            xlabel="time (schematic)")
     ax.set_title(f"CUDA_LAUNCH_BLOCKING={int(blocking)}: the error reaches Python at "
                  f"{raised.get('during', '?')}", loc="left")
@@ -159,14 +161,15 @@ _LOOK = {"clamp": (style.FIXED, "o", "-"), "host_mask": (style.BUGGY, "s", "-"),
 
 
 def _log_axes(ax, token_counts: list[int]) -> None:
-    """Log-log axes whose labels cannot collide: the measured token counts only on x, decades on y."""
+    """Log-log axes whose labels cannot collide: the measured token counts only on x; 1, 2 and 5 times each
+    power of ten on y; no labels on minor ticks."""
     ax.set(xscale="log", yscale="log")
     ax.set_xticks(token_counts)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlim(min(token_counts) / 1.6, max(token_counts) * 1.6)
 
 
@@ -239,4 +242,8 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
     """The engine runs of :func:`specfix.lab.placeholder_fixes.engine_correctness`, one row per (fix,
     temperature): crashes, drafts and placeholder slots counted apart, and both acceptance rates."""
     frame = pd.DataFrame(rows).set_index(["temperature", "fix"])
+    counts = ["verifications", "real drafts", "accepted drafts", "placeholder slots", "placeholders accepted"]
+    for column in counts:
+        if column in frame:  # whole numbers, blank where the run crashed
+            frame[column] = frame[column].astype("Int64")
     return frame.round({"acceptance rate, real drafts": 3, "acceptance rate, all slots": 3})
