@@ -48,6 +48,7 @@ book: $(STAMP)
 	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} SPECFIX_DEVICE=$${SPECFIX_DEVICE:-cpu} \
 		$(BIN)/sphinx-build -E -W --keep-going -j $(BOOK_JOBS) -b html -c docs -d $(BOOK)/doctrees . $(BOOK)/html
 	@echo "The book is built: open file://$(abspath $(BOOK))/html/index.html"
+	@echo "(search shows page excerpts only over http: $(BIN)/python -m http.server -b 127.0.0.1 -d $(BOOK)/html)"
 
 book-check: book
 	$(BIN)/python scripts/book_check.py $(BOOK)/html --chromium $(CHROMIUM)
