@@ -129,3 +129,36 @@ def test_without_triton_every_kernel_falls_back_to_its_torch_reference():
     got, want = json.loads(blocked.stdout), json.loads(normal.stdout)
     assert got.pop("triton") is False and want.pop("triton") is True
     assert got == want, "the torch references pick exactly what the kernels pick"
+
+
+#: Our own tracker's issues, as a reader would meet them: "issue 6", "issue-6", "issue #6", "the issue".
+#: vLLM's threads are cited by their (five-digit) numbers and are fine ("PR #47029", "Issue #37159").
+_TRACKER = re.compile(r"\bissues?[\s-]*#?\d{1,3}\b|\bthe issue\b", flags=re.I)
+
+
+def _reader_texts():
+    yield "README.md", (ROOT / "README.md").read_text()
+    for path in NOTEBOOKS:
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            yield f"{path.name} cell {index}", "".join(cell["source"])
+
+
+def test_no_reader_facing_text_speaks_of_our_tracker():
+    found = [f"{where}: {match.group(0)!r}"
+             for where, text in _reader_texts() for match in _TRACKER.finditer(text)]
+    assert not found, "readers have no tracker; name the goal or the fact itself: " + "; ".join(found)
+
+
+#: A code cell longer than this narrates badly; drawing and table code belongs in specfix.figures.
+MAX_CODE_CELL_LINES = 15
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_code_cell_is_longer_than_the_limit_outside_exercises(path):
+    long = []
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        lines = "".join(cell["source"]).rstrip("\n").splitlines()
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "code" and "exercise" not in tags and len(lines) > MAX_CODE_CELL_LINES:
+            long.append(f"cell {index} ({len(lines)} lines, starts {lines[0][:40]!r})")
+    assert not long, f"{path.name}: code cells over {MAX_CODE_CELL_LINES} lines: {long}"
