@@ -51,8 +51,6 @@ nb_output_stderr = "show"
 mathjax_path = "mathjax/tex-chtml.js"  # MathJax 3, copied into _static/ by specfix_book (no CDN)
 myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3
-nb_code_prompt_show = "Show code ({type})"
-nb_code_prompt_hide = "Hide code ({type})"
 
 html_theme = "sphinx_book_theme"
 html_title = "specfix: where speculative decoding meets padding"
