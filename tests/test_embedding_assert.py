@@ -240,3 +240,21 @@ def test_engine_correctness_counts_real_drafts_and_placeholder_slots_apart():
     zero = [r for r in ran if r["fix"] == pf.LABELS["scheduler_zero"]]
     assert any(r["placeholders accepted"] > 0 for r in zero)
     assert all(r["placeholders accepted"] == 0 for r in ran if r["fix"] != pf.LABELS["scheduler_zero"])
+
+
+def _traceback(func, line, source, error):
+    return (f'Traceback (most recent call last):\n  File "/x/specfix/models.py", line {line}, in {func}\n'
+            f"    {source}\n{error}\n")
+
+
+def test_traceback_frames_take_the_first_error_of_a_chain_and_the_last_chain():
+    first = _traceback("forward", 106, "written = slot_mapping >= 0", "torch.AcceleratorError: assert")
+    cleanup = _traceback("restore", 7, "leaf.copy_(saved)", "torch.AcceleratorError: assert")
+    chained = first + "\nDuring handling of the above exception, another exception occurred:\n\n" + cleanup
+    assert [f["line"] for f in ea.traceback_frames(chained)] == [106]
+    earlier = _traceback("probe", 3, "torch.zeros(1)", "RuntimeError: caught and reported")
+    assert [f["func"] for f in ea.traceback_frames(earlier + "some output\n" + first)] == ["forward"]
+    assert [f["func"] for f in ea.traceback_frames(earlier + "some output\n" + chained)] == ["forward"]
+    assert ea.traceback_frames("no traceback here") == []
+    run = ea.ChildRun("chained", "", {}, 1, "noise\n" + chained, 0.1)
+    assert ea.where_python_heard(run) == "models.py:106 in forward: written = slot_mapping >= 0"

@@ -362,17 +362,32 @@ _FRAME = re.compile(
     r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?:    (?P<source>.*))?', re.M)
 
 
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.M)
+#: What Python prints between the tracebacks of one chain of exceptions (oldest first).
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
 def traceback_frames(text: str) -> list[dict]:
-    """The frames of the last Python traceback in ``text``, outermost first (file, line, func, source)."""
-    start = text.rfind("Traceback (most recent call last):")
-    if start < 0:
+    """The frames of the last Python error in ``text``, outermost first (file, line, func, source).
+
+    If that error was raised while handling an earlier one (a chain: Python prints the oldest first), the
+    frames are the earliest error's, where the failure was first heard of, not those of the clean-up code
+    that failed after it (after a device-side assert, any CUDA call in a handler fails too)."""
+    starts = [m.start() for m in _TRACEBACK.finditer(text)]
+    if not starts:
         return []
+    first = len(starts) - 1
+    while first > 0 and any(mark in text[starts[first - 1]:starts[first]] for mark in _CHAINED):
+        first -= 1
+    end = starts[first + 1] if first + 1 < len(starts) else len(text)
     return [{"file": m["file"], "line": int(m["line"]), "func": m["func"],
-             "source": (m["source"] or "").strip()} for m in _FRAME.finditer(text[start:])]
+             "source": (m["source"] or "").strip()} for m in _FRAME.finditer(text[starts[first]:end])]
 
 
 def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
-    """The innermost frame of the child's last traceback inside ``package`` (else the innermost one)."""
+    """The innermost frame inside ``package`` (else the innermost one) of the child's last error, or of the
+    first error of its chain (see :func:`traceback_frames`)."""
     frames = traceback_frames(run.output)
     if not frames:
         return "no traceback"
