@@ -229,7 +229,9 @@ def gumbel_sample_reference(
     """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores).
 
     Rows with ``expanded_idx_mapping < 0`` are padding: temperature 0 (plain argmax), nothing stored.
-    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin).
+    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin). Where
+    several rows store into one ``[req_state_idx, col]`` (a stale padded row and the live row it collides
+    with) the highest row wins, as in Triton's interpreter, which runs programs in order (on a GPU they race).
     """
     if noise not in ("exact", "vllm"):
         raise ValueError(f"noise must be 'exact' or 'vllm' for the torch reference, got {noise!r}")
@@ -252,7 +254,13 @@ def gumbel_sample_reference(
             cols = torch.full((num_tokens,), processed_logits_col, dtype=torch.int64, device=idx.device)
         else:
             cols = processed_logits_col.to(torch.int64)
-        processed_logits[idx[valid], cols[valid]] = x[valid].to(processed_logits.dtype)
+        slot = (idx * processed_logits.shape[1] + cols).clamp(min=0)
+        last = torch.full((processed_logits.shape[0] * processed_logits.shape[1],), -1, dtype=torch.int64,
+                          device=idx.device)
+        rows = torch.arange(num_tokens, device=idx.device)
+        last.scatter_reduce_(0, slot[valid], rows[valid], reduce="amax")
+        keep = valid & (last[slot] == rows)
+        processed_logits[idx[keep], cols[keep]] = x[keep].to(processed_logits.dtype)
         if noise == "vllm":
             row_seed = row_seed ^ (cols << 32)
     if noise == "vllm":

@@ -35,7 +35,7 @@ import torch
 
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
-from specfix.mrv2.gumbel import gumbel_sample
+from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
 from specfix.mrv2.gumbel_reference import gumbel_sample_reference
 from specfix.v1.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
@@ -43,40 +43,21 @@ from specfix.v1.rejection_sampler import (
     rejection_sample,
     sample_recovered_tokens,
 )
-from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.sampling_metadata import SAMPLING_EPS, SamplingMetadata
 from specfix.v1.spec_decode_metadata import ID_DTYPES, check_id_tensor
 
-#: Added to a drafted token's position to key its Gumbel noise apart from the target's (vLLM PR #54282).
-DRAFT_POS_SALT = 1 << 30
-def reference_sampler(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
-                      processed_logits=None, processed_logits_col=None, *, fixes: Fixes | None = None):
-    """``gumbel_sample``'s torch reference: the same tokens and stores as the masked (fixed) kernel.
 
-    Where several rows store into the same ``[req_state_idx, col]`` (a stale padded row and the live row
-    it collides with), the highest row wins, as in Triton's interpreter, which runs programs in order
-    (on a GPU the programs race).
+def reference_sampler(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
+                      processed_logits=None, processed_logits_col=None, *, is_drafting: bool = False,
+                      fixes: Fixes | None = None, noise: str = "exact"):
+    """``gumbel_sample``'s torch reference (:func:`~specfix.mrv2.gumbel_reference.gumbel_sample_reference`):
+    the same tokens and stores as the masked (fixed) kernel, for statistics too big for Triton's interpreter.
     """
     if fixes is not None and not fixes.mask_invalid_reqs:
         raise ValueError("the torch reference is the masked (fixed) sampler; use the Triton kernel")
-    tokens = gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature)
-    if processed_logits is None:
-        return tokens
-    num_rows, num_cols = logits.shape[0], processed_logits.shape[1]
-    idx = expanded_idx_mapping.long()
-    valid = idx >= 0
-    temp = torch.where(valid, temperature[idx.clamp(min=0)], torch.zeros_like(temperature[:1]))
-    x = logits.float()
-    if apply_temperature:
-        x = torch.where((temp != 0)[:, None], x / torch.where(temp != 0, temp, 1.0)[:, None], x)
-    cols = (processed_logits_col.long() if isinstance(processed_logits_col, torch.Tensor)
-            else torch.full_like(idx, processed_logits_col or 0))
-    rows = torch.arange(num_rows, device=idx.device)
-    key = (idx * num_cols + cols).clamp(min=0)
-    last = torch.full((processed_logits.shape[0] * num_cols,), -1, dtype=torch.long, device=idx.device)
-    last.scatter_reduce_(0, key[valid], rows[valid], reduce="amax")
-    keep = valid & (last[key] == rows)
-    processed_logits[idx[keep], cols[keep]] = x[keep].to(processed_logits.dtype)
-    return tokens
+    return gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
+                                   processed_logits, processed_logits_col, noise=noise,
+                                   is_drafting=is_drafting)
 
 
 class RequestStates:
@@ -98,8 +79,9 @@ class RequestStates:
     def add_request(self, req_id: object, temperature: float, seed: int) -> int:
         if req_id in self.req_id_to_index:
             raise ValueError(f"request {req_id!r} is already live in slot {self.req_id_to_index[req_id]}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 for probabilistic drafting, got {temperature}")
+        if not temperature >= SAMPLING_EPS:  # NaN too
+            raise ValueError(f"temperature must be >= SAMPLING_EPS ({SAMPLING_EPS}) for probabilistic "
+                             f"drafting (below it a request is greedy), got {temperature}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         used = set(self.req_id_to_index.values())
@@ -147,18 +129,34 @@ class DraftModelSpeculator:
     (request-state order).
 
     ``sampler`` is :func:`specfix.mrv2.gumbel.gumbel_sample` (the Triton kernel); :func:`reference_sampler`
-    gives the same tokens and stores from torch, for statistics too big for Triton's interpreter.
+    gives the same tokens and stores from torch, for statistics too big for Triton's interpreter. ``noise``
+    is the sampler's noise mode (``"vllm"``: vLLM 0.33's, for token-for-token comparison with vLLM).
+
+    Draft step ``j`` of a row samples the token after its last context token, at position
+    ``positions + j``, and keys that draw by ``positions + j`` (the position before the drafted token, as
+    vLLM 0.25 and 0.33 key every draw) with ``is_drafting=True``, which adds vLLM 0.33's drafting salt
+    (``2**30``, PR #54282: a draft and the residual it may be resampled from must not share noise). In the
+    vllm mode the sampler also mixes the step (the ``draft_logits`` column) into the seed, as 0.33's
+    ``spec_step_seed`` does; the exact and fast modes key by (seed, position) alone.
     """
 
     def __init__(self, model: torch.nn.Module, *, max_num_reqs: int, num_speculative_steps: int,
                  vocab_size: int, context_len: int, device: torch.device | str = "cpu",
                  fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
-                 sampler: Callable[..., torch.Tensor] = gumbel_sample):
+                 sampler: Callable[..., torch.Tensor] = gumbel_sample, noise: str = "exact"):
         for name, value in (("max_num_reqs", max_num_reqs), ("num_speculative_steps", num_speculative_steps),
                             ("vocab_size", vocab_size), ("context_len", context_len)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+        with torch.no_grad():  # one row of token 0: what vocabulary does the model's output cover?
+            probe = model.next_token_logits(torch.zeros(1, context_len, dtype=torch.int64, device=device))
+        if probe.dim() != 2 or probe.shape[1] != vocab_size:
+            raise ValueError(f"vocab_size={vocab_size} does not match the draft model, whose logits have "
+                             f"shape {tuple(probe.shape)} for one row (expected (1, {vocab_size}))")
         self.model = model
+        self.noise = noise
         self.sampler = sampler
         self.device = torch.device(device)
         self.fixes = fixes or Fixes()
@@ -219,8 +217,8 @@ class DraftModelSpeculator:
             logits = self.model.next_token_logits(context)
             tokens = self.sampler(
                 logits, self.idx_mapping[:num_rows], self.temperature, self.seeds,
-                self.positions[:num_rows] + (DRAFT_POS_SALT + 1 + step), True,
-                processed_logits=self.draft_logits, processed_logits_col=step, fixes=self.fixes,
+                self.positions[:num_rows] + step, True, processed_logits=self.draft_logits,
+                processed_logits_col=step, is_drafting=True, fixes=self.fixes, noise=self.noise,
             )
             self.draft_tokens[:num_rows, step].copy_(tokens)
             context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
@@ -311,8 +309,9 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
         raise ValueError(f"idx_mapping must lie in [0, {draft_logits.shape[0]}), got {slots.tolist()}")
     device = target_logits.device
     temp = temperature[slots].float()
-    if bool((temp <= 0).any()):
-        raise ValueError("probabilistic verification needs temperature > 0 for every row")
+    if not bool((temp >= SAMPLING_EPS).all()):
+        raise ValueError(f"probabilistic verification needs temperature >= SAMPLING_EPS ({SAMPLING_EPS}) for "
+                         f"every row, got {temp.tolist()}")
     scaled = (target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None])
     verify_logits = scaled[:, :k].reshape(num_reqs * k, vocab_size).contiguous()
     bonus_probs = torch.softmax(scaled[:, k], dim=-1)
