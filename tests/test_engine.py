@@ -166,6 +166,38 @@ def test_zero_placeholders_are_accepted_when_the_target_picks_token_zero():
     assert [o.token_ids for o in zero.outputs] == [o.token_ids for o in minus.outputs]
 
 
+def test_finished_requests_are_freed_and_their_ids_can_be_used_again():
+    engine = LLMEngine(models=MODELS, sampler_backend="torch")
+    for i in range(200):
+        engine.add_request(PROMPTS[i % len(PROMPTS)], SamplingParams(temperature=0.0, max_tokens=2),
+                           request_id=f"q{i}")
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o) for o in engine.step())
+    assert sorted(done) == sorted(f"q{i}" for i in range(200)) and all(o.finished for o in done.values())
+    assert engine.scheduler.requests == {} and engine._prompts == {}  # as in vLLM: gone when finished
+    engine.step()  # the runner frees its rows when the next step tells it which requests finished
+    assert engine.model_runner.requests == {} and engine.model_runner.input_batch.num_reqs == 0
+    first = done["q3"]
+    engine.add_request("a lion was asleep", SamplingParams(temperature=0.0, max_tokens=5), request_id="q3")
+    again = [o for _ in range(10) for o in engine.step()]
+    assert [o.request_id for o in again] == ["q3"] and again[0].prompt == "a lion was asleep" != first.prompt
+    assert len(again[0].token_ids) == 5
+
+
+def test_automatic_ids_skip_the_ids_in_use():
+    engine = LLMEngine(models=MODELS, sampler_backend="torch")
+    assert engine.add_request("the fox", SamplingParams(), request_id="1") == "1"
+    assert [engine.add_request("the fox", SamplingParams()) for _ in range(3)] == ["0", "2", "3"]
+    with pytest.raises(TypeError, match="request_id must be a non-empty str or None, got 5"):
+        engine.add_request("the fox", SamplingParams(), request_id=5)
+    with pytest.raises(ValueError, match="request_id '2' is already in the scheduler"):
+        engine.add_request("the fox", SamplingParams(), request_id="2")
+    assert engine.get_output("2").token_ids == [] and not engine.get_output("2").finished
+    with pytest.raises(KeyError, match="'9' is not an unfinished request"):
+        engine.get_output("9")
+
+
 def _engine_snapshot(engine):
     s = engine.scheduler
     return copy.deepcopy((s.requests, [r.request_id for r in s.waiting], engine.model_runner.requests,

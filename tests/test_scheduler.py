@@ -95,9 +95,23 @@ def test_request_finishes_at_max_tokens():
     _run(sched, sched.schedule(), {"a": [8]})
     sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
     finished = _run(sched, sched.schedule(), {"a": [9, 10, 11, 12]})
-    assert [r.request_id for r in finished] == ["a"] and sched.requests["a"].output_token_ids == [8, 9]
-    assert not sched.has_unfinished_requests()
-    assert sched.schedule().finished_req_ids == {"a"}
+    assert [r.request_id for r in finished] == ["a"] and finished[0].output_token_ids == [8, 9]
+    assert finished[0].is_finished and not sched.has_unfinished_requests()
+    assert sched.requests == {}  # freed at once, as in vLLM
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, 2, 3]]))  # late drafts of a freed request: dropped
+    assert sched.requests == {}
+    assert sched.schedule().finished_req_ids == {"a"}  # the runner hears of it in the next step
+    assert sched.schedule().finished_req_ids == set()
+
+
+def test_a_finished_request_id_can_be_used_again():
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=1)))
+    assert [r.request_id for r in _run(sched, sched.schedule(), {"a": [8]})] == ["a"]
+    sched.add_request(Request("a", [7], SamplingParams(max_tokens=2)))
+    out = sched.schedule()
+    assert out.finished_req_ids == {"a"} and [r.req_id for r in out.scheduled_new_reqs] == ["a"]
+    assert sched.requests["a"].prompt_token_ids == [7]
 
 
 def test_token_budget_chunks_prefills_and_stops_before_an_unpadded_decode():

@@ -21,7 +21,6 @@ or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from specfix.v1.scheduler import (
     check_num_spec_tokens,
     check_token_ids,
 )
+from specfix.v1.snapshot import Snapshot
 
 PROPOSERS = ("draft_model", "ngram")
 _DEFAULT_FIXES = Fixes()
@@ -54,6 +54,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
+    finished: bool
 
 
 @dataclass
@@ -64,8 +65,35 @@ class GenerateResult:
     trace: list[StepTrace]
 
 
+class _StepUndo:
+    """What ``LLMEngine.step`` puts back if it fails: the scheduler's, the runner's and the engine's own
+    state (each saved whole, whatever fields it has) and the global random generators (an unseeded
+    request draws from them)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.parts = [engine.scheduler.snapshot(), engine.model_runner.snapshot(),
+                      Snapshot(engine, skip=("scheduler", "model_runner", "tokenizer"))]
+        self.cpu_rng = torch.get_rng_state()
+        device = engine.model_runner.device
+        self.cuda = (device, torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+
+    def restore(self) -> None:
+        for part in self.parts:
+            part.restore()
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])
+
+
 class LLMEngine:
-    """One scheduler, one model runner, one tokenizer; ``step()`` runs one iteration."""
+    """One scheduler, one model runner, one tokenizer; ``step()`` runs one iteration.
+
+    A step is all-or-nothing: whatever raises inside it (the model, the drafter, a bad value found on the
+    way), every request, the runner's rows and KV cache, the random generators and the step count are
+    left as they were before it, and the engine stays usable. Bad requests are refused by
+    ``add_request`` before anything changes. A finished request is freed, as in vLLM: it leaves the
+    scheduler (its id may be used again) and ``step()`` hands back its output.
+    """
 
     def __init__(
         self,
@@ -105,7 +133,7 @@ class LLMEngine:
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
             cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record)
         self._prompts: dict[str, str] = {}
-        self._ids = itertools.count()
+        self._next_id = 0
         self.num_steps = 0
 
     def add_request(
@@ -116,14 +144,23 @@ class LLMEngine:
         (P/D disaggregation), so only its last token is left: the first step pads it with placeholders."""
         if not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise TypeError(f"request_id must be a non-empty str or None, got {request_id!r}")
+        if not isinstance(remote_prefill, bool):
+            raise TypeError(f"remote_prefill must be a bool, got {remote_prefill!r}")
         if isinstance(prompt, str):
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = check_token_ids("prompt", prompt, self.tokenizer.vocab_size)
-        req_id = request_id if request_id is not None else str(next(self._ids))
+        req_id, next_id = request_id, self._next_id
+        if request_id is None:  # an automatic id: the next number not in use
+            while str(next_id) in self.scheduler.requests:
+                next_id += 1
+            req_id, next_id = str(next_id), next_id + 1
         request = Request(req_id, token_ids, sampling_params,
                           num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0)
         self.scheduler.add_request(request)  # validates; raises before anything changes
+        self._next_id = next_id
         self._prompts[req_id] = prompt if isinstance(prompt, str) else self.tokenizer.decode(token_ids)
         return req_id
 
@@ -131,20 +168,38 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One iteration; returns the requests that finished in it."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.model_runner.execute_model(scheduler_output)
-        drafts = self.model_runner.take_draft_token_ids()
-        finished = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if drafts is not None:
-            self.scheduler.update_draft_token_ids(drafts)
-        self.num_steps += 1
-        return [self._output(r) for r in finished]
+        """One iteration; returns the outputs of the requests that finished in it (now freed).
+
+        If anything raises, the engine is put back as it was before the step and the error propagates.
+        """
+        undo = _StepUndo(self)
+        try:
+            scheduler_output = self.scheduler.schedule()
+            runner_output = self.model_runner.execute_model(scheduler_output)
+            drafts = self.model_runner.take_draft_token_ids()
+            finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+            if drafts is not None:
+                self.scheduler.update_draft_token_ids(drafts)
+            outputs = [self._output(r) for r in finished]
+            for request in finished:
+                del self._prompts[request.request_id]
+            self.num_steps += 1
+        except BaseException:
+            undo.restore()
+            raise
+        return outputs
+
+    def get_output(self, request_id: str) -> RequestOutput:
+        """What an unfinished request has generated so far (a finished one's output came from ``step``)."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            raise KeyError(f"request_id {request_id!r} is not an unfinished request of this engine")
+        return self._output(request)
 
     def _output(self, request: Request) -> RequestOutput:
         return RequestOutput(request.request_id, self._prompts[request.request_id],
                              list(request.prompt_token_ids), list(request.output_token_ids),
-                             self.tokenizer.decode(request.output_token_ids))
+                             self.tokenizer.decode(request.output_token_ids), request.is_finished)
 
 
 def generate(
@@ -178,9 +233,10 @@ def generate(
     engine = LLMEngine(num_speculative_tokens=num_speculative_tokens, **engine_kwargs)
     req_ids = [engine.add_request(p, sp, remote_prefill=r)
                for p, sp, r in zip(prompts, params, remote, strict=True)]
+    done: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests() and (max_steps is None or engine.num_steps < max_steps):
-        engine.step()
-    outputs = [engine._output(engine.scheduler.requests[r]) for r in req_ids]
+        done.update((out.request_id, out) for out in engine.step())
+    outputs = [done[r] if r in done else engine.get_output(r) for r in req_ids]
     return GenerateResult(outputs, engine.scheduler.spec_decoding_stats, engine.num_steps,
                           engine.model_runner.trace)
 

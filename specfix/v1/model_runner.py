@@ -38,6 +38,7 @@ from specfix.v1.proposer import DraftModelProposer, NgramProposer
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
 from specfix.v1.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
+from specfix.v1.snapshot import Snapshot
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 #: Token counts a FULL CUDA graph would be captured for (vLLM's default list starts 1, 2, 4, 8, 16, ...).
@@ -361,3 +362,23 @@ class GPUModelRunner:
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         drafts, self._draft_token_ids = self._draft_token_ids, None
         return drafts
+
+    def snapshot(self) -> RunnerSnapshot:
+        """All of the runner's per-step state, to restore if a step fails (``LLMEngine.step``)."""
+        return RunnerSnapshot(self)
+
+
+class RunnerSnapshot:
+    """A runner's state: everything but the model, the drafter and the sampler (none of which a step
+    changes); the trace, an append-only log, is cut back to its length."""
+
+    NOT_STEP_STATE = ("model", "drafter", "rejection_sampler", "trace")
+
+    def __init__(self, runner: GPUModelRunner):
+        self._runner = runner
+        self._state = Snapshot(runner, skip=self.NOT_STEP_STATE)
+        self._trace_len = len(runner.trace)
+
+    def restore(self) -> None:
+        self._state.restore()
+        del self._runner.trace[self._trace_len:]

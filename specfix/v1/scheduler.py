@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
+from specfix.v1.snapshot import Snapshot
 
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
 #: vLLM's ``_MAX_TEMP``: a random request's temperature is raised to at least this.
@@ -321,6 +322,10 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def snapshot(self) -> Snapshot:
+        """All of the scheduler's state, to restore if a step fails (``LLMEngine.step``)."""
+        return Snapshot(self)
+
     # -- schedule ---------------------------------------------------------------------------------
 
     def _spec_tokens_for_decode(self, request: Request) -> tuple[list[int], int]:
@@ -401,7 +406,9 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
         """Append each request's sampled tokens, roll back rejected drafts, finish capped requests.
 
-        Returns the requests that finished this step.
+        Returns the requests that finished this step. As in vLLM (``_free_request``), a finished request
+        leaves ``requests`` at once (its id may be used again) and its id goes out with the next
+        ``SchedulerOutput.finished_req_ids``, so the runner frees its row too.
         """
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
@@ -427,17 +434,19 @@ class Scheduler:
             if len(request.output_token_ids) >= request.sampling_params.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 self.running.remove(request)
+                del self.requests[req_id]
                 self.finished_req_ids.add(req_id)
                 finished.append(request)
         return finished
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step."""
+        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step (drafts
+        of a request that has finished meanwhile are dropped)."""
         req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
         if len(req_ids) != len(drafts):
             raise ValueError(f"draft_token_ids has {len(req_ids)} req_ids but {len(drafts)} draft lists")
         checked = [check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size) for i, d in enumerate(drafts)]
         for req_id, ids in zip(req_ids, checked, strict=True):
             request = self.requests.get(req_id)
-            if request is not None and not request.is_finished:
+            if request is not None:
                 request.spec_token_ids = ids
