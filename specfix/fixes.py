@@ -78,6 +78,8 @@ class FixListing:
             out.extend(f"{mark} {text}" for mark, text in lines)
         return "\n".join(out)
 
+    __repr__ = __str__
+
     def _repr_html_(self) -> str:
         import html
 
