@@ -390,7 +390,7 @@ def _goals_ceilings(results, s):
 # ---- gumbel_sample against torch
 
 def _gumbel_sample():
-    (fn,) = _import("gumbel", "gumbel_sample")
+    (fn,) = _import("mrv2.gumbel", "gumbel_sample")
     return fn
 
 
@@ -545,7 +545,7 @@ def _goals_gumbel_mask(results, s):
 
 def _plan_placeholder_fixes(s: Settings, timer: Timer) -> list[Job]:
     fixes, apply, make_step, count_syncs, time_fix = _import(
-        "placeholder_fixes", "FIXES", "APPLY", "make_step", "count_syncs", "time_fix")
+        "lab.placeholder_fixes", "FIXES", "APPLY", "make_step", "count_syncs", "time_fix")
     token_counts = s.pick(cpu=(256,), ci=(256, 8192), full=(256, 2048, 8192))
     busy_us = 200.0
 
@@ -606,7 +606,7 @@ class StandInDrafter(torch.nn.Module):
 
 
 def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
-    (speculator_cls,) = _import("speculator", "DraftModelSpeculator")
+    (speculator_cls,) = _import("mrv2.speculator", "DraftModelSpeculator")
     (load_models,) = _import("models", "load_models")
     max_reqs, k = 64, 3
     vocab, hidden = s.pick(cpu=(512, 32), ci=(32_000, 512), full=(32_000, 512))
@@ -680,9 +680,9 @@ def _goals_drafter_graph(results, s):
 # ---- rejection sampler
 
 def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
-    (sampler_cls,) = _import("rejection_sampler", "RejectionSampler")
-    (spec_metadata,) = _import("spec_decode_metadata", "SpecDecodeMetadata")
-    (sampling_metadata,) = _import("sampling_metadata", "SamplingMetadata")
+    (sampler_cls,) = _import("v1.rejection_sampler", "RejectionSampler")
+    (spec_metadata,) = _import("v1.spec_decode_metadata", "SpecDecodeMetadata")
+    (sampling_metadata,) = _import("v1.sampling_metadata", "SamplingMetadata")
     batches = s.pick(cpu=(2,), ci=(64,), full=(1, 16, 64, 256))
     k = s.pick(cpu=2, ci=3, full=3)
     vocab = s.pick(cpu=512, ci=151_936, full=151_936)
