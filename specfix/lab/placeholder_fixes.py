@@ -11,7 +11,8 @@ Mirrors the review of vLLM PR #47029 (``vllm/v1/worker/gpu_model_runner.py``):
   ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
 * ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
   ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
-  sampler can accept it as a draft (what vLLM's Model Runner V2 did, PR #54137).
+  sampler can accept it as a draft (vLLM PR #54137 reported this of Model Runner V2's zero-initialised
+  draft table; that PR was closed without being merged).
 
 :func:`make_step` builds one step's inputs; :func:`time_fix` times a fix with CUDA events (median over many
 steps), :func:`count_syncs` counts the host-device synchronisations it makes.
