@@ -51,6 +51,9 @@ nb_output_stderr = "show"
 mathjax_path = "mathjax/tex-chtml.js"  # MathJax 3, copied into _static/ by specfix_book (no CDN)
 myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3
+# Markdown that a cell displays goes through MyST as the notebook's own markdown does, so its links to
+# other chapters (`01_placeholder_lifecycle.ipynb`) become links to their pages.
+nb_render_markdown_format = "myst"
 
 html_theme = "sphinx_book_theme"
 html_title = "specfix: where speculative decoding meets padding"
