@@ -19,6 +19,7 @@ from specfix.lab.padding_bench import (
     resolve_sampler,
     run_padding_bench,
     total_variation,
+    two_step_events,
 )
 from specfix.models import load_models
 
@@ -172,3 +173,13 @@ def test_a_refused_history_leaves_the_scenario_as_it_was():
         scenario.play(["finish a", "step bc", "finish z"])
     assert torch.equal(scenario.spec.idx_mapping, before[0])
     assert (scenario.states.req_id_to_index, scenario.steps_run) == before[1:]
+
+
+def test_two_step_events():
+    assert two_step_events(6, 5) == ["step abcdef", "finish c", "step abdef"]
+    assert two_step_events(2, 2) == ["step ab", "step ab"]                   # nobody called c: nobody ends
+    assert two_step_events(4, 6) == ["step abcd", "finish c", "step abdefg"]  # newcomers after survivors
+    assert two_step_events(6, 3) == ["step abcdef", "finish c", "step abd"]  # e and f wait
+    padded_step_scenario(two_step_events(16, 16))                            # the slider's far corner runs
+    with pytest.raises(ValueError, match="second_batch"):
+        two_step_events(3, 17)

@@ -104,7 +104,7 @@ def _names(answer) -> set[str] | None:
     },
 )
 def check_stale_victims(answer, verdict):
-    names = _names(answer)
+    names = _names(answer() if callable(answer) else answer)  # a function may compute the prediction
     verdict.require(names is not None, "format")
     state = padded_step_scenario(list(PREDICT_EVENTS), fixes=UNFIXED)
     everyone = {c for event in PREDICT_EVENTS for c in event.split()[1]}

@@ -16,7 +16,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from specfix.figures import style
-from specfix.lab.padding_bench import BufferState
+from specfix.lab.padding_bench import BufferState, total_variation
 
 #: Columns of :func:`bench_table`, in order.
 BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_by_origin"]
@@ -122,16 +122,20 @@ def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
 
 
 def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
-    """Per label (e.g. "fix on") and output position: trials, role, chi-square against its threshold,
-    and the distance of the output to the target p and to the draft q."""
+    """Per label (e.g. "fix on") and output position: its role (the last position is the bonus token),
+    trials, chi-square against its threshold, and the total variation distance of the output to the
+    target p and to the draft q, computed here from the counts (so live runs and recordings read alike)."""
     rows = []
     for label, dist in dists.items():
+        p, q, last = dist["target_probs"], dist["draft_probs"], len(dist["positions"]) - 1
         for r in dist["positions"]:
-            rows.append({"fix": label, "position": r["position"], "role": r.get("role", ""),
-                         "trials": r["trials"], "chi2": round(r["chi2"], 1),
-                         "threshold": round(r["threshold"], 1),
-                         "passed": r["passed"], "TV to p": round(r.get("tv_to_target", np.nan), 3),
-                         "TV to q": round(r.get("tv_to_draft", np.nan), 3)})
+            counts = np.asarray(r["counts"], dtype=float)
+            freq = counts / max(counts.sum(), 1.0)
+            rows.append({"fix": label, "position": r["position"],
+                         "role": "bonus" if r["position"] == last else "draft", "trials": r["trials"],
+                         "chi2": round(r["chi2"], 1), "threshold": round(r["threshold"], 1),
+                         "passed": r["passed"], "TV to p": round(total_variation(freq, p), 3),
+                         "TV to q": round(total_variation(freq, q), 3)})
     return pd.DataFrame(rows)
 
 

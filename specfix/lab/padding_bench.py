@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import random
 import re
+import string
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -492,6 +493,22 @@ def padded_step_scenario(events, **kwargs) -> BufferState:
     if events[-1].split()[0] != "step":
         raise ValueError(f"the last event must be a 'step' (its buffer is returned), got {events[-1]!r}")
     return scenario.play(events)
+
+
+def two_step_events(first_batch: int, second_batch: int, finished: str = "c") -> list[str]:
+    """The history behind chapter 3's buffer slider: step 1 runs the first ``first_batch`` requests (a, b,
+    c, ...), then those of ``finished`` among them end, and step 2 runs ``second_batch`` requests: the
+    survivors in order, then newcomers (who take the lowest free slots); survivors past ``second_batch``
+    wait, live but not scheduled."""
+    for name, value in (("first_batch", first_batch), ("second_batch", second_batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 16:
+            raise ValueError(f"{name} must be an int in [1, 16], got {value!r}")
+    first = string.ascii_lowercase[:first_batch]
+    gone = "".join(c for c in first if c in finished)
+    survivors = [c for c in first if c not in gone]
+    newcomers = list(string.ascii_lowercase[first_batch:first_batch + max(0, second_batch - len(survivors))])
+    events = [f"step {first}"] + ([f"finish {gone}"] if gone else [])
+    return events + [f"step {''.join((survivors + newcomers)[:second_batch])}"]
 
 
 # -- the statistics: many trials of one step, every live slot overwritten -------------------------------
