@@ -80,6 +80,16 @@ def test_a_failing_chapter_fails_the_build():
         specfix_book._fail_on_failed_chapters(None, _Env(a=True, b=False, c=False))
 
 
+def test_widget_state_is_left_out_of_the_pages():
+    pytest.importorskip("sphinx")
+    specfix_book = _load("specfix_book", DOCS / "_ext" / "specfix_book.py")
+    env = _Env(a=True)
+    env.nb_metadata["notebooks/a"]["js_files"] = {specfix_book.WIDGET_STATE_SCRIPT: (None, {"body": "{}"}),
+                                                  "other": ("x.js", {})}
+    specfix_book._drop_widget_state(None, env)
+    assert env.nb_metadata["notebooks/a"]["js_files"] == {"other": ("x.js", {})}
+
+
 def test_widget_views_are_dropped_and_other_outputs_kept():
     pytest.importorskip("sphinx")
     from docutils import nodes

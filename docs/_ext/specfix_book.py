@@ -1,9 +1,12 @@
-"""Sphinx extension for the book: presents the chapters' cells (see book_cells), drops widget views, and
-serves MathJax from the book itself.
+"""Sphinx extension for the book.
 
-Every widget in the chapters has a static figure above it; a static page cannot run the kernel a widget
-needs, so its output would be a blank box (or a `interactive(children=...)` repr). The post-transform
-below removes each output that carries a widget view, before MyST-NB picks one mime type per output.
+- Presents the chapters' cells (tags and prompts set by book_cells before a chapter runs).
+- Drops widgets: every widget in the chapters has a static figure above it, and a static page cannot run
+  the kernel a widget needs, so its output would be a blank box (or an `interactive(children=...)` repr).
+  A post-transform removes each output that carries a widget view, and the widgets' saved state is left
+  out of the pages.
+- Fails the build when a cell raised, naming every chapter where one did.
+- Serves MathJax from the book itself (no CDN).
 """
 
 import importlib.util
@@ -16,6 +19,7 @@ from sphinx.errors import ExtensionError
 from sphinx.transforms.post_transforms import SphinxPostTransform
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE_SCRIPT = "ipywidgets_state"  # MyST-NB's key for the <script> holding the widgets' state
 
 
 # The PyPI package `sphinx-mathjax-offline` ships MathJax 3 under static/mathjax/. Its own Sphinx hook is
@@ -53,6 +57,12 @@ def _fail_on_failed_chapters(app, env):
         raise ExtensionError(f"a cell raised in {', '.join(failed)} (the cell and its traceback are above)")
 
 
+def _drop_widget_state(app, env):
+    """Leave the widgets' saved state out of the pages: with their views gone, nothing would read it."""
+    for data in getattr(env, "nb_metadata", {}).values():
+        data.get("js_files", {}).pop(WIDGET_STATE_SCRIPT, None)
+
+
 def _is_mime_bundle(node):
     return isinstance(node, nodes.container) and node.get("nb_element") == "mime_bundle"
 
@@ -77,5 +87,6 @@ def setup(app):
     app.connect("config-inited", _add_mathjax)
     app.connect("source-read", _prepare_chapter)
     app.connect("env-updated", _fail_on_failed_chapters)
+    app.connect("env-updated", _drop_widget_state)
     app.add_post_transform(DropWidgetViews)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
