@@ -71,13 +71,15 @@ def run_case(case: dict, device) -> dict:
     args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()
             if k in ("logits", "expanded_idx_mapping", "temperature", "seed", "pos", "processed_logits_col")}
     args["logits"] = args["logits"][:, :case["vocab"]]  # a narrower view: rows keep the wider stride
-    processed = None
-    if case["processed_shape"] is not None:
-        processed = torch.full(case["processed_shape"], SENTINEL, dtype=case["processed_dtype"],
-                               device=device)
+    processed = whole = None
+    if case["processed_shape"] is not None:  # a guard row each side: a stray store lands there
+        processed, whole = gumbel.guarded_table(case["processed_shape"], SENTINEL, case["processed_dtype"],
+                                                device=device)
     tokens = gumbel.gumbel_sample(
         args["logits"], args["expanded_idx_mapping"], args["temperature"], args["seed"], args["pos"],
         case["apply_temperature"], processed, args.get("processed_logits_col"))
+    if whole is not None and not bool((whole[[0, -1]] == SENTINEL).all()):
+        raise AssertionError(f"{case['name']}: a row stored outside the processed-logits table")
     return {"tokens": tokens.cpu(), "processed": None if processed is None else processed.cpu()}
 
 
