@@ -48,9 +48,10 @@ UNFIXED = Fixes(pad_idx_mapping=False)
         "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would "
                      "write its garbage logits into draft_logits[0], the request in slot 0. The sampler "
                      "skips -1 only.",
-        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there: a "
-                      "later replay of a bigger graph reads them. Fill all of buffer[num_reqs:], not just "
-                      "up to this step's graph size.",
+        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there. "
+                      "The copy is told only num_reqs, not which captured size the step will replay (that "
+                      "is picked afterwards), so every row after the batch must be -1: fill all of "
+                      "buffer[num_reqs:].",
         "pad_value": "the padded rows must be -1, the value the sampler's req_state_idx >= 0 mask skips.",
         "changed_input": "you changed the idx_mapping argument: it is the batch's own table, read again by "
                          "verification; write only the persistent buffer.",

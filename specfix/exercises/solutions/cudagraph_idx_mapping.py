@@ -8,7 +8,7 @@ from specfix.lab.invariance import check_speculator
 def pad_idx_mapping(buffer, idx_mapping, num_reqs):
     """Write the batch into the persistent buffer in place (the graph reads this address), -1 after it."""
     buffer[:num_reqs].copy_(idx_mapping[:num_reqs])
-    buffer[num_reqs:].fill_(-1)  # every row past the batch, not only up to this step's graph size
+    buffer[num_reqs:].fill_(-1)  # every row past the batch: the replay's size is picked afterwards
 
 
 # Row 5 names f's slot, but f finished: a free slot, no harm. Row 6 names slot 6: g's, still live at row 4.
