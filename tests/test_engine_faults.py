@@ -121,6 +121,7 @@ def state(e: LLMEngine) -> dict:
         "kv_cache": r.kv_cache.tolist(),
         "pending_drafts": None if drafts is None else (drafts.req_ids, drafts.draft_token_ids),
         "engine": (e._prompts, e._next_id, e.num_steps),
+        "trace": len(r.trace),
     }
 
 
@@ -143,7 +144,7 @@ def add_both(engines, i, prompt, temperature, seed, max_tokens=8, remote=False):
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_failed_step_changes_nothing_and_the_engine_goes_on(fault):
     saboteur = Saboteur()
-    faulty, clean = engine(saboteur), engine()
+    faulty, clean = engine(saboteur, record=True), engine(record=True)
     for i, prompt in enumerate(PROMPTS):
         add_both((faulty, clean), i, prompt, [0.0, 0.8, 1.0, 0.6][i], seed=i, remote=i % 2 == 0)
     for _ in range(2):
