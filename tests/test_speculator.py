@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specfix import Fixes
+from specfix import Fixes, runtime
+from specfix.lab import masked_gumbel
 from specfix.lab.padding_bench import TableDraft
 from specfix.mrv2.gumbel import gumbel_sample
 from specfix.mrv2.speculator import (
@@ -16,10 +17,10 @@ from specfix.mrv2.speculator import (
 V, M, K = 16, 8, 2
 
 
-def _spec(fix=True, sampler=gumbel_sample, table=None):
+def _spec(fix=True, sampler=gumbel_sample, table=None, noise="exact"):
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(1)) if table is None else table
     return DraftModelSpeculator(TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V,
-                                context_len=1, fixes=Fixes(pad_idx_mapping=fix), sampler=sampler)
+                                context_len=1, fixes=Fixes(pad_idx_mapping=fix), sampler=sampler, noise=noise)
 
 
 TEMP = torch.linspace(0.5, 1.5, M)
@@ -195,3 +196,68 @@ def test_bad_sizes_are_refused_by_name(name, value):
     sizes = dict(max_num_reqs=M, num_speculative_steps=K, vocab_size=V, context_len=1)
     with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
         DraftModelSpeculator(TableDraft(torch.zeros(V, V)), **{**sizes, name: value})
+
+
+def test_vocab_size_is_checked_against_the_model_at_construction():
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=rf"vocab_size={V + 1} does not match the draft model, whose logits "
+                                         rf"have shape \(1, {V}\)"):
+        DraftModelSpeculator(TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V + 1,
+                             context_len=1)
+
+
+def test_bad_noise_mode_is_refused():
+    with pytest.raises(ValueError, match="noise must be one of"):
+        DraftModelSpeculator(TableDraft(torch.zeros(V, V)), max_num_reqs=M, num_speculative_steps=K,
+                             vocab_size=V, context_len=1, noise="philox")
+
+
+def _expected_drafts(spec, slots, ctx, positions, sampler, seeds=SEEDS, step_seed=False, **kw):
+    """Each step's draw, called directly: step j samples table[last token] keyed by positions + j."""
+    idx, last, out = _idx(*slots), ctx[:, -1], []
+    for step in range(K):
+        seed = seeds ^ (step << 32) if step_seed else seeds
+        last = sampler(spec.model.table[last].contiguous(), idx, TEMP, seed, positions + step, True, **kw)
+        out.append(last)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("noise", ["exact", "vllm"])
+def test_step_j_is_keyed_by_positions_plus_j_as_a_drafters_draw(noise):
+    """vLLM keys a draw by the position before the sampled token (the last context token's: positions + j
+    at step j) and a drafter's draw with is_drafting (0.33's salt); the vllm mode also mixes the step into
+    the seed (0.33's spec_step_seed, since the step is the draft_logits column)."""
+    spec = _spec(noise=noise)
+    slots, ctx, positions = [5, 3, 0], torch.tensor([[1], [7], [12]]), torch.tensor([40, 2**33, 7])
+    got = spec.propose(3, _idx(*slots), TEMP, SEEDS, ctx, positions, padded=False).draft_tokens
+    mixed = noise == "vllm"
+    want = _expected_drafts(spec, slots, ctx, positions, gumbel_sample, step_seed=mixed, is_drafting=True,
+                            noise=noise)
+    assert torch.equal(got, want)
+    unsalted = _expected_drafts(spec, slots, ctx, positions, gumbel_sample, step_seed=mixed, noise=noise)
+    assert not torch.equal(got, unsalted)
+
+
+def test_vllm_mode_drafts_what_vllms_own_kernel_draws():
+    """With vLLM 0.33's sampler fetched into .peer/: the drafter's noise="vllm" steps equal its
+    gumbel_sample(..., is_drafting=True) at positions + j with the step mixed into the seed (given to it
+    already mixed: its cache store does not run in Triton's interpreter)."""
+    peer = masked_gumbel.load_vllm_sampler("0.33.0")
+    if peer is None or runtime.DEVICE.type != "cpu":
+        pytest.skip("needs vLLM 0.33's sampler in .peer/ (../shared/peer/fetch-vllm-sampler.sh) and a CPU")
+    spec = _spec(noise="vllm")
+    slots, ctx, positions = [2, 6, 1, 4], torch.tensor([[3], [3], [9], [15]]), torch.tensor([0, 11, 2**31, 5])
+    got = spec.propose(4, _idx(*slots), TEMP, SEEDS, ctx, positions, padded=False).draft_tokens
+    theirs = _expected_drafts(spec, slots, ctx, positions, lambda *a: peer.gumbel_sample(*a, True),
+                              step_seed=True)
+    assert torch.equal(got, theirs)
+
+
+def test_temperatures_under_sampling_eps_are_refused_for_probabilistic_drafting():
+    with pytest.raises(ValueError, match=r"temperature must be >= SAMPLING_EPS \(1e-05\)"):
+        RequestStates(2, K).add_request("x", 1e-6, 0)
+    target, drafts, draft_logits, idx = _verify_inputs(2, [0, 1])
+    temps = TEMP.clone()
+    temps[1] = 1e-40
+    with pytest.raises(ValueError, match="probabilistic verification needs temperature >= SAMPLING_EPS"):
+        rejection_sample_mrv2(target, drafts, draft_logits, idx, temps, SEEDS, torch.arange(2))
