@@ -54,4 +54,4 @@ book-check: book
 	$(BIN)/python scripts/book_check.py $(BOOK)/html --chromium $(CHROMIUM)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build
