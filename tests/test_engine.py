@@ -111,34 +111,28 @@ def test_demo_command_line():
     assert crash.returncode != 0 and "IndexError: index out of range in self" in crash.stderr
 
 
-class OneTokenOracle:
-    """A drafter that proposes a single token, the target's own greedy choice: the scheduler pads the
-    other k - 1 slots with -1, right after a draft the target likes."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def propose_batch(self, histories):
-        target = MODELS[0]
-        return [[int(target.score(torch.as_tensor(h, dtype=torch.int64))[-1].argmax())] for h in histories]
-
-
-def _oracle_run(fixes):
-    engine = LLMEngine(num_speculative_tokens=3, fixes=fixes, models=MODELS, sampler_backend="torch",
-                       record=True)
-    engine.model_runner.drafter = OneTokenOracle(3)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=30))
+def _joining_run(fixes, async_scheduling):
+    """Four requests decode (temperature 1) while a prefilled (P/D) request joins at every step: each
+    newcomer's first decode is padded with [-1] * 3, right after a decoding request's real draft rows."""
+    engine = LLMEngine(fixes=fixes, models=MODELS, sampler_backend="torch", record=True, max_num_seqs=64,
+                       async_scheduling=async_scheduling)
+    prompts = PROMPTS * 7
+    for i in range(4):
+        engine.add_request(prompts[i], SamplingParams(temperature=1.0, seed=100 + i, max_tokens=60))
+    for i, prompt in enumerate(prompts[4:]):
+        engine.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3), remote_prefill=True)
+        engine.step()
     while engine.has_unfinished_requests():
         engine.step()
     return engine
 
 
-def test_without_reject_negative_drafts_placeholders_get_accepted():
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_without_reject_negative_drafts_placeholders_get_accepted(async_scheduling):
     """Before PR #46533 a -1 draft read column V-1 ('.') of the previous row and passed when that
     probability beat u: the sampler row then has a -1 *inside* its accepted prefix."""
-    assert holes(_oracle_run(Fixes(reject_negative_drafts=False)).model_runner.trace) > 0
-    assert holes(_oracle_run(Fixes()).model_runner.trace) == 0
+    assert holes(_joining_run(Fixes(reject_negative_drafts=False), async_scheduling).model_runner.trace) > 0
+    assert holes(_joining_run(Fixes(), async_scheduling).model_runner.trace) == 0
 
 
 def test_zero_placeholders_are_accepted_when_the_target_picks_token_zero():

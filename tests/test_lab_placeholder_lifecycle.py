@@ -74,6 +74,6 @@ def test_without_the_check_the_random_path_accepts_placeholders(models):
     assert off["rows with an accepted -1"] > 0
 
 
-def test_negative_draft_run_needs_room_for_padding(models):
-    with pytest.raises(ValueError, match="k must be an int >= 2"):
-        lab.negative_draft_run(Fixes(), ["the mice"], models, k=1)
+def test_negative_draft_run_needs_k(models):
+    with pytest.raises(ValueError, match="k must be an int >= 1"):
+        lab.negative_draft_run(Fixes(), ["the mice"], models, k=0)

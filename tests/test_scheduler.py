@@ -38,6 +38,13 @@ def test_prefill_then_decode_with_drafts():
     assert out.scheduled_cached_reqs.num_computed_tokens == [3]
 
 
+def _decoding(sched, req_id="a", prompt=(5, 6), max_tokens=16):
+    """Add a request and run its prefill: it then waits with one sampled token to decode."""
+    sched.add_request(Request(req_id, list(prompt), SamplingParams(max_tokens=max_tokens)))
+    _run(sched, sched.schedule(), {req_id: [8]})
+    return sched.requests[req_id]
+
+
 def test_new_decode_is_padded_with_minus_one():
     """A request whose KV came from a prefill node has one token left: 1 + k tokens, drafts [-1] * k."""
     sched = _sched()
@@ -48,28 +55,77 @@ def test_new_decode_is_padded_with_minus_one():
     assert out.num_placeholder_spec_tokens == {"a": 3}
 
 
-def test_one_token_prompt_is_padded_only_when_others_run():
+def test_one_token_prompt_is_padded_only_behind_a_scheduled_running_request():
+    """vLLM pads a request without KV only if a *running* request was scheduled before it in the step;
+    new requests admitted before it do not count."""
     sched = _sched()
     sched.add_request(Request("a", [5], SamplingParams()))
     assert sched.schedule().scheduled_spec_decode_tokens == {}  # alone: a 1-token prefill, as in vLLM
-    sched2 = _sched()
-    sched2.add_request(Request("b", [5, 6], SamplingParams()))
-    sched2.add_request(Request("a", [5], SamplingParams()))
-    assert sched2.schedule().scheduled_spec_decode_tokens == {"a": [-1, -1, -1]}
+    both_new = _sched()
+    both_new.add_request(Request("b", [5, 6], SamplingParams()))
+    both_new.add_request(Request("a", [5], SamplingParams()))
+    out = both_new.schedule()
+    assert out.scheduled_spec_decode_tokens == {} and out.num_scheduled_tokens == {"b": 2, "a": 1}
+    behind_running = _sched()
+    _decoding(behind_running, "b")
+    behind_running.add_request(Request("a", [5], SamplingParams()))
+    out = behind_running.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": [-1, -1, -1]}
+    assert out.num_scheduled_tokens == {"b": 1, "a": 4}
 
 
-@pytest.mark.parametrize("policy, pad, expected",
-                         [("minus_one", True, [9, -1, -1]), ("zero", True, [9, 0, 0]),
-                          ("minus_one", False, [9])])
-def test_short_proposals_are_padded_to_k(policy, pad, expected):
-    sched = _sched(placeholder_policy=policy, pad_spec_decode=pad)
-    sched.add_request(Request("a", [5, 6], SamplingParams()))
-    _run(sched, sched.schedule(), {"a": [8]})
-    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9]]))  # the n-gram drafter found one token
+def test_no_padding_in_a_step_with_a_running_prefill_chunk():
+    sched = _sched(max_num_batched_tokens=8)
+    sched.add_request(Request("long", list(range(12)), SamplingParams()))
+    _run(sched, sched.schedule(), {})  # 8 of 12 prompt tokens: still prefilling
+    assert sched.requests["long"].is_prefill_chunk
+    sched.add_request(Request("pd", [5, 6, 7], SamplingParams(), num_computed_tokens=2))
     out = sched.schedule()
-    assert out.scheduled_spec_decode_tokens == {"a": expected}
-    assert out.num_scheduled_tokens == {"a": 1 + len(expected)}
-    assert out.num_placeholder_spec_tokens == {"a": len(expected) - 1}
+    assert out.num_scheduled_tokens == {"long": 4, "pd": 1} and out.scheduled_spec_decode_tokens == {}
+    assert out.num_placeholder_spec_tokens == {}
+
+
+@pytest.mark.parametrize("proposed", [[9], []])
+def test_a_running_request_is_never_padded(proposed):
+    """The n-gram drafter proposes fewer than k tokens, or none on no match: vLLM schedules
+    1 + len(drafts) tokens and verifies only those."""
+    sched = _sched()
+    _decoding(sched)
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [proposed]))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 1 + len(proposed)}
+    assert out.scheduled_spec_decode_tokens == ({"a": proposed} if proposed else {})
+    assert out.num_placeholder_spec_tokens == ({"a": 0} if proposed else {})
+
+
+def test_a_short_budget_trims_a_running_decode_but_stops_before_an_unpadded_new_one():
+    sched = _sched(max_num_batched_tokens=6)
+    for req_id in ("a", "b"):
+        sched.add_request(Request(req_id, [5, 6], SamplingParams()))
+    _run(sched, sched.schedule(), {"a": [8], "b": [8]})
+    sched.update_draft_token_ids(DraftTokenIds(["a", "b"], [[9, 10, 11], [9, 10, 11]]))
+    sched.add_request(Request("pd", [1, 2, 3], SamplingParams(), num_computed_tokens=2))
+    out = sched.schedule()
+    # "a" takes 4, "b" gets the 2 left (its last token + one draft); "pd" would need 1 + k: not scheduled
+    assert out.num_scheduled_tokens == {"a": 4, "b": 2}
+    assert out.scheduled_spec_decode_tokens == {"a": [9, 10, 11], "b": [9]}
+
+
+def test_drafts_of_a_request_still_prefilling_are_dropped():
+    sched = _sched(max_num_batched_tokens=4)
+    sched.add_request(Request("a", list(range(6)), SamplingParams()))
+    _run(sched, sched.schedule(), {})
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
+    assert sched.requests["a"].spec_token_ids == []
+    assert sched.schedule().num_scheduled_tokens == {"a": 2}
+
+
+@pytest.mark.parametrize("policy, expected", [("minus_one", [-1, -1, -1]), ("zero", [0, 0, 0])])
+def test_the_placeholder_policy_picks_the_padding_value(policy, expected):
+    sched = _sched(placeholder_policy=policy)
+    sched.add_request(Request("a", [5, 6, 7], SamplingParams(), num_computed_tokens=2))
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": expected} and out.num_placeholder_spec_tokens == {"a": 3}
 
 
 def test_rejected_drafts_are_rolled_back():
@@ -114,7 +170,7 @@ def test_a_finished_request_id_can_be_used_again():
     assert sched.requests["a"].prompt_token_ids == [7]
 
 
-def test_token_budget_chunks_prefills_and_stops_before_an_unpadded_decode():
+def test_token_budget_chunks_prefills_and_stops_before_an_unpadded_new_decode():
     sched = _sched(max_num_batched_tokens=5)
     sched.add_request(Request("a", list(range(8)), SamplingParams()))
     out = sched.schedule()

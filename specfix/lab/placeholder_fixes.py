@@ -275,7 +275,8 @@ def _host_mask_runner(runner_cls):
 def run_engine_with_fix(fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24,
                         temperature: float = 0.0):
     """The engine's demo batch (:data:`specfix.v1.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
-    scheduler pads them with placeholders, n-gram drafts padded too) under one fix; ``None``: no fix.
+    scheduler pads their first decode with placeholders; n-gram drafts, never padded) under one fix;
+    ``None``: no fix.
 
     Returns ``(outputs, stats)``: the token ids per request and the scheduler's ``SpecDecodingStats``
     (real drafts and placeholder slots counted apart; ``num_placeholders_accepted`` counts placeholder slots

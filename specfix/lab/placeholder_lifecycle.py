@@ -1,4 +1,4 @@
-"""Chapter 1's experiments: who verified what, step by step, and a drafter that leaves slots to padding.
+"""Chapter 1's experiments: who verified what, step by step, and requests that arrive prefilled.
 
 :func:`verifications` reads a recorded run (``generate(..., record=True)``) into one
 :class:`Verification` per request and step: where the request stood, which drafts were real, which
@@ -6,7 +6,8 @@ slots were padding, and how many slots the rejection sampler accepted. :func:`co
 runs of the same greedy workload by (request, position), which separates *how a draft is judged* (the
 same in both runs wherever both verified the same position) from *where the drafter was consulted*
 (which differs when one run advances faster). :func:`negative_draft_run` makes the rejection sampler meet
-``-1`` drafts on its random path (vLLM PR #46533).
+``-1`` drafts on its random path (vLLM PR #46533), where vLLM writes them: the first decode of requests that
+arrive prefilled (P/D disaggregation).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from specfix.fixes import Fixes
 from specfix.models import NgramLM
 from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams
-from specfix.v1.proposer import DraftModelProposer
 
 #: Story openings from the fables; chapter 1 cycles through them to build a batch.
 STORY_STARTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "the mice",
@@ -126,16 +126,24 @@ def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dic
 
 def negative_draft_run(fixes: Fixes, prompts: Sequence[str], models: tuple[NgramLM, NgramLM], *, k: int = 3,
                        max_tokens: int = 32, device: torch.device | str = "cpu") -> dict[str, int]:
-    """Sample (temperature 1, one seed per prompt) with a drafter that proposes one token, the target's own
-    greedy choice, and leaves the other ``k - 1`` slots to the scheduler's ``-1`` padding. Counts the sampler
-    rows that hold a token *after* a ``-1``: rows that accepted a placeholder slot."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ValueError(f"k must be an int >= 2 (one draft plus padding), got {k!r}")
-    engine = LLMEngine(num_speculative_tokens=k, fixes=fixes, device=device, models=models, record=True)
-    engine.model_runner.drafter = DraftModelProposer(models[0], 1)  # the target drafts one token
-    for seed, prompt in enumerate(prompts):
-        engine.add_request(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens))
+    """Sample (temperature 1, one seed per request) while requests keep arriving from a prefill node: the
+    ``prompts`` decode for ``max_tokens`` tokens, and at every step one more prompt (cycling) joins with
+    its KV already computed (P/D disaggregation), so its first decode is padded with ``[-1] * k`` right
+    after the decoding requests' draft rows. Counts the sampler rows that hold a token *after* a ``-1``:
+    rows that accepted a placeholder slot."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    engine = LLMEngine(num_speculative_tokens=k, fixes=fixes, device=device, models=models, record=True,
+                       max_num_seqs=len(prompts) + 16)
+    decoding = [engine.add_request(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens))
+                for seed, prompt in enumerate(prompts)]
+    joined = 0
     while engine.has_unfinished_requests():
+        if any(r in engine.scheduler.requests for r in decoding):
+            engine.add_request(prompts[joined % len(prompts)], remote_prefill=True,
+                               sampling_params=SamplingParams(temperature=1.0, seed=len(prompts) + joined,
+                                                              max_tokens=1))
+            joined += 1
         engine.step()
     rows = [row for step in engine.model_runner.trace for row in step.sampler_output.tolist()]
     accepted = sum(any(t != -1 for t in row[row.index(-1):]) for row in rows if -1 in row)

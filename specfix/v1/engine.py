@@ -16,12 +16,20 @@ Chapter 2 re-creates the crash in a child process with the clamp switched off:
     python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
 
 or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
+
+``LLMEngine(async_scheduling=True)`` runs vLLM's async scheduling (``AsyncScheduler``, and the engine
+core's ``step_with_batch_queue`` with two batches in flight): each ``step`` schedules and runs one batch,
+then hands the *previous* batch's output to the scheduler, so the scheduler always plans one step ahead
+of what it knows. Drafts then never pass through the scheduler: it sends ``-1`` placeholders and the
+model runner fills them from its own previous proposals. vLLM turns async scheduling on by default
+where nothing rules it out; specfix keeps synchronous scheduling as the default, and chapter 1 runs both.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,12 +38,14 @@ import torch
 from specfix.fixes import Fixes
 from specfix.models import NgramLM, load_models
 from specfix.tokenizer import Tokenizer, get_tokenizer
-from specfix.v1.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, StepTrace
+from specfix.v1.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, ModelRunnerOutput, StepTrace
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
 from specfix.v1.scheduler import (
+    AsyncScheduler,
     Request,
     SamplingParams,
     Scheduler,
+    SchedulerOutput,
     SpecDecodingStats,
     check_num_spec_tokens,
     check_token_ids,
@@ -93,6 +103,9 @@ class LLMEngine:
     left as they were before it, and the engine stays usable. Bad requests are refused by
     ``add_request`` before anything changes. A finished request is freed, as in vLLM: it leaves the
     scheduler (its id may be used again) and ``step()`` hands back its output.
+
+    ``async_scheduling=True``: see the module docstring. vLLM 0.33's V1 runner refuses async scheduling
+    with the CPU n-gram drafter (``vllm/config/vllm.py``), and so does specfix.
     """
 
     def __init__(
@@ -110,10 +123,17 @@ class LLMEngine:
         sampler_backend: str = "auto",
         models: tuple[NgramLM, NgramLM] | None = None,
         record: bool = False,
+        async_scheduling: bool = False,
     ):
         check_num_spec_tokens(num_speculative_tokens)
         if proposer not in PROPOSERS:
             raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
+        if not isinstance(async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
+        if async_scheduling and num_speculative_tokens is not None and proposer == "ngram":
+            raise ValueError("async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
+                             "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
+                             "scheduling with it too")
         if not isinstance(fixes, Fixes):
             raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
         self.tokenizer: Tokenizer = get_tokenizer()
@@ -124,14 +144,20 @@ class LLMEngine:
         if num_speculative_tokens is not None:
             drafter = (DraftModelProposer(draft, num_speculative_tokens) if proposer == "draft_model"
                        else NgramProposer(num_speculative_tokens))
-        self.scheduler = Scheduler(
+        scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(
             vocab_size=target.vocab_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             num_spec_tokens=num_speculative_tokens, placeholder_policy=placeholder_policy)
         self.model_runner = GPUModelRunner(
             target, drafter=drafter, fixes=fixes, device=device, max_num_reqs=max_num_seqs,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-            cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record)
+            cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record,
+            async_scheduling=async_scheduling)
+        self.async_scheduling = async_scheduling
+        # Async scheduling: batches run but not yet handed to the scheduler, newest first (vLLM's
+        # batch_queue, two deep).
+        self._batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
         self._prompts: dict[str, str] = {}
         self._next_id = 0
         self.num_steps = 0
@@ -154,7 +180,7 @@ class LLMEngine:
             token_ids = check_token_ids("prompt", prompt, self.tokenizer.vocab_size)
         req_id, next_id = request_id, self._next_id
         if request_id is None:  # an automatic id: the next number not in use
-            while str(next_id) in self.scheduler.requests:
+            while self.scheduler.is_request_id_in_use(str(next_id)):
                 next_id += 1
             req_id, next_id = str(next_id), next_id + 1
         request = Request(req_id, token_ids, sampling_params,
@@ -165,7 +191,7 @@ class LLMEngine:
         return req_id
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
     def step(self) -> list[RequestOutput]:
         """One iteration; returns the outputs of the requests that finished in it (now freed).
@@ -174,12 +200,7 @@ class LLMEngine:
         """
         undo = _StepUndo(self)
         try:
-            scheduler_output = self.scheduler.schedule()
-            runner_output = self.model_runner.execute_model(scheduler_output)
-            drafts = self.model_runner.take_draft_token_ids()
-            finished = self.scheduler.update_from_output(scheduler_output, runner_output)
-            if drafts is not None:
-                self.scheduler.update_draft_token_ids(drafts)
+            finished = self._step_async() if self.async_scheduling else self._step_sync()
             outputs = [self._output(r) for r in finished]
             for request in finished:
                 del self._prompts[request.request_id]
@@ -188,6 +209,34 @@ class LLMEngine:
             undo.restore()
             raise
         return outputs
+
+    def _step_sync(self) -> list[Request]:
+        """vLLM's ``EngineCore.step`` then ``post_step``: schedule, run, update, hand over the drafts."""
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.model_runner.execute_model(scheduler_output)
+        finished = self.scheduler.update_from_output(scheduler_output, runner_output)
+        drafts = self.model_runner.take_draft_token_ids()
+        if drafts is not None:
+            self.scheduler.update_draft_token_ids(drafts)
+        return finished
+
+    def _step_async(self) -> list[Request]:
+        """vLLM's ``EngineCore.step_with_batch_queue``: schedule and run a batch; then, if two batches are
+        in flight or nothing new ran, hand the older one's output to the scheduler."""
+        ran = False
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            runner_output = self.model_runner.execute_model(scheduler_output)
+            ran = scheduler_output.total_num_scheduled_tokens > 0
+            if ran:
+                self._batch_queue.appendleft((scheduler_output, runner_output))
+        if ran and len(self._batch_queue) < 2:
+            return []
+        if not self._batch_queue:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError("async scheduling stalled: nothing scheduled and no batch in flight")
+            return []
+        return self.scheduler.update_from_output(*self._batch_queue.pop())
 
     def get_output(self, request_id: str) -> RequestOutput:
         """What an unfinished request has generated so far (a finished one's output came from ``step``)."""
@@ -212,7 +261,7 @@ def generate(
     **engine_kwargs,
 ) -> GenerateResult:
     """Generate for a batch of prompts; ``engine_kwargs`` go to :class:`LLMEngine` (fixes, device,
-    proposer, placeholder_policy, max_num_batched_tokens, models, record, ...).
+    proposer, placeholder_policy, async_scheduling, max_num_batched_tokens, models, record, ...).
 
     ``sampling_params`` and ``remote_prefill`` are one value for all prompts or one per prompt.
     ``max_steps`` stops early (outputs then hold what was generated so far).
@@ -241,18 +290,21 @@ def generate(
                           engine.model_runner.trace)
 
 
-DEMO_PROMPTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "the mice")
+#: Four openings that stop mid-sentence, where the target's next word is often *the* (token 0): the
+#: prefilled ones show what a placeholder written as 0 does (``placeholder_policy="zero"``).
+DEMO_PROMPTS = ("the fox saw the crow and", "a lion was asleep in", "the north wind and", "the mice ran to")
 
 
 def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None,
-             k: int = 3, proposer: str = "draft_model") -> GenerateResult:
+             k: int = 3, proposer: str = "draft_model", async_scheduling: bool = False) -> GenerateResult:
     """A batch of four whose first step carries ``-1`` placeholders: two requests arrive prefilled
-    (P/D disaggregation), so the scheduler pads their first decode with ``[-1] * k`` (the n-gram proposer
-    pads more later). With ``fixes.clamp_placeholders`` off this fails in the first step's embedding:
-    IndexError on CPU, a device-side assert on CUDA."""
+    (P/D disaggregation, as in the seed's DeepSeek MTP reproduction), so the scheduler pads their first
+    decode with ``[-1] * k``; no runner has proposals for them yet, in either scheduling mode. With
+    ``fixes.clamp_placeholders`` off this fails in the first step's embedding: IndexError on CPU, a
+    device-side assert on CUDA."""
     return generate(list(DEMO_PROMPTS), SamplingParams(temperature=0.7, seed=0, max_tokens=24),
                     num_speculative_tokens=k, remote_prefill=[True, False, True, False], proposer=proposer,
-                    fixes=fixes, device=device, max_steps=steps)
+                    fixes=fixes, device=device, max_steps=steps, async_scheduling=async_scheduling)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,10 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=None, help="stop after this many engine steps")
     parser.add_argument("--proposer", default="draft_model", choices=list(PROPOSERS))
+    parser.add_argument("--async-scheduling", action="store_true", help="vLLM's AsyncScheduler")
     args = parser.parse_args(argv)
     off = [name for name, flag in [("clamp_placeholders", args.no_clamp),
                                    ("reject_negative_drafts", args.no_reject)] if flag]
-    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps, proposer=args.proposer)
+    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps, proposer=args.proposer,
+                      async_scheduling=args.async_scheduling)
     if args.device == "cuda":
         torch.cuda.synchronize()
     for out in result.outputs:

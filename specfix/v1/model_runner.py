@@ -19,6 +19,21 @@ The order of one step is the point of chapter 1:
    ``-1`` draft, and ``parse_output``.
 5. Bookkeeping (commit sampled tokens) and the drafter's proposals for the next step.
 
+Under async scheduling (``async_scheduling=True``, vLLM's ``use_async_scheduling``) the scheduler plans
+step N + 1 before step N's output is back, so two things change, as in vLLM's runner:
+
+* ``_update_states``: the scheduler's ``num_computed_tokens`` for a request that ran in the previous
+  step assumed every draft would be accepted; the runner takes off the drafts it rejected there
+  (vLLM: ``prev_num_draft_len`` and the deferred correction from ``valid_sampled_token_count``).
+* ``_prepare_input_ids``: the scheduler's drafts are ``[-1] * k`` placeholders; after copying
+  ``input_ids`` to the device, the runner scatters the proposals its drafter made in the previous step
+  over them (vLLM: ``_prepare_input_ids`` with ``self._draft_token_ids``). A request that was not in the
+  previous step has no proposals here and keeps its ``-1`` up to ``_preprocess``.
+
+vLLM's async runner also keeps the last sampled tokens on the device (``prev_sampled_token_ids``) and
+scatters them into ``input_ids``; specfix's runner commits sampled tokens to ``token_ids_cpu`` at once,
+so only the drafts need the scatter.
+
 ``num_input_tokens`` is padded up to a CUDA-graph capture size as in vLLM; the padded rows of
 ``input_ids`` hold stale ids from earlier steps and write nothing to the KV cache (``PAD_SLOT_ID``).
 """
@@ -26,7 +41,7 @@ The order of one step is the point of chapter 1:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -66,11 +81,17 @@ class SpeculativeConfig:
 
 @dataclass
 class ModelRunnerOutput:
-    """Per request (in batch order): the tokens this step produced, placeholders dropped."""
+    """Per request (in batch order): the tokens this step produced, placeholders dropped.
+
+    ``num_filled_spec_tokens`` (not in vLLM): per request, how many of its scheduled placeholder drafts
+    the runner overwrote with real proposals (async scheduling), so the scheduler's statistics count
+    them as drafts.
+    """
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
+    num_filled_spec_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +114,7 @@ class StepTrace:
     sampler_output: torch.Tensor  # [B, max_spec_len + 1] int32
     sampled_token_ids: list[list[int]]
     scheduler_output: SchedulerOutput | None = None
+    num_filled_spec_tokens: dict[str, int] = field(default_factory=dict)  # async: placeholders filled
 
 
 def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,6 +143,7 @@ class GPUModelRunner:
         cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
         sampler_backend: str = "auto",
         record: bool = False,
+        async_scheduling: bool = False,
     ):
         if not isinstance(fixes, Fixes):
             raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
@@ -145,6 +168,16 @@ class GPUModelRunner:
         self.kv_cache = model.make_kv_cache(max_num_reqs * max_model_len, self.device)
         self.rejection_sampler = RejectionSampler(fixes, backend=sampler_backend)
         self._draft_token_ids: DraftTokenIds | None = None
+        if not isinstance(async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
+        self.use_async_scheduling = async_scheduling
+        # Async scheduling: the previous step's proposals on the device (one row per request that
+        # sampled there), its row per request (vLLM keeps this map on its InputBatch), and how many
+        # tokens each of those requests sampled.
+        self._prev_draft_token_ids: torch.Tensor | None = None
+        self.prev_req_id_to_index: dict[str, int] = {}
+        self._prev_num_sampled: list[int] = []
+        self._num_filled_spec_tokens: dict[str, int] = {}
         self.record = record
         self.trace: list[StepTrace] = []
 
@@ -160,6 +193,7 @@ class GPUModelRunner:
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)
+            self.prev_req_id_to_index.pop(req_id, None)
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -173,11 +207,21 @@ class GPUModelRunner:
                 self._receive_kv(row, new.prompt_token_ids[: new.num_computed_tokens])
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            num_computed -= self._rejected_in_previous_step(req_id)
             self.requests[req_id].num_computed_tokens = num_computed
             self.input_batch.num_computed_tokens_cpu[self.input_batch.req_id_to_index[req_id]] = num_computed
         for req_id in scheduler_output.num_scheduled_tokens:
             self.input_batch.update_req_spec_token_ids(
                 self.requests[req_id], scheduler_output.scheduled_spec_decode_tokens)
+
+    def _rejected_in_previous_step(self, req_id: str) -> int:
+        """Async scheduling: the drafts ``req_id`` had rejected in the previous step, which the scheduler
+        counted as computed when it planned this step (0 in sync mode, or if it was not in that step)."""
+        prev_index = self.prev_req_id_to_index.get(req_id)
+        if not self.use_async_scheduling or prev_index is None:
+            return 0
+        num_accepted = self._prev_num_sampled[prev_index] - 1
+        return self.requests[req_id].prev_num_draft_len - num_accepted
 
     def _receive_kv(self, row: int, token_ids: list[int]) -> None:
         """A request whose prompt was prefilled elsewhere (P/D disaggregation): its KV arrives."""
@@ -208,7 +252,7 @@ class GPUModelRunner:
                            torch.from_numpy(token_indices), out=self.input_ids.cpu[:total])
         self.positions.np[:total] = positions
         self.slot_mapping.np[:total] = token_indices  # KV slot = row * max_model_len + position
-        self.input_ids.copy_to_gpu(total)
+        self._num_filled_spec_tokens = self._prepare_input_ids(scheduler_output, req_ids, cu_num_scheduled)
         self.positions.copy_to_gpu(total)
         self.slot_mapping.copy_to_gpu(total)
 
@@ -219,6 +263,36 @@ class GPUModelRunner:
         num_draft_tokens = np.array([len(spec.get(r, ())) for r in req_ids], dtype=np.int64)
         metadata = self._calc_spec_decode_metadata(num_draft_tokens, cu_num_scheduled)
         return req_ids, cu_num_scheduled, metadata.logits_indices, metadata
+
+    def _prepare_input_ids(self, scheduler_output: SchedulerOutput, req_ids: list[str],
+                           cu_num_scheduled: np.ndarray) -> dict[str, int]:
+        """Copy ``input_ids`` to the device; under async scheduling, write the previous step's proposals
+        over the placeholder drafts of every request that ran in it. Returns the drafts filled per request.
+
+        A request's drafts sit at the end of its span; its proposals are row ``prev_req_id_to_index[r]``
+        of ``_prev_draft_token_ids``. The scatter runs on the device, after the copy, so the CPU side
+        (``token_ids_cpu``, ``input_ids.cpu``) keeps the ``-1`` the scheduler sent.
+        """
+        self.input_ids.copy_to_gpu(int(cu_num_scheduled[-1]))
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if not self.use_async_scheduling or self._prev_draft_token_ids is None or not spec:
+            return {}
+        width = self._prev_draft_token_ids.shape[1]
+        dst, src, filled = [], [], {}
+        for req_id, end in zip(req_ids, cu_num_scheduled.tolist(), strict=True):
+            prev_index = self.prev_req_id_to_index.get(req_id)
+            num_drafts = min(len(spec.get(req_id, ())), width)
+            if prev_index is None or num_drafts == 0:
+                continue
+            first = end - len(spec[req_id])
+            dst.extend(range(first, first + num_drafts))
+            src.extend(range(prev_index * width, prev_index * width + num_drafts))
+            filled[req_id] = num_drafts
+        if dst:
+            index = torch.tensor(dst, dtype=torch.int64).to(self.device, non_blocking=True)
+            source = torch.tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
+            self.input_ids.gpu.index_copy_(0, index, self._prev_draft_token_ids.flatten()[source])
+        return filled
 
     def _calc_spec_decode_metadata(
         self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray
@@ -313,6 +387,7 @@ class GPUModelRunner:
         token_table = self.input_batch.token_ids_cpu.copy() if self.record else None
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput([], {}, [])
+        self._check_async_positions(scheduler_output)
         req_ids, cu_num_scheduled, logits_indices, spec_metadata = self._prepare_inputs(scheduler_output)
         num_tokens = int(cu_num_scheduled[-1])
         num_input_tokens = self._get_num_input_tokens(num_tokens)
@@ -344,9 +419,45 @@ class GPUModelRunner:
                 num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
                 spec_decode_metadata=spec_metadata, logits=logits.cpu(),
                 sampler_output=sampler_output.to("cpu", copy=True), sampled_token_ids=sampled,
-                scheduler_output=scheduler_output))
+                scheduler_output=scheduler_output, num_filled_spec_tokens=dict(self._num_filled_spec_tokens)))
         self._draft_token_ids = self.propose_draft_token_ids(req_ids, sampled)
-        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+        if self.use_async_scheduling:
+            self._keep_proposals_on_device(self._draft_token_ids, req_ids, sampled)
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled,
+                                 num_filled_spec_tokens=self._num_filled_spec_tokens)
+
+    def _keep_proposals_on_device(self, drafts: DraftTokenIds | None, req_ids: list[str],
+                                  sampled: list[list[int]]) -> None:
+        """Async scheduling: this step's proposals stay with the runner (on the device) for the next
+        step's ``_prepare_input_ids``; the scheduler never sees them."""
+        num_sampled = dict(zip(req_ids, map(len, sampled), strict=True))
+        if drafts is None or not drafts.req_ids:
+            self._prev_draft_token_ids, self.prev_req_id_to_index, self._prev_num_sampled = None, {}, []
+            return
+        k = self.drafter.k
+        short = [r for r, d in zip(drafts.req_ids, drafts.draft_token_ids, strict=True) if len(d) != k]
+        if short:
+            raise ValueError(
+                f"async scheduling needs k = {k} proposals per request, got fewer for {short[:3]} (vLLM's "
+                "V1 runner refuses async scheduling with drafters that may propose fewer, such as the CPU "
+                "n-gram drafter)")
+        self._prev_draft_token_ids = torch.tensor(drafts.draft_token_ids, dtype=torch.int32,
+                                                  device=self.device)
+        self.prev_req_id_to_index = {r: i for i, r in enumerate(drafts.req_ids)}
+        self._prev_num_sampled = [num_sampled[r] for r in drafts.req_ids]
+
+    def _check_async_positions(self, scheduler_output: SchedulerOutput) -> None:
+        """Async scheduling: after the correction, a request with drafts must start at its last committed
+        token; anything else means the runner and the scheduler disagree on where it stands."""
+        if not self.use_async_scheduling:
+            return
+        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            state = self.requests[req_id]
+            if state.num_computed_tokens != state.num_tokens - 1:
+                raise RuntimeError(
+                    f"request {req_id!r}: the runner has {state.num_tokens} tokens but "
+                    f"num_computed_tokens={state.num_computed_tokens} after the async correction "
+                    f"({len(drafts)} drafts scheduled)")
 
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
         """Next step's drafts for every request that produced a token this step."""

@@ -1,23 +1,38 @@
-"""Requests, the scheduler, and the accepted-token bookkeeping: where ``-1`` placeholders are born.
+"""Requests, the schedulers, and the accepted-token bookkeeping: where ``-1`` placeholders are born.
 
-Mirrors ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``update_from_output``,
-``update_draft_token_ids``), ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``),
-``vllm/v1/request.py`` (``Request``), ``vllm/sampling_params.py`` (``SamplingParams``) and
-``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats``), cut down to what speculative decoding needs:
-no KV-block manager, no preemption, no structured output.
+Mirrors ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``_update_after_schedule``,
+``update_from_output``, ``update_draft_token_ids``), ``vllm/v1/core/sched/async_scheduler.py``
+(``AsyncScheduler``), ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``), ``vllm/v1/request.py``
+(``Request``), ``vllm/sampling_params.py`` (``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py``
+(``SpecDecodingStats``), cut down to what speculative decoding needs: no KV-block manager, no
+preemption, no prefix cache, no structured output (so no grammar), no dynamic k.
 
-Where the scheduler writes ``PLACEHOLDER_TOKEN_ID`` (-1) into ``scheduled_spec_decode_tokens``:
+Where a ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters ``scheduled_spec_decode_tokens``, as in vLLM 0.33:
 
-* a request whose only remaining work is one token (a new decode: the first decode on a P/D
-  disaggregated decode node, whose KV came from a prefill node, or a one-token prompt) has no drafts yet;
-  with ``pad_spec_decode`` it is scheduled as ``1 + k`` tokens with drafts ``[-1] * k`` (vLLM PR #45237);
-* a running decode whose drafter proposed fewer than k tokens (the n-gram drafter found no match) is
-  padded to k with ``-1`` under the same option. vLLM pads for the same reason, a uniform ``1 + k``
-  query length that a FULL CUDA graph can replay; it does so for new decodes, for grammar-invalid draft
-  tails, and (async scheduling) for every running request.
+* ``Scheduler`` (synchronous scheduling) pads one kind of request: a *waiting* request with exactly one
+  token left to compute (the first decode on a P/D disaggregated decode node, whose prompt KV came from
+  a prefill node; or a one-token prompt) is scheduled as ``1 + k`` tokens with drafts ``[-1] * k``
+  (vLLM PR #45237), so that the step keeps the uniform ``1 + k`` query length a FULL CUDA graph
+  replays. vLLM's conditions are kept: no running prefill chunk was scheduled in this step, the request
+  has KV already or a running request was scheduled before it, and if ``1 + k`` does not fit in the
+  token budget the waiting loop stops rather than schedule the request unpadded. (vLLM also checks that
+  ``1 + k + 1`` positions fit in ``max_model_len``; ``add_request`` here reserves room for k drafts
+  past ``max_tokens``, so that always holds.) A *running* request is scheduled with ``1 + len(drafts)`` tokens
+  and never padded: a drafter that proposed fewer than k tokens (the n-gram drafter, which proposes
+  nothing when it finds no match) simply gets fewer slots.
+* ``AsyncScheduler`` schedules step N + 1 before step N's tokens and drafts are known. After scheduling
+  (``_update_after_schedule``) it gives *every* scheduled request that is past its prefill ``[-1] * k``
+  as its next drafts (``_spec_token_placeholders``, sized by the step's ``num_spec_tokens_to_schedule``)
+  and counts the tokens still in flight in ``num_output_placeholders``; the model runner writes the
+  previous step's real proposals over those ``-1`` on the device before the forward. Only a request
+  the runner has no proposals for (not in its previous step) keeps its ``-1`` up to the embedding.
 
-``placeholder_policy="zero"`` is the design alternative chapter 1 measures: pad with token 0 instead, as
-Model Runner V2's zero-initialised draft table effectively does (vLLM PR #54137).
+vLLM also writes ``-1`` for grammar-rejected draft tails, on the async path with structured output
+(``Scheduler.update_draft_token_ids_in_output``); specfix has no grammars, so that path is left out.
+
+``placeholder_policy="zero"`` is a design alternative chapter 1 measures: pad with token 0 instead.
+vLLM PR #54137 claimed that Model Runner V2's zero-initialised draft table behaves that way; the PR was
+closed without being merged, so this is a what-if, not a description of vLLM.
 """
 
 from __future__ import annotations
@@ -123,9 +138,14 @@ class RequestStatus(enum.Enum):
 class Request:
     """One generation request as the scheduler tracks it (vllm/v1/request.py).
 
-    ``num_computed_tokens`` counts tokens whose KV is in the cache; a decode request has exactly one
-    more token (its last sample) than that. ``spec_token_ids`` holds the drafter's proposals for the
-    next step; the scheduler moves them into ``SchedulerOutput.scheduled_spec_decode_tokens``.
+    ``num_computed_tokens`` counts tokens whose KV is in the cache (or is being computed by a step in
+    flight); a decode request has exactly one more token (its last sample) than that. ``spec_token_ids``
+    holds the drafts for the next step (the drafter's proposals; under async scheduling ``[-1] * k``
+    placeholders for the runner to fill); the scheduler moves them into
+    ``SchedulerOutput.scheduled_spec_decode_tokens``. ``num_output_placeholders`` (async scheduling
+    only) counts the tokens scheduled steps may still emit: each step adds ``1 + its drafts`` and takes
+    them off again when its output arrives. ``is_prefill_chunk``: after the last scheduling, the request
+    still has prompt to compute.
     """
 
     request_id: str
@@ -135,6 +155,12 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
+    num_output_placeholders: int = 0
+    is_prefill_chunk: bool = False
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -177,8 +203,11 @@ class SchedulerOutput:
 
     ``scheduled_spec_decode_tokens[req_id]`` lists the drafts to verify, placeholders included: the
     runner verifies ``len(...)`` drafts for that request. ``num_placeholder_spec_tokens[req_id]`` (not in
-    vLLM; like its ``num_invalid_spec_tokens``) says how many of them, at the end, are padding: the
-    ground truth chapter 1 needs when placeholders are zeros and look like real drafts.
+    vLLM; like its ``num_invalid_spec_tokens``) says how many of them, at the end, the scheduler wrote as
+    placeholders: the ground truth chapter 1 needs when placeholders are zeros and look like real drafts
+    (under async scheduling the runner may fill them: ``ModelRunnerOutput.num_filled_spec_tokens``).
+    ``num_spec_tokens_to_schedule`` is the k the next step's drafts are sized for (vLLM's dynamic
+    speculative decoding can lower it; specfix always uses k).
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -188,6 +217,7 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]]
     num_placeholder_spec_tokens: dict[str, int]
     finished_req_ids: set[str]
+    num_spec_tokens_to_schedule: int = 0
 
 
 @dataclass
@@ -249,9 +279,12 @@ class SpecDecodingStats:
 class Scheduler:
     """Decides, each step, which requests run and how many tokens each one feeds the model.
 
-    Running requests first (decodes: ``1 + k`` tokens, drafts padded with placeholders to k), then
-    waiting ones (prefills, chunked to the token budget), at most ``max_num_seqs`` requests and
-    ``max_num_batched_tokens`` tokens per step.
+    Running requests first (a decode: its last token plus its drafts; a prefill: the next chunk), then
+    waiting ones (prefills, chunked to the token budget; a request with one token left is padded to
+    ``1 + k``, see the module docstring), at most ``max_num_seqs`` requests and
+    ``max_num_batched_tokens`` tokens per step. This is vLLM's synchronous scheduler: each step's output
+    reaches ``update_from_output`` (and the drafts ``update_draft_token_ids``) before the next
+    ``schedule``.
     """
 
     def __init__(
@@ -262,7 +295,6 @@ class Scheduler:
         max_num_batched_tokens: int = 256,
         max_model_len: int = 256,
         num_spec_tokens: int | None = None,
-        pad_spec_decode: bool = True,
         placeholder_policy: str = "minus_one",
     ):
         check_num_spec_tokens(num_spec_tokens)
@@ -283,17 +315,24 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.num_spec_tokens = num_spec_tokens
-        self.pad_spec_decode = pad_spec_decode
+        self.num_spec_tokens = num_spec_tokens or 0
         self.placeholder_policy = placeholder_policy
         self.placeholder_token_id = PLACEHOLDER_TOKEN_ID if placeholder_policy == "minus_one" else 0
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
-        self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens or 0)
+        # Scheduled steps whose output has not come back yet, per request id (async scheduling: a
+        # request can finish while a later step that includes it is still running).
+        self._num_steps_in_flight: dict[str, int] = {}
+        self.spec_decoding_stats = SpecDecodingStats(self.num_spec_tokens)
 
     # -- requests ---------------------------------------------------------------------------------
+
+    def is_request_id_in_use(self, request_id: str) -> bool:
+        """The id belongs to an unfinished request, or to a finished one that a step in flight still
+        carries (its output has not come back yet): a new request may not take it."""
+        return request_id in self.requests or self._num_steps_in_flight.get(request_id, 0) > 0
 
     def add_request(self, request: Request) -> None:
         """Queue a request; checks it first (nothing changes when it is refused)."""
@@ -301,6 +340,9 @@ class Scheduler:
             raise TypeError(f"request must be a specfix.v1.scheduler.Request, got {type(request).__name__}")
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        if self.is_request_id_in_use(request.request_id):
+            raise ValueError(f"request_id {request.request_id!r} finished, but a step that carries it is "
+                             "still in flight (async scheduling): use another id or step once more")
         prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         if not prompt:
             raise ValueError("prompt_token_ids is empty: a request needs at least one prompt token")
@@ -309,11 +351,11 @@ class Scheduler:
                 f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
                 f"got {request.num_computed_tokens}"
             )
-        need = len(prompt) + request.sampling_params.max_tokens + (self.num_spec_tokens or 0)
+        need = len(prompt) + request.sampling_params.max_tokens + self.num_spec_tokens
         if need > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt)}) + max_tokens ({request.sampling_params.max_tokens}) + k "
-                f"({self.num_spec_tokens or 0}) = {need} exceeds max_model_len={self.max_model_len}"
+                f"({self.num_spec_tokens}) = {need} exceeds max_model_len={self.max_model_len}"
             )
         request.prompt_token_ids = prompt
         self.requests[request.request_id] = request
@@ -328,14 +370,32 @@ class Scheduler:
 
     # -- schedule ---------------------------------------------------------------------------------
 
-    def _spec_tokens_for_decode(self, request: Request) -> tuple[list[int], int]:
-        """This step's drafts for a request in decode position, and how many of them are padding."""
-        k = self.num_spec_tokens
-        drafts = list(request.spec_token_ids[:k])
-        if not self.pad_spec_decode:
-            return drafts, 0
-        num_pad = k - len(drafts)
-        return drafts + [self.placeholder_token_id] * num_pad, num_pad
+    def _schedule_running(self, request: Request, budget: int) -> tuple[int, list[int]]:
+        """Tokens and drafts for a running request (vLLM's running loop); 0 tokens: skip it this step."""
+        if (request.num_output_placeholders > 0
+                and request.num_computed_tokens + 2 - request.num_output_placeholders
+                >= request.num_prompt_tokens + request.sampling_params.max_tokens):
+            # Async: even if every draft in flight is rejected, the step in flight reaches max_tokens.
+            return 0, []
+        num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+        num_new = min(num_new, budget, self.max_model_len - request.num_computed_tokens - 1)
+        if num_new <= 0:
+            return 0, []
+        num_spec = (num_new + request.num_computed_tokens - request.num_tokens
+                    - request.num_output_placeholders)
+        drafts = request.spec_token_ids[:num_spec] if num_spec > 0 else []
+        return num_new, drafts
+
+    def _num_placeholder_drafts(self, drafts: list[int]) -> int:
+        """How many of a running request's drafts are placeholders: none, they are the drafter's."""
+        return 0
+
+    def _pads_new_decode(self, request: Request, running_scheduled: bool, prefill_scheduled: bool) -> bool:
+        """vLLM PR #45237: a waiting request with one token left starts decoding padded to ``1 + k``."""
+        return (self.num_spec_tokens > 0
+                and request.num_tokens - request.num_computed_tokens == 1
+                and not prefill_scheduled
+                and (running_scheduled or request.num_computed_tokens > 0))
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -344,43 +404,43 @@ class Scheduler:
         num_placeholders: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
-
-        def plan(request: Request) -> int | None:
-            """Tokens to schedule for ``request`` within the budget (None: stop scheduling)."""
-            if budget <= 0:
-                return None
-            remaining = request.num_tokens - request.num_computed_tokens
-            decode_position = remaining == 1 and (request.num_computed_tokens > 0 or bool(num_scheduled))
-            if self.num_spec_tokens is None or not decode_position:
-                return min(remaining, budget)
-            drafts, pad = self._spec_tokens_for_decode(request)
-            if self.pad_spec_decode and 1 + len(drafts) > budget:
-                return None  # as vLLM: stop rather than break the uniform 1 + k shape
-            drafts = drafts[: budget - 1]
-            if drafts:
-                spec_tokens[request.request_id] = drafts
-                num_placeholders[request.request_id] = pad
-            return 1 + len(drafts)
+        prefill_scheduled = False  # a running request's prefill chunk is in this step
 
         for request in self.running:
-            n = plan(request)
-            if n is None:
+            if budget <= 0:
                 break
+            n, drafts = self._schedule_running(request, budget)
+            if n == 0:
+                continue
             num_scheduled[request.request_id] = n
             cached.req_ids.append(request.request_id)
             cached.num_computed_tokens.append(request.num_computed_tokens)
+            prefill_scheduled |= request.is_prefill_chunk
             budget -= n
+            if drafts:
+                spec_tokens[request.request_id] = list(drafts)
+                num_placeholders[request.request_id] = self._num_placeholder_drafts(drafts)
+            request.spec_token_ids = []
+        running_scheduled = bool(num_scheduled)
+
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
-            n = plan(request)
-            if n is None:
-                break
+            n = request.num_tokens - request.num_computed_tokens
+            padded = self._pads_new_decode(request, running_scheduled, prefill_scheduled)
+            if padded:
+                n = 1 + self.num_spec_tokens
+                if n > budget:
+                    break  # as vLLM: rather not schedule it than schedule it unpadded
+            n = min(n, budget)
             self.waiting.pop(0)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_scheduled[request.request_id] = n
             new_reqs.append(NewRequestData(request.request_id, list(request.prompt_token_ids),
                                            request.sampling_params, request.num_computed_tokens))
+            if padded:
+                spec_tokens[request.request_id] = [self.placeholder_token_id] * self.num_spec_tokens
+                num_placeholders[request.request_id] = self.num_spec_tokens
             budget -= n
 
         output = SchedulerOutput(
@@ -391,15 +451,21 @@ class Scheduler:
             scheduled_spec_decode_tokens=spec_tokens,
             num_placeholder_spec_tokens=num_placeholders,
             finished_req_ids=self.finished_req_ids,
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
-        self.finished_req_ids = set()
-        # vLLM's _update_after_schedule: the scheduled tokens count as computed until the runner says
-        # otherwise; the drafts now travel in the output.
-        for req_id, n in num_scheduled.items():
+        self._update_after_schedule(output)
+        return output
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """vLLM's ``_update_after_schedule``: the scheduled tokens count as computed until the runner says
+        otherwise (rejected drafts are rolled back in ``update_from_output``)."""
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
-            request.spec_token_ids = []
-        return output
+            request.is_prefill_chunk = (request.num_computed_tokens
+                                        < request.num_tokens + request.num_output_placeholders)
+            self._num_steps_in_flight[req_id] = self._num_steps_in_flight.get(req_id, 0) + 1
+        self.finished_req_ids = set()
 
     # -- after the model ran ----------------------------------------------------------------------
 
@@ -407,11 +473,13 @@ class Scheduler:
         """Append each request's sampled tokens, roll back rejected drafts, finish capped requests.
 
         Returns the requests that finished this step. As in vLLM (``_free_request``), a finished request
-        leaves ``requests`` at once (its id may be used again) and its id goes out with the next
-        ``SchedulerOutput.finished_req_ids``, so the runner frees its row too.
+        leaves ``requests`` at once and its id goes out with the next ``SchedulerOutput.finished_req_ids``,
+        so the runner frees its row too; output that arrives later for it (async scheduling: a step
+        scheduled before it finished) is dropped. Its id may be used again once no step carries it.
         """
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
+        filled = model_runner_output.num_filled_spec_tokens
         missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
         if missing:
             raise ValueError(f"model_runner_output has no result for scheduled request(s) {missing}")
@@ -422,13 +490,25 @@ class Scheduler:
         }
         finished: list[Request] = []
         for req_id, generated in generated_by_req.items():
-            request = self.requests[req_id]
+            left = self._num_steps_in_flight.get(req_id, 0) - 1
+            if left > 0:
+                self._num_steps_in_flight[req_id] = left
+            else:
+                self._num_steps_in_flight.pop(req_id, None)
+            request = self.requests.get(req_id)
+            if request is None:  # finished while this step was in flight
+                continue
             spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if spec and generated:
                 num_accepted = len(generated) - 1
-                request.num_computed_tokens -= len(spec) - num_accepted
-                self.spec_decoding_stats.observe(
-                    len(spec), scheduler_output.num_placeholder_spec_tokens.get(req_id, 0), num_accepted)
+                num_rejected = len(spec) - num_accepted
+                request.num_computed_tokens -= num_rejected
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= num_rejected
+                num_pad = scheduler_output.num_placeholder_spec_tokens.get(req_id, 0) - filled.get(req_id, 0)
+                self.spec_decoding_stats.observe(len(spec), num_pad, num_accepted)
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= len(generated)
             room = request.sampling_params.max_tokens - len(request.output_token_ids)
             request.output_token_ids.extend(generated[:room])
             if len(request.output_token_ids) >= request.sampling_params.max_tokens:
@@ -440,8 +520,8 @@ class Scheduler:
         return finished
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step (drafts
-        of a request that has finished meanwhile are dropped)."""
+        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step. Drafts of
+        a request that has finished meanwhile, or that is still prefilling, are dropped (as in vLLM)."""
         req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
         if len(req_ids) != len(drafts):
             raise ValueError(f"draft_token_ids has {len(req_ids)} req_ids but {len(drafts)} draft lists")
@@ -449,4 +529,45 @@ class Scheduler:
         for req_id, ids in zip(req_ids, checked, strict=True):
             request = self.requests.get(req_id)
             if request is not None:
-                request.spec_token_ids = ids
+                request.spec_token_ids = [] if request.is_prefill_chunk else ids
+
+
+class AsyncScheduler(Scheduler):
+    """vLLM's ``AsyncScheduler``: schedules step N + 1 while step N runs, before its tokens and drafts
+    are known.
+
+    After each ``schedule`` every scheduled request that is past its prefill gets ``[-1] * k`` as its
+    next drafts (the shared ``_spec_token_placeholders``) and ``1 + len(drafts)`` more
+    ``num_output_placeholders``: tokens the step may emit. The next ``schedule`` therefore gives it
+    ``1 + k`` tokens with ``[-1] * k`` drafts; the model runner overwrites those ``-1`` with the
+    proposals its drafter made in the previous step. ``update_from_output`` of step N then takes the
+    rejected drafts off ``num_computed_tokens`` and ``num_output_placeholders``, and the emitted tokens
+    off ``num_output_placeholders``. The engine does not call ``update_draft_token_ids``: the drafts
+    never travel through the scheduler.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._spec_token_placeholders: list[int] = [self.placeholder_token_id] * self.num_spec_tokens
+
+    def _num_placeholder_drafts(self, drafts: list[int]) -> int:
+        """All of them: a running request's drafts are the placeholders set after its last step."""
+        return len(drafts)
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        raise RuntimeError(
+            "AsyncScheduler takes no drafts: under async scheduling the model runner writes its own "
+            "proposals over the placeholders (vLLM's engine core calls update_draft_token_ids only when "
+            "scheduling is synchronous)")
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        super()._update_after_schedule(scheduler_output)
+        self._spec_token_placeholders = ([self.placeholder_token_id]
+                                         * scheduler_output.num_spec_tokens_to_schedule)
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            if request.is_prefill_chunk:
+                continue
+            request.num_output_placeholders += 1 + len(
+                scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            request.spec_token_ids = self._spec_token_placeholders
