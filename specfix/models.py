@@ -137,7 +137,11 @@ class NgramLM(nn.Module):
         """[L, V] logits after every token of one sequence, from scratch (a plain, cache-free reference)."""
         device = self.embed_tokens.weight.device
         ids = torch.as_tensor(token_ids, device=device)
+        if ids.numel() == 0:
+            raise ValueError("token_ids is empty: score needs at least one token")
         check_id_tensor("token_ids", ids)
+        if bool(((ids < 0) | (ids >= self.vocab_size)).any()):
+            raise ValueError(f"token_ids must lie in [0, vocab_size={self.vocab_size}), got {ids.tolist()}")
         positions = torch.arange(ids.numel(), device=device)
         return self(ids, positions, positions.clone(), self.make_kv_cache(ids.numel(), device))
 

@@ -99,6 +99,30 @@ def test_bad_requests_are_refused():
         batch.add_request(CachedRequestState("a", [VOCAB], SamplingParams(), None))
     with pytest.raises(ValueError, match="not in the batch"):
         batch.update_req_spec_token_ids(CachedRequestState("zz", [1], SamplingParams(), None), {})
+    with pytest.raises(TypeError, match="request must be a CachedRequestState, got str"):
+        batch.add_request("a")
+    with pytest.raises(TypeError, match="req_id must be a str, got 3"):
+        batch.add_request(CachedRequestState(3, [1], SamplingParams(), None))
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams, got dict"):
+        batch.add_request(CachedRequestState("a", [1], {}, None))
+    for computed in (-1, 3, 1.5, True):  # the row holds 2 tokens
+        request = CachedRequestState("a", [1, 2], SamplingParams(), None, num_computed_tokens=computed)
+        with pytest.raises(ValueError, match=rf"must be an int in \[0, 2\], got {computed}"):
+            batch.add_request(request)
     assert _same(before, _snapshot(batch))
     with pytest.raises(ValueError, match="positive"):
         InputBatch(0, 4, VOCAB)
+
+
+@pytest.mark.parametrize("req_id, tokens, error, word", [
+    ("zz", [5], ValueError, "request 'zz' is not in the batch"),
+    ("req", [5, VOCAB], ValueError, rf"sampled tokens of 'req' must lie in \[0, vocab_size={VOCAB}\)"),
+    ("req", [5, -1], ValueError, "got -1"),  # a placeholder is never a sampled token
+    ("req", [5] * 6, ValueError, "6 sampled tokens after 3 overflow max_model_len=8"),
+])  # fmt: skip
+def test_bad_sampled_tokens_are_refused_and_the_row_is_untouched(req_id, tokens, error, word):
+    batch, _ = _batch_with_one_request()
+    before = _snapshot(batch)
+    with pytest.raises(error, match=word):
+        batch.append_sampled(req_id, tokens)
+    assert _same(before, _snapshot(batch))

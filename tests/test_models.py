@@ -127,6 +127,16 @@ def test_next_token_logits_matches_score(models):
         build_model(1)
 
 
+def test_score_refuses_what_is_not_a_token_sequence(models):
+    target, _ = models
+    with pytest.raises(ValueError, match="token_ids is empty"):
+        target.score([])
+    with pytest.raises(ValueError, match=rf"token_ids must lie in \[0, vocab_size={target.vocab_size}\)"):
+        target.score([3, target.vocab_size])
+    with pytest.raises(ValueError, match="got \\[-1, 3\\]"):
+        target.score([-1, 3])
+
+
 PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
            "the boy cried", "the tortoise said", "once a hungry fox"]
 

@@ -608,6 +608,12 @@ def _good():
     return md, torch.randn(5, 8), SamplingMetadata.from_requests([1.0, 0.0], [7, None])
 
 
+def _with_draft(md, index, value):
+    """``md`` with one draft id overwritten after construction (make_dummy refuses such ids itself)."""
+    md.draft_token_ids[index] = value
+    return md
+
+
 def _poisoned(table, row, value):
     """A copy with one bad entry in ``row`` (or, for -inf, the whole row -inf)."""
     table = table.clone()
@@ -623,7 +629,7 @@ def _poisoned(table, row, value):
         (lambda md, lg, q: (md, lg, torch.rand(3, 7)), ValueError, "draft_probs"),
         (lambda md, lg, q: (md, lg, torch.rand(2, 8)), ValueError, "draft_probs"),
         (lambda md, lg, q: (SpecDecodeMetadata.make_dummy([[1, 8], [3]]), lg, q), ValueError, "draft_token"),
-        (lambda md, lg, q: (SpecDecodeMetadata.make_dummy([[1, -2], [3]]), lg, q), ValueError, "draft_token"),
+        (lambda md, lg, q: (_with_draft(md, 1, -2), lg, q), ValueError, r"draft_token_ids must lie in \[-1,"),
         (lambda md, lg, q: (SpecDecodeMetadata.make_dummy([[1], [2], [3]]), torch.randn(6, 8), q), ValueError,
          "temperature"),
         # a NaN row used to be sampled silently as token 0; +inf and an all -inf row make the softmax NaN
@@ -632,7 +638,9 @@ def _poisoned(table, row, value):
         (lambda md, lg, q: (md, _poisoned(lg, 0, float("inf")), q), ValueError, "first is row 0"),
         (lambda md, lg, q: (md, _poisoned(lg, 4, float("-inf")), q), ValueError, "first is row 4"),
         (lambda md, lg, q: (md, lg, _poisoned(torch.rand(3, 8), 1, float("nan"))), ValueError,
-         "draft_probs must be free of NaN"),
+         r"draft_probs must be in \[0, 1\]; 1 row\(s\) are not, the first is row 1"),
+        (lambda md, lg, q: (md, lg, _poisoned(torch.rand(3, 8), 2, -0.1)), ValueError, "first is row 2"),
+        (lambda md, lg, q: (md, lg, _poisoned(torch.rand(3, 8), 0, 1.5)), ValueError, "first is row 0"),
     ],
 )  # fmt: skip
 def test_bad_forward_input_is_refused_before_any_randomness(mutate, error, word):
@@ -665,6 +673,16 @@ def test_sampling_metadata_bad_input():
         SamplingMetadata(torch.tensor([-1.0]), False, True, {})
     with pytest.raises(ValueError, match="all_greedy"):
         SamplingMetadata(torch.tensor([0.0, 1.0]), True, False, {})
+    with pytest.raises(ValueError, match=r"temperature must be finite and >= 0 .*got \[1.0, inf\]"):
+        SamplingMetadata(torch.tensor([1.0, float("inf")]), False, True, {})
+    with pytest.raises(TypeError, match=r"temperatures\[0\] must be a finite number, got inf"):
+        SamplingMetadata.from_requests([float("inf")], [None])
+    with pytest.raises(ValueError, match=r"seeds\[1\] must fit in an int64, got 18446744073709551616"):
+        SamplingMetadata.from_requests([1.0, 1.0], [3, 2**64])
+    with pytest.raises(TypeError, match="generators must be a dict of batch index -> torch.Generator"):
+        SamplingMetadata(torch.tensor([1.0]), False, True, {0: 5})
+    with pytest.raises(TypeError, match="all_random must be a bool, got 1"):
+        SamplingMetadata(torch.tensor([1.0]), False, 1, {})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -715,6 +733,11 @@ def test_core_refuses_bad_caller_randomness():
         rejection_sample(*args, backend="cuda")
     with pytest.raises(ValueError, match="target_logits must be free of NaN"):
         rejection_sample(*args[:5], torch.tensor([[0.0, float("nan"), 1.0, 2.0]]), *args[6:])
+
+
+def test_parse_output_refuses_a_float_tensor():
+    with pytest.raises(TypeError, match="output_token_ids must be a 2-D integer tensor"):
+        RejectionSampler.parse_output(torch.zeros(2, 3), 8)
 
 
 def test_a_negative_draft_is_rejected_without_reading_a_probability():

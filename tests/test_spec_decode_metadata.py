@@ -104,3 +104,5 @@ def test_negative_draft_count_and_empty_batch_are_refused():
         SpecDecodeMetadata.make_dummy([])
     with pytest.raises(TypeError, match="ints"):
         SpecDecodeMetadata.make_dummy([[1.5]])
+    with pytest.raises(ValueError, match=r"token ids or -1 \(a placeholder\), got \[3, -2\]"):
+        SpecDecodeMetadata.make_dummy([[3], [-2]])

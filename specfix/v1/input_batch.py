@@ -72,6 +72,13 @@ class InputBatch:
 
     def add_request(self, request: CachedRequestState) -> int:
         """Give ``request`` the lowest free row, fill it with its tokens; return the row."""
+        if not isinstance(request, CachedRequestState):
+            raise TypeError(f"request must be a CachedRequestState, got {type(request).__name__}")
+        if not isinstance(request.req_id, str):
+            raise TypeError(f"req_id must be a str, got {request.req_id!r}")
+        if not isinstance(request.sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got "
+                            f"{type(request.sampling_params).__name__}")
         if request.req_id in self.req_id_to_index:
             raise ValueError(f"request {request.req_id!r} is already in the batch")
         if None not in self._req_ids:
@@ -80,6 +87,9 @@ class InputBatch:
         tokens += check_token_ids("output_token_ids", request.output_token_ids, self.vocab_size)
         if len(tokens) > self.max_model_len:
             raise ValueError(f"request has {len(tokens)} tokens, over max_model_len={self.max_model_len}")
+        computed = request.num_computed_tokens
+        if isinstance(computed, bool) or not isinstance(computed, int) or not 0 <= computed <= len(tokens):
+            raise ValueError(f"num_computed_tokens must be an int in [0, {len(tokens)}], got {computed!r}")
         index = self._req_ids.index(None)
         self._req_ids[index] = request.req_id
         self.req_id_to_index[request.req_id] = index
@@ -131,9 +141,15 @@ class InputBatch:
 
     def append_sampled(self, req_id: str, token_ids: list[int]) -> None:
         """Commit sampled tokens after the row's committed ones (overwriting the tentative drafts)."""
-        index = self.req_id_to_index[req_id]
+        index = self.req_id_to_index.get(req_id)
+        if index is None:
+            raise ValueError(f"request {req_id!r} is not in the batch")
+        token_ids = check_token_ids(f"sampled tokens of {req_id!r}", token_ids, self.vocab_size)
         start = int(self.num_tokens_no_spec[index])
-        end = min(start + len(token_ids), self.max_model_len)
-        self.token_ids_cpu[index, start:end] = token_ids[: end - start]
+        end = start + len(token_ids)
+        if end > self.max_model_len:
+            raise ValueError(f"{len(token_ids)} sampled tokens after {start} overflow "
+                             f"max_model_len={self.max_model_len}")
+        self.token_ids_cpu[index, start:end] = token_ids
         self.num_tokens_no_spec[index] = end
 

@@ -43,13 +43,15 @@ Pieces, each usable on its own (chapter 3 calls the random core with its own ran
         ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
 
     These in-place cores do not validate their inputs (like vLLM's kernels); ``rejection_sample`` and
-    ``RejectionSampler.forward`` do, with one host sync per call for all value checks (ids in range;
+    ``RejectionSampler.forward`` do: shapes, dtypes and devices always; the value checks (ids in range;
     logits and draft probabilities free of NaN, +inf and rows of only -inf, which vLLM does not check:
-    a NaN row would otherwise emit token 0 without a word).
+    a NaN row would otherwise emit token 0 without a word) on CPU tensors, and on GPU tensors only under
+    ``specfix.v1.device_checks`` (one host sync for all of them), so that a step makes no host sync.
 
-The two verification loops are Triton kernels (grid ``(B,)``, one program per request looping over its
-drafts) with vectorised torch references beside them; recovered-token and bonus sampling are plain
-vectorised torch (vLLM uses a Triton kernel for the former).
+The two verification loops and the recovered-token draw are Triton kernels (grid ``(B,)``, one program per
+request looping over its drafts; grid ``(B, max_spec_len)`` for the draw), each with a vectorised torch
+reference beside it; ``max_spec_len`` is a runtime argument, so one compilation serves every k. The
+exponential noise of the draw and the bonus token come from torch, keyed by the requests' generators.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import torch
 from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.v1 import device_checks
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SAMPLING_EPS, SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
 
@@ -79,6 +82,7 @@ __all__ = [
     "rejection_random_sample_ref",
     "rejection_sample",
     "sample_recovered_tokens",
+    "sample_recovered_tokens_ref",
 ]
 
 #: Fills the output past each request's last token, and marks a draft slot the drafter left empty.
@@ -144,7 +148,7 @@ class RejectionSampler(torch.nn.Module):
             raise ValueError(
                 f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
             )
-        _check_sampling_metadata(sampling_metadata, metadata.batch_size)
+        _check_sampling_metadata(sampling_metadata, metadata.batch_size, logits.device)
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
         _check_rejection_inputs(
             metadata.draft_token_ids,
@@ -184,8 +188,9 @@ class RejectionSampler(torch.nn.Module):
     ) -> list[list[int]]:
         """Per-request token lists: drop ``PLACEHOLDER_TOKEN_ID`` and ids >= ``vocab_size``; requests in
         ``discard_req_indices`` (e.g. partial prefills whose sample is thrown away) get ``[]``."""
-        if not isinstance(output_token_ids, torch.Tensor) or output_token_ids.dim() != 2:
-            raise TypeError("output_token_ids must be a 2-D tensor [B, max_spec_len + 1]")
+        if (not isinstance(output_token_ids, torch.Tensor) or output_token_ids.dim() != 2
+                or output_token_ids.dtype.is_floating_point or output_token_ids.dtype == torch.bool):
+            raise TypeError("output_token_ids must be a 2-D integer tensor [B, max_spec_len + 1]")
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         rows = output_token_ids.cpu().tolist()
@@ -214,7 +219,8 @@ def _check_logits(name: str, logits: object) -> None:
         )
 
 
-def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None:
+def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device: torch.device | None = None
+                             ) -> None:
     if not isinstance(sampling_metadata, SamplingMetadata):
         raise TypeError(
             f"sampling_metadata must be a SamplingMetadata, got {type(sampling_metadata).__name__}"
@@ -222,6 +228,8 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None
     t = sampling_metadata.temperature
     if t is not None and t.numel() != batch_size:
         raise ValueError(f"sampling_metadata.temperature has {t.numel()} entries for a batch of {batch_size}")
+    if t is not None and device is not None and t.device != device:
+        raise ValueError(f"sampling_metadata.temperature is on {t.device}, the logits on {device}")
     bad = [i for i in sampling_metadata.generators if not 0 <= i < batch_size]
     if bad:
         raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
@@ -230,25 +238,32 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int) -> None
 def _check_values(
     ranges: dict[str, tuple[torch.Tensor, int, int]], scores: dict[str, torch.Tensor | None]
 ) -> None:
-    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)``, and no
-    ``scores`` tensor (logits or probabilities, [rows, V]) holds NaN or +inf or a row of only -inf
-    (each makes the softmax NaN, and a NaN row would silently emit token 0)."""
+    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)``; no ``scores``
+    tensor ([rows, V] logits) holds NaN or +inf or a row of only -inf (each makes the softmax NaN, and a
+    NaN row would silently emit token 0); ``scores["draft_probs"]``, probabilities, lie in [0, 1].
+    On GPU tensors these checks run only under ``device_checks`` (the step path makes no host sync)."""
+    tensors = [t for t, _, _ in ranges.values()] + [t for t in scores.values() if t is not None]
+    if not device_checks.wanted(*tensors):
+        return
     named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
     floats = [(name, t) for name, t in scores.items() if t is not None and t.numel()]
-    stats = [torch.stack([t.min().long(), t.max().long()]) for _, t, _, _ in named]
-    for _, t in floats:
+    stats = [torch.stack([t.min().double(), t.max().double()]) for _, t, _, _ in named]
+    for name, t in floats:
         bad_rows = (t.isnan() | t.isposinf()).any(dim=-1) | (t.amax(dim=-1) == float("-inf"))
-        stats.append(torch.stack([bad_rows.sum(), bad_rows.long().argmax()]))
+        if name == "draft_probs":  # probabilities, where a row of zeros (nothing drafted) is fine
+            bad_rows = t.isnan().any(dim=-1) | (t < 0).any(dim=-1) | (t > 1).any(dim=-1)
+        stats.append(torch.stack([bad_rows.sum().double(), bad_rows.long().argmax().double()]))
     if not stats:
         return
     values = torch.stack([x.to(stats[0].device) for x in stats]).tolist()
     for (name, _, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
         if smallest < lo or largest >= hi:
-            raise ValueError(f"{name} must lie in [{lo}, {hi}), got min {smallest}, max {largest}")
+            raise ValueError(f"{name} must lie in [{lo}, {hi}), got min {int(smallest)}, max {int(largest)}")
     for (name, _), (num_bad, first_bad) in zip(floats, values[len(named):], strict=True):
         if num_bad:
-            raise ValueError(f"{name} must be free of NaN, +inf and all -inf rows; {num_bad} row(s) are "
-                             f"not, the first is row {first_bad}")
+            rule = "in [0, 1]" if name == "draft_probs" else "free of NaN, +inf and all -inf rows"
+            raise ValueError(f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row "
+                             f"{int(first_bad)}")
 
 
 def _check_rejection_inputs(
@@ -314,10 +329,16 @@ def expand_batch_to_tokens(
     ``[a,a,b,b,b,c]``. Values equal to ``replace_from`` become ``replace_to`` (no-op when both are 0)."""
     if x.shape[0] != cu_num_tokens.shape[0]:
         raise ValueError(f"x has {x.shape[0]} entries but cu_num_tokens has {cu_num_tokens.shape[0]}")
-    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
     if replace_from != replace_to:
-        x = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype, device=x.device), x)
-    return torch.repeat_interleave(x, counts, output_size=num_tokens)
+        x = torch.where(x == replace_from, replace_to, x)
+    return x[_token_to_request(cu_num_tokens, num_tokens)]
+
+
+def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[num_tokens] int64: the request each flat token belongs to, from the inclusive cumulative counts
+    (a binary search on the device: no host sync, unlike ``repeat_interleave``, and graph-capturable)."""
+    tokens = torch.arange(num_tokens, device=cu_num_tokens.device, dtype=cu_num_tokens.dtype)
+    return torch.searchsorted(cu_num_tokens, tokens, right=True)
 
 
 def apply_sampling_constraints(
@@ -370,23 +391,62 @@ def sample_recovered_tokens(
     target_probs: torch.Tensor,
     sampling_metadata: SamplingMetadata,
     device,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """For each draft token, a sample from the residual distribution used if that draft is rejected.
 
     Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
     without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target). Sampled by
     the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
-    distributed proportionally to the residual, no normalisation needed. Vectorised torch (vLLM: a Triton
-    kernel with grid (B, max_spec_len)). Returns [num_draft_total] int32.
+    distributed proportionally to the residual, no normalisation needed. The noise comes from torch (the
+    request's generator, or the global one), so that a seed gives the same tokens on every backend; the
+    rest is ``sample_recovered_tokens_kernel`` (one pass over p, q and E, no [T, V] temporaries) or, with
+    ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
     """
     num_tokens, vocab_size = target_probs.shape
-    inv_noise = 1.0 / _exponential_noise(
+    noise = _exponential_noise(
         len(num_draft_tokens),
         vocab_size,
         sampling_metadata.generators,
         [k > 0 for k in num_draft_tokens],
         device,
     )
+    if not _use_triton(backend, target_probs.device):
+        return sample_recovered_tokens_ref(
+            cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
+        )
+    out = torch.empty(num_tokens, dtype=torch.int32, device=target_probs.device)
+    if num_tokens == 0:
+        return out
+    # The interpreter's cost is per program instance: one tile per row there.
+    block = min(triton.next_power_of_2(vocab_size), 1 << 16) if runtime.INTERPRET else 2048
+    target_probs = target_probs.to(torch.float32).contiguous()
+    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len)](
+        out,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        target_probs,
+        noise,
+        vocab_size,
+        BLOCK=block,
+        NO_DRAFT_PROBS=draft_probs is None,
+        num_warps=8,
+    )
+    return out
+
+
+def sample_recovered_tokens_ref(
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Torch twin of ``sample_recovered_tokens_kernel``: ``argmax_v residual[t, v] * (1 / noise[req(t), v])``
+    (the first index on ties), [num_draft_total] int32."""
+    num_tokens = target_probs.shape[0]
     if draft_probs is None:
         # Zero each row's draft entry; a -1 draft writes its column 0 back unchanged.
         residual = target_probs.clone()
@@ -395,9 +455,8 @@ def sample_recovered_tokens(
         residual.scatter_(1, column, kept)
     else:
         residual = (target_probs - draft_probs).clamp_min_(0)
-    token_to_req = expand_batch_to_tokens(
-        torch.arange(len(num_draft_tokens), device=device), cu_num_draft_tokens, num_tokens
-    )
+    inv_noise = 1.0 / noise
+    token_to_req = _token_to_request(cu_num_draft_tokens, num_tokens)
     return (residual * inv_noise[token_to_req]).argmax(dim=-1).to(torch.int32)
 
 
@@ -446,7 +505,7 @@ def rejection_sample(
     the randomness).
     """
     _check_logits("target_logits", target_logits)
-    _check_sampling_metadata(sampling_metadata, len(num_draft_tokens))
+    _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
@@ -527,6 +586,7 @@ def _rejection_sample(
             target_probs,
             sampling_metadata,
             device,
+            backend=backend,
         )
     rejection_random_sample(
         output_token_ids,
@@ -731,7 +791,7 @@ def rejection_random_sample_ref(
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["max_spec_len"])
     def rejection_greedy_sample_kernel(
         output_token_ids_ptr,  # [B, max_spec_len + 1] int32
         cu_num_draft_tokens_ptr,  # [B] int32, inclusive
@@ -739,7 +799,7 @@ if HAS_TRITON:
         target_argmax_ptr,  # [T] int32
         bonus_token_ids_ptr,  # [B] int32
         is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len: tl.constexpr,
+        max_spec_len,  # a runtime int: one compilation serves every k
         HAS_IS_GREEDY: tl.constexpr,
     ):
         """Emit the target argmax at each position until a draft differs from it; bonus if none does.
@@ -765,7 +825,7 @@ if HAS_TRITON:
             if not rejected:
                 tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["max_spec_len"])
     def rejection_random_sample_kernel(
         output_token_ids_ptr,  # [B, max_spec_len + 1] int32
         cu_num_draft_tokens_ptr,  # [B] int32, inclusive
@@ -776,7 +836,7 @@ if HAS_TRITON:
         recovered_token_ids_ptr,  # [T] int32
         uniform_probs_ptr,  # [T] float64
         is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len: tl.constexpr,
+        max_spec_len,  # a runtime int: one compilation serves every k
         vocab_size,
         NO_DRAFT_PROBS: tl.constexpr,
         HAS_IS_GREEDY: tl.constexpr,
@@ -832,6 +892,53 @@ if HAS_TRITON:
             if not rejected:
                 tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
 
+    @triton.jit
+    def sample_recovered_tokens_kernel(
+        output_ptr,  # [T] int32
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+        target_probs_ptr,  # [T, V] float32
+        noise_ptr,  # [B, V] float32, Exp(1)
+        vocab_size,
+        BLOCK: tl.constexpr,
+        NO_DRAFT_PROBS: tl.constexpr,
+    ):
+        """Grid (B, max_spec_len): program (i, j) draws request i's j-th recovered token (if it has one) as
+        ``argmax_v residual[v] * (1 / E_i[v])`` in one pass over its row. Each lane keeps the best score it
+        has seen and its column (a strictly greater score replaces it, so each lane keeps its first maximum);
+        the lanes are reduced once at the end, to the lowest column among the best: torch's argmax. The
+        reciprocal is an IEEE division and nothing is fused, so the token is the torch twin's bit for bit.
+        """
+        req_idx = tl.program_id(0)
+        pos = tl.program_id(1)
+        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+        if pos < num_draft:
+            token_idx = (start + pos).to(tl.int64)
+            draft = tl.load(draft_token_ids_ptr + token_idx)
+            row = token_idx * vocab_size
+            noise_row = req_idx.to(tl.int64) * vocab_size
+            best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
+            best_col = tl.zeros([BLOCK], dtype=tl.int32)
+            for offset in range(0, vocab_size, BLOCK):
+                cols = offset + tl.arange(0, BLOCK)
+                inside = cols < vocab_size
+                p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
+                if NO_DRAFT_PROBS:
+                    residual = tl.where(cols == draft, 0.0, p)  # a -1 draft matches no column
+                else:
+                    q = tl.load(draft_probs_ptr + row + cols, mask=inside, other=0.0)
+                    residual = tl.maximum(p - q, 0.0)
+                e = tl.load(noise_ptr + noise_row + cols, mask=inside, other=1.0)
+                score = tl.where(inside, residual * tl.math.div_rn(1.0, e), -1.0)
+                better = score > best
+                best = tl.where(better, score, best)
+                best_col = tl.where(better, cols, best_col)
+            top = tl.max(best, axis=0)
+            tl.store(output_ptr + token_idx, tl.min(tl.where(best == top, best_col, vocab_size), axis=0))
+
 else:  # no triton: the dispatchers above always take the torch reference
     rejection_greedy_sample_kernel = None
     rejection_random_sample_kernel = None
+    sample_recovered_tokens_kernel = None

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specfix.v1 import device_checks
+
 #: A temperature below this is greedy decoding (vLLM's ``_SAMPLING_EPS``).
 SAMPLING_EPS = 1e-5
 #: What the runner stores for a greedy request (vLLM's ``GREEDY_TEMPERATURE``).
@@ -43,10 +45,15 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.generators, dict):
+        if not isinstance(self.generators, dict) or not all(
+            isinstance(g, torch.Generator) for g in self.generators.values()
+        ):
             raise TypeError(
                 f"generators must be a dict of batch index -> torch.Generator, got {self.generators!r}"
             )
+        for name in ("all_greedy", "all_random"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.temperature is None:
             if not self.all_greedy or self.all_random:
                 raise ValueError("temperature may be None only when all_greedy=True and all_random=False")
@@ -56,18 +63,20 @@ class SamplingMetadata:
             raise TypeError(f"temperature must be a 1-D float tensor, got {t!r}")
         if t.numel() == 0:
             raise ValueError("temperature is empty: a batch needs at least one request")
+        bad = [i for i in self.generators if not (isinstance(i, int) and 0 <= i < t.numel())]
+        if bad:
+            raise ValueError(f"generators keys must be batch indices in [0, {t.numel()}), got {bad}")
+        if not device_checks.wanted(t):
+            return  # reading a GPU tensor's values is a host sync: checked only under device_checks
         values = t.tolist()  # one host sync for all checks
-        if any(math.isnan(v) or v < 0 for v in values):
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {values}")
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {values}")
         greedy = [v < SAMPLING_EPS for v in values]
         if self.all_greedy != all(greedy) or self.all_random != (not any(greedy)):
             raise ValueError(
                 f"all_greedy={self.all_greedy} / all_random={self.all_random} disagree with "
                 f"temperature {values}"
             )
-        bad = [i for i in self.generators if not (isinstance(i, int) and 0 <= i < t.numel())]
-        if bad:
-            raise ValueError(f"generators keys must be batch indices in [0, {t.numel()}), got {bad}")
 
     @classmethod
     def from_requests(
@@ -84,13 +93,15 @@ class SamplingMetadata:
         if len(seeds) != len(temperatures):
             raise ValueError(f"seeds has {len(seeds)} entries but temperatures has {len(temperatures)}")
         for i, t in enumerate(temperatures):
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t):
-                raise TypeError(f"temperatures[{i}] must be a number, got {t!r}")
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+                raise TypeError(f"temperatures[{i}] must be a finite number, got {t!r}")
             if t < 0:
                 raise ValueError(f"temperatures[{i}] = {t} is negative; use 0 for greedy decoding")
         for i, s in enumerate(seeds):
             if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
                 raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
+            if s is not None and not -(2**63) <= s < 2**63:
+                raise ValueError(f"seeds[{i}] must fit in an int64, got {s}")
         greedy = [t < SAMPLING_EPS for t in temperatures]
         generators = {
             i: torch.Generator(device=device).manual_seed(s)
@@ -100,7 +111,8 @@ class SamplingMetadata:
         all_greedy = all(greedy)
         stored = [GREEDY_TEMPERATURE if g else t for t, g in zip(temperatures, greedy, strict=True)]
         return cls(
-            temperature=None if all_greedy else torch.tensor(stored, dtype=torch.float32, device=device),
+            temperature=None if all_greedy else device_checks.to_device(
+                torch.tensor(stored, dtype=torch.float32), device),
             all_greedy=all_greedy,
             all_random=not any(greedy),
             generators=generators,

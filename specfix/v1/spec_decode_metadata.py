@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specfix.v1 import device_checks
+
 #: Token-id tensors must hold signed integers: a float or unsigned tensor cannot carry ``-1``.
 ID_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -35,7 +37,7 @@ def check_id_tensor(name: str, tensor: object, length: int | None = None, min_le
 
 
 def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    return device_checks.to_device(torch.tensor(values, dtype=torch.int64).cumsum(0).to(torch.int32), device)
 
 
 @dataclass
@@ -78,6 +80,10 @@ class SpecDecodeMetadata:
         check_id_tensor("target_logits_indices", self.target_logits_indices, total)
         check_id_tensor("bonus_logits_indices", self.bonus_logits_indices, batch)
         check_id_tensor("logits_indices", self.logits_indices, total + batch)
+        self.num_draft_tokens = list(k)
+        self.max_spec_len = max(k, default=0)
+        if not device_checks.wanted(self.cu_num_draft_tokens, self.cu_num_sampled_tokens):
+            return  # reading GPU tensors back is a host sync: checked only under device_checks
         expected_cu = torch.tensor(k, dtype=torch.int64).cumsum(0).tolist()
         expected_cu_sampled = [c + i + 1 for i, c in enumerate(expected_cu)]
         cu = self.cu_num_draft_tokens
@@ -94,8 +100,6 @@ class SpecDecodeMetadata:
                 "cu_num_sampled_tokens must be the inclusive cumsum of num_draft_tokens + 1 "
                 f"{expected_cu_sampled}, got {got_cu_sampled}"
             )
-        self.num_draft_tokens = list(k)
-        self.max_spec_len = max(k, default=0)
 
     @property
     def batch_size(self) -> int:
@@ -121,17 +125,19 @@ class SpecDecodeMetadata:
         flat = [t for row in draft_token_ids for t in row]
         if not all(type(t) is int for t in flat):
             raise TypeError(f"draft_token_ids must hold ints, got {flat!r}")
+        if any(t < -1 for t in flat):
+            raise ValueError(f"draft_token_ids must be token ids or -1 (a placeholder), got {flat!r}")
         k = [len(row) for row in draft_token_ids]
         batch, total = len(k), len(flat)
         cu_sampled = torch.tensor([n + 1 for n in k], dtype=torch.int64).cumsum(0)
         sampled_start = (cu_sampled - torch.tensor(k) - 1).tolist()
         target = [start + j for start, n in zip(sampled_start, k, strict=True) for j in range(n)]
         return cls(
-            draft_token_ids=torch.tensor(flat, dtype=torch.int32, device=device),
+            draft_token_ids=device_checks.to_device(torch.tensor(flat, dtype=torch.int32), device),
             num_draft_tokens=k,
             cu_num_draft_tokens=_cumsum(k, device),
-            cu_num_sampled_tokens=cu_sampled.to(torch.int32).to(device),
-            target_logits_indices=torch.tensor(target, dtype=torch.int32, device=device),
-            bonus_logits_indices=(cu_sampled - 1).to(torch.int32).to(device),
+            cu_num_sampled_tokens=device_checks.to_device(cu_sampled.to(torch.int32), device),
+            target_logits_indices=device_checks.to_device(torch.tensor(target, dtype=torch.int32), device),
+            bonus_logits_indices=device_checks.to_device((cu_sampled - 1).to(torch.int32), device),
             logits_indices=torch.arange(total + batch, dtype=torch.int32, device=device),
         )
