@@ -107,8 +107,9 @@ def test_demo_command_line():
     cmd = [sys.executable, "-m", "specfix.v1.engine", "--device", "cpu", "--steps", "3"]
     ok = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert ok.returncode == 0 and "acceptance_rate=" in ok.stdout
-    crash = subprocess.run(cmd + ["--no-clamp"], capture_output=True, text=True, env=env)
-    assert crash.returncode != 0 and "IndexError: index out of range in self" in crash.stderr
+    for extra in ([], ["--async-scheduling"]):  # the prefilled requests' first decode: no proposals yet
+        crash = subprocess.run(cmd + ["--no-clamp", *extra], capture_output=True, text=True, env=env)
+        assert crash.returncode != 0 and "IndexError: index out of range in self" in crash.stderr
 
 
 def _joining_run(fixes, async_scheduling):
