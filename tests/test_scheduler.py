@@ -214,6 +214,14 @@ def _snapshot(sched):
         (lambda: Request("b", [1] * 250, SamplingParams(max_tokens=10)), ValueError, "exceeds max_model_len"),
         (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2), ValueError,
          r"num_computed_tokens must lie in \[0, 2\)"),
+        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=1.5), TypeError,
+         "num_computed_tokens must be an int, got 1.5"),
+        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=True), TypeError, "got True"),
+        (lambda: Request(5, [1, 2], SamplingParams()), TypeError, "request_id must be a non-empty str, got"),
+        (lambda: Request("", [1, 2], SamplingParams()), TypeError, "request_id must be a non-empty str"),
+        (lambda: Request("b", [1, 2], {"temperature": 1.0}), TypeError, "sampling_params must be a Sampl"),
+        (lambda: Request("b", [1, 2], SamplingParams(), output_token_ids=[3]), ValueError, "'b' is not new"),
+        (lambda: Request("b", [1, 2], SamplingParams(), spec_token_ids=[-5]), ValueError, "'b' is not new"),
     ],
 )
 def test_bad_requests_leave_the_scheduler_unchanged(make, error, word):

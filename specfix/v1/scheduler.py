@@ -338,6 +338,18 @@ class Scheduler:
         """Queue a request; checks it first (nothing changes when it is refused)."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be a specfix.v1.scheduler.Request, got {type(request).__name__}")
+        if not isinstance(request.request_id, str) or not request.request_id:
+            raise TypeError(f"request_id must be a non-empty str, got {request.request_id!r}")
+        if not isinstance(request.sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got "
+                            f"{type(request.sampling_params).__name__}")
+        if (request.output_token_ids or request.spec_token_ids or request.num_output_placeholders
+                or request.status != RequestStatus.WAITING):
+            raise ValueError(f"request {request.request_id!r} is not new: it has output or draft tokens, "
+                             f"or status {request.status.name}")
+        computed = request.num_computed_tokens
+        if isinstance(computed, bool) or not isinstance(computed, int):
+            raise TypeError(f"num_computed_tokens must be an int, got {computed!r}")
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         if self.is_request_id_in_use(request.request_id):
