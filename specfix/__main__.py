@@ -2,6 +2,7 @@
 
     python -m specfix bench --device cuda --scale full --json specfix/recorded/bench_h200.json
     python -m specfix bench --device cpu --scale ci --only gumbel     # smoke run: timings mean nothing
+    python -m specfix bench --device cuda --scale full --peer .peer   # beside vLLM's own samplers
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)")
     b.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this case (repeatable or comma-separated): {', '.join(bench.CASES)}")
+    b.add_argument("--peer", metavar="PATH",
+                   help="time vLLM's samplers from this folder (filled by shared/peer/fetch-vllm-sampler.sh) "
+                   "beside specfix's, same inputs, same process; without it only specfix is timed")
     b.add_argument("--json", metavar="PATH", help="write the results here (schema: the bench docstring)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                      "run with SPECFIX_DEVICE=cpu so that kernels go through the interpreter")
     try:
         report = bench.run(device=device, scale=args.scale or runtime.SCALE, only=only,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, peer=args.peer)
     except ValueError as exc:
         parser.error(str(exc))
     status = 1 if report["errors"] else 0

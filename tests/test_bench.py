@@ -94,12 +94,49 @@ def test_gumbel_goals_take_the_worst_case():
             mine = _row("gumbel", bench.JUDGED, ours_us, **params)
             mine["metrics"]["G_logits_per_s"] = bench.g_logits_per_s(rows, 151_936, ours_us)
             results += [mine, _row("gumbel", "torch_softmax_multinomial", ref_us, **params)]
-    rate, speedup = bench._goals_gumbel(results, GPU)
-    # rows >= 256 only; the slower dtype (fp32, 100 us) is the worst: 256*151936/100e-6/1e9 = 388.96
-    assert rate["measured"] == pytest.approx(388.95, abs=0.01) and rate["status"] == "miss"
+    goals = bench._goals_gumbel(results, GPU)
+    rates = [g for g in goals if "G logits/s at" in g["goal"]]
+    # one rate goal per shape from 256 rows: 256*151936/100e-6/1e9 = 388.96 (fp32) misses 700, bf16 passes
+    by_dtype = {g["goal"].split()[-1]: g for g in rates}
+    assert by_dtype["fp32"]["status"] == "miss"
+    assert by_dtype["fp32"]["measured"] == pytest.approx(388.96, abs=0.01)
+    assert by_dtype["bf16"]["status"] == "pass"
+    assert by_dtype["bf16"]["measured"] == pytest.approx(777.92, abs=0.01)
+    # the same time at 8 and 256 rows: time does not fall, ratio exactly 1, passes
+    flat = [g for g in goals if "never falls" in g["goal"]]
+    assert len(flat) == 2 and all(g["measured"] == 1.0 and g["status"] == "pass" for g in flat)
     # speedups 7x (fp32) and 4x (bf16): the worst, 4x, misses 5x
+    (speedup,) = [g for g in goals if "softmax + multinomial" in g["goal"]]
     assert speedup["measured"] == pytest.approx(4.0) and speedup["status"] == "miss"
     assert "bf16" in speedup["margin"]
+    assert not [g for g in goals if "vLLM" in g["goal"]]       # no peer timed: no per-shape ratio goals
+
+
+def test_per_shape_goals_against_the_peer():
+    key = bench.speedup_key(bench.GOAL_PEER)
+    results = []
+    for rows, ours_us, theirs_us in ((8, 20.0, 15.0), (64, 30.0, 40.0), (256, 40.0, 100.0)):
+        r = _row("gumbel", bench.JUDGED, ours_us, vocab=32_000, rows=rows, dtype="bf16")
+        r["metrics"] = {key: theirs_us / ours_us,
+                        "G_logits_per_s": bench.g_logits_per_s(rows, 32_000, ours_us)}
+        results.append(r)
+    ratio = {g["goal"]: g for g in bench._goals_gumbel(results, GPU) if "vLLM" in g["goal"]}
+    # 8 rows: 0.75x misses 1.0x by 25%; 64 rows: 1.33x misses 1.5x; 256 rows: 2.5x passes 1.5x
+    assert ratio[f"fast >= 1x vLLM {bench.GOAL_PEER} at 8 x 32,000 bf16"]["margin"].startswith("-25.0%")
+    assert ratio[f"fast >= 1.5x vLLM {bench.GOAL_PEER} at 64 x 32,000 bf16"]["status"] == "miss"
+    assert ratio[f"fast >= 1.5x vLLM {bench.GOAL_PEER} at 256 x 32,000 bf16"]["status"] == "pass"
+
+
+def test_rejection_and_drafter_goals_count_syncs():
+    rows = [_row("rejection", "specfix_triton", 10.0, batch=1, k=1, vocab=100, mode=m)
+            for m in ("greedy", "random")]
+    rows[0]["metrics"]["host_syncs_per_step"], rows[1]["metrics"]["host_syncs_per_step"] = 0, 2
+    forward = [g for g in bench._goals_rejection(rows, GPU) if "forward" in g["goal"]][0]
+    assert forward["measured"] == 2 and forward["status"] == "miss"
+    step = _row("drafter_graph", "graph", 5.0, live_batch=3, padded_batch=4, k=3, vocab=9, model="m")
+    step["metrics"]["host_syncs_per_step"] = 0
+    (drafter,) = bench._goals_drafter_graph([step], GPU)
+    assert drafter["measured"] == 0 and drafter["status"] == "pass"
 
 
 def test_mask_graph_and_clamp_goals():
@@ -110,10 +147,10 @@ def test_mask_graph_and_clamp_goals():
     assert mask_goal["measured"] == pytest.approx(3.0) and mask_goal["status"] == "miss"
     assert mask_goal["margin"].startswith("-50.0%") and "store=True" in mask_goal["margin"]
 
-    graph = [_row("gumbel_graph", bench.JUDGED, 4.5, vocab=248_320), _row("gumbel_graph", bench.JUDGED, 9.0,
-                                                                           vocab=151_936)]
+    graph = [_row("gumbel_graph", bench.JUDGED, 3.5, vocab=248_320, rows=1),
+             _row("gumbel_graph", bench.JUDGED, 9.0, vocab=151_936, rows=1)]
     (graph_goal,) = bench._goals_gumbel_graph(graph, GPU)
-    assert graph_goal["measured"] == 4.5 and graph_goal["status"] == "pass"  # only 248,320 is judged
+    assert graph_goal["measured"] == 3.5 and graph_goal["status"] == "pass"  # only 1 row of 248,320 is judged
 
     clamp = [_row("placeholder_fixes", "clamp", 5.0, num_tokens=n) for n in (256, 8192)]
     clamp[0]["metrics"]["host_syncs_per_step"], clamp[1]["metrics"]["host_syncs_per_step"] = 0, 1

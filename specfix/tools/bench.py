@@ -120,14 +120,66 @@ def elem_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+# --------------------------------------------------------------------------------------------- the peer
+
+#: The vLLM release every per-shape goal is judged against.
+GOAL_PEER = "0.33.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """vLLM's own sampler modules, taken from its released wheels by ``shared/peer/fetch-vllm-sampler.sh``
+    into a folder outside git (``.peer/``): ``gumbel`` and ``rejection`` map a version ("0.33.0") to the
+    imported module. vLLM's code is only imported and timed here, never copied into specfix."""
+
+    path: str
+    gumbel: dict[str, object]
+    rejection: dict[str, object]
+
+    @property
+    def versions(self) -> list[str]:
+        return sorted(set(self.gumbel) | set(self.rejection), key=_version_key)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def load_peer(path: str | Path) -> Peer:
+    """Import every ``vllm_gumbel_<version>.py`` and ``vllm_rejection_<version>.py`` in ``path``.
+
+    ValueError when the folder is missing or holds neither (it names the script that fills it)."""
+    import sys
+
+    folder = Path(path).resolve()
+    found = {kind: sorted(folder.glob(f"vllm_{kind}_*.py")) for kind in ("gumbel", "rejection")}
+    if not folder.is_dir() or not any(found.values()):
+        raise ValueError(f"--peer {path}: no vllm_gumbel_*.py or vllm_rejection_*.py there; fill it with "
+                         "shared/peer/fetch-vllm-sampler.sh (REJECTION=1 adds the rejection sampler)")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    modules: dict[str, dict[str, object]] = {"gumbel": {}, "rejection": {}}
+    for kind, files in found.items():
+        for f in files:
+            version = f.stem.removeprefix(f"vllm_{kind}_").replace("_", ".")
+            modules[kind][version] = importlib.import_module(f.stem)
+    return Peer(str(folder), modules["gumbel"], modules["rejection"])
+
+
+def peer_impl(version: str) -> str:
+    """The ``impl`` name of a vLLM release's results: "vllm_0.33.0"."""
+    return f"vllm_{version}"
+
+
 # --------------------------------------------------------------------------------------------- timing
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Where and how hard to measure."""
+    """Where and how hard to measure, and the peer (vLLM's own code) to measure beside specfix, if any."""
 
     device: torch.device
     scale: str
+    peer: Peer | None = None
 
     @property
     def cuda(self) -> bool:
@@ -433,11 +485,38 @@ OURS = {"specfix_fast": "fast", "specfix_exact": "exact"}
 JUDGED = "specfix_fast"
 
 
+def _peer_gumbel_call(module, inp: dict):
+    """A no-argument call of a vLLM release's ``gumbel_sample`` on ``inp`` (temperature already applied,
+    a target draw: 0.33's ``is_drafting`` False)."""
+    import inspect
+
+    drafting = "is_drafting" in inspect.signature(module.gumbel_sample).parameters
+    extra = {"is_drafting": False} if drafting else {}
+    return lambda: module.gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
+                                        inp["seed"], inp["pos"], False, **extra)
+
+
+def speedup_key(version: str) -> str:
+    """The metric on specfix's results that says how many times faster than that vLLM release it ran."""
+    return f"speedup_vs_{peer_impl(version)}"
+
+
+def _with_speedups(rows: list[dict], peers: list[str]) -> list[dict]:
+    """Add ``speedup_vs_vllm_<v>`` (peer median / ours) to each specfix row of one shape."""
+    medians = {r["impl"]: r["median_us"] for r in rows}
+    for r in rows:
+        if r["impl"] in OURS:
+            for v in peers:
+                r["metrics"][speedup_key(v)] = medians[peer_impl(v)] / r["median_us"]
+    return rows
+
+
 def _plan_gumbel(s: Settings, timer: Timer) -> list[Job]:
     fn = _gumbel_sample()
     vocabs = s.pick(cpu=(4096,), ci=(151_936,), full=VOCABS)
     rows_list = s.pick(cpu=(1, 4), ci=(1, 256), full=ROWS)
     dtypes = s.pick(cpu=("fp32", "bf16"), ci=("fp32", "bf16"), full=tuple(DTYPES))
+    peers = s.peer.gumbel if s.peer else {}
     jobs = []
     for vocab in vocabs:
         for dname in dtypes:
@@ -449,34 +528,74 @@ def _plan_gumbel(s: Settings, timer: Timer) -> list[Job]:
                     nbytes = rows * vocab * elem_bytes(dtype)
                     params = {"vocab": vocab, "rows": rows, "dtype": dname}
                     impls = {name: _call_gumbel(fn, inp, noise) for name, noise in OURS.items()}
+                    impls.update({peer_impl(v): _peer_gumbel_call(m, inp) for v, m in peers.items()})
                     impls["torch_softmax_multinomial"] = lambda x=inp["logits"]: torch_softmax_multinomial(x)
                     impls["torch_gumbel_max"] = lambda x=inp["logits"]: torch_gumbel_max(x)
+                    shape = []
                     for impl, call in impls.items():
                         t = timer.time(call)
                         med = statistics.median(t)
-                        out.append(result("gumbel", impl, params, t,
-                                          G_logits_per_s=g_logits_per_s(rows, vocab, med),
-                                          TB_per_s_read=tb_per_s(nbytes, med),
-                                          host_syncs_per_call=count_host_syncs(call, s.device)))
+                        shape.append(result("gumbel", impl, params, t,
+                                            G_logits_per_s=g_logits_per_s(rows, vocab, med),
+                                            TB_per_s_read=tb_per_s(nbytes, med),
+                                            host_syncs_per_call=count_host_syncs(call, s.device)))
+                    out += _with_speedups(shape, list(peers))
                     del inp
                 return out
             jobs.append(Job(f"gumbel_sample vocab {vocab:,} {dname}", run))
     return jobs
 
 
+#: The per-shape goals (rows x vocabularies x dtypes, eager calls).
+GOAL_VOCABS = (32_000, 151_936, 248_320)
+#: specfix fast >= this many times vLLM 0.33's speed in every shape; >= the second from GOAL_MANY_ROWS rows.
+GOAL_SPEEDUP, GOAL_SPEEDUP_MANY, GOAL_MANY_ROWS = 1.0, 1.5, 64
+#: G logits/s from 256 rows: for vocabularies of 151,936 and more, and for smaller ones.
+GOAL_RATE_BIG_VOCAB, GOAL_RATE_SMALL_VOCAB, GOAL_RATE_ROWS = 700.0, 600.0, 256
+
+
+def _shape_label(p: dict) -> str:
+    return f"{p['rows']:,} x {p['vocab']:,} {p['dtype']}"
+
+
 def _goals_gumbel(results, s):
-    big = [r for r in _find(results, "gumbel", JUDGED) if r["params"]["rows"] >= 256]
-    worst = min(big, key=lambda r: r["metrics"]["G_logits_per_s"], default=None)
-    goals = [_goal(
-        "gumbel", "gumbel_sample (fast noise) >= 500 G logits/s at >= 256 rows (worst vocab and dtype)",
-        worst and worst["metrics"]["G_logits_per_s"], 500.0, "G logits/s", True, s,
-        worst and "worst at {rows} x {vocab:,} {dtype}".format(**worst["params"]) or "")]
+    goals = []
+    ours = sorted(_find(results, "gumbel", JUDGED),
+                  key=lambda r: (r["params"]["vocab"], r["params"]["dtype"], r["params"]["rows"]))
+    key = speedup_key(GOAL_PEER)
+    for r in ours:
+        p = r["params"]
+        if p["vocab"] not in GOAL_VOCABS or key not in r["metrics"]:
+            continue
+        target = GOAL_SPEEDUP_MANY if p["rows"] >= GOAL_MANY_ROWS else GOAL_SPEEDUP
+        goals.append(_goal("gumbel", f"fast >= {target:g}x vLLM {GOAL_PEER} at {_shape_label(p)}",
+                           r["metrics"][key], target, "x", True, s,
+                           f"{r['median_us']:,.1f} us vs {r['median_us'] * r['metrics'][key]:,.1f} us"))
+    for r in ours:
+        p = r["params"]
+        if p["rows"] < GOAL_RATE_ROWS or p["vocab"] not in GOAL_VOCABS:
+            continue
+        target = GOAL_RATE_BIG_VOCAB if p["vocab"] >= 151_936 else GOAL_RATE_SMALL_VOCAB
+        goals.append(_goal("gumbel", f"fast >= {target:g} G logits/s at {_shape_label(p)}",
+                           r["metrics"]["G_logits_per_s"], target, "G logits/s", True, s))
+    series: dict[tuple, list[dict]] = {}
+    for r in ours:
+        series.setdefault((r["params"]["vocab"], r["params"]["dtype"]), []).append(r)
+    for (vocab, dname), rs in series.items():
+        if len(rs) < 2:
+            continue
+        steps = [(b["median_us"] / a["median_us"], a, b) for a, b in zip(rs, rs[1:], strict=False)]
+        worst, a, b = min(steps, key=lambda x: x[0])
+        detail = (f"worst step {a['params']['rows']:,} -> {b['params']['rows']:,} rows: "
+                  f"{a['median_us']:,.1f} -> {b['median_us']:,.1f} us")
+        goals.append(_goal("gumbel", f"fast: time never falls as rows grow at {vocab:,} {dname}", worst, 1.0,
+                           "x", True, s, detail))
     speedups = []
     for dname in DTYPES:
-        ours = _find(results, "gumbel", JUDGED, rows=256, vocab=151_936, dtype=dname)
+        mine = _find(results, "gumbel", JUDGED, rows=256, vocab=151_936, dtype=dname)
         ref = _find(results, "gumbel", "torch_softmax_multinomial", rows=256, vocab=151_936, dtype=dname)
-        if ours and ref:
-            speedups.append((ref[0]["median_us"] / ours[0]["median_us"], dname))
+        if mine and ref:
+            speedups.append((ref[0]["median_us"] / mine[0]["median_us"], dname))
     worst_speedup = min(speedups, default=None)
     goals.append(_goal(
         "gumbel", "gumbel_sample (fast) >= 5x faster than softmax + multinomial at 256 x 151,936 (worst)",
@@ -485,30 +604,104 @@ def _goals_gumbel(results, s):
     return goals
 
 
-# ---- one row inside a CUDA graph
+# ---- inside a CUDA graph
 
 def _plan_gumbel_graph(s: Settings, timer: Timer) -> list[Job]:
     fn = _gumbel_sample()
     vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
-    calls = s.pick(cpu=2, ci=50, full=200)
+    rows_list = s.pick(cpu=(1,), ci=(1,), full=(1, 8, 64))
+    peers = s.peer.gumbel if s.peer else {}
 
-    def run(vocab: int, impl: str) -> list[dict]:
-        inp = _gumbel_inputs(1, vocab, torch.float32, s.device)
-        params = {"vocab": vocab, "rows": 1, "dtype": "fp32", "calls_per_graph": calls}
-        if impl in OURS:
-            call = _call_gumbel(fn, inp, OURS[impl])
-        else:
-            call = lambda: torch_gumbel_max(inp["logits"])
-        return [result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))]
+    def run(vocab: int) -> list[dict]:
+        out = []
+        for rows in rows_list:
+            calls = s.pick(cpu=2, ci=50, full=max(10, 200 // rows))
+            inp = _gumbel_inputs(rows, vocab, torch.float32, s.device)
+            params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "calls_per_graph": calls}
+            impls = {impl: _call_gumbel(fn, inp, noise) for impl, noise in OURS.items()}
+            impls.update({peer_impl(v): _peer_gumbel_call(m, inp) for v, m in peers.items()})
+            impls["torch_gumbel_max"] = lambda x=inp["logits"]: torch_gumbel_max(x)
+            shape = [result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
+                     for impl, call in impls.items()]
+            out += _with_speedups(shape, list(peers))
+        return out
 
-    return [Job(f"{impl}: one row of {v:,} in a CUDA graph", lambda v=v, i=impl: run(v, i))
-            for v in vocabs for impl in (*OURS, "torch_gumbel_max")]
+    return [Job(f"gumbel_sample in a CUDA graph, vocab {v:,}", lambda v=v: run(v)) for v in vocabs]
+
+
+#: One row of 248,320 inside a CUDA graph: GPU time per call, us.
+GOAL_GRAPH_US = 4.0
 
 
 def _goals_gumbel_graph(results, s):
-    r = _find(results, "gumbel_graph", JUDGED, vocab=248_320)
-    return [_goal("gumbel_graph", "one row of 248,320 in a CUDA graph <= 5 us GPU time per call (fast noise)",
-                  r[0]["median_us"] if r else None, 5.0, "us", False, s)]
+    r = _find(results, "gumbel_graph", JUDGED, vocab=248_320, rows=1)
+    goals = [_goal("gumbel_graph", f"one row of 248,320 in a CUDA graph <= {GOAL_GRAPH_US:g} us GPU time per "
+                   "call (fast noise)", r[0]["median_us"] if r else None, GOAL_GRAPH_US, "us", False, s)]
+    key = speedup_key(GOAL_PEER)
+    for r in _find(results, "gumbel_graph", JUDGED):
+        if key in r["metrics"]:
+            ratio = 1 / r["metrics"][key]
+            goals.append(_goal("gumbel_graph", f"in a CUDA graph, fast <= 1.0x vLLM {GOAL_PEER}'s time at "
+                               f"{_shape_label(r['params'])}", ratio, 1.0, "x", False, s,
+                               f"{r['median_us']:,.2f} us vs {r['median_us'] / ratio:,.2f} us"))
+    return goals
+
+
+# ---- host cost per call
+
+#: GPU cycles queued before a host-cost loop (about 10 ms on an H200): every call's launch returns at once.
+HOST_COST_SLEEP_CYCLES = 20_000_000
+
+
+def _plan_gumbel_host(s: Settings, timer: Timer) -> list[Job]:
+    fn = _gumbel_sample()
+    from specfix.mrv2 import gumbel
+
+    shapes = s.pick(cpu=((1, 4096),), ci=((1, 151_936), (8, 151_936)),
+                    full=((1, 151_936), (8, 151_936), (64, 151_936), (8, 32_000)))
+    calls = s.pick(cpu=3, ci=100, full=200)
+    peers = s.peer.gumbel if s.peer else {}
+
+    def host_us(call) -> list[float]:
+        """Host wall time per call while the GPU is still busy with earlier work (nothing waits on it)."""
+        for _ in range(3):
+            call()
+        samples = []
+        for _ in range(s.pick(cpu=3, ci=7, full=11)):
+            if s.cuda:
+                torch.cuda.synchronize()
+                torch.cuda._sleep(HOST_COST_SLEEP_CYCLES)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        if s.cuda:
+            torch.cuda.synchronize()
+        return samples
+
+    def run(rows: int, vocab: int) -> list[dict]:
+        inp = _gumbel_inputs(rows, vocab, torch.float32, s.device)
+        params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
+        validate = lambda: gumbel._validate(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
+                                            inp["seed"], inp["pos"], None, None)
+        impls = {JUDGED: _call_gumbel(fn, inp, OURS[JUDGED]), "specfix_validation_only": validate}
+        impls.update({peer_impl(v): _peer_gumbel_call(m, inp) for v, m in peers.items()})
+        out = [result("gumbel_host", impl, params, host_us(call)) for impl, call in impls.items()]
+        medians = {r["impl"]: r["median_us"] for r in out}
+        for v in peers:
+            out[0]["metrics"][f"host_ratio_vs_{peer_impl(v)}"] = medians[JUDGED] / medians[peer_impl(v)]
+        return out
+
+    return [Job(f"gumbel_sample host cost per call, {r} x {v:,}", lambda r=r, v=v: run(r, v))
+            for r, v in shapes]
+
+
+def _goals_gumbel_host(results, s):
+    key = f"host_ratio_vs_{peer_impl(GOAL_PEER)}"
+    return [_goal("gumbel_host", f"host cost per call <= vLLM {GOAL_PEER}'s at {_shape_label(r['params'])}",
+                  r["metrics"][key], 1.0, "x", False, s,
+                  f"{r['median_us']:,.1f} us vs {r['median_us'] / r['metrics'][key]:,.1f} us")
+            for r in _find(results, "gumbel_host", JUDGED) if key in r["metrics"]]
 
 
 # ---- masked against unmasked kernel
@@ -640,6 +833,15 @@ def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
         return spec.dispatcher.dispatch(b).num_reqs_padded
 
     # a step feeds its drafts back into context_ids: both modes reset them first, so every call drafts alike
+    def syncs(spec, context, b: int) -> int | None:
+        """Host syncs of one whole drafting step (``propose``: request inputs copied in, k draft steps)."""
+        gen = torch.Generator(device=s.device).manual_seed(b)
+        args = (b, torch.arange(max_reqs, dtype=torch.int32, device=s.device),
+                torch.ones(max_reqs, dtype=torch.float32, device=s.device),
+                torch.randint(0, 2**31, (max_reqs,), generator=gen, device=s.device),
+                context[:b].clone(), torch.zeros(b, dtype=torch.int64, device=s.device))
+        return count_host_syncs(lambda: spec.propose(*args), s.device)
+
     def run_eager(model_name: str) -> list[dict]:
         spec, context, params = setup(model_name)
         out = []
@@ -648,7 +850,7 @@ def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
             t = timer.time_throughput(lambda b=b: (spec.context_ids.copy_(context), spec._draft_step(b)))
             eager_us[model_name, b] = statistics.median(t)
             p = {"live_batch": b, "padded_batch": padded, **params}
-            out.append(result("drafter_graph", "eager", p, t))
+            out.append(result("drafter_graph", "eager", p, t, host_syncs_per_step=syncs(spec, context, b)))
         return out
 
     def run_graph(model_name: str) -> list[dict]:
@@ -661,7 +863,8 @@ def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
             t = timer.time_throughput(replay)
             speedup = eager_us[model_name, b] / statistics.median(t) if (model_name, b) in eager_us else None
             p = {"live_batch": b, "padded_batch": padded, **params}
-            out.append(result("drafter_graph", "graph", p, t, speedup=speedup))
+            out.append(result("drafter_graph", "graph", p, t, speedup=speedup,
+                              host_syncs_per_step=syncs(spec, context, b)))
         return out
 
     span = f"live batches {batches[0]}..{batches[-1]}"
@@ -674,53 +877,121 @@ def _plan_drafter_graph(s: Settings, timer: Timer) -> list[Job]:
 
 
 def _goals_drafter_graph(results, s):
-    return []
+    counted = [r for r in _find(results, "drafter_graph") if "host_syncs_per_step" in r["metrics"]]
+    worst = max(counted, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
+    return [_goal("drafter_graph", "a drafting step (propose, eager or replayed) makes no host sync",
+                  worst and worst["metrics"]["host_syncs_per_step"], 0.0, "syncs/step", False, s,
+                  worst and f"worst: {worst['impl']}, {worst['params']['model']}, live batch "
+                  f"{worst['params']['live_batch']}" or "")]
 
 
 # ---- rejection sampler
+
+def _peer_sampling_metadata(module, mode: str, seeds: list[int], device):
+    """vLLM's SamplingMetadata (its shim's dataclass) for a batch all greedy or all random at temperature 1,
+    request i seeded with ``seeds[i]`` as specfix's ``from_requests`` seeds it."""
+    return module.SamplingMetadata(
+        temperature=None if mode == "greedy" else torch.ones(len(seeds), device=device),
+        all_greedy=mode == "greedy", all_random=mode == "random",
+        generators={i: torch.Generator(device=device).manual_seed(x) for i, x in enumerate(seeds)})
+
 
 def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
     (sampler_cls,) = _import("v1.rejection_sampler", "RejectionSampler")
     (spec_metadata,) = _import("v1.spec_decode_metadata", "SpecDecodeMetadata")
     (sampling_metadata,) = _import("v1.sampling_metadata", "SamplingMetadata")
-    batches = s.pick(cpu=(2,), ci=(64,), full=(1, 16, 64, 256))
-    k = s.pick(cpu=2, ci=3, full=3)
-    vocab = s.pick(cpu=512, ci=151_936, full=151_936)
-    backends = {"specfix_triton": "triton", "torch_reference": "torch"}
+    from specfix.v1 import rejection_sampler as rs
 
-    def run(batch: int) -> list[dict]:
-        gen = torch.Generator(device=s.device).manual_seed(batch)
+    batches = s.pick(cpu=(2,), ci=(64,), full=(1, 16, 64, 256))
+    ks = s.pick(cpu=(2,), ci=(3,), full=(1, 5))
+    vocabs = s.pick(cpu=(512,), ci=(151_936,), full=(32_000, 151_936))
+    peers = s.peer.rejection if s.peer else {}
+
+    def run(batch: int, k: int, vocab: int) -> list[dict]:
+        gen = torch.Generator(device=s.device).manual_seed(batch * 31 + k)
         drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=s.device)
         drafts[::4, -1] = -1                                   # every fourth request left a slot empty
         metadata = spec_metadata.make_dummy(drafts.tolist(), device=s.device)
         logits = torch.randn(batch * (k + 1), vocab, generator=gen, device=s.device).mul_(3)
+        target_logits = logits[metadata.target_logits_indices.long()]     # temperature 1: already scaled
+        bonus = torch.randint(0, vocab, (batch,), dtype=torch.int32, generator=gen, device=s.device)
+        flat = metadata.draft_token_ids
         out = []
         for mode in ("greedy", "random"):
             temps = [0.0 if mode == "greedy" else 1.0] * batch
-            sampling = sampling_metadata.from_requests(temps, [None] * batch, device=s.device)
+            seeds = [1000 + i for i in range(batch)]
+            ours_meta = lambda: sampling_metadata.from_requests(temps, seeds, device=s.device)  # noqa: B023
             draft_probs = None if mode == "greedy" else torch.softmax(
                 torch.randn(batch * k, vocab, generator=gen, device=s.device), dim=-1)
-            for impl, backend in backends.items():
-                sampler = sampler_cls(backend=backend)
+            params = {"batch": batch, "k": k, "vocab": vocab, "mode": mode}
+            rate = lambda t: {"draft_tokens_per_s": batch * k / (statistics.median(t) * 1e-6)}
+            shape = []
+            for impl, backend in {"specfix_triton": "triton", "torch_reference": "torch"}.items():
+                sampler, sampling = sampler_cls(backend=backend), ours_meta()
                 call = lambda: sampler(metadata, draft_probs, logits, sampling)  # noqa: B023
                 t = timer.time(call)
-                params = {"batch": batch, "k": k, "vocab": vocab, "mode": mode}
-                out.append(result("rejection", impl, params, t,
-                                  draft_tokens_per_s=batch * k / (statistics.median(t) * 1e-6),
-                                  host_syncs_per_step=count_host_syncs(call, s.device)))
+                shape.append(result("rejection", impl, params, t, **rate(t),
+                                    host_syncs_per_step=count_host_syncs(call, s.device)))
+            core_args = lambda meta, q=draft_probs: (
+                flat, metadata.num_draft_tokens, metadata.max_spec_len, metadata.cu_num_draft_tokens, q,
+                target_logits, bonus, meta)
+            sampling = ours_meta()
+            public = lambda: rs.rejection_sample(*core_args(sampling))  # noqa: B023
+            core = lambda: rs._rejection_sample(*core_args(sampling))  # noqa: B023
+            for impl, call in (("specfix_rejection_sample", public), ("specfix_core", core)):
+                t = timer.time(call)
+                shape.append(result("rejection", impl, params, t, **rate(t),
+                                    host_syncs_per_step=count_host_syncs(call, s.device)))
+            for v, module in peers.items():
+                peer_args = lambda meta: (*core_args(meta)[:6], bonus.view(-1, 1), meta)  # noqa: B023
+                pm = _peer_sampling_metadata(module, mode, seeds, s.device)
+                call = lambda m=module, pm=pm: m.rejection_sample(*peer_args(pm))  # noqa: B023
+                t = timer.time(call)
+                torch.manual_seed(0)
+                fresh = _peer_sampling_metadata(module, mode, seeds, s.device)
+                theirs = module.rejection_sample(*peer_args(fresh))
+                torch.manual_seed(0)
+                ours = rs._rejection_sample(*core_args(ours_meta()))
+                shape.append(result("rejection", peer_impl(v), params, t, **rate(t)))
+                core_row = next(r for r in shape if r["impl"] == "specfix_core")
+                core_row["metrics"][speedup_key(v)] = statistics.median(t) / core_row["median_us"]
+                core_row["metrics"][f"tables_identical_{peer_impl(v)}"] = float(torch.equal(ours, theirs))
+            out += shape
         return out
 
-    return [Job(f"rejection sampler, batch {b} x k={k}", lambda b=b: run(b)) for b in batches]
+    return [Job(f"rejection sampler, batch {b} x k={k}, vocab {v:,}", lambda b=b, k=k, v=v: run(b, k, v))
+            for v in vocabs for k in ks for b in batches]
 
 
 def _goals_rejection(results, s):
-    return []
+    goals = []
+    for impl in ("specfix_triton", "specfix_rejection_sample"):
+        rows = [r for r in _find(results, "rejection", impl) if "host_syncs_per_step" in r["metrics"]]
+        worst = max(rows, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
+        name = "RejectionSampler.forward" if impl == "specfix_triton" else "rejection_sample"
+        goals.append(_goal("rejection", f"{name} makes no host sync (any batch, k, vocab, mode)",
+                           worst and worst["metrics"]["host_syncs_per_step"], 0.0, "syncs/step", False, s))
+    key = speedup_key(GOAL_PEER)
+    for r in _find(results, "rejection", "specfix_core"):
+        if key not in r["metrics"]:
+            continue
+        p = r["params"]
+        label = f"B={p['batch']}, k={p['k']}, V={p['vocab']:,}, {p['mode']}"
+        goals.append(_goal("rejection", f"rejection core <= 1.0x vLLM {GOAL_PEER}'s GPU time at {label}",
+                           1 / r["metrics"][key], 1.0, "x", False, s,
+                           f"{r['median_us']:,.1f} us vs {r['median_us'] * r['metrics'][key]:,.1f} us"))
+        same = r["metrics"].get(f"tables_identical_{peer_impl(GOAL_PEER)}")
+        goals.append(_goal("rejection", f"tables identical to vLLM {GOAL_PEER}'s, same seeds, at {label}",
+                           same, 1.0, "1 = identical", True, s))
+    return goals
 
 
 CASES: dict[str, Case] = {c.name: c for c in [
     Case("ceilings", "device copy and fp32 argmax read bandwidth", _plan_ceilings, _goals_ceilings),
     Case("gumbel", "gumbel_sample vs softmax+multinomial and torch Gumbel-max", _plan_gumbel, _goals_gumbel),
-    Case("gumbel_graph", "one row per call inside a CUDA graph", _plan_gumbel_graph, _goals_gumbel_graph),
+    Case("gumbel_graph", "few rows per call inside a CUDA graph", _plan_gumbel_graph, _goals_gumbel_graph),
+    Case("gumbel_host", "gumbel_sample's host cost per call (validation, allocation, launch)",
+         _plan_gumbel_host, _goals_gumbel_host),
     Case("gumbel_mask", "masked vs unmasked gumbel kernel", _plan_gumbel_mask, _goals_gumbel_mask),
     Case("placeholder_fixes", "chapter 2's three placeholder fixes per step, host syncs counted",
          _plan_placeholder_fixes, _goals_placeholder_fixes),
@@ -734,8 +1005,11 @@ CASES: dict[str, Case] = {c.name: c for c in [
 # --------------------------------------------------------------------------------------------- the run
 
 def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] | None = None,
-        progress: bool = True) -> dict:
-    """Run the named cases (all by default) and return the report dict described in the module docstring."""
+        progress: bool = True, peer: str | Path | None = None) -> dict:
+    """Run the named cases (all by default) and return the report dict described in the module docstring.
+
+    ``peer``: a folder filled by ``shared/peer/fetch-vllm-sampler.sh``; vLLM's samplers found there are timed
+    beside specfix's on the same inputs, and the per-shape goals are judged against vLLM 0.33."""
     if str(device) not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
     device = torch.device(device)
@@ -752,14 +1026,24 @@ def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] |
 
     from tqdm.auto import tqdm
 
-    settings = Settings(device, scale)
+    # vLLM's kernels need the GPU (they call libdevice, which Triton's interpreter lacks)
+    loaded = load_peer(peer) if peer is not None and device.type == "cuda" else None
+    settings = Settings(device, scale, loaded)
     timer = Timer(settings)
     started = time.perf_counter()
     report = {"schema": SCHEMA, "meta": recorded.gpu_meta(),
               "config": {"device": device.type, "scale": scale, "cases": names},
               "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
               "results": [], "goals": [], "unavailable": [], "errors": []}
+    if peer is not None and loaded is None:
+        load_peer(peer)  # a wrong folder is still an error on a CPU
+        report["unavailable"].append({"case": "peer", "reason": "vLLM's kernels were not timed: they need a "
+                                      "GPU (they call libdevice, which Triton's interpreter lacks)"})
     report["meta"]["scale"] = scale
+    if settings.peer:
+        report["meta"]["peer"] = {"vllm": settings.peer.versions,
+                                  "gumbel": sorted(settings.peer.gumbel, key=_version_key),
+                                  "rejection": sorted(settings.peer.rejection, key=_version_key)}
     jobs: list[tuple[str, Job]] = []
     for name in names:
         try:

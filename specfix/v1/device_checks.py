@@ -1,0 +1,52 @@
+"""The debug switch for value checks that would make the host wait for the GPU.
+
+A serving step must not synchronise: every ``.tolist()`` or ``.item()`` on a CUDA tensor stalls the host until
+the GPU has caught up, and async scheduling exists to keep that queue full. So the checks that read values
+(ids in range, probabilities free of NaN, cumulative sums that agree with their counts) run where they cost
+no sync (on CPU tensors) and, on a GPU, only when this switch is on. Shapes, dtypes and devices are checked
+always: they live on the host.
+
+    SPECFIX_DEVICE_CHECKS=1 python ...        # on from the start
+    with device_checks.enabled():             # on for a block (tests, debugging a crash)
+        sampler(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+_on = os.environ.get("SPECFIX_DEVICE_CHECKS", "") == "1"
+
+
+def on() -> bool:
+    """Whether GPU-reading value checks run (off by default: the step path never syncs)."""
+    return _on
+
+
+@contextlib.contextmanager
+def enabled(value: bool = True) -> Iterator[None]:
+    """Turn the GPU-reading value checks on (or off) inside the block."""
+    global _on
+    previous, _on = _on, bool(value)
+    try:
+        yield
+    finally:
+        _on = previous
+
+
+def wanted(*tensors: torch.Tensor | None) -> bool:
+    """Whether to run a value check on ``tensors``: always when none is on a GPU (no sync), else only when
+    the switch is on."""
+    return _on or all(t is None or t.device.type == "cpu" for t in tensors)
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A CPU tensor on ``device`` without a blocking copy: through pinned memory, asynchronously, on CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
