@@ -37,6 +37,7 @@ from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
 from specfix.mrv2.gumbel_reference import gumbel_sample_reference
+from specfix.v1 import device_checks
 from specfix.v1.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     generate_uniform_probs,
@@ -198,12 +199,15 @@ class DraftModelSpeculator:
                 raise ValueError(f"{name} must be the {dtype} request-state table of shape "
                                  f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
                                  f"{tuple(getattr(t, 'shape', ()))}")
-        if not bool((temperature >= 0).all()):  # NaN fails too; checked here so no buffer is half-written
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
-        live = idx_mapping[:num_reqs].to("cpu")
-        if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
-            raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {self.max_num_reqs}), "
-                             f"got {live.tolist()}")
+        # Value checks read the tensors back: free on a CPU, a host sync on a GPU (there only under
+        # specfix.v1.device_checks, so that a drafting step never stalls the host).
+        if device_checks.wanted(temperature, idx_mapping):
+            if not bool((temperature >= 0).all()):  # NaN fails too; checked before any buffer is written
+                raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
+            live = idx_mapping[:num_reqs].to("cpu")
+            if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
+                raise ValueError("idx_mapping[:num_reqs] must be distinct slots in "
+                                 f"[0, {self.max_num_reqs}), got {live.tolist()}")
         self.temperature.copy_(temperature)
         self.seeds.copy_(seeds)
         self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
@@ -248,7 +252,7 @@ class DraftModelSpeculator:
                              f"{getattr(context_ids, 'dtype', type(context_ids))} "
                              f"{tuple(getattr(context_ids, 'shape', ()))}")
         tokens = context_ids[:num_reqs]
-        if bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
+        if device_checks.wanted(tokens) and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
             raise ValueError(f"context_ids must lie in [0, {self.vocab_size}), got {tokens.tolist()}")
         self._copy_request_inputs(num_reqs, idx_mapping, temperature, seeds)
         self.context_ids[:num_reqs].copy_(tokens)
