@@ -256,12 +256,14 @@ if HAS_TRITON:
         if IS_DRAFTING:
             pos = pos + _DRAFT_NOISE_SALT
         x = logits
+        scores = logits  # what the noise is added to
         if APPLY_TEMPERATURE:
             if temp != 0.0:
+                x = tl.math.div_rn(x, temp)
                 if NOISE == _VLLM:
-                    x = x / temp  # vLLM's division (on the GPU an approximate one), for its exact tokens
+                    scores = logits / temp  # vLLM's division (on the GPU div.full, not rounded as div_rn)
                 else:
-                    x = tl.math.div_rn(x, temp)
+                    scores = x
         if STORE_PROCESSED:
             if PER_TOKEN_COL:
                 col = tl.load(processed_logits_col_ptr + token_idx).to(tl.int64)
@@ -269,13 +271,13 @@ if HAS_TRITON:
                 col = processed_logits_col.to(tl.int64)
             row_ptr = (processed_logits_ptr + req_state_idx * processed_logits_stride_0
                        + col * processed_logits_stride_1)
-            value = _round_for_store(x, processed_logits_ptr.dtype.element_ty, BF16_BY_HAND)
+            stored = _round_for_store(x, processed_logits_ptr.dtype.element_ty, BF16_BY_HAND)
             # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
             if MASK_INVALID:  # [fix]
                 lane_is_valid = tl.zeros_like(block).to(tl.int64) + req_state_idx >= 0  # [fix]
-                tl.store(row_ptr + block, value, mask=mask & lane_is_valid)  # [fix]
+                tl.store(row_ptr + block, stored, mask=mask & lane_is_valid)  # [fix]
             else:  # [no fix]
-                tl.store(row_ptr + block, value, mask=mask)  # [no fix]
+                tl.store(row_ptr + block, stored, mask=mask)  # [no fix]
             if NOISE == _VLLM:
                 seed = seed ^ (col << 32)  # vLLM 0.33's spec_step_seed: each drafter column its own stream
         if NOISE == _VLLM:
@@ -285,16 +287,16 @@ if HAS_TRITON:
             key_mixed = key ^ (key >> 16)
         if temp != 0.0:
             if NOISE == _VLLM:
-                x = x + _vllm_gumbel(row_state, block)
+                scores = scores + _vllm_gumbel(row_state, block)
             elif NOISE == _FAST:
-                x = x * _LOG2E + _fast_gumbel_log2(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT),
-                                                   USE_ASM)
+                scores = scores * _LOG2E + _fast_gumbel_log2(
+                    _uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT), USE_ASM)
             else:
-                x = x + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT))
-            x = tl.where(mask, x, float("-inf"))
-        value = tl.max(x, axis=0)
-        lanes = tl.arange(0, x.shape[0])
-        return value, tl.min(tl.where(x == value, lanes, x.shape[0]), axis=0)
+                scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT))
+            scores = tl.where(mask, scores, float("-inf"))
+        value = tl.max(scores, axis=0)
+        lanes = tl.arange(0, scores.shape[0])
+        return value, tl.min(tl.where(scores == value, lanes, scores.shape[0]), axis=0)
 
     # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
     @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
