@@ -46,12 +46,12 @@ small-u series, two hardware lg2 and the argmax. At 256 x 151,936 fp32 ncu gives
 issue slots busy, reading 2.7 TB/s of the 3.97 TB/s an argmax reads. The 500 G/s goal is missed at 256 x
 32,000: a program there has only 8 tiles, so its fixed costs (row key, first load from HBM with nothing to
 hide it behind, final reductions) leave 48% of issue slots busy (16.8 us on the GPU, ncu). The per-tile
-contract costs each tile a block-wide max and index (shuffles, two shared-memory rounds): compiled
-offline for sm_90 (triton 3.9, 2026-12-01), the loop's SASS grows from 27.6 to 29.6 instructions a logit
-at tile 4096 / 8 warps (256+ rows) and from 28.6 to 32.1 at tile 2048 (512+ rows, and the split
-programs of fewer rows); storing processed logits (the drafter) from 28.9 to 34.0, because a loop that
-stores cannot have its row loads and row key hoisted out of it. Time it with ``specfix bench`` or
-``scripts/time_gumbel.py --sweep``.
+contract costs each tile a block-wide max and index (shuffles, four barriers): compiled offline for
+sm_90 (triton 3.9, 2026-12-01, fast noise), the loop's SASS grows from 27.6 to 29.6 instructions a logit
+at tile 4096 / 8 warps (256 to 511 rows, and the split programs of fewer rows at tile 2048 / 4 warps)
+and from 28.6 to 32.1 at tile 2048 / 8 warps (512+ rows). Storing processed logits (the drafter) costs
+more, from 28.9 to 34.0 and from 29.9 to 40.6, because triton hoists the row's loads and key out of a loop
+only if the loop stores nothing. Time it with ``specfix bench`` or ``scripts/time_gumbel.py --sweep``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ that specfix and vLLM pick the same tokens from the same inputs:
 3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
    ``log(max(1 - u, 2**-24))`` above; the logarithms are the platform's (``torch.log`` here, ``tl.log`` in
    the kernel), so this reference matches the kernel's hash and uniforms bit for bit and its noise to
-   within a rounding of the logarithm.
+   within a rounding of the logarithm. The kernel also divides by the temperature as vLLM does (on a GPU
+   triton's ``/`` is ``div.full.f32``, within 2 ulp), this file with IEEE division: on a GPU the two can
+   pick different tokens in a near-tie, which vLLM's own kernel and the vllm mode never do (they make the
+   same float operations). The stored processed logits are the rounded division in every mode.
 4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
    a draft and the residual it may be resampled from must not share noise). When the call stores processed
    logits (the drafter's cache), the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
