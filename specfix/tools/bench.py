@@ -889,11 +889,12 @@ def _goals_drafter_graph(results, s):
 
 def _peer_sampling_metadata(module, mode: str, seeds: list[int], device):
     """vLLM's SamplingMetadata (its shim's dataclass) for a batch all greedy or all random at temperature 1,
-    request i seeded with ``seeds[i]`` as specfix's ``from_requests`` seeds it."""
+    request i seeded with ``seeds[i]`` (None: unseeded) as specfix's ``from_requests`` seeds it."""
     return module.SamplingMetadata(
         temperature=None if mode == "greedy" else torch.ones(len(seeds), device=device),
         all_greedy=mode == "greedy", all_random=mode == "random",
-        generators={i: torch.Generator(device=device).manual_seed(x) for i, x in enumerate(seeds)})
+        generators={i: torch.Generator(device=device).manual_seed(x)
+                    for i, x in enumerate(seeds) if x is not None})
 
 
 def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
@@ -919,8 +920,10 @@ def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
         out = []
         for mode in ("greedy", "random"):
             temps = [0.0 if mode == "greedy" else 1.0] * batch
-            seeds = [1000 + i for i in range(batch)]
-            ours_meta = lambda: sampling_metadata.from_requests(temps, seeds, device=s.device)  # noqa: B023
+            # timed unseeded (a seeded request costs one torch launch per generator, in vLLM too); the tables
+            # are compared with every request seeded
+            seeds, unseeded = [1000 + i for i in range(batch)], [None] * batch
+            ours_meta = lambda x=unseeded: sampling_metadata.from_requests(temps, x, device=s.device)  # noqa: B023
             draft_probs = None if mode == "greedy" else torch.softmax(
                 torch.randn(batch * k, vocab, generator=gen, device=s.device), dim=-1)
             params = {"batch": batch, "k": k, "vocab": vocab, "mode": mode}
@@ -944,14 +947,14 @@ def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
                                     host_syncs_per_step=count_host_syncs(call, s.device)))
             for v, module in peers.items():
                 peer_args = lambda meta: (*core_args(meta)[:6], bonus.view(-1, 1), meta)  # noqa: B023
-                pm = _peer_sampling_metadata(module, mode, seeds, s.device)
+                pm = _peer_sampling_metadata(module, mode, unseeded, s.device)
                 call = lambda m=module, pm=pm: m.rejection_sample(*peer_args(pm))  # noqa: B023
                 t = timer.time(call)
                 torch.manual_seed(0)
                 fresh = _peer_sampling_metadata(module, mode, seeds, s.device)
                 theirs = module.rejection_sample(*peer_args(fresh))
                 torch.manual_seed(0)
-                ours = rs._rejection_sample(*core_args(ours_meta()))
+                ours = rs._rejection_sample(*core_args(ours_meta(seeds)))
                 shape.append(result("rejection", peer_impl(v), params, t, **rate(t)))
                 core_row = next(r for r in shape if r["impl"] == "specfix_core")
                 core_row["metrics"][speedup_key(v)] = statistics.median(t) / core_row["median_us"]
