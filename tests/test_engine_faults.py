@@ -3,9 +3,9 @@
 Faults are injected inside a step (a raising model forward, NaN logits, a raising sampler, a raising or
 garbage-proposing drafter, an interrupt) into one engine, while a twin engine gets the same requests and
 steps without faults. A failed step must leave the faulty engine exactly as it was, and from then on the
-two engines must agree on every request, token for token. A hypothesis state machine interleaves
-requests (seeded random and greedy), bad requests, steps and failing steps; the tests before it pin
-single cases by hand.
+two engines must agree on every request, token for token, under synchronous and async scheduling. A
+hypothesis state machine interleaves requests (seeded random and greedy), bad requests, reused ids,
+steps and failing steps; the tests before it pin single cases by hand.
 """
 
 import copy
@@ -84,7 +84,7 @@ FAULTS = {
     "nan_logits": (ValueError, "logits must be free of NaN"),
     "sampler": (InjectedFault, "the rejection sampler failed"),
     "drafter": (InjectedFault, "the drafter failed"),
-    # caught after update_from_output has moved the scheduler on
+    # caught after the sampled tokens were committed, before the drafts are kept anywhere
     "garbage": (ValueError, r"draft_token_ids\[0\] must lie in \[0, vocab_size="),
     "interrupt": (KeyboardInterrupt, "^$"),
 }
@@ -141,10 +141,12 @@ def add_both(engines, i, prompt, temperature, seed, max_tokens=8, remote=False):
 
 # -- single cases, by hand ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_failed_step_changes_nothing_and_the_engine_goes_on(fault):
+def test_a_failed_step_changes_nothing_and_the_engine_goes_on(fault, async_scheduling):
     saboteur = Saboteur()
-    faulty, clean = engine(saboteur, record=True), engine(record=True)
+    kw = {"record": True, "async_scheduling": async_scheduling}
+    faulty, clean = engine(saboteur, **kw), engine(**kw)
     for i, prompt in enumerate(PROMPTS):
         add_both((faulty, clean), i, prompt, [0.0, 0.8, 1.0, 0.6][i], seed=i, remote=i % 2 == 0)
     for _ in range(2):
@@ -200,11 +202,13 @@ requests = st.tuples(
 class EngineUnderFaults(RuleBasedStateMachine):
     """A faulty engine and a clean twin, fed the same requests and steps."""
 
-    @initialize(proposer=st.sampled_from(["draft_model", "ngram"]), k=st.integers(1, 4),
-                budget=st.integers(5, 24))
-    def start(self, proposer, k, budget):
+    @initialize(scheduling=st.sampled_from(["sync/draft_model", "sync/ngram", "async/draft_model"]),
+                k=st.integers(1, 4), budget=st.integers(5, 24))
+    def start(self, scheduling, k, budget):
         self.saboteur = Saboteur()
-        kw = {"num_speculative_tokens": k, "proposer": proposer, "max_num_batched_tokens": budget}
+        mode, proposer = scheduling.split("/")
+        kw = {"num_speculative_tokens": k, "proposer": proposer, "max_num_batched_tokens": budget,
+              "async_scheduling": mode == "async"}
         self.faulty, self.clean = engine(self.saboteur, **kw), engine(**kw)
         self.num_added, self.finished_ids = 0, []
 
@@ -286,6 +290,6 @@ class EngineUnderFaults(RuleBasedStateMachine):
 
 
 EngineUnderFaults.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=30, derandomize=True, database=None, deadline=None,
+    max_examples=30, stateful_step_count=25, derandomize=True, database=None, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestEngineUnderFaults = EngineUnderFaults.TestCase

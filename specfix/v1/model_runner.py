@@ -460,7 +460,11 @@ class GPUModelRunner:
                     f"({len(drafts)} drafts scheduled)")
 
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
-        """Next step's drafts for every request that produced a token this step."""
+        """Next step's drafts for every request that produced a token this step.
+
+        The drafter's proposals are checked here, before anything keeps them: under async scheduling
+        they never pass through the scheduler, and an out-of-vocabulary draft would reach the next
+        step's embedding."""
         if self.drafter is None:
             return None
         ready = [r for r, tokens in zip(req_ids, sampled, strict=True) if tokens]
@@ -468,7 +472,18 @@ class GPUModelRunner:
         for r in ready:
             row = self.input_batch.req_id_to_index[r]
             histories.append(self.input_batch.token_ids_cpu[row, : self.input_batch.num_tokens_no_spec[row]])
-        return DraftTokenIds(ready, self.drafter.propose_batch(histories))
+        proposals = self.drafter.propose_batch(histories)
+        if not isinstance(proposals, list) or len(proposals) != len(ready):
+            raise ValueError(f"the drafter must return one draft list per request ({len(ready)}), got "
+                             f"{proposals!r}")
+        k = self.speculative_config.num_speculative_tokens
+        checked = [check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size)
+                   for i, d in enumerate(proposals)]
+        too_long = [i for i, d in enumerate(checked) if len(d) > k]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(f"draft_token_ids[{i}] has {len(checked[i])} drafts, over k={k}")
+        return DraftTokenIds(ready, checked)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         drafts, self._draft_token_ids = self._draft_token_ids, None
