@@ -85,7 +85,7 @@ def graph_us_per_call(fn) -> float:
     return statistics.median(times)
 
 
-SWEEP_SHAPES = ((256, 32_000), (256, 129_280), (256, 151_936), (256, 248_320), (1024, 151_936))
+SWEEP_SHAPES = ((64, 151_936), (256, 32_000), (256, 151_936), (256, 248_320), (1024, 32_000), (1024, 151_936))
 _FLUSH: list[torch.Tensor] = []
 
 
@@ -111,10 +111,11 @@ def configs(rows: int, vocab: int):
     """(name, gumbel_sample keyword overrides) of the candidate launch configurations."""
     yield "default", {}
     yield "tile per program b2048 w4", dict(block_size=2048, num_warps=4)
-    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+    row_layouts = ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 4), (8192, 8), (8192, 16), (16384, 16))
+    for block, warps in row_layouts:
         yield f"row per program b{block} w{warps}", dict(
             block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block))
-    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4)):
+    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4), (2, 8192, 8), (4, 4096, 8)):
         tiles = triton.cdiv(vocab, block)
         yield f"{splits} splits b{block} w{warps}", dict(
             block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
