@@ -108,8 +108,13 @@ def test_real_cuda_graphs(fix):
         pytest.skip("needs a CUDA GPU")
     spec = _speculator(fix, "cuda")
     spec.capture_cuda_graphs()
-    report = check_speculator(spec, *_speculator_args("cuda"))
-    assert report.ok == fix, str(report)
+    # Which of two programs storing into the same draft_logits row lands last is up to the GPU: a padded row
+    # with a stale slot corrupts the live row only when its store wins. Twenty checks make a miss negligible.
+    reports = [check_speculator(spec, *_speculator_args("cuda")) for _ in range(20)]
+    if fix:
+        assert all(r.ok for r in reports), str(next(r for r in reports if not r.ok))
+    else:
+        assert not all(r.ok for r in reports), "20 replays with stale idx_mapping rows and no corruption seen"
     drafter = DFlashDrafter(ToyDFlashModel(16).cuda(), max_num_reqs=4, num_speculative_steps=3, device="cuda",
                             fixes=Fixes(dflash_pad_idx=fix))
     drafter.capture_cuda_graph()
