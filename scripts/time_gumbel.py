@@ -111,11 +111,12 @@ def configs(rows: int, vocab: int):
     """(name, gumbel_sample keyword overrides) of the candidate launch configurations."""
     yield "default", {}
     yield "tile per program b2048 w4", dict(block_size=2048, num_warps=4)
-    row_layouts = ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 4), (8192, 8), (8192, 16), (16384, 16))
+    row_layouts = ((512, 1), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 4), (8192, 8))
     for block, warps in row_layouts:
         yield f"row per program b{block} w{warps}", dict(
             block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block))
-    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4), (2, 8192, 8), (4, 4096, 8)):
+    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4), (2, 8192, 8), (4, 4096, 8),
+                                 (4, 512, 1), (8, 512, 1), (16, 512, 1), (4, 1024, 2), (8, 1024, 2)):
         tiles = triton.cdiv(vocab, block)
         yield f"{splits} splits b{block} w{warps}", dict(
             block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
