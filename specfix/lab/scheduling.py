@@ -1,0 +1,132 @@
+"""Chapter 1's scheduling experiments: one workload under synchronous and async scheduling, what each
+request's draft slots held when the embedding read them, and where a ``-1`` gets that far.
+
+:data:`WORKLOADS` holds two small greedy workloads: a decode node of a P/D disaggregated deployment (two of
+four requests arrive with their prompt already prefilled) and a batch whose token budget fits only two
+decodes of ``1 + k`` tokens, so a third running request waits. :func:`run` records one of them in one
+mode; :func:`slot_kinds` and :func:`placeholder_counts` read the recording; :func:`first_crash` runs it
+with the clamp switched off and says at which engine step the embedding raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specfix.fixes import Fixes
+from specfix.v1.engine import DEMO_PROMPTS, GenerateResult, LLMEngine, SamplingParams, generate
+from specfix.v1.model_runner import StepTrace
+
+_DEFAULT_FIXES = Fixes()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts, which of them arrive prefilled (P/D), and the scheduler's token budget per step."""
+
+    prompts: tuple[str, ...]
+    remote_prefill: tuple[bool, ...]
+    max_num_batched_tokens: int
+    description: str
+
+
+WORKLOADS = {
+    "decode node": Workload(DEMO_PROMPTS, (True, False, True, False), 256,
+                            "requests 0 and 2 arrive with their prompt prefilled elsewhere (P/D)"),
+    "tight budget": Workload(("the fox saw the crow", "a lion was asleep", "the north wind"), (False,) * 3, 8,
+                             "8 tokens per step: two decodes of 1 + k fit, a third running request waits"),
+}
+
+#: What a request's draft slots held in one engine step, as :func:`slot_kinds` reports it.
+SLOT_KINDS = ("not scheduled", "no draft slots", "drafts from the scheduler", "-1 overwritten by the runner",
+              "-1 reaches the embedding")
+NOT_SCHEDULED, NO_SLOTS, SCHEDULER_DRAFTS, FILLED, REACHES_EMBEDDING = range(len(SLOT_KINDS))
+
+
+def _workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {name!r}")
+    return WORKLOADS[name]
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+
+def run(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: int = 12, fixes: Fixes = _DEFAULT_FIXES,
+        device: torch.device | str = "cpu") -> GenerateResult:
+    """The workload ``name`` decoded greedily with the draft model, recorded step by step."""
+    w = _workload(name)
+    return generate(list(w.prompts), _params(max_tokens), num_speculative_tokens=k,
+                    remote_prefill=list(w.remote_prefill), max_num_batched_tokens=w.max_num_batched_tokens,
+                    async_scheduling=async_scheduling, fixes=fixes, device=device, record=True)
+
+
+def _draft_slots(step: StepTrace) -> dict[str, list[int]]:
+    """Per request with draft slots: the ids those slots held on the device just before ``_preprocess``."""
+    spec = step.scheduler_output.scheduled_spec_decode_tokens
+    ends = np.cumsum(step.num_scheduled_tokens)
+    ids = step.input_ids_before_clamp
+    return {r: ids[end - len(spec[r]): end].tolist()
+            for r, end in zip(step.req_ids, ends.tolist(), strict=True) if r in spec}
+
+
+def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
+    if req_id not in step.req_ids:
+        return NOT_SCHEDULED
+    if req_id not in slots:
+        return NO_SLOTS
+    if -1 in slots[req_id]:
+        return REACHES_EMBEDDING
+    return FILLED if step.num_filled_spec_tokens.get(req_id, 0) else SCHEDULER_DRAFTS
+
+
+def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
+    """Per request (in the order of ``result.outputs``), per recorded step: an index into
+    :data:`SLOT_KINDS`."""
+    if not isinstance(result, GenerateResult):
+        raise TypeError(f"result must be a GenerateResult, got {type(result).__name__}")
+    if result.num_steps and not result.trace:
+        raise ValueError("result has no trace: run it with record=True")
+    req_ids = [out.request_id for out in result.outputs]
+    kinds: dict[str, list[int]] = {r: [] for r in req_ids}
+    for step in result.trace:
+        slots = _draft_slots(step)
+        for r in req_ids:
+            kinds[r].append(_kind(step, r, slots))
+    return kinds
+
+
+def placeholder_counts(result: GenerateResult) -> dict[str, int]:
+    """Batches run, draft slots verified, and what became of the ``-1`` slots the scheduler wrote."""
+    written = filled = reaching = slots = 0
+    for step in result.trace:
+        spec = step.scheduler_output.scheduled_spec_decode_tokens
+        placeholders = step.scheduler_output.num_placeholder_spec_tokens
+        for req_id, ids in _draft_slots(step).items():
+            slots += len(spec[req_id])
+            written += placeholders.get(req_id, 0)
+            filled += step.num_filled_spec_tokens.get(req_id, 0)
+            reaching += ids.count(-1)
+    return {"batches": len(result.trace), "draft slots verified": slots,
+            "-1 written by the scheduler": written, "-1 overwritten by the runner": filled,
+            "-1 reaching the embedding": reaching}
+
+
+def first_crash(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: int = 12) -> int | None:
+    """Run the workload with ``Fixes(clamp_placeholders=False)``, on the CPU (on a GPU the device-side
+    assert would poison the process): the 0-based engine step whose embedding raised ``IndexError``, or
+    None if the run finished."""
+    w = _workload(name)
+    engine = LLMEngine(num_speculative_tokens=k, fixes=Fixes(clamp_placeholders=False), device="cpu",
+                       max_num_batched_tokens=w.max_num_batched_tokens, async_scheduling=async_scheduling)
+    for prompt, remote in zip(w.prompts, w.remote_prefill, strict=True):
+        engine.add_request(prompt, _params(max_tokens), remote_prefill=remote)
+    while engine.has_unfinished_requests():
+        try:
+            engine.step()
+        except IndexError:
+            return engine.num_steps
+    return None
