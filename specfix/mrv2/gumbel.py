@@ -541,6 +541,8 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
 #: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all.
 _FEW_ROWS = 256
 _PROGRAMS = 512
+_ROW_SPLITS = 8        # splits per row from _FEW_ROWS rows on (H200 sweep, scripts/time_gumbel.py)
+_SPLIT_VOCAB = 100_000  # below it a row per program of 8 warps was as fast or faster in that sweep
 
 
 @functools.cache
@@ -549,14 +551,20 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
 
     Interpreter: one program per row, tiles as large as possible (its cost is per program instance).
     GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): a thread holds at most 16 logits of a
-    tile (more spill the per-lane state to local memory). From 256 rows on, one program per row loops over
-    its tiles and stores the token itself: one launch, no stage 2; 8 warps each, so that ~2,048 warps run at
-    once (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over several programs
+    tile (more spill the per-lane state to local memory). From 256 rows of a large vocabulary on, each row is
+    split over 8 one-warp programs (tile 512), whose per-tile reduction needs no block barrier; from 256 rows
+    of a small vocabulary, one program per row loops over its tiles and stores the token itself: one launch,
+    no stage 2; 8 warps each (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over several programs
     (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the best split."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
     if INTERPRET:
         block = min(fits, 1 << 16)
         return block, 4, triton.cdiv(vocab_size, block)
+    if num_tokens >= _FEW_ROWS and vocab_size >= _SPLIT_VOCAB:
+        # One-warp programs: the per-tile max and index reduce in warp shuffles, with no block barrier; each
+        # row is split over _ROW_SPLITS of them and stage 2 picks the best split.
+        block = min(512, fits)
+        return block, 1, triton.cdiv(triton.cdiv(vocab_size, block), _ROW_SPLITS)
     if num_tokens >= _FEW_ROWS:
         block = min(2048 if num_tokens >= 2 * _FEW_ROWS else 4096, fits)
         return block, 8, triton.cdiv(vocab_size, block)
