@@ -554,8 +554,9 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
     tile (more spill the per-lane state to local memory). From 256 rows of a large vocabulary on, each row is
     split over 8 one-warp programs (tile 512), whose per-tile reduction needs no block barrier; from 256 rows
     of a small vocabulary, one program per row loops over its tiles and stores the token itself: one launch,
-    no stage 2; 8 warps each (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over several programs
-    (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the best split."""
+    no stage 2; 8 warps each (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over
+    several programs (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the
+    best split."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
     if INTERPRET:
         block = min(fits, 1 << 16)
