@@ -31,6 +31,15 @@ def test_both_modes_write_the_same_text():
     assert asyn.num_placeholders_accepted == 0
 
 
+def test_only_async_scheduling_runs_steps_for_requests_already_finished():
+    for name in lab.WORKLOADS:
+        sync, asyn = (lab.run(name, a) for a in (False, True))
+        assert lab.wasted_steps(sync) == 0
+        waste = lab.wasted_steps(asyn)
+        slots = [lab.placeholder_counts(r)["draft slots verified"] for r in (sync, asyn)]
+        assert waste > 0 and slots[1] - slots[0] >= 3 * waste  # each such step verified k = 3 slots
+
+
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match=r"workload must be one of \[.*\], got 'x'"):
         lab.run("x", False)

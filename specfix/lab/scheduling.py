@@ -4,8 +4,8 @@ request's draft slots held when the embedding read them, and where a ``-1`` gets
 :data:`WORKLOADS` holds two small greedy workloads: a decode node of a P/D disaggregated deployment (two of
 four requests arrive with their prompt already prefilled) and a batch whose token budget fits only two
 decodes of ``1 + k`` tokens, so a third running request waits. :func:`run` records one of them in one
-mode; :func:`slot_kinds` and :func:`placeholder_counts` read the recording; :func:`first_crash` runs it
-with the clamp switched off and says at which engine step the embedding raised.
+mode; :func:`slot_kinds`, :func:`placeholder_counts` and :func:`wasted_steps` read the recording;
+:func:`first_crash` runs it with the clamp switched off and says at which engine step the embedding raised.
 """
 
 from __future__ import annotations
@@ -113,6 +113,20 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
     return {"batches": len(result.trace), "draft slots verified": slots,
             "-1 written by the scheduler": written, "-1 overwritten by the runner": filled,
             "-1 reaching the embedding": reaching}
+
+
+def wasted_steps(result: GenerateResult) -> int:
+    """(request, step) pairs that ran after the request had already produced all its tokens: async
+    scheduling planned them before the step that finished the request came back."""
+    if result.num_steps and not result.trace:
+        raise ValueError("result has no trace: run it with record=True")
+    left = {out.request_id: len(out.token_ids) for out in result.outputs}
+    wasted = 0
+    for step in result.trace:
+        for req_id, sampled in zip(step.req_ids, step.sampled_token_ids, strict=True):
+            wasted += left[req_id] <= 0
+            left[req_id] -= len(sampled)
+    return wasted
 
 
 def first_crash(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: int = 12) -> int | None:
