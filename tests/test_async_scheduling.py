@@ -168,6 +168,14 @@ def test_greedy_text_is_the_same_in_both_modes_and_equals_plain_greedy(remote):
     assert tok.finished and sync.stats == asyn.stats and sync.stats.num_accepted_tokens > 0
 
 
+def test_async_scheduling_without_speculation_equals_plain_decoding():
+    """No drafts: each step still runs before the previous one's token reaches the scheduler."""
+    runs = [generate(PROMPTS, GREEDY, num_speculative_tokens=None, async_scheduling=a, **RUN)
+            for a in (False, True)]
+    assert [o.token_ids for o in runs[0].outputs] == [o.token_ids for o in runs[1].outputs]
+    assert runs[1].stats.num_draft_tokens == runs[1].stats.num_placeholder_slots == 0
+
+
 def test_seeded_sampling_is_the_same_in_both_modes():
     params = [SamplingParams(temperature=0.8, seed=i, max_tokens=20) for i in range(len(PROMPTS))]
     runs = [generate(PROMPTS, params, remote_prefill=[True, False] * 3, async_scheduling=a, **RUN)

@@ -410,6 +410,8 @@ class Scheduler:
                 and (running_scheduled or request.num_computed_tokens > 0))
 
     def schedule(self) -> SchedulerOutput:
+        """Plan one step: running requests first, then waiting ones, within the budgets; then count the
+        scheduled tokens as computed (``_update_after_schedule``)."""
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         spec_tokens: dict[str, list[int]] = {}
