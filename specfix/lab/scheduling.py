@@ -29,14 +29,26 @@ class Workload:
     prompts: tuple[str, ...]
     remote_prefill: tuple[bool, ...]
     max_num_batched_tokens: int
-    description: str
+
+    @property
+    def description(self) -> str:
+        """What the workload is, in one line, read from its fields."""
+        remote = [str(i) for i, r in enumerate(self.remote_prefill) if r]
+        if not remote:
+            arrive = "no request arrives prefilled"
+        elif len(remote) == 1:
+            arrive = f"request {remote[0]} arrives with its prompt prefilled elsewhere (P/D)"
+        else:
+            arrive = (f"requests {', '.join(remote[:-1])} and {remote[-1]} arrive with their prompts "
+                      "prefilled elsewhere (P/D)")
+        count = f"{len(self.prompts)} request{'s' if len(self.prompts) > 1 else ''}"
+        return f"{count}; {arrive}; a token budget of {self.max_num_batched_tokens} tokens per step"
 
 
 WORKLOADS = {
-    "decode node": Workload(DEMO_PROMPTS, (True, False, True, False), 256,
-                            "requests 0 and 2 arrive with their prompt prefilled elsewhere (P/D)"),
-    "tight budget": Workload(("the fox saw the crow", "a lion was asleep", "the north wind"), (False,) * 3, 8,
-                             "8 tokens per step: two decodes of 1 + k fit, a third running request waits"),
+    "decode node": Workload(DEMO_PROMPTS, (True, False, True, False), 256),
+    "tight budget": Workload(("the fox saw the crow", "a lion was asleep", "the north wind"), (False,) * 3,
+                             max_num_batched_tokens=8),
 }
 
 #: What a request's draft slots held in one engine step, as :func:`slot_kinds` reports it.
