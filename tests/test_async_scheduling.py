@@ -297,3 +297,14 @@ def test_a_drafter_with_fewer_than_k_proposals_is_refused_and_the_step_undone():
     with pytest.raises(ValueError, match="async scheduling needs k = 3 proposals per request"):
         engine.step()
     assert engine.num_steps == 0 and engine.scheduler.waiting and not engine.scheduler.running
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_async_scheduling_on_cuda_matches_the_cpu():
+    """The fill runs on the device there: the same texts as on the CPU, in both modes."""
+    kw = dict(remote_prefill=[True, False] * 3, sampler_backend="auto", async_scheduling=True, record=True)
+    on_gpu = generate(PROMPTS, GREEDY, device="cuda", models=load_models("cuda"), **kw)
+    on_cpu = generate(PROMPTS, GREEDY, models=MODELS, **kw)
+    assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]
+    assert sum(sum(s.num_filled_spec_tokens.values()) for s in on_gpu.trace) > 0
