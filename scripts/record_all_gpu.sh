@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Refresh every GPU recording the notebooks show on CPU-only machines, in one go, on a CUDA machine.
 #
-#   scripts/record_all_gpu.sh [OUT]        # default OUT=. (writes into specfix/recorded and tests/golden)
+#   [PEER=.peer] scripts/record_all_gpu.sh [OUT]   # default OUT=. (writes into specfix/recorded and tests/golden);
+#                                                  # PEER: vLLM's sampler fetched by shared/peer, timed beside ours
 #
 # Timing-sensitive recorders run one after another with the GPU to themselves. Each step's log goes to
 # OUT/logs; a failing step is reported and the others still run. Commit what lands in specfix/recorded
@@ -23,5 +24,5 @@ step gumbel_golden    python3 scripts/record_gumbel_golden.py --out "$GOLD"
 step gumbel_sanitizer python3 scripts/sanitize_gumbel.py --out "$REC"
 step embedding_assert python3 scripts/record_embedding_assert.py --out "$REC"
 step cudagraph        env SPECFIX_SCALE=full python3 scripts/record_cudagraph.py --out "$REC" --golden "$GOLD"
-step bench            python3 -m specfix bench --device cuda --scale full --no-progress --json "$REC/bench_h200.json"
+step bench            python3 -m specfix bench --device cuda --scale full --no-progress ${PEER:+--peer "$PEER"} --json "$REC/bench_h200.json"
 exit $status

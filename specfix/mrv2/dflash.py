@@ -197,7 +197,10 @@ def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled
     its model's). Bad input raises before any buffer of ``out`` is written.
     """
     _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id, vocab_size)
-    pad_sample_idx = -1 if (fixes or Fixes()).dflash_pad_idx else 0  # [fix]
+    if (fixes or Fixes()).dflash_pad_idx:  # [fix]
+        pad_sample_idx = -1  # [fix]
+    else:  # [no fix]
+        pad_sample_idx = 0  # [no fix]
     k = out.num_speculative_steps
     if not use_triton:
         return _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
