@@ -277,14 +277,14 @@ class GPUModelRunner:
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not self.use_async_scheduling or self._prev_draft_token_ids is None or not spec:
             return {}
-        width = self._prev_draft_token_ids.shape[1]
+        width = self._prev_draft_token_ids.shape[1]  # k: a step never schedules more drafts
         dst, src, filled = [], [], {}
         for req_id, end in zip(req_ids, cu_num_scheduled.tolist(), strict=True):
             prev_index = self.prev_req_id_to_index.get(req_id)
-            num_drafts = min(len(spec.get(req_id, ())), width)
+            num_drafts = len(spec.get(req_id, ()))
             if prev_index is None or num_drafts == 0:
                 continue
-            first = end - len(spec[req_id])
+            first = end - num_drafts
             dst.extend(range(first, first + num_drafts))
             src.extend(range(prev_index * width, prev_index * width + num_drafts))
             filled[req_id] = num_drafts
@@ -438,9 +438,9 @@ class GPUModelRunner:
         short = [r for r, d in zip(drafts.req_ids, drafts.draft_token_ids, strict=True) if len(d) != k]
         if short:
             raise ValueError(
-                f"async scheduling needs k = {k} proposals per request, got fewer for {short[:3]} (vLLM's "
-                "V1 runner refuses async scheduling with drafters that may propose fewer, such as the CPU "
-                "n-gram drafter)")
+                f"async scheduling needs exactly k = {k} proposals per request, got another count for "
+                f"{short[:3]} (vLLM's V1 runner refuses async scheduling with drafters that may propose "
+                "fewer, such as the CPU n-gram drafter)")
         self._prev_draft_token_ids = torch.tensor(drafts.draft_token_ids, dtype=torch.int32,
                                                   device=self.device)
         self.prev_req_id_to_index = {r: i for i, r in enumerate(drafts.req_ids)}
