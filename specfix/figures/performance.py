@@ -317,28 +317,30 @@ def speedup_figure(report: dict, source: str):
 
 
 def graph_call_figure(report: dict, source: str):
-    """GPU time of one single-row call inside a CUDA graph, per implementation and vocabulary."""
+    """GPU time of one call inside a CUDA graph, per implementation and shape (rows x vocabulary)."""
     gg = bench.frame(report, "gumbel_graph")
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7, 3.8))
+        fig, ax = plt.subplots(figsize=(9, 3.8))
         if gg.empty:
             _missing(ax, report, "gumbel_graph")
         else:
             impls = list(dict.fromkeys(gg["impl"]))
-            vocabs = sorted(gg["vocab"].unique())
+            shapes = sorted(set(zip(gg["rows"], gg["vocab"], strict=True)), key=lambda s: (s[1], s[0]))
             width = 0.8 / len(impls)
-            colours = [style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER]
+            colours = [style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING]
             for i, impl in enumerate(impls):
-                rows = gg[gg["impl"] == impl].set_index("vocab").reindex(vocabs)
+                rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-                ax.bar(np.arange(len(vocabs)) + (i - (len(impls) - 1) / 2) * width, rows["median_us"], width,
-                       yerr=err, capsize=3, color=colours[i % len(colours)], label=impl)
-            ax.set_xticks(np.arange(len(vocabs)), [f"vocab {v:,}" for v in vocabs])
+                ax.bar(np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width, rows["median_us"], width,
+                       yerr=err, capsize=2, color=colours[i % len(colours)], label=impl)
+            ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
+            ax.set_xlabel("rows x vocabulary")
+            _log_y(ax)
             target = goal(report, "gumbel_graph", "us")
             if _on_gpu(report) and target:
                 ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
             ax.set_ylabel("GPU time per call, us")
-        _finish(fig, ax, "One row of logits per call, many calls captured in one CUDA graph", source,
+        _finish(fig, ax, "Calls captured in one CUDA graph: GPU time per call", source,
                 "Compare specfix_fast (the serving kernel) with the green goal and the torch bar: inside a "
                 "graph no host launch cost is left, so this is GPU time alone.")
     return fig
@@ -472,13 +474,18 @@ def rejection_figure(report: dict, source: str):
         if rj.empty:
             _missing(ax, report, "rejection")
         else:
+            shape = {c: rj[c].min() for c in ("k", "vocab") if c in rj}
+            for column, value in shape.items():
+                rj = rj[rj[column] == value]
+            rj = rj[rj["impl"].isin(["specfix_triton", "torch_reference"])]
             for (impl, mode), rows in rj.groupby(["impl", "mode"]):
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
                 ax.errorbar(rows["batch"], rows["median_us"], yerr=err, capsize=3,
                             fmt="o-" if mode == "greedy" else "s--",
                             color=style.NEUTRAL if impl == "specfix_triton" else style.PADDING,
                             label=f"{impl}, {mode}")
-            ax.set(xlabel="requests in the batch", ylabel="time per verification step, us")
+            ax.set(xlabel="requests in the batch", ylabel="time per verification step, us",
+                   title=", ".join(f"{c} = {v:,}" for c, v in shape.items()))
             _log_x(ax, rj["batch"])
             _log_y(ax)
         _finish(fig, ax, "Rejection sampler (verification of k drafts per request), per step", source,
