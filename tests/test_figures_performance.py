@@ -13,7 +13,7 @@ from specfix.tools import bench, recorded
 H200 = recorded.load("bench_h200")
 SOURCE = "test source label"
 FIGURES = ["bandwidth_figure", "throughput_figure", "speedup_figure", "graph_call_figure", "mask_figure",
-           "fix_costs_figure", "drafter_figure", "padding_price_figure", "rejection_figure"]
+           "fix_costs_figure", "drafter_figure", "padding_price_figure", "rejection_figure", "peer_figure"]
 
 
 def _report(results, device="cuda", goals=()):
@@ -161,3 +161,67 @@ def test_fix_costs_figure_has_one_line_per_fix_in_each_panel():
         assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in fig.axes)
     finally:
         plt.close(fig)
+
+
+def test_peer_table_puts_each_vllm_version_beside_the_judged_kernel_at_every_shape():
+    table = perf.peer_table(H200)
+    raw = [r for r in H200["results"] if r["case"] == "gumbel" and r["impl"] == bench.JUDGED]
+    assert perf.peer_versions(H200) and len(table) == len(raw)
+    for r in raw:
+        p = r["params"]
+        row = table[(table["rows"] == p["rows"]) & (table["vocab"] == p["vocab"])
+                    & (table["dtype"] == p["dtype"])]
+        assert row[bench.JUDGED].item() == r["median_us"]
+        for v in perf.peer_versions(H200):
+            assert row[f"speedup_vs_{v}"].item() == pytest.approx(r["metrics"][bench.speedup_key(v)])
+
+
+def test_peer_figure_draws_every_version_and_the_read_ceiling_in_each_panel():
+    fig = perf.peer_figure(H200, SOURCE)
+    try:
+        versions = perf.peer_versions(H200)
+        for ax in fig.axes:
+            labels = [line.get_label() for line in ax.get_lines()]
+            assert [lab for lab in labels if lab.startswith("vLLM")] == [f"vLLM {v} gumbel_sample"
+                                                                          for v in reversed(versions)]
+            assert sum(lab.startswith("read ceiling") for lab in labels) == 1
+        assert all(f"vLLM {v}" in fig._suptitle.get_text() for v in versions)
+    finally:
+        plt.close(fig)
+
+
+def test_peer_table_is_empty_without_a_vllm_sampler():
+    report = _report([_result("gumbel", bench.JUDGED, 5.0, vocab=8, rows=1, dtype="fp32")])
+    assert perf.peer_versions(report) == [] and perf.peer_table(report).empty
+
+
+def test_goal_families_cut_the_shape_and_keep_the_worst_margin():
+    def g(goal, status, margin):
+        return {"case": "c", "goal": goal, "status": status, "margin": margin}
+    report = _report([], goals=[
+        g("fast >= 700 G logits/s at 256 x 151,936 fp32", "miss", "-21.0% vs target"),
+        g("fast >= 700 G logits/s at 1,024 x 151,936 bf16", "pass", "+9.6% vs target"),
+        g("rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, greedy", "miss", "-10.8% vs target"),
+        g("rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, random", "pass", "+0.1% vs target"),
+        g("the clamp makes no host synchronisation (any token count)", "pass", "+0 syncs/step vs target")])
+    table = perf.goal_families(report).set_index("family")
+    assert list(table.index) == ["fast >= 700 G logits/s", "rejection core <= 1.0x vLLM's GPU time (greedy)",
+                                 "rejection core <= 1.0x vLLM's GPU time (random)",
+                                 "the clamp makes no host synchronisation (any token count)"]
+    first = table.loc["fast >= 700 G logits/s"]
+    assert (first["goals"], first["passed"], first["missed"], first["worst_margin_pct"]) == (2, 1, 1, -21.0)
+    assert first["worst_goal"].endswith("256 x 151,936 fp32")
+    assert table["worst_margin_pct"].isna().tolist() == [False, False, False, True]
+
+
+def test_before_after_compares_the_older_kernel_with_the_default_per_shape():
+    row = {"rows": 256, "vocab": 32_000, "dtype": "fp32"}
+    sweep = {"configs": [{**row, "config": "before (older kernel)", "us": 20.0},
+                         {**row, "config": "default", "us": 25.0},
+                         {**row, "config": "row per program b2048 w8", "us": 90.0}]}
+    (only,) = perf.before_after(sweep).to_dict("records")
+    assert (only["before_us"], only["after_us"], only["slower"]) == (20.0, 25.0, pytest.approx(0.25))
+    with pytest.raises(ValueError, match="no 'before \\(older kernel\\)' rows"):
+        perf.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
+    with pytest.raises(ValueError, match="no 'default' rows"):
+        perf.before_after({"configs": [{**row, "config": "before (older kernel)", "us": 25.0}]})

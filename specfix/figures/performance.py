@@ -12,7 +12,9 @@ A case the report lacks is drawn as a panel that says why it is missing.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -134,6 +136,74 @@ def padding_price(report: dict) -> pd.DataFrame:
     g["padded_fraction"] = g["padded_rows"] / g["padded_batch"]
     cols = ["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction", "speedup"]
     return g[cols].sort_values(["model", "live_batch"]).reset_index(drop=True)
+
+
+def peer_versions(report: dict) -> list[str]:
+    """The vLLM versions whose Gumbel sampler the report timed beside specfix's, oldest first."""
+    found = {impl.removeprefix("vllm_") for impl in bench.frame(report, "gumbel").get("impl", [])
+             if impl.startswith("vllm_")}
+    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def peer_table(report: dict) -> pd.DataFrame:
+    """Per shape (dtype, vocab, rows): the judged kernel's median, each vLLM version's, the floor at the read
+    ceiling, and the speedup over each version (vLLM time / specfix time). Empty without a vLLM peer."""
+    g, versions = bench.frame(report, "gumbel"), peer_versions(report)
+    if not versions:
+        return pd.DataFrame(columns=["dtype", "vocab", "rows", bench.JUDGED, "floor_us"])
+    wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
+    read = ceilings(report)["read"]
+    shapes = zip(wide["rows"], wide["vocab"], wide["dtype"], strict=True)
+    wide["floor_us"] = [floor_us(rows, vocab, dtype, read) for rows, vocab, dtype in shapes]
+    cols = ["dtype", "vocab", "rows", bench.JUDGED] + [bench.peer_impl(v) for v in versions] + ["floor_us"]
+    for v in versions:
+        wide[f"speedup_vs_{v}"] = wide[bench.peer_impl(v)] / wide[bench.JUDGED]
+        cols.append(f"speedup_vs_{v}")
+    return wide[cols].sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
+
+
+#: A goal's shape, cut from its text to name its family ("at 256 x 32,000 fp32", "at B=1, k=1, V=32,000,
+#: greedy"); a rejection goal keeps its mode.
+_GOAL_SHAPE = (r" at (?:(?:[\d,]+ x )?[\d,]+(?: (?:fp32|bf16))?|B=\d+, k=\d+, V=[\d,]+, (?P<mode>\w+))"
+               r"(?P<rest>.*)$")
+
+
+def goal_families(report: dict) -> pd.DataFrame:
+    """The report's goals grouped by what they demand, the shape cut out (a rejection goal keeps its mode):
+    per family the number of goals, how many pass and miss, and the worst margin (in % of the target; below
+    zero is a miss; NaN where the goal's margin is not a percentage) with the goal that has it."""
+    rows = []
+    for g in report["goals"]:
+        family = re.sub(_GOAL_SHAPE, lambda m: f" ({m['mode']})" if m["mode"] else m["rest"], g["goal"])
+        family = family.replace(", (", " (")
+        margin = re.match(r"([+-][\d.]+)%", g["margin"])
+        rows.append({"family": family, "case": g["case"], "status": g["status"], "goal": g["goal"],
+                     "margin_pct": float(margin.group(1)) if margin else math.nan})
+    if not rows:
+        return pd.DataFrame(columns=["family", "case", "goals", "passed", "missed", "worst_margin_pct",
+                                     "worst_goal"])
+    df = pd.DataFrame(rows)
+    worst = df.sort_values("margin_pct", kind="stable").groupby("family", sort=False).first()
+    out = df.groupby("family", sort=False).agg(case=("case", "first"), goals=("goal", "size"),
+                                              passed=("status", lambda s: int((s == "pass").sum())),
+                                              missed=("status", lambda s: int((s == "miss").sum())))
+    out["worst_margin_pct"] = worst["margin_pct"]
+    out["worst_goal"] = worst["goal"]
+    return out.reset_index()
+
+
+def before_after(sweep: dict) -> pd.DataFrame:
+    """From a ``scripts/time_gumbel.py --before`` sweep: per shape the older kernel's time (``before``), the
+    current default's (``after``) and ``after / before - 1`` (above zero: the current kernel is slower)."""
+    df = pd.DataFrame(sweep["configs"])
+    df = df[df["config"].isin(["before (older kernel)", "default"])]
+    for config in ("before (older kernel)", "default"):
+        if not (df["config"] == config).any():
+            raise ValueError(f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep --before")
+    wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
+    wide = wide.rename(columns={"before (older kernel)": "before_us", "default": "after_us"})
+    wide["slower"] = wide["after_us"] / wide["before_us"] - 1
+    return wide.sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
 
 
 #: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
@@ -491,4 +561,42 @@ def rejection_figure(report: dict, source: str):
         _finish(fig, ax, "Rejection sampler (verification of k drafts per request), per step", source,
                 "The blue lines barely move from 1 to 64 requests: at these sizes the step is a fixed cost "
                 "per call, not arithmetic per request.")
+    return fig
+
+
+def peer_figure(report: dict, source: str):
+    """Logits per second of the judged kernel beside each vLLM version's sampler, one panel per dtype and
+    vocabulary, under the read ceiling measured in the same run (in logits per second of that dtype)."""
+    table, versions = peer_table(report), peer_versions(report)
+    vocabs = sorted(table["vocab"].unique()) if len(table) else [None]
+    read = ceilings(report)["read"]
+    rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
+    with style.apply():
+        fig, axes = plt.subplots(len(DTYPE_BYTES), len(vocabs), figsize=(3 * len(vocabs) + 1, 6.4),
+                                 sharex=True, sharey=True, squeeze=False)
+        if table.empty:
+            for ax in axes.flat:
+                _missing(ax, report, "gumbel", "no vLLM sampler in this report (bench --peer)")
+        else:
+            colours = [style.ACCENT, style.PLACEHOLDER, style.PADDING]
+            for (row, dtype), (col, vocab) in itertools.product(enumerate(DTYPE_BYTES), enumerate(vocabs)):
+                ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
+                ax.plot(one["rows"], rate(one, bench.JUDGED), "o-", color=style.NEUTRAL,
+                        label=f"specfix {bench.JUDGED}")
+                for i, v in enumerate(reversed(versions)):
+                    ax.plot(one["rows"], rate(one, bench.peer_impl(v)), "s--", ms=4,
+                            color=colours[i % len(colours)], label=f"vLLM {v} gumbel_sample")
+                ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2,
+                           label=f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype")
+                ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
+                _log_x(ax, table["rows"])
+                _log_y(ax)
+            for ax in axes[-1]:
+                ax.set_xlabel("rows")
+            for ax in axes[:, 0]:
+                ax.set_ylabel("G logits / s")
+        names = " and ".join(f"vLLM {v}" for v in reversed(versions)) or "vLLM"
+        _finish(fig, list(axes.flat), f"specfix {bench.JUDGED} beside {names}: same inputs, same run", source,
+                "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
+                "that version; the gap up to the dotted read ceiling is what any sampler could still gain.")
     return fig
