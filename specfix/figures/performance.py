@@ -199,7 +199,8 @@ def before_after(sweep: dict) -> pd.DataFrame:
     df = df[df["config"].isin(["before (older kernel)", "default"])]
     for config in ("before (older kernel)", "default"):
         if not (df["config"] == config).any():
-            raise ValueError(f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep --before")
+            raise ValueError(f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
+                             "--before PATH")
     wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
     wide = wide.rename(columns={"before (older kernel)": "before_us", "default": "after_us"})
     wide["slower"] = wide["after_us"] / wide["before_us"] - 1
@@ -344,15 +345,21 @@ def throughput_figure(report: dict, source: str):
             for (dtype, vocab), rows in judged.groupby(["dtype", "vocab"]):
                 ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype],
                         label=f"{dtype}, vocab {vocab:,}")
-            target = goal(report, "gumbel", "G logits/s")
-            if _on_gpu(report) and target:
-                ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
+            targets = {}
+            for g in report["goals"]:
+                if g["case"] == "gumbel" and g["unit"] == "G logits/s":
+                    vocab = re.search(r" x ([\d,]+)", g["goal"])
+                    targets.setdefault(g["target"], set()).add(vocab.group(1) if vocab else "any vocab")
+            for (target, vocabs), ls in zip(sorted(targets.items()), ("-", "--", ":", "-."), strict=False):
+                if _on_gpu(report):
+                    ax.axhline(target, color=style.FIXED, lw=1.2, ls=ls,
+                               label=f"goal at >= 256 rows: {target:g} G/s ({', '.join(sorted(vocabs))})")
             ax.set(xlabel="rows", ylabel="G logits / s")
             _log_x(ax, judged["rows"])
             _log_y(ax)
         _finish(fig, ax, f"Throughput of gumbel_sample ({bench.JUDGED})", source,
-                "Read the lines at 256 rows and more against the green goal; below 256 rows a batch is too "
-                "small to keep the GPU busy, so those points are not judged.")
+                "Read the lines at 256 rows and more against the green goal of their vocabulary; below 256 "
+                "rows a batch is too small to keep the GPU busy, so those points are not judged.")
     return fig
 
 
@@ -411,8 +418,9 @@ def graph_call_figure(report: dict, source: str):
                 ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
             ax.set_ylabel("GPU time per call, us")
         _finish(fig, ax, "Calls captured in one CUDA graph: GPU time per call", source,
-                "Compare specfix_fast (the serving kernel) with the green goal and the torch bar: inside a "
-                "graph no host launch cost is left, so this is GPU time alone.")
+                "Compare specfix_fast (the serving kernel, blue) with the vLLM bars beside it and, at one "
+                "row, with the green goal: inside a graph no host launch cost is left, so this is GPU time "
+                "alone.")
     return fig
 
 
