@@ -44,7 +44,8 @@ def _value(answer):
 
 #: The debug exercise's batch, in batch order: (request, prompt token ids, tokens computed, drafts).
 #: "a" and "d" decode (their last token plus three draft slots), "b" prefills six tokens, "c" is the first
-#: decode on a P/D decode node (padded), "d"'s last two drafts were rejected by a grammar (-1 too in vLLM).
+#: decode on a P/D decode node (padded), "d"'s last two drafts were rejected by a grammar (-1 too in vLLM,
+#: on the async path with structured output).
 METADATA_BATCH = (
     ("a", [5, 11, 30], 2, [17, 4, 9]),
     ("b", [40, 41, 42, 43, 44, 45], 0, []),
