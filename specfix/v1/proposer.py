@@ -3,7 +3,7 @@
 ``NgramProposer`` mirrors ``vllm/v1/spec_decode/ngram_proposer.py`` (prompt lookup: find the latest
 earlier occurrence of the sequence's last n tokens, n from ``prompt_lookup_max`` down to
 ``prompt_lookup_min``, and propose the tokens that followed it). It may propose fewer than k tokens, or
-none: that is where the scheduler pads with ``-1``.
+none when nothing matches; the scheduler then verifies only the drafts it has.
 
 ``DraftModelProposer`` mirrors ``vllm/v1/spec_decode/draft_model.py`` with greedy drafting
 (``draft_sample_method="greedy"``): the small draft model is run k times, each time appending its argmax.
