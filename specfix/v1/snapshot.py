@@ -22,6 +22,7 @@ owner truncates itself.
 
 from __future__ import annotations
 
+import collections
 import copy
 import enum
 import types
@@ -51,7 +52,7 @@ def _scan(root: object) -> tuple[list, list]:
         elif isinstance(value, dict):
             stack.extend(value.keys())
             stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
             stack.extend(value)
         elif hasattr(value, "__dict__"):
             stack.extend(vars(value).values())
