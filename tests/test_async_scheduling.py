@@ -307,8 +307,8 @@ def test_the_runner_refuses_a_schedule_that_disagrees_with_its_own_position():
     engine.step()  # the prompt, in flight
     out = engine.scheduler.schedule()
     out.scheduled_cached_reqs.num_computed_tokens[0] += 1
-    with pytest.raises(RuntimeError,
-                       match="request .m.: the runner has 5 tokens but num_computed_tokens=5 after the async"):
+    wrong = "request .m.: the runner has 5 tokens but num_computed_tokens=5 after the async"
+    with pytest.raises(RuntimeError, match=wrong):
         engine.model_runner.execute_model(out)
 
 
