@@ -125,6 +125,7 @@ def test_padded_token_wants_the_greedy_token():
     verdict = ex.check_padded_token(sol.padded_token + 1)
     assert verdict.hint_ids == ["not_greedy"], str(verdict)
     assert ex.check_padded_token(torch.tensor(sol.padded_token)).solved
+    assert ex.check_padded_token(lambda: sol.padded_token).solved   # a function that returns the answer
 
 
 # -- ch4.find_overwritten ---------------------------------------------------------------------------------

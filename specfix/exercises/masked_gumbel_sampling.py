@@ -125,6 +125,7 @@ def _padded_row_tokens():
     },
 )
 def check_padded_token(answer, verdict):
+    answer = answer() if callable(answer) else answer  # a token id, or a function that returns one
     if isinstance(answer, torch.Tensor):
         verdict.require(answer.numel() == 1 and not answer.dtype.is_floating_point, "not_an_int")
         answer = int(answer)
