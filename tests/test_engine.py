@@ -253,3 +253,25 @@ def test_cuda_engine_matches_cpu():
                        models=load_models("cuda"), **kw)
     assert all(len(o.token_ids) == 16 and "<-" not in o.text for o in sampled.outputs)
     assert 0.40 <= on_gpu.stats.acceptance_rate <= 0.90
+
+
+def test_a_failed_restore_keeps_the_steps_own_error_and_says_so(monkeypatch):
+    """After a device-side assert even putting the buffers back fails: the error the reader sees is still the
+    step's own, with a note that the engine is gone."""
+    from specfix.v1 import engine as engine_module
+
+    eng = LLMEngine(device="cpu")
+    eng.add_request("the fox", SamplingParams(temperature=0.0, max_tokens=4))
+
+    def broken_step():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    def broken_restore(self):
+        raise RuntimeError("CUDA error: device-side assert triggered (again)")
+
+    monkeypatch.setattr(eng, "_step_sync", broken_step)
+    monkeypatch.setattr(engine_module._StepUndo, "restore", broken_restore)
+    with pytest.raises(RuntimeError, match=r"^CUDA error: device-side assert triggered\n") as caught:
+        eng.step()
+    assert caught.value.args == ("CUDA error: device-side assert triggered",)  # the step's own error
+    assert any("could not be put back" in note for note in caught.value.__notes__)

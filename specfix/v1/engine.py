@@ -205,8 +205,13 @@ class LLMEngine:
             for request in finished:
                 del self._prompts[request.request_id]
             self.num_steps += 1
-        except BaseException:
-            undo.restore()
+        except BaseException as error:
+            try:
+                undo.restore()
+            except Exception as failed:  # e.g. after a device-side assert no CUDA call works in this process
+                if hasattr(error, "add_note"):  # Python >= 3.11
+                    error.add_note(f"the engine could not be put back as it was ({type(failed).__name__}: "
+                                   f"{failed}); start anew (after a device-side assert: a new process)")
             raise
         return outputs
 
