@@ -21,17 +21,16 @@ before anything imports triton. Modules keep their short names here: ``from spec
 from __future__ import annotations
 
 import importlib
+import pkgutil
+from pathlib import Path
 
 from specfix import runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET before triton loads)
 from specfix.fixes import Fixes
 
-_SUBPACKAGE = {
-    **dict.fromkeys(["scheduler", "input_batch", "model_runner", "spec_decode_metadata", "rejection_sampler",
-                     "sampling_metadata", "proposer", "engine"], "v1"),
-    **dict.fromkeys(["speculator", "cudagraph", "dflash", "gumbel", "gumbel_reference"], "mrv2"),
-    **dict.fromkeys(["embedding_assert", "placeholder_fixes", "padding_bench", "invariance", "guard"], "lab"),
-    **dict.fromkeys(["bench", "stats", "syncs", "recorded", "mirrors"], "tools"),
-}
+#: Each module of the role subpackages by its short name, read from the tree (nothing to keep in step).
+_SUBPACKAGE = {info.name: role for role in ("v1", "mrv2", "lab", "tools")
+               for info in pkgutil.iter_modules([str(Path(__file__).with_name(role))])
+               if not info.name.startswith("_")}
 
 
 def __getattr__(name: str):
