@@ -85,7 +85,9 @@ def graph_us_per_call(fn) -> float:
     return statistics.median(times)
 
 
-SWEEP_SHAPES = ((64, 151_936), (256, 32_000), (256, 151_936), (256, 248_320), (1024, 32_000), (1024, 151_936))
+SWEEP_SHAPES = ((64, 151_936), (256, 32_000), (256, 151_936), (256, 248_320), (1024, 32_000), (1024, 151_936),
+                (1024, 248_320))
+FEW_ROW_SHAPES = ((1, 151_936), (1, 248_320), (8, 32_000), (8, 151_936), (64, 32_000), (128, 151_936))
 _FLUSH: list[torch.Tensor] = []
 
 
@@ -110,16 +112,25 @@ def flushed_us(fn, reps: int = 15) -> float:
 def configs(rows: int, vocab: int):
     """(name, gumbel_sample keyword overrides) of the candidate launch configurations."""
     yield "default", {}
-    yield "tile per program b2048 w4", dict(block_size=2048, num_warps=4)
-    row_layouts = ((512, 1), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 4), (8192, 8))
+    if rows < 256:  # split rows: how many programs in all, of which tile and warps
+        for block, warps in ((512, 1), (1024, 1), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+            tiles = triton.cdiv(vocab, block)
+            for programs in (128, 256, 512, 1024):
+                splits = min(tiles, triton.cdiv(programs, rows))
+                yield f"{programs} programs b{block} w{warps}", dict(
+                    block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
+        return
+    row_layouts = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4), (4096, 4), (2048, 8), (4096, 8),
+                   (8192, 8), (8192, 16))
     for block, warps in row_layouts:
         yield f"row per program b{block} w{warps}", dict(
             block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block))
-    for splits, block, warps in ((2, 2048, 4), (2, 4096, 8), (4, 2048, 4), (2, 8192, 8), (4, 4096, 8),
-                                 (4, 512, 1), (8, 512, 1), (16, 512, 1), (4, 1024, 2), (8, 1024, 2)):
-        tiles = triton.cdiv(vocab, block)
-        yield f"{splits} splits b{block} w{warps}", dict(
-            block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
+    for splits in (2, 4, 8, 16):
+        for block, warps in ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8),
+                             (8192, 8)):
+            tiles = triton.cdiv(vocab, block)
+            yield f"{splits} splits b{block} w{warps}", dict(
+                block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
 
 
 def load_before(path: str):
@@ -135,10 +146,11 @@ def before_call(before, inp: dict):
     return lambda: before.gumbel_sample(*args, False, noise="fast")
 
 
-def sweep(out_dir: Path, before_path: str | None) -> dict:
-    """Candidate launch configurations at the issue-6 shapes; tokens checked against the reference first."""
+def sweep(out_dir: Path, before_paths: list[str]) -> dict:
+    """Candidate launch configurations at the issue-6 shapes; tokens checked against the reference first.
+    ``before_paths``: ``NAME=PATH`` of older kernels to time beside them."""
     started = time.perf_counter()
-    before = load_before(before_path) if before_path else None
+    befores = {b.split("=", 1)[0]: load_before(b.split("=", 1)[1]) for b in before_paths}
     report = {"meta": recorded.gpu_meta(), "checks": [], "configs": [], "graph_one_row": [], "context": {}}
     path = Path(out_dir) / "gumbel_sweep.json"
 
@@ -147,8 +159,8 @@ def sweep(out_dir: Path, before_path: str | None) -> dict:
         path.write_text(json.dumps(report, indent=1))
 
     # 1. the compiled kernel picks the reference's tokens (exact noise) in each program layout
-    checked = ("default", "tile per program b2048 w4", "row per program b2048 w8", "2 splits b2048 w4",
-               "row per program b4096 w8")
+    checked = ("default", "256 programs b1024 w4", "row per program b2048 w8", "2 splits b2048 w4",
+               "row per program b4096 w8", "8 splits b512 w1", "512 programs b2048 w8")
     for rows, vocab, dname in ((64, 32_000, "fp32"), (16, 151_936, "bf16"), (8, 3001, "fp32")):
         inp = inputs(rows, vocab, {"fp32": torch.float32, "bf16": torch.bfloat16}[dname])
         inp["temperature"] = torch.rand(rows, device="cuda") + 0.3
@@ -167,13 +179,11 @@ def sweep(out_dir: Path, before_path: str | None) -> dict:
     save()
     # 2. throughput of each configuration, L2 flushed, as the bench takes it
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    cases = [(d, r, v) for d in dtypes for r, v in SWEEP_SHAPES]
-    cases += [("fp32", 64, 151_936), ("fp32", 128, 151_936)]  # between the two launch policies
+    cases = [(d, r, v) for d in dtypes for r, v in SWEEP_SHAPES + FEW_ROW_SHAPES]
     for dname, rows, vocab in cases:
         inp = inputs(rows, vocab, dtypes[dname])
         impls = [(name, call(inp, noise="fast", **kw)) for name, kw in configs(rows, vocab)]
-        if before is not None:
-            impls.insert(0, ("before (older kernel)", before_call(before, inp)))
+        impls[:0] = [(f"before: {name}", before_call(before, inp)) for name, before in befores.items()]
         for name, fn in impls:
             us = flushed_us(fn)
             report["configs"].append(dict(rows=rows, vocab=vocab, dtype=dname, config=name, us=us,
@@ -184,12 +194,8 @@ def sweep(out_dir: Path, before_path: str | None) -> dict:
         del inp
     # 3. one row of 248,320 in a CUDA graph (GPU time per call)
     one = inputs(1, 248_320, torch.float32)
-    rows_graph = [("default", call(one, noise="fast"))]
-    for block in (512, 1024, 2048):
-        rows_graph.append((f"tile per program b{block}",
-                           call(one, noise="fast", block_size=block, num_warps=4)))
-    if before is not None:
-        rows_graph.insert(0, ("before (older kernel)", before_call(before, one)))
+    rows_graph = [(name, call(one, noise="fast", **kw)) for name, kw in configs(1, 248_320)]
+    rows_graph[:0] = [(f"before: {name}", before_call(before, one)) for name, before in befores.items()]
     for name, fn in rows_graph:
         report["graph_one_row"].append(dict(vocab=248_320, config=name, us_per_call=graph_us_per_call(fn)))
         print(report["graph_one_row"][-1], flush=True)
@@ -202,8 +208,8 @@ def sweep(out_dir: Path, before_path: str | None) -> dict:
     for rows in (1, 8, 64):
         small = inputs(rows, 151_936, torch.float32)
         report["context"][f"default_fast_{rows}x151936_us"] = flushed_us(call(small, noise="fast"))
-        if before is not None:
-            report["context"][f"before_fast_{rows}x151936_us"] = flushed_us(before_call(before, small))
+        for name, before in befores.items():
+            report["context"][f"before {name}_fast_{rows}x151936_us"] = flushed_us(before_call(before, small))
     print("context:", report["context"], flush=True)
     save()
     return report
@@ -214,13 +220,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "specfix" / "recorded"))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-only", action="store_true")
-    parser.add_argument("--before", default=None, help="an older specfix/gumbel.py to compare against")
+    parser.add_argument("--before", action="append", default=[],
+                        help="NAME=PATH of an older specfix gumbel.py to compare against (repeatable)")
     parser.add_argument("--profile", action="store_true", help="one call per kernel, for ncu")
     args = parser.parse_args()
     if args.profile:
         inp = inputs(256, 151_936, torch.float32)
-        if args.before:
-            before_call(load_before(args.before), inp)()
+        for before in args.before:
+            before_call(load_before(before.split("=", 1)[1]), inp)()
         call(inp, noise="fast")()
         call(inputs(256, 32_000, torch.float32), noise="fast")()
         torch.cuda.synchronize()

@@ -214,14 +214,17 @@ def test_goal_families_cut_the_shape_and_keep_the_worst_margin():
     assert table["worst_margin_pct"].isna().tolist() == [False, False, False, True]
 
 
-def test_before_after_compares_the_older_kernel_with_the_default_per_shape():
+def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
     row = {"rows": 256, "vocab": 32_000, "dtype": "fp32"}
-    sweep = {"configs": [{**row, "config": "before (older kernel)", "us": 20.0},
+    sweep = {"configs": [{**row, "config": "before: old", "us": 20.0},
+                         {**row, "config": "before: head", "us": 30.0},
                          {**row, "config": "default", "us": 25.0},
                          {**row, "config": "row per program b2048 w8", "us": 90.0}]}
     (only,) = perf.before_after(sweep).to_dict("records")
-    assert (only["before_us"], only["after_us"], only["slower"]) == (20.0, 25.0, pytest.approx(0.25))
-    with pytest.raises(ValueError, match="no 'before \\(older kernel\\)' rows"):
+    assert (only["multi_tile_us"], only["first_per_tile_us"], only["now_us"]) == (20.0, 30.0, 25.0)
+    assert only["slower"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="no 'before: old' rows"):
         perf.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
     with pytest.raises(ValueError, match="no 'default' rows"):
-        perf.before_after({"configs": [{**row, "config": "before (older kernel)", "us": 25.0}]})
+        perf.before_after({"configs": [{**row, "config": "before: old", "us": 25.0},
+                                       {**row, "config": "before: head", "us": 25.0}]})

@@ -136,6 +136,23 @@ def test_any_vocab_and_tiling_matches_reference(rows, vocab, tiles, per_program,
     assert torch.equal(got.cpu(), reference({k: v.cpu() for k, v in b.items()}))
 
 
+@pytest.mark.parametrize("captured", [False, True])
+@pytest.mark.parametrize("num_warps", [1, 2, 4])
+def test_split_rows_pick_the_reference_token_in_one_launch_or_two(monkeypatch, captured, num_warps):
+    """A row split over several programs ends the same whichever program finishes it: eagerly the last to
+    arrive (the arrival counters are left at 0 for the next call), under graph capture a second kernel.
+    Ties between splits, here forced by a constant row, go to the lowest token, as in one program."""
+    monkeypatch.setattr(gumbel, "_capturing", lambda device: captured)
+    b = batch(4, 3001, temps=[0.9, 0.0, 1.4, 0.0], seed=5)
+    b["logits"][3] = 1.0  # greedy over a constant row: every split ties; token 0 must win
+    want = reference({k: v.cpu() for k, v in b.items()})
+    for _ in range(2):  # the second call starts from the counters the first left behind
+        got = sample(b, block_size=256, num_warps=num_warps, tiles_per_program=2)
+        assert torch.equal(got.cpu(), want)
+    assert want[3] == 0
+    assert all(int(c.abs().sum()) == 0 for c in gumbel._ARRIVALS.values())
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 

@@ -192,18 +192,24 @@ def goal_families(report: dict) -> pd.DataFrame:
     return out.reset_index()
 
 
+#: The kernels a ``scripts/time_gumbel.py --before NAME=PATH`` sweep times beside today's default: the
+#: multi-tile kernel of 2026-11-29 (a running best per lane) and the first kernel with vLLM's per-tile
+#: contract (1-D tiles, a reduction across the program per tile).
+SWEEP_KERNELS = {"before: old": "multi_tile_us", "before: head": "first_per_tile_us", "default": "now_us"}
+
+
 def before_after(sweep: dict) -> pd.DataFrame:
-    """From a ``scripts/time_gumbel.py --before`` sweep: per shape the older kernel's time (``before``), the
-    current default's (``after``) and ``after / before - 1`` (above zero: the current kernel is slower)."""
+    """Per shape of a ``scripts/time_gumbel.py --before`` sweep, the time of each of ``SWEEP_KERNELS`` and
+    ``now_us / multi_tile_us - 1`` as ``slower`` (above zero: today's kernel is slower than the old one)."""
     df = pd.DataFrame(sweep["configs"])
-    df = df[df["config"].isin(["before (older kernel)", "default"])]
-    for config in ("before (older kernel)", "default"):
+    df = df[df["config"].isin(list(SWEEP_KERNELS))]
+    for config in SWEEP_KERNELS:
         if not (df["config"] == config).any():
             raise ValueError(f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
-                             "--before PATH")
+                             "--before old=PATH --before head=PATH")
     wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
-    wide = wide.rename(columns={"before (older kernel)": "before_us", "default": "after_us"})
-    wide["slower"] = wide["after_us"] / wide["before_us"] - 1
+    wide = wide.rename(columns=SWEEP_KERNELS)
+    wide["slower"] = wide["now_us"] / wide["multi_tile_us"] - 1
     return wide.sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
 
 

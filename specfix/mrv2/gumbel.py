@@ -13,13 +13,15 @@ logits with its token ids, its in-vocabulary mask and the row (``token_idx``); i
 tile and returns the tile's max and its index within the tile. Its arguments are vLLM 0.25's, in vLLM's
 order, where they carry over (specfix addresses the buffer by two strides, as 0.33 does, and takes the
 column as an int as well as a tensor); the constexprs after them are specfix's switches. The loop over
-tiles is the caller's, as in vLLM, but where vLLM's ``_gumbel_sample_kernel`` gives each program one tile
-of 1,024, specfix's walks several tiles of one row: two per turn, each loaded one tile ahead of its use,
-keeping the best (value, token) in two scalars. When one program covers a whole row (256 rows and more,
-where rows alone fill the GPU) it stores the token and the call is one launch; with fewer rows each row is
-split over several programs and stage 2 (grid rows, a second small Triton kernel: never more than two
-launches and no torch ops) picks the best split, where vLLM reduces its tiles with two torch ops.
-``launch_config`` chooses; ``block_size`` alone gives one tile per program.
+tiles is the caller's, as in vLLM. vLLM hands it 1-D tiles of 1,024 (one per program); specfix hands it
+2-D tiles of ``DEPTH x LANES`` logits (``tile_shape``) laid out so that each thread holds whole columns, and
+the helper reduces along the first axis: in registers, with no shuffle or barrier per tile (a 1-D tile
+gives vLLM's scalars). Each program walks several tiles of one row, two per turn, each loaded one tile ahead
+of its use, keeping a running best per column; one reduction across the columns ends the program. Rows are
+split over several programs (``launch_config``; ``block_size`` alone gives one tile per program): eagerly the
+last program of a row to arrive (an atomic counter per row) picks the best split, so a call is one launch;
+under CUDA-graph capture a second small kernel does, which costs a replay less GPU time. vLLM reduces its
+tiles with two torch ops.
 
 Three noise modes, each a pure function of (request seed, position, token id)
 (``specfix.mrv2.gumbel_reference`` defines them in torch):
@@ -36,22 +38,18 @@ Three noise modes, each a pure function of (request seed, position, token id)
 Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafting`` adds vLLM 0.33's
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
-Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-11-29,
-measured on the kernel before the per-tile contract, which kept a running best per lane and reduced once
-per program). 630-770 G logits/s at 256 rows of 129,280-248,320 and 640-850 G/s at 1,024 rows; one row
-of 248,320 in a CUDA graph: 3.9 us. The kernel is bound by instruction issue, not memory: ~30
-instructions a logit (ncu: 36.3 M warp instructions at 256 x 151,936), ~40% of them on the integer/logic
-pipe, which issues at half rate: the hash (2 multiplies, 3 xor-shifts), u (a conversion, an FMA), the
-small-u series, two hardware lg2 and the argmax. At 256 x 151,936 fp32 ncu gives 56.7 us with 62% of
-issue slots busy, reading 2.7 TB/s of the 3.97 TB/s an argmax reads. The 500 G/s goal is missed at 256 x
-32,000: a program there has only 8 tiles, so its fixed costs (row key, first load from HBM with nothing to
-hide it behind, final reductions) leave 48% of issue slots busy (16.8 us on the GPU, ncu). The per-tile
-contract costs each tile a block-wide max and index (shuffles, four barriers): compiled offline for
-sm_90 (triton 3.9, 2026-12-01, fast noise), the loop's SASS grows from 27.6 to 29.6 instructions a logit
-at tile 4096 / 8 warps (256 to 511 rows, and the split programs of fewer rows at tile 2048 / 4 warps)
-and from 28.6 to 32.1 at tile 2048 / 8 warps (512+ rows). Storing processed logits (the drafter) costs
-more, from 28.9 to 34.0 and from 29.9 to 40.6, because triton hoists the row's loads and key out of a loop
-only if the loop stores nothing. Time it with ``specfix bench`` or ``scripts/time_gumbel.py --sweep``.
+Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-12-01,
+``specfix/recorded/bench_h200.json``): 618-829 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
+of 248,320 in a CUDA graph: 4.07 us. The kernel is bound by instruction issue, not memory: ~30 instructions
+a logit (ncu, 2026-11-29, on the multi-tile kernel that predates the per-tile contract: 36.3 M warp
+instructions at 256 x 151,936), ~40% of them on the integer/logic pipe, which issues at half rate: the hash
+(2 multiplies, 3 xor-shifts), u (a conversion, an FMA), the small-u series, two hardware lg2 and the argmax.
+At 256 x 151,936 fp32 that kernel took 56.7 us with 62% of issue slots busy, reading 2.7 TB/s of the
+3.97 TB/s an argmax reads. At 256 x 32,000 a program has only a few tiles, so its fixed costs (row key,
+first load from HBM with nothing to hide it behind, final reductions) leave about half the issue slots busy.
+The first per-tile kernel (1-D tiles: a block-wide max and index per tile) was 13-38% slower than that
+kernel at 256 rows and more; the 2-D tiles won it back (``scripts/time_gumbel.py --sweep --before``,
+``specfix/recorded/gumbel_sweep_before_after_h200.json``, chapter 5).
 """
 
 from __future__ import annotations
@@ -69,43 +67,20 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 if HAS_TRITON:
-    _C1 = tl.constexpr(ref.FMIX_C1)
-    _C2 = tl.constexpr(ref.FMIX_C2)
-    _TOKEN_MULT = tl.constexpr(ref.TOKEN_MULT)
-    _KEY_SALT = tl.constexpr(ref.KEY_SALT)
-    _U_MAX = tl.constexpr(ref.U_MAX)
-    _SQRT_HALF_BITS = tl.constexpr(ref.SQRT_HALF_BITS)
-    _LN2 = tl.constexpr(ref.LN2)
-    _LOG2E = tl.constexpr(ref.LOG2E)
-    _P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7 = (tl.constexpr(c) for c in ref.LN1P_POLY)
-    #: log2(e) / k in float32: -log2(1 - u) = log2(e) * (u + u**2/2 + u**3/3 + u**4/4 + ...)
-    _S1, _S2, _S3, _S4 = (tl.constexpr(torch.tensor(ref.LOG2E / k, dtype=torch.float32).item())
-                          for k in range(1, 5))
-    _SAMPLING_EPS = tl.constexpr(ref.SAMPLING_EPS)
-    _DRAFT_NOISE_SALT = tl.constexpr(ref.DRAFT_NOISE_SALT)
-    _M_C1 = tl.constexpr(ref.MURMUR_C1)
-    _M_C2 = tl.constexpr(ref.MURMUR_C2)
-    _M_R1 = tl.constexpr(ref.MURMUR_R1)
-    _M_R2 = tl.constexpr(ref.MURMUR_R2)
-    _M_N = tl.constexpr(ref.MURMUR_N)
-    _VLLM_KEY_BYTES = tl.constexpr(ref.VLLM_KEY_BYTES)
-    _VLLM_SERIES_BELOW = tl.constexpr(ref.VLLM_SERIES_BELOW)
-    _VLLM_ONE_MINUS_U_MIN = tl.constexpr(ref.VLLM_ONE_MINUS_U_MIN)
-    #: The NOISE constexpr of the kernels, one per mode.
-    _EXACT, _FAST, _VLLM = (tl.constexpr(i) for i in range(3))
+    from specfix.mrv2 import gumbel_constants as K
 
     @triton.jit
     def _fmix32(x):
         x = x ^ (x >> 16)
-        x = x * _C1
+        x = x * K.C1
         x = x ^ (x >> 13)
-        x = x * _C2
+        x = x * K.C2
         return x ^ (x >> 16)
 
     @triton.jit
     def _row_key(seed, pos):
         """32-bit key of (seed, pos): both int64 scalars."""
-        key = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ _KEY_SALT)
+        key = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ K.KEY_SALT)
         key = _fmix32(key ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
         key = _fmix32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
         return _fmix32(key ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
@@ -119,26 +94,26 @@ if HAS_TRITON:
         xor-shift distributes over xor). ``bits * 2**-32 + 2**-33`` rounds once, exactly like the reference's
         ``(bits + 0.5) * 2**-32`` (scaling by a power of two is exact), and is one fused multiply-add."""
         x = key_mixed ^ token_mult ^ (token_mult >> 16)
-        x = x * _C1
+        x = x * K.C1
         x = x ^ (x >> 13)
-        x = x * _C2
+        x = x * K.C2
         bits = x ^ (x >> 16)
-        return tl.minimum(bits.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10, _U_MAX)
+        return tl.minimum(bits.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10, K.U_MAX)
 
     @triton.jit
     def _careful_log(x):
         """ln(x) from float32 adds and multiplies (see gumbel_reference.careful_log)."""
         bits = x.to(tl.int32, bitcast=True)
-        exponent = (bits - _SQRT_HALF_BITS) >> 23
+        exponent = (bits - K.SQRT_HALF_BITS) >> 23
         f = (bits - exponent * 8388608).to(tl.float32, bitcast=True) - 1.0
-        p = _P6 + f * _P7
-        p = _P5 + f * p
-        p = _P4 + f * p
-        p = _P3 + f * p
-        p = _P2 + f * p
-        p = _P1 + f * p
-        p = _P0 + f * p
-        return exponent.to(tl.float32) * _LN2 + (f + (f * f) * p)
+        p = K.P6 + f * K.P7
+        p = K.P5 + f * p
+        p = K.P4 + f * p
+        p = K.P3 + f * p
+        p = K.P2 + f * p
+        p = K.P1 + f * p
+        p = K.P0 + f * p
+        return exponent.to(tl.float32) * K.LN2 + (f + (f * f) * p)
 
     @triton.jit
     def _exact_gumbel(u):
@@ -163,7 +138,7 @@ if HAS_TRITON:
 
         The hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series.
         """
-        series = u * (_S1 + u * (_S2 + u * (_S3 + u * _S4)))
+        series = u * (K.S1 + u * (K.S2 + u * (K.S3 + u * K.S4)))
         e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
         return -_approx_log2(e2, USE_ASM)
 
@@ -174,8 +149,8 @@ if HAS_TRITON:
     @triton.jit
     def _murmur3_mix(h, k):
         """MurmurHash3_x86_32's update of its state ``h`` by one 32-bit block ``k`` (uint32)."""
-        k = _rotl32(k * _M_C1, _M_R1) * _M_C2
-        return _rotl32(h ^ k, _M_R2) * 5 + _M_N
+        k = _rotl32(k * K.M_C1, K.M_R1) * K.M_C2
+        return _rotl32(h ^ k, K.M_R2) * 5 + K.M_N
 
     @triton.jit
     def _vllm_row_state(seed, pos):
@@ -189,15 +164,15 @@ if HAS_TRITON:
     def _vllm_gumbel(row_state, token_ids):
         """vLLM 0.33's noise of each token (see gumbel_reference.vllm_gumbel_noise): the last word, the
         finaliser with length 16, u from the hash's 16-bit halves, the log1p series below u = 1/4."""
-        bits = _fmix32(_murmur3_mix(row_state, token_ids.to(tl.uint32)) ^ _VLLM_KEY_BYTES)
+        bits = _fmix32(_murmur3_mix(row_state, token_ids.to(tl.uint32)) ^ K.VLLM_KEY_BYTES)
         hi = (bits >> 16).to(tl.int32).to(tl.float32)
         lo = (bits & 0xFFFF).to(tl.int32).to(tl.float32)
         u = hi * 1.52587890625e-05 + (lo + 0.5) * 2.3283064365386963e-10
         p = u * 0.125 + 1.0 / 7.0
         for k in tl.static_range(6, 0, -1):
             p = u * p + 1.0 / k
-        direct = tl.log(tl.maximum(1.0 - u, _VLLM_ONE_MINUS_U_MIN))
-        return -tl.log(-tl.where(u < _VLLM_SERIES_BELOW, -u * p, direct))
+        direct = tl.log(tl.maximum(1.0 - u, K.VLLM_ONE_MINUS_U_MIN))
+        return -tl.log(-tl.where(u < K.VLLM_SERIES_BELOW, -u * p, direct))
 
     @triton.jit
     def _round_for_store(x, dtype: tl.constexpr, BF16_BY_HAND: tl.constexpr):
@@ -234,14 +209,16 @@ if HAS_TRITON:
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
     ):
-        """Gumbel-max over one tile of logit row ``token_idx``: returns the tile's max of logits (/ T) +
-        noise and its index within the tile (ties to the lowest; a NaN never wins).
+        """Gumbel-max over one tile of logit row ``token_idx``: the max of logits (/ T) + noise along the
+        tile's first axis and its index there (ties to the lowest; a NaN never wins).
 
         ``logits``: the tile, loaded as float32 (lanes outside the vocabulary hold -inf); ``block``: its
-        token ids; ``mask``: which lanes lie inside the vocabulary. The request-state row, temperature,
-        seed and position are loaded here; the processed (temperature-applied) tile is stored to
-        ``processed_logits[req_state_idx, col]`` on the way. A temperature under ``SAMPLING_EPS`` is greedy:
-        plain logits, no noise. In the fast mode the value is in log2 units (logits * log2(e) + noise / ln 2).
+        token ids; ``mask``: which lanes lie inside the vocabulary. vLLM's tiles are 1-D, so this is the
+        tile's max and its index in the tile; specfix's caller hands in ``[DEPTH, LANES]`` tiles and gets
+        one (max, index) per column. The request-state row, temperature, seed and position are loaded here;
+        the processed (temperature-applied) tile is stored to ``processed_logits[req_state_idx, col]`` on
+        the way. A temperature under ``SAMPLING_EPS`` is greedy: plain logits, no noise. In the fast mode the
+        value is in log2 units (logits * log2(e) + noise / ln 2).
         """
         req_state_idx = tl.load(expanded_idx_mapping_ptr + token_idx).to(tl.int64)
         is_valid_req = req_state_idx >= 0
@@ -251,16 +228,16 @@ if HAS_TRITON:
         else:  # [no fix]
             temp = tl.load(temp_ptr + req_state_idx)  # [no fix]
             seed = tl.load(seeds_ptr + req_state_idx)  # [no fix]
-        temp = tl.where(temp >= _SAMPLING_EPS, temp, 0.0)  # NaN too
+        temp = tl.where(temp >= K.SAMPLING_EPS, temp, 0.0)  # NaN too
         pos = tl.load(pos_ptr + token_idx).to(tl.int64)
         if IS_DRAFTING:
-            pos = pos + _DRAFT_NOISE_SALT
+            pos = pos + K.DRAFT_NOISE_SALT
         x = logits
         scores = logits  # what the noise is added to
         if APPLY_TEMPERATURE:
             if temp != 0.0:
                 x = tl.math.div_rn(x, temp)
-                if NOISE == _VLLM:
+                if NOISE == K.VLLM:
                     scores = logits / temp  # vLLM's division (on the GPU div.full, not rounded as div_rn)
                 else:
                     scores = x
@@ -278,33 +255,42 @@ if HAS_TRITON:
                 tl.store(row_ptr + block, stored, mask=mask & lane_is_valid)  # [fix]
             else:  # [no fix]
                 tl.store(row_ptr + block, stored, mask=mask)  # [no fix]
-            if NOISE == _VLLM:
+            if NOISE == K.VLLM:
                 seed = seed ^ (col << 32)  # vLLM 0.33's spec_step_seed: each drafter column its own stream
-        if NOISE == _VLLM:
+        if NOISE == K.VLLM:
             row_state = _vllm_row_state(seed, pos)
         else:
             key = _row_key(seed, pos)
             key_mixed = key ^ (key >> 16)
         if temp != 0.0:
-            if NOISE == _VLLM:
+            if NOISE == K.VLLM:
                 scores = scores + _vllm_gumbel(row_state, block)
-            elif NOISE == _FAST:
-                scores = scores * _LOG2E + _fast_gumbel_log2(
-                    _uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT), USE_ASM)
+            elif NOISE == K.FAST:
+                scores = scores * K.LOG2E + _fast_gumbel_log2(
+                    _uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM)
             else:
-                scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * _TOKEN_MULT))
+                scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
             scores = tl.where(mask, scores, float("-inf"))
-        value = tl.max(scores, axis=0)
-        lanes = tl.arange(0, scores.shape[0])
-        return value, tl.min(tl.where(scores == value, lanes, scores.shape[0]), axis=0)
+        value = tl.max(scores, axis=0)  # a maxnum: NaN scores are passed over, and never equal it below
+        index = tl.arange(0, scores.shape[0])
+        if len(scores.shape) == 2:
+            index = index[:, None]
+        return value, tl.min(tl.where(scores == value, index, scores.shape[0]), axis=0)
+
+    @triton.jit
+    def _keep_best(best, best_token, tile_max, tile_argmax, tile_start, lanes, LANES: tl.constexpr):
+        """Each column's running best over the tiles: a strict ``>``, so an earlier tile keeps a tie."""
+        better = tile_max > best
+        token = tile_start + tile_argmax * LANES + lanes
+        return tl.where(better, tile_max, best), tl.where(better, token, best_token)
 
     # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
     @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
                                    "tiles_per_program", "num_splits"])
     def _gumbel_sample_kernel(
         out_ptr,
-        local_max_ptr,
-        local_argmax_ptr,
+        split_best_ptr,
+        arrivals_ptr,
         logits_ptr,
         logits_stride,
         idx_mapping_ptr,
@@ -329,90 +315,108 @@ if HAS_TRITON:
         NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
         BF16_BY_HAND: tl.constexpr,
-        BLOCK: tl.constexpr,
+        LANES: tl.constexpr,
+        DEPTH: tl.constexpr,
+        SPLITS: tl.constexpr,
+        ARRIVE: tl.constexpr,
         STATIC_TILES: tl.constexpr,
     ):
-        """Stage 1: grid (rows, splits); each program walks ``tiles_per_program`` tiles of its row, calls
-        ``gumbel_block_argmax`` on each and keeps the best (a strict ``>``: an earlier tile wins a tie).
-        With one split per row that is already the token (no stage 2). The next tile's logits are loaded
-        before this tile's noise is computed, so the load's latency hides behind it."""
+        """Grid (rows, splits); each program walks ``tiles_per_program`` tiles of ``DEPTH x LANES`` tokens
+        of its row (token ``tile * DEPTH * LANES + d * LANES + lane``), calls ``gumbel_block_argmax`` on
+        each and keeps a running best per column (each thread holds its columns' ``DEPTH`` rows, so the
+        tile's reduction stays in registers); one reduction across the columns ends the program. The next
+        tile's logits are loaded before this tile's noise is computed, so the load's latency hides behind it.
+
+        With one split per row the program stores the token. With several, each stores its best to
+        ``split_best`` (one int64 key: its max, then its token). With ``ARRIVE`` each then counts itself
+        in ``arrivals[row]`` and the row's last program to arrive takes the largest key (ties to the lower
+        token) and sets the counter back to 0 for the next call; without, ``_gumbel_reduce_kernel`` does."""
+        BLOCK: tl.constexpr = DEPTH * LANES
         row = tl.program_id(0).to(tl.int64)
         split = tl.program_id(1)
         first_tile = split * tiles_per_program
         end_tile = tl.minimum(first_tile + tiles_per_program, num_tiles)
         full_end = tl.minimum(end_tile, num_full_tiles)
         logits_row_ptr = logits_ptr + row * logits_stride
-        lanes = tl.arange(0, BLOCK)
-        in_vocab = tl.full([BLOCK], True, tl.int1)  # every lane of a full tile
-        best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-        best_token = first_tile * BLOCK  # what a program whose scores are all NaN or -inf returns
+        lanes = tl.arange(0, LANES)
+        offsets = tl.arange(0, DEPTH)[:, None] * LANES + lanes[None, :]
+        in_vocab = tl.full([DEPTH, LANES], True, tl.int1)  # every lane of a full tile
+        best = tl.full([LANES], float("-inf"), tl.float32)
+        best_token = first_tile * BLOCK + lanes  # what a program whose scores are all NaN or -inf returns
         if STATIC_TILES > 0:
             # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
             # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
             for i in range(STATIC_TILES):
                 tile = first_tile + i
                 if tile < full_end:
-                    block = tile * BLOCK + lanes
+                    block = tile * BLOCK + offsets
                     value, idx = gumbel_block_argmax(
                         tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
                         temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
                         processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE,
                         PER_TOKEN_COL, STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
-                    better = value > best
-                    best = tl.where(better, value, best)
-                    best_token = tl.where(better, tile * BLOCK + idx, best_token)
+                    best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
         else:
             # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
             # tile's noise) into its own registers. A tile index past the program's last full tile is
             # clamped to it: in bounds, a cache hit, and a repeat of a tile already seen changes nothing.
-            offs = first_tile * BLOCK + lanes
-            x_even = tl.load(logits_row_ptr + offs, mask=offs < full_end * BLOCK, other=0.0)
+            x_even = tl.load(logits_row_ptr + first_tile * BLOCK + offsets,
+                             mask=first_tile * BLOCK + offsets < full_end * BLOCK, other=0.0)
             for tile in range(first_tile, full_end, 2):
                 odd = tl.minimum(tile + 1, full_end - 1)
-                x_odd = tl.load(logits_row_ptr + odd * BLOCK + lanes)
+                x_odd = tl.load(logits_row_ptr + odd * BLOCK + offsets)
                 value, idx = gumbel_block_argmax(
-                    x_even.to(tl.float32), tile * BLOCK + lanes, in_vocab, row, idx_mapping_ptr,
+                    x_even.to(tl.float32), tile * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
                     temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
                     col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
                     MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
-                better = value > best
-                best = tl.where(better, value, best)
-                best_token = tl.where(better, tile * BLOCK + idx, best_token)
-                x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + lanes)
+                best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
+                x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
                 value, idx = gumbel_block_argmax(
-                    x_odd.to(tl.float32), odd * BLOCK + lanes, in_vocab, row, idx_mapping_ptr,
+                    x_odd.to(tl.float32), odd * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
                     temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
                     col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
                     MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
-                better = value > best
-                best = tl.where(better, value, best)
-                best_token = tl.where(better, odd * BLOCK + idx, best_token)
+                best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
         if end_tile > num_full_tiles:  # this program owns the partial last tile
-            block = num_full_tiles * BLOCK + lanes
+            block = num_full_tiles * BLOCK + offsets
             mask = block < vocab_size
             value, idx = gumbel_block_argmax(
                 tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
                 row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
                 processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL,
                 STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
-            better = value > best
-            best = tl.where(better, value, best)
-            best_token = tl.where(better, num_full_tiles * BLOCK + idx, best_token)
+            best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
+        value = tl.max(best, axis=0)
+        token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
         if num_splits == 1:
-            tl.store(out_ptr + row, best_token.to(tl.int64))
+            tl.store(out_ptr + row, token.to(tl.int64))
         else:
-            tl.store(local_max_ptr + row * num_splits + split, best)
-            tl.store(local_argmax_ptr + row * num_splits + split, best_token)
+            # One int64 key per split: the max's bits made sortable as a signed int, then the token reversed
+            # (a tie goes to the lower token), so the max key holds the row's token.
+            bits = value.to(tl.int32, bitcast=True)
+            sortable = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+            key = sortable * 4294967296 + (2147483647 - token)
+            tl.store(split_best_ptr + row * num_splits + split, key)
+            if ARRIVE:
+                tl.debug_barrier()  # every thread's stores happen before the release below
+                arrived = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel")
+                if arrived == num_splits - 1:  # the row's last program: every split's key is in split_best
+                    _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS)
+                    tl.store(arrivals_ptr + row, 0)
 
     @triton.jit
-    def _gumbel_reduce_kernel(out_ptr, local_max_ptr, local_argmax_ptr, num_splits, SPLITS: tl.constexpr):
-        """Stage 2: grid (rows,). The best split wins; ties go to the lower split, i.e. the lower token id."""
-        row = tl.program_id(0).to(tl.int64)
+    def _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS: tl.constexpr):
+        """The token of the row's largest split key."""
         s = tl.arange(0, SPLITS)
-        values = tl.load(local_max_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
-        best = tl.argmax(values, axis=0)
-        token = tl.load(local_argmax_ptr + row * num_splits + best)
-        tl.store(out_ptr + row, token.to(tl.int64))
+        keys = tl.load(split_best_ptr + row * num_splits + s, mask=s < num_splits,
+                       other=-9223372036854775807, cache_modifier=".cg")
+        tl.store(out_ptr + row, 2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF))
+
+    @triton.jit
+    def _gumbel_reduce_kernel(out_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
+        """Stage 2 of a captured call: grid (rows,); each program stores its row's best split's token."""
+        _store_best_split(out_ptr, split_best_ptr, tl.program_id(0).to(tl.int64), num_splits, SPLITS)
 
     @triton.jit
     def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr,
@@ -422,12 +426,12 @@ if HAS_TRITON:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         seed = tl.load(seed_ptr + row)
         pos = tl.load(pos_ptr + row).to(tl.int64)
-        if NOISE == _VLLM:
+        if NOISE == K.VLLM:
             g = _vllm_gumbel(_vllm_row_state(seed, pos), offs)
         else:
             key = _row_key(seed, pos)
-            u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * _TOKEN_MULT)
-            if NOISE == _FAST:
+            u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * K.TOKEN_MULT)
+            if NOISE == K.FAST:
                 g = _fast_gumbel_log2(u, USE_ASM)
             else:
                 g = _exact_gumbel(u)
@@ -538,40 +542,66 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
                 raise ValueError(f"processed_logits_col must lie in [0, {processed_logits.shape[1]})")
 
 
-#: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all.
+#: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all; from
+#: _FEW_ROWS rows on, over _ROW_SPLITS of them (_SMALL_VOCAB_SPLITS for a vocabulary under _LARGE_VOCAB).
 _FEW_ROWS = 256
-_PROGRAMS = 512
-_ROW_SPLITS = 8        # splits per row from _FEW_ROWS rows on (H200 sweep, scripts/time_gumbel.py)
-_SPLIT_VOCAB = 100_000  # below it a row per program of 8 warps was as fast or faster in that sweep
+_PROGRAMS = 1024
+_ROW_SPLITS = 16
+_SMALL_VOCAB_SPLITS = 8
+_LARGE_VOCAB = 100_000
+#: A tile is DEPTH x LANES tokens, LANES = the logits of one 16-byte load per thread, times the threads.
+_BYTES_PER_LOAD = 16
 
 
 @functools.cache
 def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``.
+    """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``; a tile of BLOCK logits is laid out by
+    ``tile_shape``.
 
     Interpreter: one program per row, tiles as large as possible (its cost is per program instance).
-    GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): a thread holds at most 16 logits of a
-    tile (more spill the per-lane state to local memory). From 256 rows of a large vocabulary on, each row is
-    split over 8 one-warp programs (tile 512), whose per-tile reduction needs no block barrier; from 256 rows
-    of a small vocabulary, one program per row loops over its tiles and stores the token itself: one launch,
-    no stage 2; 8 warps each (tile 4096; from 512 rows, tile 2048). With fewer rows each row is split over
-    several programs (~512 of 4 warps in all, tile 2048, or 1024 when the tiles are few) and stage 2 picks the
-    best split."""
+    GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): small programs, each row split over
+    several: tiles of 1,024 for 2 warps (16 logits a thread), about 1,024 programs in all below 256 rows and
+    16 per row from 256 rows on; a vocabulary under 100,000 from 256 rows on: tiles of 512 for 1 warp, 8
+    programs per row."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
     if INTERPRET:
         block = min(fits, 1 << 16)
         return block, 4, triton.cdiv(vocab_size, block)
-    if num_tokens >= _FEW_ROWS and vocab_size >= _SPLIT_VOCAB:
-        # One-warp programs: the per-tile max and index reduce in warp shuffles, with no block barrier; each
-        # row is split over _ROW_SPLITS of them and stage 2 picks the best split.
-        block = min(512, fits)
-        return block, 1, triton.cdiv(triton.cdiv(vocab_size, block), _ROW_SPLITS)
-    if num_tokens >= _FEW_ROWS:
-        block = min(2048 if num_tokens >= 2 * _FEW_ROWS else 4096, fits)
-        return block, 8, triton.cdiv(vocab_size, block)
-    block = min(2048 if num_tokens * triton.cdiv(vocab_size, 2048) >= _PROGRAMS else 1024, fits)
+    if num_tokens >= _FEW_ROWS and vocab_size < _LARGE_VOCAB:
+        block, warps, splits = min(512, fits), 1, _SMALL_VOCAB_SPLITS
+    else:
+        block, warps = min(1024, fits), 2
+        splits = _ROW_SPLITS if num_tokens >= _FEW_ROWS else triton.cdiv(_PROGRAMS, num_tokens)
     tiles = triton.cdiv(vocab_size, block)
-    return block, 4, triton.cdiv(tiles, min(tiles, triton.cdiv(_PROGRAMS, num_tokens)))
+    return block, warps, triton.cdiv(tiles, min(tiles, splits))
+
+
+def tile_shape(block: int, num_warps: int, itemsize: int = 4) -> tuple[int, int]:
+    """(DEPTH, LANES) of a tile of ``block`` logits of ``itemsize`` bytes handled by ``num_warps`` warps:
+    a 16-byte load per thread per row of the tile, so that a thread holds whole columns and the tile's
+    reduction along its first axis never leaves its registers."""
+    lanes = min(block, _BYTES_PER_LOAD // itemsize * 32 * num_warps)
+    return block // lanes, lanes
+
+
+#: Arrival counters of split rows in eager calls, one int32 per row, kept per (device, stream): the kernel
+#: leaves them at 0, so a call needs no memset. Calls on one stream run one after another; calls that may
+#: overlap (two streams) get separate counters. A captured call uses none (two kernels instead).
+_ARRIVALS: dict[tuple, torch.Tensor] = {}
+
+
+def _capturing(device: torch.device) -> bool:
+    """Is a CUDA graph being captured on the current stream?"""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _arrival_counters(device: torch.device, rows: int) -> torch.Tensor:
+    # The raw stream handle, read as triton's launcher reads it (a Stream object costs microseconds).
+    key = (device, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else (device,)
+    cached = _ARRIVALS.get(key)
+    if cached is None or cached.numel() < rows:
+        cached = _ARRIVALS[key] = torch.zeros(max(rows, 1024), dtype=torch.int32, device=device)
+    return cached
 
 
 def gumbel_sample(
@@ -641,30 +671,39 @@ def gumbel_sample(
         raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
     tiles_per_program = min(tiles_per_program, num_tiles)
     num_splits = triton.cdiv(num_tiles, tiles_per_program)
-    local_max = torch.empty((num_tokens, num_splits), dtype=torch.float32, device=logits.device)
-    local_argmax = torch.empty_like(local_max, dtype=torch.int32)
     store = processed_logits is not None
     per_token_col = isinstance(processed_logits_col, torch.Tensor)
     col_tensor = processed_logits_col if per_token_col else pos
     col_scalar = 0 if per_token_col or processed_logits_col is None else processed_logits_col
-    processed = processed_logits if store else local_max
+    # Split rows: eagerly, the last program of a row to finish picks its token (one launch: host time is
+    # what an eager call pays most); in a CUDA graph a second small kernel does (GPU time is what a replay
+    # pays, and a kernel boundary costs less of it than every program's arrival atomic).
+    two_kernels = num_splits > 1 and _capturing(logits.device)
+    if num_splits > 1:
+        split_best = torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
+        arrivals = out.view(torch.int32) if two_kernels else _arrival_counters(logits.device, num_tokens)
+    else:  # never read: any memory of these dtypes will do
+        split_best, arrivals = out, out.view(torch.int32)
+    processed = processed_logits if store else logits
     stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
+    warps = num_warps or default_warps
+    depth, lanes = tile_shape(block, warps, logits.element_size())
+    splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
     # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
     # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_sample_kernel[(num_tokens, num_splits)](
-        out, local_max, local_argmax, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
+        out, split_best, arrivals, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
         processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles, vocab_size // block,
         tiles_per_program, num_splits,
         IS_DRAFTING=bool(is_drafting), APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store,
         PER_TOKEN_COL=per_token_col, MASK_INVALID=fixes.mask_invalid_reqs, NOISE=NOISE_MODES.index(noise),
         USE_ASM=not INTERPRET, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
-        BLOCK=block, STATIC_TILES=tiles_per_program if INTERPRET else 0,
-        num_warps=num_warps or default_warps, **fusion,
+        LANES=lanes, DEPTH=depth, SPLITS=splits_bound, ARRIVE=not two_kernels,
+        STATIC_TILES=tiles_per_program if INTERPRET else 0, num_warps=warps, **fusion,
     )
-    if num_splits > 1:
-        _gumbel_reduce_kernel[(num_tokens,)](out, local_max, local_argmax, num_splits,
-                                             SPLITS=triton.next_power_of_2(num_splits), num_warps=1)
+    if two_kernels:
+        _gumbel_reduce_kernel[(num_tokens,)](out, split_best, num_splits, SPLITS=splits_bound, num_warps=1)
     return out
 
 
