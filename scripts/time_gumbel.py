@@ -92,7 +92,8 @@ _FLUSH: list[torch.Tensor] = []
 
 
 def flushed_us(fn, reps: int = 15) -> float:
-    """Median GPU time of one call as ``specfix bench`` takes it: L2 flushed, CUDA events around the call."""
+    """Median GPU time of one call as ``specfix bench`` takes it: L2 flushed, CUDA events around the call,
+    and the GPU kept busy while the host launches it (else a slow host's launch time is counted too)."""
     if not _FLUSH:
         _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
     for _ in range(3):
@@ -102,6 +103,7 @@ def flushed_us(fn, reps: int = 15) -> float:
     torch.cuda.synchronize()
     for start, end in events:
         _FLUSH[0].zero_()
+        torch.cuda._sleep(2_000_000)  # ~1 ms of GPU work queued: the host launches before the GPU gets there
         start.record()
         fn()
         end.record()
