@@ -1,7 +1,7 @@
 """Time ``gumbel_sample`` on a GPU for chapter 4's performance section; record the medians.
 
     PYTHONPATH=$PWD python3 scripts/time_gumbel.py [--out specfix/recorded] [--sweep] [--sweep-only]
-                                                   [--before PATH] [--profile]
+                                                   [--before NAME=PATH ...] [--profile]
 
 Throughput (G logits/s = rows x vocab / median time, ``triton.testing.do_bench``) of both noise modes at
 the issue-6 shapes, one row of 248,320 per call inside a CUDA graph (100 calls captured in one graph, so
@@ -10,8 +10,9 @@ the host launch is not counted), the masked kernel against the unmasked one, and
 
 ``--sweep`` also times launch configurations (tile, warps, tiles per program, splits per row) of the fast
 kernel at the issue-6 shapes the way ``specfix bench`` does (L2 flushed, CUDA events around each call), checks
-their tokens against the torch reference (exact noise), and writes ``gumbel_sweep.json``; ``--before PATH``
-adds an older ``specfix/gumbel.py`` (e.g. ``git show REV:specfix/gumbel.py``) to compare against.
+their tokens against the torch reference (exact noise), and writes ``gumbel_sweep.json``;
+``--before NAME=PATH`` (repeatable) adds an older ``gumbel.py`` (e.g. ``git show REV:specfix/mrv2/gumbel.py``)
+to compare against, as ``before: NAME``.
 ``--sweep-only`` skips the recording. ``--profile`` only makes one call each of the older kernel (with
 ``--before``) and the current one at 256 x 151,936 fp32, then one of the current one at 256 x 32,000, for
 ``ncu --clock-control none -k regex:_gumbel_sample_kernel``.
