@@ -39,8 +39,8 @@ Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafti
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
 Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-12-01,
-``specfix/recorded/bench_h200.json``): 618-829 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
-of 248,320 in a CUDA graph: 4.07 us. The kernel is bound by instruction issue, not memory: ~30 instructions
+``specfix/recorded/bench_h200.json``): 617-826 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
+of 248,320 in a CUDA graph: 3.80 us. The kernel is bound by instruction issue, not memory: ~30 instructions
 a logit (ncu, 2026-11-29, on the multi-tile kernel that predates the per-tile contract: 36.3 M warp
 instructions at 256 x 151,936), ~40% of them on the integer/logic pipe, which issues at half rate: the hash
 (2 multiplies, 3 xor-shifts), u (a conversion, an FMA), the small-u series, two hardware lg2 and the argmax.
@@ -549,6 +549,10 @@ _PROGRAMS = 1024
 _ROW_SPLITS = 16
 _SMALL_VOCAB_SPLITS = 8
 _LARGE_VOCAB = 100_000
+#: Up to _FEWEST_ROWS rows, _FEWEST_ROWS_SPLITS one-warp programs per row (in a CUDA graph, one row of
+#: 248,320: 3.75 us against 4.00 with the 2-warp programs; eager calls within 3% either way).
+_FEWEST_ROWS = 4
+_FEWEST_ROWS_SPLITS = 256
 #: A tile is DEPTH x LANES tokens, LANES = the logits of one 16-byte load per thread, times the threads.
 _BYTES_PER_LOAD = 16
 
@@ -561,14 +565,16 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
     Interpreter: one program per row, tiles as large as possible (its cost is per program instance).
     GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): small programs, each row split over
     several: tiles of 1,024 for 2 warps (16 logits a thread), about 1,024 programs in all below 256 rows and
-    16 per row from 256 rows on; a vocabulary under 100,000 from 256 rows on: tiles of 512 for 1 warp, 8
-    programs per row."""
+    16 per row from 256 rows on; tiles of 512 for 1 warp, 256 programs per row, up to 4 rows, and 8 per row
+    for a vocabulary under 100,000 from 256 rows on."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
     if INTERPRET:
         block = min(fits, 1 << 16)
         return block, 4, triton.cdiv(vocab_size, block)
     if num_tokens >= _FEW_ROWS and vocab_size < _LARGE_VOCAB:
         block, warps, splits = min(512, fits), 1, _SMALL_VOCAB_SPLITS
+    elif num_tokens <= _FEWEST_ROWS:
+        block, warps, splits = min(512, fits), 1, _FEWEST_ROWS_SPLITS
     else:
         block, warps = min(1024, fits), 2
         splits = _ROW_SPLITS if num_tokens >= _FEW_ROWS else triton.cdiv(_PROGRAMS, num_tokens)
