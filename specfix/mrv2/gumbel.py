@@ -582,7 +582,7 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
     return block, warps, triton.cdiv(tiles, min(tiles, splits))
 
 
-def tile_shape(block: int, num_warps: int, itemsize: int = 4) -> tuple[int, int]:
+def tile_shape(block: int, num_warps: int, itemsize: int) -> tuple[int, int]:
     """(DEPTH, LANES) of a tile of ``block`` logits of ``itemsize`` bytes handled by ``num_warps`` warps:
     a 16-byte load per thread per row of the tile, so that a thread holds whole columns and the tile's
     reduction along its first axis never leaves its registers."""
