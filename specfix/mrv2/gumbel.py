@@ -684,12 +684,12 @@ def gumbel_sample(
     # Split rows: eagerly, the last program of a row to finish picks its token (one launch: host time is
     # what an eager call pays most); in a CUDA graph a second small kernel does (GPU time is what a replay
     # pays, and a kernel boundary costs less of it than every program's arrival atomic).
+    # Where a buffer is never read, any memory of its dtype will do.
     two_kernels = num_splits > 1 and _capturing(logits.device)
-    if num_splits > 1:
-        split_best = torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
-        arrivals = out.view(torch.int32) if two_kernels else _arrival_counters(logits.device, num_tokens)
-    else:  # never read: any memory of these dtypes will do
-        split_best, arrivals = out, out.view(torch.int32)
+    split_best = (torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
+                  if num_splits > 1 else out)
+    arrivals = (_arrival_counters(logits.device, num_tokens) if num_splits > 1 and not two_kernels
+                else out.view(torch.int32))
     processed = processed_logits if store else logits
     stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
     warps = num_warps or default_warps
