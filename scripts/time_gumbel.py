@@ -13,9 +13,7 @@ kernel at the issue-6 shapes the way ``specfix bench`` does (L2 flushed, CUDA ev
 their tokens against the torch reference (exact noise), and writes ``gumbel_sweep.json``;
 ``--before NAME=PATH`` (repeatable) adds an older ``gumbel.py`` (e.g. ``git show REV:specfix/mrv2/gumbel.py``)
 to compare against, as ``before: NAME``.
-``--sweep-only`` skips the recording. ``--profile`` only makes one call each of the older kernel (with
-``--before``) and the current one at 256 x 151,936 fp32, then one of the current one at 256 x 32,000, for
-``ncu --clock-control none -k regex:_gumbel_sample_kernel``.
+``--sweep-only`` skips the recording. ``scripts/profile_gumbel.py`` profiles the same kernels with ncu.
 """
 
 from __future__ import annotations
@@ -225,16 +223,7 @@ def main() -> None:
     parser.add_argument("--sweep-only", action="store_true")
     parser.add_argument("--before", action="append", default=[],
                         help="NAME=PATH of an older specfix gumbel.py to compare against (repeatable)")
-    parser.add_argument("--profile", action="store_true", help="one call per kernel, for ncu")
     args = parser.parse_args()
-    if args.profile:
-        inp = inputs(256, 151_936, torch.float32)
-        for before in args.before:
-            before_call(load_before(before.split("=", 1)[1]), inp)()
-        call(inp, noise="fast")()
-        call(inputs(256, 32_000, torch.float32), noise="fast")()
-        torch.cuda.synchronize()
-        return
     if args.sweep or args.sweep_only:
         sweep(Path(args.out), args.before)
     if args.sweep_only:

@@ -131,8 +131,9 @@ def test_rejection_and_drafter_goals_count_syncs():
     rows = [_row("rejection", "specfix_triton", 10.0, batch=1, k=1, vocab=100, mode=m)
             for m in ("greedy", "random")]
     rows[0]["metrics"]["host_syncs_per_step"], rows[1]["metrics"]["host_syncs_per_step"] = 0, 2
-    forward = [g for g in bench._goals_rejection(rows, GPU) if "forward" in g["goal"]][0]
+    forward = [g for g in bench._goals_rejection(rows, GPU) if "forward makes no host sync" in g["goal"]][0]
     assert forward["measured"] == 2 and forward["status"] == "miss"
+    assert not [g for g in bench._goals_rejection(rows, GPU) if "CUDA graph" in g["goal"]]  # none captured
     step = _row("drafter_graph", "graph", 5.0, live_batch=3, padded_batch=4, k=3, vocab=9, model="m")
     step["metrics"]["host_syncs_per_step"] = 0
     (drafter,) = bench._goals_drafter_graph([step], GPU)
@@ -377,3 +378,15 @@ def test_cuda_ceilings_are_plausible():
 
 def statistics_median(samples):
     return float(np.median(samples))
+
+
+def test_the_graph_goal_judges_every_captured_greedy_shape():
+    rows = [_row("rejection", "specfix_triton_graph", 9.0, batch=b, k=1, vocab=100, mode=m)
+            for b in (1, 64) for m in ("greedy", "random")]
+    rows[0]["metrics"]["graph_replays_eager_table"] = 1.0
+    rows[2]["metrics"]["graph_replays_eager_table"] = 0.0       # batch 64's replay wrote another table
+    (goal,) = [g for g in bench._goals_rejection(rows, GPU) if "CUDA graph" in g["goal"]]
+    assert goal["measured"] == 0.0 and goal["status"] == "miss" and "4 shapes" in goal["margin"]
+    rows[2]["metrics"]["graph_replays_eager_table"] = 1.0
+    (goal,) = [g for g in bench._goals_rejection(rows, GPU) if "CUDA graph" in g["goal"]]
+    assert goal["status"] == "pass"

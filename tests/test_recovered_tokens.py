@@ -61,6 +61,49 @@ def test_ties_go_to_the_first_column(monkeypatch):
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_rows_split_over_programs_draw_the_same_tokens(monkeypatch, splits, with_draft_probs):
+    # the GPU's launch for few tokens: each row split over several programs, then a second kernel picks
+    gen = torch.Generator().manual_seed(splits)
+    ks, vocab = [2, 0, 3], 1000
+    drafts = torch.randint(0, vocab, (sum(ks),), generator=gen, dtype=torch.int32)
+    drafts[1] = -1
+    target = torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1)
+    draft_probs = torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1) if with_draft_probs \
+        else None
+    ref = _draw("torch", ks, vocab, drafts, target, draft_probs, seeded=True)
+    monkeypatch.setattr(rs, "recovered_launch", lambda programs, v: (128, splits))
+    assert torch.equal(_draw("triton", ks, vocab, drafts, target, draft_probs, seeded=True), ref)
+
+
+@needs_triton
+def test_ties_across_splits_go_to_the_first_column(monkeypatch):
+    # the same best score in every split: the lowest column wins, as torch's argmax picks it
+    target = torch.full((1, 512), 1 / 512)
+    cu, drafts = torch.tensor([1], dtype=torch.int32), torch.tensor([-1], dtype=torch.int32)
+    monkeypatch.setattr(rs, "_exponential_noise", lambda *args: torch.ones(1, 512))
+    monkeypatch.setattr(rs, "recovered_launch", lambda programs, v: (64, 4))
+    meta = SamplingMetadata.from_requests([1.0], [None])
+
+    def draw():
+        return rs.sample_recovered_tokens(1, [1], cu, drafts, None, target, meta, "cpu", backend="triton")
+
+    assert draw().tolist() == [0]
+    target[0, 300] = 2 / 512                                # a strict best in the third split wins
+    assert draw().tolist() == [300]
+
+
+def test_recovered_launch_fills_the_gpu_at_small_batches(monkeypatch):
+    monkeypatch.setattr(rs.runtime, "INTERPRET", False)
+    block, one = rs.recovered_launch(1, 151_936)
+    assert one == rs.MAX_RECOVERED_SPLITS and block * one <= 151_936
+    assert rs.recovered_launch(1280, 151_936)[1] == 1      # enough tokens: one program each, as vLLM
+    assert rs.recovered_launch(64, 151_936)[1] * 64 >= rs.RECOVERED_PROGRAMS
+    assert rs.recovered_launch(1, 3000)[1] == 2            # never more splits than tiles
+
+
+@needs_triton
 def test_whole_random_step_same_tables_on_both_backends():
     gen = torch.Generator().manual_seed(11)
     ks, vocab = [3, 1, 0, 2], 257

@@ -560,21 +560,28 @@ def test_triton_kernels_equal_torch_references(case):
     cu = torch.tensor(ks, dtype=torch.int64).cumsum(0).to(torch.int32).to(DEVICE)
     max_spec_len = max(ks)
     outs = {}
+    garbage = 12345  # each core writes its rows whole, so it must overwrite this everywhere in them
     for backend in ("torch", "triton"):
-        out = torch.full((len(ks), max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=DEVICE)
+        out = torch.full((len(ks), max_spec_len + 1), garbage, dtype=torch.int32, device=DEVICE)
         rejection_random_sample(
             out, cu, case["drafts"], case["draft_probs"], case["target_probs"], case["bonus"],
             case["recovered"], case["uniform"], case["is_greedy"], max_spec_len,
             reject_negative_drafts=case["reject"], backend=backend,
         )  # fmt: skip
-        greedy_out = torch.full_like(out, PLACEHOLDER_TOKEN_ID)
+        greedy_out = torch.full_like(out, garbage)
         rejection_greedy_sample(
-            greedy_out, cu, case["drafts"], case["argmax"], case["bonus"], case["is_greedy"], max_spec_len,
-            backend=backend,
+            greedy_out, cu, case["drafts"], case["argmax"].long(), case["bonus"], case["is_greedy"],
+            max_spec_len, backend=backend,
         )  # fmt: skip
         outs[backend] = (out, greedy_out)
     assert torch.equal(outs["torch"][0], outs["triton"][0])
     assert torch.equal(outs["torch"][1], outs["triton"][1])
+    greedy = case["is_greedy"] if case["is_greedy"] is not None else torch.ones(len(ks), dtype=torch.bool)
+    greedy = greedy.to(DEVICE).bool()
+    random_rows = ~greedy if case["is_greedy"] is not None else torch.ones_like(greedy)
+    for out, rows in ((outs["triton"][0], random_rows), (outs["triton"][1], greedy)):
+        assert not bool((out[rows] == garbage).any())      # written whole: tokens, then placeholders
+        assert bool((out[~rows] == garbage).all())         # the other sampler's rows are left alone
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="no triton")
@@ -754,9 +761,10 @@ def test_a_negative_draft_is_rejected_without_reading_a_probability():
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
 @pytest.mark.parametrize("with_draft_probs", [False, True], ids=["no-draft-probs", "draft-probs"])
 @pytest.mark.parametrize("fixes", [Fixes(), FIX_OFF], ids=["fix-on", "fix-off"])
-def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, fixes):
+@pytest.mark.parametrize("batch", [2, 64])  # 8 and 256 draft tokens: rows split over 64 and 4 programs
+def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, fixes, batch):
     # A Qwen-sized vocabulary, compiled kernels, CUDA generators: still bit for bit.
-    batch, k, vocab_size = 64, 4, 151_936
+    k, vocab_size = 4, 151_936
     g = torch.Generator(device="cuda").manual_seed(0)
     drafts = torch.randint(0, vocab_size, (batch, k), generator=g, device="cuda")
     drafts[::3, 1:] = -1
@@ -777,6 +785,35 @@ def test_compiled_kernels_equal_references_at_realistic_size(with_draft_probs, f
     assert torch.equal(outs[0], outs[1])
     if fixes == Fixes():
         check_output_contract(outs[1], md.num_draft_tokens, vocab_size)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+@pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
+def test_the_whole_verification_step_replays_from_one_cuda_graph(mode):
+    from specfix.tools.bench import capture_graph
+
+    batch, k, vocab_size = 8, 3, 32_000
+    g = torch.Generator(device="cuda").manual_seed(1)
+    drafts = torch.randint(0, vocab_size, (batch, k), generator=g, device="cuda")
+    drafts[::4, -1] = -1
+    md = SpecDecodeMetadata.make_dummy(drafts.tolist(), "cuda")
+    logits = torch.randn(batch * (k + 1), vocab_size, generator=g, device="cuda") * 3
+    temps = {"greedy": [0.0] * batch, "random": [1.0] * batch, "mixed": [0.0, 1.0] * (batch // 2)}[mode]
+    # q = the target's own probabilities (T = 1): p / q = 1 >= u, so every real random draft is accepted
+    q = None if mode == "greedy" else torch.softmax(logits[md.target_logits_indices.long()], -1)
+    sm = SamplingMetadata.from_requests(temps, [None] * batch, "cuda")
+    sampler = RejectionSampler(backend="triton")
+    eager = sampler(md, q, logits, sm)
+    tables = []
+    graph = capture_graph(lambda: tables.append(sampler(md, q, logits, sm)))  # a host sync would fail here
+    graph.replay()
+    replayed = tables[-1].clone()
+    check_output_contract(replayed, md.num_draft_tokens, vocab_size)
+    greedy = torch.tensor(temps, device="cuda") == 0.0
+    assert torch.equal(replayed[greedy], eager[greedy])
+    whole = (drafts >= 0).all(dim=1) & ~greedy           # random rows without a placeholder: all accepted
+    assert torch.equal(replayed[whole, :k], drafts[whole].to(torch.int32))
 
 
 def test_without_triton_the_reference_runs(monkeypatch):

@@ -908,6 +908,15 @@ def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
     vocabs = s.pick(cpu=(512,), ci=(151_936,), full=(32_000, 151_936))
     peers = s.peer.rejection if s.peer else {}
 
+    def forward_in_graph(sampler, sampling, params: dict, mode: str, step) -> dict:
+        """The whole verification step, ``RejectionSampler.forward``, captured in one CUDA graph: GPU time per
+        replay, and (greedy) whether a replay writes the eager call's table."""
+        tables = []
+        graph = capture_graph(lambda: tables.append(step(sampler, sampling)))
+        t = timer.time(graph.replay)
+        same = float(torch.equal(tables[-1], step(sampler, sampling))) if mode == "greedy" else None
+        return result("rejection", "specfix_triton_graph", params, t, graph_replays_eager_table=same)
+
     def run(batch: int, k: int, vocab: int) -> list[dict]:
         gen = torch.Generator(device=s.device).manual_seed(batch * 31 + k)
         drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=s.device)
@@ -935,6 +944,9 @@ def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
                 t = timer.time(call)
                 shape.append(result("rejection", impl, params, t, **rate(t),
                                     host_syncs_per_step=count_host_syncs(call, s.device)))
+            if s.cuda:
+                step = lambda sampler, sampling: sampler(metadata, draft_probs, logits, sampling)  # noqa: B023
+                shape.append(forward_in_graph(sampler_cls(backend="triton"), ours_meta(), params, mode, step))
             core_args = lambda meta, q=draft_probs: (
                 flat, metadata.num_draft_tokens, metadata.max_spec_len, metadata.cu_num_draft_tokens, q,
                 target_logits, bonus, meta)
@@ -968,6 +980,13 @@ def _plan_rejection(s: Settings, timer: Timer) -> list[Job]:
 
 def _goals_rejection(results, s):
     goals = []
+    graphs = _find(results, "rejection", "specfix_triton_graph")
+    same = [r["metrics"]["graph_replays_eager_table"] for r in graphs
+            if "graph_replays_eager_table" in r["metrics"]]
+    if graphs:  # GPU runs only
+        goals.append(_goal("rejection", "RejectionSampler.forward captured in one CUDA graph replays the "
+                           "eager greedy tables (every shape)", min(same, default=None), 1.0, "1 = identical",
+                           True, s, f"{len(graphs)} shapes captured, greedy and random"))
     for impl in ("specfix_triton", "specfix_rejection_sample"):
         rows = [r for r in _find(results, "rejection", impl) if "host_syncs_per_step" in r["metrics"]]
         worst = max(rows, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)

@@ -89,6 +89,9 @@ __all__ = [
 PLACEHOLDER_TOKEN_ID = -1
 #: Most drafts one request may carry in one step.
 MAX_SPEC_LEN = 128
+#: Lanes that cover one output row, ``max_spec_len + 1 <= MAX_SPEC_LEN + 1`` columns (a kernel constant,
+#: so one compilation still serves every k).
+_ROW_BLOCK = 256
 
 _DEFAULT_FIXES = Fixes()
 _BACKENDS = ("auto", "triton", "torch")
@@ -419,22 +422,52 @@ def sample_recovered_tokens(
     out = torch.empty(num_tokens, dtype=torch.int32, device=target_probs.device)
     if num_tokens == 0:
         return out
-    # The interpreter's cost is per program instance: one tile per row there.
-    block = min(triton.next_power_of_2(vocab_size), 1 << 16) if runtime.INTERPRET else 2048
+    block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
+    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
+    splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
+    split_best = out if splits == 1 else torch.empty(
+        (num_tokens, splits), dtype=torch.int64, device=target_probs.device)
     target_probs = target_probs.to(torch.float32).contiguous()
-    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len)](
+    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
         out,
+        split_best,
         cu_num_draft_tokens.to(torch.int32).contiguous(),
         draft_token_ids.to(torch.int32).contiguous(),
         draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
         target_probs,
         noise,
         vocab_size,
+        split_size,
+        splits,
         BLOCK=block,
         NO_DRAFT_PROBS=draft_probs is None,
         num_warps=8,
     )
+    if splits > 1:
+        _recovered_tokens_reduce_kernel[(num_tokens,)](
+            out, split_best, splits, SPLITS=triton.next_power_of_2(splits))
     return out
+
+
+#: Programs a recovered-token draw aims for: with fewer draft tokens than this, each token's row is split
+#: over several programs, so that a batch of a few requests still keeps the GPU's SMs busy.
+RECOVERED_PROGRAMS = 1024
+#: Most programs one token's row is split over.
+MAX_RECOVERED_SPLITS = 64
+
+
+def recovered_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
+    """``(BLOCK, splits per token)`` for ``sample_recovered_tokens_kernel`` at ``num_programs`` = B x
+    max_spec_len. On a GPU, a tile of 2,048 and as many splits (a power of 2, at most 64) as bring the
+    grid to about ``RECOVERED_PROGRAMS``; vLLM's kernel runs one program per token, which at B = 1 leaves
+    all but one SM idle. Under the interpreter, whose cost is per program, one tile per row and no split."""
+    if runtime.INTERPRET:
+        return min(triton.next_power_of_2(vocab_size), 1 << 16), 1
+    block = 2048
+    if num_programs >= RECOVERED_PROGRAMS:
+        return block, 1
+    wanted = triton.next_power_of_2(triton.cdiv(RECOVERED_PROGRAMS, num_programs))
+    return block, max(1, min(wanted, MAX_RECOVERED_SPLITS, triton.cdiv(vocab_size, block)))
 
 
 def sample_recovered_tokens_ref(
@@ -553,9 +586,8 @@ def _rejection_sample(
     device = target_logits.device
     batch_size = len(num_draft_tokens)
     num_tokens = draft_token_ids.numel()
-    output_token_ids = torch.full(
-        (batch_size, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
-    )
+    # Every row is written whole (its tokens, then PLACEHOLDER_TOKEN_ID) by the greedy or the random kernel.
+    output_token_ids = torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
     is_greedy = sampling_metadata.is_greedy
     if not sampling_metadata.all_random:
         target_argmax = target_logits.argmax(dim=-1)
@@ -616,7 +648,8 @@ def rejection_greedy_sample(
     *,
     backend: str = "auto",
 ) -> None:
-    """Fill the greedy rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
+    """Write the greedy rows of ``output_token_ids`` in place, whole: their tokens, then
+    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_greedy_sample_ref(
             output_token_ids,
@@ -628,17 +661,24 @@ def rejection_greedy_sample(
             max_spec_len,
         )
         return
+    _check_row_block(max_spec_len)
     batch_size = output_token_ids.shape[0]
     rejection_greedy_sample_kernel[(batch_size,)](
         output_token_ids,
         cu_num_draft_tokens.to(torch.int32).contiguous(),
         draft_token_ids.to(torch.int32).contiguous(),
-        target_argmax.to(torch.int32).contiguous(),
+        target_argmax.contiguous(),  # argmax's int64 as it comes: a conversion would cost a launch
         bonus_token_ids.to(torch.int32).contiguous(),
         is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
         max_spec_len,
         HAS_IS_GREEDY=is_greedy is not None,
+        ROW=_ROW_BLOCK,
     )
+
+
+def _check_row_block(max_spec_len: int) -> None:
+    if not 0 <= max_spec_len < _ROW_BLOCK:
+        raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
 
 
 def rejection_random_sample(
@@ -656,7 +696,8 @@ def rejection_random_sample(
     reject_negative_drafts: bool = True,
     backend: str = "auto",
 ) -> None:
-    """Fill the random rows of ``output_token_ids`` in place (Triton kernel or torch reference)."""
+    """Write the random rows of ``output_token_ids`` in place, whole: their tokens, then
+    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -672,6 +713,7 @@ def rejection_random_sample(
             reject_negative_drafts=reject_negative_drafts,
         )
         return
+    _check_row_block(max_spec_len)
     batch_size = output_token_ids.shape[0]
     target_probs = target_probs.to(torch.float32).contiguous()
     rejection_random_sample_kernel[(batch_size,)](
@@ -689,6 +731,7 @@ def rejection_random_sample(
         NO_DRAFT_PROBS=draft_probs is None,
         HAS_IS_GREEDY=is_greedy is not None,
         REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,
+        ROW=_ROW_BLOCK,
     )
 
 
@@ -744,6 +787,7 @@ def rejection_greedy_sample_ref(
     req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
     accepted = draft_token_ids.long() == target_argmax.long()
     active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
+    output_token_ids[active] = PLACEHOLDER_TOKEN_ID
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
 
 
@@ -783,6 +827,7 @@ def rejection_random_sample_ref(
         accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
     emitted = torch.where(accepted, draft, recovered_token_ids.long())
     active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
+    output_token_ids[active] = PLACEHOLDER_TOKEN_ID
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
 
 
@@ -796,14 +841,16 @@ if HAS_TRITON:
         output_token_ids_ptr,  # [B, max_spec_len + 1] int32
         cu_num_draft_tokens_ptr,  # [B] int32, inclusive
         draft_token_ids_ptr,  # [T] int32
-        target_argmax_ptr,  # [T] int32
+        target_argmax_ptr,  # [T] int32 or int64
         bonus_token_ids_ptr,  # [B] int32
         is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
         max_spec_len,  # a runtime int: one compilation serves every k
         HAS_IS_GREEDY: tl.constexpr,
+        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
     ):
-        """Emit the target argmax at each position until a draft differs from it; bonus if none does.
-        A -1 draft never equals an argmax, so it is always rejected."""
+        """Emit the target argmax at each position until a draft differs from it; bonus if none does;
+        PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
+        rejected."""
         req_idx = tl.program_id(0)
         active = True
         if HAS_IS_GREEDY:
@@ -813,6 +860,7 @@ if HAS_TRITON:
             num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
             row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
+            last = num_draft  # the row's last token: the bonus, or the first rejection's
             # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
             # loaded scalar as a range() bound (it is a 1-element array there).
             for pos in range(max_spec_len):
@@ -822,8 +870,10 @@ if HAS_TRITON:
                     tl.store(row_ptr + pos, target)
                     if draft != target:
                         rejected = True
+                        last = pos
             if not rejected:
                 tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
 
     @triton.jit(do_not_specialize=["max_spec_len"])
     def rejection_random_sample_kernel(
@@ -841,9 +891,11 @@ if HAS_TRITON:
         NO_DRAFT_PROBS: tl.constexpr,
         HAS_IS_GREEDY: tl.constexpr,
         REJECT_NEGATIVE_DRAFTS: tl.constexpr,
+        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
     ):
         """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
-        rejection emit the recovered token and stop; bonus if nothing was rejected.
+        rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
+        the rest of the row.
 
         REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
         vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
@@ -861,6 +913,7 @@ if HAS_TRITON:
             num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
             row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
             rejected = False
+            last = num_draft  # the row's last token: the bonus, or the first rejection's
             # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
             # loaded scalar as a range() bound (it is a 1-element array there).
             for pos in range(max_spec_len):
@@ -887,31 +940,47 @@ if HAS_TRITON:
                         token = draft
                     else:
                         rejected = True
+                        last = pos
                         token = tl.load(recovered_token_ids_ptr + token_idx)
                     tl.store(row_ptr + pos, token)
             if not rejected:
                 tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
+
+    @triton.jit
+    def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
+        """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row
+        written whole, the output needs no fill kernel before the verification kernels."""
+        cols = tl.arange(0, ROW)
+        tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
 
     @triton.jit
     def sample_recovered_tokens_kernel(
         output_ptr,  # [T] int32
+        split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
         cu_num_draft_tokens_ptr,  # [B] int32, inclusive
         draft_token_ids_ptr,  # [T] int32
         draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
         target_probs_ptr,  # [T, V] float32
         noise_ptr,  # [B, V] float32, Exp(1)
         vocab_size,
+        split_size,  # columns per split, a multiple of BLOCK
+        num_splits,
         BLOCK: tl.constexpr,
         NO_DRAFT_PROBS: tl.constexpr,
     ):
-        """Grid (B, max_spec_len): program (i, j) draws request i's j-th recovered token (if it has one) as
-        ``argmax_v residual[v] * (1 / E_i[v])`` in one pass over its row. Each lane keeps the best score it
-        has seen and its column (a strictly greater score replaces it, so each lane keeps its first maximum);
-        the lanes are reduced once at the end, to the lowest column among the best: torch's argmax. The
-        reciprocal is an IEEE division and nothing is fused, so the token is the torch twin's bit for bit.
+        """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
+        split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
+        one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
+        replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
+        lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
+        fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
+        with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
+        largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
         """
         req_idx = tl.program_id(0)
         pos = tl.program_id(1)
+        split = tl.program_id(2)
         start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
         num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
         if pos < num_draft:
@@ -919,10 +988,11 @@ if HAS_TRITON:
             draft = tl.load(draft_token_ids_ptr + token_idx)
             row = token_idx * vocab_size
             noise_row = req_idx.to(tl.int64) * vocab_size
+            first = split * split_size
             best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
             best_col = tl.zeros([BLOCK], dtype=tl.int32)
-            for offset in range(0, vocab_size, BLOCK):
-                cols = offset + tl.arange(0, BLOCK)
+            for offset in range(0, split_size, BLOCK):
+                cols = first + offset + tl.arange(0, BLOCK)
                 inside = cols < vocab_size
                 p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
                 if NO_DRAFT_PROBS:
@@ -936,9 +1006,23 @@ if HAS_TRITON:
                 best = tl.where(better, score, best)
                 best_col = tl.where(better, cols, best_col)
             top = tl.max(best, axis=0)
-            tl.store(output_ptr + token_idx, tl.min(tl.where(best == top, best_col, vocab_size), axis=0))
+            col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
+            if num_splits == 1:
+                tl.store(output_ptr + token_idx, col)
+            else:  # top >= 0 (each split holds a column), so its bits sort as the float does
+                key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
+                tl.store(split_best_ptr + token_idx * num_splits + split, key)
+
+    @triton.jit
+    def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
+        """Grid (T,): each token's largest split key gives its recovered token."""
+        token_idx = tl.program_id(0).to(tl.int64)
+        s = tl.arange(0, SPLITS)
+        keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
+        tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
 
 else:  # no triton: the dispatchers above always take the torch reference
     rejection_greedy_sample_kernel = None
     rejection_random_sample_kernel = None
     sample_recovered_tokens_kernel = None
+    _recovered_tokens_reduce_kernel = None
