@@ -57,6 +57,7 @@ SHAPES = {  # case -> (rows, vocab, dtype name)
     "1,024 x 151,936 fp32": (1024, 151_936, "fp32"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 
 
 def cases(befores: dict) -> list[tuple[dict, object]]:
@@ -106,7 +107,7 @@ def parse(text: str) -> list[dict]:
             unit = units[header.index(metric)] if metric in header else ""
             value = float(raw) if raw not in ("", "n/a") else None
             if value is not None and metric == "gpu__time_duration.sum":
-                value *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+                value *= TO_US[unit]
             kernel[key] = value
         out.append(kernel)
     return out

@@ -555,6 +555,10 @@ _FEWEST_ROWS = 4
 _FEWEST_ROWS_SPLITS = 256
 #: A tile is DEPTH x LANES tokens, LANES = the logits of one 16-byte load per thread, times the threads.
 _BYTES_PER_LOAD = 16
+#: Registers per thread the compiled sampling kernel may use. Left to itself, ptxas gives the masked kernel
+#: that stores processed logits 118 (the unmasked one 95), and fewer warps then fit on an SM to hide the
+#: store's latency; capped at 96, no variant spills (ptxas -v, sm_90, triton 3.6).
+_REGISTER_CAP = {} if INTERPRET else {"maxnreg": 96}
 
 
 @functools.cache
@@ -706,7 +710,7 @@ def gumbel_sample(
         PER_TOKEN_COL=per_token_col, MASK_INVALID=fixes.mask_invalid_reqs, NOISE=NOISE_MODES.index(noise),
         USE_ASM=not INTERPRET, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
         LANES=lanes, DEPTH=depth, SPLITS=splits_bound, ARRIVE=not two_kernels,
-        STATIC_TILES=tiles_per_program if INTERPRET else 0, num_warps=warps, **fusion,
+        STATIC_TILES=tiles_per_program if INTERPRET else 0, num_warps=warps, **fusion, **_REGISTER_CAP,
     )
     if two_kernels:
         _gumbel_reduce_kernel[(num_tokens,)](out, split_best, num_splits, SPLITS=splits_bound, num_warps=1)
