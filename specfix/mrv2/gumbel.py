@@ -594,10 +594,12 @@ def tile_shape(block: int, num_warps: int, itemsize: int) -> tuple[int, int]:
     return block // lanes, lanes
 
 
-#: Arrival counters of split rows in eager calls, one int32 per row, kept per (device, stream): the kernel
-#: leaves them at 0, so a call needs no memset. Calls on one stream run one after another; calls that may
-#: overlap (two streams) get separate counters. A captured call uses none (two kernels instead).
-_ARRIVALS: dict[tuple, torch.Tensor] = {}
+#: Scratch of split rows in eager calls, kept per (device, stream): the arrival counters, one int32 per row,
+#: which the kernel leaves at 0 (so a call needs no memset), and the splits' keys, which each call writes
+#: before it reads them (so a call needs no allocation). Calls on one stream run one after another; calls
+#: that may overlap (two streams) get separate scratch. A captured call allocates its own keys, inside the
+#: graph's memory pool, and uses no counters (two kernels instead).
+_SPLIT_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _capturing(device: torch.device) -> bool:
@@ -605,12 +607,15 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _arrival_counters(device: torch.device, rows: int) -> torch.Tensor:
+def _split_scratch(device: torch.device, rows: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(arrival counters, split keys) for an eager call of ``rows`` rows of ``splits`` splits each."""
     # The raw stream handle, read as triton's launcher reads it (a Stream object costs microseconds).
     key = (device, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else (device,)
-    cached = _ARRIVALS.get(key)
-    if cached is None or cached.numel() < rows:
-        cached = _ARRIVALS[key] = torch.zeros(max(rows, 1024), dtype=torch.int32, device=device)
+    cached = _SPLIT_SCRATCH.get(key)
+    if cached is None or cached[0].numel() < rows or cached[1].numel() < rows * splits:
+        rows, keys = max(rows, 1024), max(rows * splits, 16 * 1024)
+        cached = _SPLIT_SCRATCH[key] = (torch.zeros(rows, dtype=torch.int32, device=device),
+                                        torch.empty(keys, dtype=torch.int64, device=device))
     return cached
 
 
@@ -690,10 +695,11 @@ def gumbel_sample(
     # pays, and a kernel boundary costs less of it than every program's arrival atomic).
     # Where a buffer is never read, any memory of its dtype will do.
     two_kernels = num_splits > 1 and _capturing(logits.device)
-    split_best = (torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
-                  if num_splits > 1 else out)
-    arrivals = (_arrival_counters(logits.device, num_tokens) if num_splits > 1 and not two_kernels
-                else out.view(torch.int32))
+    arrivals, split_best = out.view(torch.int32), out
+    if two_kernels:
+        split_best = torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
+    elif num_splits > 1:
+        arrivals, split_best = _split_scratch(logits.device, num_tokens, num_splits)
     processed = processed_logits if store else logits
     stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
     warps = num_warps or default_warps
