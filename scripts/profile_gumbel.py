@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from time_gumbel import before_call, call, inputs, load_before  # noqa: E402
 
 from specfix import Fixes  # noqa: E402
+from specfix.mrv2 import gumbel  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
 
 STALLS = ("long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle", "lg_throttle",
@@ -136,6 +137,7 @@ def main() -> None:
     for d, k in zip(described, kernels, strict=True):
         k.update(d)
         k["instructions_per_logit"] = k["thread_instructions"] / (d["rows"] * d["vocab"])
+        k["register_cap"] = gumbel._REGISTER_CAP.get("maxnreg") if d["kernel"] == "today" else None
         print(f"{k['kernel']:14s} {k['shape']:22s} store={d['store']!s:5s} masked={d['masked']!s:5s} "
               f"{k['time_us']:8.1f} us  dram {k['dram_pct_of_peak']:5.1f}%  "
               f"issue {k['issue_active_pct']:5.1f}%  {k['instructions_per_logit']:5.1f} inst/logit  "

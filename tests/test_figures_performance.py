@@ -228,3 +228,15 @@ def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
     with pytest.raises(ValueError, match="no 'default' rows"):
         perf.before_after({"configs": [{**row, "config": "before: old", "us": 25.0},
                                        {**row, "config": "before: head", "us": 25.0}]})
+
+
+def test_profile_table_reads_both_runs_of_the_recorded_profile():
+    profile = recorded.load("gumbel_ncu_h200")
+    table = perf.profile_table(profile)
+    assert len(table) == len(profile["kernels"]) + len(profile["before_register_cap"])
+    assert set(table["run"]) == {"final", "before the register cap"}
+    final = table[(table.run == "final") & (table.kernel == "today")]
+    assert (final["registers_per_thread"] <= final["register_cap"]).all()   # the cap held in the final run
+    assert (table["time_us"] > 1).all() and (table["time_us"] < 1e4).all()   # microseconds, not ns
+    with pytest.raises(ValueError, match="lacks"):
+        perf.profile_table({"kernels": [{"kernel": "today"}]})

@@ -213,6 +213,25 @@ def before_after(sweep: dict) -> pd.DataFrame:
     return wide.sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
 
 
+#: Columns of ``profile_table``: what ncu measured per kernel, in the order the chapter reads them.
+PROFILE_COLUMNS = ("kernel", "shape", "store", "masked", "register_cap", "time_us", "dram_pct_of_peak",
+                   "issue_active_pct", "instructions_per_logit", "registers_per_thread", "grid_size",
+                   "block_size", "waves_per_sm", "achieved_occupancy_pct", "stall_long_scoreboard")
+
+
+def profile_table(profile: dict) -> pd.DataFrame:
+    """One row per kernel of a ``scripts/profile_gumbel.py`` recording (``gumbel_ncu_h200``): the final run's
+    kernels, then those of the run before the register cap (``register_cap`` None on today's kernel)."""
+    rows = profile["kernels"] + profile.get("before_register_cap", [])
+    missing = [c for c in PROFILE_COLUMNS if any(c not in r for r in rows)]
+    if missing:
+        raise ValueError(f"the profile lacks {missing}: record it with scripts/profile_gumbel.py")
+    df = pd.DataFrame(rows)[list(PROFILE_COLUMNS)]
+    final = len(profile["kernels"])
+    df["run"] = ["final"] * final + ["before the register cap"] * (len(df) - final)
+    return df
+
+
 #: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
 COURSE = (
     ("clamp_placeholders", "1, 2", "#47029",

@@ -38,18 +38,18 @@ Three noise modes, each a pure function of (request seed, position, token id)
 Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafting`` adds vLLM 0.33's
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
-Performance (H200, fast noise, ``specfix bench``: L2 flushed, CUDA events around each call; 2026-12-01,
-``specfix/recorded/bench_h200.json``): 617-826 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
-of 248,320 in a CUDA graph: 3.80 us. The kernel is bound by instruction issue, not memory: ~30 instructions
-a logit (ncu, 2026-11-29, on the multi-tile kernel that predates the per-tile contract: 36.3 M warp
-instructions at 256 x 151,936), ~40% of them on the integer/logic pipe, which issues at half rate: the hash
-(2 multiplies, 3 xor-shifts), u (a conversion, an FMA), the small-u series, two hardware lg2 and the argmax.
-At 256 x 151,936 fp32 that kernel took 56.7 us with 62% of issue slots busy, reading 2.7 TB/s of the
-3.97 TB/s an argmax reads. At 256 x 32,000 a program has only a few tiles, so its fixed costs (row key,
-first load from HBM with nothing to hide it behind, final reductions) leave about half the issue slots busy.
-The first per-tile kernel (1-D tiles: a block-wide max and index per tile) was 13-38% slower than that
-kernel at 256 rows and more; the 2-D tiles won it back (``scripts/time_gumbel.py --sweep --before``,
-``specfix/recorded/gumbel_sweep_before_after_h200.json``, chapter 5).
+Performance (H200, fast noise, 2026-12-01). ``specfix bench`` (L2 flushed, CUDA events around each call;
+``specfix/recorded/bench_h200.json``): 650-866 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
+of 248,320 in a CUDA graph: 3.64 us. Nsight Compute (``scripts/profile_gumbel.py``,
+``specfix/recorded/gumbel_ncu_h200.json``): the kernel is bound by instruction issue, not memory, at ~31
+instructions a logit (the hash, the uniform, two hardware lg2 and the small-u series, the argmax); at 256 x
+151,936 fp32 it takes 51.6 us with 78% of issue slots busy and DRAM at 64% of its peak. At 256 x 32,000 its
+2,048 one-warp programs make less than one wave (0.78), so too few warps are in flight to hide latency.
+``_REGISTER_CAP`` holds the compiled kernel to 96 registers a thread: left alone, ptxas gave the masked kernel
+that stores processed logits 118 (the unmasked one 95), which cost it occupancy and 4.4%; the cap made every
+variant a few percent faster and spills nothing. Against the multi-tile kernel that predates the per-tile
+contract (``scripts/time_gumbel.py --sweep --before``, ``gumbel_sweep_before_after_h200.json``, chapter 5):
+faster at 21 of 26 shapes, up to 5.6% slower at five bf16 shapes of 256 rows and more.
 """
 
 from __future__ import annotations

@@ -204,6 +204,7 @@ class Timer:
         self.budget_ms = settings.pick(cpu=0.0, ci=30.0, full=120.0)
         self.min_reps = settings.pick(cpu=3, ci=10, full=15)
         self.max_reps = settings.pick(cpu=3, ci=50, full=200)
+        self.warm_ms = settings.pick(cpu=0.0, ci=5.0, full=20.0)
         self._flush = None
 
     def _flush_l2(self):
@@ -224,9 +225,22 @@ class Timer:
         per_call_ms = max(start.elapsed_time(end) / 3, 1e-3)
         return int(min(self.max_reps, max(self.min_reps, self.budget_ms / per_call_ms)))
 
-    def time(self, fn: Callable[[], object], flush: bool = True) -> list[float]:
+    def _warm(self, fn: Callable[[], object]) -> None:
+        """A few calls (compiles, first allocations), then, on a GPU, calls until ``warm_ms`` of wall time
+        has passed: the first calls of a path a process has not run yet can stay slow for many calls (seen
+        on the H200: 210 us per call where the same call later takes 116)."""
         for _ in range(self.warmup):
             fn()
+        if not self.settings.cuda:
+            return
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        while (time.perf_counter() - start) * 1e3 < self.warm_ms:
+            fn()
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], object], flush: bool = True) -> list[float]:
+        self._warm(fn)
         if not self.settings.cuda:
             out = []
             for _ in range(self.min_reps):
@@ -276,8 +290,7 @@ class Timer:
         """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
         per step, host launch cost included (no flush, which would hide launch gaps behind it)."""
         calls = calls or self.settings.pick(cpu=1, ci=20, full=20)
-        for _ in range(self.warmup):
-            fn()
+        self._warm(fn)
         samples = []
         for _ in range(self.settings.pick(cpu=self.min_reps, ci=5, full=7)):
             self._sync()
@@ -294,9 +307,8 @@ class Timer:
 
     def time_pair(self, fn_a, fn_b, reps: int | None = None) -> tuple[list[float], list[float]]:
         """Interleaved A, B, A, B... so that clock drift hits both alike."""
-        for _ in range(self.warmup):
-            fn_a()
-            fn_b()
+        self._warm(fn_a)
+        self._warm(fn_b)
         reps = reps or (self.max_reps if self.settings.cuda else self.min_reps)
         a, b = [], []
         for _ in range(reps):
