@@ -39,8 +39,8 @@ Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafti
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
 Performance (H200, fast noise, 2026-12-01). ``specfix bench`` (L2 flushed, CUDA events around each call;
-``specfix/recorded/bench_h200.json``): 650-866 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
-of 248,320 in a CUDA graph: 3.64 us. Nsight Compute (``scripts/profile_gumbel.py``,
+``specfix/recorded/bench_h200.json``): 654-857 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
+of 248,320 in a CUDA graph: 3.63 us. Nsight Compute (``scripts/profile_gumbel.py``,
 ``specfix/recorded/gumbel_ncu_h200.json``): the kernel is bound by instruction issue, not memory, at ~31
 instructions a logit (the hash, the uniform, two hardware lg2 and the small-u series, the argmax); at 256 x
 151,936 fp32 it takes 51.6 us with 78% of issue slots busy and DRAM at 64% of its peak. At 256 x 32,000 its
