@@ -724,3 +724,61 @@ def test_fast_and_exact_modes_mostly_agree_on_the_gpu():
     b = batch(512, 32_000, seed=8)
     agree = (sample(b, noise="exact") == sample(b, noise="fast")).float().mean().item()
     assert agree > 0.99, agree
+
+
+if gumbel.HAS_TRITON:
+    from specfix.runtime import tl, triton
+
+    @triton.jit
+    def _tile_argmax_kernel(logits_ptr, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, value_ptr,
+                            index_ptr, DEPTH: tl.constexpr, LANES: tl.constexpr, ONE_D: tl.constexpr):
+        """Row r's one tile through gumbel_block_argmax, greedy (no noise): its max and index per column."""
+        row = tl.program_id(0)
+        if ONE_D:
+            block = tl.arange(0, LANES)
+        else:
+            block = tl.arange(0, DEPTH)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+        x = tl.load(logits_ptr + row * DEPTH * LANES + block)
+        value, index = gumbel.gumbel_block_argmax(
+            x, block, block >= 0, row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, logits_ptr, 0, 0,
+            pos_ptr, 0, False, False, False, False, True, 0, False, False)
+        out = tl.arange(0, LANES)
+        if ONE_D:
+            tl.store(value_ptr + row * LANES + out, tl.zeros([LANES], tl.float32) + value, mask=out < 1)
+            tl.store(index_ptr + row * LANES + out, tl.zeros([LANES], tl.int32) + index, mask=out < 1)
+        else:
+            tl.store(value_ptr + row * LANES + out, value)
+            tl.store(index_ptr + row * LANES + out, index)
+
+
+@pytest.mark.skipif(not gumbel.HAS_TRITON, reason="needs triton")
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
+@pytest.mark.parametrize("one_d", [True, False], ids=["1-D tile (vLLM's)", "2-D tile (specfix's)"])
+def test_the_tile_helper_returns_the_first_max_along_the_first_axis(one_d):
+    """vLLM's contract: one tile in, its max and the index of its first maximum out (along the first axis of
+    a 2-D tile, per column). Ties go to the lower index; a NaN never wins over a number."""
+    depth, lanes = (1, 64) if one_d else (8, 16)
+    gen = torch.Generator().manual_seed(3)
+    tiles = torch.randint(-3, 3, (5, depth, lanes), generator=gen).float()   # many ties
+    tiles[1] = 2.0                                                             # every entry ties
+    tiles[2, 0] = float("nan")                                                 # NaN at the first index
+    tiles[3] = float("nan")
+    tiles[3, -1] = -1.0                                                        # one number among NaNs
+    tiles[4, :, ::2] = float("-inf")
+    rows = tiles.shape[0]
+    value = torch.full((rows, lanes), SENTINEL)
+    index = torch.full((rows, lanes), -1, dtype=torch.int32)
+    args = [t.to(DEVICE) for t in (tiles.reshape(rows, -1).contiguous(), torch.zeros(rows, dtype=torch.int32),
+                                   torch.zeros(1), torch.zeros(1, dtype=torch.int64),
+                                   torch.zeros(rows, dtype=torch.int64), value, index)]
+    _tile_argmax_kernel[(rows,)](*args, DEPTH=depth, LANES=lanes, ONE_D=one_d)
+    value, index = args[-2].cpu(), args[-1].cpu()
+    flat = tiles.reshape(rows, -1) if one_d else tiles                        # reduce the first axis
+    numbers = torch.where(flat.isnan(), float("-inf"), flat)
+    want_value = numbers.amax(dim=1 if one_d else 1)
+    first = (numbers == want_value.unsqueeze(1)).int().argmax(dim=1)          # the first index at the max
+    if one_d:
+        value, index = value[:, 0], index[:, 0]
+    keep = ~(flat.isnan().all(dim=1))                                         # an all-NaN column: no number
+    assert torch.equal(index[keep], first[keep].int())
+    assert torch.equal(value[keep], want_value[keep])

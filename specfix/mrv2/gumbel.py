@@ -271,11 +271,19 @@ if HAS_TRITON:
             else:
                 scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
             scores = tl.where(mask, scores, float("-inf"))
-        value = tl.max(scores, axis=0)  # a maxnum: NaN scores are passed over, and never equal it below
         index = tl.arange(0, scores.shape[0])
         if len(scores.shape) == 2:
             index = index[:, None]
-        return value, tl.min(tl.where(scores == value, index, scores.shape[0]), axis=0)
+        return tl.reduce((scores, tl.broadcast_to(index, scores.shape)), 0, _first_max)
+
+    @triton.jit
+    def _first_max(value_a, index_a, value_b, index_b):
+        """Combine of the tile's argmax, three instructions: the larger value by maxnum (a NaN loses to any
+        number), and b's index only where a did not hold that value (a NaN, or smaller), so among equal
+        values the first one visited keeps its index. A thread visits its column's entries in order, as do
+        the shuffles across threads, so that one is the lowest index (the tests tie columns to check it)."""
+        value = tl.maximum(value_a, value_b)
+        return value, tl.where(value_a != value, index_b, index_a)
 
     @triton.jit
     def _keep_best(best, best_token, tile_max, tile_argmax, tile_start, lanes, LANES: tl.constexpr):
