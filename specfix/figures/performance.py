@@ -569,8 +569,15 @@ def padding_price_figure(report: dict, source: str):
     return fig
 
 
+#: The rejection figure's lines: label and colour per implementation.
+_REJECTION_LINES = {"specfix_triton": ("Triton, eager", style.NEUTRAL),
+                    "specfix_triton_graph": ("Triton, one CUDA-graph replay", style.ACCENT),
+                    "torch_reference": ("torch reference, eager", style.PADDING)}
+
+
 def rejection_figure(report: dict, source: str):
-    """Verification time per step of specfix's Triton rejection sampler and its torch reference."""
+    """Verification time per step (``RejectionSampler.forward``): specfix's Triton sampler, eager and replayed
+    from one CUDA graph, and its torch reference, at the smallest k and vocabulary of the report."""
     rj = bench.frame(report, "rejection")
     with style.apply():
         fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -580,20 +587,19 @@ def rejection_figure(report: dict, source: str):
             shape = {c: rj[c].min() for c in ("k", "vocab") if c in rj}
             for column, value in shape.items():
                 rj = rj[rj[column] == value]
-            rj = rj[rj["impl"].isin(["specfix_triton", "torch_reference"])]
+            rj = rj[rj["impl"].isin(list(_REJECTION_LINES))]
             for (impl, mode), rows in rj.groupby(["impl", "mode"]):
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
+                label, color = _REJECTION_LINES[impl]
                 ax.errorbar(rows["batch"], rows["median_us"], yerr=err, capsize=3,
-                            fmt="o-" if mode == "greedy" else "s--",
-                            color=style.NEUTRAL if impl == "specfix_triton" else style.PADDING,
-                            label=f"{impl}, {mode}")
+                            fmt="o-" if mode == "greedy" else "s--", color=color, label=f"{label}, {mode}")
             ax.set(xlabel="requests in the batch", ylabel="time per verification step, us",
                    title=", ".join(f"{c} = {v:,}" for c, v in shape.items()))
             _log_x(ax, rj["batch"])
             _log_y(ax)
         _finish(fig, ax, "Rejection sampler (verification of k drafts per request), per step", source,
-                "At the smallest k and vocabulary measured, 16 requests cost about what one does: there the "
-                "step is mostly a fixed cost per call, not arithmetic per request.")
+                "A replay (purple) is GPU time alone. An eager step (blue) is timed between CUDA events, so "
+                "it also counts any wait for the host's Python that the GPU work queued ahead did not cover.")
     return fig
 
 

@@ -39,17 +39,17 @@ Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafti
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
 Performance (H200, fast noise, 2026-12-01). ``specfix bench`` (L2 flushed, CUDA events around each call;
-``specfix/recorded/bench_h200.json``): 654-857 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
-of 248,320 in a CUDA graph: 3.63 us. Nsight Compute (``scripts/profile_gumbel.py``,
+``specfix/recorded/bench_h200.json``): 652-880 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
+of 248,320 in a CUDA graph: 3.58 us. Nsight Compute (``scripts/profile_gumbel.py``,
 ``specfix/recorded/gumbel_ncu_h200.json``): the kernel is bound by instruction issue, not memory, at ~31
 instructions a logit (the hash, the uniform, two hardware lg2 and the small-u series, the argmax); at 256 x
-151,936 fp32 it takes 51.6 us with 78% of issue slots busy and DRAM at 64% of its peak. At 256 x 32,000 its
+151,936 fp32 it takes 50.3 us with 77% of issue slots busy and DRAM at 65% of its peak. At 256 x 32,000 its
 2,048 one-warp programs make less than one wave (0.78), so too few warps are in flight to hide latency.
 ``_REGISTER_CAP`` holds the compiled kernel to 96 registers a thread: left alone, ptxas gave the masked kernel
 that stores processed logits 118 (the unmasked one 95), which cost it occupancy and 4.4%; the cap made every
 variant a few percent faster and spills nothing. Against the multi-tile kernel that predates the per-tile
 contract (``scripts/time_gumbel.py --sweep --before``, ``gumbel_sweep_before_after_h200.json``, chapter 5):
-faster at 21 of 26 shapes, up to 5.6% slower at five bf16 shapes of 256 rows and more.
+faster at 25 of 26 shapes, 2.6% slower at bf16 256 x 32,000.
 """
 
 from __future__ import annotations
