@@ -240,3 +240,26 @@ def test_profile_table_reads_both_runs_of_the_recorded_profile():
     assert (table["time_us"] > 1).all() and (table["time_us"] < 1e4).all()   # microseconds, not ns
     with pytest.raises(ValueError, match="lacks"):
         perf.profile_table({"kernels": [{"kernel": "today"}]})
+
+
+def test_chapter_5_texts_are_rendered_from_the_recordings():
+    profile, sweep = recorded.load("gumbel_ncu_h200"), recorded.load("gumbel_sweep_before_after_h200")
+    table = perf.profile_table(profile)
+    today = table[(table.run == "final") & (table.kernel == "today")].set_index("shape").iloc[0]
+    text = perf.profile_text(profile, sweep)
+    assert f"{today.grid_size:,.0f} programs" in text and f"{today.waves_per_sm:.2f} of one wave" in text
+    masked = perf.mask_profile_text(profile)
+    uncapped = table[(table.run != "final") & table.store & table.masked].iloc[0]
+    assert masked.count("- ") == 2                                    # before the cap, then capped
+    assert f"{uncapped.registers_per_thread:.0f} registers" in masked.split("\n")[0]
+    no_history = dict(profile, before_register_cap=[])
+    assert perf.mask_profile_text(no_history).count("- ") == 1
+    ba = perf.before_after(sweep)
+    assert f"at {(ba.slower < 0).sum()} of all {len(ba)}" in perf.sweep_text(sweep, H200)
+    graph = perf.rejection_graph_text(H200)
+    assert graph.startswith("Goal: *RejectionSampler.forward captured") and "at 16 (random)" in graph
+    cpu = {**H200, "results": [r for r in H200["results"] if r["impl"] != "specfix_triton_graph"]}
+    assert perf.rejection_graph_text(cpu).startswith("This report has no captured verification step")
+    with pytest.raises(ValueError, match="before: old"):
+        only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
+        perf.profile_text({**profile, "kernels": only_today}, sweep)

@@ -232,6 +232,119 @@ def profile_table(profile: dict) -> pd.DataFrame:
     return df
 
 
+def _profiled(prof: pd.DataFrame, shape: str, kernel: str = "today", store: bool = False,
+              masked: bool = True, run: str = "final") -> pd.Series:
+    rows = prof[(prof.kernel == kernel) & (prof["shape"] == shape) & (prof.store == store)
+                & (prof.masked == masked) & (prof.run == run)]
+    if rows.empty:
+        raise ValueError(f"the profile has no {kernel!r} kernel at {shape} (store={store}, masked={masked}, "
+                         f"run {run!r}): record it with scripts/profile_gumbel.py --before old=PATH")
+    return rows.iloc[0]
+
+
+def profile_text(profile: dict, sweep: dict) -> str:
+    """Chapter 5's reading of the ncu profile: why 256 x 32,000 and 256 x 151,936 miss their goals, every
+    figure taken from ``profile`` (``gumbel_ncu_h200``) and the launch ``sweep``."""
+    prof = profile_table(profile)
+    small, big = _profiled(prof, "256 x 32,000 fp32"), _profiled(prof, "256 x 151,936 fp32")
+    many, old = _profiled(prof, "1,024 x 151,936 fp32"), _profiled(prof, "256 x 151,936 fp32", "before: old")
+    old_small = {d: _profiled(prof, f"256 x 32,000 {d}", "before: old").time_us for d in ("fp32", "bf16")}
+    goal_us = 256 * 151_936 / 700e3  # 700 G logits/s
+    configs = pd.DataFrame(sweep["configs"])
+    tried = configs[(configs.rows == 256) & (configs.vocab == 32_000) & (configs.dtype == "fp32")
+                    & ~configs.config.str.startswith("before")].set_index("config")["us"]
+    small_bf16 = _profiled(prof, "256 x 32,000 bf16").time_us
+    return (
+        f"- **256 x 32,000: too little work in flight.** {small.grid_size:,.0f} programs of "
+        f"{small.block_size:.0f} threads make {small.waves_per_sm:.2f} of one wave: the SMs hold "
+        f"{small.achieved_occupancy_pct:.0f}% of the warps they could, schedulers issue in "
+        f"{small.issue_active_pct:.0f}% of cycles and DRAM runs at {small.dram_pct_of_peak:.0f}% of its "
+        f"peak. In {small.time_us:.1f} us the kernel cannot hide a load's latency behind other warps' work, "
+        "and its ramp-up and tail are a large part of the whole. More programs would each walk fewer tiles "
+        "and pay their fixed costs (the row's key, a first load with nothing in front of it, the final "
+        f"reductions) more often: of the {len(tried)} launch configurations the sweep timed at 256 x 32,000 "
+        f"fp32, the fastest, {tried.idxmin()}, took {tried.min():.1f} us, and today's "
+        f"{tried['default']:.1f} us. The multi-tile kernel is in the same place: {old_small['fp32']:.1f} us "
+        f"against {small.time_us:.1f} (fp32), {old_small['bf16']:.1f} against {small_bf16:.1f} (bf16).\n"
+        f"- **256 x 151,936: bound by instruction issue.** Each logit costs {big.instructions_per_logit:.0f} "
+        "instructions (the hash, the uniform, the logarithms of the noise, the argmax), schedulers issue in "
+        f"{big.issue_active_pct:.0f}% of cycles and DRAM runs at {big.dram_pct_of_peak:.0f}% of its peak. "
+        "Issuing in every cycle, the same instructions would take about "
+        f"{big.time_us * big.issue_active_pct / 100:.0f} us; the goal of 700 G logits/s needs "
+        f"{goal_us:.1f} us. At 1,024 rows ({many.waves_per_sm:.1f} waves) the same kernel issues in "
+        f"{many.issue_active_pct:.0f}% of cycles and meets its goal; at 256 rows ({big.waves_per_sm:.1f} "
+        "waves) its ramp-up and its last wave weigh more.\n"
+        "- **Fewer instructions is the lever**, not memory: at 256 x 151,936 the multi-tile kernel spends "
+        f"{old.instructions_per_logit:.1f} instructions per logit, today's {big.instructions_per_logit:.1f}, "
+        f"and today's is {'faster' if big.time_us < old.time_us else 'slower'} there with "
+        f"{big.achieved_occupancy_pct:.0f}% occupancy and {big.issue_active_pct:.0f}% issue against "
+        f"{old.achieved_occupancy_pct:.0f}% and {old.issue_active_pct:.0f}%.")
+
+
+def mask_profile_text(profile: dict) -> str:
+    """The masked and unmasked kernels with the processed-logits store, per profiled run."""
+    prof = profile_table(profile)
+    lines = []
+    for run in [r for r in ("before the register cap", "final") if (prof.run == r).any()]:
+        m, u = (_profiled(prof, "256 x 151,936 fp32", store=True, masked=x, run=run) for x in (True, False))
+        lines.append(f"- {run}: masked {m.time_us:.1f} us with {m.registers_per_thread:.0f} registers and "
+                     f"{m.achieved_occupancy_pct:.0f}% occupancy; unmasked {u.time_us:.1f} us with "
+                     f"{u.registers_per_thread:.0f} registers and {u.achieved_occupancy_pct:.0f}% occupancy: "
+                     f"{m.time_us / u.time_us - 1:+.1%}")
+    if (prof.run == "before the register cap").any():
+        capped = _profiled(prof, "256 x 151,936 fp32")
+        uncapped = _profiled(prof, "256 x 151,936 fp32", run="before the register cap")
+        lines.append(f"\nThe cap helped the kernel without the store too: {uncapped.time_us:.1f} us before, "
+                     f"{capped.time_us:.1f} us after at 256 x 151,936 fp32.")
+    return "\n".join(lines)
+
+
+def sweep_text(sweep: dict, report: dict) -> str:
+    """Today's kernel against the multi-tile and the first per-tile kernel, from a ``--before`` sweep."""
+    ba = before_after(sweep)
+    big, graph = ba[ba["rows"] >= 256], {g["config"]: g["us_per_call"] for g in sweep["graph_one_row"]}
+    first = big.first_per_tile_us / big.multi_tile_us - 1
+    now_graph = bench.frame(report, "gumbel_graph")
+    if len(now_graph):
+        now_graph = now_graph[(now_graph.impl == bench.JUDGED) & (now_graph.rows == 1)
+                              & (now_graph.vocab == 248_320)]["median_us"]
+    per_dtype = "; ".join(f"{d} {x.slower.min():+.1%} to {x.slower.max():+.1%}"
+                          for d, x in big.groupby("dtype"))
+    now = now_graph.iloc[0] if len(now_graph) else float("nan")
+    return (f"At 256 rows and more today's kernel takes {per_dtype} of the multi-tile kernel's time "
+            f"(faster at {(big.slower < 0).sum()} of {len(big)} shapes; at {(ba.slower < 0).sum()} of all "
+            f"{len(ba)}), where the first per-tile kernel took {first.min():+.0%} to {first.max():+.0%}. "
+            f"One row of 248,320 in a graph: {graph['before: old']:.2f} us (multi-tile), "
+            f"{graph['before: head']:.2f} us (first per-tile), {graph['256 programs b512 w1']:.2f} us with "
+            f"today's launch for up to 4 rows "
+            f"(one-warp programs; the bench above: {now:.2f} us).")
+
+
+def rejection_graph_text(report: dict) -> str:
+    """The verification step replayed from one CUDA graph: the goal, its fixed cost, replay against eager."""
+    rj = bench.frame(report, "rejection")
+    captured = goal(report, "rejection", "1 = identical")
+    if rj.empty or "specfix_triton_graph" not in set(rj["impl"]) or not captured:
+        return "This report has no captured verification step (the bench captures it on a GPU only)."
+    steps = rj[rj.impl.isin(["specfix_triton", "specfix_triton_graph"])].pivot_table(
+        index=["mode", "k", "vocab", "batch"], columns="impl", values="median_us")
+    replay = steps["specfix_triton_graph"]
+    ratio = (replay / steps["specfix_triton"]).groupby("mode").median()
+    shapes = sorted({key[1:3] for key in replay.index})
+    (k_lo, v_lo), (k_hi, v_hi) = shapes[0], shapes[-1]
+
+    def say(k, v):
+        return ", ".join(f"{replay[(m, k, v, 1)]:.0f} us at 1 request and {replay[(m, k, v, 16)]:.0f} at 16 "
+                         f"({m})" for m in ("greedy", "random"))
+
+    return (f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
+            f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits: a fixed cost per "
+            f"call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows with the batch: "
+            f"{say(k_hi, v_hi)}. In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
+            f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
+            "longer, its events counted a wait for the host (the figure above).")
+
+
 #: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
 COURSE = (
     ("clamp_placeholders", "1, 2", "#47029",
