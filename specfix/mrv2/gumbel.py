@@ -272,16 +272,19 @@ if HAS_TRITON:
                 scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
             scores = tl.where(mask, scores, float("-inf"))
         index = tl.arange(0, scores.shape[0])
-        if len(scores.shape) == 2:
-            index = index[:, None]
-        return tl.reduce((scores, tl.broadcast_to(index, scores.shape)), 0, _first_max)
+        if len(scores.shape) == 2:  # specfix's tiles: each thread holds whole columns (tile_shape)
+            return tl.reduce((scores, tl.broadcast_to(index[:, None], scores.shape)), 0, _first_max)
+        else:  # vLLM's 1-D tile, reduced across threads: a maxnum, then the lowest index holding it
+            value = tl.max(scores, axis=0)
+            return value, tl.min(tl.where(scores == value, index, scores.shape[0]), axis=0)
 
     @triton.jit
     def _first_max(value_a, index_a, value_b, index_b):
-        """Combine of the tile's argmax, three instructions: the larger value by maxnum (a NaN loses to any
+        """Combine of a column's argmax, three instructions: the larger value by maxnum (a NaN loses to any
         number), and b's index only where a did not hold that value (a NaN, or smaller), so among equal
-        values the first one visited keeps its index. A thread visits its column's entries in order, as do
-        the shuffles across threads, so that one is the lowest index (the tests tie columns to check it)."""
+        values the first one combined keeps its index. That is the lowest index when the entries are combined
+        in order, as a thread does with the column it holds; across threads (shuffles in butterfly order) it
+        need not be, which is why a 1-D tile takes the two-pass reduction instead."""
         value = tl.maximum(value_a, value_b)
         return value, tl.where(value_a != value, index_b, index_a)
 

@@ -787,7 +787,7 @@ def rejection_greedy_sample_ref(
     req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
     accepted = draft_token_ids.long() == target_argmax.long()
     active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
-    output_token_ids[active] = PLACEHOLDER_TOKEN_ID
+    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
 
 
@@ -827,7 +827,7 @@ def rejection_random_sample_ref(
         accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
     emitted = torch.where(accepted, draft, recovered_token_ids.long())
     active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
-    output_token_ids[active] = PLACEHOLDER_TOKEN_ID
+    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
 
 
