@@ -42,7 +42,7 @@ def test_metadata_with_blanks_left_is_not_yet_answered():
 
 
 def test_metadata_truth_is_what_the_runner_builds():
-    truth = ex.metadata_truth()
+    truth = ex._metadata_truth()
     drafts = [t for *_, d in ex.METADATA_BATCH for t in d]  # flattened in batch order
     assert truth["placeholder_indices"] == [i for i, t in enumerate(drafts) if t == -1]
     assert truth["num_draft_tokens"] == [len(d) for *_, d in ex.METADATA_BATCH]
@@ -60,8 +60,8 @@ def test_zero_batch_truth_counts_the_prompts_whose_next_word_is_the():
 
 @pytest.mark.parametrize("answer,hint", [
     (0, "none"),
-    (len(ex.ZERO_BATCH) * 3, "too_many"),  # every slot
-    (1, "too_few"),
+    (len(ex.ZERO_BATCH) * 3, "count"),  # every slot
+    (1, "count"),
     ("2", "type"),
     (2.0, "type"),
 ])

@@ -111,6 +111,30 @@ class Checker:
         return verdict
 
 
+def as_int(value) -> int | None:
+    """``value`` as an int if it is a whole number in any container (int, numpy integer, one-element integer
+    tensor or array); None otherwise (bools and floats included: a count is not a truth value or a ratio)."""
+    import numbers
+
+    if hasattr(value, "dtype") and getattr(value, "shape", ()) in ((), (1,)):  # tensor or numpy scalar/array
+        return int(value.item()) if "int" in str(value.dtype) else None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def as_int_list(value) -> list[int] | None:
+    """``value`` as a list of ints from a list, tuple, set, array or tensor of whole numbers, else None."""
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # tensor or numpy array
+        if "int" not in str(value.dtype) or getattr(value, "ndim", 1) != 1:
+            return None
+        return [int(v) for v in value.tolist()]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return None
+    ints = [as_int(v) for v in value]
+    return None if any(v is None for v in ints) else ints
+
+
 def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str]):
     """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``."""
     def wrap(body: Callable) -> Checker:

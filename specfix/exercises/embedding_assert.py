@@ -18,6 +18,7 @@ import torch
 from specfix.exercises.core import checker
 from specfix.lab import embedding_assert as ea
 from specfix.tools import recorded
+from specfix.tools.syncs import host_reads
 
 # -- ch2.clamp ------------------------------------------------------------------------------------------
 
@@ -49,13 +50,17 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
         "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a masked copy): "
                      "it allocates on every step, and a CUDA graph captured on the persistent input_ids "
                      "buffer still reads the -1 there. Clamp the buffer in place and return a view of it.",
+        "syncs": "your preprocess reads tensor values on the host (an `if` on a tensor, .item(), .tolist(), "
+                 "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and "
+                 "a CUDA graph cannot capture it. The fix must not branch on the data: clamp "
+                 "unconditionally.",
     },
 )
 def check_clamp(answer, verdict):
     buffer = torch.tensor(_BUFFER, dtype=torch.int32)
     drafts = torch.tensor(_DRAFTS, dtype=torch.int32)
     before = buffer.clone()
-    out = answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts)
+    out, synced = host_reads(lambda: answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts))
     verdict.require(isinstance(out, torch.Tensor) and tuple(out.shape) == (_NUM_INPUT_TOKENS,), "shape",
                     f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})")
     verdict.require(drafts.tolist() == _DRAFTS, "metadata", f"(draft_token_ids became {drafts.tolist()})")
@@ -66,6 +71,7 @@ def check_clamp(answer, verdict):
     verdict.require(torch.equal(out[real], before[:_NUM_INPUT_TOKENS][real]), "changed_real", reads)
     in_place = out.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:_NUM_INPUT_TOKENS], out)
     verdict.require(in_place, "allocates")
+    verdict.require(not synced, "syncs", f"(it called {', '.join(sorted(set(synced)))})")
 
 
 # -- ch2.which_ops --------------------------------------------------------------------------------------
@@ -109,6 +115,9 @@ def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
                        "torch.index_select end in this kernel too: the name does not tell these ops apart.",
         "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup runs "
                             "this kernel. That is the batch size of a serving engine.",
+        "family_only": "you kept to the embedding's own family (F.embedding, index_select), as for the "
+                       "kernel of a few ids; at the larger index count this kernel is shared with an op "
+                       "outside that family.",
         "incomplete": "not the set the recorded table shows: compare each op's -1 row at both index counts.",
     },
 )
@@ -121,6 +130,7 @@ def check_which_ops(answer, verdict):
     verdict.require(not answer & {"w[idx]", "torch.take"}, "wraps")
     verdict.require(answer != {"torch.gather"}, "gather_only")
     verdict.require("F.embedding" in answer, "missed_embedding")
+    verdict.require(answer != {"F.embedding", "torch.index_select"}, "family_only")
     verdict.require(answer == ops_with_minus_one(), "incomplete")
 
 
@@ -128,6 +138,11 @@ def check_which_ops(answer, verdict):
 
 def _transcripts() -> dict:
     return recorded.load("embedding_assert_transcripts")["runs"]
+
+
+def _squeeze(line: str) -> str:
+    """A line of code with its whitespace removed, so that spacing never decides a match."""
+    return re.sub(r"\s+", "", line)
 
 
 def _source(where: str) -> str:
@@ -155,8 +170,9 @@ def forward_lines() -> list[str]:
         "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come "
                            "from searchsorted and torch.where and never go below 0: which lookup gets the "
                            "raw input_ids?",
-        "indexing": "that line indexes with x[idx], which runs a gather or indexing kernel (see the op "
-                    "table of section 2), never the kernel the assert lines name.",
+        "indexing": "that line indexes with x[idx], whose kernel can assert too, but its indices cannot be "
+                    "negative: they pass through torch.where(..., scratch) or come from a clamped "
+                    "searchsorted. Which lookup is fed ids straight from the batch?",
         "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
     },
 )
@@ -166,10 +182,10 @@ def check_first_bad_op(answer, verdict):
     heard = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline"])))
     answer = answer() if callable(answer) else answer  # a line, or a function that returns one
     verdict.require(isinstance(answer, str) and bool(answer.strip()), "not_a_line")
-    line = " ".join(answer.split())
-    verdict.require(line != heard, "traceback_line")
-    verdict.require(line in {" ".join(code.split()) for code in forward_lines()}, "not_in_forward")
-    if line != expected:
+    line = _squeeze(answer)
+    verdict.require(line != _squeeze(heard), "traceback_line")
+    verdict.require(line in {_squeeze(code) for code in forward_lines()}, "not_in_forward")
+    if line != _squeeze(expected):
         verdict.require(not re.search(r"\btable\(", line), "other_embedding")
         verdict.require(not re.search(r"[\w)]\[(?!:)", line), "indexing")
         verdict.require(False, "wrong_line")

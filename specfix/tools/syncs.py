@@ -4,7 +4,8 @@ torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns in th
 the host wait for the GPU: ``.item()``, blocking copies, ``nonzero``... :func:`sync_warnings` runs a
 function once under it and returns those warnings. Garbage is collected first and the collector is paused
 while the function runs, so that freeing some earlier object (a CUDA graph's memory pool, which
-synchronises) is not charged to the function being measured.
+synchronises) is not charged to the function being measured. :func:`host_reads` needs no GPU: it lists the
+tensor methods a function calls that hand a value to the host, each one a synchronisation on a GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 #: What torch says at each synchronising call (not to be confused with its one-time notice that the debug
 #: mode "is a prototype feature", which also mentions synchronisation and comes on first use).
@@ -47,3 +49,28 @@ def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | No
     if device.type != "cuda":
         return None
     return len(sync_warnings(fn))
+
+
+#: Tensor methods that hand a value to the host, so on a GPU they wait for every kernel queued before them.
+HOST_READS = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu",
+                        "nonzero", "masked_select", "unique"})
+
+
+class _HostReads(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS:
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(fn: Callable[[], object]) -> tuple[object, list[str]]:
+    """``fn()``'s result and the host reads it made (``bool(t)``, ``.item()``, ``.tolist()``, ``nonzero``...),
+    on any device: each one is a synchronisation on a GPU, so a CPU run already shows code that would sync."""
+    with _HostReads() as mode:
+        result = fn()
+    return result, mode.calls
