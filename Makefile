@@ -6,6 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specfix-installed
 # CPU CI: two workers for the package tests; notebooks run one at a time (kernel start-up races).
+# SPECFIX_CHECK_FIGURES=1: a cell that leaves a figure undisplayed fails (specfix.figures.style.watch_figures).
 PYTEST_WORKERS ?= 2
 
 # The book and its check: Sphinx + MyST-NB (docs/conf.py) run every chapter; Debian's Chromium reads it.
@@ -39,7 +40,7 @@ unit: $(STAMP)
 	if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python -m pytest -q -m cuda tests; fi
 
 notebooks: $(STAMP)
-	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
+	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} SPECFIX_CHECK_FIGURES=1 $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
 
 # A fresh build every time (-E, and the old folder removed): the pages show what the code does today.
 # -W: any warning (a broken cross-reference, an unreadable output) fails the build, as a failing cell does.

@@ -18,6 +18,8 @@ sys.path.insert(0, str(DOCS / "_ext"))
 # The book is the CI-scale, CPU rendering of the suite; an explicit setting in the environment wins.
 os.environ.setdefault("SPECFIX_SCALE", "ci")
 os.environ.setdefault("SPECFIX_DEVICE", "cpu")
+# A cell that leaves a figure undisplayed fails the build (specfix.figures.style.watch_figures).
+os.environ["SPECFIX_CHECK_FIGURES"] = "1"
 
 project = "specfix"
 author = "the specfix authors"

@@ -21,11 +21,17 @@ before anything imports triton. Modules keep their short names here: ``from spec
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from pathlib import Path
 
 from specfix import runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET before triton loads)
 from specfix.fixes import Fixes
+
+if os.environ.get("SPECFIX_CHECK_FIGURES") == "1":  # make notebooks, the book, make lab-check
+    from specfix.figures import style as _style
+
+    _style.watch_figures()
 
 #: Each module of the role subpackages by its short name, read from the tree (nothing to keep in step).
 _SUBPACKAGE = {info.name: role for role in ("v1", "mrv2", "lab", "tools")

@@ -40,9 +40,65 @@ RC = {
 
 @contextlib.contextmanager
 def apply():
-    """The suite's rcParams for the figures drawn inside the block."""
-    with mpl.rc_context(RC):
+    """The suite's rcParams for the figures drawn inside the block; on leaving, only these keys go back.
+
+    Not ``mpl.rc_context``: it restores every rcParam, ``interactive`` among them, and the first pyplot
+    figure of a Jupyter kernel is where IPython's inline backend switches interactive mode on. Rolled back,
+    every later figure that is neither shown nor a cell's value would silently never be displayed.
+    """
+    saved = {key: mpl.rcParams[key] for key in RC}
+    mpl.rcParams.update(RC)
+    try:
         yield
+    finally:
+        mpl.rcParams.update(saved)
+
+
+def watch_figures(shell=None) -> bool:
+    """Fail each cell that leaves a pyplot figure undisplayed (neither shown nor the cell's value).
+
+    With IPython's inline backend a figure still open once the cell has ended was never drawn: the cell's
+    reply turns to an error naming the figures, which are then closed. ``make notebooks``, the book and
+    ``make lab-check`` switch this on through ``SPECFIX_CHECK_FIGURES=1`` (read when specfix is imported).
+    Returns whether a shell was found to watch.
+    """
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None:
+        return False
+    if not getattr(shell, "_specfix_watches_figures", False):
+        shell.events.register("post_run_cell", _fail_on_undisplayed)
+        shell._specfix_watches_figures = True
+    return True
+
+
+class UndisplayedFigureError(RuntimeError):
+    """A cell created a figure that was never displayed."""
+
+
+def _fail_on_undisplayed(result) -> None:
+    import sys
+
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or "inline" not in mpl.get_backend():
+        return
+    left = plt.get_fignums()
+    if not left:
+        return
+    titles = [plt.figure(num).get_suptitle() or f"figure {num}" for num in left]
+    plt.close("all")
+    if result.success:
+        error = UndisplayedFigureError(
+            f"this cell left {len(left)} figure(s) undisplayed ({'; '.join(titles)}): show each figure "
+            "(plt.show()) or make it the cell's value")
+        result.error_in_exec = error
+        from IPython import get_ipython
+
+        get_ipython().showtraceback((type(error), error, None))
 
 
 def caption(fig, text: str) -> None:

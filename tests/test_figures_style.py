@@ -1,0 +1,53 @@
+"""The suite's figure style leaves Jupyter's display alone, and the figure watcher fails a cell that leaves a
+figure undisplayed. Both run a small notebook in a real kernel (as nbmake and the book do)."""
+
+import matplotlib as mpl
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from specfix.figures import style
+
+IMPORTS = "import matplotlib as mpl\nimport matplotlib.pyplot as plt\nfrom specfix.figures import style"
+# A figure neither shown nor the cell's value: the inline backend displays it only in interactive mode.
+UNSHOWN = "fig2, ax2 = plt.subplots()\nax2.plot([3, 1])\nNone"
+
+
+def _run(tmp_path, monkeypatch, first_figure, watch):
+    monkeypatch.setenv("SPECFIX_CHECK_FIGURES", "1" if watch else "0")
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (IMPORTS, first_figure, UNSHOWN, "x = 1")]
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources=resources).execute()
+    return [sum("image/png" in o.get("data", {}) for o in cell.outputs) for cell in nb.cells]
+
+
+def test_apply_keeps_the_kernel_interactive_so_every_later_figure_is_displayed(tmp_path, monkeypatch):
+    first = "with style.apply():\n    fig, ax = plt.subplots()\n    ax.plot([1, 2])"
+    assert _run(tmp_path, monkeypatch, first, watch=True) == [0, 1, 1, 0]
+
+
+def test_the_watcher_fails_a_cell_whose_figure_is_never_displayed(tmp_path, monkeypatch):
+    # The bug apply() once had: rc_context rolls back the interactive mode the first figure switched on.
+    first = "with mpl.rc_context(style.RC):\n    fig, ax = plt.subplots()\n    ax.plot([1, 2])"
+    with pytest.raises(CellExecutionError, match="left 1 figure.s. undisplayed"):
+        _run(tmp_path, monkeypatch, first, watch=True)
+    assert _run(tmp_path, monkeypatch, first, watch=False) == [0, 1, 0, 0]  # what a reader saw: nothing
+
+
+def test_apply_restores_only_its_own_keys():
+    before = dict(mpl.rcParams)
+    with style.apply():
+        assert mpl.rcParams["font.size"] == style.RC["font.size"]
+        mpl.rcParams["interactive"] = not before["interactive"]
+        mpl.rcParams["lines.linewidth"] = 7.0
+    assert mpl.rcParams["interactive"] is not before["interactive"]  # not rolled back
+    assert mpl.rcParams["lines.linewidth"] == 7.0
+    assert all(mpl.rcParams[key] == before[key] for key in style.RC)
+    mpl.rcParams.update({"interactive": before["interactive"], "lines.linewidth": before["lines.linewidth"]})
+
+
+def test_watch_figures_outside_ipython_does_nothing():
+    assert style.watch_figures() is False
