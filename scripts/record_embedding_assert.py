@@ -48,7 +48,7 @@ def record_transcripts(timeout: float) -> dict:
             jobs[f"pipeline{suffix}"] = pipeline
         for name, code in jobs.items():
             log(f"transcript {name}")
-            runs[name] = ea.run_child(code, label=name, env=env, timeout=timeout).to_json()
+            runs[name] = ea.run_until_asserts(code, label=name, env=env, timeout=timeout).to_json()
     return {"runs": runs, "pipeline_available": ea.pipeline_crash_code() is not None}
 
 
