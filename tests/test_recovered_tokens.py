@@ -141,6 +141,7 @@ def test_cpu_values_are_still_checked():
                            meta.logits_indices)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_step_path_makes_no_host_sync_on_a_gpu():
     from specfix.tools.syncs import sync_warnings

@@ -162,3 +162,54 @@ def test_no_code_cell_is_longer_than_the_limit_outside_exercises(path):
         if cell["cell_type"] == "code" and "exercise" not in tags and len(lines) > MAX_CODE_CELL_LINES:
             long.append(f"cell {index} ({len(lines)} lines, starts {lines[0][:40]!r})")
     assert not long, f"{path.name}: code cells over {MAX_CODE_CELL_LINES} lines: {long}"
+
+
+def _needs_gpu(node) -> bool:
+    """Source that asks for a GPU: a skip on ``cuda.is_available``, ``.cuda()``, ``device="cuda"`` or
+    ``torch.device("cuda")``."""
+    import ast
+
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and sub.attr == "is_available" and "cuda" in ast.unparse(sub.value):
+            return True
+        if isinstance(sub, ast.Call):
+            name = ast.unparse(sub.func)
+            if name.endswith(".cuda") and not sub.args:
+                return True
+            if name in ("torch.device", "device") and sub.args and ast.unparse(sub.args[0]) in ("'cuda'",):
+                return True
+            if any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+                   for k in sub.keywords):
+                return True
+    return False
+
+
+def _marked_cuda(decorators) -> bool:
+    import ast
+
+    return any(ast.unparse(d).startswith("pytest.mark.cuda") for d in decorators)
+
+
+def test_every_test_that_needs_a_gpu_carries_the_cuda_mark():
+    """`make unit` runs the GPU's tests by their `cuda` mark: one that skips without a GPU but lacks the mark
+    is never run anywhere. A test needs a GPU when it, its decorators or a module-level name it is decorated
+    with skip on ``cuda.is_available``, or when its body asks for the device (``.cuda()``, ``"cuda"``)."""
+    import ast
+
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark"
+                            and "pytest.mark.cuda" in ast.unparse(n.value) for n in tree.body)
+        gpu_names = {t.id for n in tree.body if isinstance(n, ast.Assign) and _needs_gpu(n.value)
+                     for t in n.targets if isinstance(t, ast.Name)}
+        classes = {f: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test"):
+                continue
+            decorators = fn.decorator_list + getattr(classes.get(fn), "decorator_list", [])
+            needs = _needs_gpu(fn) or any(isinstance(n, ast.Name) and n.id in gpu_names
+                                          for d in decorators for n in ast.walk(d))
+            if needs and not (module_marked or _marked_cuda(decorators)):
+                unmarked.append(f"{path.name}::{fn.name}")
+    assert not unmarked, f"these tests need a GPU but lack @pytest.mark.cuda: {unmarked}"
