@@ -28,7 +28,7 @@ def test_floor_accepts_the_bytes_over_the_read_ceiling():
     (-1.0, "not_a_number"),
     (BYTES / (COPY * 1e6), "copy_ceiling"),
     (ROWS * VOCAB * 2 / (READ * 1e6), "bytes_per_logit"),       # counted bf16's 2 bytes
-    (ROWS * VOCAB / (READ * 1e6), "bytes_per_logit"),           # counted logits, not bytes
+    (ROWS * VOCAB / (READ * 1e6), "quarter"),                   # logits, not bytes (or 64 rows)
     (2 * BYTES / (READ * 1e6), "read_and_write"),
     (BYTES / (READ * 1e12), "units"),                           # seconds
     (BYTES / (READ * 1e9), "units"),                            # milliseconds

@@ -177,5 +177,11 @@ def show_solution(exercise: str) -> Source:
     answer = getattr(module, name)
     if inspect.isfunction(answer) or inspect.isclass(answer):
         return Source(inspect.getsource(answer).rstrip())
-    lines = [line for line in inspect.getsource(module).splitlines() if line.startswith(f"{name} =")]
-    return Source(lines[0] if lines else f"{name} = {answer!r}")
+    lines = inspect.getsource(module).splitlines()
+    at = next((i for i, line in enumerate(lines) if line.startswith(f"{name} =")), None)
+    if at is None:
+        return Source(f"{name} = {answer!r}")
+    start = at  # the comment lines right above the value explain it: they belong to the solution
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    return Source("\n".join(lines[start:at + 1]))

@@ -37,14 +37,16 @@ def _close(value: float, target: float) -> bool:
         "copy_ceiling": "you divided by the copy bandwidth: a copy's TB/s counts bytes read and bytes "
                         "written, while a sampler only reads its logits. Use the read ceiling (fp32 argmax).",
         "bytes_per_logit": "your bytes per logit are off: an fp32 logit is 4 bytes.",
+        "quarter": "a quarter of the floor: either each logit counted as one byte, or a quarter of the rows "
+                   "(64, the drafter's batch, is not this sampler's 256 rows).",
         "read_and_write": "you counted the logits twice, as if they were read and written: a sampler reads "
                           "them once and writes only one token id per row.",
         "units": "your answer is off by a power of ten: bytes / (TB/s x 1e12) gives seconds; the answer is "
                  "in microseconds (x 1e6).",
         "measured": "that is the kernel's measured time, not its floor: the floor is the time a kernel that "
                     "did nothing but read the logits would take.",
-        "off": "not within 2% of the floor: rows x vocab x 4 bytes, over the read ceiling in bytes per "
-               "microsecond (TB/s x 1e6).",
+        "off": "not within 2% of the floor: which bytes must the sampler read at the least, and how fast "
+               "can the H200 read them? Mind the units.",
     },
 )
 def check_floor(answer, verdict):
@@ -62,7 +64,8 @@ def check_floor(answer, verdict):
     measured = bench.frame(report, "gumbel").query(
         "impl == @bench.JUDGED and rows == @rows and vocab == @vocab and dtype == @dtype")["median_us"]
     verdict.require(not _close(answer, floor_us(rows, vocab, dtype, limits["copy"])), "copy_ceiling")
-    verdict.require(not any(_close(answer, n * logits_over_read) for n in (1, 2)), "bytes_per_logit")
+    verdict.require(not _close(answer, logits_over_read), "quarter")  # 1 byte per logit = 64 rows of 4
+    verdict.require(not _close(answer, 2 * logits_over_read), "bytes_per_logit")
     verdict.require(not _close(answer, 2 * floor), "read_and_write")
     verdict.require(not any(_close(answer, floor * 10.0 ** e) for e in (-9, -6, -3, 3, 6, 9)), "units")
     verdict.require(not any(_close(answer, m) for m in measured), "measured")
@@ -77,13 +80,15 @@ MAX_NUM_REQS = 64
     "ch5.replayed_rows",
     solution="performance:replayed_rows",
     todo="write replayed_rows(live_batch, capture_sizes): the number of rows a drafter step processes for "
-         "live_batch requests, given the batch sizes that have a CUDA graph",
+         "live_batch requests, given the batch sizes that have a CUDA graph (in any order)",
     hints={
         "not_int": "replayed_rows must return an int, the number of rows the step processes.",
         "too_few": "you replayed fewer rows than there are live requests: those requests would drop out of "
                    "the step. A graph can only serve a batch it holds: take a captured size >= the batch.",
         "exact_fit": "a batch that equals a captured size fits that graph exactly, yet you padded it to a "
                      "larger one: compare with >=, not >.",
+        "no_padding": "you returned the batch itself: a batch that a captured graph holds replays that "
+                      "graph, padding rows included, and the graph's size is what the step processes.",
         "not_smallest": "you replayed a graph larger than needed: every extra row is padding the GPU "
                         "computes for nothing. Take the smallest captured size that holds the batch.",
         "unsorted": "with the capture sizes listed largest first you picked the wrong one: the list need "
@@ -103,6 +108,7 @@ def check_replayed_rows(answer, verdict):
         verdict.require(got >= live, "too_few", said)
         next_up = min((s for s in sizes if s > live), default=None)
         verdict.require(not (live in sizes and got == next_up), "exact_fit", said)
+        verdict.require(got != live or live == padded, "no_padding", said)
         verdict.require(got == padded, "not_smallest",
                         f"A live batch of {live} got {got} rows; the H200 run replayed {padded}.")
     live = sizes[2] + 1
