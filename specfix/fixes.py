@@ -26,6 +26,10 @@ class Fixes:
     pad_idx_mapping: bool = True
     #: vLLM PR #47066: DFlash input preparation pads ``sample_idx_mapping`` with -1, not 0 (chapter 3).
     dflash_pad_idx: bool = True
+    #: vLLM 0.33 Model Runner V2 (not 0.25): ``gather_draft_sampled`` marks the draft slots of a step that
+    #: starts inside the prefill as -1 before verification, so the zeros the draft table fed there are
+    #: rejected, not judged as drafts (chapter 1).
+    mark_placeholder_drafts: bool = True
 
     @classmethod
     def names(cls) -> list[str]:
@@ -56,6 +60,7 @@ FIX_SITES: dict[str, tuple[str, ...]] = {
     "mask_invalid_reqs": ("specfix.mrv2.gumbel:gumbel_block_argmax",),
     "pad_idx_mapping": ("specfix.mrv2.speculator:DraftModelSpeculator._copy_request_inputs",),
     "dflash_pad_idx": ("specfix.mrv2.dflash:prepare_dflash_inputs",),
+    "mark_placeholder_drafts": ("specfix.mrv2.draft_slots:gather_draft_sampled",),
 }
 
 _MARK = {"# [fix]": "+", "# [no fix]": "-"}

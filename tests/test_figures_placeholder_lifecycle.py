@@ -137,3 +137,29 @@ def test_comparison_table_names_the_runs_and_the_word():
     assert list(table.index) == ["verified by both runs", "only by the zero run", "only by the clamp run"]
     assert table.loc["only by the clamp run", "real drafts"] == 4
     assert "right after 'the'" in table.columns and "accepted (zero run)" in table.columns
+
+
+def test_the_runner_paths_table_and_text_read_the_rows():
+    from specfix.lab import placeholder_lifecycle as lab
+
+    rows = {name: {"cached tokens": 16, "scheduler sends": [-1, -1], "embedding reads": [0, 0],
+                   "verification sees": [-1, -1], "emitted": [5], "placeholders accepted": 0, "error": None}
+            for name in lab.RUNNER_PATHS}
+    names = list(lab.RUNNER_PATHS)
+    rows[names[1]] = {"error": "IndexError: index out of range in self"}
+    rows[names[3]] = dict(rows[names[2]], **{"verification sees": [0, 0], "emitted": [0, 7],
+                                             "placeholders accepted": 1})
+    table = figs.runner_paths_table(rows, VOCAB)
+    assert table.loc[names[1], "embedding reads"] == "IndexError: index out of range in self"
+    assert table.loc[names[3], "verification sees"] == f"0 ({VOCAB[0]}) 0 ({VOCAB[0]})"
+    text = figs.runner_paths_text(rows, VOCAB)
+    assert "found 16 of its 17 tokens" in text and "as the V1 runner did" in text
+    assert "1 of the 2 zero slots" in text and f"7 ({VOCAB[7]})" in text
+    rows[names[2]] = dict(rows[names[2]], emitted=[6])
+    assert f"the V1 runner emitted 5 ({VOCAB[5]})" in figs.runner_paths_text(rows, VOCAB)
+
+
+def test_the_sources_table_adds_the_share():
+    table = figs.sources_table({"a": {"draft slots": 8, "-1 slots": 2},
+                                "b": {"draft slots": 0, "-1 slots": 0}})
+    assert table.loc["a", "share of -1"] == 0.25 and math.isnan(table.loc["b", "share of -1"])

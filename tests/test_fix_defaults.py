@@ -83,6 +83,17 @@ def test_dflash_pad_idx_by_default():
     assert torch.equal(drafter.draft_logits[0], own_rows)
 
 
+def test_mark_placeholder_drafts_by_default():
+    """Model Runner V2's zeroed draft slots of a prefilled request reach verification as -1, not as 0."""
+    engine = LLMEngine(num_speculative_tokens=3, sampler_backend="torch", record=True, model_runner="v2")
+    engine.add_request("the fox saw the crow and", SamplingParams(temperature=0.0, max_tokens=4),
+                       remote_prefill=True)
+    engine.step()
+    step = engine.model_runner.trace[0]
+    assert step.embedding_input[1:4].tolist() == [0, 0, 0]
+    assert step.spec_decode_metadata.draft_token_ids.tolist() == [PLACEHOLDER_TOKEN_ID] * 3
+
+
 def test_every_switch_has_a_test():
     tests = {name for name in dir(sys.modules[__name__]) if name.endswith("_by_default")}
     assert tests == {f"test_{name}_by_default" for name in Fixes.names()}

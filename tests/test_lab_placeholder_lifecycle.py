@@ -77,3 +77,42 @@ def test_without_the_check_the_random_path_accepts_placeholders(models):
 def test_negative_draft_run_needs_k(models):
     with pytest.raises(ValueError, match="k must be an int >= 1"):
         lab.negative_draft_run(Fixes(), ["the mice"], models, k=0)
+
+
+# -- a -1 from the prefix cache, on both runners -----------------------------------------------------------
+
+def test_the_repeated_prompt_is_one_token_longer_than_a_block():
+    from specfix.tokenizer import get_tokenizer
+    from specfix.v1.scheduler import BLOCK_SIZE
+
+    tok = get_tokenizer()
+    ids = tok.encode(lab.REPEATED_PROMPT)
+    assert len(ids) == BLOCK_SIZE + 1
+    assert int(load_models("cpu")[0].score(ids)[-1].argmax()) == 0  # the next word is token 0
+
+
+@pytest.fixture(scope="module")
+def paths():
+    return lab.runner_paths(models=load_models("cpu"))
+
+
+def test_runner_paths_follow_one_placeholder_through_both_runners(paths):
+    v1, v1_off, v2, v2_off = (paths[name] for name in lab.RUNNER_PATHS)
+    for row in (v1, v2, v2_off):
+        assert row["cached tokens"] == 16 and row["scheduler sends"] == [-1, -1, -1]
+        assert row["embedding reads"] == [0, 0, 0]
+    assert v1_off["error"].startswith("IndexError")
+    assert v1["verification sees"] == v2["verification sees"] == [-1, -1, -1]
+    assert v1["emitted"] == v2["emitted"] == [0]
+    assert v1["placeholders accepted"] == v2["placeholders accepted"] == 0
+    assert v2_off["verification sees"] == [0, 0, 0]
+    assert v2_off["placeholders accepted"] == 1 and v2_off["emitted"][0] == 0 and len(v2_off["emitted"]) == 2
+
+
+def test_placeholder_sources_count_the_slots_each_deployment_gets():
+    counts = lab.placeholder_sources(num_prompts=3, max_tokens=8, models=load_models("cpu"))
+    assert counts["one node, new prompts"]["-1 slots"] == 0
+    assert counts["one node, a prompt sent again (prefix cache)"]["-1 slots"] == 3  # the repeat's first step
+    assert counts["P/D decode node"]["-1 slots"] == 3 * 3  # each prompt's first decode
+    async_run = counts["one node, async scheduling"]
+    assert async_run["-1 slots"] == async_run["draft slots"] > 0  # every slot is sent as -1, then filled

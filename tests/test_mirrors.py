@@ -14,6 +14,7 @@ MIRRORING = {
     "v1.spec_decode_metadata": "vllm/v1/spec_decode/metadata.py",
     "v1.rejection_sampler": "vllm/v1/sample/rejection_sampler.py",
     "mrv2.gumbel": "vllm/v1/worker/gpu/sample/gumbel.py",
+    "mrv2.draft_slots": "vllm/v1/worker/gpu/spec_decode/rejection_sampler.py",
 }
 
 

@@ -299,3 +299,59 @@ def test_a_bad_sampled_id_leaves_every_request_unchanged():
     with pytest.raises(ValueError, match="sampled_token_ids of 'b'"):
         _run(sched, out, {"a": [8], "b": [VOCAB]})      # "a" is fine, "b" is out of range
     assert _snapshot(sched) == before
+
+
+# -- prefix caching: where a single node makes placeholders ------------------------------------------------
+
+def _finish(sched, req_id, prompt, block_size=4):
+    """Run ``req_id`` (prompt then one sampled token) to the end, so its blocks are cached."""
+    sched.add_request(Request(req_id, prompt, SamplingParams(max_tokens=1)))
+    out = sched.schedule()
+    _run(sched, out, {req_id: [7]})
+
+
+@pytest.mark.parametrize("length, cached, padded", [
+    (9, 8, True),    # one more than two blocks of 4: the cache holds all but the last token
+    (10, 8, False),  # two tokens left: a prefill, not a decode
+    (8, 4, False),   # a whole number of blocks: the last block holds the last token, which must be computed
+])
+def test_a_repeated_prompt_starts_from_its_cached_blocks(length, cached, padded):
+    sched = _sched(enable_prefix_caching=True, block_size=4)
+    prompt = list(range(20, 20 + length))
+    _finish(sched, "first", prompt)
+    sched.add_request(Request("again", list(prompt), SamplingParams()))
+    out = sched.schedule()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == cached
+    assert out.num_scheduled_tokens["again"] == (4 if padded else length - cached)
+    assert out.scheduled_spec_decode_tokens.get("again") == ([-1, -1, -1] if padded else None)
+
+
+def test_a_block_matches_only_behind_the_same_prefix():
+    sched = _sched(enable_prefix_caching=True, block_size=4)
+    _finish(sched, "first", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    sched.add_request(Request("other", [0, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams()))  # only block 2 equal
+    out = sched.schedule()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert out.num_scheduled_tokens["other"] == 9
+
+
+def test_prefix_caching_is_off_by_default_and_checked():
+    sched = _sched(block_size=4)
+    _finish(sched, "first", list(range(9)))
+    sched.add_request(Request("again", list(range(9)), SamplingParams()))
+    assert sched.schedule().num_scheduled_tokens["again"] == 9
+    with pytest.raises(TypeError, match="enable_prefix_caching must be a bool"):
+        _sched(enable_prefix_caching=1)
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        _sched(block_size=0)
+
+
+def test_blocks_are_cached_from_committed_tokens_only():
+    """A decode's drafts are scheduled, not committed: their block is not cached (vLLM caps at num_tokens)."""
+    sched = _sched(enable_prefix_caching=True, block_size=4)
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=8)))
+    _run(sched, sched.schedule(), {"a": [4]})
+    sched.update_draft_token_ids(DraftTokenIds(["a"], [[5, 6, 7]]))
+    sched.schedule()  # 4 tokens scheduled from position 3: [4, 5, 6, 7], only token 4 is committed
+    assert sched.cached_block_hashes == set(sched.block_hashes([1, 2, 3, 4]))
+    assert sched.block_hashes([1, 2, 3, 4, 5]) == sched.block_hashes([1, 2, 3, 4])

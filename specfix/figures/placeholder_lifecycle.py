@@ -1,5 +1,6 @@
 """Chapter 1's figures and tables: one engine step's tensors as coloured token grids, the acceptance plots,
-and the tables that compare placeholder designs.
+the tables that compare placeholder designs, and one placeholder on both model runners, with the sentences
+that read those tables.
 
 Every grid cell is one token id with its word under it; colours (from :mod:`specfix.figures.style`) say what
 the cell is: a ``-1`` placeholder, an id that was ``-1`` one stage earlier, an unused cell, or padding.
@@ -231,3 +232,58 @@ def comparison_table(summary: Mapping[str, Mapping[str, int]], name_a: str, name
                            f"right after {word!r}": g["after token_id"]}
             for group, g in summary.items()}
     return pd.DataFrame(rows).T
+
+
+def _words(ids: Sequence[int], vocab: Sequence[str]) -> str:
+    return " ".join(f"{t} ({vocab[t]})" if 0 <= t < len(vocab) else str(t) for t in ids)
+
+
+def runner_paths_table(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[str]):
+    """:func:`specfix.lab.placeholder_lifecycle.runner_paths` as a table: one row per runner and switch, the
+    draft slots' ids at each stage (with their words), what the step emitted, or the error it raised."""
+    import pandas as pd
+
+    table = {}
+    for name, row in rows.items():
+        if row["error"]:
+            table[name] = {"scheduler sends": "", "embedding reads": row["error"], "verification sees": "",
+                           "step emits": "", "placeholders accepted": ""}
+            continue
+        table[name] = {"scheduler sends": str(row["scheduler sends"]),
+                       "embedding reads": _words(row["embedding reads"], vocab),
+                       "verification sees": _words(row["verification sees"], vocab),
+                       "step emits": _words(row["emitted"], vocab),
+                       "placeholders accepted": row["placeholders accepted"]}
+    return pd.DataFrame(table).T
+
+
+def runner_paths_text(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[str]) -> str:
+    """What the runner-paths table shows, in sentences built from its values (Markdown)."""
+    v1, v1_off, v2, v2_off = rows.values()
+    cached, k = v2["cached tokens"], len(v2["scheduler sends"])
+    same = (v2["emitted"], v2["placeholders accepted"]) == (v1["emitted"], v1["placeholders accepted"])
+    return (
+        f"The repeat found {cached} of its {cached + 1} tokens in the prefix cache, so it started decoding "
+        f"with one token left and the scheduler padded it with `{v2['scheduler sends']}`, on either runner. "
+        f"The V1 runner's embedding read `{v1['embedding reads']}` (the clamp's zeros) while verification "
+        f"saw `{v1['verification sees']}`; without the clamp the step raised `{v1_off['error']}`. "
+        "Model Runner V2 never copies the scheduler's ids: its embedding read "
+        f"`{v2['embedding reads']}` from the request's zeroed draft row, with no clamp anywhere, and "
+        f"`gather_draft_sampled` turned them back into `{v2['verification sees']}` before verification, so "
+        f"the step emitted {_words(v2['emitted'], vocab)} and accepted {v2['placeholders accepted']} "
+        "placeholder slots"
+        + (", as the V1 runner did. " if same
+           else f"; the V1 runner emitted {_words(v1['emitted'], vocab)}. ")
+        + f"Without that marking, verification saw `{v2_off['verification sees']}`: "
+        f"{v2_off['placeholders accepted']} of the {k} zero slots passed as a draft of {vocab[0]!r} and the "
+        f"step emitted {_words(v2_off['emitted'], vocab)}."
+    )
+
+
+def sources_table(counts: Mapping[str, Mapping[str, int]]):
+    """:func:`specfix.lab.placeholder_lifecycle.placeholder_sources` as a table, with the -1 slots' share."""
+    import pandas as pd
+
+    table = pd.DataFrame(counts).T
+    table["share of -1"] = [_rate(row["-1 slots"], row["draft slots"]) for _, row in table.iterrows()]
+    return table

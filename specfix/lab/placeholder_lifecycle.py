@@ -1,4 +1,5 @@
-"""Chapter 1's experiments: who verified what, step by step, and requests that arrive prefilled.
+"""Chapter 1's experiments: who verified what, step by step, requests that arrive prefilled, a prompt the
+prefix cache already holds, and one placeholder followed through both of vLLM's model runners.
 
 :func:`verifications` reads a recorded run (``generate(..., record=True)``) into one
 :class:`Verification` per request and step: where the request stood, which drafts were real, which
@@ -7,7 +8,10 @@ runs of the same greedy workload by (request, position), which separates *how a 
 same in both runs wherever both verified the same position) from *where the drafter was consulted*
 (which differs when one run advances faster). :func:`negative_draft_run` makes the rejection sampler meet
 ``-1`` drafts on its random path (vLLM PR #46533), where vLLM writes them: the first decode of requests that
-arrive prefilled (P/D disaggregation).
+arrive prefilled (P/D disaggregation). :func:`repeated_prompt_engine` makes a ``-1`` on a single node, from a
+prefix-cache hit; :func:`runner_paths` follows that ``-1`` through the V1 runner and Model Runner V2
+(:mod:`specfix.mrv2.draft_slots`), each with its fix on and off; :func:`placeholder_sources` counts the
+``-1`` slots everyday deployments get.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 from specfix.fixes import Fixes
 from specfix.models import NgramLM
-from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams
+from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams, generate
+from specfix.v1.model_runner import StepTrace
 
 #: Story openings from the fables; chapter 1 cycles through them to build a batch.
 STORY_STARTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "the mice",
@@ -149,3 +154,98 @@ def negative_draft_run(fixes: Fixes, prompts: Sequence[str], models: tuple[Ngram
     accepted = sum(any(t != -1 for t in row[row.index(-1):]) for row in rows if -1 in row)
     return {"verifications": engine.scheduler.spec_decoding_stats.num_drafts,
             "rows with an accepted -1": accepted}
+
+
+# -- a -1 on a single node, and on both runners -------------------------------------------------------------
+
+#: 17 tokens, one more than a block of vLLM's default 16 (``specfix.v1.scheduler.BLOCK_SIZE``): a repeat is
+#: cached up to its last token. The target's next word after it is "the", token 0, where a zero in a
+#: placeholder slot passes for a draft.
+REPEATED_PROMPT = "the fox saw the crow sitting on a tree with a piece of cheese and said to"
+#: The ways one placeholder can go, each a (runner, fixes) pair: vLLM's two model runners, each with its fix
+#: and without it.
+_DEFAULT_FIXES = Fixes()
+RUNNER_PATHS = {
+    "V1 runner with the clamp (0.25; 0.33's fallback)": ("v1", Fixes()),
+    "V1 runner without the clamp (before PR #47029)": ("v1", Fixes(clamp_placeholders=False)),
+    "Model Runner V2 (0.33's default)": ("v2", Fixes()),
+    "Model Runner V2 without the marking (as in 0.25)": ("v2", Fixes(mark_placeholder_drafts=False)),
+}
+
+
+def repeated_prompt_engine(*, k: int = 3, model_runner: str = "v1", fixes: Fixes = _DEFAULT_FIXES,
+                           models: tuple[NgramLM, NgramLM] | None = None,
+                           device: torch.device | str = "cpu") -> LLMEngine:
+    """One node with prefix caching on (vLLM's default): :data:`REPEATED_PROMPT` runs to the end as request
+    ``"first"``, then arrives again as ``"repeat"``. Returns the engine after the repeat's first step, which
+    is ``engine.model_runner.trace[-1]``; an error in that step propagates."""
+    engine = LLMEngine(num_speculative_tokens=k, enable_prefix_caching=True, record=True, models=models,
+                       device=device, model_runner=model_runner, fixes=fixes, sampler_backend="torch")
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    engine.add_request(REPEATED_PROMPT, params, request_id="first")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_request(REPEATED_PROMPT, params, request_id="repeat")
+    engine.step()
+    return engine
+
+
+def _draft_slots(step: StepTrace, req_id: str, ids: torch.Tensor) -> list[int]:
+    """``ids`` (one per scheduled token) at ``req_id``'s draft slots: the last ``k`` tokens of its span."""
+    num_drafts = len(step.scheduler_output.scheduled_spec_decode_tokens[req_id])
+    end = sum(step.num_scheduled_tokens[: step.req_ids.index(req_id) + 1])
+    return ids[end - num_drafts: end].tolist()
+
+
+def runner_paths(*, k: int = 3, models: tuple[NgramLM, NgramLM] | None = None,
+                 device: torch.device | str = "cpu") -> dict[str, dict[str, object]]:
+    """The repeat's first step (:func:`repeated_prompt_engine`) on each of :data:`RUNNER_PATHS`: the ids of
+    its draft slots as the scheduler sent them, as the embedding read them and as verification saw them, the
+    tokens the step emitted and how many placeholder slots were accepted; ``"error"`` names what the step
+    raised, if it did."""
+    rows = {}
+    for name, (runner, fixes) in RUNNER_PATHS.items():
+        try:
+            engine = repeated_prompt_engine(k=k, model_runner=runner, fixes=fixes, models=models,
+                                            device=device)
+        except IndexError as err:
+            rows[name] = {"error": f"{type(err).__name__}: {err}"}
+            continue
+        step = engine.model_runner.trace[-1]
+        metadata, start = step.spec_decode_metadata, step.req_ids.index("repeat")
+        first = sum(metadata.num_draft_tokens[:start])
+        rows[name] = {
+            "cached tokens": step.scheduler_output.scheduled_new_reqs[0].num_computed_tokens,
+            "scheduler sends": step.scheduler_output.scheduled_spec_decode_tokens["repeat"],
+            "embedding reads": _draft_slots(step, "repeat", step.embedding_input),
+            "verification sees": metadata.draft_token_ids[first: first + k].tolist(),
+            "emitted": step.sampled_token_ids[start],
+            "placeholders accepted": engine.scheduler.spec_decoding_stats.num_placeholders_accepted,
+            "error": None,
+        }
+    return rows
+
+
+def placeholder_sources(*, k: int = 3, num_prompts: int = 4, max_tokens: int = 12,
+                        models: tuple[NgramLM, NgramLM] | None = None,
+                        device: torch.device | str = "cpu") -> dict[str, dict[str, int]]:
+    """Four everyday deployments, run live: how many draft slots each verified and how many of them the
+    scheduler wrote as placeholders (``-1``). New prompts on one node; a prompt sent twice with prefix caching
+    on; a P/D decode node (every prompt prefilled elsewhere); one node with async scheduling."""
+    prompts = story_prompts(num_prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    common = dict(num_speculative_tokens=k, models=models, device=device, record=True,
+                  sampler_backend="torch")
+    runs = {
+        "one node, new prompts": generate(prompts, params, enable_prefix_caching=True, **common).trace,
+        "one node, a prompt sent again (prefix cache)":
+            repeated_prompt_engine(k=k, models=models, device=device).model_runner.trace,
+        "P/D decode node": generate(prompts, params, remote_prefill=True, **common).trace,
+        "one node, async scheduling": generate(prompts, params, async_scheduling=True, **common).trace,
+    }
+    return {name: {"draft slots": sum(len(d) for step in trace
+                                      for d in step.scheduler_output.scheduled_spec_decode_tokens.values()),
+                   "-1 slots": sum(sum(step.scheduler_output.num_placeholder_spec_tokens.values())
+                                   for step in trace)}
+            for name, trace in runs.items()}
+

@@ -5,21 +5,23 @@ Mirrors ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``_update_a
 (``AsyncScheduler``), ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``), ``vllm/v1/request.py``
 (``Request``), ``vllm/sampling_params.py`` (``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py``
 (``SpecDecodingStats``), cut down to what speculative decoding needs: no KV-block manager, no
-preemption, no prefix cache, no structured output (so no grammar), no dynamic k.
+preemption, no structured output (so no grammar), no dynamic k. The prefix cache is kept to what decides
+how many tokens a new request has left (``enable_prefix_caching``, see below).
 
 Where a ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters ``scheduled_spec_decode_tokens``, as in vLLM 0.33:
 
 * ``Scheduler`` (synchronous scheduling) pads one kind of request: a *waiting* request with exactly one
   token left to compute (the first decode on a P/D disaggregated decode node, whose prompt KV came from
-  a prefill node; or a one-token prompt) is scheduled as ``1 + k`` tokens with drafts ``[-1] * k``
-  (vLLM PR #45237), so that the step keeps the uniform ``1 + k`` query length a FULL CUDA graph
-  replays. vLLM's conditions are kept: no running prefill chunk was scheduled in this step, the request
-  has KV already or a running request was scheduled before it, and if ``1 + k`` does not fit in the
-  token budget the waiting loop stops rather than schedule the request unpadded. (vLLM also checks that
-  ``1 + k + 1`` positions fit in ``max_model_len``; ``add_request`` here reserves room for k drafts
-  past ``max_tokens``, so that always holds.) A *running* request is scheduled with ``1 + len(drafts)`` tokens
-  and never padded: a drafter that proposed fewer than k tokens (the n-gram drafter, which proposes
-  nothing when it finds no match) simply gets fewer slots.
+  a prefill node; a prompt the prefix cache holds up to its last token; or a one-token prompt) is
+  scheduled as ``1 + k`` tokens with drafts ``[-1] * k`` (vLLM PR #45237; not in 0.24.0), so that the
+  step keeps the uniform ``1 + k`` query length a FULL CUDA graph replays. vLLM 0.33's conditions are
+  kept: no running prefill chunk was scheduled in this step, the request has KV already or a running
+  request was scheduled before it (0.25.0 asked for the running request in every case), and if ``1 + k``
+  does not fit in the token budget the waiting loop stops rather than schedule the request unpadded.
+  (vLLM also checks that ``1 + k + 1`` positions fit in ``max_model_len``; ``add_request`` here reserves
+  room for k drafts past ``max_tokens``, so that always holds.) A *running* request is scheduled with
+  ``1 + len(drafts)`` tokens and never padded: a drafter that proposed fewer than k tokens (the n-gram
+  drafter, which proposes nothing when it finds no match) simply gets fewer slots.
 * ``AsyncScheduler`` schedules step N + 1 before step N's tokens and drafts are known. After scheduling
   (``_update_after_schedule``) it gives *every* scheduled request that is past its prefill ``[-1] * k``
   as its next drafts (``_spec_token_placeholders``, sized by the step's ``num_spec_tokens_to_schedule``)
@@ -27,12 +29,26 @@ Where a ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters ``scheduled_spec_decode_tokens`
   previous step's real proposals over those ``-1`` on the device before the forward. Only a request
   the runner has no proposals for (not in its previous step) keeps its ``-1`` up to the embedding.
 
+Prefix caching (on by default in vLLM: ``CacheConfig.enable_prefix_caching``, ``vllm/config/cache.py``,
+0.24.0 to 0.33.0; off by default here, ``enable_prefix_caching=True`` switches it on). The KV of every full
+block of ``block_size`` tokens a request computes is kept under a hash chained over the whole prefix
+(``hash_block_tokens``, ``vllm/v1/core/kv_cache_utils.py``); a new request starts from the longest run of its
+leading blocks found there, counting at most ``num_tokens - 1`` tokens, because the last token must be
+computed again for its logits (``KVCacheManager.get_computed_blocks``, ``vllm/v1/core/kv_cache_manager.py``
+0.33.0 ~295-306). A repeated prompt whose length is one more than a whole number of blocks therefore has
+exactly one token left, and the scheduler pads it like a P/D decode node's first step. specfix's drafters
+(a draft model, n-gram) are the kind vLLM does this for; for EAGLE and MTP vLLM 0.24 and 0.25 drop the last
+matched block (``single_type_kv_cache_manager.py``), which leaves a block and one token to compute, and
+0.33 on a single node hashes each block with the token after it instead (``num_hash_lookahead_tokens``,
+``vllm/config/vllm.py`` ~678), which gives the same hits as here. specfix never evicts a block.
+
 vLLM also writes ``-1`` for grammar-rejected draft tails, on the async path with structured output
 (``Scheduler.update_draft_token_ids_in_output``); specfix has no grammars, so that path is left out.
 
 ``placeholder_policy="zero"`` is a design alternative chapter 1 measures: pad with token 0 instead.
-vLLM PR #54137 claimed that Model Runner V2's zero-initialised draft table behaves that way; the PR was
-closed without being merged, so this is a what-if, not a description of vLLM.
+vLLM's Model Runner V2 feeds zeros in these slots too, from its zeroed draft table, but 0.33 marks them
+``-1`` again before verification (:mod:`specfix.mrv2.draft_slots`); 0.25 did not, and verified them as
+drafts of token 0, which is what this policy does.
 """
 
 from __future__ import annotations
@@ -47,6 +63,8 @@ from specfix.v1.sampling_metadata import SAMPLING_EPS
 from specfix.v1.snapshot import Snapshot
 
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
+#: vLLM's default ``CacheConfig.block_size`` (``vllm/config/cache.py``, 0.24.0 to 0.33.0).
+BLOCK_SIZE = 16
 #: vLLM's ``_MAX_TEMP``: a random request's temperature is raised to at least this.
 MAX_TEMP = 1e-2
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -296,11 +314,15 @@ class Scheduler:
         max_model_len: int = 256,
         num_spec_tokens: int | None = None,
         placeholder_policy: str = "minus_one",
+        enable_prefix_caching: bool = False,
+        block_size: int = BLOCK_SIZE,
     ):
         check_num_spec_tokens(num_spec_tokens)
+        if not isinstance(enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}")
         for name, value in [("vocab_size", vocab_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("max_model_len", max_model_len)]:
+                            ("max_model_len", max_model_len), ("block_size", block_size)]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if placeholder_policy not in PLACEHOLDER_POLICIES:
@@ -326,6 +348,9 @@ class Scheduler:
         # request can finish while a later step that includes it is still running).
         self._num_steps_in_flight: dict[str, int] = {}
         self.spec_decoding_stats = SpecDecodingStats(self.num_spec_tokens)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_size = block_size
+        self.cached_block_hashes: set[int] = set()  # the prefix cache: one hash per full block computed
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -402,12 +427,34 @@ class Scheduler:
         """How many of a running request's drafts are placeholders: none, they are the drafter's."""
         return 0
 
-    def _pads_new_decode(self, request: Request, running_scheduled: bool, prefill_scheduled: bool) -> bool:
+    def _pads_new_decode(self, request: Request, num_computed_tokens: int, running_scheduled: bool,
+                         prefill_scheduled: bool) -> bool:
         """vLLM PR #45237: a waiting request with one token left starts decoding padded to ``1 + k``."""
         return (self.num_spec_tokens > 0
-                and request.num_tokens - request.num_computed_tokens == 1
+                and request.num_tokens - num_computed_tokens == 1
                 and not prefill_scheduled
-                and (running_scheduled or request.num_computed_tokens > 0))
+                and (running_scheduled or num_computed_tokens > 0))
+
+    def block_hashes(self, token_ids: list[int]) -> list[int]:
+        """One hash per full block of ``token_ids``, each chained to the one before (as vLLM's block hashes
+        are), so a block matches only behind the same prefix."""
+        hashes, parent = [], None
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
+            parent = hash((parent, tuple(token_ids[start: start + self.block_size])))
+            hashes.append(parent)
+        return hashes
+
+    def num_cached_tokens(self, request: Request) -> int:
+        """The tokens of a new request the prefix cache already holds: whole blocks, at most
+        ``num_tokens - 1`` (vLLM's ``get_computed_blocks``); 0 with prefix caching off."""
+        if not self.enable_prefix_caching:
+            return 0
+        hits = 0
+        for block_hash in self.block_hashes(request.all_token_ids[: request.num_tokens - 1]):
+            if block_hash not in self.cached_block_hashes:
+                break
+            hits += 1
+        return hits * self.block_size
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then waiting ones, within the budgets; then count the
@@ -439,14 +486,16 @@ class Scheduler:
 
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
-            n = request.num_tokens - request.num_computed_tokens
-            padded = self._pads_new_decode(request, running_scheduled, prefill_scheduled)
+            computed = request.num_computed_tokens or self.num_cached_tokens(request)
+            n = request.num_tokens - computed
+            padded = self._pads_new_decode(request, computed, running_scheduled, prefill_scheduled)
             if padded:
                 n = 1 + self.num_spec_tokens
                 if n > budget:
                     break  # as vLLM: rather not schedule it than schedule it unpadded
             n = min(n, budget)
             self.waiting.pop(0)
+            request.num_computed_tokens = computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_scheduled[request.request_id] = n
@@ -479,6 +528,9 @@ class Scheduler:
             request.is_prefill_chunk = (request.num_computed_tokens
                                         < request.num_tokens + request.num_output_placeholders)
             self._num_steps_in_flight[req_id] = self._num_steps_in_flight.get(req_id, 0) + 1
+            if self.enable_prefix_caching:  # vLLM's allocate_slots caches min(computed, num_tokens) (~621)
+                self.cached_block_hashes.update(self.block_hashes(
+                    request.all_token_ids[: min(request.num_computed_tokens, request.num_tokens)]))
         self.finished_req_ids = set()
 
     # -- after the model ran ----------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""Model Runner V2's draft slots: what becomes of a scheduler's ``-1`` on vLLM 0.33's default runner.
+
+Mirrors the three places where vLLM 0.33.0's Model Runner V2 (MRV2) treats draft slots unlike the V1
+runner: ``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/states.py``),
+``combine_sampled_and_draft_tokens`` (``vllm/v1/worker/gpu/input_batch.py``) and ``gather_draft_sampled``
+(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). The rest of a step is specfix's V1 runner
+(:mod:`specfix.v1.model_runner`), which this one extends.
+
+1. **A draft table, not the scheduler's ids.** MRV2 reads ``scheduled_spec_decode_tokens`` only for each
+   request's draft *count*. The draft ids it feeds the model come from ``draft_tokens``, one row per
+   request, which the runner writes with the speculator's proposals after every step
+   (``vllm/v1/worker/gpu/model_runner.py``: ``req_states.draft_tokens[input_batch.idx_mapping] =
+   draft_tokens``) and ``add_request`` zeroes when a request arrives (0.24.0, 0.25.0 and 0.33.0 alike).
+   ``combine_sampled_and_draft_tokens`` copies the row into the draft slots of ``input_ids``. A request
+   whose first step is padded (a P/D decode node's first step, a prompt the prefix cache holds up to its
+   last token) so feeds token 0 in its placeholder slots: no ``-1`` reaches the embedding, and MRV2 has no
+   clamp (:meth:`GPUModelRunnerV2._preprocess`).
+2. **Placeholders marked again before verification.** Token 0 is a real token. 0.33's
+   ``gather_draft_sampled`` (a Triton kernel there, a few torch ops here) reads each logits row's input token
+   and sets it to ``-1`` where ``is_placeholder = (local_pos > 0) & (pos - local_pos < prefill_len)``: a draft
+   row of a step that starts inside the request's prefill, where nothing has been drafted yet. The rejection
+   sampler then rejects those slots. 0.24.0 and 0.25.0 verify ``input_ids[logits_indices]`` as they are, so
+   the zeros were judged as drafts and could be accepted (greedy: wherever the target's next token is 0;
+   vLLM PR #54137, closed unmerged, reported BOS emitted this way on P/D decode nodes).
+   ``Fixes.mark_placeholder_drafts`` switches the marking; off, this runner verifies as 0.25's MRV2 did.
+
+Under async scheduling the table is what makes the scheduler's ``-1`` harmless too: MRV2 never scatters
+the scheduler's ids into ``input_ids``, so a request the drafter has not seen yet reads its zeroed row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specfix.fixes import Fixes
+from specfix.models import NgramLM
+from specfix.v1.model_runner import DraftTokenIds, GPUModelRunner
+from specfix.v1.rejection_sampler import PLACEHOLDER_TOKEN_ID
+from specfix.v1.scheduler import SchedulerOutput
+
+_DEFAULT_FIXES = Fixes()
+
+
+def gather_draft_sampled(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    logits_indices: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    expanded_local_pos: torch.Tensor,
+    prefill_len: torch.Tensor,
+    *,
+    fixes: Fixes = _DEFAULT_FIXES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input token and position of every logits row, draft rows of a step that starts in the prefill set
+    to -1 (vLLM 0.33.0 ``spec_decode/rejection_sampler.py``, same arguments).
+
+    Row ``i`` is logits row ``i``: ``expanded_idx_mapping[i]`` is its request's state row,
+    ``expanded_local_pos[i]`` its place in the request's span (0: the last committed token; j > 0: draft j).
+    The draft checked by row ``i`` is the token of row ``i + 1``.
+    """
+    token_ids = input_ids[logits_indices.long()]
+    pos = positions[logits_indices.long()]
+    if fixes.mark_placeholder_drafts:  # [fix]
+        local_pos = expanded_local_pos.to(pos.dtype)  # [fix]
+        step_start = pos - local_pos  # [fix]
+        is_placeholder = (local_pos > 0) & (step_start < prefill_len[expanded_idx_mapping.long()])  # [fix]
+        token_ids = torch.where(is_placeholder, PLACEHOLDER_TOKEN_ID, token_ids)  # [fix]
+    return token_ids, pos
+
+
+class GPUModelRunnerV2(GPUModelRunner):
+    """specfix's runner with MRV2's draft slots (module docstring); same arguments as the V1 runner.
+
+    ``draft_tokens`` [max_num_reqs, k] int64 and ``prefill_len`` [max_num_reqs] are indexed by the request's
+    row of the input batch, which plays MRV2's ``req_state_idx``.
+    """
+
+    def __init__(self, model: NgramLM, **kwargs):
+        super().__init__(model, **kwargs)
+        k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+        rows = self.input_batch.max_num_reqs
+        self.draft_tokens = torch.zeros(rows, k, dtype=torch.int64, device=self.device)
+        self.prefill_len = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self._has_drafts: set[str] = set()  # requests whose table row holds the drafter's proposals
+
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        super()._update_states(scheduler_output)
+        self._has_drafts -= scheduler_output.finished_req_ids
+        for new in scheduler_output.scheduled_new_reqs:  # MRV2's RequestState.add_request
+            row = self.input_batch.req_id_to_index[new.req_id]
+            self.prefill_len[row] = len(new.prompt_token_ids)
+            self.draft_tokens[row].zero_()
+
+    def _prepare_input_ids(self, scheduler_output: SchedulerOutput, req_ids: list[str],
+                           cu_num_scheduled: np.ndarray) -> dict[str, int]:
+        """``combine_sampled_and_draft_tokens``: each request's draft slots get its ``draft_tokens`` row,
+        whatever the scheduler wrote there. Returns, per request, the scheduler's placeholders that the row
+        fills with real proposals (async scheduling)."""
+        self.input_ids.copy_to_gpu(int(cu_num_scheduled[-1]))
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        filled = {}
+        for req_id, end in zip(req_ids, cu_num_scheduled.tolist(), strict=True):
+            num_drafts = len(spec.get(req_id, ()))
+            if num_drafts:
+                row = self.input_batch.req_id_to_index[req_id]
+                self.input_ids.gpu[end - num_drafts: end] = self.draft_tokens[row, :num_drafts]
+                if req_id in self._has_drafts and scheduler_output.num_placeholder_spec_tokens.get(req_id):
+                    filled[req_id] = scheduler_output.num_placeholder_spec_tokens[req_id]
+        return filled
+
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput):
+        """The V1 runner's inputs, then the drafts to verify from ``gather_draft_sampled``."""
+        req_ids, cu_num_scheduled, logits_indices, metadata = super()._prepare_inputs(scheduler_output)
+        if metadata is not None:
+            rows = [self.input_batch.req_id_to_index[r] for r in req_ids]
+            span = np.array(metadata.num_draft_tokens) + 1
+            idx = torch.tensor(np.repeat(rows, span), device=self.device)
+            local_pos = torch.from_numpy(np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span))
+            local_pos = local_pos.to(self.device)
+            draft_sampled, _ = gather_draft_sampled(self.input_ids.gpu, self.positions.gpu, logits_indices,
+                                                    idx, local_pos, self.prefill_len, fixes=self.fixes)
+            metadata.draft_token_ids = draft_sampled[local_pos > 0].to(torch.int32)
+        return req_ids, cu_num_scheduled, logits_indices, metadata
+
+    def _preprocess(self, scheduler_output: SchedulerOutput, num_input_tokens: int):
+        """No clamp: MRV2's ``input_ids`` hold the draft table's ids, never the scheduler's ``-1``."""
+        return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
+
+    def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
+        """The drafter's proposals, also written into each request's ``draft_tokens`` row (MRV2's speculator
+        does this after every step)."""
+        drafts = super().propose_draft_token_ids(req_ids, sampled)
+        if drafts is not None:
+            for req_id, ids in zip(drafts.req_ids, drafts.draft_token_ids, strict=True):
+                row = self.input_batch.req_id_to_index[req_id]
+                self.draft_tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+                self._has_drafts.add(req_id)
+        return drafts
