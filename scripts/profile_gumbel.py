@@ -142,7 +142,7 @@ def main() -> None:
               f"{k['time_us']:8.1f} us  dram {k['dram_pct_of_peak']:5.1f}%  "
               f"issue {k['issue_active_pct']:5.1f}%  {k['instructions_per_logit']:5.1f} inst/logit  "
               f"regs {k['registers_per_thread']:.0f}", flush=True)
-    meta = recorded.gpu_meta()
+    meta = recorded.gpu_meta("gumbel_ncu_h200")
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True, check=False).stdout
     meta["ncu"] = version.strip().splitlines()[-1]
     meta["command"] = "ncu --clock-control none --print-units base --metrics <the metrics below>"

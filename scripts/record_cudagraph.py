@@ -101,7 +101,7 @@ def dflash_golden(device) -> dict:
             torch.cuda.synchronize()
             cases.append({"fix": fix, "num_reqs": num_reqs, "idx": list(idx),
                           "outputs": {n: t.cpu().tolist() for n, t in out.as_dict().items()}})
-    return {"meta": recorded.gpu_meta(), "cases": cases}
+    return {"meta": recorded.gpu_meta("dflash_prepare"), "cases": cases}
 
 
 def main(argv=None) -> int:

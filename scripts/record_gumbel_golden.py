@@ -100,7 +100,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "gumbel_golden.pt"
-    meta = {k: str(v) for k, v in recorded.gpu_meta().items()}  # plain str: loadable with weights_only
+    # plain str (the source hashes a dict of str): loadable with weights_only
+    meta = {k: v if isinstance(v, dict) else str(v) for k, v in recorded.gpu_meta("gumbel_golden").items()}
     torch.save({"meta": meta, "cases": results, "noise": noise}, path)
     print(f"wrote {path}: " + ", ".join(f"{k} tokens {v['tokens'].tolist()}" for k, v in results.items()))
 

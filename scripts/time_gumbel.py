@@ -10,7 +10,8 @@ the host launch is not counted), the masked kernel against the unmasked one, and
 
 ``--sweep`` also times launch configurations (tile, warps, tiles per program, splits per row) of the fast
 kernel at the issue-6 shapes the way ``specfix bench`` does (L2 flushed, CUDA events around each call), checks
-their tokens against the torch reference (exact noise), and writes ``gumbel_sweep.json``;
+their tokens against the torch reference (exact noise), and writes ``gumbel_sweep_h200.json``
+(``gumbel_sweep_before_after_h200.json`` with ``--before``);
 ``--before NAME=PATH`` (repeatable) adds an older ``gumbel.py`` (e.g. ``git show REV:specfix/mrv2/gumbel.py``)
 to compare against, as ``before: NAME``.
 ``--sweep-only`` skips the recording. ``scripts/profile_gumbel.py`` profiles the same kernels with ncu.
@@ -152,8 +153,10 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
     ``before_paths``: ``NAME=PATH`` of older kernels to time beside them."""
     started = time.perf_counter()
     befores = {b.split("=", 1)[0]: load_before(b.split("=", 1)[1]) for b in before_paths}
-    report = {"meta": recorded.gpu_meta(), "checks": [], "configs": [], "graph_one_row": [], "context": {}}
-    path = Path(out_dir) / "gumbel_sweep.json"
+    name = "gumbel_sweep_before_after_h200" if befores else "gumbel_sweep_h200"
+    report = {"meta": recorded.gpu_meta(name), "checks": [], "configs": [], "graph_one_row": [],
+              "context": {}}
+    path = Path(out_dir) / f"{name}.json"
 
     def save():
         report["elapsed_s"] = round(time.perf_counter() - started, 1)

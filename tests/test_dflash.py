@@ -118,3 +118,35 @@ def test_unfixed_padding_corrupts_request_state_zero(fix):
     # slot 2 (batch row 0) is never hit
     own = model(drafter.inputs.input_ids[1:4], drafter.inputs.positions[1:4])
     assert torch.equal(drafter.draft_logits[2], own)
+
+
+def test_each_draw_is_keyed_by_the_position_before_it_with_the_drafting_salt():
+    """vLLM 0.33's DFlash samples the token at position P with the draw keyed by P - 1, as a drafter's."""
+    from specfix.mrv2.gumbel import gumbel_sample
+
+    v, m, k = 16, 4, 3
+    drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k)
+    drafter.temperature.copy_(torch.tensor([0.7, 1.0, 1.3, 2.0]))
+    drafter.seeds.copy_(torch.tensor([11, 22, 33, 44]))
+    tokens = drafter.propose(2, torch.tensor([2, 0]), torch.arange(m), torch.arange(m) * 3 + 5, padded=False)
+    inp, n = drafter.inputs, 2 * k
+    logits = drafter.model(inp.input_ids, inp.positions)[inp.sample_indices[:n]].contiguous()
+    def draw(pos, **kw):
+        return gumbel_sample(logits, inp.sample_idx_mapping[:n], drafter.temperature, drafter.seeds, pos,
+                             True, **kw)
+    assert torch.equal(tokens.flatten(), draw(inp.sample_pos[:n] - 1, is_drafting=True))
+    assert not torch.equal(tokens.flatten(), draw(inp.sample_pos[:n], is_drafting=True))  # the key matters
+
+
+def test_sample_idx_mapping_is_int64_and_names_no_request_at_allocation_and_capture():
+    v, m, k = 16, 4, 3
+    drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k,
+                            fixes=Fixes(dflash_pad_idx=False))
+    idx = drafter.inputs.sample_idx_mapping
+    assert idx.dtype == torch.int64 and idx.tolist() == [-1] * (m * k)        # vLLM 0.33: full of -1
+    drafter.propose(2, torch.tensor([2, 0]), torch.arange(m), torch.arange(m))   # unfixed: padding -> slot 0
+    drafter.reset_for_capture()                                                  # what capture does first
+    before = drafter.draft_logits.clone()
+    drafter._sample(m * k)                                                       # the captured step
+    assert idx.tolist() == [-1] * (m * k) and torch.equal(drafter.draft_logits, before)
+

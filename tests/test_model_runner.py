@@ -23,6 +23,14 @@ def _runner(models, k=3, fixes=None, **kw):
     return GPUModelRunner(target, drafter=drafter, fixes=fixes or Fixes(), sampler_backend="torch", **kw)
 
 
+def test_default_capture_sizes_are_vllm_0_33s_v1_rule(models):
+    # 4 requests, k = 2, 64 batched tokens: multiples of 1 + k up to min(4 * 3 * 2, 512) = 24
+    assert _runner(models, k=2, max_num_reqs=4, max_num_batched_tokens=64).cudagraph_capture_sizes == [
+        3, 6, 9, 12, 18, 24]
+    no_spec = _runner(models, k=0, max_num_reqs=4, max_num_batched_tokens=64)
+    assert no_spec.cudagraph_capture_sizes == [1, 2, 4, 8]
+
+
 def test_cumsum_and_arange():
     cu, arange = cumsum_and_arange(np.array([2, 5, 3]))
     assert cu.tolist() == [2, 7, 10] and arange.tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]

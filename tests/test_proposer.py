@@ -1,5 +1,8 @@
 """The drafters: n-gram prompt lookup by hand, the draft model's greedy drafts, and bad histories refused."""
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -8,14 +11,60 @@ from specfix.models import load_models
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
 
 TARGET, DRAFT = load_models("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ngram_lookup_by_hand():
-    ngram = NgramProposer(3)
+    ngram = NgramProposer(3, 1, 3)
     # the last two tokens (7, 8) occurred before, followed by 9, 1, 7
     assert ngram.propose([5, 7, 8, 9, 1, 7, 8]) == [9, 1, 7]
     assert ngram.propose(np.array([4, 5, 6], dtype=np.int32)) == []  # no earlier occurrence: no drafts
     assert ngram.propose([3]) == []
+
+
+def test_ngram_takes_the_longest_match_and_its_earliest_occurrence():
+    ngram = NgramProposer(2, 1, 3)
+    # (7, 8) occurs at 0 (then 1, 2) and at 4 (then 3, 4); vLLM takes the earliest: 1, 2
+    assert ngram.propose([7, 8, 1, 2, 7, 8, 3, 4, 7, 8]) == [1, 2]
+    # a longer match wins over an earlier shorter one: (5, 7, 8) at 5 is followed by 6
+    assert ngram.propose([7, 8, 0, 0, 0, 5, 7, 8, 6, 5, 7, 8]) == [6, 5]
+
+
+def test_ngram_defaults_are_vllms_and_max_model_len_caps_the_drafts():
+    assert (NgramProposer(3).prompt_lookup_min, NgramProposer(3).prompt_lookup_max) == (5, 5)
+    history = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3, 4, 5]
+    assert NgramProposer(3).propose(history) == [9, 8, 1]
+    assert NgramProposer(3, max_model_len=14).propose(history) == [9, 8]  # 12 tokens + 2 drafts = 14
+    assert NgramProposer(3, max_model_len=12).propose(history) == []
+    assert NgramProposer(3).propose(history[5:]) == []                      # no earlier 5-gram
+
+
+def _vllm_ngram(version: str):
+    """vLLM's own ``_find_longest_matched_ngram_and_propose_tokens`` read from .peer/src/, numba's jit
+    replaced by the identity (the function is plain Python over numpy); None without the source."""
+    path = ROOT / ".peer/src" / version / "vllm/v1/spec_decode/ngram_proposer.py"
+    if not path.exists():
+        return None
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+              and n.name == "_find_longest_matched_ngram_and_propose_tokens")
+    fn.decorator_list = []
+    scope = {"np": np}
+    exec(compile(ast.Module([fn], []), str(path), "exec"), scope)
+    return scope[fn.name]
+
+
+def test_ngram_matches_vllm_0_33_on_random_histories():
+    vllm = _vllm_ngram("0.33.0")
+    if vllm is None:
+        pytest.skip("needs vLLM 0.33.0's source in .peer/src/ (../shared/peer/fetch-vllm-source.sh)")
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        ids = rng.integers(0, 4, size=int(rng.integers(1, 40)))
+        lo = int(rng.integers(1, 4))
+        hi, k, max_len = lo + int(rng.integers(0, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 50))
+        ours = NgramProposer(k, lo, hi, max_model_len=max_len).propose(ids)
+        assert ours == vllm(ids, lo, hi, max_len, k).tolist(), (ids.tolist(), lo, hi, k, max_len)
 
 
 def test_draft_model_proposes_k_greedy_tokens():
@@ -53,5 +102,7 @@ def test_bad_settings_are_refused():
         NgramProposer(3, 1.5, 3)
     with pytest.raises(ValueError, match="need 1 <= prompt_lookup_min <= prompt_lookup_max"):
         NgramProposer(3, 3, 2)
+    with pytest.raises(ValueError, match="max_model_len must be >= 1, got 0"):
+        NgramProposer(3, max_model_len=0)
     with pytest.raises(TypeError, match="draft_model must be a specfix.models.NgramLM, got str"):
         DraftModelProposer("draft", 3)

@@ -47,6 +47,16 @@ def test_copy_request_inputs(fix):
     assert torch.equal(spec.temperature, TEMP) and torch.equal(spec.seeds, SEEDS)
 
 
+@pytest.mark.parametrize("fix", [True, False])
+def test_a_dummy_run_names_no_request_and_writes_no_draft_logits(fix):
+    spec = _spec(fix)
+    assert spec.idx_mapping.dtype == torch.int64                        # vLLM 0.33's dtype
+    spec.draft_logits.fill_(7.0)
+    _propose(spec, [0, 1, 2], dummy_run=True)   # vLLM 0.33's warm-up batch: an arange over stale slots
+    assert spec.idx_mapping.tolist() == [-1] * M
+    assert bool((spec.draft_logits == 7.0).all())
+
+
 @pytest.mark.parametrize("call,exc,match", [
     (lambda s: s._copy_request_inputs(M + 1, torch.arange(M + 1, dtype=torch.int32), TEMP, SEEDS),
      ValueError, "num_reqs"),

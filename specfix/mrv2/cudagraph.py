@@ -1,6 +1,6 @@
 """CUDA-graph capture sizes, batch dispatch to a captured size, and real capture/replay on a GPU.
 
-Mirrors ``vllm/config/vllm.py`` (``_set_cudagraph_sizes``: which batch sizes get a graph) and
+Mirrors vLLM 0.33.0's ``vllm/config/vllm.py`` (``_set_cudagraph_sizes``: which batch sizes get a graph) and
 ``vllm/v1/worker/gpu/cudagraph_utils.py`` (``dispatch``: the smallest captured size that fits; a
 FULL graph bakes in every per-request shape, so a batch of 5 replays the graph captured for 8 and the
 3 extra rows, the *padded rows*, are processed too, reading whatever the persistent buffers hold there).
@@ -39,6 +39,41 @@ def default_max_capture_size(max_num_seqs: int, num_speculative_tokens: int,
                          f"{max_num_seqs}, {num_speculative_tokens}")
     size = min(max_num_seqs * (1 + num_speculative_tokens) * 2, MAX_CAPTURE_SIZE)
     return size if max_num_batched_tokens is None else min(size, max_num_batched_tokens)
+
+
+def capture_sizes(max_num_seqs: int, num_speculative_tokens: int = 0, max_num_batched_tokens: int = 8192,
+                  *, v1_runner: bool = False) -> list[int]:
+    """vLLM 0.33.0's default capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``, balanced mode,
+    ceiling 512): the grid up to :func:`default_max_capture_size`, ``max_num_batched_tokens`` if it fits,
+    and every uniform decode size ``n * (1 + k)`` for ``n`` on a request-count grid up to ``max_num_seqs``.
+
+    ``v1_runner=True`` then rounds each size up to a multiple of ``1 + k`` and drops those past the
+    largest, as the V1 runner does under FULL decode graphs (``adjust_cudagraph_sizes_for_spec_decode`` in
+    vLLM 0.33.0's ``vllm/config/compilation.py``); MRV2 skips that step (vLLM PR #45953).
+    """
+    for name, value, low in (("max_num_seqs", max_num_seqs, 1),
+                             ("num_speculative_tokens", num_speculative_tokens, 0),
+                             ("max_num_batched_tokens", max_num_batched_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    q = 1 + num_speculative_tokens
+    ceiling = default_max_capture_size(max_num_seqs, num_speculative_tokens)
+    if q > 1:
+        counts = [1, 2, 4, *range(8, 256, 8), *range(256, MAX_CAPTURE_SIZE + 1, 16)]
+        counts = {n for n in counts if n <= max_num_seqs} | {min(max_num_seqs, MAX_CAPTURE_SIZE)}
+        decode = [n * q for n in counts if n * q <= ceiling]
+    else:
+        decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    cap = min(ceiling, max_num_batched_tokens)
+    sizes = {*cudagraph_capture_sizes(cap), *(s for s in decode if s <= max_num_batched_tokens)}
+    if max_num_batched_tokens <= cap:
+        sizes.add(max_num_batched_tokens)
+    if v1_runner and q > 1:
+        top = max(sizes)
+        sizes = {-(-s // q) * q for s in sizes if -(-s // q) * q <= top} or ({q} if q <= top else set())
+        if not sizes:
+            raise ValueError(f"no capture size is a multiple of 1 + k = {q} within {top}")
+    return sorted(sizes)
 
 
 @dataclass(frozen=True)

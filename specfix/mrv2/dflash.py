@@ -5,15 +5,18 @@ A simplified stand-in for ``_prepare_dflash_inputs_kernel`` in
 once: for each request it feeds ``[anchor, MASK x k]`` (the anchor is the request's last sampled token)
 through one non-causal forward and samples the k MASK positions. The kernel writes the query tokens and
 positions, ``query_start_loc`` and ``seq_lens``, and three *sample arrays* (one entry per drafted
-token): ``sample_indices`` (which query row holds its logits), ``sample_pos`` (its position, the key of
-its Gumbel noise) and ``sample_idx_mapping`` (the ``req_state_idx`` whose ``draft_logits`` it fills).
+token): ``sample_indices`` (which query row holds its logits), ``sample_pos`` (its position P; its Gumbel
+draw is keyed by P - 1, the position before it, with the drafting salt, as in vLLM 0.33) and
+``sample_idx_mapping`` (int64, the ``req_state_idx`` whose ``draft_logits`` it fills).
 
 Under a FULL CUDA graph the sampling that follows always processes ``max_num_reqs * k`` entries, so the
 last request's program pads the arrays up to that size. Padded ``sample_indices`` and ``sample_pos`` are
 0 (a valid row: the replay never reads out of bounds). Before vLLM PR #47066 padded
 ``sample_idx_mapping`` was 0 too, which is a real request-state slot: every padded entry wrote the logits
 of query row 0 into ``draft_logits[0]``, overwriting whatever request owns slot 0. With
-``Fixes.dflash_pad_idx`` it is -1, which the sampler skips.
+``Fixes.dflash_pad_idx`` it is -1, which the sampler skips. vLLM 0.33 also allocates
+``sample_idx_mapping`` full of -1 and refills it with -1 before graph capture (0.25 zeroed it there), so the
+capture runs write no request's ``draft_logits`` either (:meth:`DFlashDrafter.reset_for_capture`).
 
 What this stand-in leaves out of vLLM's kernel (the padding of the sample arrays, the bug's site, is
 as there):
@@ -66,7 +69,7 @@ class DFlashInputs:
     seq_lens: torch.Tensor            # [max_num_reqs] int32
     sample_indices: torch.Tensor      # [max_num_reqs * k] int64: query row of each drafted token
     sample_pos: torch.Tensor          # [max_num_reqs * k] int64: its position
-    sample_idx_mapping: torch.Tensor  # [max_num_reqs * k] int32: its req_state_idx
+    sample_idx_mapping: torch.Tensor  # [max_num_reqs * k] int64: its req_state_idx, -1 = none
 
     @classmethod
     def allocate(cls, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
@@ -76,7 +79,8 @@ class DFlashInputs:
         q, s = max_num_reqs * (1 + num_speculative_steps), max_num_reqs * num_speculative_steps
         z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
         return cls(z(q, torch.int64), z(q, torch.int64), z(max_num_reqs + 1, torch.int32),
-                   z(max_num_reqs, torch.int32), z(s, torch.int64), z(s, torch.int64), z(s, torch.int32))
+                   z(max_num_reqs, torch.int32), z(s, torch.int64), z(s, torch.int64),
+                   torch.full((s,), -1, dtype=torch.int64, device=device))
 
     @property
     def max_num_reqs(self) -> int:
@@ -124,7 +128,7 @@ if HAS_TRITON:
         tl.store(sample_indices_ptr + s_start + offs, (q_start + 1 + offs).to(tl.int64), mask=is_sample)
         tl.store(sample_pos_ptr + s_start + offs, anchor_pos + 1 + offs, mask=is_sample)
         tl.store(sample_idx_mapping_ptr + s_start + offs,
-                 tl.zeros([BLOCK], tl.int32) + req_state_idx.to(tl.int32), mask=is_sample)
+                 tl.zeros([BLOCK], tl.int64) + req_state_idx, mask=is_sample)
 
         if batch_idx == num_reqs - 1:
             # The last request's program pads every array up to max_num_reqs for the graph replay.
@@ -147,7 +151,7 @@ if HAS_TRITON:
                 m = (o >= num_reqs * NUM_SPEC) & (o < MAX_NUM_REQS * NUM_SPEC)
                 tl.store(sample_indices_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
                 tl.store(sample_pos_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
-                tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int32) + pad_sample_idx, mask=m)
+                tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + pad_sample_idx, mask=m)
 
 
 def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id,
@@ -239,7 +243,7 @@ def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_t
     n_samples = num_reqs * k
     out.sample_indices[:n_samples] = rows.flatten()
     out.sample_pos[:n_samples] = (anchor_pos[:, None] + 1 + offs[:k]).flatten()
-    out.sample_idx_mapping[:n_samples] = slots.repeat_interleave(k).int()
+    out.sample_idx_mapping[:n_samples] = slots.repeat_interleave(k)
     out.sample_indices[n_samples:] = 0
     out.sample_pos[n_samples:] = 0
     out.sample_idx_mapping[n_samples:] = pad_sample_idx
@@ -304,14 +308,21 @@ class DFlashDrafter:
         rows = self.inputs.sample_indices[:num_samples]
         self.draft_tokens[:num_samples].copy_(self.sampler(
             logits[rows].contiguous(), self.inputs.sample_idx_mapping[:num_samples], self.temperature,
-            self.seeds, self.inputs.sample_pos[:num_samples] + (1 << 30), True,
+            self.seeds, self.inputs.sample_pos[:num_samples] - 1, True,
             processed_logits=self.draft_logits, processed_logits_col=self.columns[:num_samples],
-            fixes=self.fixes))
+            is_drafting=True, fixes=self.fixes))
+
+    def reset_for_capture(self) -> None:
+        """Before capture, as vLLM 0.33: sample rows 0 and ``sample_idx_mapping`` -1 (no request's slot)."""
+        self.inputs.sample_indices.zero_()
+        self.inputs.sample_pos.zero_()
+        self.inputs.sample_idx_mapping.fill_(-1)
 
     def capture_cuda_graph(self) -> None:
         from specfix.mrv2.cudagraph import CapturedStep
 
         full = self.inputs.max_num_reqs * self.inputs.num_speculative_steps
+        self.reset_for_capture()
         self.graph = CapturedStep(lambda _: self._sample(full), [full], self.device)
 
     def propose(self, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,

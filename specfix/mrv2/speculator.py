@@ -121,11 +121,11 @@ class DraftProposal:
 class DraftModelSpeculator:
     """Draft ``k`` tokens per request with probabilistic draft sampling over persistent buffers.
 
-    Buffers (fixed addresses, sized for ``max_num_reqs``): ``idx_mapping`` [max_num_reqs] int32 (zeros at
-    start), ``temperature`` and ``seeds`` (copies of the request-state tables), ``context_ids``
-    [max_num_reqs, context_len] (each row's last tokens: what an n-gram draft model reads; a transformer
-    drafter keeps hidden states and a KV cache instead), ``positions`` [max_num_reqs] (position of each
-    row's last token), ``draft_tokens``
+    Buffers (fixed addresses, sized for ``max_num_reqs``): ``idx_mapping`` [max_num_reqs] int64 as in vLLM
+    0.33 (int32 in 0.25; zeros at start), ``temperature`` and ``seeds`` (copies of the request-state
+    tables), ``context_ids`` [max_num_reqs, context_len] (each row's last tokens: what an n-gram draft model
+    reads; a transformer drafter keeps hidden states and a KV cache instead), ``positions`` [max_num_reqs]
+    (position of each row's last token), ``draft_tokens``
     [max_num_reqs, k] (batch-row order) and ``draft_logits`` [max_num_reqs, k, vocab] float32
     (request-state order).
 
@@ -166,7 +166,7 @@ class DraftModelSpeculator:
         self.vocab_size = vocab_size
         self.dispatcher = CudaGraphDispatcher(max_num_reqs, capture_sizes)
         z = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=self.device)
-        self.idx_mapping = z(max_num_reqs, dtype=torch.int32)
+        self.idx_mapping = z(max_num_reqs, dtype=torch.int64)
         self.temperature = z(max_num_reqs, dtype=torch.float32)
         self.seeds = z(max_num_reqs, dtype=torch.int64)
         self.context_ids = z(max_num_reqs, context_len, dtype=torch.int64)
@@ -184,13 +184,14 @@ class DraftModelSpeculator:
     # -- the step that a graph captures ------------------------------------------------------------
 
     def _copy_request_inputs(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                             seeds: torch.Tensor) -> None:
+                             seeds: torch.Tensor, dummy_run: bool = False) -> None:
         """Copy this step's request inputs into the persistent buffers (outside the graph).
 
         The whole temperature and seed tables are copied (rows are addressed by ``req_state_idx``), and
         the batch's ``idx_mapping`` into ``self.idx_mapping[:num_reqs]``. With ``Fixes.pad_idx_mapping``
         the rows past ``num_reqs`` become -1, so a padded replay writes nothing; without it they keep
-        whatever an earlier step left.
+        whatever an earlier step left. A ``dummy_run`` (a warm-up batch that stands for no request) sets
+        every row to -1, as vLLM 0.33's ``_copy_request_inputs`` does, so it writes no ``draft_logits``.
         """
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
@@ -210,6 +211,9 @@ class DraftModelSpeculator:
                                  f"[0, {self.max_num_reqs}), got {live.tolist()}")
         self.temperature.copy_(temperature)
         self.seeds.copy_(seeds)
+        if dummy_run:
+            self.idx_mapping.fill_(-1)
+            return
         self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
         if self.fixes.pad_idx_mapping:  # [fix]
             self.idx_mapping[num_reqs:].fill_(-1)  # [fix]
@@ -228,20 +232,25 @@ class DraftModelSpeculator:
             context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
 
     def capture_cuda_graphs(self) -> None:
-        """Capture one graph per size on a GPU (warm-up runs write ``draft_logits`` of slot 0: harmless
-        before any request arrives, and what a real engine's dummy runs do too)."""
+        """Capture one graph per size on a GPU.
+
+        ``idx_mapping`` is zeroed first, as vLLM 0.33's ``TargetDependentARSpeculator.capture`` does, so
+        the capture runs write ``draft_logits`` of slot 0: harmless before any request arrives.
+        """
+        self.idx_mapping.zero_()
         self.graphs = CapturedStep(self._draft_step, self.dispatcher.capture_sizes, self.device)
 
     # -- one drafting step ----------------------------------------------------------------------------
 
     def propose(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
                 seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor, *,
-                padded: bool = True, trace: bool = False) -> DraftProposal:
+                padded: bool = True, trace: bool = False, dummy_run: bool = False) -> DraftProposal:
         """Draft k tokens for the ``num_reqs`` batch rows.
 
         ``context_ids`` [num_reqs, context_len]: each row's last tokens; ``positions`` [num_reqs]: the
         position of each row's last token.
-        ``padded=False`` runs eagerly at the exact size (the reference a padded run must match).
+        ``padded=False`` runs eagerly at the exact size (the reference a padded run must match);
+        ``dummy_run=True`` runs the step for no request (every ``idx_mapping`` row -1).
         """
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("positions", positions, min_length=num_reqs)
@@ -254,7 +263,7 @@ class DraftModelSpeculator:
         tokens = context_ids[:num_reqs]
         if device_checks.wanted(tokens) and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
             raise ValueError(f"context_ids must lie in [0, {self.vocab_size}), got {tokens.tolist()}")
-        self._copy_request_inputs(num_reqs, idx_mapping, temperature, seeds)
+        self._copy_request_inputs(num_reqs, idx_mapping, temperature, seeds, dummy_run)
         self.context_ids[:num_reqs].copy_(tokens)
         self.positions[:num_reqs].copy_(positions[:num_reqs])
         batch = self.dispatcher.dispatch(num_reqs) if padded else BatchDescriptor(num_reqs, num_reqs, "NONE")

@@ -13,13 +13,13 @@ time per step over back-to-back steps; the placeholder fixes are timed one step 
 Results are medians with the 20th and 80th percentiles as spread. On a CPU only tiny smoke sizes run,
 Triton kernels through the interpreter: those timings say nothing about speed, and no goal is judged.
 
-Every report carries one ``meta`` block (device, driver, torch, triton, date: ``recorded.gpu_meta()``)
-that labels all its results: one run, one machine.
+Every report carries one ``meta`` block (device, driver, torch, triton, date, commit and the hashes of the
+code it measured: ``recorded.gpu_meta("bench_h200")``) that labels all its results: one run, one machine.
 
 JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
 
     {"schema": "specfix.bench/1",
-     "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda]},  # gpu_meta()
+     "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda], commit, source_hash},
      "config": {"device": "cpu"|"cuda", "scale": "ci"|"full", "cases": [names run]},
      "timing_note": str,                       # what the timings mean (loud on a CPU)
      "elapsed_s": float,
@@ -1065,7 +1065,7 @@ def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] |
     settings = Settings(device, scale, loaded)
     timer = Timer(settings)
     started = time.perf_counter()
-    report = {"schema": SCHEMA, "meta": recorded.gpu_meta(),
+    report = {"schema": SCHEMA, "meta": recorded.gpu_meta("bench_h200"),
               "config": {"device": device.type, "scale": scale, "cases": names},
               "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
               "results": [], "goals": [], "unavailable": [], "errors": []}

@@ -1,24 +1,84 @@
 """Results recorded on a GPU and shipped with the repo, so CPU-only readers see real GPU evidence.
 
-Every recording is a JSON file under ``specfix/recorded/`` with a ``meta`` block (device, driver,
-versions, date) written by :func:`save`; scripts under ``scripts/`` produce them on a GPU machine, and
-notebooks show them with :func:`label` so that a reader always knows where a number came from.
+Every recording is a JSON file under ``specfix/recorded/`` (or a golden file under ``tests/golden/``) with a
+``meta`` block (device, driver, versions, date, and the code it measured: the commit and a hash of each
+source file in :data:`SOURCES`) written by :func:`save` or :func:`gpu_meta`; scripts under ``scripts/``
+produce them on a GPU machine, and notebooks show them with :func:`label` so that a reader always knows
+where a number came from, and whether the code has changed since. A recording made before recordings named
+their code carries ``"stale"``: a sentence that says so, which :func:`label` shows.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
 from specfix import runtime
 
-RECORDED_DIR = Path(__file__).resolve().parents[1] / "recorded"
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED_DIR = ROOT / "specfix" / "recorded"
+GOLDEN_DIR = ROOT / "tests" / "golden"
+
+_GUMBEL = ("specfix/mrv2/gumbel.py", "specfix/mrv2/gumbel_constants.py")
+#: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
+#: code it measured: the script that records it and the modules that script runs.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "bench_h200": ("specfix/tools/bench.py", *_GUMBEL, "specfix/lab/placeholder_fixes.py",
+                   "specfix/mrv2/speculator.py", "specfix/v1/rejection_sampler.py"),
+    "cudagraph_h200": ("scripts/record_cudagraph.py", "specfix/mrv2/cudagraph.py",
+                       "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/lab/padding_bench.py",
+                       "specfix/lab/invariance.py", *_GUMBEL),
+    "embedding_assert_ops": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py"),
+    "embedding_assert_transcripts": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py",
+                                     "specfix/models.py", "specfix/v1/engine.py",
+                                     "specfix/v1/model_runner.py"),
+    "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", *_GUMBEL),
+    "gumbel_perf": ("scripts/time_gumbel.py", *_GUMBEL),
+    "gumbel_sanitizer": ("scripts/sanitize_gumbel.py", *_GUMBEL),
+    "gumbel_sweep_h200": ("scripts/time_gumbel.py", *_GUMBEL),
+    "gumbel_sweep_before_after_h200": ("scripts/time_gumbel.py", *_GUMBEL),
+    "vllm_noise_comparison": ("scripts/compare_vllm_noise.py", *_GUMBEL),
+    "gumbel_golden": ("scripts/record_gumbel_golden.py", *_GUMBEL),
+    "dflash_prepare": ("scripts/record_cudagraph.py", "specfix/mrv2/dflash.py"),
+}
 
 
-def gpu_meta() -> dict[str, str]:
-    """Device, driver, versions and today's date, for labelling a recording."""
+def source_hashes(name: str) -> dict[str, str]:
+    """sha256 (first 16 hex digits) of each source file of recording ``name``, as the files are now."""
+    if name not in SOURCES:
+        raise ValueError(f"no recording {name!r} in recorded.SOURCES: add the files it measures there")
+    return {path: hashlib.sha256((ROOT / path).read_bytes()).hexdigest()[:16] for path in SOURCES[name]}
+
+
+def _commit() -> str | None:
+    """The checkout's commit (``+changes`` if it has uncommitted changes), or ``$SPECFIX_COMMIT`` where the
+    copy has no git history (as on a machine the tree was copied to), or None."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        head = dirty = None
+    if head is not None and head.returncode == 0 and head.stdout.strip():
+        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    return os.environ.get("SPECFIX_COMMIT") or None
+
+
+def changed_sources(name: str, meta: dict) -> list[str]:
+    """The source files of ``name`` whose hash differs from the one ``meta`` recorded (all of them when it
+    recorded none)."""
+    recorded_hashes = meta.get("source_hash") or {}
+    return [path for path, digest in source_hashes(name).items() if recorded_hashes.get(path) != digest]
+
+
+def gpu_meta(name: str | None = None) -> dict:
+    """Device, driver, versions and today's date, for labelling a recording; with the recording's ``name``
+    (a key of :data:`SOURCES`), also the commit and the hashes of the source files it measures."""
     meta = dict(runtime.describe())
     try:
         driver = subprocess.run(
@@ -29,14 +89,17 @@ def gpu_meta() -> dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         meta["driver"] = "unknown"
     meta["date"] = datetime.date.today().isoformat()
+    if name is not None:
+        meta["commit"] = _commit()
+        meta["source_hash"] = source_hashes(name)
     return meta
 
 
 def save(name: str, data: dict, directory: Path | str = RECORDED_DIR) -> Path:
-    """Write ``data`` plus a ``meta`` label to ``directory/name.json``."""
+    """Write ``data`` plus a ``meta`` label (sources from :data:`SOURCES`) to ``directory/name.json``."""
     path = Path(directory) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": gpu_meta(), **data}, indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps({"meta": gpu_meta(name), **data}, indent=1, sort_keys=False) + "\n")
     return path
 
 
@@ -51,9 +114,15 @@ def load(name: str) -> dict:
 
 
 def label(meta: dict) -> str:
-    """One line that says where and when a recording was made."""
-    return (
+    """One line that says where and when a recording was made, at which commit, and, for a recording of older
+    code (``meta["stale"]``), that it is one."""
+    text = (
         f"recorded on {meta.get('device', '?')} (driver {meta.get('driver', '?')}, "
         f"torch {meta.get('torch', '?')}, "
         f"triton {meta.get('triton', '?')}) on {meta.get('date', '?')}"
     )
+    if meta.get("commit"):
+        text += f" at commit {meta['commit'][:12]}"
+    if meta.get("stale"):
+        text += f" [OLDER CODE: {meta['stale']}]"
+    return text

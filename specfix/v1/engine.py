@@ -38,7 +38,7 @@ import torch
 from specfix.fixes import Fixes
 from specfix.models import NgramLM, load_models
 from specfix.tokenizer import Tokenizer, get_tokenizer
-from specfix.v1.model_runner import DEFAULT_CAPTURE_SIZES, GPUModelRunner, ModelRunnerOutput, StepTrace
+from specfix.v1.model_runner import GPUModelRunner, ModelRunnerOutput, StepTrace
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
 from specfix.v1.scheduler import (
     AsyncScheduler,
@@ -119,7 +119,7 @@ class LLMEngine:
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 256,
         max_model_len: int = 256,
-        cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+        cudagraph_capture_sizes: tuple[int, ...] | None = None,
         sampler_backend: str = "auto",
         models: tuple[NgramLM, NgramLM] | None = None,
         record: bool = False,
@@ -143,7 +143,7 @@ class LLMEngine:
         drafter = None
         if num_speculative_tokens is not None:
             drafter = (DraftModelProposer(draft, num_speculative_tokens) if proposer == "draft_model"
-                       else NgramProposer(num_speculative_tokens))
+                       else NgramProposer(num_speculative_tokens, max_model_len=max_model_len))
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = scheduler_cls(
             vocab_size=target.vocab_size, max_num_seqs=max_num_seqs,

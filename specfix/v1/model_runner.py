@@ -48,6 +48,7 @@ import torch
 
 from specfix.fixes import Fixes
 from specfix.models import PAD_SLOT_ID, NgramLM
+from specfix.mrv2.cudagraph import capture_sizes
 from specfix.v1.input_batch import CachedRequestState, InputBatch
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
@@ -56,9 +57,7 @@ from specfix.v1.scheduler import SchedulerOutput, check_num_spec_tokens, check_t
 from specfix.v1.snapshot import Snapshot
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
-#: Token counts a FULL CUDA graph would be captured for (vLLM's default list starts 1, 2, 4, 8, 16, ...).
 _DEFAULT_FIXES = Fixes()
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class CpuGpuBuffer:
@@ -140,7 +139,7 @@ class GPUModelRunner:
         max_num_reqs: int = 16,
         max_model_len: int = 256,
         max_num_batched_tokens: int = 256,
-        cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+        cudagraph_capture_sizes: tuple[int, ...] | None = None,
         sampler_backend: str = "auto",
         record: bool = False,
         async_scheduling: bool = False,
@@ -158,6 +157,9 @@ class GPUModelRunner:
             check_num_spec_tokens(drafter.k)
             method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
             self.speculative_config = SpeculativeConfig(drafter.k, method)
+        if cudagraph_capture_sizes is None:  # token counts a FULL graph is captured for, by vLLM 0.33's rule
+            cudagraph_capture_sizes = capture_sizes(max_num_reqs, drafter.k if drafter else 0,
+                                                    max_num_batched_tokens, v1_runner=True)
         self.max_num_tokens = max(max_num_batched_tokens, max(cudagraph_capture_sizes, default=0))
         self.cudagraph_capture_sizes = sorted(cudagraph_capture_sizes)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, self.vocab_size)

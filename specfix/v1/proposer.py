@@ -1,9 +1,11 @@
 """Drafters: propose up to k next tokens per request for the target to verify.
 
-``NgramProposer`` mirrors ``vllm/v1/spec_decode/ngram_proposer.py`` (prompt lookup: find the latest
-earlier occurrence of the sequence's last n tokens, n from ``prompt_lookup_max`` down to
-``prompt_lookup_min``, and propose the tokens that followed it). It may propose fewer than k tokens, or
-none when nothing matches; the scheduler then verifies only the drafts it has.
+``NgramProposer`` mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/ngram_proposer.py`` (prompt lookup: the
+longest n in ``[prompt_lookup_min, prompt_lookup_max]`` whose last n tokens occurred before, the
+*earliest* such occurrence, and the tokens that followed it, at most ``max_model_len - len(tokens)``).
+It may propose fewer than k tokens, or none when nothing matches; the scheduler then verifies only the
+drafts it has. vLLM's defaults are ``prompt_lookup_min = prompt_lookup_max = 5`` (0.33.0
+``vllm/config/speculative.py``).
 
 ``DraftModelProposer`` mirrors ``vllm/v1/spec_decode/draft_model.py`` with greedy drafting
 (``draft_sample_method="greedy"``): the small draft model is run k times, each time appending its argmax.
@@ -38,12 +40,16 @@ def _history(name: str, token_ids: object) -> np.ndarray:
 
 
 class NgramProposer:
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3):
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 5, prompt_lookup_max: int = 5,
+                 max_model_len: int | None = None):
         check_num_spec_tokens(num_speculative_tokens)
         for name, value in (("prompt_lookup_min", prompt_lookup_min),
-                            ("prompt_lookup_max", prompt_lookup_max)):
+                            ("prompt_lookup_max", prompt_lookup_max),
+                            ("max_model_len", 1 if max_model_len is None else max_model_len)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
+        if max_model_len is not None and max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
             raise ValueError(
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, "
@@ -52,17 +58,21 @@ class NgramProposer:
         self.k = num_speculative_tokens
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
+        self.max_model_len = max_model_len
 
     def propose(self, token_ids: Sequence[int]) -> list[int]:
         """Up to k tokens continuing ``token_ids`` (one request's committed tokens); [] if no match."""
         ids = _history("token_ids", token_ids)
+        k = self.k if self.max_model_len is None else min(self.k, self.max_model_len - len(ids))
+        if k <= 0:  # no draft may reach past max_model_len
+            return []
         for n in range(min(self.prompt_lookup_max, len(ids) - 1), self.prompt_lookup_min - 1, -1):
             suffix = ids[len(ids) - n:]
             windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
             hits = np.flatnonzero((windows == suffix).all(axis=1))
             if hits.size:
-                start = int(hits[-1]) + n
-                return ids[start: start + self.k].tolist()
+                start = int(hits[0]) + n  # the earliest occurrence, as vLLM's
+                return ids[start: start + k].tolist()
         return []
 
     def propose_batch(self, token_ids: Sequence[Sequence[int]]) -> list[list[int]]:

@@ -1,0 +1,56 @@
+"""Every GPU recording names the code it measured; one whose code has changed since must say so."""
+
+import json
+
+import pytest
+import torch
+
+from specfix.tools import recorded
+
+FILES = sorted(recorded.RECORDED_DIR.glob("*.json")) + sorted(recorded.GOLDEN_DIR.glob("*.json")) \
+    + sorted(recorded.GOLDEN_DIR.glob("*.pt"))
+
+
+def _meta(path):
+    if path.suffix == ".pt":
+        return torch.load(path, weights_only=True)["meta"]
+    return json.loads(path.read_text())["meta"]
+
+
+def test_every_recording_declares_its_sources_and_every_declared_one_exists():
+    assert {p.stem for p in FILES} == set(recorded.SOURCES)
+    for name in recorded.SOURCES:
+        assert recorded.SOURCES[name], name
+        assert all(path.startswith(("scripts/", "specfix/")) for path in recorded.SOURCES[name]), name
+        recorder = ("scripts/", "specfix/tools/bench.py")
+        assert any(path.startswith(recorder) for path in recorded.SOURCES[name]), f"{name}: name its script"
+        recorded.source_hashes(name)  # every file is there
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_recording_vouches_only_for_the_code_it_measured(path):
+    """A recording either carries the hashes of today's sources, or says that it describes older code; the
+    label every chapter prints beside it then says so too."""
+    meta = _meta(path)
+    if meta.get("stale"):
+        assert isinstance(meta["stale"], str) and len(meta["stale"]) > 20
+        assert meta["stale"] in recorded.label(meta)
+        return
+    changed = recorded.changed_sources(path.stem, meta)
+    assert not changed, (f"{path.name} was recorded from other versions of {changed}: re-record it on a GPU "
+                         f"(scripts named in recorded.SOURCES[{path.stem!r}]) or mark it stale")
+    assert meta.get("commit"), f"{path.name} does not name the commit it was made at"
+
+
+def test_save_names_the_commit_and_the_sources_and_a_change_is_caught(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFIX_COMMIT", "abc123")
+    path = recorded.save("gumbel_sanitizer", {"variants": {}}, tmp_path)
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["commit"]  # the checkout's commit, or SPECFIX_COMMIT where there is no git
+    assert set(meta["source_hash"]) == set(recorded.SOURCES["gumbel_sanitizer"])
+    assert recorded.changed_sources("gumbel_sanitizer", meta) == []
+    meta["source_hash"]["specfix/mrv2/gumbel.py"] = "0" * 16
+    assert recorded.changed_sources("gumbel_sanitizer", meta) == ["specfix/mrv2/gumbel.py"]
+    assert recorded.changed_sources("gumbel_sanitizer", {}) == list(recorded.SOURCES["gumbel_sanitizer"])
+    with pytest.raises(ValueError, match="SOURCES"):
+        recorded.gpu_meta("no_such_recording")
