@@ -17,7 +17,7 @@ CHROMIUM  ?= /usr/bin/chromium
 LAB_ARGS  ?=
 LAB_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint unit notebooks gpu-test clean book book-check
+.PHONY: lab test lint unit notebooks gpu-test clean book book-check lab-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ book: $(STAMP)
 
 book-check: book
 	$(BIN)/python scripts/book_check.py $(BOOK)/html --chromium $(CHROMIUM)
+
+# Each chapter opened in JupyterLab (started by `make lab`) in headless Chromium, all cells run from the UI;
+# fails on an error, a figure that does not render, a widget slider that does not redraw its figure.
+# Screenshots in build/lab/screenshots/.
+lab-check: $(STAMP)
+	$(BIN)/python scripts/lab_check.py --chromium $(CHROMIUM)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build

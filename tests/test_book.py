@@ -149,6 +149,20 @@ def test_ci_checks_the_book_after_make_test():
     assert _make_rule((ROOT / "Makefile").read_text(), "book-check")[0] == ["book"]
 
 
+def test_ci_runs_the_chapters_in_jupyterlab_after_the_book_check():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert lines.index("make book-check") < lines.index("make lab-check")
+    recipe = _make_rule((ROOT / "Makefile").read_text(), "lab-check")[1]
+    assert "scripts/lab_check.py" in recipe
+    # the check starts JupyterLab the way a reader does, through `make lab`
+    assert '"make", "--no-print-directory", "lab"' in (ROOT / "scripts" / "lab_check.py").read_text()
+
+
+def test_notebook_runs_fail_on_an_undisplayed_figure():
+    assert "SPECFIX_CHECK_FIGURES=1" in _make_rule((ROOT / "Makefile").read_text(), "notebooks")[1]
+    assert 'os.environ["SPECFIX_CHECK_FIGURES"] = "1"' in (DOCS / "conf.py").read_text()
+
+
 def test_make_lab_keeps_the_token_and_the_loopback_address():
     makefile = (ROOT / "Makefile").read_text()
     _, recipe = _make_rule(makefile, "lab")
