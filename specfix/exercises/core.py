@@ -39,6 +39,10 @@ class _Stop(Exception):
     """A requirement failed: the check ends there."""
 
 
+class _Bypass(Exception):
+    """The answer called a specfix function that the exercise asks the reader to write or work out."""
+
+
 @dataclass
 class Verdict:
     """The outcome of one check: solved, or the hints (id, message) of what is still wrong."""
@@ -85,6 +89,36 @@ class Checker:
     todo: str
     hints: dict[str, str]
     body: Callable
+    forbid: tuple[str, ...] = ()
+
+    def _guarded(self, answer):
+        """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid`` (``module:Class.attr``)."""
+        if not self.forbid or not callable(answer) or hasattr(answer, "fn") or hasattr(answer, "__getitem__"):
+            return answer
+
+        @functools.wraps(answer)
+        def guarded(*args, **kwargs):
+            saved = []
+            try:
+                for target in self.forbid:
+                    module, path = target.split(":")
+                    *owner_path, attr = path.split(".")
+                    owner = importlib.import_module(module)
+                    for name in owner_path:
+                        owner = getattr(owner, name)
+                    saved.append((owner, attr, vars(owner).get(attr)))  # None: inherited, delete to restore
+
+                    def refuse(*_, _name=path, **__):
+                        raise _Bypass(_name)
+                    setattr(owner, attr, refuse)
+                return answer(*args, **kwargs)
+            finally:
+                for owner, attr, original in reversed(saved):
+                    if original is None:
+                        delattr(owner, attr)
+                    else:
+                        setattr(owner, attr, original)
+        return guarded
 
     def reference(self):
         """The reference answer: ``module:name`` under ``specfix.exercises.solutions``."""
@@ -99,9 +133,13 @@ class Checker:
             verdict.hints.append(("todo", self.todo))
         else:
             try:
-                self.body(answer, verdict)
+                self.body(self._guarded(answer), verdict)
                 verdict.checked = True
             except _Stop:
+                verdict.checked = True
+            except _Bypass as called:
+                verdict.hints.append(("bypass", f"your answer calls specfix's own {called}: that is what "
+                                                "this exercise asks you to work out yourself."))
                 verdict.checked = True
             except NotImplementedError:
                 verdict.hints.append(("todo", self.todo))
@@ -135,10 +173,12 @@ def as_int_list(value) -> list[int] | None:
     return None if any(v is None for v in ints) else ints
 
 
-def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str]):
-    """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``."""
+def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], forbid: tuple[str, ...] = ()):
+    """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``; a function answer that
+    calls one of ``forbid`` (``"module:Class.attr"``, specfix's own version of the exercise) gets the
+    ``bypass`` hint."""
     def wrap(body: Callable) -> Checker:
-        made = Checker(exercise, solution, todo, dict(hints), body)
+        made = Checker(exercise, solution, todo, dict(hints), body, tuple(forbid))
         functools.update_wrapper(made, body)
         CHECKERS[exercise] = made
         return made

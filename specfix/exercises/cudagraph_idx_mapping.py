@@ -240,3 +240,100 @@ def _check_stale_row(answer, mystery, verdict):
     verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
     verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
     verdict.require((row, slot) in truth, "free_slot")
+
+
+# -- ch3.simulate_idx_mapping -------------------------------------------------------------------------------
+
+def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], int]]:
+    """(events, max_num_reqs): the chapter's two histories, then a seeded family of random ones."""
+    cases = [(list(PREDICT_EVENTS), 8), (list(_MYSTERY_HISTORY) + [f"step {MYSTERY_BATCH}"], 8),
+             (["step abcde", "finish bd", "arrive f", "step eafg"], 8)]  # f and g reuse b's and d's slots
+    rng = random.Random(seed)
+    for _ in range(count):
+        events, live, used, max_num_reqs = [], [], 0, rng.choice((4, 8))
+        for _ in range(rng.randint(2, 6)):
+            if live and rng.random() < 0.3:
+                gone = rng.sample(live, rng.randint(1, len(live)))
+                events.append(f"finish {''.join(gone)}")
+                live = [c for c in live if c not in gone]
+                continue
+            newcomers = string.ascii_lowercase[used:used + rng.randint(0, max_num_reqs - len(live))]
+            used += len(newcomers)
+            live += list(newcomers)
+            if newcomers and rng.random() < 0.5:
+                events.append(f"arrive {newcomers}")  # else they arrive with the step that first runs them
+            if live:
+                events.append("step " + "".join(rng.sample(live, rng.randint(1, len(live)))))
+        cases.append((events or ["step a"], max_num_reqs))
+    return cases
+
+
+def _played(events: list[str], max_num_reqs: int) -> list[int]:
+    """The unfixed speculator's idx_mapping after ``events``, played on the real thing."""
+    scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs)
+    scenario.play(list(events))
+    return scenario.spec.idx_mapping.tolist()
+
+
+@checker(
+    "ch3.simulate_idx_mapping",
+    solution="cudagraph_idx_mapping:simulate_idx_mapping",
+    todo="write simulate_idx_mapping(events, max_num_reqs) -> the unfixed idx_mapping buffer (a list of "
+         "max_num_reqs ints) after the history",
+    hints={
+        "format": "return the whole buffer: a list of max_num_reqs ints.",
+        "starts_minus_one": "the buffer is created as zeros, not -1: a row no step ever wrote names slot 0.",
+        "pads_minus_one": "you wrote -1 after each batch: that is the fix. Without it a step writes only "
+                          "its own rows, and every row after them keeps what an earlier step left there.",
+        "finish_clears": "finishing a request frees its slot but writes nothing into idx_mapping: the rows "
+                         "that named it keep naming it.",
+        "slot_not_reused": "a new request takes the lowest free slot, and a finished request's slot is free "
+                           "again: slots are reused, they do not keep counting up.",
+        "rows_by_name": "a request's row is its position in this step's batch, not a place of its own: the "
+                        "same request can sit at a different row in every step.",
+        "wrong": "not the buffer the unfixed speculator ends with.",
+    },
+    forbid=("specfix.lab.padding_bench:StaleRowScenario.play",
+            "specfix.mrv2.speculator:DraftModelSpeculator.propose"),
+)
+def check_simulate_idx_mapping(answer, verdict):
+    for events, max_num_reqs in _simulation_cases():
+        got = as_int_list(answer(list(events), max_num_reqs))
+        verdict.require(got is not None and len(got) == max_num_reqs, "format", f"(you returned {got!r})")
+        want = _played(events, max_num_reqs)
+        if got == want:
+            continue
+        said = f"(after {events} you gave {got})"
+        variants = _wrong_simulations(events, max_num_reqs)
+        for hint, slipped in variants.items():
+            verdict.require(got != slipped or slipped == want, hint, said)
+        verdict.require(False, "wrong", said)
+
+
+def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[int]]:
+    """The buffer each typical slip gives (the hint of that slip names it)."""
+    def simulate(start=0, pad=False, clear=False, reuse=True, by_name=False):
+        buffer, slots, next_new = [start] * max_num_reqs, {}, 0
+        for event in events:
+            verb, names = event.split()
+            if verb == "finish":
+                for n in names:
+                    gone = slots.pop(n)
+                    if clear:
+                        buffer = [-1 if s == gone else s for s in buffer]
+                continue
+            for n in names:
+                if n not in slots:
+                    free = [s for s in range(max_num_reqs) if s not in slots.values()]
+                    slots[n] = free[0] if reuse else next_new
+                    next_new += 1
+            if verb == "step":
+                for row, n in enumerate(names):
+                    buffer[slots[n] if by_name else row] = slots[n]
+                if pad:
+                    buffer[len(names):] = [-1] * (max_num_reqs - len(names))
+        return buffer
+
+    return {"starts_minus_one": simulate(start=-1), "pads_minus_one": simulate(pad=True),
+            "finish_clears": simulate(clear=True), "slot_not_reused": simulate(reuse=False),
+            "rows_by_name": simulate(by_name=True)}

@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import re
+from dataclasses import dataclass
 
 import torch
 
-from specfix.exercises.core import checker
+from specfix.exercises.core import as_int_list, checker
 from specfix.lab import embedding_assert as ea
+from specfix.lab.guard import IndexGuardError, check_indices
 from specfix.tools import recorded
 from specfix.tools.syncs import host_reads
 
@@ -189,3 +192,98 @@ def check_first_bad_op(answer, verdict):
         verdict.require(not re.search(r"\btable\(", line), "other_embedding")
         verdict.require(not re.search(r"[\w)]\[(?!:)", line), "indexing")
         verdict.require(False, "wrong_line")
+
+
+# -- ch2.guard_positions ----------------------------------------------------------------------------------
+
+@dataclass
+class GuardReport:
+    """The guard's error on the unfixed engine's first step, and that step's layout in batch order."""
+
+    error: IndexGuardError
+    req_ids: list[str]
+    cu_num_tokens: list[int]  # inclusive running sum of each request's tokens in input_ids, no leading 0
+
+    @property
+    def positions(self) -> list[int]:
+        return [p[0] for p in self.error.positions]
+
+
+def guard_report() -> GuardReport:
+    """Chapter 2's demo batch on the unfixed engine, its first step run under ``check_indices`` (on the CPU:
+    the guard raises before any kernel runs, so the step is the same everywhere)."""
+    from specfix.fixes import Fixes
+    from specfix.v1.engine import DEMO_PROMPTS, LLMEngine, SamplingParams
+
+    engine = LLMEngine(num_speculative_tokens=3, fixes=Fixes(clamp_placeholders=False), device="cpu")
+    for prompt, remote in zip(DEMO_PROMPTS, (True, False, True, False), strict=True):
+        engine.add_request(prompt, SamplingParams(temperature=0.7, seed=0, max_tokens=24),
+                           remote_prefill=remote)
+    layout, prepare = {}, engine.model_runner._prepare_inputs
+
+    def recording_prepare(scheduler_output):  # the step's batch order and cu_num_scheduled_tokens
+        req_ids, cu, *rest = prepare(scheduler_output)
+        layout.update(req_ids=list(req_ids), cu=[int(c) for c in cu])
+        return (req_ids, cu, *rest)
+
+    engine.model_runner._prepare_inputs = recording_prepare
+    try:
+        with check_indices():
+            engine.step()
+    except IndexGuardError as error:
+        return GuardReport(error, layout["req_ids"], layout["cu"])
+    raise RuntimeError("the unfixed engine's first step passed the index guard")
+
+
+def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], list[int], list[str]]]:
+    """(positions, cu_num_tokens, req_ids): the guard's own step, then a seeded family with requests of 0
+    tokens (a request without drafts in cu_num_draft_tokens) and positions on every boundary."""
+    report = guard_report()
+    cases = [(report.positions, report.cu_num_tokens, report.req_ids)]
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        counts = torch.randint(0, 5, (int(torch.randint(2, 7, (1,), generator=gen)),), generator=gen).tolist()
+        counts[int(torch.randint(0, len(counts), (1,), generator=gen))] += 1  # at least one token
+        cu = [int(c) for c in torch.tensor(counts).cumsum(0)]
+        positions = sorted(set(c for c in cu[:-1] if c < cu[-1]) | set(
+            torch.randint(0, cu[-1], (4,), generator=gen).tolist()))
+        cases.append((positions, cu, [f"req-{i}" for i in range(len(counts))]))
+    return cases
+
+
+def _owner(position: int, cu: list[int]) -> int:
+    return bisect.bisect_right(cu, position)
+
+
+@checker(
+    "ch2.guard_positions",
+    solution="embedding_assert:requests_at",
+    todo="write requests_at(positions, cu_num_tokens, req_ids): the request id of each reported position",
+    hints={
+        "format": "return a list with one request id (a string from req_ids) per position.",
+        "indices": "those are batch indices: give the request ids themselves (req_ids[i]).",
+        "boundary": "a position equal to cu_num_tokens[i] is not request i's: cu[i] is where request i's "
+                    "tokens end (exclusive), so that position is the first of a later request.",
+        "exclusive": "cu_num_tokens has no leading 0: entry i is where request i ends, not where it starts.",
+        "empty_request": "you gave a position to a request that holds no token at all (its count is 0, so "
+                         "its cu entry equals the one before it).",
+        "wrong": "a position was mapped to the wrong request.",
+    },
+)
+def check_guard_positions(answer, verdict):
+    for positions, cu, req_ids in _position_cases():
+        got = answer(list(positions), list(cu), list(req_ids))
+        truth = [_owner(p, cu) for p in positions]
+        ints = as_int_list(got)
+        verdict.require(ints != truth, "indices")
+        ok = isinstance(got, (list, tuple)) and len(got) == len(positions) and all(g in req_ids for g in got)
+        verdict.require(ok, "format", f"(you returned {got!r})")
+        got = [req_ids.index(g) for g in got]
+        if got == truth:
+            continue
+        said = f"(positions {positions}, cu_num_tokens {cu}: you said {[req_ids[g] for g in got]})"
+        verdict.require(got != [bisect.bisect_left(cu, p) for p in positions], "boundary", said)
+        verdict.require(got != [max(bisect.bisect_right(cu, p) - 1, 0) for p in positions], "exclusive", said)
+        empty = {i for i, c in enumerate(cu) if c == (cu[i - 1] if i else 0)}
+        verdict.require(not set(got) & empty, "empty_request", said)
+        verdict.require(False, "wrong", said)

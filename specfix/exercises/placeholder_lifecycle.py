@@ -286,3 +286,66 @@ def check_reject_negative(answer, verdict):
         verdict.require(not wrong, "ratio" if crafted else "mismatch",
                         f"(slot {wrong[0]}: draft {int(rows[0][wrong[0]])}, you said "
                         f"{bool(got[wrong[0]])})" if wrong else "")
+
+
+# -- ch1.emitted (warm-up: needs only chapter 0) ----------------------------------------------------------
+
+def _emitted_cases(seed: int = 0, count: int = 24) -> list[tuple[list[int], list[int]]]:
+    """(drafts, the target's greedy choices at the k + 1 positions): crafted cases, then a seeded family."""
+    crafted = [([5, 7, 2], [5, 7, 2, 9]),        # all accepted: the bonus token too
+               ([5, 7, 2], [5, 3, 2, 9]),        # a mismatch in the middle, a match after it
+               ([5, 7, 2], [4, 7, 2, 9]),        # rejected at once: one token, the recovered one
+               ([-1, -1, -1], [0, 6, 1, 2]),     # placeholders: never equal to a token id
+               ([8, -1, -1], [8, 0, 3, 3]),      # a real draft, then placeholders
+               ([], [4])]                        # no drafts: one plain decode step
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        k = int(torch.randint(0, 5, (1,), generator=gen))
+        choices = torch.randint(0, 4, (k + 1,), generator=gen).tolist()
+        drafts = [c if bool(torch.rand(1, generator=gen) < 0.7)
+                  else int(torch.randint(-1, 4, (1,), generator=gen)) for c in choices[:k]]
+        crafted.append((drafts, choices))
+    return crafted
+
+
+def emitted_reference(drafts: list[int], choices: list[int]) -> list[int]:
+    """Greedy verification (chapter 0): the accepted prefix of drafts, then the target's own next choice."""
+    n = 0
+    while n < len(drafts) and drafts[n] == choices[n]:
+        n += 1
+    return list(choices[:n + 1])
+
+
+@checker(
+    "ch1.emitted",
+    solution="placeholder_lifecycle:emitted_tokens",
+    todo="write emitted_tokens(drafts, choices) -> the list of token ids one greedy step emits",
+    hints={
+        "format": "return a list of token ids (ints).",
+        "no_bonus": "every draft was accepted, yet you emitted no token after them: the target's choice "
+                    "after the last draft (the bonus token) comes for free with the same forward pass.",
+        "no_recovered": "at the first mismatch the step still emits a token: the target's own choice there.",
+        "emits_draft": "at the first mismatch you emitted the draft; the step emits the target's choice "
+                       "there, since that is what plain greedy decoding would write.",
+        "not_prefix": "you kept verifying after a mismatch: once a draft is rejected, every later draft was "
+                      "drafted after a wrong token, so they are all thrown away.",
+        "placeholder": "a -1 placeholder was accepted: it never equals a token the target chooses.",
+        "wrong": "not what greedy verification emits.",
+    },
+    forbid=("specfix.v1.rejection_sampler:RejectionSampler.forward",),
+)
+def check_emitted(answer, verdict):
+    for drafts, choices in _emitted_cases():
+        got = as_int_list(answer(list(drafts), list(choices)))
+        verdict.require(got is not None, "format")
+        want = emitted_reference(drafts, choices)
+        if got == want:
+            continue
+        said = f"(drafts {drafts}, target choices {choices}: you emitted {got})"
+        n = len(want) - 1  # accepted drafts
+        verdict.require(-1 not in got, "placeholder", said)
+        verdict.require(got != want[:-1] or n < len(drafts), "no_bonus", said)
+        verdict.require(got != want[:-1], "no_recovered", said)
+        verdict.require(got != want[:-1] + [drafts[n]] if n < len(drafts) else True, "emits_draft", said)
+        verdict.require(len(got) <= len(want), "not_prefix", said)
+        verdict.require(False, "wrong", said)

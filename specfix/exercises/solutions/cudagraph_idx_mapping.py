@@ -23,3 +23,22 @@ def find_stale_row(mystery):
     idx = mystery.spec.idx_mapping.tolist()
     row = next(r for r in range(len(mystery.batch), len(idx)) if idx[r] in corrupted)
     return row, idx[row]
+
+
+def simulate_idx_mapping(events, max_num_reqs):
+    """The persistent buffer of the unfixed speculator: each step overwrites only its own rows."""
+    buffer = [0] * max_num_reqs  # created as zeros: a row never written names slot 0
+    slots = {}  # live request -> its request-state slot
+    for event in events:
+        verb, names = event.split()
+        if verb == "finish":
+            for name in names:
+                del slots[name]  # the slot is free again; idx_mapping is not touched
+            continue
+        for name in names:  # a newcomer takes the lowest free slot ("step" and "arrive" alike)
+            if name not in slots:
+                slots[name] = min(set(range(max_num_reqs)) - set(slots.values()))
+        if verb == "step":
+            for row, name in enumerate(names):  # batch row -> slot; rows past the batch keep old values
+                buffer[row] = slots[name]
+    return buffer

@@ -16,3 +16,13 @@ def preprocess(input_ids: torch.Tensor, num_tokens: int, num_input_tokens: int,
 which_ops = {"F.embedding", "torch.index_select", "torch.gather"}  # w[idx] and take wrap -1 around instead
 
 first_bad_op = "probs = self.embed_tokens(input_ids)"  # the only index_select-family lookup fed the raw ids
+
+
+def requests_at(positions, cu_num_tokens, req_ids):
+    owners = []
+    for p in positions:
+        # Request i holds positions cu[i - 1] (0 for i = 0) up to cu[i], excluded: the first i with
+        # p < cu[i] owns p. A request of 0 tokens has cu[i] == cu[i - 1] and is skipped by the strict <.
+        i = next(i for i, end in enumerate(cu_num_tokens) if p < end)
+        owners.append(req_ids[i])
+    return owners

@@ -24,3 +24,12 @@ def accept_drafts(draft_ids, target_probs, draft_probs, uniforms):
     q = draft_probs.gather(1, column).squeeze(1)
     ratio = p / torch.where(q > 0, q, 1.0)  # no division by 0; q == 0 is rejected below
     return real & (q > 0) & (ratio.double() >= uniforms)  # a negative draft is rejected, whatever p and q say
+
+
+def emitted_tokens(drafts, choices):
+    emitted = []
+    for draft, choice in zip(drafts, choices[:len(drafts)], strict=True):  # the last choice: the bonus
+        emitted.append(choice)  # the target's token: the draft itself when they agree
+        if draft != choice:  # a -1 never equals a token id: a placeholder is always rejected
+            return emitted
+    return emitted + [choices[len(drafts)]]  # every draft accepted: the bonus token
