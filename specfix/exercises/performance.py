@@ -124,3 +124,52 @@ def check_replayed_rows(answer, verdict):
         got = f"{type(error).__name__}: {error}"
     verdict.require(got == live, "eager", f"A live batch of {live} got {got!r}; the largest graph holds "
                                           f"{max(sizes)}.")
+
+
+# -- ch5.which_syncs --------------------------------------------------------------------------------------
+
+def _fix_names() -> dict[str, str]:
+    """Every way the chapter names a fix (its key, its label, its letter) -> its key."""
+    from specfix.figures.performance import fix_costs
+
+    names = {}
+    for fix, label in fix_costs(_h200())[["fix", "label"]].drop_duplicates().itertuples(index=False):
+        letter = label.rsplit("(", 1)[-1].rstrip(")")
+        names.update({fix: fix, label: fix, letter: fix, f"({letter})": fix})
+    return names
+
+
+def syncing_fixes() -> set[str]:
+    """The fixes whose step made the host wait for the GPU in the H200 run."""
+    from specfix.figures.performance import fix_costs
+
+    costs = fix_costs(_h200())
+    return set(costs.loc[costs["host_syncs_per_step"] > 0, "fix"])
+
+
+@checker(
+    "ch5.which_syncs",
+    solution="performance:which_syncs",
+    todo="set which_syncs to the set of fixes (a, b, b', c, or their names) whose step makes the host wait "
+         "for the GPU",
+    hints={
+        "format": "answer with a set of fixes, by letter ('a', \"b'\") or by name ('clamp', 'host_mask').",
+        "clamp": "clamp_ is a kernel the host queues and leaves: nothing in it needs a value back from the "
+                 "GPU.",
+        "scheduler": "scheduler_zero works on the host's own lists, before the step's GPU work: there is "
+                     "nothing on the GPU to wait for.",
+        "pinned": "a copy from pinned memory with non_blocking=True is queued like a kernel, and the host "
+                  "moves on: it costs host time to build the mask, not a wait.",
+        "pageable": "a host tensor built with torch.tensor(..., device=...) is copied from pageable memory, "
+                    "and that copy makes the host wait for the GPU's queue.",
+    },
+)
+def check_which_syncs(answer, verdict):
+    answer = answer() if callable(answer) else answer
+    names = _fix_names()
+    ok = isinstance(answer, (set, frozenset, list, tuple)) and all(isinstance(a, str) for a in answer)
+    verdict.require(ok and all(a.strip() in names for a in answer), "format", f"(names: {sorted(names)})")
+    got, truth = {names[a.strip()] for a in answer}, syncing_fixes()
+    for fix, hint in (("clamp", "clamp"), ("scheduler_zero", "scheduler"), ("host_mask_async", "pinned")):
+        verdict.require(fix not in got or fix in truth, hint)
+    verdict.require(truth <= got, "pageable")

@@ -10,3 +10,6 @@ def replayed_rows(live_batch: int, capture_sizes: list[int]) -> int:
     """The smallest captured size that holds the batch; with none, the batch runs eagerly at its own size."""
     fitting = [size for size in capture_sizes if size >= live_batch]
     return min(fitting) if fitting else live_batch
+
+# torch.tensor(..., device=...) copies from pageable memory and waits; a pinned non-blocking copy does not.
+which_syncs = {"host_mask"}
