@@ -3,6 +3,7 @@
     python -m specfix bench --device cuda --scale full --json specfix/recorded/bench_h200.json
     python -m specfix bench --device cpu --scale ci --only gumbel     # smoke run: timings mean nothing
     python -m specfix bench --device cuda --scale full --peer .peer   # beside vLLM's own samplers
+    specfix diagnose server.log          # a crashed vLLM server's log: the cause, the fix, its release
 """
 
 from __future__ import annotations
@@ -30,12 +31,28 @@ def _parser() -> argparse.ArgumentParser:
                    "beside specfix's, same inputs, same process; without it only specfix is timed")
     b.add_argument("--json", metavar="PATH", help="write the results here (schema: the bench docstring)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d = sub.add_parser("diagnose", help="read a crashed vLLM server's log: the cause, the fix, the release",
+                       description="Read a vLLM serving log (device-side asserts, tracebacks, version "
+                       "banner, engine arguments) and report the asserts, what Python raised and why it "
+                       "points elsewhere, the setup, the ops that launch the failing kernel, a verdict with "
+                       "its reasons, and the fixes with the first vLLM release that carries each.")
+    d.add_argument("log", metavar="LOG", help="the log file, or - for standard input")
+    d.add_argument("--json", action="store_true",
+                   help="print the report as JSON (schema: specfix.tools.diagnose.SCHEMA)")
+    d.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is one only when standard error is a terminal)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "diagnose":
+        from specfix.tools import diagnose
+
+        status, text = diagnose.run(args.log, as_json=args.json, progress=not args.no_progress)
+        print(text, file=sys.stderr if status else sys.stdout)
+        return status
     from specfix import runtime
     from specfix.tools import bench
 

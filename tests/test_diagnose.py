@@ -1,0 +1,158 @@
+"""specfix diagnose: every fixture log gets the verdict written for it in tests/fixtures/diagnose/
+expected.json (by hand, from what each log holds), the JSON report follows SCHEMA, bad input gets one line
+and status 2, the log is streamed, and the README's report is what the tool prints."""
+
+import io
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from specfix.__main__ import main
+from specfix.tools import diagnose as dg
+from specfix.tools import recorded
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "diagnose"
+EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
+LOGS = {name: e for name, e in EXPECTED.items() if "verdict" in e}
+BAD = {name: e for name, e in EXPECTED.items() if "verdict" not in e}
+
+
+def _report(path: Path) -> dict:
+    status, text = dg.run(str(path), as_json=True, progress=False)
+    assert status == 0, text
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_fixture_verdict(name):
+    want, report = LOGS[name], _report(FIXTURES / name)
+    got = report["verdict"]
+    assert (got["id"], got["confidence"]) == (want["verdict"], want["confidence"]), got["reasons"]
+    setup, err = report["setup"], report["python_error"]
+    fixes = {f["pr"]: f["logged_version_has_it"] for f in report["fixes"]}
+    checks = {"first_kernel": report["asserts"]["first_kernel"], "assert_lines": report["asserts"]["lines"],
+              "distinct": len(report["asserts"]["distinct"]), "vllm_version": setup.get("vllm_version"),
+              "has_47029": fixes[47029], "has_46533": fixes[46533], "has_47066": fixes[47066],
+              "process": err and err["process"], "complete": err and err["complete"],
+              "ends_at_func": err and err["frames"] and err["frames"][-1]["func"],
+              "exception": err and err["exception"], "error_kind": next(iter(report["errors"]), None),
+              "launch_blocking": setup["launch_blocking"],
+              "speculative_decoding": setup["speculative_decoding"]}
+    for key, value in want.items():
+        if key not in ("verdict", "confidence"):
+            assert (checks[key] if key in checks else setup.get(key)) == value, key
+    for reason in got["reasons"]:  # every line a reason cites exists
+        assert all(1 <= n <= report["lines"] for n in reason["lines"])
+
+
+def test_fixtures_cover_every_verdict():
+    counts = {v: sum(e["verdict"] == v for e in LOGS.values()) for v in dg.VERDICTS}
+    assert all(counts.values()), counts
+    assert len(LOGS) + len(BAD) >= 30
+
+
+def test_specfix_fixtures_are_the_recorded_transcripts():
+    runs = recorded.load("embedding_assert_transcripts")["runs"]
+    for name, run in runs.items():
+        assert (FIXTURES / f"specfix_{name}.log").read_text() == run["output"], name
+    rows = recorded.load("embedding_assert_ops")["rows"]
+    take = next(r for r in rows if (r["op"], r["bad"], r["num_indices"]) == ("torch.take", "size", 3))
+    assert (FIXTURES / "specfix_op_take_size_3.log").read_text() == take["transcript"] + "\n"
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_json_follows_schema(name):
+    jsonschema.validate(_report(FIXTURES / name), dg.SCHEMA)
+
+
+def test_schema_refuses_a_broken_report():
+    report = _report(FIXTURES / "pd_decode_mtp_tp4.log")
+    for broken in ({**report, "verdict": {**report["verdict"], "id": "probably_fine"}},
+                   {k: v for k, v in report.items() if k != "fixes"},
+                   {**report, "asserts": {**report["asserts"], "lines": "many"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, dg.SCHEMA)
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "missing.log", "no such file"),
+    (lambda tmp: tmp, "is a directory"),
+    (lambda tmp: FIXTURES / "empty.log", "is empty"),
+    (lambda tmp: FIXTURES / "binary.log", "looks binary"),
+])
+def test_bad_input_one_line_and_status_2(tmp_path, capsys, make, says):
+    assert main(["diagnose", str(make(tmp_path))]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and says in out.err and out.err.count("\n") == 1
+    assert "Traceback" not in out.err
+
+
+def test_standard_input(monkeypatch, capsys):
+    data = (FIXTURES / "ngram_small_batch.log").read_bytes()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["diagnose", "-", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"] == "standard input" and report["verdict"]["id"] == "placeholder_embedding"
+
+
+def test_text_report_summarises_thousands_of_asserts():
+    status, text = dg.run(str(FIXTURES / "thousands_of_asserts_tp8.log"), progress=False)
+    assert status == 0
+    assert "5,600 assert line(s), 1 distinct" in text
+    assert text.count("Assertion") == 0 and len(text.splitlines()) < 60
+    assert text.splitlines()[2].startswith("Verdict: a -1 placeholder")
+
+
+def test_ten_thousand_line_log(tmp_path):
+    """The size the tool must read within a second (the figure is measured outside the tests)."""
+    head = (FIXTURES / "pd_decode_mtp_tp4.log").read_text().splitlines()
+    noise = '(APIServer pid=1) INFO:     10.0.3.17:50110 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    gather = ('/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: '
+              'block: [3,0,0], thread: [{},0,0] Assertion `ind >=0 && ind < ind_dim_size && "vectorized '
+              'gather kernel index out of bounds"` failed.')
+    body = [noise] * 4000 + [gather.format(i % 128) for i in range(10000 - 4000 - len(head))]
+    path = tmp_path / "big.log"
+    path.write_text("\n".join(head[:10] + body + head[10:]) + "\n")
+    report = _report(path)
+    assert report["lines"] == 10000
+    assert report["asserts"]["lines"] == len(body) - 4000 + 160
+    assert report["verdict"]["id"] == "placeholder_embedding"
+
+
+def test_long_line_is_read_in_pieces(tmp_path):
+    path = tmp_path / "long.log"
+    line = (FIXTURES / "specfix_op_take_size_3.log").read_text().splitlines()[1]
+    path.write_text("x" * (2 * dg.MAX_LINE + 5) + "\n" + line + "\n")
+    report = _report(path)
+    assert report["lines"] == 4 and report["asserts"]["first_kernel"] == "operator()"
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    log = str(FIXTURES / "startup_only.log")
+    dg.run(log)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    dg.run(log)
+    assert "reading" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version, has", [
+    ("0.24.0", False), ("0.25.0", True), ("0.33.0", True), ("0.11.0+cu128", False), ("0.25.0rc1", None),
+    ("0.24.1.dev45+g3fa2c71d0", None), ("0.24.0.dev2", False), ("0.26.0.dev3", True), ("dev", None),
+    (None, None),
+])
+def test_has_fix(version, has):
+    assert dg.has_fix(version, dg.FIXES["placeholder_embedding"]) is has
+
+
+def test_readme_report_is_what_the_tool_prints(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"```console\n\$ specfix diagnose (\S+)\n(.*?)```", readme, re.S)
+    assert match, "README has no specfix diagnose report"
+    status, text = dg.run(match.group(1), progress=False)
+    assert status == 0 and match.group(2).rstrip("\n") == text
