@@ -63,6 +63,10 @@ def _kernel_tables(device):
         "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read temperature "
                         "0.0 and stored nothing). Slot 0 is a real request; only negative entries are "
                         "padding.",
+        "padded_wrote_live": "a padded row wrote its values into a live request's row: mapping -1 onto a "
+                             "real slot (clamping req_state_idx to 0) makes the padding overwrite that "
+                             "request's logits. Keep the -1 and let the mask skip the padded row's loads "
+                             "and store.",
         "other_not_zero": "a padded row must come out greedy: give the masked temperature load other=0.0 "
                           "(then the real kernel needs no seed and adds no noise for it).",
         "wrong_values": "a live row stored the wrong values: out[req_state_idx] must hold the row's logits "
@@ -88,6 +92,10 @@ def check_mask_kernel(answer, verdict):
     verdict.require(not stray_write, "store_unmasked")
     slot0_row = KERNEL_IDX_MAPPING.index(0)
     verdict.require(bool((out_whole[1] != OUT_SENTINEL).any()) and row_temp[slot0_row] != 0.0, "skips_slot_0")
+    live_out = [out_whole[slot + 1] for slot in KERNEL_IDX_MAPPING if slot >= 0]
+    verdict.require(not any(torch.allclose(stored, logits[row] / t) for stored in live_out
+                            for row in torch.nonzero(padded).flatten().tolist()
+                            for t in (*KERNEL_TEMPERATURE, 1.0) if t != 0.0), "padded_wrote_live")
     verdict.require(bool((row_temp[padded] == 0.0).all()), "other_not_zero",
                     f"(the padded rows ran with {row_temp[padded].tolist()})")
     for row, slot in enumerate(KERNEL_IDX_MAPPING):
@@ -181,3 +189,67 @@ def check_find_overwritten(answer, verdict):
         verdict.require(not any(temps[s] == 0.0 for s in extra), "greedy_divided")
         verdict.require(not extra, "no_temperature")
         verdict.require(False, "missed")
+
+
+# -- ch4.mask_seed -----------------------------------------------------------------------------------------
+
+#: The seed exercise's tables: each slot's seed, and the seed the guard rows hold.
+KERNEL_SEEDS = (11, 22, 33, 44)
+GUARD_SEED = 777
+
+
+def _noise_tables(device):
+    """Inputs and guarded seed table of the seed kernel (its temperature table is the write-it one)."""
+    logits, idx, temperature, _, _, _ = _kernel_tables(device)
+    seeds, _ = gumbel.guarded_table((len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device)
+    seeds.copy_(torch.tensor(KERNEL_SEEDS))
+    out = torch.full((len(KERNEL_IDX_MAPPING), KERNEL_VOCAB), OUT_SENTINEL, device=device)
+    row_seed = torch.full((len(KERNEL_IDX_MAPPING),), -1, dtype=torch.int64, device=device)
+    return logits, idx, temperature, seeds, out, row_seed
+
+
+def _run_noise_kernel(kernel, device):
+    tables = _noise_tables(device)
+    kernel[(len(KERNEL_IDX_MAPPING),)](*tables, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK)
+    return [t.cpu() for t in tables]
+
+
+@checker(
+    "ch4.mask_seed",
+    solution="masked_gumbel_sampling:add_noise_kernel",
+    todo="mask the seed load of add_noise so that a padded row never reads the seeds table",
+    hints={
+        "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
+        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask: make the "
+                       "condition per lane (`offs * 0 + req_state_idx >= 0`).",
+        "seed_unmasked": "the padded row still read seeds[-1], the row before the table (here the guard "
+                         "row's seed; in an engine, memory that is not the table's, which compute-sanitizer "
+                         "reports). Its value is never used, but the read itself is the bug: mask it as the "
+                         "temperature load is masked.",
+        "noise_on_padded": "a padded row came out with noise: it must run greedy (temperature 0.0 from the "
+                           "masked load), so its row is its logits unchanged.",
+        "seed_by_row": "a live row drew its noise with another request's seed: the seeds table is indexed by "
+                       "request slot (req_state_idx), like the temperature, not by batch row.",
+        "wrong_values": "a live row's noisy logits are not the ones the kernel should write: keep the noise "
+                        "as given (x / temp plus Gumbel noise from tl.rand(seed, offs)).",
+    },
+)
+def check_mask_seed(answer, verdict):
+    kernel = answer if hasattr(answer, "fn") else answer()  # the reference solution builds its kernel
+    verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
+    try:
+        logits, idx, _, _, out, row_seed = _run_noise_kernel(kernel, runtime.DEVICE)
+    except Exception as error:
+        verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
+        raise
+    padded = idx < 0
+    verdict.require(not bool((row_seed[padded] == GUARD_SEED).any()), "seed_unmasked",
+                    f"(the padded rows read the seeds {row_seed[padded].tolist()})")
+    verdict.require(torch.equal(out[padded], logits[padded]), "noise_on_padded")
+    verdict.require(all(int(row_seed[row]) == KERNEL_SEEDS[slot]
+                        for row, slot in enumerate(KERNEL_IDX_MAPPING) if slot >= 0), "seed_by_row",
+                    f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})")
+    from specfix.exercises.solutions.masked_gumbel_sampling import add_noise_kernel
+
+    want = _run_noise_kernel(add_noise_kernel(), runtime.DEVICE)[4]
+    verdict.require(torch.allclose(out[~padded], want[~padded], equal_nan=True), "wrong_values")

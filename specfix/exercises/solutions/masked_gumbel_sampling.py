@@ -41,3 +41,24 @@ def find_overwritten(table, col, logits, idx_mapping, temperature):
         if not torch.equal(table[slot, col], stored):
             overwritten.append(slot)
     return sorted(overwritten)
+
+
+def add_noise_kernel():
+    """The seed exercise's kernel with both request-table loads masked by is_valid_req."""
+
+    @triton.jit
+    def add_noise(logits_ptr, idx_mapping_ptr, temperature_ptr, seeds_ptr, out_ptr, row_seed_ptr, vocab_size,
+                  BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
+        is_valid_req = req_state_idx >= 0
+        temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
+        seed = tl.load(seeds_ptr + req_state_idx, mask=is_valid_req, other=0)  # a padded row reads nothing
+        tl.store(row_seed_ptr + row, seed)
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=0.0)
+        if temp != 0.0:  # a padded row (temperature 0.0) stays greedy: no noise, so its seed is never used
+            x = x / temp - tl.log(-tl.log(tl.rand(seed, offs)))
+        tl.store(out_ptr + row * vocab_size + offs, x, mask=offs < vocab_size)
+
+    return add_noise
