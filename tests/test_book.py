@@ -200,6 +200,30 @@ def test_exercises_stay_open_and_solutions_hide():
     assert chosen["metadata"]["tags"] == ["hide-output"], "a cell that chose how to show itself is kept"
 
 
+def test_an_answer_keeps_its_output_behind_a_toggle():
+    (answer,) = book_cells.prepare_notebook({"cells": [_cell("code", 3, ["answer"])]}, 15)["cells"]
+    assert answer["metadata"]["tags"] == ["answer", "hide-output"]
+    assert "predict first" in answer["metadata"]["mystnb"]["code_prompt_show"]
+
+
+def test_predict_then_run_exercises_are_not_answered_on_the_page():
+    """The first code cell after a "predict, then run" exercise (and its solution) is tagged `answer`."""
+    found = 0
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        tags = [cell["metadata"].get("tags", []) for cell in cells]
+        for i, cell in enumerate(cells):
+            heading = re.search(r"^#+ .*predict, then run", "".join(cell["source"]), re.I | re.M)
+            if cell["cell_type"] != "markdown" or not heading:
+                continue
+            found += 1
+            exercise = next(j for j in range(i + 1, len(cells)) if "exercise" in tags[j])
+            run = next(j for j in range(exercise + 1, len(cells))
+                       if cells[j]["cell_type"] == "code" and "solution" not in tags[j])
+            assert "answer" in tags[run], f"{path.name}: cell {run} shows the answer to {heading.group(0)!r}"
+    assert found >= 2
+
+
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "15"])
 def test_collapse_threshold_is_checked(bad):
     with pytest.raises(ValueError, match="collapse_lines must be a positive int"):
