@@ -1,7 +1,8 @@
 """A word-level tokenizer over the fables shipped in ``specfix/data/fables.txt``.
 
-Stands in for the Hugging Face tokenizer that vLLM loads (``vllm/transformers_utils/tokenizer.py``):
-``encode`` turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
+Stands in for the Hugging Face tokenizer that vLLM loads (in vLLM 0.33.0, ``get_tokenizer`` of
+``vllm/tokenizers/registry.py``, which wraps ``AutoTokenizer`` in ``vllm/tokenizers/hf.py``): ``encode``
+turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
 corrupted output (a repeated or missing word) with their own eyes.
 
 Two ids are chosen on purpose, because placeholders meet them:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-#: vLLM's speculative placeholder draft token id (vllm/v1/sample/rejection_sampler.py).
+#: vLLM's speculative placeholder draft token id (vLLM 0.33.0 ``vllm/v1/sample/rejection_sampler.py``).
 PLACEHOLDER_TOKEN_ID = -1
 #: How many offending positions an error message lists before it says "and N more".
 MAX_LISTED = 8

@@ -20,7 +20,8 @@ row writes: the chapter's buffer figure, its slider and its prediction exercise 
 
 :func:`one_step_distribution` is the controlled setup for the statistics: many trials of one step with
 every live slot overwritten by a padded row, and a chi-square test of each output position against the
-target distribution. Mirrors the MRV2 engine of ``vllm/v1/worker/gpu/model_runner.py`` in miniature.
+target distribution. Mirrors the MRV2 engine of vLLM 0.33.0's ``vllm/v1/worker/gpu/model_runner.py`` in
+miniature.
 """
 
 from __future__ import annotations

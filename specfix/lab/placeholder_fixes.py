@@ -1,6 +1,6 @@
 """Three ways to keep a ``-1`` placeholder out of the embedding, and what each one costs per step.
 
-Mirrors the review of vLLM PR #47029 (``vllm/v1/worker/gpu_model_runner.py``):
+Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_runner.py``):
 
 * ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
   ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.

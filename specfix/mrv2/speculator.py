@@ -1,6 +1,6 @@
 """A Model Runner V2 style draft-model speculator: persistent buffers, padded graph replays, draft logits.
 
-Mirrors ``vllm/v1/worker/gpu/spec_decode/speculator.py`` (``DraftModelSpeculator``,
+Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu/spec_decode/speculator.py`` (``DraftModelSpeculator``,
 ``_copy_request_inputs``), the request-state tables of ``vllm/v1/worker/gpu/states.py`` and the MRV2
 verification of ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``.
 

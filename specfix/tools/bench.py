@@ -1,7 +1,7 @@
 """`python -m specfix bench`: what each fix costs and how close the kernels come to the hardware limit.
 
 Chapter 5's measurement harness. It has no vLLM counterpart: it measures specfix's mirrors of vLLM's
-sampler (``vllm/v1/worker/gpu/sample/gumbel.py``), rejection sampler, placeholder clamp
+sampler (vLLM 0.33.0 ``vllm/v1/worker/gpu/sample/gumbel.py``), rejection sampler, placeholder clamp
 (``gpu_model_runner._preprocess``) and CUDA-graph drafter step against torch references and against two
 ceilings measured in the same run (device copy bandwidth and fp32 argmax read bandwidth).
 

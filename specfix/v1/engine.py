@@ -1,9 +1,9 @@
 """The engine loop: schedule, run the model, verify drafts, update, repeat; and ``generate``.
 
-Mirrors ``vllm/v1/engine/llm_engine.py`` (``LLMEngine.add_request`` / ``step``) and, for ``generate``,
-``vllm/entrypoints/llm.py`` (``LLM.generate``), with the scheduler and the runner in one process (vLLM
-puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedule`` -> ``execute_model`` ->
-``update_from_output`` -> ``take_draft_token_ids`` -> ``update_draft_token_ids``).
+Mirrors vLLM 0.33.0's ``vllm/v1/engine/llm_engine.py`` (``LLMEngine.add_request`` / ``step``) and, for
+``generate``, ``vllm/entrypoints/llm.py`` (``LLM.generate``), with the scheduler and the runner in one
+process (vLLM puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedule`` -> ``execute_model``
+-> ``update_from_output`` -> ``take_draft_token_ids`` -> ``update_draft_token_ids``).
 
     from specfix.v1.engine import generate, SamplingParams
     result = generate(["the fox said", "a lion was"], SamplingParams(temperature=0.8, seed=1, max_tokens=20),

@@ -1,8 +1,8 @@
 """The model runner's persistent batch: one row per request, token ids kept on the CPU.
 
-Mirrors ``vllm/v1/worker/gpu_input_batch.py`` (``CachedRequestState``, ``InputBatch``), keeping what
-speculative decoding touches: ``token_ids_cpu`` (every request's prompt, outputs and, tentatively, this
-step's drafts), ``num_tokens_no_spec``, ``num_computed_tokens_cpu``, ``spec_token_ids`` and
+Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_input_batch.py`` (``CachedRequestState``, ``InputBatch``),
+keeping what speculative decoding touches: ``token_ids_cpu`` (every request's prompt, outputs and,
+tentatively, this step's drafts), ``num_tokens_no_spec``, ``num_computed_tokens_cpu``, ``spec_token_ids`` and
 ``update_req_spec_token_ids``, which writes the scheduler's drafts, ``-1`` placeholders included,
 *verbatim* into the table (the placeholders stay ``-1`` here; the runner clamps only its ``input_ids``).
 

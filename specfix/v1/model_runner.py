@@ -1,6 +1,6 @@
 """The model runner: scheduler output in, sampled tokens (and next step's drafts) out.
 
-Mirrors ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``: ``_update_states``,
+Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``: ``_update_states``,
 ``_prepare_inputs``, ``_calc_spec_decode_metadata``, ``_preprocess``, ``execute_model``,
 ``take_draft_token_ids``) and the ``CpuGpuBuffer`` of ``vllm/v1/utils.py``. It runs on CPU or CUDA.
 
@@ -61,7 +61,7 @@ _DEFAULT_FIXES = Fixes()
 
 
 class CpuGpuBuffer:
-    """A pinned-style CPU tensor, its numpy view, and a device twin (vllm/v1/utils.py)."""
+    """A pinned-style CPU tensor, its numpy view, and a device twin (vLLM 0.33.0 ``vllm/v1/utils.py``)."""
 
     def __init__(self, size: int, dtype: torch.dtype, device: torch.device | str):
         self.cpu = torch.zeros(size, dtype=dtype)

@@ -7,7 +7,7 @@ It may propose fewer than k tokens, or none when nothing matches; the scheduler 
 drafts it has. vLLM's defaults are ``prompt_lookup_min = prompt_lookup_max = 5`` (0.33.0
 ``vllm/config/speculative.py``).
 
-``DraftModelProposer`` mirrors ``vllm/v1/spec_decode/draft_model.py`` with greedy drafting
+``DraftModelProposer`` mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/draft_model.py`` with greedy drafting
 (``draft_sample_method="greedy"``): the small draft model is run k times, each time appending its argmax.
 It always proposes exactly k tokens.
 """

@@ -1,8 +1,8 @@
 """Verify draft tokens against the target model: the V1 rejection sampler.
 
-Mirrors ``vllm/v1/sample/rejection_sampler.py`` (standard verification only; vLLM's synthetic, block
-and FLy modes, top-k/top-p, penalties and logprobs are left out). Algorithm: Leviathan et al.,
-arXiv 2211.17192. Terms: an *accepted* token passes the test; a *recovered* token is sampled from the
+Mirrors vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py`` (standard verification only; vLLM's
+synthetic, block and FLy modes, top-k/top-p, penalties and logprobs are left out). Algorithm: Leviathan
+et al., arXiv 2211.17192. Terms: an *accepted* token passes the test; a *recovered* token is sampled from the
 residual distribution at the first rejection; the *bonus* token is sampled from the target's last row
 when every draft passes.
 

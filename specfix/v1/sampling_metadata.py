@@ -5,7 +5,7 @@ temperature (below ``SAMPLING_EPS`` means greedy) and per-request seeded generat
 penalties, logits processors and logprobs are left out.
 
 The greedy rule, in one place for every sampler in specfix (the engine's ``SamplingParams``, the
-rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM's ``_SAMPLING_EPS``,
+rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM 0.33.0's ``_SAMPLING_EPS``,
 ``vllm/sampling_params.py``) is greedy decoding. vLLM decides it there, per request
 (``SamplingType.GREEDY``), and its input batch then stores ``GREEDY_TEMPERATURE`` for that row, so that
 no kernel ever divides by a temperature that small: 1e-40 in float32 is subnormal, ``logits / T``

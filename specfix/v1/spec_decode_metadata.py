@@ -1,6 +1,6 @@
 """Where each request's draft tokens sit in a batch, and which logits rows verify them.
 
-Mirrors ``vllm/v1/spec_decode/metadata.py`` (``SpecDecodeMetadata``). The model runner's
+Mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/metadata.py`` (``SpecDecodeMetadata``). The model runner's
 ``_calc_spec_decode_metadata`` builds one per step; the rejection sampler reads it.
 
 For a batch of B requests where request i carries k_i drafts (k_i = 0 allowed), the model computes
