@@ -163,3 +163,7 @@ def test_the_sources_table_adds_the_share():
     table = figs.sources_table({"a": {"draft slots": 8, "-1 slots": 2},
                                 "b": {"draft slots": 0, "-1 slots": 0}})
     assert table.loc["a", "share of -1"] == 0.25 and math.isnan(table.loc["b", "share of -1"])
+    text = figs.sources_text({"a": {"draft slots": 8, "-1 slots": 2}, "b": {"draft slots": 5, "-1 slots": 0},
+                              "c": {"draft slots": 4, "-1 slots": 4}})
+    assert text == ("*a*: 2 of 8 of its draft slots left the scheduler as `-1`. *b*: none of its draft slots "
+                    "left the scheduler as `-1`. *c*: all of its draft slots left the scheduler as `-1`.")

@@ -287,3 +287,13 @@ def sources_table(counts: Mapping[str, Mapping[str, int]]):
     table = pd.DataFrame(counts).T
     table["share of -1"] = [_rate(row["-1 slots"], row["draft slots"]) for _, row in table.iterrows()]
     return table
+
+
+def sources_text(counts: Mapping[str, Mapping[str, int]]) -> str:
+    """What the deployments table shows, one sentence per deployment, from its values (Markdown)."""
+    parts = []
+    for name, row in counts.items():
+        pads, slots = row["-1 slots"], row["draft slots"]
+        share = "none" if pads == 0 else "all" if pads == slots else f"{pads} of {slots}"
+        parts.append(f"*{name}*: {share} of its draft slots left the scheduler as `-1`.")
+    return " ".join(parts)

@@ -197,17 +197,17 @@ def _draft_slots(step: StepTrace, req_id: str, ids: torch.Tensor) -> list[int]:
     return ids[end - num_drafts: end].tolist()
 
 
-def runner_paths(*, k: int = 3, models: tuple[NgramLM, NgramLM] | None = None,
-                 device: torch.device | str = "cpu") -> dict[str, dict[str, object]]:
+def runner_paths(*, k: int = 3,
+                 models: tuple[NgramLM, NgramLM] | None = None) -> dict[str, dict[str, object]]:
     """The repeat's first step (:func:`repeated_prompt_engine`) on each of :data:`RUNNER_PATHS`: the ids of
     its draft slots as the scheduler sent them, as the embedding read them and as verification saw them, the
     tokens the step emitted and how many placeholder slots were accepted; ``"error"`` names what the step
-    raised, if it did."""
+    raised, if it did. Runs on the CPU (``models`` must live there): without the clamp a GPU would hit a
+    device-side assert, which leaves the process unusable."""
     rows = {}
     for name, (runner, fixes) in RUNNER_PATHS.items():
         try:
-            engine = repeated_prompt_engine(k=k, model_runner=runner, fixes=fixes, models=models,
-                                            device=device)
+            engine = repeated_prompt_engine(k=k, model_runner=runner, fixes=fixes, models=models)
         except IndexError as err:
             rows[name] = {"error": f"{type(err).__name__}: {err}"}
             continue

@@ -53,6 +53,9 @@ from specfix.v1.scheduler import (
 from specfix.v1.snapshot import Snapshot
 
 PROPOSERS = ("draft_model", "ngram")
+#: "v1": vLLM's V1 runner (``gpu_model_runner.py``); "v2": Model Runner V2's draft slots
+#: (:mod:`specfix.mrv2.draft_slots`), the runner vLLM 0.33 uses by default.
+MODEL_RUNNERS = ("v1", "v2")
 _DEFAULT_FIXES = Fixes()
 _DEFAULT_PARAMS = SamplingParams()
 
@@ -106,6 +109,12 @@ class LLMEngine:
 
     ``async_scheduling=True``: see the module docstring. vLLM 0.33's V1 runner refuses async scheduling
     with the CPU n-gram drafter (``vllm/config/vllm.py``), and so does specfix.
+
+    ``model_runner``: ``"v1"`` (the default here) is vLLM's V1 runner, ``gpu_model_runner.py``; ``"v2"``
+    gives it Model Runner V2's draft slots (:mod:`specfix.mrv2.draft_slots`). vLLM 0.33 runs Model Runner V2
+    by default (``VllmConfig.use_v2_model_runner``, ``vllm/config/vllm.py``); 0.24 only for six listed
+    architectures, 0.25 for dense models and three MoE ones. ``enable_prefix_caching``: the scheduler's prefix
+    cache (on by default in vLLM, off here so that runs do not depend on what ran before them).
     """
 
     def __init__(
@@ -124,8 +133,12 @@ class LLMEngine:
         models: tuple[NgramLM, NgramLM] | None = None,
         record: bool = False,
         async_scheduling: bool = False,
+        model_runner: str = "v1",
+        enable_prefix_caching: bool = False,
     ):
         check_num_spec_tokens(num_speculative_tokens)
+        if model_runner not in MODEL_RUNNERS:
+            raise ValueError(f"model_runner must be one of {MODEL_RUNNERS}, got {model_runner!r}")
         if proposer not in PROPOSERS:
             raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
         if not isinstance(async_scheduling, bool):
@@ -148,8 +161,12 @@ class LLMEngine:
         self.scheduler = scheduler_cls(
             vocab_size=target.vocab_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            num_spec_tokens=num_speculative_tokens, placeholder_policy=placeholder_policy)
-        self.model_runner = GPUModelRunner(
+            num_spec_tokens=num_speculative_tokens, placeholder_policy=placeholder_policy,
+            enable_prefix_caching=enable_prefix_caching)
+        runner_cls = GPUModelRunner
+        if model_runner == "v2":
+            from specfix.mrv2.draft_slots import GPUModelRunnerV2 as runner_cls
+        self.model_runner = runner_cls(
             target, drafter=drafter, fixes=fixes, device=device, max_num_reqs=max_num_seqs,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
             cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record,
