@@ -186,7 +186,10 @@ def read_lines(stream, name: str, progress: Callable[[int], None] = lambda n: No
         lines = (rest + decoder.decode(block)).split("\n")
         rest = lines.pop()
         for line in lines:
-            yield from _pieces(line)
+            if len(line) <= MAX_LINE:
+                yield line
+            else:
+                yield from _pieces(line)
         while len(rest) > MAX_LINE:
             yield rest[:MAX_LINE]
             rest = rest[MAX_LINE:]
