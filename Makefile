@@ -17,7 +17,7 @@ CHROMIUM  ?= /usr/bin/chromium
 LAB_ARGS  ?=
 LAB_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint unit notebooks gpu-test clean book book-check lab-check
+.PHONY: lab test lint unit notebooks gpu-test clean book book-check lab-check gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,14 @@ book-check: book
 # Screenshots in build/lab/screenshots/.
 lab-check: $(STAMP)
 	$(BIN)/python scripts/lab_check.py --chromium $(CHROMIUM)
+
+# On a GPU machine: the cuda tests, every chapter at full scale (and with SOLUTIONS = True), a bench smoke;
+# a table and a JSON report (scripts/gpu_check.py says how to split it and how to record three runs). It uses
+# the venv where there is one, else $(PYTHON) (e.g. python3 with PYTHONPATH set, on a machine without network).
+GPU_PYTHON     ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build

@@ -263,3 +263,26 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     with pytest.raises(ValueError, match="before: old"):
         only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
         perf.profile_text({**profile, "kernels": only_today}, sweep)
+
+
+def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
+    """The speedup over softmax + multinomial falls with the rows on the H200 (it once said it grew), and
+    today's kernel is faster with more instructions per logit (it once said fewer was the lever)."""
+    g = bench.frame(H200, "gumbel")
+    wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
+    caption = perf.speedup_caption(H200)
+    for ref, name in (("torch_softmax_multinomial", "softmax + multinomial"),
+                      ("torch_gumbel_max", "torch's Gumbel-max")):
+        by_rows = (wide[ref] / wide[bench.JUDGED]).groupby(wide["rows"]).median()
+        first, last = by_rows.iloc[0], by_rows.iloc[-1]
+        verb = "grows" if last > first * 1.1 else "falls" if last < first / 1.1 else "stays about the same"
+        assert f"against {name} the median speedup {verb}, from {first:.1f}x" in caption
+    prof = perf.profile_table(recorded.load("gumbel_ncu_h200"))
+    final = prof[(prof.run == "final") & (prof["shape"] == "256 x 151,936 fp32") & ~prof.store]
+    new, old = (final[final.kernel == k].iloc[0] for k in ("today", "before: old"))
+    sweep = recorded.load("gumbel_sweep_before_after_h200")
+    text = perf.profile_text(recorded.load("gumbel_ncu_h200"), sweep)
+    more = new.instructions_per_logit > old.instructions_per_logit
+    faster = new.time_us < old.time_us
+    assert ("More instructions" if more else "Fewer instructions") in text
+    assert (" yet " in text) == (more == faster) and "is the lever" not in text

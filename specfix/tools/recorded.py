@@ -44,6 +44,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "vllm_noise_comparison": ("scripts/compare_vllm_noise.py", *_GUMBEL),
     "gumbel_golden": ("scripts/record_gumbel_golden.py", *_GUMBEL),
     "dflash_prepare": ("scripts/record_cudagraph.py", "specfix/mrv2/dflash.py"),
+    # what `make gpu-check` ran is the whole suite at one commit (meta["commit"]); its script is hashed here
+    "gpu_check_h200": ("scripts/gpu_check.py",),
 }
 
 

@@ -1,0 +1,76 @@
+"""`make gpu-check`'s script, on the CPU: its report of a failing cell, its refusal without a GPU, and the
+recording it makes of several runs (each possibly split over several invocations)."""
+
+import importlib.util
+
+import nbformat
+import pytest
+import torch
+
+from specfix.tools import recorded
+
+spec = importlib.util.spec_from_file_location("gpu_check", recorded.ROOT / "scripts" / "gpu_check.py")
+gc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gc)
+
+
+def _report(run, results, commit="abc"):
+    return {"schema": gc.SCHEMA, "run": run, "results": results,
+            "meta": {"device": "NVIDIA H200", "commit": commit, "source_hash": {"scripts/gpu_check.py": "1"}}}
+
+
+def _result(part, name, ok=True, error=""):
+    return {"part": part, "name": name, "seconds": 1.0, "ok": ok, "error": error}
+
+
+def _whole_run(run, failing=None):
+    """A run split as the lead splits it: the tests and the bench, then the chapters, then the solutions."""
+    every = [("tests", "cuda tests"), ("bench", "specfix bench --scale ci")] + [
+        ("chapters", p.stem) for p in gc.NOTEBOOKS] + [
+        ("solutions", p.stem) for p in gc.NOTEBOOKS if not p.name.startswith("00")]
+    results = [_result(part, name, ok=(part, name) != failing, error="boom" * ((part, name) == failing))
+               for part, name in every]
+    return [_report(run, results[:2]), _report(run, results[2:8]), _report(run, results[8:])]
+
+
+def test_three_consecutive_green_runs_are_counted_and_a_failure_or_a_gap_breaks_the_count():
+    rec = gc.aggregate(_whole_run("1") + _whole_run("2") + _whole_run("3"))
+    assert [r["green"] for r in rec["runs"]] == [True] * 3 and rec["consecutive_green_runs"] == 3
+    assert rec["meta"]["commit"] == "abc"
+    failed = gc.aggregate(_whole_run("1") + _whole_run("2", failing=("chapters", gc.NOTEBOOKS[2].stem))
+                          + _whole_run("3"))
+    assert [r["green"] for r in failed["runs"]] == [True, False, True]
+    assert failed["consecutive_green_runs"] == 1
+    gap = gc.aggregate(_whole_run("1")[:2])
+    assert not gap["runs"][0]["green"] and "solutions 05_performance" in gap["runs"][0]["missing"]
+    shown = gc.show(failed)
+    assert "run 2: NOT green" in shown and "boom" in shown and recorded.label(failed["meta"]) in shown
+    with pytest.raises(ValueError, match="different commits"):
+        gc.aggregate(_whole_run("1") + [_report("2", [], commit="def")])
+    with pytest.raises(ValueError, match="schema"):
+        gc.aggregate([{"schema": "other"}])
+
+
+def test_a_failing_cell_is_reported_with_its_id_and_error(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("SOLUTIONS = False", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("x = 1", id="fine"), nbformat.v4.new_code_cell("1 / 0", id="bad")])
+    path = tmp_path / "07_toy.ipynb"
+    nbformat.write(nb, path)
+    got = gc.run_notebook(path, solutions=False, deadline=float("inf"))
+    assert got == {"ok": False, "error": "cell bad: ZeroDivisionError: division by zero"}
+    # with SOLUTIONS = True the chapter must report every exercise solved: a chapter that solved none fails
+    del nb.cells[-1]
+    nbformat.write(nb, path)
+    assert gc.run_notebook(path, solutions=False, deadline=float("inf")) == {"ok": True, "error": ""}
+    got = gc.run_notebook(path, solutions=True, deadline=float("inf"))
+    assert not got["ok"] and "AssertionError" in got["error"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_without_a_gpu_it_refuses_and_says_why(capsys):
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        gc.main(["--only", "tests"])
+    with pytest.raises(SystemExit):
+        gc.main(["--only", "tests,lint"])
+    assert "--only takes" in capsys.readouterr().err
