@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,8 @@ def main() -> None:
     command = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", "regex:gumbel",
                "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
                sys.executable, __file__, "--launch", *[f"--before={b}" for b in args.before]]
+    if shutil.which("ncu") is None:
+        sys.exit("profile_gumbel.py: ncu (Nsight Compute) is not on PATH; nothing was recorded")
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
     if done.returncode:
         sys.exit(f"ncu failed ({done.returncode}):\n{done.stderr[-4000:]}\n{done.stdout[-4000:]}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,9 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
+    if shutil.which("compute-sanitizer") is None:
+        sys.exit("sanitize_gumbel.py: compute-sanitizer is not on PATH (it comes with the CUDA toolkit: add "
+                 "its bin/ folder to PATH); nothing was recorded")
     from specfix.tools import recorded
 
     results = {variant: run_variant(variant) for variant in VARIANTS}

@@ -54,3 +54,21 @@ def test_save_names_the_commit_and_the_sources_and_a_change_is_caught(tmp_path, 
     assert recorded.changed_sources("gumbel_sanitizer", {}) == list(recorded.SOURCES["gumbel_sanitizer"])
     with pytest.raises(ValueError, match="SOURCES"):
         recorded.gpu_meta("no_such_recording")
+
+
+def test_recorders_say_what_is_missing_instead_of_failing_later(tmp_path):
+    """record_all_gpu.sh names the Python it needs; the sanitizer's recorder names the missing tool."""
+    import os
+    import subprocess
+    import sys
+
+    script = recorded.ROOT / "scripts" / "record_all_gpu.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHON=str(tmp_path / "no-such-python")))
+    assert done.returncode == 2 and "cannot import torch and triton; set PYTHON" in done.stderr
+    bare = {k: v for k, v in os.environ.items() if k != "PATH"}
+    done = subprocess.run([sys.executable, str(recorded.ROOT / "scripts" / "sanitize_gumbel.py"), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(bare, PATH=str(tmp_path)))
+    assert done.returncode == 1 and "compute-sanitizer is not on PATH" in done.stderr
+    assert not list(tmp_path.glob("*.json"))
