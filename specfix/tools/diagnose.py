@@ -368,10 +368,11 @@ def _op_table() -> tuple[dict, list[dict]]:
 
 
 def _ops_for(a: dict, rows: list[dict]) -> list[dict]:
-    """The recorded cases whose CUDA run asserted in the same kernel of the same source file."""
-    name = Path(a["file"]).name
+    """The recorded cases whose CUDA run failed the same condition in the same kernel of the same file."""
+    name, c = Path(a["file"]).name, ("kernel", "condition")
     return [{"op": r["op"], "bad": r["bad"], "num_indices": r["num_indices"]} for r in rows
-            if r["cuda"].get("kernel") == a["kernel"] and r["cuda"].get("where", "").split(":")[0] == name]
+            if [r["cuda"].get(k) for k in c] == [a[k] for k in c]
+            and r["cuda"].get("where", "").split(":")[0] == name]
 
 
 def _embedding_kernels(rows: list[dict]) -> set[str]:
@@ -480,9 +481,9 @@ def _verdict(scan: _Scan, err: dict | None, asserts: list[dict], rows: list[dict
                 *spec_reasons]
         if spec is False:
             return "other_index", "medium", [
-                (f"the first assert is in {first['kernel']}, which an embedding can launch, but",
-                 kernel_line),
-                *spec_reasons, ("without speculative decoding there are no -1 placeholder drafts", [])]
+                (f"the first assert is in {first['kernel']} ({first['where']}), which an embedding can "
+                 "launch", kernel_line),
+                *spec_reasons, ("but without speculative decoding there are no -1 placeholder drafts", [])]
         reasons.append((f"the first assert is in {first['kernel']} ({first['where']}), a kernel an embedding "
                         "launches (chapter 2's op table)", kernel_line))
         reasons += spec_reasons
