@@ -82,6 +82,8 @@ def check_pad_idx_mapping(answer, verdict):
 
 def _names(answer) -> set[str] | None:
     """A set of request names from a set, list or string of letters; None if it is none of those."""
+    if hasattr(answer, "tolist") and not isinstance(answer, str):  # a numpy array of names
+        answer = answer.tolist()
     if isinstance(answer, str):
         return {c for c in answer if c.isalpha()}
     if isinstance(answer, (set, frozenset, list, tuple)) and all(isinstance(a, str) for a in answer):
@@ -257,13 +259,15 @@ def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], in
                 events.append(f"finish {''.join(gone)}")
                 live = [c for c in live if c not in gone]
                 continue
-            newcomers = string.ascii_lowercase[used:used + rng.randint(0, max_num_reqs - len(live))]
+            newcomers = list(string.ascii_lowercase[used:used + rng.randint(0, max_num_reqs - len(live))])
             used += len(newcomers)
-            live += list(newcomers)
             if newcomers and rng.random() < 0.5:
-                events.append(f"arrive {newcomers}")  # else they arrive with the step that first runs them
-            if live:
-                events.append("step " + "".join(rng.sample(live, rng.randint(1, len(live)))))
+                events.append(f"arrive {''.join(newcomers)}")
+                live, newcomers = live + newcomers, []
+            if live or newcomers:  # the step runs every newcomer (that is how it arrives), and some others
+                batch = newcomers + rng.sample(live, rng.randint(0 if newcomers else 1, len(live)))
+                events.append("step " + "".join(rng.sample(batch, len(batch))))
+                live += newcomers
         cases.append((events or ["step a"], max_num_reqs))
     return cases
 

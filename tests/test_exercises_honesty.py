@@ -1,0 +1,469 @@
+"""Every checker is honest: each hint is earned by a wrong answer built to earn it, lazy answers are refused,
+right answers pass whatever container they come in, and answers that dodge the point of an exercise (a host
+sync, a call to specfix's own version, a read-off constant) are refused with a hint that says why.
+
+The tables below are the newer exercises' and the defects' cases; each chapter's own file
+(``tests/test_exercises_<chapter>.py``) holds the older exercises' hint cases. ``test_every_hint_is_tested``
+checks that together they name every hint of every checker."""
+
+import bisect
+import importlib
+import json
+import pkgutil
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specfix.exercises
+from specfix import runtime
+from specfix.exercises import core
+from specfix.exercises import cudagraph_idx_mapping as ch3
+from specfix.exercises import embedding_assert as ch2
+from specfix.exercises import masked_gumbel_sampling as ch4
+from specfix.exercises import performance as ch5
+from specfix.exercises import placeholder_lifecycle as ch1
+from specfix.exercises.solutions import cudagraph_idx_mapping as sol3
+from specfix.exercises.solutions import embedding_assert as sol2
+from specfix.exercises.solutions import performance as sol5
+from specfix.exercises.solutions import placeholder_lifecycle as sol1
+from specfix.runtime import tl, triton
+
+ROOT = Path(__file__).resolve().parents[1]
+for info in pkgutil.iter_modules(specfix.exercises.__path__):
+    if not info.ispkg and info.name != "core":
+        importlib.import_module(f"specfix.exercises.{info.name}")
+
+
+@pytest.fixture(autouse=True)
+def readers_answers():
+    core.use_solutions(False)
+
+
+def _hint(check, answer):
+    verdict = check(answer)
+    assert not verdict.solved, f"{check.exercise} accepted {answer!r}"
+    return verdict.hint_ids
+
+
+# -- lazy answers: never accepted, never a crash of the checker ----------------------------------------------
+
+LAZY_VALUES = [0, 1, -1, "", "the", [], {}, set(), 3.5, True, np.int64(0), torch.tensor([1, 2])]
+LAZY_FUNCTIONS = [lambda *a, **k: None, lambda *a, **k: 0, lambda *a, **k: [],
+                  lambda *a, **k: a[0] if a else k]  # the stub's return, constants, the input echoed
+
+
+@pytest.mark.parametrize("exercise", sorted(core.CHECKERS))
+def test_lazy_answers_are_refused_with_a_hint(exercise):
+    check = core.CHECKERS[exercise]
+    for answer in LAZY_FUNCTIONS if callable(check.reference()) else LAZY_VALUES:
+        verdict = check(answer)
+        assert not verdict.solved and verdict.hints, f"{exercise} accepted {answer!r}"
+        assert verdict.hint_ids != ["raised"], f"{exercise} crashed on {answer!r}: {verdict}"
+
+
+#: Lazy answers that read a value off the chapter, or call specfix's own version of the exercise.
+READ_OFF = [
+    ("ch3.find_stale_row", lambda mystery: (5, 2)),              # the notebook's mystery, read off its print
+    ("ch3.find_stale_row", lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item())),  # first pad
+    ("ch3.stale_victims", set()),
+    ("ch1.emitted", lambda drafts, choices: choices),
+    ("ch2.guard_positions", lambda positions, cu, req_ids: ["0", "0", "0", "2", "2", "2"]),  # the demo's
+]
+
+
+@pytest.mark.parametrize("exercise,answer", READ_OFF, ids=[e for e, _ in READ_OFF])
+def test_answers_read_off_the_chapter_are_refused(exercise, answer):
+    assert _hint(core.CHECKERS[exercise], answer)
+
+
+def _plays_the_real_speculator(events, max_num_reqs):
+    from specfix.lab.padding_bench import StaleRowScenario
+
+    scenario = StaleRowScenario(fixes=ch3.UNFIXED, max_num_reqs=max_num_reqs)
+    scenario.play(list(events))
+    return scenario.spec.idx_mapping.tolist()
+
+
+def _calls_the_rejection_sampler(drafts, choices):
+    from specfix.v1.rejection_sampler import RejectionSampler
+
+    logits = torch.nn.functional.one_hot(torch.tensor(choices), 16).float()  # the target's choices, greedy
+    return RejectionSampler.parse_output(ch1_sampler_step(RejectionSampler, drafts, logits), 16)[0]
+
+
+def ch1_sampler_step(sampler, drafts, logits):
+    from specfix.v1.sampling_metadata import SamplingMetadata
+    from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
+
+    metadata = SpecDecodeMetadata.make_dummy([list(drafts)], "cpu")
+    return sampler()(metadata, None, logits, SamplingMetadata.from_requests([0.0], [None], "cpu"))
+
+
+@pytest.mark.parametrize("check,answer", [
+    (ch3.check_simulate_idx_mapping, _plays_the_real_speculator),
+    (ch1.check_emitted, _calls_the_rejection_sampler),
+])
+def test_calling_specfixs_own_version_is_refused(check, answer):
+    assert _hint(check, answer) == ["bypass"]
+    assert not check(answer).solved and "specfix's own" in str(check(answer))
+
+
+def test_a_forbidden_function_is_put_back_after_the_check():
+    from specfix.lab.padding_bench import StaleRowScenario
+    from specfix.v1.rejection_sampler import RejectionSampler
+
+    before = (StaleRowScenario.play, RejectionSampler.forward)
+    ch3.check_simulate_idx_mapping(_plays_the_real_speculator)
+    ch1.check_emitted(_calls_the_rejection_sampler)
+    assert (StaleRowScenario.play, RejectionSampler.forward) == before
+    assert "forward" in vars(RejectionSampler)
+
+
+# -- right answers in any container --------------------------------------------------------------------------
+
+CONTAINED = (
+    [("ch1.metadata", {k: c(v) for k, v in sol1.metadata_answer().items()})
+     for c in (list, tuple, np.array, torch.tensor)]
+    + [("ch1.zero_accepts", v) for v in (2, np.int64(2), np.int32(2), torch.tensor(2), torch.tensor([2]))]
+    + [("ch2.which_ops", c(sorted(sol2.which_ops))) for c in (set, frozenset, list, tuple)]
+    + [("ch3.stale_victims", v) for v in ({"a", "g"}, ["g", "a"], ("a", "g"), "ag", np.array(["a", "g"]))]
+    + [("ch5.floor", c(sol5.answer_floor_us)) for c in (float, np.float64, np.float32)]
+    + [("ch5.which_syncs", c(sol5.which_syncs)) for c in (set, list, tuple)]
+    + [("ch3.find_stale_row", lambda m, c=c: c(list(sol3.find_stale_row(m))))
+       for c in (list, tuple, np.array, torch.tensor)]
+    + [("ch1.emitted", lambda d, ch, c=c: c(sol1.emitted_tokens(d, ch))) for c in (list, tuple, np.array)]
+    + [("ch3.simulate_idx_mapping", lambda e, m, c=c: c(sol3.simulate_idx_mapping(e, m)))
+       for c in (list, tuple, np.array, torch.tensor)]
+    + [("ch2.guard_positions", lambda p, cu, r, c=c: c(sol2.requests_at(p, cu, r))) for c in (list, tuple)]
+)
+
+
+@pytest.mark.parametrize("exercise,answer", CONTAINED, ids=[e for e, _ in CONTAINED])
+def test_a_right_answer_passes_in_any_container(exercise, answer):
+    verdict = core.CHECKERS[exercise](answer)
+    assert verdict.solved, str(verdict)
+
+
+# -- section 1's defects, one test each ----------------------------------------------------------------------
+
+def test_first_bad_op_indexing_hint_gives_the_true_reason():
+    message = str(ch2.check_first_bad_op('totals = getattr(self, f"totals_{m}")[row]'))
+    assert "torch.where" in message and "never the kernel" not in message
+
+
+@pytest.mark.parametrize("spelling", ["probs=self.embed_tokens(input_ids)",
+                                      "probs =  self.embed_tokens( input_ids )"])
+def test_first_bad_op_accepts_any_spacing(spelling):
+    assert ch2.check_first_bad_op(spelling).solved
+
+
+def _clamps_after_a_host_check(input_ids, num_tokens, num_input_tokens, draft_token_ids):
+    if (input_ids[:num_input_tokens] < 0).any():  # a host read of a GPU value: a sync every step
+        input_ids[:num_input_tokens].clamp_(min=0)
+    return input_ids[:num_input_tokens]
+
+
+def _clamps_after_item(input_ids, num_tokens, num_input_tokens, draft_token_ids):
+    if input_ids[:num_input_tokens].min().item() < 0:
+        input_ids[:num_input_tokens].clamp_(min=0)
+    return input_ids[:num_input_tokens]
+
+
+@pytest.mark.parametrize("answer", [_clamps_after_a_host_check, _clamps_after_item])
+def test_clamp_that_synchronises_is_refused(answer):
+    verdict = ch2.check_clamp(answer)
+    assert verdict.hint_ids == ["syncs"] and "host" in str(verdict)
+
+
+def test_which_ops_names_the_family_only_prediction():
+    assert _hint(ch2.check_which_ops, {"F.embedding", "torch.index_select"}) == ["family_only"]
+
+
+def test_find_stale_row_hidden_cases_cover_the_traps():
+    seeds = ch3._hidden_seeds()
+    first_free, fresh = ch3.mystery_batch(seeds[0]), ch3.mystery_batch(seeds[1])
+    assert first_free.spec.idx_mapping[len(first_free.batch)].item() not in first_free.owners
+    assert any(fresh.scenario.row_writer[row] is None and slot == 0 for row, slot in ch3._culprits(fresh))
+    for seed in seeds:
+        assert ch3._culprits(ch3.mystery_batch(seed)), seed
+    assert ch3.check_find_stale_row(sol3.find_stale_row).solved
+
+
+def test_find_stale_row_first_padded_row_gets_the_free_slot_hint():
+    answer = (lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item()))
+    assert _hint(ch3.check_find_stale_row, answer) == ["free_slot"]
+
+
+def test_pad_idx_mapping_is_written_before_the_fix_is_shown():
+    cells = json.loads((ROOT / "notebooks/03_cudagraph_idx_mapping.ipynb").read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells]
+    exercise = next(i for i, s in enumerate(sources) if "ex.check_pad_idx_mapping(" in s)
+    shown = next(i for i, s in enumerate(sources) if 'show_fix("pad_idx_mapping")' in s)
+    assert exercise < shown
+
+
+@pytest.mark.parametrize("answer", [set(), {"g"}, {"a"}])
+def test_stale_victims_hints_name_no_row_or_slot(answer):
+    verdict = ch3.check_stale_victims(answer)
+    assert not verdict.solved and not re.search(r"\d", str(verdict).split(":", 1)[1])
+
+
+def test_zero_accepts_says_neither_more_nor_less():
+    assert _hint(ch1.check_zero_accepts, 1) == _hint(ch1.check_zero_accepts, 15) == ["count"]
+    assert "too" not in str(ch1.check_zero_accepts(1)) + str(ch1.check_zero_accepts(15))
+
+
+def test_floor_fallback_hint_does_not_spell_the_formula():
+    message = str(ch5.check_floor(1000.0))
+    assert "4 bytes" not in message and "1e6" not in message
+
+
+def test_floor_names_a_quarter_of_the_floor():
+    read = ch5.ceilings(ch5._h200())["read"]
+    assert _hint(ch5.check_floor, 64 * 151_936 * 4 / (read * 1e6)) == ["quarter"]
+
+
+def test_replayed_rows_names_an_answer_without_padding():
+    assert _hint(ch5.check_replayed_rows, lambda live, sizes: live) == ["no_padding"]
+    assert "any order" in ch5.check_replayed_rows.todo
+
+
+def _wraps_then_masks(draft_ids, p, q, u):  # indexes with the -1 (wrapped), then rejects the slot
+    rows = torch.arange(draft_ids.numel())
+    pp, qq = p[rows, draft_ids], q[rows, draft_ids]
+    return (draft_ids >= 0) & (qq > 0) & ((pp / torch.where(qq > 0, qq, 1.0)).double() >= u)
+
+
+def test_reject_negative_refuses_indexing_with_minus_one_even_when_masked():
+    assert _hint(ch1.check_reject_negative, _wraps_then_masks) == ["wrapped"]
+
+
+def test_metadata_truth_is_not_public():
+    assert not hasattr(ch1, "metadata_truth")
+
+
+def test_show_solution_keeps_a_values_comments():
+    shown = str(core.show_solution("ch3.stale_victims"))
+    assert shown.startswith("#") and shown.rstrip().endswith('stale_victims = {"a", "g"}')
+
+
+def test_chapter_1_recap_has_no_garbled_sentence():
+    text = (ROOT / "notebooks/01_placeholder_lifecycle.ipynb").read_text()
+    assert "In  vLLM" not in text
+
+
+# -- ch4: a kernel with one switchable mistake each ----------------------------------------------------------
+
+@triton.jit
+def _kernel(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size,
+            BLOCK: tl.constexpr):
+    """ch4.mask_kernel with req_state_idx clamped to 0 and nothing masked: padded rows become slot 0's."""
+    row = tl.program_id(0)
+    req_state_idx = tl.maximum(tl.load(idx_mapping_ptr + row).to(tl.int64), 0)
+    temp = tl.load(temperature_ptr + req_state_idx)
+    tl.store(row_temp_ptr + row, temp)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(logits_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=0.0)
+    if temp != 0.0:
+        x = x / temp
+    tl.store(out_ptr + req_state_idx * vocab_size + offs, x, mask=offs < vocab_size)
+
+
+def test_mask_kernel_names_a_clamp_to_slot_0():
+    assert _hint(ch4.check_mask_kernel, _kernel) == ["padded_wrote_live"]
+
+
+@triton.jit
+def _noise(logits_ptr, idx_mapping_ptr, temperature_ptr, seeds_ptr, out_ptr, row_seed_ptr, vocab_size,
+           BLOCK: tl.constexpr, MASK_SEED: tl.constexpr, MASK_TEMP: tl.constexpr, BY_ROW: tl.constexpr,
+           SCALE: tl.constexpr, SCALAR_MASK: tl.constexpr):
+    row = tl.program_id(0)
+    req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    is_valid_req = req_state_idx >= 0
+    if MASK_TEMP:
+        temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
+    else:
+        temp = tl.load(temperature_ptr + req_state_idx)
+    where = row if BY_ROW else req_state_idx
+    if MASK_SEED:
+        seed = tl.load(seeds_ptr + where, mask=is_valid_req, other=0)
+    else:
+        seed = tl.load(seeds_ptr + where)
+    tl.store(row_seed_ptr + row, seed)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(logits_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=0.0)
+    if temp != 0.0:
+        x = x / temp - SCALE * tl.log(-tl.log(tl.rand(seed, offs)))
+    if SCALAR_MASK:
+        tl.store(out_ptr + row * vocab_size + offs, x, mask=(offs < vocab_size) & is_valid_req)
+    else:
+        tl.store(out_ptr + row * vocab_size + offs, x, mask=offs < vocab_size)
+
+
+def _noise_variant(mask_seed=True, mask_temp=True, by_row=False, scale=1.0, scalar_mask=False):
+    class Variant:
+        fn = _noise.fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                _noise[grid](*args, **kwargs, MASK_SEED=mask_seed, MASK_TEMP=mask_temp, BY_ROW=by_row,
+                             SCALE=scale, SCALAR_MASK=scalar_mask)
+            return launch
+
+    return Variant()
+
+
+@pytest.mark.parametrize("wrong,hint", [
+    (dict(mask_seed=False), "seed_unmasked"),
+    (dict(mask_temp=False, mask_seed=False), "seed_unmasked"),
+    (dict(mask_temp=False), "noise_on_padded"),
+    (dict(by_row=True), "seed_by_row"),
+    (dict(scale=0.5), "wrong_values"),
+])
+def test_mask_seed_names_each_mistake(wrong, hint):
+    assert _hint(ch4.check_mask_seed, _noise_variant(**wrong)) == [hint]
+
+
+def test_mask_seed_accepts_the_variant_with_no_mistake_and_wants_a_kernel():
+    assert ch4.check_mask_seed(_noise_variant()).solved
+    assert _hint(ch4.check_mask_seed, lambda: 42) == ["not_a_kernel"]
+
+
+@pytest.mark.skipif(not runtime.INTERPRET, reason="the compiled kernel accepts a scalar in a mask")
+def test_mask_seed_explains_the_interpreters_scalar_mask():
+    assert _hint(ch4.check_mask_seed, _noise_variant(scalar_mask=True)) == ["scalar_mask"]
+
+
+# -- the new exercises: every hint earned --------------------------------------------------------------------
+
+def _stops_without_bonus(drafts, choices):
+    return sol1.emitted_tokens(drafts, choices)[:len(drafts)]
+
+
+def _never_emits_the_recovered_token(drafts, choices):
+    out = sol1.emitted_tokens(drafts, choices)
+    return out if len(out) == len(drafts) + 1 else out[:-1]
+
+
+def _emits_the_draft_at_the_mismatch(drafts, choices):
+    out = sol1.emitted_tokens(drafts, choices)
+    n = len(out) - 1
+    return out[:-1] + [drafts[n]] if n < len(drafts) else out
+
+
+def _keeps_every_match(drafts, choices):
+    return [c for d, c in zip(drafts, choices, strict=False) if d == c] + [choices[-1]]
+
+
+def _placeholder_is_a_wildcard(drafts, choices):
+    out = []
+    for d, c in zip(drafts, choices, strict=False):
+        if d not in (c, -1):
+            return out + [c]
+        out.append(d)
+    return out + [choices[len(drafts)]]
+
+
+def _off_by_one_bonus(drafts, choices):
+    out = sol1.emitted_tokens(drafts, choices)
+    return out[:-1] + [out[-1] + 1]
+
+
+def _boundary(positions, cu, req_ids):
+    return [req_ids[min(bisect.bisect_left(cu, p), len(cu) - 1)] for p in positions]
+
+
+def _starts_not_ends(positions, cu, req_ids):
+    return [req_ids[max(bisect.bisect_right(cu, p) - 1, 0)] for p in positions]
+
+
+def _skips_nothing(positions, cu, req_ids):  # assumes every request has the same number of tokens
+    width = cu[0] or 1
+    return [req_ids[min(p // width, len(req_ids) - 1)] for p in positions]
+
+
+def _names_empty_requests(positions, cu, req_ids):
+    starts = [0] + cu[:-1]  # a request owns its start, even when it holds nothing
+    return [req_ids[next(i for i, s in enumerate(starts) if s >= p) if p in starts
+                    else bisect.bisect_right(cu, p)] for p in positions]
+
+
+def _wrong(name):
+    return lambda events, max_num_reqs: ch3._wrong_simulations(events, max_num_reqs)[name]
+
+
+NEW_HINTS = [
+    (ch1.check_emitted, lambda d, c: "the", "format"),
+    (ch1.check_emitted, _stops_without_bonus, "no_bonus"),
+    (ch1.check_emitted, _never_emits_the_recovered_token, "no_recovered"),
+    (ch1.check_emitted, _emits_the_draft_at_the_mismatch, "emits_draft"),
+    (ch1.check_emitted, _keeps_every_match, "not_prefix"),
+    (ch1.check_emitted, _placeholder_is_a_wildcard, "placeholder"),
+    (ch1.check_emitted, _off_by_one_bonus, "wrong"),
+    (ch2.check_guard_positions, lambda p, cu, r: "0", "format"),
+    (ch2.check_guard_positions, lambda p, cu, r: [bisect.bisect_right(cu, x) for x in p], "indices"),
+    (ch2.check_guard_positions, _boundary, "boundary"),
+    (ch2.check_guard_positions, _starts_not_ends, "exclusive"),
+    (ch2.check_guard_positions, _names_empty_requests, "empty_request"),
+    (ch2.check_guard_positions, _skips_nothing, "wrong"),
+    (ch3.check_simulate_idx_mapping, lambda e, m: [0] * (m - 1), "format"),
+    (ch3.check_simulate_idx_mapping, _wrong("starts_minus_one"), "starts_minus_one"),
+    (ch3.check_simulate_idx_mapping, _wrong("pads_minus_one"), "pads_minus_one"),
+    (ch3.check_simulate_idx_mapping, _wrong("finish_clears"), "finish_clears"),
+    (ch3.check_simulate_idx_mapping, _wrong("slot_not_reused"), "slot_not_reused"),
+    (ch3.check_simulate_idx_mapping, _wrong("rows_by_name"), "rows_by_name"),
+    (ch3.check_simulate_idx_mapping, lambda e, m: list(range(m)), "wrong"),
+    (ch5.check_which_syncs, "b", "format"),
+    (ch5.check_which_syncs, {"a", "b"}, "clamp"),
+    (ch5.check_which_syncs, {"b", "c"}, "scheduler"),
+    (ch5.check_which_syncs, {"host_mask", "host_mask_async"}, "pinned"),
+    (ch5.check_which_syncs, set(), "pageable"),
+]
+
+
+@pytest.mark.parametrize("check,answer,hint", NEW_HINTS,
+                         ids=[f"{c.exercise}-{h}" for c, _, h in NEW_HINTS])
+def test_new_exercises_name_each_mistake(check, answer, hint):
+    assert _hint(check, answer) == [hint]
+
+
+def test_the_new_exercises_are_checked_on_a_seeded_family_the_notebook_never_prints():
+    assert len(ch1._emitted_cases()) > 20 and ch1._emitted_cases(1) != ch1._emitted_cases(0)
+    assert len(ch2._position_cases()) > 10
+    assert any(c == (p[i - 1] if i else 0) for _, p, _ in ch2._position_cases() for i, c in enumerate(p))
+    cases = ch3._simulation_cases()
+    assert len(cases) > 5 and any("finish" in " ".join(e) for e, _ in cases)
+
+
+def test_simulated_idx_mapping_matches_the_real_speculator_on_random_histories():
+    for events, max_num_reqs in ch3._simulation_cases(seed=7):
+        want = _plays_the_real_speculator(events, max_num_reqs)
+        assert sol3.simulate_idx_mapping(events, max_num_reqs) == want, events
+
+
+def test_guard_report_points_at_the_placeholders_of_the_prefilled_requests():
+    report = ch2.guard_report()
+    assert report.error.op == "F.embedding" and set(report.error.values) == {-1}
+    owners = set(sol2.requests_at(report.positions, report.cu_num_tokens, report.req_ids))
+    assert owners == {report.req_ids[0], report.req_ids[2]}  # the two that arrived prefilled (run_demo)
+
+
+def test_which_syncs_reads_the_recording():
+    assert ch5.syncing_fixes() == {"host_mask"}
+    assert ch5.check_which_syncs(sol5.which_syncs).solved
+
+
+# -- every hint of every checker is earned by some test ------------------------------------------------------
+
+#: Hints no CPU test can earn, with the reason.
+UNTESTABLE = {}
+
+
+def test_every_hint_is_tested():
+    text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_exercises*.py"))
+    missing = [f"{name}:{hint}" for name, check in sorted(core.CHECKERS.items()) for hint in check.hints
+               if f'"{hint}"' not in text and f"{name}:{hint}" not in UNTESTABLE]
+    assert not missing, missing
