@@ -107,3 +107,11 @@ def test_module_map_shows_each_role_with_its_mirrors():
     assert all(len(table) for table in tables.values())
     assert set(tour.role_titles()) == set(roles())
     assert "``" not in "".join(tour.role_titles().values())
+
+
+def test_release_table_has_one_column_per_release_and_one_row_per_fact():
+    table = tour.release_table()
+    assert list(table.columns) == ["0.24.0", "0.25.0", "0.33.0"]
+    assert list(table.index) == ["default model runner", "where -1 placeholders come from",
+                                 "what keeps them from the embedding", "#47066 masks", "noise",
+                                 "draft cache holds"]

@@ -1,10 +1,12 @@
 """Chapter 0's module map is read from docstrings: every module that stands for a vLLM file must name it."""
 
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
-from specfix.tools.mirrors import role_of, roles, vllm_map
+from specfix.tools.mirrors import RELEASES, release_rows, role_of, roles, vllm_map
 
 # Modules that re-implement a piece of vLLM (the rest are specfix's own tools: runtime, guard, bench...).
 MIRRORING = {
@@ -51,3 +53,56 @@ def test_every_role_is_described_by_its_own_docstring():
 def test_role_of_refuses_a_foreign_module():
     with pytest.raises(ValueError, match="specfix module"):
         role_of("vllm.v1.core")
+
+
+PEER = Path(__file__).resolve().parents[1] / ".peer" / "src"
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)
+def test_each_release_row_is_what_that_releases_source_says(release):
+    src = PEER / release.version
+    if not src.is_dir():
+        pytest.skip(f"needs vLLM {release.version}'s source in .peer/src/ "
+                    "(../shared/peer/fetch-vllm-source.sh)")
+
+    def read(path):
+        return (src / "vllm" / path).read_text()
+
+    config = read("config/vllm.py")
+    runner = re.search(r"def use_v2_model_runner\(self\).*?\n    (?:@|def )", config, re.S).group(0)
+    listed = re.search(r"DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset\(\s*\{(.*?)\}", config, re.S)
+    by_model = "_is_default_v2_model_runner_model" in runner
+    archs = frozenset(re.findall(r'"(\w+)"', listed.group(1))) if by_model else None
+    assert archs == release.v2_architectures
+    assert ("or not model_config.is_moe" in config) == release.v2_for_dense_models
+    sched = read("v1/core/sched/scheduler.py")
+    assert bool(re.search(r"\[\s*-1\s*\]\s*\*\s*self\.num_spec_tokens", sched)) == release.sync_scheduler_pads
+    assert ("input_ids.gpu[:num_input_tokens].clamp_(min=0)" in read("v1/worker/gpu_model_runner.py")) \
+        == release.v1_clamp
+    gpu = "v1/worker/gpu/"
+    marks = "is_placeholder" in read(gpu + "spec_decode/rejection_sampler.py")
+    assert marks == release.mrv2_marks_placeholders
+    gumbel, spec = read(gpu + "sample/gumbel.py"), read(gpu + "spec_decode/speculator.py")
+    dflash = read(gpu + "spec_decode/dflash/speculator.py")
+    masks = ("req_state_idx >= 0" in gumbel, "self.idx_mapping[num_reqs:].fill_(-1)" in spec,
+             "tl.store(out_sample_idx_mapping_ptr + block, -1" in dflash)
+    assert masks == (release.masks_47066,) * 3
+    assert ("if dummy_run:\n            self.idx_mapping.fill_(-1)" in spec
+            and "self.sample_idx_mapping.fill_(-1)" in dflash) == release.dummy_runs_minus_one
+    assert ("murmur3_uniform32(" in gumbel, "tl.randint(seed, pos)" in gumbel) == (
+        release.murmur3_noise, not release.murmur3_noise)
+    assert ("logits_cache_source" in gumbel) == release.cache_before_temperature
+
+
+def test_release_rows_say_each_fact_in_words():
+    rows = {row["vLLM"]: row for row in release_rows()}
+    assert list(rows) == ["0.24.0", "0.25.0", "0.33.0"]
+    assert rows["0.33.0"]["default model runner"].startswith("Model Runner V2;")
+    assert "Llama" in rows["0.24.0"]["default model runner"]
+    assert "Llama" not in rows["0.25.0"]["default model runner"]
+    assert "prefix-cache" not in rows["0.24.0"]["where -1 placeholders come from"]
+    assert "clamps" in rows["0.25.0"]["what keeps them from the embedding"]
+    assert "marked -1" in rows["0.33.0"]["what keeps them from the embedding"]
+    assert rows["0.24.0"]["#47066 masks"].startswith("none")
+    assert "murmur3" in rows["0.33.0"]["noise"] and "Philox" in rows["0.25.0"]["noise"]
+    assert "before temperature" in rows["0.33.0"]["draft cache holds"]

@@ -18,7 +18,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import FancyBboxPatch, Patch
 
 from specfix.figures import style
-from specfix.tools.mirrors import roles, vllm_map
+from specfix.tools.mirrors import release_rows, roles, vllm_map
 
 #: Where the chapters live (the repository's notebooks/ folder, next to the package).
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -156,3 +156,8 @@ def module_map() -> dict[str, pd.DataFrame]:
 def role_titles() -> dict[str, str]:
     """What each role holds, from the subpackages' docstrings (markdown: double backticks made single)."""
     return {role: text.replace("``", "`") for role, text in roles().items()}
+
+
+def release_table() -> pd.DataFrame:
+    """The vLLM releases side by side (one column each), from :func:`specfix.tools.mirrors.release_rows`."""
+    return pd.DataFrame(release_rows()).set_index("vLLM").T
