@@ -4,10 +4,10 @@ Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_run
 
 * ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
   ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.
-* ``host_mask``: the first version. A helper (``_mask_placeholder_draft_token_ids``) walks the
-  scheduler's draft lists on the host, builds a mask of the placeholder positions and ships it with
-  ``torch.tensor(..., device=...)`` every step: a synchronous copy from pageable memory. We do not have
-  that helper's code; this is our reconstruction from the review, with the same host work and the same copy.
+* ``host_mask``: the first version. A helper walks the scheduler's draft lists on the host, builds a
+  mask of the placeholder positions and ships it with ``torch.tensor(..., device=...)`` every step: a
+  synchronous copy from pageable memory. We do not have that helper's code; this is our reconstruction
+  from the review, with the same host work and the same copy.
   ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
 * ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
   ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
