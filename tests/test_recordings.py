@@ -72,3 +72,17 @@ def test_recorders_say_what_is_missing_instead_of_failing_later(tmp_path):
                           env=dict(bare, PATH=str(tmp_path)))
     assert done.returncode == 1 and "compute-sanitizer is not on PATH" in done.stderr
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_the_gpu_check_recording_the_readme_points_to_holds_three_green_runs():
+    """README.md's GPU section points at the recorded `make gpu-check` runs: they must be there, green, three
+    in a row, on the device the other recordings were made on, covering every chapter."""
+    readme = (recorded.ROOT / "README.md").read_text()
+    assert "specfix/recorded/gpu_check_h200.json" in readme
+    path = recorded.RECORDED_DIR / "gpu_check_h200.json"
+    assert path.exists(), "record three consecutive `make gpu-check` runs on the H200 (scripts/gpu_check.py)"
+    rec = json.loads(path.read_text())
+    assert rec["consecutive_green_runs"] >= 3 and all(not r["missing"] for r in rec["runs"][-3:])
+    assert rec["meta"]["device"] == recorded.load("bench_h200")["meta"]["device"]
+    chapters = {r["name"] for run in rec["runs"][-3:] for r in run["results"] if r["part"] == "chapters"}
+    assert chapters == {p.stem for p in (recorded.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
