@@ -4,6 +4,9 @@ Every module that mirrors vLLM names the file(s) in its docstring (``vllm/...py`
 chapter-0 map true by construction instead of maintaining a second list by hand. Each module's *role* is the
 subpackage it lives in (``v1``, ``mrv2``, ``lab``, ``tools``, ``figures``, ``exercises``; ``specfix`` for
 the top level), described by that subpackage's own docstring.
+
+:data:`RELEASES` holds what changed about placeholders between the vLLM releases the course compares
+(chapter 0's table by release); a test reads each fact again from that release's source.
 """
 
 from __future__ import annotations
