@@ -19,7 +19,7 @@ from specfix.exercises import core
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: At least this many ``exercise``-tagged cells per chapter (chapters 0 has none).
-MIN_EXERCISES = {"01": 3, "02": 3, "03": 3, "04": 3, "05": 2}
+MIN_EXERCISES = {"01": 4, "02": 4, "03": 4, "04": 4, "05": 3}
 
 for info in pkgutil.iter_modules(specfix.exercises.__path__):
     if not info.ispkg and info.name != "core":
