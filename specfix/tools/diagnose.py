@@ -221,7 +221,7 @@ class _Scan:
         self.lines = 0
         self.asserts: dict[tuple, dict] = {}
         self.assert_lines = 0
-        self.first_assert: int | None = None
+        self.seen: dict[str, dict] = {}                  # assert line without block and thread -> entry
         self.open: dict[str | None, _Traceback] = {}     # per process: the traceback being read
         self.done: list[tuple[_Traceback, list[dict]]] = []
         self.setup: dict[str, object] = {}
@@ -241,9 +241,15 @@ class _Scan:
             raw = _ANSI.sub("", raw)
         line = raw.rstrip("\r")
         if "Assertion `" in line:
+            # The lines of one assert differ only in block and thread: a seen signature skips the parse.
+            sig = line[:line.find(": block: [")] + line[line.find("] Assertion `"):]
+            if (entry := self.seen.get(sig)) is not None:
+                self.assert_lines += 1
+                entry["count"] += 1
+                return
             found = ea.device_asserts(line)
             if found:
-                self._assert(found[0], n)
+                self._assert(found[0], n, sig)
                 return
         process = None
         if line[:1] in "([" and (m := _PREFIX.match(line)):
@@ -255,16 +261,16 @@ class _Scan:
         self._traceback(process, line, n)
         self._facts(line, n)
 
-    def _assert(self, a: ea.DeviceAssert, n: int) -> None:
+    def _assert(self, a: ea.DeviceAssert, n: int, sig: str) -> None:
         self.assert_lines += 1
-        if self.first_assert is None:
-            self.first_assert = n
         key = (a.file, a.line, a.kernel, a.condition)
         if key in self.asserts:
             self.asserts[key]["count"] += 1
         elif len(self.asserts) < MAX_DISTINCT_ASSERTS:
             self.asserts[key] = {"where": a.where, "file": a.file, "line": a.line, "kernel": a.kernel,
                                  "condition": a.condition, "count": 1, "first_line": n}
+        if key in self.asserts and len(self.seen) < 4 * MAX_DISTINCT_ASSERTS:
+            self.seen[sig] = self.asserts[key]
 
     def _traceback(self, process: str | None, line: str, n: int) -> None:
         tb = self.open.get(process)
