@@ -38,18 +38,11 @@ Three noise modes, each a pure function of (request seed, position, token id)
 Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafting`` adds vLLM 0.33's
 drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
 
-Performance (H200, fast noise, 2026-12-01). ``specfix bench`` (L2 flushed, CUDA events around each call;
-``specfix/recorded/bench_h200.json``): 652-880 G logits/s at 256 and 1,024 rows of 129,280-248,320; one row
-of 248,320 in a CUDA graph: 3.58 us. Nsight Compute (``scripts/profile_gumbel.py``,
-``specfix/recorded/gumbel_ncu_h200.json``): the kernel is bound by instruction issue, not memory, at ~31
-instructions a logit (the hash, the uniform, two hardware lg2 and the small-u series, the argmax); at 256 x
-151,936 fp32 it takes 50.3 us with 77% of issue slots busy and DRAM at 65% of its peak. At 256 x 32,000 its
-2,048 one-warp programs make less than one wave (0.78), so too few warps are in flight to hide latency.
-``_REGISTER_CAP`` holds the compiled kernel to 96 registers a thread: left alone, ptxas gave the masked kernel
-that stores processed logits 118 (the unmasked one 95), which cost it occupancy and 4.4%; the cap made every
-variant a few percent faster and spills nothing. Against the multi-tile kernel that predates the per-tile
-contract (``scripts/time_gumbel.py --sweep --before``, ``gumbel_sweep_before_after_h200.json``, chapter 5):
-faster at 25 of 26 shapes, 2.6% slower at bf16 256 x 32,000.
+Performance: what the kernel costs on an H200, and why, is measured by ``specfix bench``
+(``specfix/recorded/bench_h200.json``), Nsight Compute (``scripts/profile_gumbel.py``,
+``gumbel_ncu_h200.json``) and the launch sweep against the multi-tile kernel that predates the per-tile
+contract (``scripts/time_gumbel.py --sweep --before``, ``gumbel_sweep_before_after_h200.json``); chapter 5
+reads its figures from those recordings, which name the code they measured.
 """
 
 from __future__ import annotations
@@ -560,15 +553,16 @@ _PROGRAMS = 1024
 _ROW_SPLITS = 16
 _SMALL_VOCAB_SPLITS = 8
 _LARGE_VOCAB = 100_000
-#: Up to _FEWEST_ROWS rows, _FEWEST_ROWS_SPLITS one-warp programs per row (in a CUDA graph, one row of
-#: 248,320: 3.75 us against 4.00 with the 2-warp programs; eager calls within 3% either way).
+#: Up to _FEWEST_ROWS rows, _FEWEST_ROWS_SPLITS one-warp programs per row (``scripts/time_gumbel.py --sweep``
+#: times one row of 248,320 in a CUDA graph under each launch configuration: ``graph_one_row``).
 _FEWEST_ROWS = 4
 _FEWEST_ROWS_SPLITS = 256
 #: A tile is DEPTH x LANES tokens, LANES = the logits of one 16-byte load per thread, times the threads.
 _BYTES_PER_LOAD = 16
-#: Registers per thread the compiled sampling kernel may use. Left to itself, ptxas gives the masked kernel
-#: that stores processed logits 118 (the unmasked one 95), and fewer warps then fit on an SM to hide the
-#: store's latency; capped at 96, no variant spills (ptxas -v, sm_90, triton 3.6).
+#: Registers per thread the compiled sampling kernel may use. Left to itself, ptxas gave the masked kernel
+#: that also stores the logits more registers than the unmasked one (the ncu profile's run before the cap,
+#: ``gumbel_ncu_h200.json``, has the counts), and fewer warps then fit on an SM to hide the store's latency;
+#: capped, no variant spills (ptxas -v, sm_90, triton 3.6).
 _REGISTER_CAP = {} if INTERPRET else {"maxnreg": 96}
 
 
