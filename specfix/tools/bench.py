@@ -227,8 +227,8 @@ class Timer:
 
     def _warm(self, fn: Callable[[], object]) -> None:
         """A few calls (compiles, first allocations), then, on a GPU, calls until ``warm_ms`` of wall time
-        has passed: the first calls of a path a process has not run yet can stay slow for many calls (seen
-        on the H200: 210 us per call where the same call later takes 116)."""
+        has passed: the first calls of a path a process has not run yet can stay slow for many calls, not only
+        the first one."""
         for _ in range(self.warmup):
             fn()
         if not self.settings.cuda:
