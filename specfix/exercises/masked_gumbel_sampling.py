@@ -201,7 +201,8 @@ GUARD_SEED = 777
 def _noise_tables(device):
     """Inputs and guarded seed table of the seed kernel (its temperature table is the write-it one)."""
     logits, idx, temperature, _, _, _ = _kernel_tables(device)
-    seeds, _ = gumbel.guarded_table((len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device)
+    seeds, _ = gumbel.guarded_table((len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED,
+                                    device=device)
     seeds.copy_(torch.tensor(KERNEL_SEEDS))
     out = torch.full((len(KERNEL_IDX_MAPPING), KERNEL_VOCAB), OUT_SENTINEL, device=device)
     row_seed = torch.full((len(KERNEL_IDX_MAPPING),), -1, dtype=torch.int64, device=device)
