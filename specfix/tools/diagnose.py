@@ -228,7 +228,6 @@ class _Scan:
         self.setup_lines: dict[str, int] = {}
         self.errors: dict[str, dict] = {}
         self.async_hint = self.blocking_stated = self.cuda_error_text = False
-        self.args_line: int | None = None                # a "non-default args" or engine config line
         self.spec_off_line: int | None = None
         self.spec_marker: int | None = None              # a line that shows speculative decoding at work
         self.engine_v0: int | None = None
@@ -314,11 +313,8 @@ class _Scan:
                 self.blocking_stated = True
         if line.startswith("Search for `cudaErrorAssert'"):
             self.cuda_error_text = True
-        if "non-default args" in line or "with config:" in line:
-            self.args_line = self.args_line or n
-            if "speculative_config=None" in line or ("non-default args" in line
-                                                     and "speculative" not in line):
-                self.spec_off_line = self.spec_off_line or n
+        if "speculative_config=None" in line or ("non-default args" in line and "speculative" not in line):
+            self.spec_off_line = self.spec_off_line or n
         if self.spec_marker is None and ("SpecDecoding metrics" in line or "/spec_decode/" in line
                                          or "rejection_sampler" in line):
             self.spec_marker = n
@@ -391,13 +387,13 @@ def _is_embedding_frame(frame: dict) -> bool:
     return "embed" in text
 
 
-def _vllm_frames(frames: list[dict]) -> list[dict]:
+def _engine_frames(frames: list[dict]) -> list[dict]:
     return [f for f in frames if "/vllm/" in f["file"] or "/specfix/" in f["file"]]
 
 
 def _python_error(scan: _Scan) -> dict | None:
-    """The traceback that says most about the fault: the first one that reports a CUDA error, else the first
-    that is not a wrapper re-raising another process's error, else the first."""
+    """The traceback that says most about the fault: among those that do not re-raise another process's
+    error, the first that reports a CUDA error, else the first; else the first of all."""
     done = [(tb, frames) for tb, frames in scan.done if frames or tb.exception]
     if not done:
         return None
@@ -405,11 +401,11 @@ def _python_error(scan: _Scan) -> dict | None:
     def text(tb):
         return f"{tb.exception[0]}: {tb.exception[1]}" if tb.exception else ""
 
-    cuda = [d for d in done if "CUDA" in text(d[0]) or "AcceleratorError" in text(d[0])]
     plain = [d for d in done if d[0].exception and not any(w in text(d[0]) for w in _WRAPPERS)]
+    cuda = [d for d in plain if "CUDA" in text(d[0]) or "AcceleratorError" in text(d[0])]
     tb, frames = (cuda or plain or done)[0]
     last = frames[-1] if frames else None
-    ours = _vllm_frames(frames)
+    ours = _engine_frames(frames)
     return {
         "process": tb.process,
         "exception": tb.exception[0] if tb.exception else None,
@@ -449,7 +445,7 @@ def _verdict(scan: _Scan, err: dict | None, asserts: list[dict], rows: list[dict
     version = scan.setup.get("vllm_version")
     blocking = scan.blocking_stated or (scan.cuda_error_text and not scan.async_hint)
     frames = err["frames"] if err else []
-    ours = _vllm_frames(frames)
+    ours = _engine_frames(frames)
     in_rejection = bool(ours) and "rejection_sampler" in ours[-1]["file"]
     in_pp = any("pp_utils" in f["file"] or "broadcast" in f["func"] for f in frames)
     reasons: list[tuple[str, list[int]]] = []
@@ -490,8 +486,10 @@ def _verdict(scan: _Scan, err: dict | None, asserts: list[dict], rows: list[dict
                 (f"the first assert is in {first['kernel']} ({first['where']}), which an embedding can "
                  "launch", kernel_line),
                 *spec_reasons, ("but without speculative decoding there are no -1 placeholder drafts", [])]
+        shared = sorted({o["op"] for o in _ops_for(first, rows)} - {"F.embedding"})
+        also = f", as do {', '.join(shared)}" if shared else ""
         reasons.append((f"the first assert is in {first['kernel']} ({first['where']}), a kernel an embedding "
-                        "launches (chapter 2's op table)", kernel_line))
+                        f"launches (chapter 2's op table){also}", kernel_line))
         reasons += spec_reasons
         embed_frame = bool(frames) and _is_embedding_frame(frames[-1])
         if embed_frame and blocking:
@@ -596,7 +594,8 @@ def _advice(verdict: str, fix_state: bool | None, blocking: bool) -> list[str]:
         return ([upgrade.format(fix.first_release, fix.pr)] if fix_state is not True else
                 ["Report it to vLLM with the first assert line and the engine arguments: this version "
                  "already clamps in the V1 runner."]) + [
-            "Until then: the -1 drafts exist only with speculative decoding; serving without "
+            ("Until then" if fix_state is not True else "Meanwhile")
+            + ": the -1 drafts exist only with speculative decoding; serving without "
             "--speculative-config avoids the path. --no-async-scheduling removes one source of them "
             "(async-scheduling placeholders) but not the scheduler's padding of new decodes (PR #45237).",
             name_op, restart]
