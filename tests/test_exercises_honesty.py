@@ -128,6 +128,8 @@ CONTAINED = (
     [("ch1.metadata", {k: c(v) for k, v in sol1.metadata_answer().items()})
      for c in (list, tuple, np.array, torch.tensor)]
     + [("ch1.zero_accepts", v) for v in (2, np.int64(2), np.int32(2), torch.tensor(2), torch.tensor([2]))]
+    + [("ch1.clamp_point", {k: c(v) for k, v in sol1.clamp_point.items()})
+       for c in (int, np.int64, torch.tensor)]
     + [("ch2.which_ops", c(sorted(sol2.which_ops))) for c in (set, frozenset, list, tuple)]
     + [("ch3.stale_victims", v) for v in ({"a", "g"}, ["g", "a"], ("a", "g"), "ag", np.array(["a", "g"]))]
     + [("ch5.floor", c(sol5.answer_floor_us)) for c in (float, np.float64, np.float32)]
@@ -403,6 +405,10 @@ NEW_HINTS = [
     (ch1.check_emitted, _keeps_every_match, "not_prefix"),
     (ch1.check_emitted, _placeholder_is_a_wildcard, "placeholder"),
     (ch1.check_emitted, _off_by_one_bonus, "wrong"),
+    (ch1.check_clamp_point, {"scheduler": 0, "before_metadata": 0}, "format"),
+    (ch1.check_clamp_point, {**sol1.clamp_point, "scheduler": -1}, "scheduler"),
+    (ch1.check_clamp_point, {**sol1.clamp_point, "before_metadata": -1}, "before_metadata"),
+    (ch1.check_clamp_point, {point: 0 for point in ch1.CLAMP_POINTS}, "preprocess"),  # "the clamp reaches it"
     (ch2.check_guard_positions, lambda p, cu, r: "0", "format"),
     (ch2.check_guard_positions, lambda p, cu, r: [bisect.bisect_right(cu, x) for x in p], "indices"),
     (ch2.check_guard_positions, _boundary, "boundary"),
@@ -449,6 +455,13 @@ def test_guard_report_points_at_the_placeholders_of_the_prefilled_requests():
     assert report.error.op == "F.embedding" and set(report.error.values) == {-1}
     owners = set(sol2.requests_at(report.positions, report.cu_num_tokens, report.req_ids))
     assert owners == {report.req_ids[0], report.req_ids[2]}  # the two that arrived prefilled (run_demo)
+
+
+def test_only_the_clamp_in_preprocess_keeps_the_minus_one_for_the_sampler_and_none_for_the_embedding():
+    for point in ch1.CLAMP_POINTS:
+        step = ch1.step_with_clamp_at(point)
+        assert int(step.embedding_input.min()) >= 0, point
+        assert ch1.sampler_sees(point) == (-1 if point == "preprocess" else 0)
 
 
 def test_which_syncs_reads_the_recording():

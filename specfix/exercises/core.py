@@ -217,11 +217,15 @@ def show_solution(exercise: str) -> Source:
     answer = getattr(module, name)
     if inspect.isfunction(answer) or inspect.isclass(answer):
         return Source(inspect.getsource(answer).rstrip())
-    lines = inspect.getsource(module).splitlines()
-    at = next((i for i, line in enumerate(lines) if line.startswith(f"{name} =")), None)
-    if at is None:
+    import ast
+
+    text = inspect.getsource(module)
+    node = next((n for n in ast.parse(text).body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)), None)
+    if node is None:
         return Source(f"{name} = {answer!r}")
-    start = at  # the comment lines right above the value explain it: they belong to the solution
+    lines = text.splitlines()
+    start = node.lineno - 1  # the comment lines right above the value explain it: they belong to the solution
     while start > 0 and lines[start - 1].startswith("#"):
         start -= 1
-    return Source("\n".join(lines[start:at + 1]))
+    return Source("\n".join(lines[start:node.end_lineno]))

@@ -349,3 +349,65 @@ def check_emitted(answer, verdict):
         verdict.require(got != want[:-1] + [drafts[n]] if n < len(drafts) else True, "emits_draft", said)
         verdict.require(len(got) <= len(want), "not_prefix", said)
         verdict.require(False, "wrong", said)
+
+
+# -- ch1.clamp_point (predict, then run) ---------------------------------------------------------------------
+
+#: Where a clamp of -1 to 0 can go, in the order one step runs them.
+CLAMP_POINTS = ("scheduler", "before_metadata", "preprocess")
+
+
+def step_with_clamp_at(point: str) -> StepTrace:
+    """One greedy step of a P/D decode ("pd", padded with -1) beside a fresh prompt, with the clamp at
+    ``point``: the scheduler writes 0 instead of -1; or input_ids is clamped right before
+    ``_calc_spec_decode_metadata``; or ``_preprocess`` clamps it (the fix)."""
+    if point not in CLAMP_POINTS:
+        raise ValueError(f"point must be one of {CLAMP_POINTS}, got {point!r}")
+    from specfix.fixes import Fixes
+
+    engine = LLMEngine(num_speculative_tokens=3, device="cpu", record=True,
+                       fixes=Fixes(clamp_placeholders=point == "preprocess"),
+                       placeholder_policy="zero" if point == "scheduler" else "minus_one")
+    runner = engine.model_runner
+    if point == "before_metadata":
+        calc = runner._calc_spec_decode_metadata
+
+        def clamp_then_calc(*args):
+            runner.input_ids.gpu.clamp_(min=0)
+            return calc(*args)
+        runner._calc_spec_decode_metadata = clamp_then_calc
+    engine.add_request("the crow sat in", _GREEDY, request_id="pd", remote_prefill=True)
+    engine.add_request("a lion was asleep", _GREEDY, request_id="fresh")
+    engine.step()
+    return runner.trace[0]
+
+
+def sampler_sees(point: str) -> int:
+    """The draft id the rejection sampler gets in "pd"'s placeholder slots with the clamp at ``point``."""
+    drafts = step_with_clamp_at(point).spec_decode_metadata.draft_token_ids.tolist()
+    (value,) = set(drafts)  # "pd" is the only request with draft slots, all of them placeholders
+    return value
+
+
+@checker(
+    "ch1.clamp_point",
+    solution="placeholder_lifecycle:clamp_point",
+    todo="set clamp_point to a dict: for each of CLAMP_POINTS, the draft id (0 or -1) the rejection sampler "
+         "gets in a placeholder slot when the clamp sits there",
+    hints={
+        "format": "answer with a dict whose keys are CLAMP_POINTS and whose values are 0 or -1.",
+        "scheduler": "a scheduler that writes 0 writes it into the request's own draft list: token_ids_cpu, "
+                     "input_ids and the metadata all copy that 0 from there.",
+        "before_metadata": "_calc_spec_decode_metadata builds draft_token_ids by gathering from input_ids: "
+                           "clamp input_ids before it, and the gather copies the 0s.",
+        "preprocess": "by the time _preprocess clamps input_ids in place, draft_token_ids has already been "
+                      "gathered into a tensor of its own: the clamp cannot reach it.",
+    },
+)
+def check_clamp_point(answer, verdict):
+    value = _value(answer)
+    ok = isinstance(value, dict) and set(value) == set(CLAMP_POINTS)
+    got = {p: as_int(value[p]) for p in CLAMP_POINTS} if ok else {}
+    verdict.require(ok and all(v in (0, -1) for v in got.values()), "format")
+    for point in CLAMP_POINTS:
+        verdict.require(got[point] == sampler_sees(point), point)

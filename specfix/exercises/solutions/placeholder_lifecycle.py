@@ -33,3 +33,10 @@ def emitted_tokens(drafts, choices):
         if draft != choice:  # a -1 never equals a token id: a placeholder is always rejected
             return emitted
     return emitted + [choices[len(drafts)]]  # every draft accepted: the bonus token
+
+
+clamp_point = {
+    "scheduler": 0,  # the 0 is in the request's draft list: every later copy carries it
+    "before_metadata": 0,  # draft_token_ids is gathered from input_ids after the clamp
+    "preprocess": -1,  # draft_token_ids was gathered before: a separate tensor keeps the -1
+}
