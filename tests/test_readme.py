@@ -244,3 +244,96 @@ def test_every_recording_label_in_the_readme_matches_the_recordings():
     dates = sorted({m["date"] for m in metas})
     assert {label[:3] for label in labels} == versions
     assert {tuple(sorted(label[3:])) for label in labels} == {tuple(dates)}
+
+
+# -- every figure with a unit, in the README and in the chapters' markdown ---------------------------------
+#: A number with a unit: a time, a rate, a size, a share, a multiple, a count of SMs.
+UNIT = re.compile(r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?(%|x\b|×|us\b|µs|ms\b|s\b|seconds?\b|minutes?\b|"
+                  r"G logits/s|[GT]B/s|[GMK]i?B\b|bytes?\b|times\b|SMs?\b|GHz|MHz)")
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _markdown_paragraphs() -> list[tuple[str, str]]:
+    """(where, paragraph) for the README outside its code blocks and for every markdown cell of a chapter.
+    The README's console block is the output of `specfix diagnose`, which tests/test_diagnose.py checks
+    against the tool itself, and 'What you will see' is checked claim by claim above."""
+    out = []
+    readme = re.sub(r"^```.*?^```", "\n\n", README, flags=re.M | re.S)
+    readme = re.sub(r"^## What you will see\n.*?(?=^## )", "", readme, flags=re.M | re.S)
+    out += [("README", p) for p in _paragraphs(readme)]
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "markdown":
+                out += [(path.name[:2], p) for p in _paragraphs("".join(cell["source"]))]
+    return out
+
+
+def _bench_warm_ms() -> str:
+    source = (ROOT / "specfix" / "tools" / "bench.py").read_text()
+    full = float(re.search(r"warm_ms = settings.pick\(.*full=([\d.]+)\)", source).group(1))
+    return f"{full:g} ms"
+
+
+def _profiled_shape() -> str:
+    shapes = {k["shape"].rsplit(" ", 1)[0] for k in recorded.load("gumbel_ncu_h200")["kernels"]}
+    assert "1,024 x 151,936" in shapes
+    return "1,024 x"
+
+
+def _itemsize(dtype: str) -> str:
+    import torch
+
+    return f"{getattr(torch, dtype).itemsize} bytes"
+
+
+#: Reader-time estimates (a chapter's **Time.** paragraph, an exercise's heading): the author's estimate of
+#: how long reading or solving takes, not a measurement of the code.
+ESTIMATE = "the author's estimate of reading or solving time"
+CPU_RUN = "the suite's run time on a CPU machine, measured as the sentence says (not GPU data)"
+H200_SMS = "the H200's SM count (NVIDIA's specification; multi_processor_count in torch's device properties)"
+#: (where, figure as written, a phrase of its paragraph) -> where the figure comes from: a function that
+#: returns the figure from the package or a recording (checked), or a sentence naming its source.
+FIGURES = {
+    ("05", "20 ms", "then more calls for"): _bench_warm_ms,
+    ("05", "1,024 x", "a shape that meets its goal"): _profiled_shape,
+    ("05", "132 SMs", "the waves it makes on the"): H200_SMS,
+    ("04", "132 SMs", "keeps one of the H200's"): H200_SMS,
+    ("04", "4 bytes", "a pointer offset of -1 is the"): lambda: _itemsize("float32"),
+    ("04", "8 bytes", "the row reads the"): lambda: _itemsize("int64"),
+    ("00", "20 s", "**Time.**"): CPU_RUN, ("01", "35 s", "**Time.**"): CPU_RUN,
+    ("03", "30 s", "**Time.**"): CPU_RUN, ("03", "37 s", "**Time.**"): CPU_RUN,
+    ("04", "12 s", "**Time.**"): CPU_RUN, ("05", "20 s", "**Time.**"): CPU_RUN,
+    ("README", "80 s", "the build takes about"): CPU_RUN, ("README", "20 s", "the check about"): CPU_RUN,
+}
+
+
+def _source_of(where: str, figure: str, unit: str, paragraph: str):
+    if unit.startswith("minute") and (paragraph.startswith(("**Time.**", "#")) or "minutes)" in paragraph):
+        return ESTIMATE
+    for (doc, fig, phrase), source in FIGURES.items():
+        if doc == where and fig == figure and phrase in paragraph:
+            return source
+    return None
+
+
+def test_every_figure_in_the_readme_and_the_chapters_markdown_has_a_source():
+    """A figure typed into prose is either rendered by code (then it is not in a markdown cell), checked here
+    against the package or a recording, or listed in FIGURES with where it comes from."""
+    unlisted, wrong, used = [], [], set()
+    for where, paragraph in _markdown_paragraphs():
+        for m in UNIT.finditer(paragraph):
+            figure = " ".join(m.group(0).split())
+            source = _source_of(where, figure, m.group(2), paragraph)
+            if source is None:
+                unlisted.append(f"{where}: {figure!r} in ...{paragraph[max(0, m.start() - 60):m.end() + 20]}")
+                continue
+            used.update(k for k, v in FIGURES.items() if v is source and k[0] == where and k[1] == figure)
+            if callable(source) and source() != figure:
+                wrong.append(f"{where}: the prose says {figure!r}, its source gives {source()!r}")
+    assert not unlisted, "figures with no source (render them from data, or list them in FIGURES):\n" + \
+        "\n".join(unlisted)
+    assert not wrong, "\n".join(wrong)
+    assert not set(FIGURES) - used, f"FIGURES lists figures the text no longer has: {set(FIGURES) - used}"
