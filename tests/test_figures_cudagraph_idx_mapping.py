@@ -6,6 +6,7 @@ from matplotlib.patches import FancyArrowPatch
 
 from specfix import Fixes
 from specfix.figures import cudagraph_idx_mapping as F
+from specfix.figures import style
 from specfix.lab.padding_bench import one_step_distribution, padded_step_scenario
 
 EVENTS = ["step abcdef", "finish c", "step abdef"]
@@ -59,6 +60,7 @@ def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
     assert list(table["fix"]) == ["fix on"] * 3 + ["fix off"] * 3
     assert list(table["role"]) == ["draft", "draft", "bonus"] * 2
     assert "bonus" in _caption(fig)
+    assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX  # drawn for the book's column
     with pytest.raises(ValueError, match="empty"):
         F.output_distribution({})
 

@@ -150,10 +150,13 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
     colours = {"fix on": style.FIXED, "fix off": style.BUGGY}
     width = 0.8 / len(dists)
     x = np.arange(len(p))
+    cols = min(len(positions), 2)  # two panels a row: the figure keeps the column's width
+    rows = -(-len(positions) // cols)
     with style.apply():
-        fig, axes = plt.subplots(1, len(positions), figsize=(4.2 * len(positions), 3.2), sharey=True,
+        fig, grid = plt.subplots(rows, cols, figsize=(style.WIDTH_IN, 0.4 + 2.7 * rows), sharey=True,
                                  squeeze=False)
-        for j, ax in enumerate(axes[0]):
+        axes = grid.ravel()
+        for j, ax in enumerate(axes[:len(positions)]):
             for i, (label, dist) in enumerate(dists.items()):
                 counts = np.array(dist["positions"][j]["counts"])
                 ax.bar(x + (i - (len(dists) - 1) / 2) * width, counts / max(counts.sum(), 1), width=width,
@@ -164,11 +167,20 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
             ax.set(title=f"position {positions[j]['position']}" + (f" ({role})" if role else ""),
                    xlabel="token id")
             style.integer_ticks(ax.xaxis)
-        axes[0][0].set_ylabel("frequency")
+        for ax in grid[:, 0]:
+            ax.set_ylabel("frequency")
         if source:
-            fig.suptitle(source, fontsize=8)
-        fig.tight_layout()
-        axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+            fig.suptitle(source, fontsize=style.SMALLEST_PT)
+        handles, labels = axes[0].get_legend_handles_labels()
+        if len(axes) > len(positions):  # the key takes the spare panel's place
+            fig.tight_layout()
+            spare = axes[-1].get_position()
+            fig.delaxes(axes[-1])
+            fig.legend(handles, labels, loc="center", bbox_to_anchor=(spare.x0 + spare.width / 2,
+                                                                      spare.y0 + spare.height / 2))
+        else:
+            fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
+            fig.legend(handles, labels, loc="lower center", ncol=len(labels))
         style.caption(fig, "Without the fix the bars at the drafted positions follow the draft's crosses, "
                            "not the target's black marks; the bonus position follows the target either way.")
     return fig

@@ -43,23 +43,28 @@ def _draw_ids(ax, ids, vocab: Sequence[str], kinds, col_labels=None, row_labels=
     for (r, c), t in np.ndenumerate(ids):
         if kinds[r, c] != UNUSED:
             word = vocab[t] if 0 <= t < len(vocab) else ""
-            ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=7, color="black")
+            ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=style.SMALLEST_PT, color="black")
     ax.set_xticks(range(ids.shape[1]), col_labels if col_labels is not None else range(ids.shape[1]),
-                  fontsize=7)
+                  fontsize=style.SMALLEST_PT)
     if row_labels is None:
         ax.set_yticks([])
     else:
-        ax.set_yticks(range(ids.shape[0]), row_labels, fontsize=7)
+        ax.set_yticks(range(ids.shape[0]), row_labels, fontsize=style.SMALLEST_PT)
     ax.grid(False)
     ax.set_title(title, loc="left", fontsize=9)
 
 
+LEGEND_IN = 0.5  # the colour key's strip under the grids (two rows of three), in inches
+
+
 def _kind_legend(fig: Figure, kinds_shown: set[int]) -> None:
-    """Lay the grids out inside the figure, then name the colours shown, to the right of the data."""
-    fig.tight_layout()
+    """Lay the grids out over the figure, then name the colours shown in a strip under them (the figure keeps
+    the column's width; the figures give it LEGEND_IN of their height)."""
+    fig.tight_layout(rect=(0, LEGEND_IN / fig.get_figheight(), 1, 1))
     handles = [Patch(facecolor=_FILL[k], edgecolor="#888888", label=_KIND_LABELS[k])
                for k in sorted(kinds_shown)]
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 0.0), ncol=3,
+               fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5)
 
 
 def _filled_lengths(step: StepTrace) -> list[int]:
@@ -84,7 +89,7 @@ def token_table(step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | Non
     kinds = np.where(table == -1, PLACEHOLDER, ORDINARY)
     kinds[np.arange(width)[None, :] >= np.array(_filled_lengths(step))[:, None]] = UNUSED
     with style.apply():
-        fig = plt.figure(figsize=(9, 0.5 + 0.55 * len(rows)))
+        fig = plt.figure(figsize=(style.WIDTH_IN, 0.6 + 0.55 * len(rows) + LEGEND_IN))
         ax = fig.subplots()
         _draw_ids(ax, table, vocab, kinds, row_labels=step.req_ids, title="InputBatch.token_ids_cpu, "
                   f"first {width} positions, after update_req_spec_token_ids")
@@ -125,7 +130,7 @@ def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
     after = step.embedding_input.numpy()
     kinds_after = np.where(padding, PADDING, np.where(before == -1, WAS_PLACEHOLDER, ORDINARY))
     with style.apply():
-        fig = plt.figure(figsize=(9, 3.9))
+        fig = plt.figure(figsize=(style.WIDTH_IN, 3.9 + LEGEND_IN))
         axes = fig.subplots(3, 1)
         _draw_ids(axes[0], before, vocab, kinds_before, labels, title="input_ids after _prepare_inputs")
         _draw_ids(axes[1], drafts, vocab, kinds_drafts, labels,
@@ -145,7 +150,7 @@ def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
     width = out.shape[1]
     kinds = np.where(out == -1, PLACEHOLDER, ORDINARY)
     with style.apply():
-        fig = plt.figure(figsize=(6, 0.6 + 0.45 * out.shape[0]))
+        fig = plt.figure(figsize=(style.WIDTH_IN, 0.7 + 0.45 * out.shape[0] + LEGEND_IN))
         ax = fig.subplots()
         _draw_ids(ax, out, vocab, kinds, col_labels=[f"column {j}" for j in range(width)],
                   row_labels=step.req_ids, title="RejectionSampler output [B, max_spec_len + 1]")
@@ -163,7 +168,7 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
     k = max(s.num_spec_tokens for s in stats.values())
     width = 0.8 / len(stats)
     with style.apply():
-        fig = plt.figure(figsize=(10, 3.4))
+        fig = plt.figure(figsize=(style.WIDTH_IN, 3.4))
         ax1, ax2 = fig.subplots(1, 2)
         for i, (name, s) in enumerate(stats.items()):
             offset = (i - (len(stats) - 1) / 2) * width

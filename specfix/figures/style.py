@@ -20,6 +20,17 @@ NEUTRAL = "#2166ac"      # blue: anything else (target, reference, a measured va
 ACCENT = "#762a83"       # purple: a second series beside NEUTRAL
 CEILING = "#444444"      # dark grey: a hardware ceiling or a threshold line
 
+#: The width, in CSS px, of the book's text column (sphinx-book-theme at 1280 px); JupyterLab's output area
+#: is a little wider. A figure drawn wider is scaled down to it, and its text with it.
+COLUMN_PX = 688
+#: A figure as wide as the column: 688 px is 7.17 in of SVG; the rest is room for the tight bounding box.
+WIDTH_IN = 7.0
+#: No text in a figure is set smaller than this (ticks, legends, table cells, captions).
+SMALLEST_PT = 8
+#: The smallest text of a figure, once scaled into the column, is at least this tall (CSS px, em size;
+#: the body text is 16 px, code 14 px). Checked by the book check and the figures' tests.
+MIN_TEXT_PX = 9.0
+
 RC = {
     "figure.dpi": 100,
     "savefig.dpi": 100,
@@ -112,3 +123,28 @@ def integer_ticks(axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def text_px(natural_px: float, shown_px: float, pt: float = SMALLEST_PT) -> float:
+    """CSS px height of ``pt``-point text once an SVG figure ``natural_px`` wide is shown ``shown_px`` wide.
+
+    An SVG figure is ``inches * 72`` pt wide, which a browser shows as ``inches * 96`` px at natural size.
+    """
+    return pt * 96 / 72 * min(1.0, shown_px / natural_px)
+
+
+def legibility(fig) -> dict:
+    """What a reader gets from ``fig`` in the column: its natural width (CSS px, as the inline backend saves
+    it, bbox_inches="tight"), its smallest text (pt), and that text's size once scaled into the column."""
+    import io
+    import re
+
+    from matplotlib.text import Text
+
+    svg = io.BytesIO()
+    fig.savefig(svg, format="svg", bbox_inches="tight")  # as the inline backend draws it
+    natural = float(re.search(rb'<svg[^>]* width="([0-9.]+)pt"', svg.getvalue()).group(1)) * 96 / 72
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    smallest = min(sizes, default=SMALLEST_PT)
+    return {"natural_px": round(natural), "smallest_pt": smallest,
+            "text_px": round(text_px(natural, min(natural, COLUMN_PX), smallest), 1)}
