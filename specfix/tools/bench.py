@@ -191,7 +191,7 @@ class Settings:
         return full if self.scale == "full" else ci
 
 
-#: GPU cycles of spinning queued before each timed call (about 0.5 ms on an H200): hides host launch work.
+#: GPU cycles of spinning queued before each timed call, longer than the host's launch work: hides it.
 HOST_SHIELD_CYCLES = 1_000_000
 
 
@@ -661,7 +661,8 @@ def _goals_gumbel_graph(results, s):
 
 # ---- host cost per call
 
-#: GPU cycles queued before a host-cost loop (about 10 ms on an H200): every call's launch returns at once.
+#: GPU cycles queued before a host-cost loop, far more than the loop's launches take, so that every
+#: call's launch returns at once.
 HOST_COST_SLEEP_CYCLES = 20_000_000
 
 
