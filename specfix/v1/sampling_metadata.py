@@ -1,8 +1,8 @@
 """Per-request sampling parameters for one step, as the rejection sampler needs them.
 
-Mirrors ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), keeping only what specfix uses:
-temperature (below ``SAMPLING_EPS`` means greedy) and per-request seeded generators. vLLM's top-k/top-p,
-penalties, logits processors and logprobs are left out.
+Mirrors vLLM 0.33.0's ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), keeping only what specfix
+uses: temperature (below ``SAMPLING_EPS`` means greedy) and per-request seeded generators. vLLM's
+top-k/top-p, penalties, logits processors and logprobs are left out.
 
 The greedy rule, in one place for every sampler in specfix (the engine's ``SamplingParams``, the
 rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM 0.33.0's ``_SAMPLING_EPS``,

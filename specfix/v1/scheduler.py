@@ -1,13 +1,14 @@
 """Requests, the schedulers, and the accepted-token bookkeeping: where ``-1`` placeholders are born.
 
-Mirrors ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``_update_after_schedule``,
-``update_from_output``, ``update_draft_token_ids``), ``vllm/v1/core/sched/async_scheduler.py``
-(``AsyncScheduler``), ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``), ``vllm/v1/request.py``
-(``Request``), ``vllm/sampling_params.py`` (``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py``
-(``SpecDecodingStats``), cut down to what speculative decoding needs: no KV-block manager, no
-preemption, no structured output (so no grammar), no dynamic k. The prefix cache is kept to what decides
-how many tokens a new request has left (``enable_prefix_caching``, see below). Unless a version is named
-beside it, every vLLM file cited here is from vLLM 0.33.0.
+Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``,
+``_update_after_schedule``, ``update_from_output``, ``update_draft_token_ids``),
+``vllm/v1/core/sched/async_scheduler.py`` (``AsyncScheduler``), ``vllm/v1/core/sched/output.py``
+(``SchedulerOutput``), ``vllm/v1/request.py`` (``Request``), ``vllm/sampling_params.py``
+(``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats``), cut down to what
+speculative decoding needs: no KV-block manager, no preemption, no structured output (so no grammar), no
+dynamic k. The prefix cache is kept to what decides how many tokens a new request has left
+(``enable_prefix_caching``, see below). Unless a version is named beside it, every vLLM file cited here
+is from vLLM 0.33.0.
 
 Where a ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters ``scheduled_spec_decode_tokens``, as in vLLM 0.33:
 
