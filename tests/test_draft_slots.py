@@ -83,3 +83,11 @@ def test_greedy_text_and_acceptance_match_the_v1_runner(async_scheduling):
 def test_the_engine_names_a_bad_runner():
     with pytest.raises(ValueError, match=r"model_runner must be one of \('v1', 'v2'\), got 'v3'"):
         LLMEngine(models=MODELS, model_runner="v3")
+
+
+def test_the_module_keeps_its_short_name():
+    import specfix
+    from specfix import draft_slots
+
+    assert draft_slots is specfix.mrv2.draft_slots
+    assert draft_slots.gather_draft_sampled is gather_draft_sampled
