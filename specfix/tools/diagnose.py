@@ -567,6 +567,10 @@ def _verdict(scan: _Scan, err: dict | None, asserts: list[dict], rows: list[dict
         return "cudagraph_outputs", confidence, reasons
     reasons.append(("no 'Assertion ... failed' line, no Python error and no CUDA error in "
                     f"{scan.lines:,} lines", []))
+    if spec is True:
+        reasons.append(("drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits "
+                        "are cached for padded rows to overwrite, which PR #47066's bug needs",
+                        [scan.setup_lines["draft_sample_method"]] if "draft_sample_method" in s else []))
     return "inconclusive", "low", reasons
 
 
