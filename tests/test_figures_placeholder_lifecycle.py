@@ -93,6 +93,14 @@ def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_d
     assert "only verified when" in _caption(fig)
 
 
+def test_the_grids_and_plots_are_drawn_for_the_books_column(step, two_runs):
+    for fig in (figs.token_table(step, VOCAB), figs.step_stages(step, VOCAB),
+                figs.sampler_output(step, VOCAB),
+                figs.acceptance(two_runs)):
+        seen = style.legibility(fig)
+        assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
+
+
 def test_acceptance_refuses_no_runs():
     with pytest.raises(ValueError, match="stats is empty"):
         figs.acceptance({})
