@@ -7,8 +7,9 @@
 
 Parts: ``tests`` (the ``cuda``-marked tests, one at a time), ``chapters`` (every chapter top to bottom at
 ``SPECFIX_SCALE=full`` through nbclient, as JupyterLab would run it), ``solutions`` (the chapters with
-exercises again, with ``SOLUTIONS = True``, each required to report every exercise solved) and ``bench`` (a
-quick ``specfix bench --scale ci`` on the GPU). It prints a table (part, time, outcome, first error) and
+exercises again, with ``SOLUTIONS = True``, each required to report every exercise solved; at
+``--solutions-scale``, ci by default, since the chapters part has already run them at full) and ``bench``
+(a quick ``specfix bench --scale ci`` on the GPU). It prints a table (part, time, outcome, first error) and
 writes a JSON report (commit, device, driver, versions, each part's time and outcome) to ``--json``
 (default ``$OUT/gpu_check.json`` where ``$OUT`` is set, else ``build/gpu_check/``).
 
@@ -87,8 +88,8 @@ def run_tests(deadline: float) -> dict:
     return {"ok": ok, "error": error, **counts, "skipped_tests": skipped}
 
 
-def run_notebook(path: Path, solutions: bool, deadline: float) -> dict:
-    """One chapter top to bottom in a fresh kernel at full scale; the first failing cell's error."""
+def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "full") -> dict:
+    """One chapter top to bottom in a fresh kernel at ``scale``; the first failing cell's error."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -99,6 +100,8 @@ def run_notebook(path: Path, solutions: bool, deadline: float) -> dict:
         params.source = params.source.replace("SOLUTIONS = False", "SOLUTIONS = True")
         nb.cells.append(nbformat.v4.new_code_cell(CHECK_SOLVED))
     timeout = int(min(CELL_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
+    saved = os.environ.get("SPECFIX_SCALE")
+    os.environ["SPECFIX_SCALE"] = scale  # the kernel inherits this process's environment
     with tempfile.TemporaryDirectory() as tmp:  # the chapter's working folder: it leaves nothing behind
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": tmp}})
@@ -107,7 +110,12 @@ def run_notebook(path: Path, solutions: bool, deadline: float) -> dict:
             error = ""
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
             error = _first_error(nb) or f"{type(exc).__name__}: {first_line(exc)}"
-    result = {"ok": not error, "error": error}
+        finally:
+            if saved is None:
+                os.environ.pop("SPECFIX_SCALE", None)
+            else:
+                os.environ["SPECFIX_SCALE"] = saved
+    result = {"ok": not error, "error": error, "scale": scale}
     if solutions and not error:
         result["solved"] = first_line("".join(o.get("text", "") for o in nb.cells[-1].outputs))
     return result
@@ -162,11 +170,12 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float) -> dict:
+def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float,
+          solutions_scale: str = "ci") -> dict:
     started = time.monotonic()
     deadline = started + deadline_s
-    os.environ["SPECFIX_SCALE"] = "full"  # the kernels and children inherit it
-    os.environ.pop("SPECFIX_DEVICE", None)
+    os.environ.pop("SPECFIX_DEVICE", None)  # the GPU, whatever the caller's shell says
+    os.environ.pop("SPECFIX_SCALE", None)   # the tests at their default; each chapter run sets its own
     report = {"schema": SCHEMA, "run": run_id, "meta": environment(), "parts": parts,
               "chapters_asked": [p.stem for p in chapters], "results": []}
     jobs = []
@@ -179,8 +188,10 @@ def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float
             nb = json.loads(path.read_text())
             if solutions and not any("exercise" in c["metadata"].get("tags", []) for c in nb["cells"]):
                 continue
+            scale = solutions_scale if solutions else "full"
             jobs.append(("solutions" if solutions else "chapters", path.stem,
-                         lambda path=path, solutions=solutions: run_notebook(path, solutions, deadline)))
+                         lambda path=path, solutions=solutions, scale=scale:
+                         run_notebook(path, solutions, deadline, scale)))
     if "bench" in parts:
         jobs.append(("bench", "specfix bench --scale ci", lambda: run_bench(deadline)))
     for part, name, job in jobs:
@@ -261,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=time.strftime("%Y%m%dT%H%M%S"), help="run id: same for a split run")
     parser.add_argument("--json", type=Path, help="where the report goes")
     parser.add_argument("--deadline-s", type=float, default=570.0, help="start no part after this many s")
+    parser.add_argument("--solutions-scale", choices=("ci", "full"), default="ci",
+                        help="SPECFIX_SCALE of the SOLUTIONS = True runs (the chapters part runs at full)")
     parser.add_argument("--aggregate", nargs="+", type=Path, metavar="REPORT", help="merge reports of runs")
     parser.add_argument("--out", type=Path, default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json")
     parser.add_argument("--show", type=Path, metavar="RECORDING", help="print a recording's tables")
@@ -289,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py checks the GPU: torch sees no CUDA device here")
-    report = check(parts, chapters, args.run, args.deadline_s)
+    report = check(parts, chapters, args.run, args.deadline_s, args.solutions_scale)
     out = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
                         else ROOT / "build" / "gpu_check" / f"gpu_check-{args.run}.json")
     if out.exists() and out.is_dir():

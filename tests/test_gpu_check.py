@@ -58,12 +58,12 @@ def test_a_failing_cell_is_reported_with_its_id_and_error(tmp_path):
     path = tmp_path / "07_toy.ipynb"
     nbformat.write(nb, path)
     got = gc.run_notebook(path, solutions=False, deadline=float("inf"))
-    assert got == {"ok": False, "error": "cell bad: ZeroDivisionError: division by zero"}
+    assert got == {"ok": False, "error": "cell bad: ZeroDivisionError: division by zero", "scale": "full"}
     # with SOLUTIONS = True the chapter must report every exercise solved: a chapter that solved none fails
     del nb.cells[-1]
     nbformat.write(nb, path)
-    assert gc.run_notebook(path, solutions=False, deadline=float("inf")) == {"ok": True, "error": ""}
-    got = gc.run_notebook(path, solutions=True, deadline=float("inf"))
+    assert gc.run_notebook(path, solutions=False, deadline=float("inf"), scale="ci")["ok"]
+    got = gc.run_notebook(path, solutions=True, deadline=float("inf"), scale="ci")
     assert not got["ok"] and "AssertionError" in got["error"]
 
 
