@@ -11,8 +11,9 @@ Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_run
   ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
 * ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
   ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
-  sampler can accept it as a draft (vLLM PR #54137 reported this of Model Runner V2's zero-initialised
-  draft table; that PR was closed without being merged).
+  sampler can accept it as a draft. vLLM 0.25's Model Runner V2 did this with its zeroed draft table (PR
+  #54137, closed without being merged, reported BOS emitted so); 0.33 marks those slots -1 again before
+  verification (:mod:`specfix.mrv2.draft_slots`).
 
 :func:`make_step` builds one step's inputs; :func:`time_fix` times a fix with CUDA events (median over many
 steps), :func:`count_syncs` counts the host-device synchronisations it makes.

@@ -20,8 +20,9 @@ runner: ``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/
    and sets it to ``-1`` where ``is_placeholder = (local_pos > 0) & (pos - local_pos < prefill_len)``: a draft
    row of a step that starts inside the request's prefill, where nothing has been drafted yet. The rejection
    sampler then rejects those slots. 0.24.0 and 0.25.0 verify ``input_ids[logits_indices]`` as they are, so
-   the zeros were judged as drafts and could be accepted (greedy: wherever the target's next token is 0;
-   vLLM PR #54137, closed unmerged, reported BOS emitted this way on P/D decode nodes).
+   0.25's padded steps (0.24's scheduler did not pad yet) had their zeros judged as drafts, accepted wherever
+   the target agreed (greedy: its next token is 0; vLLM PR #54137, closed unmerged, reported BOS emitted this
+   way on P/D decode nodes).
    ``Fixes.mark_placeholder_drafts`` switches the marking; off, this runner verifies as 0.25's MRV2 did.
 
 Under async scheduling the table is what makes the scheduler's ``-1`` harmless too: MRV2 never scatters
