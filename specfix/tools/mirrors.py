@@ -108,7 +108,8 @@ def release_rows() -> list[dict[str, str]]:
         born = "async scheduling: every decode's drafts until the runner fills them"
         if r.sync_scheduler_pads:
             born = "a new decode with one token left (P/D first decode, full prefix-cache hit); " + born
-        v1 = "V1: `_preprocess` clamps to 0" if r.v1_clamp else "V1: nothing"
+        v1 = ("V1: `_preprocess` clamps to 0" if r.v1_clamp
+              else "V1: no clamp (under async scheduling the runner writes real drafts over them)")
         mrv2 = "MRV2: its own draft table, zeroed per request" + (
             ", slots marked -1 again before verification" if r.mrv2_marks_placeholders else "")
         masks = "none: padded rows write slot 0 or stale slots"
