@@ -8,7 +8,8 @@ Layout, by role:
   DFlash, the Triton Gumbel sampler.
 * ``specfix.lab``   the chapters' experiments: the embedding assert, the placeholder fixes, the padded-batch
   reproduction, the invariance checker, the index guard.
-* ``specfix.tools`` benchmark, statistics, host-sync counter, GPU recordings, the vLLM map.
+* ``specfix.tools`` benchmark, statistics, host-sync counter, GPU recordings, the vLLM map, the crash-log
+  diagnosis.
 * ``specfix.figures`` and ``specfix.exercises``: each chapter's drawings and its exercise checkers.
 * top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``models`` and
   ``tokenizer`` (the tiny word-level models).
