@@ -91,3 +91,18 @@ def test_the_module_keeps_its_short_name():
 
     assert draft_slots is specfix.mrv2.draft_slots
     assert draft_slots.gather_draft_sampled is gather_draft_sampled
+
+
+def test_async_a_request_that_sat_out_a_step_keeps_its_proposals_in_the_table():
+    """Chapter 1's tight-budget workload: on the V1 runner a request that sat out a step sends -1 towards
+    the embedding; Model Runner V2's table still holds its last proposals, so no -1 is fed or verified."""
+    prompts = ["the fox saw the crow", "a lion was asleep", "the north wind"]
+    kw = dict(num_speculative_tokens=3, max_num_batched_tokens=8, async_scheduling=True, record=True,
+              models=MODELS, sampler_backend="torch")
+    v1 = generate(prompts, GREEDY, **kw)
+    v2 = generate(prompts, GREEDY, model_runner="v2", **kw)
+    assert sum(int((step.input_ids_before_clamp < 0).sum()) for step in v1.trace) > 0
+    assert all(int((step.input_ids_before_clamp < 0).sum()) == 0 for step in v2.trace)
+    assert all(int((step.spec_decode_metadata.draft_token_ids < 0).sum()) == 0
+               for step in v2.trace if step.spec_decode_metadata is not None)
+    assert [o.token_ids for o in v2.outputs] == [o.token_ids for o in v1.outputs]
