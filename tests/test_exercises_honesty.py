@@ -102,7 +102,14 @@ def ch1_sampler_step(sampler, drafts, logits):
     return sampler()(metadata, None, logits, SamplingMetadata.from_requests([0.0], [None], "cpu"))
 
 
+def _asks_the_dispatcher(live_batch, capture_sizes):
+    from specfix.mrv2.cudagraph import CudaGraphDispatcher
+
+    return CudaGraphDispatcher(max(capture_sizes)).dispatch(live_batch).num_reqs_padded
+
+
 @pytest.mark.parametrize("check,answer", [
+    (ch5.check_replayed_rows, _asks_the_dispatcher),
     (ch3.check_simulate_idx_mapping, _plays_the_real_speculator),
     (ch1.check_emitted, _calls_the_rejection_sampler),
 ])

@@ -96,6 +96,7 @@ MAX_NUM_REQS = 64
         "eager": "a batch larger than every captured size has no graph: it runs eagerly at its exact size, "
                  "so return the batch itself.",
     },
+    forbid=("specfix.mrv2.cudagraph:CudaGraphDispatcher.dispatch",),
 )
 def check_replayed_rows(answer, verdict):
     sizes = [s for s in cudagraph_capture_sizes() if s <= MAX_NUM_REQS]
