@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -51,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from specfix.tools import diagnose
 
         status, text = diagnose.run(args.log, as_json=args.json, progress=not args.no_progress)
-        print(text, file=sys.stderr if status else sys.stdout)
+        try:
+            print(text, file=sys.stderr if status else sys.stdout)
+        except BrokenPipeError:  # `specfix diagnose LOG | head`: the reader has what it wanted
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (so that the exit flush cannot fail again)
         return status
     from specfix import runtime
     from specfix.tools import bench
