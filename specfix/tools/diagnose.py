@@ -1,4 +1,4 @@
-"""``specfix diagnose LOG``: from a crashed vLLM server's log to the cause, the fix and the release with it.
+"""``specfix diagnose LOG``: from a crashed vLLM server's log to the cause, the fix and its first release.
 
     specfix diagnose server.log            # a report to read
     specfix diagnose - < server.log        # from standard input
@@ -13,7 +13,7 @@ kernel comes from chapter 2's op table recorded on the H200 (``specfix/recorded/
 
 Verdicts (``VERDICTS``): a ``-1`` placeholder reaching an embedding (vLLM PR #47029), a negative draft
 reaching the rejection sampler (PR #46533), another out-of-range index, no assert but a setup whose outputs
-CUDA-graph padding corrupted (PR #47066), a different error, or a log too short to tell. Each comes with how
+CUDA-graph padding corrupted (PR #47066), a different error, or a log that does not say enough. Each comes with how
 sure it is and the log lines that made it so.
 
 The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
@@ -53,7 +53,7 @@ VERDICTS = {
     "cudagraph_outputs": "no crash, but a setup whose outputs CUDA-graph padding corrupted "
                          "(the vLLM PR #47066 pattern)",
     "different_error": "no device-side assert: the log shows a different failure",
-    "inconclusive": "the log is too short to tell",
+    "inconclusive": "the log does not say enough to tell",
 }
 
 
