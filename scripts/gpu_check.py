@@ -104,11 +104,11 @@ def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "ful
     os.environ["SPECFIX_SCALE"] = scale  # the kernel inherits this process's environment
     with tempfile.TemporaryDirectory() as tmp:  # the chapter's working folder: it leaves nothing behind
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": tmp}})
+                                resources={"metadata": {"path": tmp}}, on_cell_start=_deadline_hook(deadline))
         try:
             client.execute()
             error = ""
-        except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        except (CellExecutionError, CellTimeoutError, DeadKernelError, OutOfTime) as exc:
             error = _first_error(nb) or f"{type(exc).__name__}: {first_line(exc)}"
         finally:
             if saved is None:
@@ -119,6 +119,17 @@ def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "ful
     if solutions and not error:
         result["solved"] = first_line("".join(o.get("text", "") for o in nb.cells[-1].outputs))
     return result
+
+
+class OutOfTime(Exception):
+    """The deadline passed before a cell could start."""
+
+
+def _deadline_hook(deadline: float):
+    def check(cell, cell_index):
+        if time.monotonic() >= deadline:
+            raise OutOfTime(f"the deadline passed before cell {cell.get('id')} ({cell_index}) could start")
+    return check
 
 
 def _first_error(nb) -> str:

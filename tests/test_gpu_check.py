@@ -74,3 +74,10 @@ def test_without_a_gpu_it_refuses_and_says_why(capsys):
     with pytest.raises(SystemExit):
         gc.main(["--only", "tests,lint"])
     assert "--only takes" in capsys.readouterr().err
+
+
+def test_a_chapter_stops_at_the_deadline_and_says_so(tmp_path):
+    path = tmp_path / "08_toy.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", id="first")]), path)
+    got = gc.run_notebook(path, solutions=False, deadline=0.0)
+    assert not got["ok"] and got["error"].startswith("OutOfTime: the deadline passed before cell first")
