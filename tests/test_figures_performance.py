@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from specfix.figures import performance as perf
+from specfix.figures import style
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
 
@@ -71,9 +72,11 @@ def test_each_figure_of_the_recording_is_captioned_labelled_and_readable(name):
     fig = getattr(perf, name)(H200, SOURCE)
     try:
         assert len(_caption(fig)) == 1 and len(_caption(fig)[0]) > 40
-        assert SOURCE in fig._suptitle.get_text()
+        assert SOURCE in " ".join(fig._suptitle.get_text().split("\n"))  # wrapped to the figure's width
         _assert_legends_outside_the_axes(fig)
         _assert_tick_labels_apart(fig)
+        seen = style.legibility(fig)  # drawn for the book's column
+        assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
     finally:
         plt.close(fig)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -424,26 +425,28 @@ def _missing(ax, report: dict, case: str, reason: str | None = None) -> None:
     ax.set_axis_off()
 
 
-def _legend_right(fig, axes) -> None:
-    """One legend for the figure, right of every axes and level with their top (never over the data, never
-    over the title); duplicate labels merged."""
-    axes = [ax for ax in np.atleast_1d(axes) if ax.axison]
+def _handles(axes) -> tuple[list, list]:
+    """The legend entries of every axes drawn, duplicate labels merged."""
     handles, labels = [], []
-    for ax in axes:
+    for ax in np.atleast_1d(axes):
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
+            if ax.axison and lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    if handles:
-        right = max(ax.get_position().x1 for ax in axes)
-        top = max(ax.get_position().y1 for ax in axes)
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(right + 0.01, top))
+    return handles, labels
 
 
 def _finish(fig, axes, title: str, source: str, caption: str) -> None:
-    fig.suptitle(f"{title}\n{source}", fontsize=8)
-    fig.tight_layout()
-    _legend_right(fig, axes)
+    """Title and source over the panels, one legend in a strip under them (never over the data), the
+    caption last: the figure keeps the column's width, growing taller by the legend's strip."""
+    fig.suptitle("\n".join([title, *textwrap.wrap(source, 110)]), fontsize=style.SMALLEST_PT)
+    handles, labels = _handles(axes)
+    ncol = 2 if labels and max(map(len, labels)) <= 45 else 1
+    strip = 0.15 + 0.2 * math.ceil(len(labels) / ncol) if labels else 0.0
+    fig.set_figheight(fig.get_figheight() + strip)
+    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
+    if handles:
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol)
     style.caption(fig, caption)
 
 
@@ -458,7 +461,7 @@ def bandwidth_figure(report: dict, source: str):
     g = bench.frame(report, "gumbel")
     ceil = ceilings(report)
     with style.apply():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 5.4), sharex=True, sharey=True)
         if g.empty:
             for ax in axes:
                 _missing(ax, report, "gumbel")
@@ -472,9 +475,9 @@ def bandwidth_figure(report: dict, source: str):
                            label=f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s")
                 ax.axhline(ceil["copy"], color=style.PADDING, ls=":", lw=1,
                            label=f"copy (read + write): {ceil['copy']:.2f} TB/s")
-                ax.set(xlabel="rows (sequences sampled at once)", title=f"{dtype} logits")
+                ax.set(ylabel="logits read, TB/s", title=f"{dtype} logits")
                 _log_x(ax, ours["rows"])
-            axes[0].set_ylabel("logits read, TB/s")
+            axes[-1].set_xlabel("rows (sequences sampled at once)")
         _finish(fig, axes, "Read bandwidth of gumbel_sample against the ceilings", source,
                 "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
                 "far below it; at many rows the gap left is the time spent making the noise.")
@@ -485,7 +488,7 @@ def throughput_figure(report: dict, source: str):
     """Logits per second of the judged (fast-noise) kernel per dtype and vocabulary, with its goal."""
     g = bench.frame(report, "gumbel")
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7, 3.8))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.4))
         if g.empty:
             _missing(ax, report, "gumbel")
         else:
@@ -516,7 +519,7 @@ def speedup_figure(report: dict, source: str):
     g = bench.frame(report, "gumbel")
     refs = ("torch_softmax_multinomial", "torch_gumbel_max")
     with style.apply():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 5.4), sharex=True, sharey=True)
         if g.empty:
             for ax in axes:
                 _missing(ax, report, "gumbel")
@@ -528,13 +531,13 @@ def speedup_figure(report: dict, source: str):
                     ax.plot(rows["rows"], rows[ref] / rows[bench.JUDGED], _MARKERS[dtype],
                             label=f"{dtype}, vocab {vocab:,}")
                 ax.axhline(1, color=style.CEILING, lw=0.8)
-                ax.set(xlabel="rows", title=f"against {ref}")
+                ax.set(ylabel="torch time / specfix time", title=f"speedup against {ref}")
                 _log_x(ax, wide["rows"])
                 _log_y(ax)
             target = goal(report, "gumbel", "x")
             if _on_gpu(report) and target:
                 axes[0].axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
-            axes[0].set_ylabel("speedup (torch time / specfix time)")
+            axes[-1].set_xlabel("rows")
         _finish(fig, axes, "How much faster the fused Triton sampler is than the torch samplers", source,
                 speedup_caption(report))
     return fig
@@ -564,7 +567,7 @@ def graph_call_figure(report: dict, source: str):
     """GPU time of one call inside a CUDA graph, per implementation and shape (rows x vocabulary)."""
     gg = bench.frame(report, "gumbel_graph")
     with style.apply():
-        fig, ax = plt.subplots(figsize=(9, 3.8))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.6))
         if gg.empty:
             _missing(ax, report, "gumbel_graph")
         else:
@@ -595,7 +598,7 @@ def mask_figure(report: dict, source: str):
     """Overhead of the masked kernel over the unmasked one, against the one-sided goal (at most +target%)."""
     mo = mask_overhead(report)
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         if mo.empty:
             _missing(ax, report, "gumbel_mask")
         else:
@@ -626,7 +629,7 @@ def fix_costs_figure(report: dict, source: str):
     """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work."""
     fc = fix_costs(report)
     with style.apply():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 5.6), sharex=True)
         if fc.empty:
             for ax in axes:
                 _missing(ax, report, "placeholder_fixes")
@@ -639,13 +642,14 @@ def fix_costs_figure(report: dict, source: str):
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
                 axes[0].errorbar(rows["num_tokens"], rows["median_us"], yerr=err, fmt="o-", capsize=3,
                                  color=colours[fix], label=LABELS[fix] + syncs)
-            axes[0].set(xlabel="tokens in the step", ylabel="one step on an idle GPU, us", title="idle GPU")
+            axes[0].set(ylabel="one step, us", title="idle GPU")
             if "host_us_behind_busy_gpu" in fc:
                 for fix, rows in fc.groupby("fix", sort=False):
                     axes[1].plot(rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-",
                                  color=colours[fix])
                 axes[1].set(xlabel="tokens in the step", ylabel="host time of the call, us",
                             title="earlier GPU work still queued")
+                axes[0].tick_params(labelbottom=False)
                 _log_x(axes[1], fc["num_tokens"])
                 _log_y(axes[1])
             else:
@@ -654,8 +658,8 @@ def fix_costs_figure(report: dict, source: str):
             _log_x(axes[0], fc["num_tokens"])
             _log_y(axes[0])
         _finish(fig, axes, "Cost per step of each way to keep -1 out of the embedding", source,
-                "Compare the green clamp with the magenta host mask, left on an idle GPU, right with earlier "
-                "GPU work queued: a call that synchronises waits for all of that work.")
+                "Compare the green clamp with the magenta host mask, above on an idle GPU, below with "
+                "earlier GPU work queued: a call that synchronises waits for all of that work.")
     return fig
 
 
@@ -663,7 +667,7 @@ def drafter_figure(report: dict, source: str):
     """The drafter step, eager launches against one graph replay: time per step and the speedup."""
     dg = bench.frame(report, "drafter_graph")
     with style.apply():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 5.4), sharex=True)
         if dg.empty:
             for ax in axes:
                 _missing(ax, report, "drafter_graph")
@@ -672,7 +676,7 @@ def drafter_figure(report: dict, source: str):
             for (model, impl), rows in dg.groupby(["model", "impl"]):
                 axes[0].plot(rows["live_batch"], rows["median_us"], "o-" if impl == "graph" else "s--", ms=3,
                              color=colours[model], label=f"{model}: {impl}")
-            axes[0].set(xlabel="live batch", ylabel="time per drafter step, us")
+            axes[0].set(ylabel="time per drafter step, us")
             _log_y(axes[0])
             price = padding_price(report)
             if len(price):
@@ -692,7 +696,7 @@ def padding_price_figure(report: dict, source: str):
     """Per live batch: the fraction of replayed rows that are padding, and the replay's speedup."""
     price = padding_price(report)
     with style.apply():
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 4.6), sharex=True)
         if price.empty:
             for ax in (top, bottom):
                 _missing(ax, report, "drafter_graph", "needs the graph replay, which needs a GPU")
@@ -722,7 +726,7 @@ def rejection_figure(report: dict, source: str):
     from one CUDA graph, and its torch reference, at the smallest k and vocabulary of the report."""
     rj = bench.frame(report, "rejection")
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7, 3.8))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.6))
         if rj.empty:
             _missing(ax, report, "rejection")
         else:
@@ -753,7 +757,7 @@ def peer_figure(report: dict, source: str):
     read = ceilings(report)["read"]
     rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
     with style.apply():
-        fig, axes = plt.subplots(len(DTYPE_BYTES), len(vocabs), figsize=(3 * len(vocabs) + 1, 6.4),
+        fig, axes = plt.subplots(len(DTYPE_BYTES), len(vocabs), figsize=(style.WIDTH_IN, 5.6),
                                  sharex=True, sharey=True, squeeze=False)
         if table.empty:
             for ax in axes.flat:
@@ -770,7 +774,7 @@ def peer_figure(report: dict, source: str):
                 ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2,
                            label=f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype")
                 ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
-                _log_x(ax, table["rows"])
+                _log_x(ax, sorted(table["rows"].unique())[::2])  # every other size: four panels a row
                 _log_y(ax)
             for ax in axes[-1]:
                 ax.set_xlabel("rows")
