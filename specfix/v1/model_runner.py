@@ -2,7 +2,9 @@
 
 Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``: ``_update_states``,
 ``_prepare_inputs``, ``_calc_spec_decode_metadata``, ``_preprocess``, ``execute_model``,
-``take_draft_token_ids``) and the ``CpuGpuBuffer`` of ``vllm/v1/utils.py``. It runs on CPU or CUDA.
+``take_draft_token_ids``) and the ``CpuGpuBuffer`` of ``vllm/v1/utils.py``. It runs on CPU or CUDA. This
+is vLLM's V1 runner: the one 0.24 and 0.25 ran for most MoE models (DeepSeek-V4 among them) and 0.33's
+fallback; 0.33 runs Model Runner V2 by default, whose draft slots :mod:`specfix.mrv2.draft_slots` adds.
 
 The order of one step is the point of chapter 1:
 
