@@ -108,7 +108,15 @@ def _asks_the_dispatcher(live_batch, capture_sizes):
     return CudaGraphDispatcher(max(capture_sizes)).dispatch(live_batch).num_reqs_padded
 
 
+def _asks_the_dflash_preparation(idx_mapping, num_reqs, k, max_num_reqs):
+    from specfix.mrv2 import dflash
+
+    out, table = dflash.DFlashInputs.allocate(max_num_reqs, k), torch.arange(max_num_reqs)
+    return dflash.prepare_dflash_inputs(num_reqs, idx_mapping, table, table, 16, out).sample_idx_mapping
+
+
 @pytest.mark.parametrize("check,answer", [
+    (ch3.check_dflash_padding, _asks_the_dflash_preparation),
     (ch5.check_replayed_rows, _asks_the_dispatcher),
     (ch3.check_simulate_idx_mapping, _plays_the_real_speculator),
     (ch1.check_emitted, _calls_the_rejection_sampler),
@@ -145,6 +153,8 @@ CONTAINED = (
        for c in (list, tuple, np.array, torch.tensor)]
     + [("ch1.emitted", lambda d, ch, c=c: c(sol1.emitted_tokens(d, ch))) for c in (list, tuple, np.array)]
     + [("ch3.simulate_idx_mapping", lambda e, m, c=c: c(sol3.simulate_idx_mapping(e, m)))
+       for c in (list, tuple, np.array, torch.tensor)]
+    + [("ch3.dflash_padding", lambda i, n, k, m, c=c: c(sol3.sample_idx_mapping(i, n, k, m).tolist()))
        for c in (list, tuple, np.array, torch.tensor)]
     + [("ch2.guard_positions", lambda p, cu, r, c=c: c(sol2.requests_at(p, cu, r))) for c in (list, tuple)]
 )
@@ -429,6 +439,14 @@ NEW_HINTS = [
     (ch3.check_simulate_idx_mapping, _wrong("slot_not_reused"), "slot_not_reused"),
     (ch3.check_simulate_idx_mapping, _wrong("rows_by_name"), "rows_by_name"),
     (ch3.check_simulate_idx_mapping, lambda e, m: list(range(m)), "wrong"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: [0] * (m * k - 1), "format"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: torch.cat([i[:n].long().repeat_interleave(k),
+                                                             torch.zeros((m - n) * k, dtype=torch.long)]),
+     "pads_zero"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: i[:n].tolist() + [-1] * (m * k - n), "not_expanded"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: i[:n].tolist() * k + [-1] * ((m - n) * k), "interleaved"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: i.long().repeat_interleave(k), "stale_rows"),
+    (ch3.check_dflash_padding, lambda i, n, k, m: [-1] * (m * k), "wrong"),
     (ch5.check_which_syncs, "b", "format"),
     (ch5.check_which_syncs, {"a", "b"}, "clamp"),
     (ch5.check_which_syncs, {"b", "c"}, "scheduler"),
@@ -449,6 +467,17 @@ def test_the_new_exercises_are_checked_on_a_seeded_family_the_notebook_never_pri
     assert any(c == (p[i - 1] if i else 0) for _, p, _ in ch2._position_cases() for i, c in enumerate(p))
     cases = ch3._simulation_cases()
     assert len(cases) > 5 and any("finish" in " ".join(e) for e, _ in cases)
+
+
+def test_dflash_padding_truth_is_the_fixed_preparation_and_the_bug_pads_zero():
+    from specfix.mrv2 import dflash
+
+    idx, num_reqs, k, max_num_reqs = ch3._dflash_cases()[0]
+    assert ch3._dflash_truth(idx, num_reqs, k, max_num_reqs) == [2, 2, 2, 0, 0, 0] + [-1] * 6
+    out, table = dflash.DFlashInputs.allocate(max_num_reqs, k), torch.arange(max_num_reqs)
+    dflash.prepare_dflash_inputs(num_reqs, torch.tensor(idx, dtype=torch.int32), table, table, 16, out,
+                                 ch3.Fixes(dflash_pad_idx=False))
+    assert out.sample_idx_mapping.tolist()[num_reqs * k:] == [0] * 6
 
 
 def test_simulated_idx_mapping_matches_the_real_speculator_on_random_histories():

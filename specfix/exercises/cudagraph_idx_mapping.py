@@ -341,3 +341,63 @@ def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[i
     return {"starts_minus_one": simulate(start=-1), "pads_minus_one": simulate(pad=True),
             "finish_clears": simulate(clear=True), "slot_not_reused": simulate(reuse=False),
             "rows_by_name": simulate(by_name=True)}
+
+
+# -- ch3.dflash_padding --------------------------------------------------------------------------------------
+
+def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, int, int]]:
+    """(idx_mapping buffer, num_reqs, k, max_num_reqs): the chapter's DFlash step (2 of 4 requests, k = 3),
+    then a seeded family whose buffers hold stale slots past num_reqs."""
+    cases = [([2, 0, 1, 3], 2, 3, 4)]
+    rng = random.Random(seed)
+    for _ in range(count):
+        max_num_reqs, k = rng.choice((4, 8)), rng.randint(1, 4)
+        cases.append((rng.sample(range(max_num_reqs), max_num_reqs), rng.randint(1, max_num_reqs - 1), k,
+                      max_num_reqs))
+    return cases
+
+
+def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: int) -> list[int]:
+    from specfix.mrv2 import dflash
+
+    out = dflash.DFlashInputs.allocate(max_num_reqs, k)
+    out.sample_idx_mapping.fill_(99)  # what an earlier step left: the preparation must write every entry
+    table = torch.arange(max_num_reqs)
+    dflash.prepare_dflash_inputs(num_reqs, torch.tensor(idx_mapping, dtype=torch.int32), table, table + 5, 16,
+                                 out, Fixes(), use_triton=False)
+    return out.sample_idx_mapping.tolist()
+
+
+@checker(
+    "ch3.dflash_padding",
+    solution="cudagraph_idx_mapping:sample_idx_mapping",
+    todo="write sample_idx_mapping(idx_mapping, num_reqs, k, max_num_reqs) -> the max_num_reqs * k entries "
+         "DFlash's sampler reads, padded with the fix",
+    hints={
+        "format": "return max_num_reqs * k ints: one entry per drafted token the graph samples.",
+        "pads_zero": "you padded with 0, request-state slot 0: that is the bug. Every padded entry would "
+                     "write its logits into slot 0's draft logits; pad with -1, which the sampler skips.",
+        "not_expanded": "each request drafts k tokens, so it has k entries in a row, all naming its slot.",
+        "interleaved": "the entries are request by request: all k of the first request, then all k of the "
+                       "next (repeat each slot k times, do not repeat the list k times).",
+        "stale_rows": "the rows of idx_mapping past num_reqs are stale slots from earlier steps: they are "
+                      "padding, not requests.",
+        "wrong": "not the sample_idx_mapping the fixed preparation writes.",
+    },
+    forbid=("specfix.mrv2.dflash:prepare_dflash_inputs", "specfix.mrv2.dflash:_prepare_reference"),
+)
+def check_dflash_padding(answer, verdict):
+    for idx, num_reqs, k, max_num_reqs in _dflash_cases():
+        got = as_int_list(answer(torch.tensor(idx, dtype=torch.int32), num_reqs, k, max_num_reqs))
+        verdict.require(got is not None and len(got) == max_num_reqs * k, "format", f"(you returned {got!r})")
+        want = _dflash_truth(idx, num_reqs, k, max_num_reqs)
+        if got == want:
+            continue
+        live, pad = want[:num_reqs * k], [-1] * ((max_num_reqs - num_reqs) * k)
+        said = f"(idx_mapping {idx}, num_reqs {num_reqs}, k {k}: you returned {got})"
+        verdict.require(got != live + [0] * len(pad), "pads_zero", said)
+        verdict.require(got != idx[:num_reqs] * k + pad or num_reqs == 1 or k == 1, "interleaved", said)
+        verdict.require(got[:num_reqs] != idx[:num_reqs] or k == 1, "not_expanded", said)
+        stale = [s for s in idx[num_reqs:] for _ in range(k)]
+        verdict.require(got[num_reqs * k:] != stale, "stale_rows", said)
+        verdict.require(False, "wrong", said)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from specfix.lab.invariance import check_speculator
 
 
@@ -42,3 +44,10 @@ def simulate_idx_mapping(events, max_num_reqs):
             for row, name in enumerate(names):  # batch row -> slot; rows past the batch keep old values
                 buffer[row] = slots[name]
     return buffer
+
+
+def sample_idx_mapping(idx_mapping, num_reqs, k, max_num_reqs):
+    """DFlash's expanded idx_mapping: each live request's slot once per drafted token, then -1 up to the
+    max_num_reqs * k entries a FULL graph samples (the rows past num_reqs are stale: never read them)."""
+    live = idx_mapping[:num_reqs].long().repeat_interleave(k)  # request by request: s0 s0 s0 s1 s1 s1
+    return torch.cat([live, torch.full(((max_num_reqs - num_reqs) * k,), -1, dtype=torch.long)])
