@@ -13,8 +13,8 @@ kernel comes from chapter 2's op table recorded on the H200 (``specfix/recorded/
 
 Verdicts (``VERDICTS``): a ``-1`` placeholder reaching an embedding (vLLM PR #47029), a negative draft
 reaching the rejection sampler (PR #46533), another out-of-range index, no assert but a setup whose outputs
-CUDA-graph padding corrupted (PR #47066), a different error, or a log that does not say enough. Each comes with how
-sure it is and the log lines that made it so.
+CUDA-graph padding corrupted (PR #47066), a different error, or a log that does not say enough. Each comes
+with how sure it is and the log lines that made it so.
 
 The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
 ``.peer/src/<version>/`` by ``shared/peer/fetch-vllm-source.sh``): each fix's code is present in 0.25.0 and
