@@ -6,6 +6,9 @@ and the stale row behind a corrupted batch.
   batch of 8 left full of request-state slots, so padding that stops short or writes 0 shows.
 - ``ch3.stale_victims`` (predict, then run): after a named history, which live requests' cached draft
   logits the padded rows overwrite.
+- ``ch3.simulate_idx_mapping`` (write it): the unfixed persistent buffer after a history, checked against the
+  real speculator on random histories.
+- ``ch3.dflash_padding`` (write it): DFlash's expanded ``sample_idx_mapping`` with the -1 padding.
 - ``ch3.find_stale_row`` (debug): a drafter left in a corrupted state by a history you do not see; find,
   with the invariance checker, the padded row whose stale entry corrupts a live request, and its slot.
 """

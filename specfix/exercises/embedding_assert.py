@@ -1,9 +1,12 @@
-"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op.
+"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op, map the
+guard's positions back to requests.
 
 * ``ch2.clamp`` (write it): the clamp of ``_preprocess`` that keeps ``-1`` in the metadata while the
   embedding sees ids >= 0.
 * ``ch2.which_ops`` (predict, then run): which ops can produce a given assert line with a ``-1``, from the
   op table recorded on the GPU.
+* ``ch2.guard_positions`` (debug): the request of each position the index guard reports on the unfixed
+  engine, through an inclusive running sum (checked on a seeded family too).
 * ``ch2.first_bad_op`` (debug): in the recorded transcript of the unfixed engine, the line of the model
   whose kernel failed first, although the traceback ends elsewhere.
 """

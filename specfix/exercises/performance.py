@@ -1,7 +1,9 @@
-"""Chapter 5's exercises: the floor time of a sampler from its bytes, and the rows a CUDA-graph replay runs.
+"""Chapter 5's exercises: the floor time of a sampler from its bytes, which fixes make the host wait, and the
+rows a CUDA-graph replay runs.
 
-Both are checked against the H200 recording ``specfix/recorded/bench_h200.json``: the read ceiling measured in
-that run, and the batch sizes its drafter steps were actually replayed at.
+All three are checked against the H200 recording ``specfix/recorded/bench_h200.json``: the read ceiling
+measured in that run, the host synchronisations it counted per step, and the batch sizes its drafter steps
+were actually replayed at.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
-"""Chapter 1's exercises: read a step's draft layout, predict what zeroing accepts, reject negative drafts.
+"""Chapter 1's exercises: a warm-up step, where the clamp goes, a step's draft layout, what zeroing accepts,
+rejecting negative drafts.
 
+* ``ch1.emitted`` (warm-up, write it): what one greedy step emits, from chapter 0 alone; checked on crafted
+  steps and a seeded random family.
+* ``ch1.clamp_point`` (predict, then run): the draft id the rejection sampler gets in a placeholder slot with
+  the clamp in the scheduler, before ``_calc_spec_decode_metadata`` or in ``_preprocess``.
 * ``ch1.metadata`` (debug): from a shown scheduler output, give ``num_draft_tokens``,
   ``cu_num_draft_tokens`` and the indices of ``draft_token_ids`` that hold ``-1``; checked against the
   model runner's own ``_prepare_inputs`` on that output.
