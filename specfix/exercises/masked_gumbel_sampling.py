@@ -4,6 +4,7 @@ row, and the request slot that a stale padded row overwrote.
 - ``ch4.mask_kernel`` (write it): a kernel that scales each row of logits by its request's temperature
   and stores it at the request's slot, with the loads and the store masked by ``req_state_idx >= 0``. It
   runs on tables that sit between guard rows, so a stray read or write one row before a table shows.
+- ``ch4.mask_seed`` (write it): mask the seed load of a kernel that adds Gumbel noise, on guarded tables.
 - ``ch4.padded_token`` (predict, then run): the token the masked kernel returns for a padded row.
 - ``ch4.find_overwritten`` (debug): from a draft-logits table after a step with stale padded rows, find
   the live request whose cached logits are no longer its own.
