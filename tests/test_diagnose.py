@@ -149,6 +149,16 @@ def test_has_fix(version, has):
     assert dg.has_fix(version, dg.FIXES["placeholder_embedding"]) is has
 
 
+def test_first_releases_agree_with_the_release_table():
+    from specfix.tools.mirrors import RELEASES
+
+    by_version = {r.version: r for r in RELEASES}
+    for verdict, field in (("placeholder_embedding", "v1_clamp"), ("cudagraph_outputs", "masks_47066")):
+        fix = dg.FIXES[verdict]
+        assert getattr(by_version[fix.first_release], field), verdict
+        assert not getattr(by_version[fix.last_release_without], field), verdict
+
+
 def test_readme_report_is_what_the_tool_prints(monkeypatch):
     monkeypatch.chdir(ROOT)
     readme = (ROOT / "README.md").read_text()

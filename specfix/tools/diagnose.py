@@ -600,8 +600,9 @@ def _advice(verdict: str, fix_state: bool | None, blocking: bool) -> list[str]:
                  "already clamps in the V1 runner."]) + [
             ("Until then" if fix_state is not True else "Meanwhile")
             + ": the -1 drafts exist only with speculative decoding; serving without "
-            "--speculative-config avoids the path. --no-async-scheduling removes one source of them "
-            "(async-scheduling placeholders) but not the scheduler's padding of new decodes (PR #45237).",
+            "--speculative-config avoids the path. --no-async-scheduling removes the async-scheduling "
+            "placeholders; the synchronous scheduler's padding of new decodes (PR #45237) remains in the "
+            "releases that have it.",
             name_op, restart]
     if verdict == "negative_draft":
         fix = FIXES[verdict]
