@@ -33,14 +33,33 @@ test: lint unit notebooks
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# `make test` again reruns only what changed: each part leaves a stamp under build/test/<scale>/ once it
+# passed (dated from its start), and make reruns a part only when a file it reads is newer: the package
+# tests read every file of the repository (git's list: tracked, or new and not ignored), a chapter reads
+# itself, the package and pyproject.toml. `rm -rf build/test` reruns everything.
+SCALE    := $(or $(SPECFIX_SCALE),ci)
+TESTED   := build/test/$(SCALE)
+INPUTS   := $(wildcard $(shell git ls-files -co --exclude-standard 2>/dev/null))
+PACKAGE  := $(filter specfix/%,$(INPUTS)) pyproject.toml
+CHAPTERS := $(wildcard notebooks/*.ipynb)
+
 # The package tests run on the CPU (Triton's interpreter), as in CI, whatever the machine; where a GPU is
 # present the tests marked `cuda` then run on it, one at a time (they share the GPU and count its syncs).
-unit: $(STAMP)
+unit: $(TESTED)/unit.passed
+
+$(TESTED)/unit.passed: $(STAMP) $(INPUTS)
+	@mkdir -p $(@D) && touch $@.start
 	SPECFIX_DEVICE=cpu $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not cuda" tests
 	if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python -m pytest -q -m cuda tests; fi
+	@mv $@.start $@
 
-notebooks: $(STAMP)
-	SPECFIX_SCALE=$${SPECFIX_SCALE:-ci} SPECFIX_CHECK_FIGURES=1 $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 notebooks
+# Each chapter through nbmake in a fresh kernel, as a reader runs it (SOLUTIONS = False).
+notebooks: $(CHAPTERS:notebooks/%=$(TESTED)/%.passed)
+
+$(TESTED)/%.ipynb.passed: notebooks/%.ipynb $(PACKAGE) $(STAMP)
+	@mkdir -p $(@D) && touch $@.start
+	SPECFIX_SCALE=$(SCALE) SPECFIX_CHECK_FIGURES=1 $(BIN)/python -m pytest -q --nbmake --nbmake-timeout=300 $<
+	@mv $@.start $@
 
 # A fresh build every time (-E, and the old folder removed): the pages show what the code does today.
 # -W: any warning (a broken cross-reference, an unreadable output) fails the build, as a failing cell does.
