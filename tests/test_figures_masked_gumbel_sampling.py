@@ -158,3 +158,19 @@ def test_the_bars_use_the_suite_style_colours():
     fig = figs.draws_vs_softmax(np.array([1.0]), {"a": np.array([0])}, 1.0)
     colours = {tuple(p.get_facecolor()[:3]) for p in fig.axes[0].patches}
     assert colours == {to_rgb(style.CEILING), to_rgb(style.NEUTRAL)}
+
+
+def test_every_figure_is_drawn_for_the_books_column():
+    probs, u = np.array([0.2, 0.3, 0.5] * 8) / 8, np.logspace(-9, -0.1, 60)
+    g = -np.log(-np.log1p(-u))
+    clean = np.full((3, 4, 4), -1.0)
+    made = [figs.draws_vs_softmax(probs, {"numpy toy": np.arange(24), "Triton kernel": np.arange(24)}, 0.8),
+            figs.gumbel_tail(u, g, g, np.where(u < 1e-7, np.inf, g)),
+            figs.tile_winners(np.sin(np.arange(300.0)), 64),
+            figs.padded_rows_buffers({"masked": clean, "unmasked": clean}, -1.0, [(1, 1)],
+                                     ["guard", "slot 0", "guard"]),
+            figs.draws_at_temperature(probs, np.arange(24), 0.5, 1.25, 11.0),
+            figs.bench_speed(_bench(), vocab=1000, rows_at=256)]
+    for fig in made:
+        seen = style.legibility(fig)
+        assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen

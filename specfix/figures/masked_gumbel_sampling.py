@@ -32,7 +32,7 @@ def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
     width = 0.8 / len(series)
     colours = [style.CEILING, style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER]
     with style.apply():
-        fig, ax = plt.subplots(figsize=(8, 3.4))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         x = np.arange(vocab)
         for i, (label, freq) in enumerate(series):
             ax.bar(x + (i - (len(series) - 1) / 2) * width, freq, width, label=label,
@@ -40,7 +40,7 @@ def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="frequency",
                title=f"Gumbel-max draws against softmax, T = {temperature}")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.legend_below(fig, ax)
         style.caption(fig, "Every sampler's bars sit on the black softmax bar of the same token: "
                            "argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).")
     return fig
@@ -52,7 +52,7 @@ def gumbel_tail(u, exact, careful, naive):
     u, exact, careful, naive = (np.asarray(a, dtype=np.float64) for a in (u, exact, careful, naive))
     overflow = ~np.isfinite(naive)
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7.5, 3.4))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.semilogx(u, exact, color=style.CEILING, lw=4, alpha=0.35, label="exact (float64)")
         ax.semilogx(u, careful, "--", color=style.FIXED, label="careful -log(-log1p(-u)), float32")
         finite = np.where(overflow, np.nan, naive)
@@ -64,7 +64,7 @@ def gumbel_tail(u, exact, careful, naive):
                     label="naive = +inf (1 - u rounds to 1)")
         ax.set_ylim(top=top * 1.06)
         ax.set(xlabel="u", ylabel="Gumbel noise g", title="The winners' noise lives at small u")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.legend_below(fig, ax)
         style.caption(fig, "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in "
                            "float32. Just right of it, it is a staircase. The careful form follows the exact "
                            "curve everywhere.")
@@ -81,7 +81,7 @@ def tile_winners(noisy, block: int):
     winners = [s + int(noisy[s:s + block].argmax()) for s in starts]
     best = int(np.argmax(maxima))
     with style.apply():
-        fig, ax = plt.subplots(figsize=(9, 3.2))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
         ax.plot(noisy, lw=0.4, color=style.PADDING)
         for t, s in enumerate(starts):
             if t % 2:
@@ -93,7 +93,7 @@ def tile_winners(noisy, block: int):
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="logit + noise",
                title=f"{len(maxima)} tiles of {block} (the last one partial)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.legend_below(fig, ax)
         style.caption(fig, f"Each tile keeps only its maximum and its token id; the row's token is the best "
                            f"tile's winner, token {winners[best]}, whatever the tile size.")
     return fig
@@ -119,7 +119,7 @@ def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_sl
     (row, column) cells the live rows should write."""
     cmap = ListedColormap(_CELL_FILLS)
     with style.apply():
-        fig, axes = plt.subplots(1, len(buffers), figsize=(4.6 * len(buffers), 3.2), sharey=True)
+        fig, axes = plt.subplots(1, len(buffers), figsize=(style.WIDTH_IN, 3.2), sharey=True)
         axes = np.atleast_1d(axes)
         for ax, (title, buf) in zip(axes, buffers.items(), strict=True):
             cells = draft_logits_cells(buf, sentinel, live_slots)
@@ -127,7 +127,7 @@ def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_sl
             for (r, c), kind in np.ndenumerate(cells):
                 ax.text(c, r, _CELL_WORDS[kind], ha="center", va="center", fontsize=8, color=_CELL_TEXT[kind])
             ax.set(title=title, xticks=range(cells.shape[1]),
-                   xticklabels=[f"column {c}" for c in range(cells.shape[1])],
+                   xticklabels=[f"col {c}" for c in range(cells.shape[1])],
                    yticks=range(len(row_labels)), yticklabels=row_labels)
             ax.grid(False)
         style.caption(fig, "Grey: still the sentinel. Blue: written by a live row into its own slot. "
@@ -140,14 +140,14 @@ def draws_at_temperature(probs, samples, temperature: float, chi2: float, thresh
     """The widget's figure: softmax(logits / T) and the frequency of each token among ``samples``."""
     vocab = len(probs)
     with style.apply():
-        fig, ax = plt.subplots(figsize=(8, 3.2))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
         x = np.arange(vocab)
         ax.bar(x - 0.2, probs, 0.4, color=style.CEILING, label="softmax(logits / T)")
         ax.bar(x + 0.2, np.bincount(samples, minlength=vocab) / len(samples), 0.4, color=style.NEUTRAL,
                label=f"{len(samples):,} Gumbel-max draws")
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="frequency", title=f"T = {temperature:g}, vocabulary {vocab}")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        style.legend_below(fig, ax)
         verdict = "passes" if chi2 < threshold else "fails"
         style.caption(fig, f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
                            f"{verdict} the test. Lower T piles the draws onto the top tokens; higher T "
@@ -181,8 +181,8 @@ def throughput_table(bench: dict, min_rows: int = 256) -> pd.DataFrame:
 
 
 def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
-    """Left: G logits/s against rows at one vocabulary (both noise modes, fp32 and bf16, the goal line).
-    Right: us per call of every sampler at ``rows_at`` x ``vocab`` fp32."""
+    """Above: G logits/s against rows at one vocabulary (both noise modes, fp32 and bf16, the goal line).
+    Below: us per call of every sampler at ``rows_at`` x ``vocab`` fp32."""
     frame = bench_frame(bench)
     gumbel = frame[frame.case == "gumbel"]
     goal = bench_goal(bench, "gumbel", "G logits/s")
@@ -190,7 +190,7 @@ def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
     at = gumbel[(gumbel.rows == rows_at) & (gumbel.vocab == vocab) & (gumbel.dtype == "fp32")]
     at = at.set_index("impl").us
     with style.apply():
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [1.3, 1]})
+        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 6.2), gridspec_kw={"height_ratios": [1.4, 1]})
         for impl, colour in (("specfix_exact", style.ACCENT), ("specfix_fast", style.FIXED)):
             for dtype, line in (("fp32", "-"), ("bf16", "--")):
                 sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype) & (gumbel.vocab == vocab)]
@@ -208,8 +208,8 @@ def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
         fig.tight_layout()
         big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.vocab == vocab) & (gumbel.rows >= 256)]
         low, high = big.G_logits_per_s.min(), big.G_logits_per_s.max()
-        style.caption(fig, f"Left: from 256 rows on, where the goal applies, the fast noise runs at "
-                           f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Right: both "
+        style.caption(fig, f"Above: from 256 rows on, where the goal applies, the fast noise runs at "
+                           f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Below: both "
                            "noise modes against the textbook samplers at one shape (shorter is faster).")
     return fig
 

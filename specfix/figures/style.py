@@ -118,6 +118,17 @@ def caption(fig, text: str) -> None:
              transform=fig.transFigure)
 
 
+def legend_below(fig, ax, ncol: int = 2) -> None:
+    """``ax``'s legend in a strip under the axes, not beside them, so that the figure keeps its width (the
+    column's): the figure grows by the strip and its axes are laid out above it."""
+    handles, labels = ax.get_legend_handles_labels()
+    strip = 0.15 + 0.2 * -(-len(labels) // ncol)
+    fig.set_figheight(fig.get_figheight() + strip)
+    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
+    ax.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
+              ncol=ncol)
+
+
 def integer_ticks(axis) -> None:
     """Whole-number ticks only (token ids, counts, positions)."""
     from matplotlib.ticker import MaxNLocator
