@@ -45,6 +45,7 @@ def test_padded_buffers_draws_one_arrow_per_padded_write():
     labels = [t.get_text() for t in off.texts]
     assert "row 5: 5  padded" in labels and "slot 2: free" in labels and "slot 5: f" in labels
     assert "magenta arrow" in _caption(fig)
+    assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX
     with pytest.raises(ValueError, match="one title per state"):
         F.padded_buffers(states, ["only one"])
 

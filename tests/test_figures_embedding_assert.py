@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from specfix.figures import embedding_assert as fig2
+from specfix.figures import style
 from specfix.lab import embedding_assert as ea
 from specfix.lab import placeholder_fixes as pf
 from specfix.lab.guard import GuardTiming
@@ -96,6 +97,8 @@ def test_fix_costs_figure_one_line_per_fix_ticks_at_the_measured_sizes(busy):
     legend = fig.legends[0]
     assert [t.get_text() for t in legend.get_texts()] == [pf.LABELS[f] for f in pf.FIXES]
     assert "no line hides another" in fig.texts[-1].get_text()
+    seen = style.legibility(fig)  # drawn for the book's column
+    assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
     plt.close(fig)
 
 

@@ -71,14 +71,14 @@ def _draw_buffer(ax, state: BufferState, title: str) -> None:
             fill, label = "white", f"row {r}: {slot}"
         ax.add_patch(Rectangle((0, -r), 1.6, 0.85, facecolor=fill, alpha=0.3 if fill != "white" else 1,
                                edgecolor="#bbbbbb", lw=0.5))
-        ax.text(0.8, -r + 0.42, label, ha="center", va="center", fontsize=7.5,
+        ax.text(0.8, -r + 0.42, label, ha="center", va="center", fontsize=style.SMALLEST_PT,
                 color="black" if r < state.num_reqs_padded else "#888888")
     for s in range(rows):
         owner = state.owners.get(s)
         ax.add_patch(Rectangle((3.4, -s), 1.6, 0.85, facecolor=style.NEUTRAL if s in live_slots else "white",
                                alpha=0.3 if s in live_slots else 1, edgecolor="#bbbbbb", lw=0.5))
         ax.text(4.2, -s + 0.42, f"slot {s}: {owner}" if owner else f"slot {s}: free", ha="center",
-                va="center", fontsize=7.5, color="black" if owner else "#888888")
+                va="center", fontsize=style.SMALLEST_PT, color="black" if owner else "#888888")
     for w in state.writes:
         hit = w.victim is not None
         ax.annotate("", xy=(3.4, -w.slot + 0.42), xytext=(1.6, -w.row + 0.42),
@@ -98,8 +98,7 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
         raise ValueError(f"need one title per state, got {len(states)} states and {len(titles)} titles")
     rows = max(len(s.idx_mapping) for s in states)
     with style.apply():
-        fig, axes = plt.subplots(1, len(states), figsize=(4.6 * len(states), 0.27 * rows + 1.2),
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(states), figsize=(style.WIDTH_IN, 0.3 * rows + 1.2), squeeze=False)
         for ax, state, title in zip(axes[0], states, titles, strict=True):
             victims = ", ".join(state.victims) or "none"
             _draw_buffer(ax, state, f"{title}\n{state.num_reqs} live rows, graph of {state.num_reqs_padded}; "

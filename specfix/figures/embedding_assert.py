@@ -195,15 +195,15 @@ def fix_costs_figure(costs: pd.DataFrame, where: str):
     busy = "host_us_behind_busy_gpu" in costs and costs["host_us_behind_busy_gpu"].notna().any()
     counts = sorted(int(n) for n in costs["num_tokens"].unique())
     with style.apply():
-        fig, axes = plt.subplots(1, 2 if busy else 1, figsize=(11 if busy else 6.4, 4.2), squeeze=False,
-                                 layout="constrained")
+        fig, axes = plt.subplots(2 if busy else 1, 1, figsize=(style.WIDTH_IN, 7.0 if busy else 4.2),
+                                 squeeze=False, layout="constrained")
         left = axes[0][0]
         _draw_fixes(left, costs, "median_us", spread=True)
         _log_axes(left, counts)
         left.set(xlabel="tokens in the step", ylabel="cost per step (us)",
                  title=f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step")
         if busy:
-            right = axes[0][1]
+            right = axes[1][0]  # under the first panel: the figure keeps the column's width
             _draw_fixes(right, costs, "host_us_behind_busy_gpu", spread=False)
             _log_axes(right, counts)
             right.set(xlabel="tokens in the step", ylabel="host time of the call (us)",
