@@ -106,3 +106,17 @@ def test_async_a_request_that_sat_out_a_step_keeps_its_proposals_in_the_table():
     assert all(int((step.spec_decode_metadata.draft_token_ids < 0).sum()) == 0
                for step in v2.trace if step.spec_decode_metadata is not None)
     assert [o.token_ids for o in v2.outputs] == [o.token_ids for o in v1.outputs]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_v2_runner_on_cuda_matches_the_cpu():
+    """The draft table, the marking and the prefix cache on the device: the same tokens and counts as here."""
+    prompts = [*DEMO_PROMPTS, DEMO_PROMPTS[1]]
+    kw = dict(remote_prefill=[True, False, True, False, False], sampler_backend="auto", model_runner="v2",
+              enable_prefix_caching=True, record=True)
+    on_gpu = generate(prompts, GREEDY, device="cuda", models=load_models("cuda"), **kw)
+    on_cpu = generate(prompts, GREEDY, models=MODELS, **kw)
+    assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]
+    assert on_gpu.stats.num_placeholders_accepted == 0
+    assert on_gpu.trace[0].spec_decode_metadata.draft_token_ids.device.type == "cuda"
