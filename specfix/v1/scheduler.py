@@ -41,8 +41,10 @@ computed again for its logits (``KVCacheManager.get_computed_blocks``, ``vllm/v1
 exactly one token left, and the scheduler pads it like a P/D decode node's first step. specfix's drafters
 (a draft model, n-gram) are the kind vLLM does this for; for EAGLE and MTP vLLM 0.24 and 0.25 drop the last
 matched block (``single_type_kv_cache_manager.py``), which leaves a block and one token to compute, and
-0.33 on a single node hashes each block with the token after it instead (``num_hash_lookahead_tokens``,
-``vllm/config/vllm.py`` ~678), which gives the same hits as here. specfix never evicts a block.
+0.33 on a single node hashes each block with the tokens its drafter reads after it instead
+(``num_hash_lookahead_tokens``, ``vllm/config/vllm.py`` ~678): one for EAGLE and one-layer MTP, which then
+get the same hits as here; k for MTP with several layers, whose repeats stop a block lower. specfix never
+evicts a block.
 
 vLLM also writes ``-1`` for grammar-rejected draft tails, on the async path with structured output
 (``Scheduler.update_draft_token_ids_in_output``); specfix has no grammars, so that path is left out.
