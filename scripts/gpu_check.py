@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -110,6 +111,10 @@ def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "ful
             error = ""
         except (CellExecutionError, CellTimeoutError, DeadKernelError, OutOfTime) as exc:
             error = _first_error(nb) or f"{type(exc).__name__}: {first_line(exc)}"
+        except Exception as exc:  # noqa: BLE001  (nbclient or the kernel's start failed, not a cell)
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            error = (f"{type(exc).__name__} outside the chapter's cells, at {Path(frame.filename).name}:"
+                     f"{frame.lineno} ({frame.line}): {first_line(exc)}")
         finally:
             if saved is None:
                 os.environ.pop("SPECFIX_SCALE", None)
