@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEARCH_TERM = "idx_mapping"
 FIGURE_MIMES = ("image/svg+xml", "image/png")
 #: Figures per chapter still drawn wider than the column allows (2026-12-01); to be redrawn, never raised.
-SMALL_FIGURES = {"00_tour": 2, "01_placeholder_lifecycle": 3, "02_embedding_assert": 0,
+SMALL_FIGURES = {"00_tour": 2, "01_placeholder_lifecycle": 0, "02_embedding_assert": 0,
                  "03_cudagraph_idx_mapping": 0, "04_masked_gumbel_sampling": 0, "05_performance": 0}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 VIEWPORT = {"width": 1280, "height": 900}

@@ -72,6 +72,22 @@ def test_filled_placeholders_count_as_drafts():
     assert stats.num_placeholder_slots == 0
 
 
+def test_the_first_steps_output_delivered_again_while_the_second_is_in_flight_is_refused():
+    """Under async scheduling the request still has a step in flight, so only the step's own number tells
+    a second delivery of the first output from the second step's."""
+    sched = _sched()
+    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=16)))
+    first, second = sched.schedule(), sched.schedule()
+    _update(sched, first, {"a": [8]})
+    req = sched.requests["a"]
+    state = (list(req.output_token_ids), req.num_computed_tokens, req.num_output_placeholders)
+    with pytest.raises(ValueError, match=r"step_id 0.*delivered already"):
+        _update(sched, first, {"a": [8]})
+    assert (req.output_token_ids, req.num_computed_tokens, req.num_output_placeholders) == state
+    _update(sched, second, {"a": [9, 40]})
+    assert req.output_token_ids == [8, 9, 40]
+
+
 def test_a_request_still_prefilling_gets_no_placeholders():
     sched = _sched(max_num_batched_tokens=4)
     sched.add_request(Request("a", list(range(6)), SamplingParams()))

@@ -3,6 +3,7 @@
 import pytest
 
 from specfix.figures import scheduling as figs
+from specfix.figures import style
 from specfix.lab import scheduling as lab
 from specfix.tokenizer import get_tokenizer
 
@@ -83,6 +84,10 @@ def test_follow_placeholder_shows_a_minus_one_clamped_or_overwritten(runs):
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts[:3] == ["-1\n"] * 3 and "-1\n" not in texts[3:] and texts[3:6] == texts[6:]
     assert "real draft written over a -1" in [t.get_text() for t in fig.legends[0].get_texts()]
+    timeline = figs.slot_timeline({"sync": runs["decode node", False], "async": runs["decode node", True]})
+    for drawn in (fig, timeline):  # drawn for the book's column
+        seen = style.legibility(drawn)
+        assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
 
 
 def test_bad_input_is_refused_by_name(runs):

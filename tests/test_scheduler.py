@@ -7,7 +7,7 @@ import torch
 
 from specfix.v1.model_runner import DraftTokenIds, ModelRunnerOutput
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN
-from specfix.v1.scheduler import Request, SamplingParams, Scheduler, SpecDecodingStats
+from specfix.v1.scheduler import AsyncScheduler, Request, SamplingParams, Scheduler, SpecDecodingStats
 
 VOCAB = 512
 
@@ -299,6 +299,29 @@ def test_a_bad_sampled_id_leaves_every_request_unchanged():
     with pytest.raises(ValueError, match="sampled_token_ids of 'b'"):
         _run(sched, out, {"a": [8], "b": [VOCAB]})      # "a" is fine, "b" is out of range
     assert _snapshot(sched) == before
+
+
+@pytest.mark.parametrize("cls", [Scheduler, AsyncScheduler])
+def test_an_output_that_does_not_match_the_step_is_refused_and_changes_nothing(cls):
+    """More ids than ``1 + drafts`` for a request, or a step's output delivered a second time, is refused
+    by name before any request changes (both used to be appended to the request's output)."""
+    sched = cls(vocab_size=VOCAB, num_spec_tokens=3)
+    sched.add_request(Request("a", [5, 6, 7], SamplingParams(max_tokens=10), num_computed_tokens=2))
+    out = sched.schedule()  # one token left: 1 + 3 tokens with drafts [-1] * 3
+    assert out.scheduled_spec_decode_tokens == {"a": [-1, -1, -1]}
+    before = copy.deepcopy(vars(sched))
+    with pytest.raises(ValueError, match=r"sampled_token_ids of 'a' has 5 ids.*at most 1 \+ 3 = 4"):
+        _run(sched, out, {"a": [8, 9, 10, 11, 12]})
+    assert vars(sched) == before
+    _run(sched, out, {"a": [8]})
+    delivered = copy.deepcopy(vars(sched))
+    with pytest.raises(ValueError, match=r"scheduler_output \(step_id 0\) is not .* delivered already"):
+        _run(sched, out, {"a": [8]})
+    assert vars(sched) == delivered
+    other = cls(vocab_size=VOCAB, num_spec_tokens=3)
+    other.add_request(Request("a", [5, 6, 7], SamplingParams(max_tokens=10)))
+    with pytest.raises(ValueError, match="another scheduler made it"):
+        _run(other, out, {"a": [8]})
 
 
 # -- prefix caching: where a single node makes placeholders ------------------------------------------------

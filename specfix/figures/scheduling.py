@@ -50,7 +50,8 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
     width = max(len(r.trace) for r in runs.values())
     height = sum(len(r.outputs) for r in runs.values())
     with style.apply():
-        fig = plt.figure(figsize=(min(1.6 + 0.55 * width, 11), 1.0 + 0.42 * height + 0.5 * len(runs)))
+        fig = plt.figure(figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN),
+                                  1.0 + 0.42 * height + 0.5 * len(runs)))
         axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
         for ax, (name, result) in zip(axes, runs.items(), strict=True):
             kinds = slot_kinds(result)
@@ -70,10 +71,8 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
             ax.set_xlabel("engine step")
             ax.set_title(name, loc="left")
             ax.grid(False)
-        fig.tight_layout()
-        fig.legend(handles=[Patch(facecolor=f, edgecolor="#888888", label=k)
-                            for f, k in zip(KIND_FILLS, SLOT_KINDS, strict=True)],
-                   loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
+        style.key_below(fig, [Patch(facecolor=f, edgecolor="#888888", label=k)
+                              for f, k in zip(KIND_FILLS, SLOT_KINDS, strict=True)])
         style.caption(fig, "Each number is a request's draft slots in that step. Orange: a -1 the embedding "
                       "reads, which only the clamp makes safe; green: a -1 the runner overwrote with the "
                       "drafter's previous proposals before the forward.")
@@ -119,7 +118,7 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
              "input_ids on the device,\nafter _prepare_input_ids",
              "input_ids after _preprocess:\nwhat nn.Embedding reads"]
     with style.apply():
-        fig = plt.figure(figsize=(8, 2.6))
+        fig = plt.figure(figsize=(style.WIDTH_IN, 2.6))
         ax = fig.subplots()
         ax.imshow(kinds, cmap=colors.ListedColormap(_STAGE_FILLS), vmin=0, vmax=len(_STAGE_FILLS) - 1,
                   aspect="auto")
@@ -130,10 +129,8 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
         ax.set_xticks(range(len(sent)), [f"draft slot {j + 1}" for j in range(len(sent))], fontsize=8)
         ax.grid(False)
         ax.set_title(f"request {req_id}: its draft slots in one step", loc="left")
-        fig.tight_layout()
-        fig.legend(handles=[Patch(facecolor=_STAGE_FILLS[i], edgecolor="#888888", label=_STAGE_LABELS[i])
-                            for i in sorted(set(np.unique(kinds)))],
-                   loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
+        style.key_below(fig, [Patch(facecolor=_STAGE_FILLS[i], edgecolor="#888888", label=_STAGE_LABELS[i])
+                              for i in sorted(set(np.unique(kinds)))])
         style.caption(fig, "The scheduler's -1 reaches the device as it is; it becomes a real draft only "
                       "where the runner has proposals for the request from the step before, and is "
                       "otherwise clamped to 0 for the embedding.")

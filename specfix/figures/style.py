@@ -129,6 +129,14 @@ def legend_below(fig, ax, ncol: int = 2) -> None:
               ncol=ncol)
 
 
+def key_below(fig, handles, ncol: int = 2) -> None:
+    """A colour key (legend ``handles``) for the whole figure in a strip under its axes, as legend_below."""
+    strip = 0.15 + 0.2 * -(-len(handles) // ncol)
+    fig.set_figheight(fig.get_figheight() + strip)
+    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 0.0), ncol=ncol)
+
+
 def integer_ticks(axis) -> None:
     """Whole-number ticks only (token ids, counts, positions)."""
     from matplotlib.ticker import MaxNLocator
