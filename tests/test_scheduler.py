@@ -272,13 +272,19 @@ def test_bad_sampling_params_are_refused_by_name(kwargs, error, word):
 
 
 def test_sampling_params_follow_vllm_defaults_and_temperature_rules():
+    """vLLM 0.33's SamplingParams: every 0 < T < 0.01 is raised to 0.01 (below its _SAMPLING_EPS too), so only
+    T == 0 is greedy; T must lie in [0, 2]; seed -1 means no seed."""
     assert SamplingParams().temperature == 1.0 and not SamplingParams().is_greedy  # vLLM's default
-    for t in (0.0, 1e-45, 1e-40, 1e-38, 9.99e-6):  # below vLLM's _SAMPLING_EPS = 1e-5: greedy
-        assert SamplingParams(temperature=t).is_greedy, t
-    with pytest.warns(UserWarning, match="raised to 0.01"):  # vLLM's _MAX_TEMP
-        low = SamplingParams(temperature=1e-5)
-    assert low.temperature == 0.01 and not low.is_greedy
+    assert SamplingParams(temperature=0.0).is_greedy
+    for t in (1e-45, 1e-40, 1e-7, 9.99e-6, 1e-5, 0.005):
+        with pytest.warns(UserWarning, match="raised to 0.01"):  # vLLM's _MAX_TEMP
+            low = SamplingParams(temperature=t)
+        assert low.temperature == 0.01 and not low.is_greedy, t
     assert SamplingParams(temperature=0.01).temperature == 0.01
+    assert SamplingParams(temperature=2.0).temperature == 2.0
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+        SamplingParams(temperature=2.01)
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == -2
     for seed in (2**63 - 1, -(2**63), 0):  # the int64 extremes are fine
         assert SamplingParams(seed=seed).seed == seed
 

@@ -71,6 +71,8 @@ PLACEHOLDER_POLICIES = ("minus_one", "zero")
 BLOCK_SIZE = 16
 #: vLLM's ``_MAX_TEMP``: a random request's temperature is raised to at least this.
 MAX_TEMP = 1e-2
+#: The largest temperature vLLM 0.33's ``SamplingParams._verify_args`` accepts.
+MAX_TEMPERATURE = 2.0
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -113,13 +115,15 @@ def check_token_ids(
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling, with vLLM's defaults and temperature rules (``vllm/sampling_params.py``).
+    """Per-request sampling, with vLLM 0.33's defaults and rules (``vllm/sampling_params.py``,
+    ``__post_init__`` and ``_verify_args``).
 
-    ``temperature`` defaults to 1.0 (sample from the model's distribution); below ``SAMPLING_EPS`` (1e-5)
-    the request is greedy (``is_greedy``), and a temperature in ``[SAMPLING_EPS, MAX_TEMP)`` is raised
-    to ``MAX_TEMP`` (1e-2) with a warning, as vLLM does, since dividing logits by it risks inf and NaN.
-    ``seed`` makes random sampling reproducible; it must fit in an int64, as the generators and the
-    request-state seed tables hold it.
+    ``temperature`` defaults to 1.0 (sample from the model's distribution) and must be a finite number in
+    [0, 2]. Every temperature in ``(0, MAX_TEMP)`` is raised to ``MAX_TEMP`` (0.01) with a warning, as vLLM
+    does, since dividing logits by it risks inf and NaN, so only 0 is greedy (``is_greedy``: vLLM's
+    ``SamplingType.GREEDY``, a temperature below ``SAMPLING_EPS``). ``seed`` makes random sampling
+    reproducible; -1 means no seed, as in vLLM; otherwise it must fit in an int64, as the generators and
+    the request-state seed tables hold it.
     """
 
     temperature: float = 1.0
@@ -131,11 +135,15 @@ class SamplingParams:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             raise TypeError(f"temperature must be a finite number, got {t!r}")
         if t < 0:
-            raise ValueError(f"temperature must be >= 0 (below {SAMPLING_EPS} = greedy), got {t}")
-        if SAMPLING_EPS <= t < MAX_TEMP:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}")
+        if t > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], as in vLLM 0.33, got {t}")
+        if 0 < t < MAX_TEMP:
             warnings.warn(f"temperature {t} is below {MAX_TEMP} and risks inf or NaN logits; raised to "
-                          f"{MAX_TEMP} (as vLLM does)", stacklevel=3)
+                          f"{MAX_TEMP}, as vLLM 0.33 does", stacklevel=3)
             object.__setattr__(self, "temperature", MAX_TEMP)
+        if self.seed == -1:  # vLLM's "no seed"
+            object.__setattr__(self, "seed", None)
         if self.seed is not None:
             if isinstance(self.seed, bool) or not isinstance(self.seed, int):
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
@@ -146,7 +154,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """vLLM's ``SamplingType.GREEDY``: the temperature is below ``SAMPLING_EPS``."""
+        """vLLM's ``SamplingType.GREEDY``: the temperature is below ``SAMPLING_EPS`` (after the raise, 0)."""
         return self.temperature < SAMPLING_EPS
 
 
@@ -229,7 +237,8 @@ class SchedulerOutput:
     placeholders: the ground truth chapter 1 needs when placeholders are zeros and look like real drafts
     (under async scheduling the runner may fill them: ``ModelRunnerOutput.num_filled_spec_tokens``).
     ``num_spec_tokens_to_schedule`` is the k the next step's drafts are sized for (vLLM's dynamic
-    speculative decoding can lower it; specfix always uses k).
+    speculative decoding can lower it; specfix always uses k). ``step_id`` (not in vLLM) numbers the
+    scheduler's steps, so that ``update_from_output`` can refuse a step's output delivered twice.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -240,6 +249,7 @@ class SchedulerOutput:
     num_placeholder_spec_tokens: dict[str, int]
     finished_req_ids: set[str]
     num_spec_tokens_to_schedule: int = 0
+    step_id: int = -1
 
 
 @dataclass
@@ -351,6 +361,8 @@ class Scheduler:
         # Scheduled steps whose output has not come back yet, per request id (async scheduling: a
         # request can finish while a later step that includes it is still running).
         self._num_steps_in_flight: dict[str, int] = {}
+        self._num_steps = 0  # steps scheduled so far: the next SchedulerOutput's step_id
+        self._step_ids_in_flight: set[int] = set()  # steps with tokens whose output has not come back
         self.spec_decoding_stats = SpecDecodingStats(self.num_spec_tokens)
         self.enable_prefix_caching = enable_prefix_caching
         self.block_size = block_size
@@ -519,7 +531,11 @@ class Scheduler:
             num_placeholder_spec_tokens=num_placeholders,
             finished_req_ids=self.finished_req_ids,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
+            step_id=self._num_steps,
         )
+        self._num_steps += 1
+        if num_scheduled:  # a step without tokens never runs, so no output comes back for it
+            self._step_ids_in_flight.add(output.step_id)
         self._update_after_schedule(output)
         return output
 
@@ -547,17 +563,9 @@ class Scheduler:
         so the runner frees its row too; output that arrives later for it (async scheduling: a step
         scheduled before it finished) is dropped. Its id may be used again once no step carries it.
         """
-        sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
         filled = model_runner_output.num_filled_spec_tokens
-        missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
-        if missing:
-            raise ValueError(f"model_runner_output has no result for scheduled request(s) {missing}")
-        generated_by_req = {  # checked before any request is touched
-            req_id: check_token_ids(f"sampled_token_ids of {req_id!r}", list(sampled[index[req_id]]),
-                                    self.vocab_size)
-            for req_id in scheduler_output.num_scheduled_tokens
-        }
+        generated_by_req = self._check_output(scheduler_output, model_runner_output)
+        self._step_ids_in_flight.discard(scheduler_output.step_id)
         finished: list[Request] = []
         for req_id, generated in generated_by_req.items():
             left = self._num_steps_in_flight.get(req_id, 0) - 1
@@ -588,6 +596,33 @@ class Scheduler:
                 self.finished_req_ids.add(req_id)
                 finished.append(request)
         return finished
+
+    def _check_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> dict[str, list[int]]:
+        """Each scheduled request's sampled ids, checked before any request is touched: the output of a
+        step in flight (not delivered before), a result for every request, at most ``1 + drafts`` ids."""
+        if not isinstance(scheduler_output, SchedulerOutput):
+            raise TypeError(
+                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}")
+        if (scheduler_output.num_scheduled_tokens
+                and scheduler_output.step_id not in self._step_ids_in_flight):
+            raise ValueError(
+                f"scheduler_output (step_id {scheduler_output.step_id}) is not a step of this scheduler "
+                "still in flight: its output was delivered already, or another scheduler made it")
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
+        if missing:
+            raise ValueError(f"model_runner_output has no result for scheduled request(s) {missing}")
+        generated_by_req = {}
+        for req_id in scheduler_output.num_scheduled_tokens:
+            name = f"sampled_token_ids of {req_id!r}"
+            generated = check_token_ids(name, list(sampled[index[req_id]]), self.vocab_size)
+            most = 1 + len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            if len(generated) > most:
+                raise ValueError(f"{name} has {len(generated)} ids, but the step verified "
+                                 f"{most - 1} drafts: at most 1 + {most - 1} = {most}")
+            generated_by_req[req_id] = generated
+        return generated_by_req
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step. Drafts of
