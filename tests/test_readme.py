@@ -337,3 +337,42 @@ def test_every_figure_in_the_readme_and_the_chapters_markdown_has_a_source():
         "\n".join(unlisted)
     assert not wrong, "\n".join(wrong)
     assert not set(FIGURES) - used, f"FIGURES lists figures the text no longer has: {set(FIGURES) - used}"
+
+
+def _docs_and_comments(path: Path):
+    """Each docstring paragraph and each block of consecutive comment lines of a Python file."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield from _paragraphs(ast.get_docstring(node, clean=False) or "")
+    block, last = [], None
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            if last is not None and tok.start[0] != last + 1:
+                yield " ".join(block)
+                block = []
+            block.append(tok.string)
+            last = tok.start[0]
+    if block:
+        yield " ".join(block)
+
+
+#: What a measurement is stated in: a time, a rate, a share, a multiple (a size or an SM count is the
+#: hardware's specification).
+MEASURED = re.compile(r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?"
+                      r"(%|x\b|×|us\b|µs|ms\b|G logits/s|[GT]B/s|times\b)")
+
+
+def test_no_h200_measurement_is_typed_into_a_docstring_or_a_comment():
+    """GPU figures live in the recordings, which name their code, and reach readers through rendered text; a
+    measurement typed beside 'H200' in the package or a script goes stale without anyone noticing."""
+    typed = []
+    for path in sorted([*(ROOT / "specfix").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for text in _docs_and_comments(path):
+            if "H200" in text and MEASURED.search(text):
+                typed.append(f"{path.relative_to(ROOT)}: {MEASURED.search(text).group(0)!r} in {text[:160]}")
+    assert not typed, "\n".join(typed)
