@@ -292,3 +292,19 @@ def test_figure_legibility_and_count_rules(tmp_path):
     assert book_check.displayed_figures(executed) == 2
     # the allowance of too-small figures may only shrink: every chapter is named, none above its count today
     assert set(book_check.SMALL_FIGURES) == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+
+
+# The book's code cells show about 80 characters of 14 px monospace in the 688 px column; a longer line is
+# cut off at its right edge. Lines over it per chapter today (2026-12-01): to shrink, never to grow.
+CODE_COLUMNS = 80
+LONG_CODE_LINES = {"00_tour": 20, "01_placeholder_lifecycle": 125, "02_embedding_assert": 88,
+                   "03_cudagraph_idx_mapping": 71, "04_masked_gumbel_sampling": 114, "05_performance": 50}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_code_lines_that_the_book_cuts_off_do_not_grow(path):
+    cells = json.loads(path.read_text())["cells"]
+    long = [line for cell in cells if cell["cell_type"] == "code"
+            for line in "".join(cell["source"]).splitlines() if len(line) > CODE_COLUMNS]
+    assert len(long) <= LONG_CODE_LINES[path.stem], \
+        f"{path.name}: {len(long)} code lines over {CODE_COLUMNS} characters, e.g. {long[-1]!r}"
