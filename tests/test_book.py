@@ -308,3 +308,21 @@ def test_code_lines_that_the_book_cuts_off_do_not_grow(path):
             for line in "".join(cell["source"]).splitlines() if len(line) > CODE_COLUMNS]
     assert len(long) <= LONG_CODE_LINES[path.stem], \
         f"{path.name}: {len(long)} code lines over {CODE_COLUMNS} characters, e.g. {long[-1]!r}"
+
+
+# Tags a chapter's prose may use; any other `<word>` outside a code span is swallowed as HTML by the book.
+PROSE_HTML = {"a", "b", "br", "code", "details", "div", "em", "i", "img", "kbd", "li", "ol", "p", "pre",
+              "small", "span", "strong", "sub", "summary", "sup", "table", "td", "th", "tr", "ul"}
+
+
+def test_prose_has_no_angle_brackets_the_book_would_take_for_html():
+    swallowed = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "markdown":
+                text = re.sub(r"```.*?```", "", "".join(cell["source"]), flags=re.S)
+                text = re.sub(r"``.+?``|`[^`\n]*`", "", text)
+                swallowed += [f"{path.name} cell {i}: {m.group(0)}"
+                              for m in re.finditer(r"</?([A-Za-z][\w-]*)[^>\n]*>", text)
+                              if m.group(1).lower() not in PROSE_HTML]
+    assert not swallowed, swallowed
