@@ -7,7 +7,7 @@ back one row of metrics per kernel and writes ``gumbel_ncu_h200.json``: per case
 DRAM and SM throughput, how often a scheduler issued, the instructions it executed per logit, its registers
 and occupancy, and the warp stall reasons (cycles stalled per issued instruction). The cases are the bench's
 missed shapes (256 x 32,000 and 256 x 151,936), a shape that meets its goal (1,024 x 151,936), the masked
-and unmasked kernels with the processed-logits store, and, with ``--before``, an older kernel at the same
+and unmasked kernels with the draft-logits cache store, and, with ``--before``, an older kernel at the same
 shapes.
 """
 
@@ -78,7 +78,7 @@ def cases(befores: dict) -> list[tuple[dict, object]]:
     for masked in (True, False):
         out.append((dict(kernel="today", shape="256 x 151,936 fp32", rows=rows, vocab=vocab, dtype=dname,
                          store=True, masked=masked),
-                    call(inp, noise="fast", processed_logits=processed,
+                    call(inp, noise="fast", logits_cache=processed,
                          fixes=Fixes(mask_invalid_reqs=masked))))
     return out
 

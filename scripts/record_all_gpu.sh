@@ -4,7 +4,7 @@
 #   [PYTHON=.venv/bin/python] [PEER=.peer] [BEFORE=old_gumbel.py] scripts/record_all_gpu.sh [OUT]
 #       OUT: default . (writes into specfix/recorded and tests/golden)
 #       PYTHON: a Python with torch and triton (default: the venv's if there is one, else python3)
-#       PEER: the folder scripts/fetch_vllm_peer.sh fills: vLLM's samplers, timed beside specfix's in the
+#       PEER: the folder scripts/fetch_vllm_peer.py fills: vLLM's samplers, timed beside specfix's in the
 #             bench and compared token for token (vllm_noise_comparison); without it those two are skipped
 #       BEFORE: an older specfix gumbel.py (e.g. `git show REV:specfix/mrv2/gumbel.py > old.py`): the
 #             before/after sweep and the ncu profile set today's kernel beside it; without it, skipped
@@ -58,7 +58,7 @@ fi
 if [ -n "${PEER:-}" ]; then
   step vllm_noise     "$PYTHON" scripts/compare_vllm_noise.py --peer "$PEER" --out "$REC"
 else
-  skip vllm_noise     "needs PEER=<the folder scripts/fetch_vllm_peer.sh fills>"
+  skip vllm_noise     "needs PEER=<the folder scripts/fetch_vllm_peer.py fills>"
 fi
 step bench            "$PYTHON" -m specfix bench --device cuda --scale full --no-progress ${PEER:+--peer "$PEER"} --json "$REC/bench_h200.json"
 exit $status

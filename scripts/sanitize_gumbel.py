@@ -40,7 +40,7 @@ def child(variant: str) -> None:
 
     vocab = 4096
     logits = torch.randn(4, vocab, device="cuda")
-    idx = torch.tensor([0, 1, -1, -1], dtype=torch.int32, device="cuda")
+    idx = torch.tensor([0, 1, -1, -1], device="cuda")
     if variant == "unmasked_guarded_tables":
         temperature, _ = gumbel.guarded_table((2,), 1.0, torch.float32, device="cuda")
         seed, _ = gumbel.guarded_table((2,), 5, torch.int64, device="cuda")
@@ -50,7 +50,7 @@ def child(variant: str) -> None:
     temperature[1] = 0.7
     pos = torch.tensor([3, 4, 0, 0], device="cuda")
     draft_logits = torch.zeros(2, 3, vocab, device="cuda")
-    tokens = gumbel.gumbel_sample(logits, idx, temperature, seed, pos, True, draft_logits, 1,
+    tokens = gumbel.gumbel_sample(logits, idx, temperature, seed, pos, True, True, draft_logits, 1,
                                   fixes=Fixes(mask_invalid_reqs=variant == "masked"))
     torch.cuda.synchronize()
     print("tokens", tokens.tolist())

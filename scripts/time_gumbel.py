@@ -44,16 +44,16 @@ def inputs(rows: int, vocab: int, dtype: torch.dtype) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(rows + vocab)
     return dict(
         logits=(torch.randn(rows, vocab, generator=gen, device="cuda") * 3).to(dtype),
-        expanded_idx_mapping=torch.arange(rows, dtype=torch.int32, device="cuda"),
+        expanded_idx_mapping=torch.arange(rows, device="cuda"),
         temperature=torch.ones(rows, device="cuda"),
         seed=torch.randint(0, 2**40, (rows,), generator=gen, device="cuda"),
         pos=torch.randint(0, 4096, (rows,), generator=gen, device="cuda"),
     )
 
 
-def call(inp: dict, apply_temperature: bool = False, **kwargs):
+def call(inp: dict, apply_temperature: bool = False, is_drafting: bool = False, **kwargs):
     return lambda: gumbel.gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                        inp["seed"], inp["pos"], apply_temperature, **kwargs)
+                                        inp["seed"], inp["pos"], apply_temperature, is_drafting, **kwargs)
 
 
 def median_ms(fn) -> float:
@@ -170,7 +170,7 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
         inp["temperature"] = torch.rand(rows, device="cuda") + 0.3
         inp["temperature"][::5] = 0.0
         want = ref.gumbel_sample_reference(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                           inp["seed"], inp["pos"], False)
+                                           inp["seed"], inp["pos"], False, False)
         for name, kw in configs(rows, vocab):
             if name not in checked:
                 continue
@@ -270,7 +270,7 @@ def main() -> None:
         draft_logits = torch.empty(1, 1, vocab, device="cuda")
         for noise in ("exact", "fast"):
             for store in (False, True):
-                extra = dict(processed_logits=draft_logits, processed_logits_col=0) if store else {}
+                extra = dict(logits_cache=draft_logits, logits_cache_col=0) if store else {}
                 us = graph_us_per_call(call(one, store, noise=noise, **extra))
                 graph.append(dict(vocab=vocab, noise=noise, drafter_store=store, us_per_call=us))
                 print(graph[-1], flush=True)

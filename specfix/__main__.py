@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this case (repeatable or comma-separated): {', '.join(bench.CASES)}")
     b.add_argument("--peer", metavar="PATH",
-                   help="time vLLM's samplers from this folder (filled by shared/peer/fetch-vllm-sampler.sh) "
+                   help="time vLLM's samplers from this folder (filled by scripts/fetch_vllm_peer.py) "
                    "beside specfix's, same inputs, same process; without it only specfix is timed")
     b.add_argument("--json", metavar="PATH", help="write the results here (schema: the bench docstring)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -131,19 +131,24 @@ def test_padded_token_wants_the_greedy_token():
 # -- ch4.find_overwritten ---------------------------------------------------------------------------------
 
 
-def _compare(table, col, logits, idx_mapping, temperature, divide):
-    return sorted(slot for row, slot in enumerate(idx_mapping.tolist())
-                  if not torch.equal(table[slot, col], divide(logits[row], float(temperature[slot]))))
+def _divided(table, col, logits, idx_mapping, temperature):
+    """vLLM 0.25's convention: the cache holds logits / T (raw logits when greedy)."""
+    return sorted(slot for row, slot in enumerate(idx_mapping.tolist()) if not torch.equal(
+        table[slot, col], logits[row] / temperature[slot] if temperature[slot] != 0 else logits[row]))
+
+
+def _greedy_slot(idx_mapping, temperature, **_):
+    return next(s for s in idx_mapping.tolist() if temperature[s] == 0)
 
 
 WRONG_FINDERS = {
     "not_a_list": lambda **p: "slot 3",
     "all_flagged": lambda table, col, logits, idx_mapping, temperature: sorted(idx_mapping.tolist()),
+    "divided": _divided,
     "rows_not_slots": lambda **p: [p["idx_mapping"].tolist().index(s) for s in sol.find_overwritten(**p)],
     "not_live": lambda **p: sorted(sol.find_overwritten(**p)
                                    + [next(s for s in range(8) if s not in p["idx_mapping"].tolist())]),
-    "greedy_divided": lambda **p: _compare(**p, divide=lambda x, t: x / t),
-    "no_temperature": lambda **p: _compare(**p, divide=lambda x, t: x),
+    "own_logits": lambda **p: sorted(sol.find_overwritten(**p) + [_greedy_slot(**p)]),
     "missed": lambda **p: [],
 }
 

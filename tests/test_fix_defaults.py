@@ -51,8 +51,8 @@ def test_mask_invalid_reqs_by_default():
     temperature, _ = gumbel.guarded_table((2,), 1.0, torch.float32, guard_fill=2.0)
     seed, _ = gumbel.guarded_table((2,), 3, torch.int64, guard_fill=12345)
     logits = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
-    idx = torch.tensor([1, -1, 0], dtype=torch.int32)
-    gumbel.gumbel_sample(logits, idx, temperature, seed, torch.arange(3), True, processed_logits=buf)
+    idx = torch.tensor([1, -1, 0])
+    gumbel.gumbel_sample(logits, idx, temperature, seed, torch.arange(3), True, False, buf)
     assert (buf_whole[0] == sentinel).all() and (buf_whole[-1] == sentinel).all()
     assert torch.equal(buf[1, 0], logits[0]) and torch.equal(buf[0, 0], logits[2])
 

@@ -50,21 +50,21 @@ def batch(rows, vocab, *, num_reqs=None, temps=None, dtype=torch.float32, seed=0
     temps = torch.tensor(temps if temps is not None else [1.0] * num_reqs, dtype=torch.float32)
     return dict(
         logits=(torch.randn(rows, vocab, generator=gen) * scale).to(dtype).to(DEVICE),
-        expanded_idx_mapping=(torch.arange(rows, dtype=torch.int32) % num_reqs).to(DEVICE),
+        expanded_idx_mapping=(torch.arange(rows) % num_reqs).to(DEVICE),
         temperature=temps.to(DEVICE),
         seed=torch.randint(-2**62, 2**62, (num_reqs,), generator=gen).to(DEVICE),
         pos=(torch.arange(rows) // num_reqs + 17).to(DEVICE),
     )
 
 
-def sample(b, apply_temperature=True, **kwargs):
+def sample(b, apply_temperature=True, is_drafting=False, **kwargs):
     return gumbel.gumbel_sample(b["logits"], b["expanded_idx_mapping"], b["temperature"], b["seed"], b["pos"],
-                                apply_temperature, **kwargs)
+                                apply_temperature, is_drafting, **kwargs)
 
 
-def reference(b, apply_temperature=True, **kwargs):
+def reference(b, apply_temperature=True, is_drafting=False, **kwargs):
     return ref.gumbel_sample_reference(b["logits"], b["expanded_idx_mapping"], b["temperature"], b["seed"],
-                                       b["pos"], apply_temperature, **kwargs)
+                                       b["pos"], apply_temperature, is_drafting, **kwargs)
 
 
 def chi_square_ok(samples: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
@@ -109,18 +109,36 @@ def test_careful_log_is_accurate_where_the_winner_lives():
     assert np.allclose(ref.careful_log(x).double().numpy(), np.log(x.double().numpy()), rtol=3e-7, atol=1e-7)
 
 
-@pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float16, torch.bfloat16),
-                                             (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("apply_temperature", [True, False])
-def test_tokens_and_processed_logits_match_reference(dtype, buf_dtype, apply_temperature):
+def test_tokens_match_reference_and_the_cache_holds_logits_before_temperature(dtype, apply_temperature):
+    """vLLM 0.33's contract: the draft-logits cache receives each row's logits as they are (before
+    temperature, in the cache's dtype, which is theirs); the verifier divides on load."""
     b = batch(6, 1537, num_reqs=6, temps=[1.0, 0.0, 0.5, 2.0, 0.7, 1.3], dtype=dtype)
-    got_buf = torch.full((6, 2, 1537), SENTINEL, dtype=buf_dtype, device=DEVICE)
-    want_buf = torch.full((6, 2, 1537), SENTINEL, dtype=buf_dtype)
-    got = sample(b, apply_temperature, processed_logits=got_buf, processed_logits_col=1)
-    want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, processed_logits=want_buf,
-                     processed_logits_col=1)
+    got_buf = torch.full((6, 2, 1537), SENTINEL, dtype=dtype, device=DEVICE)
+    want_buf = torch.full((6, 2, 1537), SENTINEL, dtype=dtype)
+    got = sample(b, apply_temperature, logits_cache=got_buf, logits_cache_col=1)
+    want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, logits_cache=want_buf,
+                     logits_cache_col=1)
     assert torch.equal(got.cpu(), want)
     assert torch.equal(got_buf.cpu(), want_buf)
+    assert torch.equal(got_buf[:, 1].cpu(), b["logits"].cpu()) and (got_buf[:, 0] == SENTINEL).all()
+
+
+def test_the_cache_takes_its_source_and_refuses_another_dtype():
+    """``logits_cache_source``: what is cached instead of the sampled logits (vLLM 0.33), in the cache's
+    dtype; a cache of another dtype than what it caches is refused, naming the argument, before any write."""
+    b = batch(4, 700, temps=[1.0, 0.0, 0.5, 2.0])
+    source = (b["logits"] * 2).to(torch.bfloat16)
+    cache = torch.full((4, 3, 700), SENTINEL, dtype=torch.bfloat16, device=DEVICE)
+    col = torch.tensor(2, device=DEVICE)  # a 0-d column, as vLLM's draft-model speculator passes its step
+    tokens = sample(b, logits_cache=cache, logits_cache_col=col, logits_cache_source=source)
+    assert torch.equal(tokens, sample(b)) and torch.equal(cache[:, 2], source)
+    assert (cache[:, :2] == SENTINEL).all()
+    with pytest.raises(TypeError, match=r"logits_cache \(torch.bfloat16\) must have the dtype"):
+        sample(b, logits_cache=torch.zeros(4, 1, 700, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="use_fp64=True is not supported"):
+        sample(b, use_fp64=True)
 
 
 @settings(max_examples=8, deadline=None)
@@ -164,9 +182,9 @@ def test_strided_rows_and_per_token_columns():
     cols = torch.tensor([0, 0, 1, 1], dtype=torch.int32, device=DEVICE)
     got_buf = torch.full((2, 2, 700), SENTINEL, device=DEVICE)
     want_buf = torch.full((2, 2, 700), SENTINEL)
-    got = sample(b, processed_logits=got_buf, processed_logits_col=cols)
-    want = reference({k: v.cpu() for k, v in b.items()}, processed_logits=want_buf,
-                     processed_logits_col=cols.cpu())
+    got = sample(b, logits_cache=got_buf, logits_cache_col=cols)
+    want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf,
+                     logits_cache_col=cols.cpu())
     assert torch.equal(got.cpu(), want) and torch.equal(got_buf.cpu(), want_buf)
 
 
@@ -242,9 +260,9 @@ def test_vllm_mode_tokens_and_stores_match_reference(apply_temperature, is_draft
     cols = torch.tensor([0, 1] * 4, device=DEVICE) if col == "per token" else col
     got_buf, got_whole = gumbel.guarded_table((4, 2, 2500), SENTINEL, torch.float32, device=DEVICE)
     want_buf = torch.full((4, 2, 2500), SENTINEL)
-    store = {} if col is None else dict(processed_logits=got_buf, processed_logits_col=cols)
+    store = {} if col is None else dict(logits_cache=got_buf, logits_cache_col=cols)
     got = sample(b, apply_temperature, noise="vllm", is_drafting=is_drafting, **store)
-    store = {} if col is None else dict(processed_logits=want_buf, processed_logits_col=(
+    store = {} if col is None else dict(logits_cache=want_buf, logits_cache_col=(
         cols.cpu() if isinstance(cols, torch.Tensor) else cols))
     want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, noise="vllm",
                      is_drafting=is_drafting, **store)
@@ -266,28 +284,31 @@ def test_vllm_mode_mixes_the_drafter_column_into_the_seed():
     """vLLM 0.33's spec_step_seed: a call that caches into column c draws with seed ^ (c << 32)."""
     b = batch(6, 900, seed=7)
     buf = torch.zeros(6, 3, 900, device=DEVICE)
-    cached = sample(b, noise="vllm", processed_logits=buf, processed_logits_col=2)
+    cached = sample(b, noise="vllm", logits_cache=buf, logits_cache_col=2)
     assert torch.equal(cached, sample(dict(b, seed=b["seed"] ^ (2 << 32)), noise="vllm"))
     assert not torch.equal(cached, sample(b, noise="vllm"))
 
 
-def test_same_tokens_as_vllms_own_kernel_in_the_interpreter():
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter's comparison; on a GPU "
+                    "scripts/compare_vllm_noise.py makes it")
+def test_same_tokens_and_cache_as_vllms_own_kernel_in_the_interpreter(vllm_gumbel):
     """vLLM 0.33's gumbel_sample (fetched into .peer/) and noise="vllm", both in Triton's interpreter, on
-    the comparison scripts/compare_vllm_noise.py makes on the GPU: every flag, three vocabularies, greedy to
-    T = 10, padded rows."""
+    the comparison scripts/compare_vllm_noise.py makes on the GPU: every temperature of TEMPERATURES (0 to
+    10, the tiny ones included), both drafting flags, temperature applied or not, fp32/bf16/fp16, no cache,
+    a 0-d column and a column per row, padded rows. Tokens and caches must be identical."""
     compare = _script("compare_vllm_noise")
-    peer = compare.load_peer(ROOT / ".peer")
-    if peer is None or DEVICE.type != "cpu":
-        pytest.skip("needs vLLM 0.33's sampler in .peer/ (../shared/peer/fetch-vllm-sampler.sh) and a CPU; "
-                    "test_murmur3_matches_published_values checks the hash without it")
-    rows = sampled = 0
-    for i, case in enumerate([*compare.cases((7, 3001), ("fp32",)), *compare.cases((1000,), ("bf16",))]):
-        b = compare.make_batch(12, case["vocab"], compare.DTYPES[case["dtype"]], seed=i, device="cpu")
-        got = compare.compare(peer, b, apply_temperature=case["apply_temperature"],
-                              is_drafting=case["is_drafting"], cache=case["cache"], cache_in_peer=False)
-        assert got["mismatches"] == 0 and not got["stored_outside"], (case, got["first_mismatches"])
-        rows, sampled = rows + got["rows"], sampled + got["not_argmax"]
-    assert rows == 288 and sampled > rows // 5  # the noise, not the argmax, decided many of them
+    rows = sampled = cached = 0
+    for i, case in enumerate(compare.cases((1100,), compare.DTYPES)):
+        b = compare.make_batch(9, case["vocab"], compare.DTYPES[case["dtype"]], seed=i, device="cpu",
+                               rows_per_request=1)  # 8 requests, one per temperature, and a padded row
+        live = b["temperature"][b["expanded_idx_mapping"][:-1]]
+        assert torch.equal(live.sort().values, torch.tensor(compare.TEMPERATURES).sort().values)
+        got = compare.compare(vllm_gumbel, b, apply_temperature=case["apply_temperature"],
+                              is_drafting=case["is_drafting"], cache=case["cache"])
+        assert got["mismatches"] == 0 and got["cache_mismatches"] == 0 and not got["stored_outside"], (
+            case, got["first_mismatches"])
+        rows, sampled, cached = rows + got["rows"], sampled + got["not_argmax"], cached + bool(case["cache"])
+    assert rows == 36 * 9 and cached == 24 and sampled > rows // 5  # the noise decided many tokens
 
 
 # ---- statistics
@@ -416,23 +437,23 @@ def test_a_nan_score_never_wins_and_kernel_and_reference_agree(noise):
 
 
 @pytest.mark.parametrize("noise", ["exact", "fast", "vllm"])
-def test_temperatures_under_sampling_eps_are_greedy(noise):
-    """Subnormal and tiny temperatures (1e-45, 1e-40, 1e-38, 1e-6) read as 0: the plain argmax, and the
-    stored logits are not divided (1e-40 would overflow them to infinity). NaN reads as 0 too. The kernel
-    refuses a NaN temperature on a CPU, so NaN is checked on the reference."""
-    tiny = [1e-45, 1e-40, 1e-38, 1e-6]
-    b = batch(4, 900, temps=tiny, seed=9)
-    buf = torch.full((4, 1, 900), SENTINEL, device=DEVICE)
-    got = sample(b, noise=noise, processed_logits=buf).cpu()
-    assert got.tolist() == b["logits"].cpu().argmax(-1).tolist()
+@pytest.mark.parametrize("apply_temperature", [True, False])
+def test_only_temperature_zero_is_greedy(noise, apply_temperature):
+    """As vLLM 0.33's kernel: T == 0 is the plain argmax; any other T, however tiny (5e-6 and 1e-7 lie under
+    vLLM's _SAMPLING_EPS; its SamplingParams would have raised them to 0.01), divides the logits (or not,
+    with apply_temperature=False) and adds noise. The cache holds the logits as they are either way."""
+    temps = [0.0, 1e-7, 5e-6, 1e-5] * 4
+    b = batch(16, 900, temps=temps, seed=9, scale=0.1)
+    buf = torch.full((16, 1, 900), SENTINEL, device=DEVICE)
+    got = sample(b, apply_temperature, noise=noise, logits_cache=buf).cpu()
+    argmax = b["logits"].cpu().argmax(-1)
+    greedy = torch.tensor(temps) == 0
+    assert torch.equal(got[greedy], argmax[greedy])
+    if not apply_temperature:  # logits of scale 0.1 plus Gumbel noise: the noise decides most rows
+        assert (got[~greedy] != argmax[~greedy]).sum() >= 8
     assert torch.equal(buf[:, 0].cpu(), b["logits"].cpu())
-    b_cpu = {k: v.cpu() for k, v in b.items()}
     if noise != "fast":
-        assert torch.equal(reference(b_cpu, noise=noise), got)
-    b_cpu["temperature"] = torch.tensor([float("nan"), ref.SAMPLING_EPS, 1.0, 1.0])
-    assert reference(b_cpu)[0] == b_cpu["logits"][0].argmax()
-    eps = b_cpu["temperature"][1].item()  # SAMPLING_EPS in float32 samples
-    assert ref.greedy_temperature(b_cpu["temperature"]).tolist() == [0.0, eps, 1.0, 1.0]
+        assert torch.equal(reference({k: v.cpu() for k, v in b.items()}, apply_temperature, noise=noise), got)
 
 
 @pytest.mark.parametrize("vocab", range(1, 9))
@@ -468,8 +489,8 @@ def _check_golden(device):
         got = recorder.run_case(case, device)
         want = golden["cases"][case["name"]]
         assert torch.equal(got["tokens"], want["tokens"]), case["name"]
-        if want["processed"] is not None:
-            assert torch.equal(got["processed"], want["processed"]), case["name"]
+        if got["cache"] is not None:  # a copy of the logits before temperature: no arithmetic to record
+            assert torch.equal(got["cache"], recorder.expected_cache(case)), case["name"]
     nc = recorder.noise_case()
     noise = gumbel.gumbel_noise(nc["seed"].to(device), nc["pos"].to(device), nc["vocab"]).cpu()
     assert torch.equal(noise, golden["noise"])
@@ -484,13 +505,13 @@ GUARD_TEMPERATURE, GUARD_SEED = 10.0, 12345
 def padded_drafter_batch():
     """4 live rows (request slots 0..3, drafter column 1) and 2 padded rows (-1), as PR #47066 pads them."""
     b = batch(6, 777, num_reqs=4, temps=[1.0, 0.6, 0.0, 1.5], seed=9)
-    b["expanded_idx_mapping"] = torch.tensor([2, 0, 3, 1, -1, -1], dtype=torch.int32, device=DEVICE)
+    b["expanded_idx_mapping"] = torch.tensor([2, 0, 3, 1, -1, -1], device=DEVICE)
     b["pos"] = torch.tensor([4, 5, 6, 7, 8, 9], device=DEVICE)
     return b
 
 
 def guarded(b: dict) -> tuple[dict, torch.Tensor, dict[str, torch.Tensor]]:
-    """``b`` with its temperature and seed tables, and a processed-logits buffer, each inside one allocation
+    """``b`` with its temperature and seed tables, and a draft-logits cache, each inside one allocation
     with a guard row before and after it (the pre-fix kernel's row -1 is the guard in front, holding
     temperature 10 and seed 12345): ``(b, buffer, whole allocations by table)``."""
     temperature, temp_whole = gumbel.guarded_table((4,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE,
@@ -499,14 +520,14 @@ def guarded(b: dict) -> tuple[dict, torch.Tensor, dict[str, torch.Tensor]]:
     seed, seed_whole = gumbel.guarded_table((4,), 0, torch.int64, guard_fill=GUARD_SEED, device=DEVICE)
     seed.copy_(b["seed"])
     buf, buf_whole = gumbel.guarded_table((4, 2, 777), SENTINEL, torch.float32, device=DEVICE)
-    wholes = {"temperature": temp_whole, "seed": seed_whole, "processed_logits": buf_whole}
+    wholes = {"temperature": temp_whole, "seed": seed_whole, "logits_cache": buf_whole}
     return dict(b, temperature=temperature, seed=seed), buf, wholes
 
 
 def as_if_reading_the_guard(b: dict, seed: int = GUARD_SEED) -> dict:
     """``b`` as a kernel that read row -1 would see every row: the guard's temperature, and its seed (or
     ``seed``: what a kernel that masked only the seed load would use)."""
-    return dict(b, expanded_idx_mapping=torch.zeros(6, dtype=torch.int32, device=DEVICE),
+    return dict(b, expanded_idx_mapping=torch.zeros(6, dtype=torch.int64, device=DEVICE),
                 temperature=torch.tensor([GUARD_TEMPERATURE], device=DEVICE),
                 seed=torch.tensor([seed], device=DEVICE))
 
@@ -517,15 +538,15 @@ def test_masked_kernel_skips_padded_rows():
     store nothing (the guard rows of the buffer and its column 0 keep their sentinel), and the live rows
     pick, and store, what they do alone."""
     b, buf, wholes = guarded(padded_drafter_batch())
-    tokens = sample(b, processed_logits=buf, processed_logits_col=1).cpu()
+    tokens = sample(b, logits_cache=buf, logits_cache_col=1).cpu()
     greedy = b["logits"][4:].argmax(-1).cpu()
     for seed in (GUARD_SEED, 0):
         assert (sample(as_if_reading_the_guard(b, seed)).cpu()[4:] != greedy).all()
     assert torch.equal(tokens[4:], greedy)
-    assert (wholes["processed_logits"][[0, -1]] == SENTINEL).all() and (buf[:, 0] == SENTINEL).all()
+    assert (wholes["logits_cache"][[0, -1]] == SENTINEL).all() and (buf[:, 0] == SENTINEL).all()
     live = {k: (v[:4] if k in ("logits", "expanded_idx_mapping", "pos") else v) for k, v in b.items()}
     live_buf = torch.full((4, 2, 777), SENTINEL, device=DEVICE)
-    assert torch.equal(tokens[:4], sample(live, processed_logits=live_buf, processed_logits_col=1).cpu())
+    assert torch.equal(tokens[:4], sample(live, logits_cache=live_buf, logits_cache_col=1).cpu())
     assert torch.equal(buf, live_buf)
 
 
@@ -534,10 +555,10 @@ def test_unmasked_kernel_reads_and_writes_row_minus_one():
     b, buf, wholes = guarded(padded_drafter_batch())
     b["logits"][5] = b["logits"][4]  # both padded rows write row -1: same values, whichever lands last
     unmasked = Fixes(mask_invalid_reqs=False)
-    tokens = sample(b, processed_logits=buf, processed_logits_col=1, fixes=unmasked).cpu()
-    # write: the last padded row's logits / guard temperature landed in the guard row before the table
-    buf_whole = wholes["processed_logits"]
-    assert torch.equal(buf_whole[0, 1].cpu(), b["logits"][5].cpu() / GUARD_TEMPERATURE)
+    tokens = sample(b, logits_cache=buf, logits_cache_col=1, fixes=unmasked).cpu()
+    # write: the last padded row's logits landed in the guard row before the table
+    buf_whole = wholes["logits_cache"]
+    assert torch.equal(buf_whole[0, 1].cpu(), b["logits"][5].cpu())
     assert (buf_whole[0, 0] == SENTINEL).all() and (buf_whole[-1] == SENTINEL).all()
     # read: the padded rows sampled with the guard's temperature and seed instead of greedily
     assert torch.equal(tokens[4:], sample(as_if_reading_the_guard(b)).cpu()[4:])
@@ -584,20 +605,20 @@ def touches_a_guard(addresses: list[np.ndarray], whole: torch.Tensor) -> bool:
                     "scripts/sanitize_gumbel.py records compute-sanitizer's view")
 def test_masked_kernel_never_touches_row_minus_one(monkeypatch):
     """Every address the interpreted kernel loads or stores, recorded: with the fix, none lies in a guard
-    row of the temperature, seed or processed-logits table, so each masked line is needed on its own, the
+    row of the temperature, seed or draft-logits table, so each masked line is needed on its own, the
     seed load's too (a greedy padded row never uses the seed it reads, so only its address shows it).
     Without the fix the kernel reads both guards and writes the buffer's."""
     b, buf, wholes = guarded(padded_drafter_batch())
     with interpreter_accesses(monkeypatch) as (reads, writes):
-        sample(b, processed_logits=buf, processed_logits_col=1)
+        sample(b, logits_cache=buf, logits_cache_col=1)
     assert len(reads) and len(writes)
     assert not touches_a_guard(reads, wholes["temperature"])
     assert not touches_a_guard(reads, wholes["seed"])
-    assert not touches_a_guard(writes, wholes["processed_logits"])
+    assert not touches_a_guard(writes, wholes["logits_cache"])
     with interpreter_accesses(monkeypatch) as (reads, writes):
-        sample(b, processed_logits=buf, processed_logits_col=1, fixes=Fixes(mask_invalid_reqs=False))
+        sample(b, logits_cache=buf, logits_cache_col=1, fixes=Fixes(mask_invalid_reqs=False))
     assert touches_a_guard(reads, wholes["temperature"]) and touches_a_guard(reads, wholes["seed"])
-    assert touches_a_guard(writes, wholes["processed_logits"])
+    assert touches_a_guard(writes, wholes["logits_cache"])
 
 
 # ---- bad input
@@ -631,7 +652,7 @@ def test_bad_input_is_refused_naming_the_argument(changes, error, words):
 def test_a_list_for_a_tensor_is_refused_naming_the_argument():
     b = _bad()
     with pytest.raises(TypeError, match="expanded_idx_mapping must be a torch.Tensor"):
-        gumbel.gumbel_sample(b["logits"], [0, 1, 0], b["temperature"], b["seed"], b["pos"], True)
+        gumbel.gumbel_sample(b["logits"], [0, 1, 0], b["temperature"], b["seed"], b["pos"], True, False)
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="value checks would need a host sync on the GPU")
@@ -646,19 +667,20 @@ def test_bad_values_are_refused_on_cpu(changes, words):
 
 
 @pytest.mark.parametrize("buf,col,error,words", [
-    (lambda: torch.zeros(2, 2, 99), 0, ValueError, r"must have shape \[max_num_reqs, num_cols, 100\]"),
-    (lambda: torch.zeros(3, 2, 100), 0, ValueError, "processed_logits has 3 request rows"),
-    (lambda: torch.zeros(2, 2, 100, dtype=torch.int32), 0, TypeError, "processed_logits must be float32"),
-    (lambda: torch.zeros(2, 2, 100), 2, ValueError, r"processed_logits_col=2 outside \[0, 2\)"),
-    (lambda: torch.zeros(2, 2, 100), 1.0, TypeError, "processed_logits_col must be an int"),
-    (lambda: None, 1, ValueError, "processed_logits_col given without processed_logits"),
+    (lambda: torch.zeros(2, 2, 99), 0, ValueError, r"must have shape \[max_num_reqs, num_cols, >= 100\]"),
+    (lambda: torch.zeros(3, 2, 100), 0, ValueError, "logits_cache has 3 request rows"),
+    (lambda: torch.zeros(2, 2, 100, dtype=torch.int32), 0, TypeError, "logits_cache .* must have the dtype"),
+    (lambda: torch.zeros(2, 2, 100), 2, ValueError, r"logits_cache_col=2 outside \[0, 2\)"),
+    (lambda: torch.zeros(2, 2, 100), 1.0, TypeError, "logits_cache_col must be an int"),
+    (lambda: torch.zeros(2, 2, 100), torch.tensor([0, 2, 1]), ValueError, r"logits_cache_col must lie in"),
+    (lambda: None, 1, ValueError, "logits_cache_col and logits_cache_source need logits_cache"),
 ])
 def test_bad_output_buffer_is_refused(buf, col, error, words):
     b = _bad()
     buffer = buf()
     before = None if buffer is None else buffer.clone()
     with pytest.raises(error, match=words):
-        sample(b, processed_logits=None if buffer is None else buffer.to(DEVICE), processed_logits_col=col)
+        sample(b, logits_cache=None if buffer is None else buffer.to(DEVICE), logits_cache_col=col)
     assert buffer is None or torch.equal(buffer, before)
 
 
@@ -687,19 +709,19 @@ def test_capturable_in_a_cuda_graph():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        sample(b, processed_logits=buf, processed_logits_col=1)
+        sample(b, logits_cache=buf, logits_cache_col=1)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sample(b, processed_logits=buf, processed_logits_col=1)
+        out = sample(b, logits_cache=buf, logits_cache_col=1)
     for step in range(3):
         b["pos"].add_(1)
         b["logits"].normal_().mul_(3)
         buf.fill_(SENTINEL)
         graph.replay()
         want_buf = torch.full((4, 2, 777), SENTINEL)
-        want = reference({k: v.cpu() for k, v in b.items()}, processed_logits=want_buf,
-                         processed_logits_col=1)
+        want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf,
+                         logits_cache_col=1)
         assert torch.equal(out.cpu(), want), step
         assert torch.equal(buf.cpu(), want_buf), step
 
@@ -740,8 +762,8 @@ if gumbel.HAS_TRITON:
             block = tl.arange(0, DEPTH)[:, None] * LANES + tl.arange(0, LANES)[None, :]
         x = tl.load(logits_ptr + row * DEPTH * LANES + block)
         value, index = gumbel.gumbel_block_argmax(
-            x, block, block >= 0, row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, logits_ptr, 0, 0,
-            pos_ptr, 0, False, False, False, False, True, 0, False, False)
+            x, block, block >= 0, row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, None, 0, 0, None,
+            None, 0, 0, 0, False, False, False, True, 0, False)
         out = tl.arange(0, LANES)
         if ONE_D:
             tl.store(value_ptr + row * LANES + out, tl.zeros([LANES], tl.float32) + value, mask=out < 1)

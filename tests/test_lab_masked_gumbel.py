@@ -41,7 +41,7 @@ def test_the_crowd_holds_the_same_requests():
 
 def test_sample_matches_the_reference_for_the_crowd():
     alone, crowd, rows = lab.alone_and_crowded(vocab_size=300)
-    want = ref.gumbel_sample_reference(**alone, apply_temperature=True)
+    want = ref.gumbel_sample_reference(**alone, apply_temperature=True, is_drafting=False)
     assert torch.equal(lab.sample(alone, device=DEVICE), want)
     assert torch.equal(lab.sample(crowd, device=DEVICE)[rows], want)
 
@@ -62,7 +62,7 @@ def test_padded_drafter_step_without_the_mask_writes_the_guard_row():
     step = lab.padded_drafter_step(vocab_size=64)
     _, buffers = lab.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=DEVICE)
     guard = buffers["draft_logits"][0, step.col]
-    assert torch.equal(guard, step.logits[5] / step.guard_temperature)
+    assert torch.equal(guard, step.logits[5])                    # its logits, before temperature
     assert buffers["temperature"][0] == step.guard_temperature   # the guard itself is read, never written
 
 
@@ -75,11 +75,8 @@ def test_padded_drafter_step_refuses_a_tiny_vocabulary():
 def test_stale_padding_step_overwrites_exactly_the_reported_slot(seed):
     puzzle, overwritten = lab.stale_padding_step(seed, device=DEVICE)
     table, col, temps = puzzle["table"], puzzle["col"], puzzle["temperature"]
-    own = {}
-    for row, slot in enumerate(puzzle["idx_mapping"].tolist()):
-        t = float(temps[slot])
-        stored = puzzle["logits"][row] / t if t != 0 else puzzle["logits"][row]
-        own[slot] = torch.equal(table[slot, col], stored)
+    own = {slot: torch.equal(table[slot, col], puzzle["logits"][row])  # cached before temperature
+           for row, slot in enumerate(puzzle["idx_mapping"].tolist())}
     assert [slot for slot, ok in own.items() if not ok] == overwritten and len(overwritten) == 1
     assert (temps[puzzle["idx_mapping"].long()] == 0).sum() == 1 and not (temps == 1).any()
 
@@ -101,9 +98,13 @@ def test_load_vllm_sampler_is_none_until_fetched(tmp_path, monkeypatch):
     assert lab.load_vllm_sampler("0.33.0") is None
 
 
-@pytest.mark.skipif(not (lab.PEER_DIR / "vllm_gumbel_0_33_0.py").is_file(),
-                    reason="vLLM's sampler not fetched")
-def test_load_vllm_sampler_imports_vllms_own_file():
-    module = lab.load_vllm_sampler("0.33.0")
-    assert module.__file__ == str(lab.PEER_DIR / "vllm_gumbel_0_33_0.py")
-    assert callable(module.gumbel_sample)
+def test_load_vllm_sampler_imports_vllms_own_file(vllm_gumbel):
+    """Its gumbel_sample runs in Triton's interpreter too, the draft-logits cache included (vLLM masks that
+    store by a scalar, which the interpreter needs as an int1 mask: load_vllm_sampler gives it one)."""
+    assert vllm_gumbel.__file__ == str(lab.PEER_DIR / "vllm_gumbel_0_33_0.py")
+    step = lab.padded_drafter_step(vocab_size=64)
+    b = {k: getattr(step, k).to(DEVICE) for k in lab.BATCH_KEYS}
+    cache = torch.full((4, 2, 64), lab.SENTINEL, device=DEVICE)
+    tokens = vllm_gumbel.gumbel_sample(*b.values(), True, True, cache, torch.tensor(1, device=DEVICE))
+    _, buffers = lab.run_drafter_step(step, device=DEVICE)
+    assert torch.equal(cache.cpu(), buffers["draft_logits"][1:-1]) and tokens.shape == (6,)

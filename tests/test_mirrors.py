@@ -63,7 +63,7 @@ def test_each_release_row_is_what_that_releases_source_says(release):
     src = PEER / release.version
     if not src.is_dir():
         pytest.skip(f"needs vLLM {release.version}'s source in .peer/src/ "
-                    "(../shared/peer/fetch-vllm-source.sh)")
+                    "(python scripts/fetch_vllm_peer.py)")
 
     def read(path):
         return (src / "vllm" / path).read_text()

@@ -57,7 +57,7 @@ def _vllm_ngram(version: str):
 def test_ngram_matches_vllm_0_33_on_random_histories():
     vllm = _vllm_ngram("0.33.0")
     if vllm is None:
-        pytest.skip("needs vLLM 0.33.0's source in .peer/src/ (../shared/peer/fetch-vllm-source.sh)")
+        pytest.skip("needs vLLM 0.33.0's source in .peer/src/ (python scripts/fetch_vllm_peer.py)")
     rng = np.random.default_rng(0)
     for _ in range(400):
         ids = rng.integers(0, 4, size=int(rng.integers(1, 40)))

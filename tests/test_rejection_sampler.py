@@ -15,6 +15,7 @@ from specfix import Fixes
 from specfix.fixes import show_fix
 from specfix.runtime import DEVICE, HAS_TRITON
 from specfix.tools.stats import chi_square_samples
+from specfix.v1 import rejection_sampler as rs
 from specfix.v1.rejection_sampler import (
     MAX_SPEC_LEN,
     PLACEHOLDER_TOKEN_ID,
@@ -840,3 +841,38 @@ def test_recovery_noise_skips_requests_without_drafts_and_greedy_batches_draw_no
     before = torch.get_rng_state()
     RejectionSampler()(md, None, logits, greedy(2))
     assert torch.equal(torch.get_rng_state(), before)
+
+
+# ----------------------------------------------------------------------------------------------------
+# beside vLLM 0.33's own rejection sampler
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="compares in Triton's interpreter; on a GPU the bench "
+                    "(--peer) compares the tables")
+@pytest.mark.parametrize("mode", ["greedy", "random"])
+def test_same_tables_as_vllms_own_rejection_sample(vllm_rejection, mode):
+    """vLLM 0.33's ``rejection_sample`` (``vllm/v1/sample/rejection_sampler.py``, fetched into .peer/) and
+    specfix's rejection core on the same inputs, both in Triton's interpreter, as the bench compares them on
+    the GPU: every fourth request with a placeholder (-1) draft, every request seeded. Same output table."""
+    batch, k, vocab = 6, 3, 64
+    gen = torch.Generator().manual_seed(11)
+    drafts = torch.randint(0, vocab, (batch, k), generator=gen)
+    drafts[::4, -1] = -1
+    md = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=DEVICE)
+    logits = torch.randn(batch * (k + 1), vocab, generator=gen) * 3
+    target = logits[md.target_logits_indices.long()].contiguous()
+    bonus = torch.randint(0, vocab, (batch,), dtype=torch.int32, generator=gen)
+    probs = None if mode == "greedy" else torch.softmax(torch.randn(batch * k, vocab, generator=gen), -1)
+    seeds = [1000 + i for i in range(batch)]
+    args = (md.draft_token_ids, md.num_draft_tokens, md.max_spec_len, md.cu_num_draft_tokens, probs, target)
+    generators = {i: torch.Generator().manual_seed(s) for i, s in enumerate(seeds)}
+    theirs_meta = vllm_rejection.SamplingMetadata(
+        temperature=None if mode == "greedy" else torch.ones(batch), all_greedy=mode == "greedy",
+        all_random=mode == "random", generators=generators)
+    torch.manual_seed(0)
+    theirs = vllm_rejection.rejection_sample(*args, bonus.view(-1, 1), theirs_meta)
+    torch.manual_seed(0)
+    temps = [0.0 if mode == "greedy" else 1.0] * batch
+    ours = rs._rejection_sample(*args, bonus, SamplingMetadata.from_requests(temps, seeds))
+    assert torch.equal(ours, theirs)
+    assert (ours[::4] == PLACEHOLDER_TOKEN_ID).any()  # the -1 drafts were rejected, in both

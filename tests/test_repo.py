@@ -109,7 +109,7 @@ out = generate(["the fox said"], SamplingParams(temperature=0.7, seed=1, max_tok
                num_speculative_tokens=3)
 logits = torch.linspace(-3, 3, 300).reshape(3, 100)
 tokens = gumbel.gumbel_sample(logits, torch.tensor([0, 1, -1]), torch.ones(2), torch.tensor([1, 2]),
-                              torch.tensor([5, 6, 7]), True)
+                              torch.tensor([5, 6, 7]), True, False)
 prep = prepare_dflash_inputs(2, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([4, 5, 6]),
                              torch.tensor([7, 9, 11]), 99, DFlashInputs.allocate(3, 2))
 print(json.dumps({"triton": specfix.runtime.HAS_TRITON, "text": out.outputs[0].token_ids,

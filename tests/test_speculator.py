@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from specfix import Fixes, runtime
-from specfix.lab import masked_gumbel
 from specfix.lab.padding_bench import TableDraft
 from specfix.mrv2.gumbel import gumbel_sample
 from specfix.mrv2.speculator import (
@@ -82,10 +81,11 @@ def test_bad_input_leaves_buffers_unchanged(call, exc, match):
 
 
 def _expected_logits(spec, slot, ctx_token, drafts):
-    """What slot's draft_logits must hold: the draft table row of each step's context, over T."""
+    """What slot's draft_logits must hold: the draft table row of each step's context, before temperature
+    (vLLM 0.33's cache; the verifier divides by T on load)."""
     rows, ctx = [], ctx_token
     for j in range(K):
-        rows.append(spec.model.table[ctx] / TEMP[slot])
+        rows.append(spec.model.table[ctx])
         ctx = int(drafts[j])
     return torch.stack(rows)
 
@@ -222,12 +222,16 @@ def test_bad_noise_mode_is_refused():
                              vocab_size=V, context_len=1, noise="philox")
 
 
-def _expected_drafts(spec, slots, ctx, positions, sampler, seeds=SEEDS, step_seed=False, **kw):
-    """Each step's draw, called directly: step j samples table[last token] keyed by positions + j."""
-    idx, last, out = _idx(*slots), ctx[:, -1], []
+def _expected_drafts(spec, slots, ctx, positions, sampler, seeds=SEEDS, step_seed=False, is_drafting=False,
+                     cache=None, **kw):
+    """Each step's draw, called directly: step j samples table[last token] keyed by positions + j (and, with
+    a ``cache``, stores into its column j, given as vLLM's draft-model speculator gives it: a 0-d tensor)."""
+    idx, last, out = _idx(*slots, dtype=torch.int64), ctx[:, -1], []
     for step in range(K):
         seed = seeds ^ (step << 32) if step_seed else seeds
-        last = sampler(spec.model.table[last].contiguous(), idx, TEMP, seed, positions + step, True, **kw)
+        store = () if cache is None else (cache, torch.tensor(step))
+        last = sampler(spec.model.table[last].contiguous(), idx, TEMP, seed, positions + step, True,
+                       is_drafting, *store, **kw)
         out.append(last)
     return torch.stack(out, dim=1)
 
@@ -248,19 +252,19 @@ def test_step_j_is_keyed_by_positions_plus_j_as_a_drafters_draw(noise):
     assert not torch.equal(got, unsalted)
 
 
-def test_vllm_mode_drafts_what_vllms_own_kernel_draws():
+@pytest.mark.skipif(runtime.DEVICE.type != "cpu", reason="compares in Triton's interpreter")
+def test_vllm_mode_drafts_and_caches_what_vllms_own_kernel_does(vllm_gumbel):
     """With vLLM 0.33's sampler fetched into .peer/: the drafter's noise="vllm" steps equal its
-    gumbel_sample(..., is_drafting=True) at positions + j with the step mixed into the seed (given to it
-    already mixed: its cache store does not run in Triton's interpreter)."""
-    peer = masked_gumbel.load_vllm_sampler("0.33.0")
-    if peer is None or runtime.DEVICE.type != "cpu":
-        pytest.skip("needs vLLM 0.33's sampler in .peer/ (../shared/peer/fetch-vllm-sampler.sh) and a CPU")
+    gumbel_sample(..., is_drafting=True, logits_cache, step) at positions + j (it mixes the step into the
+    seed itself), and the drafter's draft_logits equal vLLM's cache value for value."""
     spec = _spec(noise="vllm")
     slots, ctx, positions = [2, 6, 1, 4], torch.tensor([[3], [3], [9], [15]]), torch.tensor([0, 11, 2**31, 5])
     got = spec.propose(4, _idx(*slots), TEMP, SEEDS, ctx, positions, padded=False).draft_tokens
-    theirs = _expected_drafts(spec, slots, ctx, positions, lambda *a: peer.gumbel_sample(*a, True),
-                              step_seed=True)
-    assert torch.equal(got, theirs)
+    cache = torch.zeros_like(spec.draft_logits)
+    theirs = _expected_drafts(spec, slots, ctx, positions, vllm_gumbel.gumbel_sample, is_drafting=True,
+                              cache=cache)
+    assert torch.equal(got, theirs) and torch.equal(spec.draft_logits, cache)
+    assert cache[slots].abs().sum() > 0 and not cache[[0, 3, 5, 7]].any()
 
 
 def test_temperatures_under_sampling_eps_are_refused_for_probabilistic_drafting():

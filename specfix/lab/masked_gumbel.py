@@ -12,6 +12,7 @@ which the mask cannot catch (they are ``>= 0``), overwrite live requests' draft 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ def repeated_rows(rows: int, logits: torch.Tensor, temperature: float, num_reqs:
     gen = torch.Generator().manual_seed(seed)
     batch = dict(
         logits=logits.expand(rows, -1).contiguous(),
-        expanded_idx_mapping=torch.arange(rows, dtype=torch.int32) % num_reqs,
+        expanded_idx_mapping=torch.arange(rows) % num_reqs,
         temperature=torch.full((num_reqs,), float(temperature)),
         seed=torch.randint(0, 2**62, (num_reqs,), generator=gen),
         pos=torch.arange(rows) // num_reqs,
@@ -58,26 +59,57 @@ def random_batch(rows: int, vocab_size: int, seed: int = 0,
     temperature = torch.rand(rows, generator=gen) * 1.7 + 0.3
     temperature[0] = 0.0
     batch = dict(logits=torch.randn(rows, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(rows, dtype=torch.int32), temperature=temperature,
+                 expanded_idx_mapping=torch.arange(rows), temperature=temperature,
                  seed=torch.randint(-2**62, 2**62, (rows,), generator=gen),
                  pos=torch.randint(0, 1 << 20, (rows,), generator=gen))
     return {k: v.to(device) for k, v in batch.items()}
 
 
-#: Where ``shared/peer/fetch-vllm-sampler.sh`` puts vLLM's own sampler files (git-ignored, never shipped).
+#: Where ``scripts/fetch_vllm_peer.py`` puts vLLM's own sampler files (git-ignored, never shipped).
 PEER_DIR = Path(__file__).resolve().parents[2] / ".peer"
 
 
-def load_vllm_sampler(version: str = "0.33.0"):
-    """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version``, imported from ``.peer/``, or None
-    when it has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments
-    (0.33: ``logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting``)."""
-    name = "vllm_gumbel_" + version.replace(".", "_")
-    if not runtime.HAS_TRITON or not (PEER_DIR / f"{name}.py").is_file():
+def load_vllm_sampler(version: str = "0.33.0", peer_dir: Path | str | None = None, kind: str = "gumbel"):
+    """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version`` (``kind="rejection"``: its
+    ``vllm/v1/sample/rejection_sampler.py``), imported from ``peer_dir`` (default ``.peer/``), or None when it
+    has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments (0.33:
+    ``logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting, logits_cache,
+    logits_cache_col, ...``)."""
+    peer_dir = Path(PEER_DIR if peer_dir is None else peer_dir)
+    name = f"vllm_{kind}_" + version.replace(".", "_")
+    if not runtime.HAS_TRITON or not (peer_dir / f"{name}.py").is_file():
         return None
-    if str(PEER_DIR) not in sys.path:
-        sys.path.insert(0, str(PEER_DIR))
-    return importlib.import_module(name)
+    if str(peer_dir) not in sys.path:
+        sys.path.insert(0, str(peer_dir))
+    module = importlib.import_module(name)
+    sample = getattr(module, "gumbel_sample", None)
+    if runtime.INTERPRET and sample is not None and not hasattr(sample, "__wrapped__"):
+        module.gumbel_sample = _with_int1_store_masks(sample)
+    return module
+
+
+def _with_int1_store_masks(fn):
+    """``fn`` run with Triton's interpreter reading every store mask as int1, as a GPU does.
+
+    vLLM masks its cache store by ``mask & is_valid_req``; the interpreter (triton 3.6 to 3.9) widens the
+    scalar ``is_valid_req`` to int64 when it broadcasts it, and then refuses the int32 mask the ``&`` makes
+    ("mask has unsupported dtype"). specfix's kernel builds its store mask per lane instead."""
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    store = InterpreterBuilder.create_masked_store
+
+    def as_int1(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, TensorHandle(mask.data.astype(bool), mask.dtype), cache_policy)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        InterpreterBuilder.create_masked_store = as_int1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            InterpreterBuilder.create_masked_store = store
+
+    return run
 
 
 def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
@@ -85,11 +117,11 @@ def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
     strangers: ``(alone, crowd, rows)``, where ``crowd``'s rows ``rows`` are the four requests in order."""
     gen = torch.Generator().manual_seed(3)
     alone = dict(logits=torch.randn(4, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(4, dtype=torch.int32),
+                 expanded_idx_mapping=torch.arange(4),
                  temperature=torch.tensor([1.0, 0.5, 2.0, 1.0]), seed=torch.tensor([11, 22, 33, 44]),
                  pos=torch.tensor([7, 7, 8, 9]))
     crowd = dict(logits=torch.randn(8, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(8, dtype=torch.int32), temperature=torch.ones(8),
+                 expanded_idx_mapping=torch.arange(8), temperature=torch.ones(8),
                  seed=torch.arange(100, 108), pos=torch.arange(8))
     rows, slots = [6, 0, 3, 5], [5, 2, 7, 0]
     for old, (row, slot) in enumerate(zip(rows, slots, strict=True)):
@@ -102,9 +134,10 @@ def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
 
 
 def sample(batch: dict, device: torch.device | str = "cpu", **kwargs) -> torch.Tensor:
-    """``gumbel_sample`` of ``batch`` on ``device``, temperature applied; the tokens on the CPU."""
+    """``gumbel_sample`` of ``batch`` on ``device``, temperature applied (a target's draw unless
+    ``is_drafting=True``); the tokens on the CPU."""
     on = {k: batch[k].to(device) for k in BATCH_KEYS}
-    return gumbel.gumbel_sample(**on, apply_temperature=True, **kwargs).cpu()
+    return gumbel.gumbel_sample(**on, apply_temperature=True, **{"is_drafting": False, **kwargs}).cpu()
 
 
 @dataclass(frozen=True)
@@ -113,7 +146,7 @@ class DrafterStep:
     request-state tables, plus what the guard rows around the temperature and seed tables hold."""
 
     logits: torch.Tensor               # [rows, vocab] float32
-    expanded_idx_mapping: torch.Tensor  # [rows] int32, -1 for a padded row
+    expanded_idx_mapping: torch.Tensor  # [rows] int64, -1 for a padded row
     pos: torch.Tensor                  # [rows] int64
     temperature: torch.Tensor          # [max_num_reqs] float32
     seed: torch.Tensor                 # [max_num_reqs] int64
@@ -139,7 +172,7 @@ def padded_drafter_step(vocab_size: int = 600) -> DrafterStep:
     logits[5] = logits[4]
     return DrafterStep(
         logits=logits,
-        expanded_idx_mapping=torch.tensor([2, 0, 3, 1, -1, -1], dtype=torch.int32),
+        expanded_idx_mapping=torch.tensor([2, 0, 3, 1, -1, -1]),
         pos=torch.tensor([4, 5, 6, 7, 0, 0]),
         temperature=torch.tensor([1.0, 0.6, 0.0, 1.5]),
         seed=torch.tensor([1, 2, 3, 4]),
@@ -163,8 +196,7 @@ def run_drafter_step(step: DrafterStep, fixes: Fixes | None = None, device: torc
     draft_logits, whole = gumbel.guarded_table((max_reqs, step.num_cols, vocab), SENTINEL, torch.float32,
                                                device=device)
     tokens = gumbel.gumbel_sample(step.logits.to(device), step.expanded_idx_mapping.to(device), temperature,
-                                  seed, step.pos.to(device), True, processed_logits=draft_logits,
-                                  processed_logits_col=step.col, fixes=fixes)
+                                  seed, step.pos.to(device), True, True, draft_logits, step.col, fixes=fixes)
     return tokens.cpu(), {"draft_logits": whole.cpu(), "temperature": temp_whole.cpu(),
                           "seed": seed_whole.cpu()}
 
@@ -199,14 +231,14 @@ def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[d
     table = torch.randn(max_reqs, num_cols, vocab, generator=gen) * 3       # what earlier steps left there
     logits = torch.randn(6, vocab, generator=gen) * 3
     col = int(torch.randint(0, num_cols, (1,), generator=gen))
-    idx = torch.cat([live, stale]).to(torch.int32)
+    idx = torch.cat([live, stale])
     pos = torch.arange(6) + 10
     seeds = torch.arange(max_reqs, dtype=torch.int64)
     on = {k: v.to(device) for k, v in dict(logits=logits, idx=idx, pos=pos, temperature=temperature,
                                             seed=seeds, table=table).items()}
     for rows in (slice(0, live_rows), slice(live_rows, 6)):               # live rows first, padded rows last
         gumbel.gumbel_sample(on["logits"][rows], on["idx"][rows], on["temperature"], on["seed"],
-                             on["pos"][rows], True, processed_logits=on["table"], processed_logits_col=col)
+                             on["pos"][rows], True, True, on["table"], col)
     puzzle = {"table": on["table"].cpu(), "col": col, "logits": logits[:live_rows].clone(),
               "idx_mapping": idx[:live_rows].clone(), "temperature": temperature}
     return puzzle, overwritten

@@ -190,10 +190,9 @@ class SpecDecodeEngine:
     def _overwritten_cols(self, context: torch.Tensor, drafts: torch.Tensor, slot: int) -> tuple[int, ...]:
         """Draft steps whose cached logits differ from what the victim's own row computed."""
         ctx = context[None].clone()
-        temp = self.states.temperature[slot]
         cols = []
         for j in range(self.k):
-            expected = self.draft.next_token_logits(ctx)[0] / temp
+            expected = self.draft.next_token_logits(ctx)[0]  # cached before temperature (vLLM 0.33)
             if not torch.allclose(self.spec.draft_logits[slot, j], expected, rtol=1e-5, atol=1e-5):
                 cols.append(j)
             ctx = torch.cat([ctx[:, 1:], drafts[None, j:j + 1]], dim=1)

@@ -279,7 +279,8 @@ class DFlashDrafter:
     ``padded=True`` samples all ``max_num_reqs * k`` entries, as a FULL graph does (a real
     ``torch.cuda.CUDAGraph`` of the sampling half on a GPU after :meth:`capture_cuda_graph`);
     ``padded=False`` samples only the live ``num_reqs * k`` (vLLM's eager fallback after PR #47066).
-    Sampling stores temperature-scaled logits into ``draft_logits[sample_idx_mapping, col]``.
+    Sampling stores the logits before temperature into ``draft_logits[sample_idx_mapping, col]`` and keys
+    each draw by ``sample_pos - 1`` with ``is_drafting=True`` (vLLM 0.33's DFlash ``_generate_draft``).
     """
 
     def __init__(self, model: ToyDFlashModel, *, max_num_reqs: int, num_speculative_steps: int,
@@ -309,7 +310,7 @@ class DFlashDrafter:
         self.draft_tokens[:num_samples].copy_(self.sampler(
             logits[rows].contiguous(), self.inputs.sample_idx_mapping[:num_samples], self.temperature,
             self.seeds, self.inputs.sample_pos[:num_samples] - 1, True,
-            processed_logits=self.draft_logits, processed_logits_col=self.columns[:num_samples],
+            logits_cache=self.draft_logits, logits_cache_col=self.columns[:num_samples],
             is_drafting=True, fixes=self.fixes))
 
     def reset_for_capture(self) -> None:

@@ -1,18 +1,20 @@
 """Masked Gumbel-max sampling in Triton: Model Runner V2's sampler, with and without the -1 row fix.
 
 Mirrors ``vllm/v1/worker/gpu/sample/gumbel.py`` (``gumbel_block_argmax``, ``_gumbel_sample_kernel``,
-``gumbel_sample``) as of vLLM 0.25, the first release with PR #47066: a logit row whose
+``gumbel_sample``) as of vLLM 0.33; PR #47066 (first released in 0.25): a logit row whose
 ``expanded_idx_mapping`` entry is negative is padding, so the kernel masks its temperature and seed loads
-and never stores its processed logits. ``Fixes(mask_invalid_reqs=False)`` compiles the kernel as it was
-before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
-``processed_logits[-1, col, :]``: memory that belongs to someone else.
+and never stores into the draft-logits cache. ``Fixes(mask_invalid_reqs=False)`` compiles the kernel as it
+was before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
+``logits_cache[-1, col, :]``: memory that belongs to someone else.
 
-``gumbel_block_argmax`` has vLLM's contract (0.25 and 0.33): it is handed one loaded tile of a row's
-logits with its token ids, its in-vocabulary mask and the row (``token_idx``); it loads the row's
-``req_state_idx``, temperature, seed and position itself, applies the #47066 masks, stores the processed
-tile and returns the tile's max and its index within the tile. Its arguments are vLLM 0.25's, in vLLM's
-order, where they carry over (specfix addresses the buffer by two strides, as 0.33 does, and takes the
-column as an int as well as a tensor); the constexprs after them are specfix's switches. The loop over
+``gumbel_block_argmax`` has vLLM 0.33's contract: it is handed one loaded tile of a row's logits with its
+token ids, its in-vocabulary mask and the row (``token_idx``); it loads the row's ``req_state_idx``,
+temperature, seed and position itself, applies the #47066 masks, stores the tile's logits *before*
+temperature into the cache, in the cache's dtype (the verifier divides by the temperature when it reads
+them), and returns the tile's max and its index within the tile. vLLM 0.25 stored ``logits / T`` in
+float32 instead (its ``output_processed_logits``). Its arguments are 0.33's, in vLLM's order, where they
+carry over (specfix also takes the column as an int, with a stride for a 0-d column tensor); the
+constexprs after them are specfix's switches. The loop over
 tiles is the caller's, as in vLLM. vLLM hands it 1-D tiles of 1,024 (one per program); specfix hands it
 2-D tiles of ``DEPTH x LANES`` logits (``tile_shape``) laid out so that each thread holds whole columns, and
 the helper reduces along the first axis: in registers, with no shuffle or barrier per tile (a 1-D tile
@@ -33,10 +35,13 @@ Three noise modes, each a pure function of (request seed, position, token id)
   throughput; its tokens may differ from the exact mode's in rare near-ties. Chapter 5 measures both.
 - ``"vllm"``: vLLM 0.33's noise (MurmurHash3 of seed, position and token id; its log1p series; its
   division by the temperature), compiled as vLLM's kernel is: from the same inputs, vLLM 0.33's
-  ``gumbel_sample`` picks the same tokens (``scripts/compare_vllm_noise.py``, ``tests/test_gumbel.py``).
+  ``gumbel_sample`` picks the same tokens and caches the same logits (``scripts/compare_vllm_noise.py``,
+  ``tests/test_gumbel.py``).
 
-Every mode: a temperature under ``SAMPLING_EPS`` (or NaN) is greedy; ``is_drafting`` adds vLLM 0.33's
-drafting salt to the position; a NaN score never wins (a row of NaN and -inf scores gives token 0).
+Every mode, as vLLM 0.33's kernel: only a temperature of 0 is greedy, any other divides the logits and
+adds noise (vLLM's ``SamplingParams`` raises every ``0 < T < 0.01`` to 0.01 before a kernel sees it);
+``is_drafting`` adds vLLM 0.33's drafting salt to the position; a NaN score never wins (a row of NaN and
+-inf scores gives token 0).
 
 Performance: what the kernel costs on an H200, and why, is measured by ``specfix bench``
 (``specfix/recorded/bench_h200.json``), Nsight Compute (``scripts/profile_gumbel.py``,
@@ -168,17 +173,6 @@ if HAS_TRITON:
         return -tl.log(-tl.where(u < K.VLLM_SERIES_BELOW, -u * p, direct))
 
     @triton.jit
-    def _round_for_store(x, dtype: tl.constexpr, BF16_BY_HAND: tl.constexpr):
-        """x in the buffer's dtype, rounded to nearest even. Triton's interpreter truncates float32 to
-        bfloat16, so there we round the bits ourselves (the same result as the GPU's cvt.rn.bf16.f32)."""
-        if BF16_BY_HAND:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = bits + (0x7FFF + ((bits >> 16) & 1))
-            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            return x.to(dtype)
-
-    @triton.jit
     def gumbel_block_argmax(
         logits,
         block,
@@ -188,19 +182,20 @@ if HAS_TRITON:
         temp_ptr,
         seeds_ptr,
         pos_ptr,
-        processed_logits_ptr,
-        processed_logits_stride_0,
-        processed_logits_stride_1,
-        processed_logits_col_ptr,
-        processed_logits_col,
+        logits_cache_ptr,
+        logits_cache_stride_0,
+        logits_cache_stride_1,
+        logits_cache_col_ptr,
+        logits_cache_source_ptr,
+        logits_cache_source_stride,
+        logits_cache_col,
+        logits_cache_col_stride,
         IS_DRAFTING: tl.constexpr,
         APPLY_TEMPERATURE: tl.constexpr,
         PER_TOKEN_COL: tl.constexpr,
-        STORE_PROCESSED: tl.constexpr,
         MASK_INVALID: tl.constexpr,
         NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
-        BF16_BY_HAND: tl.constexpr,
     ):
         """Gumbel-max over one tile of logit row ``token_idx``: the max of logits (/ T) + noise along the
         tile's first axis and its index there (ties to the lowest; a NaN never wins).
@@ -208,10 +203,12 @@ if HAS_TRITON:
         ``logits``: the tile, loaded as float32 (lanes outside the vocabulary hold -inf); ``block``: its
         token ids; ``mask``: which lanes lie inside the vocabulary. vLLM's tiles are 1-D, so this is the
         tile's max and its index in the tile; specfix's caller hands in ``[DEPTH, LANES]`` tiles and gets
-        one (max, index) per column. The request-state row, temperature, seed and position are loaded here;
-        the processed (temperature-applied) tile is stored to ``processed_logits[req_state_idx, col]`` on
-        the way. A temperature under ``SAMPLING_EPS`` is greedy: plain logits, no noise. In the fast mode the
-        value is in log2 units (logits * log2(e) + noise / ln 2).
+        one (max, index) per column. The request-state row, temperature, seed and position are loaded here.
+        With a cache (``logits_cache_ptr`` not None) the tile's logits *before* temperature are stored to
+        ``logits_cache[req_state_idx, col]`` in the cache's dtype, as vLLM 0.33 does: from
+        ``logits_cache_source`` when given (None: the tile itself, whose float32 values came from that dtype,
+        so the store is an exact copy). Only a temperature of 0 is greedy: plain logits, no noise. In the
+        fast mode the value is in log2 units (logits * log2(e) + noise / ln 2).
         """
         req_state_idx = tl.load(expanded_idx_mapping_ptr + token_idx).to(tl.int64)
         is_valid_req = req_state_idx >= 0
@@ -221,35 +218,36 @@ if HAS_TRITON:
         else:  # [no fix]
             temp = tl.load(temp_ptr + req_state_idx)  # [no fix]
             seed = tl.load(seeds_ptr + req_state_idx)  # [no fix]
-        temp = tl.where(temp >= K.SAMPLING_EPS, temp, 0.0)  # NaN too
         pos = tl.load(pos_ptr + token_idx).to(tl.int64)
         if IS_DRAFTING:
             pos = pos + K.DRAFT_NOISE_SALT
-        x = logits
-        scores = logits  # what the noise is added to
-        if APPLY_TEMPERATURE:
-            if temp != 0.0:
-                x = tl.math.div_rn(x, temp)
-                if NOISE == K.VLLM:
-                    scores = logits / temp  # vLLM's division (on the GPU div.full, not rounded as div_rn)
-                else:
-                    scores = x
-        if STORE_PROCESSED:
+        if logits_cache_ptr is not None:
             if PER_TOKEN_COL:
-                col = tl.load(processed_logits_col_ptr + token_idx).to(tl.int64)
+                col = tl.load(logits_cache_col_ptr + token_idx * logits_cache_col_stride).to(tl.int64)
             else:
-                col = processed_logits_col.to(tl.int64)
-            row_ptr = (processed_logits_ptr + req_state_idx * processed_logits_stride_0
-                       + col * processed_logits_stride_1)
-            stored = _round_for_store(x, processed_logits_ptr.dtype.element_ty, BF16_BY_HAND)
+                col = logits_cache_col.to(tl.int64)
+            if logits_cache_source_ptr is not None:
+                cached = tl.load(logits_cache_source_ptr + token_idx * logits_cache_source_stride + block,
+                                 mask=mask)
+            else:
+                cached = logits
+            cached = cached.to(logits_cache_ptr.dtype.element_ty)
+            row_ptr = logits_cache_ptr + req_state_idx * logits_cache_stride_0 + col * logits_cache_stride_1
             # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
             if MASK_INVALID:  # [fix]
                 lane_is_valid = tl.zeros_like(block).to(tl.int64) + req_state_idx >= 0  # [fix]
-                tl.store(row_ptr + block, stored, mask=mask & lane_is_valid)  # [fix]
+                tl.store(row_ptr + block, cached, mask=mask & lane_is_valid)  # [fix]
             else:  # [no fix]
-                tl.store(row_ptr + block, stored, mask=mask)  # [no fix]
+                tl.store(row_ptr + block, cached, mask=mask)  # [no fix]
             if NOISE == K.VLLM:
                 seed = seed ^ (col << 32)  # vLLM 0.33's spec_step_seed: each drafter column its own stream
+        scores = logits  # what the noise is added to
+        if APPLY_TEMPERATURE:
+            if temp != 0.0:
+                if NOISE == K.VLLM:
+                    scores = logits / temp  # vLLM's division (on the GPU div.full, not rounded as div_rn)
+                else:
+                    scores = tl.math.div_rn(logits, temp)
         if NOISE == K.VLLM:
             row_state = _vllm_row_state(seed, pos)
         else:
@@ -301,11 +299,14 @@ if HAS_TRITON:
         temperature_ptr,
         seed_ptr,
         pos_ptr,
-        processed_ptr,
-        processed_stride0,
-        processed_stride1,
+        cache_ptr,
+        cache_stride0,
+        cache_stride1,
         col_ptr,
+        source_ptr,
+        source_stride,
         col_scalar,
+        col_stride,
         vocab_size,
         num_tiles,
         num_full_tiles,
@@ -313,12 +314,10 @@ if HAS_TRITON:
         num_splits,
         IS_DRAFTING: tl.constexpr,
         APPLY_TEMPERATURE: tl.constexpr,
-        STORE_PROCESSED: tl.constexpr,
         PER_TOKEN_COL: tl.constexpr,
         MASK_INVALID: tl.constexpr,
         NOISE: tl.constexpr,
         USE_ASM: tl.constexpr,
-        BF16_BY_HAND: tl.constexpr,
         LANES: tl.constexpr,
         DEPTH: tl.constexpr,
         SPLITS: tl.constexpr,
@@ -356,9 +355,9 @@ if HAS_TRITON:
                     block = tile * BLOCK + offsets
                     value, idx = gumbel_block_argmax(
                         tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
-                        temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
-                        processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE,
-                        PER_TOKEN_COL, STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                        temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1,
+                        col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
+                        APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
                     best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
         else:
             # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
@@ -371,25 +370,25 @@ if HAS_TRITON:
                 x_odd = tl.load(logits_row_ptr + odd * BLOCK + offsets)
                 value, idx = gumbel_block_argmax(
                     x_even.to(tl.float32), tile * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                    temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
-                    col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
-                    MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
+                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
+                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
                 best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
                 x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
                 value, idx = gumbel_block_argmax(
                     x_odd.to(tl.float32), odd * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                    temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0, processed_stride1,
-                    col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL, STORE_PROCESSED,
-                    MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
+                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
+                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
                 best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
         if end_tile > num_full_tiles:  # this program owns the partial last tile
             block = num_full_tiles * BLOCK + offsets
             mask = block < vocab_size
             value, idx = gumbel_block_argmax(
                 tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
-                row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, processed_ptr, processed_stride0,
-                processed_stride1, col_ptr, col_scalar, IS_DRAFTING, APPLY_TEMPERATURE, PER_TOKEN_COL,
-                STORE_PROCESSED, MASK_INVALID, NOISE, USE_ASM, BF16_BY_HAND)
+                row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0,
+                cache_stride1, col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
+                APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
             best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
         value = tl.max(best, axis=0)
         token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
@@ -456,7 +455,7 @@ def _check_vector(name: str, t, dtypes, length: int | None = None) -> None:
         raise ValueError(f"{name} must be contiguous")
 
 
-def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_logits, processed_logits_col):
+def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, source):
     """Refuse bad input before launching anything. Value checks (which would need a device-to-host sync,
     impossible inside a CUDA graph) run only on CPU tensors; dtypes, shapes and devices are always checked."""
     if not isinstance(logits, torch.Tensor):
@@ -492,42 +491,41 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
         )
     tensors = {"expanded_idx_mapping": expanded_idx_mapping, "temperature": temperature, "seed": seed,
                "pos": pos}
-    if processed_logits is not None:
-        if not isinstance(processed_logits, torch.Tensor):
-            raise TypeError(f"processed_logits must be a torch.Tensor, got {type(processed_logits).__name__}")
-        if processed_logits.dtype not in _LOGIT_DTYPES:
-            raise TypeError(
-                f"processed_logits must be float32, float16 or bfloat16; got {processed_logits.dtype}"
-            )
-        if processed_logits.dim() != 3 or processed_logits.shape[2] != vocab_size:
-            raise ValueError(
-                f"processed_logits must have shape [max_num_reqs, num_cols, {vocab_size}]; "
-                f"got {tuple(processed_logits.shape)}"
-            )
-        if processed_logits.shape[0] != temperature.shape[0]:
-            raise ValueError(
-                f"processed_logits has {processed_logits.shape[0]} request rows but temperature has "
-                f"{temperature.shape[0]}"
-            )
-        if processed_logits.stride(2) != 1:
-            raise ValueError(
-                f"processed_logits must have last stride 1, got strides {processed_logits.stride()}"
-            )
-        num_cols = processed_logits.shape[1]
-        if isinstance(processed_logits_col, torch.Tensor):
-            _check_vector("processed_logits_col", processed_logits_col, _INDEX_DTYPES, num_tokens)
-            tensors["processed_logits_col"] = processed_logits_col
-        elif processed_logits_col is not None:
-            if isinstance(processed_logits_col, bool) or not isinstance(processed_logits_col, int):
-                raise TypeError(
-                    "processed_logits_col must be an int or an int tensor, "
-                    f"got {type(processed_logits_col).__name__}"
-                )
-            if not 0 <= processed_logits_col < num_cols:
-                raise ValueError(f"processed_logits_col={processed_logits_col} outside [0, {num_cols})")
-        tensors["processed_logits"] = processed_logits
-    elif processed_logits_col is not None:
-        raise ValueError("processed_logits_col given without processed_logits")
+    if cache is not None:
+        if not isinstance(cache, torch.Tensor):
+            raise TypeError(f"logits_cache must be a torch.Tensor, got {type(cache).__name__}")
+        if cache.dim() != 3 or cache.shape[2] < vocab_size:
+            raise ValueError(f"logits_cache must have shape [max_num_reqs, num_cols, >= {vocab_size}]; "
+                             f"got {tuple(cache.shape)}")
+        if cache.shape[0] != temperature.shape[0]:
+            raise ValueError(f"logits_cache has {cache.shape[0]} request rows but temperature has "
+                             f"{temperature.shape[0]}")
+        if cache.stride(2) != 1:
+            raise ValueError(f"logits_cache must have last stride 1, got strides {cache.stride()}")
+        if source is not None:
+            if not isinstance(source, torch.Tensor) or source.shape != logits.shape or source.stride(1) != 1:
+                raise ValueError("logits_cache_source must be a tensor of logits' shape "
+                                 f"{tuple(logits.shape)} with last stride 1")
+            tensors["logits_cache_source"] = source
+        src_dtype = logits.dtype if source is None else source.dtype
+        if cache.dtype != src_dtype:  # the cache holds the source's values as they are (vLLM 0.33)
+            raise TypeError(f"logits_cache ({cache.dtype}) must have the dtype of the logits it caches, "
+                            f"{'logits_cache_source' if source is not None else 'logits'} ({src_dtype})")
+        num_cols = cache.shape[1]
+        if isinstance(col, torch.Tensor):
+            if col.dim() == 0:
+                _check_vector("logits_cache_col", col.view(1), _INDEX_DTYPES)
+            else:
+                _check_vector("logits_cache_col", col, _INDEX_DTYPES, num_tokens)
+            tensors["logits_cache_col"] = col
+        elif col is not None:
+            if isinstance(col, bool) or not isinstance(col, int):
+                raise TypeError(f"logits_cache_col must be an int or an int tensor, got {type(col).__name__}")
+            if not 0 <= col < num_cols:
+                raise ValueError(f"logits_cache_col={col} outside [0, {num_cols})")
+        tensors["logits_cache"] = cache
+    elif col is not None or source is not None:
+        raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
     for name, t in tensors.items():
         if t.device != logits.device:
             raise ValueError(f"{name} is on {t.device} but logits is on {logits.device}")
@@ -540,11 +538,8 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_lo
                 f"expanded_idx_mapping holds {expanded_idx_mapping.max().item()}, beyond the "
                 f"{temperature.shape[0]} request-state rows"
             )
-        if isinstance(processed_logits_col, torch.Tensor) and num_tokens:
-            bad = (processed_logits_col < 0) | (processed_logits_col >= processed_logits.shape[1])
-            if bool(bad.any()):
-                raise ValueError(f"processed_logits_col must lie in [0, {processed_logits.shape[1]})")
-
+        if isinstance(col, torch.Tensor) and num_tokens and bool(((col < 0) | (col >= cache.shape[1])).any()):
+            raise ValueError(f"logits_cache_col must lie in [0, {cache.shape[1]})")
 
 #: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all; from
 #: _FEW_ROWS rows on, over _ROW_SPLITS of them (_SMALL_VOCAB_SPLITS for a vocabulary under _LARGE_VOCAB).
@@ -631,10 +626,12 @@ def gumbel_sample(
     seed: torch.Tensor,
     pos: torch.Tensor,
     apply_temperature: bool,
-    processed_logits: torch.Tensor | None = None,
-    processed_logits_col: int | torch.Tensor | None = None,
+    is_drafting: bool,
+    logits_cache: torch.Tensor | None = None,
+    logits_cache_col: int | torch.Tensor | None = None,
+    use_fp64: bool = False,
+    logits_cache_source: torch.Tensor | None = None,
     *,
-    is_drafting: bool = False,
     fixes: Fixes | None = None,
     noise: str = "exact",
     block_size: int | None = None,
@@ -643,17 +640,25 @@ def gumbel_sample(
 ) -> torch.Tensor:
     """Sample one token per logit row by Gumbel-max: ``argmax(logits / T + g)``, ``g ~ Gumbel(0, 1)``.
 
+    The positional arguments are vLLM 0.33's, in its order, so that a call copied from vLLM means the same
+    here; specfix's own are keyword-only.
+
     Args:
         logits: ``[num_tokens, vocab_size]`` float32/float16/bfloat16; rows may be strided.
-        expanded_idx_mapping: ``[num_tokens]`` int32/int64, logit row -> request-state row; ``< 0`` = padding.
-        temperature: ``[max_num_reqs]`` float32; under ``SAMPLING_EPS`` (0 included) means greedy.
+        expanded_idx_mapping: ``[num_tokens]`` int64 (vLLM 0.33; int32 as in 0.25 is accepted), logit row ->
+            request-state row; ``< 0`` = padding.
+        temperature: ``[max_num_reqs]`` float32; 0 means greedy, any other value divides and adds noise
+            (vLLM's ``SamplingParams`` has already raised every ``0 < T < 0.01`` to 0.01).
         seed: ``[max_num_reqs]`` int64 per-request seeds.
-        pos: ``[num_tokens]`` int32/int64 positions; the noise is keyed by (seed, pos, token id).
+        pos: ``[num_tokens]`` int64 (or int32) positions; the noise is keyed by (seed, pos, token id).
         apply_temperature: divide the logits by the temperature (else the caller already did).
-        processed_logits: optional ``[max_num_reqs, num_cols, vocab_size]`` buffer that receives the
-            (temperature-applied) logits of each valid row at ``[req_state_idx, col]``.
-        processed_logits_col: the column: an int, or an int tensor ``[num_tokens]``; default 0.
         is_drafting: a drafter's draw: ``DRAFT_NOISE_SALT`` is added to the position (vLLM 0.33).
+        logits_cache: optional ``[max_num_reqs, num_cols, >= vocab_size]`` draft-logits cache that receives
+            each valid row's logits *before* temperature, in its own dtype, at ``[req_state_idx, col]``
+            (vLLM 0.33; the verifier divides by the temperature when it reads them).
+        logits_cache_col: the column: an int, a 0-d int tensor or an int tensor ``[num_tokens]``; default 0.
+        use_fp64: vLLM's float64 reduction; specfix reduces in float32 (vLLM's default) and refuses True.
+        logits_cache_source: what to cache instead of ``logits`` (same shape, the cache's dtype).
         fixes: ``fixes.mask_invalid_reqs=False`` runs the pre-PR-#47066 kernel (no masks).
         noise: ``"exact"`` (bit-reproducible everywhere), ``"fast"`` (hardware log2 on the GPU) or
             ``"vllm"`` (vLLM 0.33's noise: its tokens, from the same inputs).
@@ -667,15 +672,18 @@ def gumbel_sample(
     fixes = Fixes() if fixes is None else fixes
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
-    _validate(logits, expanded_idx_mapping, temperature, seed, pos, processed_logits, processed_logits_col)
+    if use_fp64:
+        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
+    _validate(logits, expanded_idx_mapping, temperature, seed, pos, logits_cache, logits_cache_col,
+              logits_cache_source)
     if not HAS_TRITON:
         if not fixes.mask_invalid_reqs:
             raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
         if noise == "fast":
             raise RuntimeError("the fast noise needs triton")
         return ref.gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos,
-                                           apply_temperature, processed_logits, processed_logits_col,
-                                           noise=noise, is_drafting=is_drafting)
+                                           apply_temperature, is_drafting, logits_cache, logits_cache_col,
+                                           logits_cache_source=logits_cache_source, noise=noise)
     num_tokens, vocab_size = logits.shape
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
@@ -691,10 +699,13 @@ def gumbel_sample(
         raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
     tiles_per_program = min(tiles_per_program, num_tiles)
     num_splits = triton.cdiv(num_tiles, tiles_per_program)
-    store = processed_logits is not None
-    per_token_col = isinstance(processed_logits_col, torch.Tensor)
-    col_tensor = processed_logits_col if per_token_col else pos
-    col_scalar = 0 if per_token_col or processed_logits_col is None else processed_logits_col
+    col_tensor = logits_cache_col if isinstance(logits_cache_col, torch.Tensor) else None
+    if col_tensor is not None and col_tensor.dim() == 0:
+        col_tensor = col_tensor.expand(num_tokens)  # stride 0: every row reads the one column, no sync
+    col_scalar = logits_cache_col if isinstance(logits_cache_col, int) else 0
+    source = logits_cache_source
+    if source is not None and (source.data_ptr(), source.stride(0)) == (logits.data_ptr(), logits.stride(0)):
+        source = None  # the kernel stores the tile it has loaded
     # Split rows: eagerly, the last program of a row to finish picks its token (one launch: host time is
     # what an eager call pays most); in a CUDA graph a second small kernel does (GPU time is what a replay
     # pays, and a kernel boundary costs less of it than every program's arrival atomic).
@@ -705,8 +716,7 @@ def gumbel_sample(
         split_best = torch.empty(num_tokens * num_splits, dtype=torch.int64, device=logits.device)
     elif num_splits > 1:
         arrivals, split_best = _split_scratch(logits.device, num_tokens, num_splits)
-    processed = processed_logits if store else logits
-    stride0, stride1 = (processed_logits.stride(0), processed_logits.stride(1)) if store else (0, 0)
+    stride0, stride1 = (0, 0) if logits_cache is None else (logits_cache.stride(0), logits_cache.stride(1))
     warps = num_warps or default_warps
     depth, lanes = tile_shape(block, warps, logits.element_size())
     splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
@@ -715,11 +725,12 @@ def gumbel_sample(
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_sample_kernel[(num_tokens, num_splits)](
         out, split_best, arrivals, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
-        processed, stride0, stride1, col_tensor, col_scalar, vocab_size, num_tiles, vocab_size // block,
-        tiles_per_program, num_splits,
-        IS_DRAFTING=bool(is_drafting), APPLY_TEMPERATURE=bool(apply_temperature), STORE_PROCESSED=store,
-        PER_TOKEN_COL=per_token_col, MASK_INVALID=fixes.mask_invalid_reqs, NOISE=NOISE_MODES.index(noise),
-        USE_ASM=not INTERPRET, BF16_BY_HAND=INTERPRET and store and processed_logits.dtype == torch.bfloat16,
+        logits_cache, stride0, stride1, col_tensor, source, 0 if source is None else source.stride(0),
+        col_scalar, 0 if col_tensor is None else col_tensor.stride(0), vocab_size, num_tiles,
+        vocab_size // block, tiles_per_program, num_splits,
+        IS_DRAFTING=bool(is_drafting), APPLY_TEMPERATURE=bool(apply_temperature),
+        PER_TOKEN_COL=col_tensor is not None, MASK_INVALID=fixes.mask_invalid_reqs,
+        NOISE=NOISE_MODES.index(noise), USE_ASM=not INTERPRET,
         LANES=lanes, DEPTH=depth, SPLITS=splits_bound, ARRIVE=not two_kernels,
         STATIC_TILES=tiles_per_program if INTERPRET else 0, num_warps=warps, **fusion, **_REGISTER_CAP,
     )

@@ -31,22 +31,20 @@ that specfix and vLLM pick the same tokens from the same inputs:
    within a rounding of the logarithm. The kernel also divides by the temperature as vLLM does (on a GPU
    triton's ``/`` is ``div.full.f32``, within 2 ulp), this file with IEEE division: on a GPU the two can
    pick different tokens in a near-tie, which vLLM's own kernel and the vllm mode never do (they make the
-   same float operations). The stored processed logits are the rounded division in every mode.
+   same float operations). The draft-logits cache receives the logits before temperature, in every mode.
 4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
-   a draft and the residual it may be resampled from must not share noise). When the call stores processed
-   logits (the drafter's cache), the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
+   a draft and the residual it may be resampled from must not share noise). When the call fills the
+   drafter's logits cache, the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
    vLLM 0.33's ``spec_step_seed`` does (vllm mode only; the exact mode keys by (seed, position) alone).
 
-Rules shared by every mode: a temperature below ``SAMPLING_EPS`` (or NaN) is greedy, a plain argmax with
-no noise; a NaN score never wins (ties go to the lowest token id, and a row whose scores are all NaN or
-``-inf`` gives token 0).
+Rules shared by every mode, as in vLLM 0.33's kernel: only a temperature of 0 is greedy, a plain argmax with
+no noise (any other temperature divides and adds noise); a NaN score never wins (ties go to the lowest token
+id, and a row whose scores are all NaN or ``-inf`` gives token 0).
 """
 
 from __future__ import annotations
 
 import torch
-
-from specfix.v1.sampling_metadata import SAMPLING_EPS
 
 #: The noise modes of ``gumbel_sample``: this file defines "exact" and "vllm"; "fast" needs the GPU's lg2.
 NOISE_MODES = ("exact", "fast", "vllm")
@@ -211,11 +209,6 @@ def vllm_gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) ->
     return -torch.log(-vllm_log1p_neg(vllm_uniform(vllm_token_bits(seed, pos, vocab_size))))
 
 
-def greedy_temperature(temperature: torch.Tensor) -> torch.Tensor:
-    """The temperatures a sampler acts on: those under ``SAMPLING_EPS`` (and NaN) read as 0, greedy."""
-    return torch.where(temperature >= SAMPLING_EPS, temperature, torch.zeros_like(temperature))
-
-
 def gumbel_sample_reference(
     logits: torch.Tensor,
     expanded_idx_mapping: torch.Tensor,
@@ -223,47 +216,50 @@ def gumbel_sample_reference(
     seed: torch.Tensor,
     pos: torch.Tensor,
     apply_temperature: bool,
-    processed_logits: torch.Tensor | None = None,
-    processed_logits_col: int | torch.Tensor | None = None,
+    is_drafting: bool,
+    logits_cache: torch.Tensor | None = None,
+    logits_cache_col: int | torch.Tensor | None = None,
+    use_fp64: bool = False,
+    logits_cache_source: torch.Tensor | None = None,
     *,
     noise: str = "exact",
-    is_drafting: bool = False,
 ) -> torch.Tensor:
-    """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores).
+    """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores), with
+    ``gumbel_sample``'s arguments.
 
     Rows with ``expanded_idx_mapping < 0`` are padding: temperature 0 (plain argmax), nothing stored.
-    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin). Where
-    several rows store into one ``[req_state_idx, col]`` (a stale padded row and the live row it collides
-    with) the highest row wins, as in Triton's interpreter, which runs programs in order (on a GPU they race).
+    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin). The cache
+    receives each valid row's logits before temperature (``logits_cache_source`` if given), as they are.
+    Where several rows store into one ``[req_state_idx, col]`` (a stale padded row and the live row it
+    collides with) the highest row wins, as in Triton's interpreter, which runs programs in order (on a GPU
+    they race).
     """
     if noise not in ("exact", "vllm"):
         raise ValueError(f"noise must be 'exact' or 'vllm' for the torch reference, got {noise!r}")
+    if use_fp64:
+        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
     num_tokens, vocab_size = logits.shape
     idx = expanded_idx_mapping.to(torch.int64)
     valid = idx >= 0
     safe = idx.clamp(min=0)
     temp = torch.where(valid, temperature[safe], torch.zeros((), dtype=temperature.dtype, device=idx.device))
-    temp = greedy_temperature(temp)
     row_seed = torch.where(valid, seed[safe], torch.zeros((), dtype=seed.dtype, device=idx.device))
     row_pos = pos.to(torch.int64) + (DRAFT_NOISE_SALT if is_drafting else 0)
     x = logits.to(torch.float32)
-    sampling = temp != 0
+    sampling = temp != 0  # NaN too, as in vLLM 0.33's kernel
     if apply_temperature:
         x = torch.where(sampling[:, None], x / torch.where(sampling, temp, 1.0)[:, None], x)
-    if processed_logits is not None:
-        if processed_logits_col is None:
-            cols = torch.zeros(num_tokens, dtype=torch.int64, device=idx.device)
-        elif isinstance(processed_logits_col, int):
-            cols = torch.full((num_tokens,), processed_logits_col, dtype=torch.int64, device=idx.device)
-        else:
-            cols = processed_logits_col.to(torch.int64)
-        slot = (idx * processed_logits.shape[1] + cols).clamp(min=0)
-        last = torch.full((processed_logits.shape[0] * processed_logits.shape[1],), -1, dtype=torch.int64,
+    if logits_cache is not None:
+        col = 0 if logits_cache_col is None else logits_cache_col
+        cols = torch.as_tensor(col, dtype=torch.int64, device=idx.device).expand(num_tokens)
+        slot = (idx * logits_cache.shape[1] + cols).clamp(min=0)
+        last = torch.full((logits_cache.shape[0] * logits_cache.shape[1],), -1, dtype=torch.int64,
                           device=idx.device)
         rows = torch.arange(num_tokens, device=idx.device)
         last.scatter_reduce_(0, slot[valid], rows[valid], reduce="amax")
         keep = valid & (last[slot] == rows)
-        processed_logits[idx[keep], cols[keep]] = x[keep].to(processed_logits.dtype)
+        source = logits if logits_cache_source is None else logits_cache_source
+        logits_cache[idx[keep], cols[keep], :vocab_size] = source[keep].to(logits_cache.dtype)
         if noise == "vllm":
             row_seed = row_seed ^ (cols << 32)
     if noise == "vllm":

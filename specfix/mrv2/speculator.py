@@ -9,7 +9,7 @@ the row's ``req_state_idx``, its slot in the per-request state tables (temperatu
 ``draft_logits``), which is assigned when a request arrives and reused after it finishes.
 
 The drafter's step (k times: draft model forward on each row's recent tokens, then ``gumbel_sample``,
-which also stores the temperature-scaled logits into ``draft_logits[idx_mapping[row], step]``) runs
+which also stores the logits, before temperature, into ``draft_logits[idx_mapping[row], step]``) runs
 over persistent buffers at a *padded* size: on a GPU it is a ``torch.cuda.CUDAGraph`` captured per size
 and replayed; on a CPU the same step runs eagerly at the padded size over the same buffers, which is
 exactly what a replay does. Rows past ``num_reqs`` are padding, and their ``idx_mapping`` entries are
@@ -17,7 +17,9 @@ whatever an earlier step left there. Before vLLM PR #47066 they were used as-is,
 garbage logits into a live request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1,
 which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
 
-Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step])``,
+Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step] / T)``
+(vLLM 0.33 caches the logits before temperature, in the draft head's dtype, and its verifier divides on
+load; 0.25 cached ``logits / T`` in float32),
 accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
 (chapter 1's rejection core, :mod:`specfix.v1.rejection_sampler`). The draft token itself was sampled from
 the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
@@ -48,17 +50,13 @@ from specfix.v1.sampling_metadata import SAMPLING_EPS, SamplingMetadata
 from specfix.v1.spec_decode_metadata import ID_DTYPES, check_id_tensor
 
 
-def reference_sampler(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
-                      processed_logits=None, processed_logits_col=None, *, is_drafting: bool = False,
-                      fixes: Fixes | None = None, noise: str = "exact"):
-    """``gumbel_sample``'s torch reference (:func:`~specfix.mrv2.gumbel_reference.gumbel_sample_reference`):
-    the same tokens and stores as the masked (fixed) kernel, for statistics too big for Triton's interpreter.
-    """
+def reference_sampler(*args, fixes: Fixes | None = None, noise: str = "exact", **kwargs):
+    """``gumbel_sample``'s torch reference (:func:`~specfix.mrv2.gumbel_reference.gumbel_sample_reference`),
+    called as ``gumbel_sample`` is: the same tokens and stores as the masked (fixed) kernel, for statistics
+    too big for Triton's interpreter."""
     if fixes is not None and not fixes.mask_invalid_reqs:
         raise ValueError("the torch reference is the masked (fixed) sampler; use the Triton kernel")
-    return gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
-                                   processed_logits, processed_logits_col, noise=noise,
-                                   is_drafting=is_drafting)
+    return gumbel_sample_reference(*args, noise=noise, **kwargs)
 
 
 class RequestStates:
@@ -225,8 +223,8 @@ class DraftModelSpeculator:
             logits = self.model.next_token_logits(context)
             tokens = self.sampler(
                 logits, self.idx_mapping[:num_rows], self.temperature, self.seeds,
-                self.positions[:num_rows] + step, True, processed_logits=self.draft_logits,
-                processed_logits_col=step, is_drafting=True, fixes=self.fixes, noise=self.noise,
+                self.positions[:num_rows] + step, True, is_drafting=True, logits_cache=self.draft_logits,
+                logits_cache_col=step, fixes=self.fixes, noise=self.noise,
             )
             self.draft_tokens[:num_rows, step].copy_(tokens)
             context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
@@ -298,7 +296,8 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
         target_logits: [num_reqs * (k + 1), V] raw target logits, row ``i * (k + 1) + j`` for the token
             after position ``positions[i] + j``; row ``j = k`` gives the bonus token.
         draft_token_ids: [num_reqs, k] the drafted tokens (batch order).
-        draft_logits: [max_num_reqs, k, V] temperature-scaled draft logits (request-state order).
+        draft_logits: [max_num_reqs, k, V] draft logits before temperature (request-state order), divided
+            by each request's temperature here, as vLLM 0.33's verifier does on load.
         idx_mapping: [num_reqs] batch row -> req_state_idx. temperature, seeds: request-state tables.
         positions: [num_reqs] position of each row's last token (the randomness key).
 
@@ -328,7 +327,8 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
     scaled = (target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None])
     verify_logits = scaled[:, :k].reshape(num_reqs * k, vocab_size).contiguous()
     bonus_probs = torch.softmax(scaled[:, k], dim=-1)
-    draft_probs = torch.softmax(draft_logits[slots].reshape(num_reqs * k, vocab_size), dim=-1)
+    draft_scaled = draft_logits[slots].float() / temp[:, None, None]  # the cache holds logits before T
+    draft_probs = torch.softmax(draft_scaled.reshape(num_reqs * k, vocab_size), dim=-1)
     seeds_list, pos_list = seeds[slots].tolist(), positions[:num_reqs].tolist()
     gens = {i: keyed_generator(seeds_list[i], pos_list[i], device) for i in range(num_reqs)}
     meta = SamplingMetadata(temperature=temp, all_greedy=False, all_random=True, generators=gens)

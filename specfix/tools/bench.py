@@ -128,8 +128,8 @@ GOAL_PEER = "0.33.0"
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """vLLM's own sampler modules, taken from its released wheels by ``shared/peer/fetch-vllm-sampler.sh``
-    into a folder outside git (``.peer/``): ``gumbel`` and ``rejection`` map a version ("0.33.0") to the
+    """vLLM's own sampler modules, taken from its released wheels by ``scripts/fetch_vllm_peer.py`` into a
+    folder outside git (``.peer/``): ``gumbel`` and ``rejection`` map a version ("0.33.0") to the
     imported module. vLLM's code is only imported and timed here, never copied into specfix."""
 
     path: str
@@ -155,7 +155,7 @@ def load_peer(path: str | Path) -> Peer:
     found = {kind: sorted(folder.glob(f"vllm_{kind}_*.py")) for kind in ("gumbel", "rejection")}
     if not folder.is_dir() or not any(found.values()):
         raise ValueError(f"--peer {path}: no vllm_gumbel_*.py or vllm_rejection_*.py there; fill it with "
-                         "shared/peer/fetch-vllm-sampler.sh (REJECTION=1 adds the rejection sampler)")
+                         "scripts/fetch_vllm_peer.py")
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     modules: dict[str, dict[str, object]] = {"gumbel": {}, "rejection": {}}
@@ -459,25 +459,25 @@ def _gumbel_sample():
 
 
 def _gumbel_inputs(rows: int, vocab: int, dtype: torch.dtype, device):
-    """Inputs in vLLM's layout: one request per row, temperature 1 (noise on), distinct seeds."""
+    """Inputs in vLLM 0.33's layout (int64 indices): one request per row, temperature 1 (noise on),
+    distinct seeds."""
     gen = torch.Generator(device=device).manual_seed(rows * 7919 + vocab)
     logits = torch.randn(rows, vocab, generator=gen, device=device).mul_(3).to(dtype)
     return {
         "logits": logits,
-        "expanded_idx_mapping": torch.arange(rows, dtype=torch.int32, device=device),
+        "expanded_idx_mapping": torch.arange(rows, dtype=torch.int64, device=device),
         "temperature": torch.ones(rows, dtype=torch.float32, device=device),
         "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64, device=device),
         "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64, device=device),
     }
 
 
-def _call_gumbel(fn, inp, noise: str, fixes: Fixes | None = None, processed_logits=None):
-    """A no-argument call of specfix's gumbel_sample on ``inp`` (the target sampler's path)."""
-    kwargs = {"noise": noise, "fixes": fixes or Fixes()}
-    if processed_logits is not None:
-        kwargs.update(processed_logits=processed_logits, processed_logits_col=0)
+def _call_gumbel(fn, inp, noise: str, fixes: Fixes | None = None, logits_cache=None):
+    """A no-argument call of specfix's gumbel_sample on ``inp`` (the target sampler's path; with a
+    ``logits_cache``, column 0 of it is filled as a drafter's call fills it)."""
+    col = None if logits_cache is None else 0
     return lambda: fn(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"],
-                      inp["pos"], False, **kwargs)
+                      inp["pos"], False, False, logits_cache, col, noise=noise, fixes=fixes or Fixes())
 
 
 def torch_softmax_multinomial(logits: torch.Tensor) -> torch.Tensor:
@@ -1043,7 +1043,7 @@ def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] |
         progress: bool = True, peer: str | Path | None = None) -> dict:
     """Run the named cases (all by default) and return the report dict described in the module docstring.
 
-    ``peer``: a folder filled by ``shared/peer/fetch-vllm-sampler.sh``; vLLM's samplers found there are timed
+    ``peer``: a folder filled by ``scripts/fetch_vllm_peer.py``; vLLM's samplers found there are timed
     beside specfix's on the same inputs, and the per-shape goals are judged against vLLM 0.33."""
     if str(device) not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")

@@ -17,7 +17,7 @@ CUDA-graph padding corrupted (PR #47066), a different error, or a log that does 
 with how sure it is and the log lines that made it so.
 
 The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
-``.peer/src/<version>/`` by ``shared/peer/fetch-vllm-source.sh``): each fix's code is present in 0.25.0 and
+``.peer/src/<version>/`` by ``scripts/fetch_vllm_peer.py``): each fix's code is present in 0.25.0 and
 0.33.0 and absent in 0.24.0, and PyPI lists no vLLM release between 0.24.0 and 0.25.0 (``pip index versions
 vllm``, 2026-12-01), so 0.25.0 is the first release that carries all three.
 """

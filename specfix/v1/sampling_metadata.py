@@ -7,9 +7,10 @@ top-k/top-p, penalties, logits processors and logprobs are left out.
 The greedy rule, in one place for every sampler in specfix (the engine's ``SamplingParams``, the
 rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM 0.33.0's ``_SAMPLING_EPS``,
 ``vllm/sampling_params.py``) is greedy decoding. vLLM decides it there, per request
-(``SamplingType.GREEDY``), and its input batch then stores ``GREEDY_TEMPERATURE`` for that row, so that
-no kernel ever divides by a temperature that small: 1e-40 in float32 is subnormal, ``logits / T``
-overflows to infinity and the softmax turns NaN.
+(``SamplingType.GREEDY``), after raising every temperature in (0, 0.01) to 0.01 (0.33's ``__post_init__``;
+specfix's ``SamplingParams`` does too), so only 0 is greedy; its input batch then stores
+``GREEDY_TEMPERATURE`` for that row, so that no kernel ever divides by a temperature that small: 1e-40 in
+float32 is subnormal, ``logits / T`` overflows to infinity and the softmax turns NaN.
 """
 
 from __future__ import annotations

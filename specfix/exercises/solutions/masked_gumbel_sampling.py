@@ -33,14 +33,10 @@ padded_token = int(padded_drafter_step().logits[4].argmax())  # temperature load
 
 
 def find_overwritten(table, col, logits, idx_mapping, temperature):
-    """The live slots whose column ``col`` is not their own row's logits / temperature (raw when greedy)."""
-    overwritten = []
-    for row, slot in enumerate(idx_mapping.tolist()):
-        temp = float(temperature[slot])
-        stored = logits[row] / temp if temp != 0.0 else logits[row]
-        if not torch.equal(table[slot, col], stored):
-            overwritten.append(slot)
-    return sorted(overwritten)
+    """The live slots whose column ``col`` is not their own row's logits (cached before temperature, as in
+    vLLM 0.33: ``temperature`` plays no part)."""
+    slots = idx_mapping.tolist()
+    return sorted(slot for row, slot in enumerate(slots) if not torch.equal(table[slot, col], logits[row]))
 
 
 def add_noise_kernel():
