@@ -15,6 +15,7 @@ from specfix import Fixes
 from specfix.fixes import show_fix
 from specfix.runtime import DEVICE, HAS_TRITON
 from specfix.tools.stats import chi_square_samples
+from specfix.v1 import device_checks
 from specfix.v1 import rejection_sampler as rs
 from specfix.v1.rejection_sampler import (
     MAX_SPEC_LEN,
@@ -220,6 +221,8 @@ def test_random_core_with_caller_uniforms_and_recovered_ids(backend):
             [0.3, 0.3, 0.3, 0.1],
         ]
     )
+    # a vocabulary of 10 where ids 4 to 9 have probability 0, so that the bonus ids 7 and 8 stand out
+    p, q = torch.nn.functional.pad(p, (0, 6)), torch.nn.functional.pad(q, (0, 6))
     uniform = torch.tensor([0.3, 0.9, 0.5, 0.01, 0.99], dtype=torch.float64)
     recovered = torch.tensor([0, 3, 0, 2, 0], dtype=torch.int32)
     draft = torch.tensor([1, 2, 0, 0, 3], dtype=torch.int32)
@@ -741,6 +744,71 @@ def test_core_refuses_bad_caller_randomness():
         rejection_sample(*args, backend="cuda")
     with pytest.raises(ValueError, match="target_logits must be free of NaN"):
         rejection_sample(*args[:5], torch.tensor([[0.0, float("nan"), 1.0, 2.0]]), *args[6:])
+
+
+def _caller_args(**change):
+    """``rejection_sample``'s arguments for two random requests with one draft each (V = 4), changed."""
+    args = dict(draft_token_ids=torch.tensor([1, 2], dtype=torch.int32), num_draft_tokens=[1, 1],
+                max_spec_len=1, cu_num_draft_tokens=torch.tensor([1, 2], dtype=torch.int32), draft_probs=None,
+                target_logits=torch.randn(2, 4), bonus_token_ids=torch.tensor([0, 3], dtype=torch.int32),
+                sampling_metadata=SamplingMetadata.from_requests([1.0, 1.0], [None, None]))
+    return {**args, **change}
+
+
+def _uniforms(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("change, word", [
+    (dict(uniform_probs=_uniforms(0.5, 1.0)), r"uniform_probs must lie in \[0, 1\), got min 0.5, max 1"),
+    (dict(uniform_probs=_uniforms(-0.1, 0.5)), r"uniform_probs must lie in \[0, 1\), got min -0.1"),
+    (dict(uniform_probs=_uniforms(float("nan"), 0.5)), r"uniform_probs must lie in \[0, 1\), got min nan"),
+    (dict(bonus_token_ids=torch.tensor([0, 4], dtype=torch.int32)), r"bonus_token_ids must lie in \[0, 4\)"),
+    (dict(bonus_token_ids=torch.tensor([-1, 0], dtype=torch.int32)), r"bonus_token_ids .* got min -1"),
+    (dict(cu_num_draft_tokens=torch.tensor([1, 1], dtype=torch.int32)),
+     r"cu_num_draft_tokens must be the inclusive cumulative sum of num_draft_tokens \[1, 1\]; 1 entries"),
+    (dict(cu_num_draft_tokens=torch.tensor([0, 2], dtype=torch.int32)), "the first is entry 0"),
+    (dict(num_draft_tokens=[], draft_token_ids=torch.tensor([], dtype=torch.int32), max_spec_len=0),
+     "num_draft_tokens must be a non-empty list: a batch needs at least one request"),  # not the temperature
+    (dict(num_draft_tokens=[2, -1]), r"num_draft_tokens must hold ints >= 0, got -1"),
+])  # fmt: skip
+def test_rejection_sample_refuses_bad_values_by_name_before_any_randomness(change, word):
+    """Uniforms outside [0, 1) or NaN, bonus ids outside the vocabulary, cumulative counts that disagree
+    with the counts, and an empty batch, all used to run (or, empty, to be told about the temperature)."""
+    args = _caller_args(**change)
+    inputs = [t.clone() for t in args.values() if isinstance(t, torch.Tensor)]
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match=word):
+        rejection_sample(**args)
+    assert torch.equal(torch.get_rng_state(), state)
+    after = [t for t in args.values() if isinstance(t, torch.Tensor)]
+    for was, now in zip(inputs, after, strict=True):
+        torch.testing.assert_close(now, was, rtol=0, atol=0, equal_nan=True)
+
+
+def test_value_checks_on_a_gpu_run_only_under_device_checks(monkeypatch):
+    """On a GPU a value check is a host sync, so a step makes none unless ``device_checks`` is on: here the
+    tensors are declared GPU tensors to ``device_checks.wanted`` (the test runs anywhere)."""
+    monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
+    bad = _caller_args(bonus_token_ids=torch.tensor([0, 9], dtype=torch.int32),
+                       cu_num_draft_tokens=torch.tensor([1, 1], dtype=torch.int32))
+    with device_checks.enabled(False):
+        rejection_sample(**bad)  # not read back: nothing refuses it
+    with device_checks.enabled(), pytest.raises(ValueError, match="bonus_token_ids must lie in"):
+        rejection_sample(**bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rejection_sample_makes_no_host_sync_on_a_gpu():
+    from specfix.tools.syncs import count_host_syncs
+
+    args = {name: t.cuda() if isinstance(t, torch.Tensor) else t for name, t in _caller_args().items()}
+    args["sampling_metadata"] = SamplingMetadata.from_requests([1.0, 1.0], [None, None], "cuda")
+    args["uniform_probs"] = _uniforms(0.5, 0.25).cuda()
+    args["recovered_token_ids"] = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    rejection_sample(**args)  # compile first
+    assert count_host_syncs(lambda: rejection_sample(**args), torch.device("cuda")) == 0
 
 
 def test_parse_output_refuses_a_float_tensor():

@@ -239,18 +239,26 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device:
 
 
 def _check_values(
-    ranges: dict[str, tuple[torch.Tensor, int, int]], scores: dict[str, torch.Tensor | None]
+    ranges: dict[str, tuple[torch.Tensor, float, float]], scores: dict[str, torch.Tensor | None],
+    cumsums: dict[str, tuple[torch.Tensor, list[int]]] | None = None,
 ) -> None:
-    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)``; no ``scores``
-    tensor ([rows, V] logits) holds NaN or +inf or a row of only -inf (each makes the softmax NaN, and a
-    NaN row would silently emit token 0); ``scores["draft_probs"]``, probabilities, lie in [0, 1].
+    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)`` (NaN does not);
+    no ``scores`` tensor ([rows, V] logits) holds NaN or +inf or a row of only -inf (each makes the softmax
+    NaN, and a NaN row would silently emit token 0); ``scores["draft_probs"]``, probabilities, lie in
+    [0, 1]; each ``cumsums`` tensor is the inclusive cumulative sum of its counts.
     On GPU tensors these checks run only under ``device_checks`` (the step path makes no host sync)."""
-    tensors = [t for t, _, _ in ranges.values()] + [t for t in scores.values() if t is not None]
+    cumsums = cumsums or {}
+    tensors = ([t for t, _, _ in ranges.values()] + [t for t in scores.values() if t is not None]
+               + [t for t, _ in cumsums.values()])
     if not device_checks.wanted(*tensors):
         return
     named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
     floats = [(name, t) for name, t in scores.items() if t is not None and t.numel()]
     stats = [torch.stack([t.min().double(), t.max().double()]) for _, t, _, _ in named]
+    for t, counts in cumsums.values():
+        expected = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(t.device)
+        wrong = t.long() != expected
+        stats.append(torch.stack([wrong.sum().double(), wrong.long().argmax().double()]))
     for name, t in floats:
         bad_rows = (t.isnan() | t.isposinf()).any(dim=-1) | (t.amax(dim=-1) == float("-inf"))
         if name == "draft_probs":  # probabilities, where a row of zeros (nothing drafted) is fine
@@ -259,10 +267,18 @@ def _check_values(
     if not stats:
         return
     values = torch.stack([x.to(stats[0].device) for x in stats]).tolist()
-    for (name, _, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
-        if smallest < lo or largest >= hi:
-            raise ValueError(f"{name} must lie in [{lo}, {hi}), got min {int(smallest)}, max {int(largest)}")
-    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named):], strict=True):
+    for (name, t, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
+        if not lo <= smallest <= largest < hi:  # False for NaN too
+            show = (lambda x: f"{x:g}") if t.dtype.is_floating_point else int
+            raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}), got min {show(smallest)}, "
+                             f"max {show(largest)}")
+    for (name, (_, counts)), (num_bad, first_bad) in zip(
+            cumsums.items(), values[len(named): len(named) + len(cumsums)], strict=True):
+        if num_bad:
+            raise ValueError(f"{name} must be the inclusive cumulative sum of num_draft_tokens "
+                             f"{list(counts)}; {int(num_bad)} entries are not, the first is entry "
+                             f"{int(first_bad)}")
+    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named) + len(cumsums):], strict=True):
         if num_bad:
             rule = "in [0, 1]" if name == "draft_probs" else "free of NaN, +inf and all -inf rows"
             raise ValueError(f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row "
@@ -280,9 +296,9 @@ def _check_rejection_inputs(
     recovered_token_ids=None,
     index_ranges: dict[str, tuple[torch.Tensor, int]] | None = None,
     scores: dict[str, torch.Tensor | None] | None = None,
+    bonus_token_ids=None,
 ) -> None:
-    if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
-        raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
+    _check_num_draft_tokens(num_draft_tokens)
     total = sum(num_draft_tokens)
     if max_spec_len != max(num_draft_tokens):
         raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={max(num_draft_tokens)}")
@@ -309,12 +325,26 @@ def _check_rejection_inputs(
             raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
     # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
     ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
+    if uniform_probs is not None:
+        ranges["uniform_probs"] = (uniform_probs, 0, 1)
     if recovered_token_ids is not None:
         check_id_tensor("recovered_token_ids", recovered_token_ids, total)
         ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
+    if bonus_token_ids is not None:
+        check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
+        ranges["bonus_token_ids"] = (bonus_token_ids, 0, vocab_size)
     for name, (index, high) in (index_ranges or {}).items():
         ranges[name] = (index, 0, high)
-    _check_values(ranges, scores or {})
+    _check_values(ranges, scores or {}, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
+
+
+def _check_num_draft_tokens(num_draft_tokens: object) -> None:
+    """A non-empty list of ints >= 0: checked first, so an empty batch is told so."""
+    if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
+        raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
+    bad = [n for n in num_draft_tokens if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+    if bad:
+        raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -537,6 +567,7 @@ def rejection_sample(
     ``uniform_probs`` and ``recovered_token_ids`` (generated here when None: pass your own to control
     the randomness).
     """
+    _check_num_draft_tokens(num_draft_tokens)
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
     _check_rejection_inputs(
@@ -549,8 +580,8 @@ def rejection_sample(
         uniform_probs,
         recovered_token_ids,
         scores={"target_logits": target_logits, "draft_probs": draft_probs},
+        bonus_token_ids=bonus_token_ids,
     )
-    check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
     return _rejection_sample(
         draft_token_ids,
         num_draft_tokens,
