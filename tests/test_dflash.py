@@ -9,6 +9,7 @@ import torch
 from specfix import Fixes
 from specfix.mrv2.dflash import DFlashDrafter, DFlashInputs, ToyDFlashModel, prepare_dflash_inputs
 from specfix.runtime import HAS_TRITON
+from specfix.v1 import device_checks
 
 GOLDEN = Path(__file__).with_name("golden") / "dflash_prepare.json"
 
@@ -92,6 +93,31 @@ def test_anchors_of_free_slots_are_not_checked():
     prepare_dflash_inputs(2, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([5, 6, -1, 99]),
                           torch.tensor([3, 4, -7, 0]), 9, out, vocab_size=8)
     assert out.input_ids[:6].tolist() == [6, 9, 9, 5, 9, 9]
+
+
+def test_value_checks_read_gpu_tensors_only_under_device_checks(monkeypatch):
+    """Reading slots, anchors and positions back is a host sync on a GPU: the tensors are declared GPU
+    tensors to ``device_checks.wanted`` here (the test runs anywhere), as the speculator's checks are."""
+    monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
+    args = dict(num_reqs=2, idx_mapping=torch.tensor([1, 0], dtype=torch.int32), last_sampled=torch.arange(4),
+                num_computed=torch.tensor([0, -5, 2, 3]), mask_token_id=9, out=DFlashInputs.allocate(4, 2),
+                use_triton=False, vocab_size=8)
+    with device_checks.enabled(False):
+        prepare_dflash_inputs(**args)  # not read back: nothing refuses the negative position
+    with device_checks.enabled(), pytest.raises(ValueError, match="num_computed of the live slots"):
+        prepare_dflash_inputs(**args)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_prepare_makes_no_host_sync_on_a_gpu():
+    from specfix.tools.syncs import count_host_syncs
+
+    out = DFlashInputs.allocate(4, 2, device="cuda")
+    args = (2, torch.tensor([1, 0], dtype=torch.int32, device="cuda"), torch.arange(4, device="cuda"),
+            torch.arange(4, device="cuda"), 9, out)
+    prepare_dflash_inputs(*args)  # compile first
+    assert count_host_syncs(lambda: prepare_dflash_inputs(*args), torch.device("cuda")) == 0
 
 
 def test_the_drafter_refuses_an_out_of_vocabulary_anchor_before_touching_a_buffer():

@@ -39,7 +39,9 @@ anchor too; neither is modelled.
 
 Every input is checked before anything is written (as the drafter does): ``idx_mapping[:num_reqs]``
 distinct slots in range, live anchors real tokens (never a ``-1``; below ``vocab_size`` when given),
-live positions non-negative, all tensors on ``out``'s device.
+live positions non-negative, all tensors on ``out``'s device. The checks that read values (slots,
+anchors, positions) run on GPU tensors only under ``specfix.v1.device_checks``: a drafting step makes no
+host sync.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import torch
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import check_num_reqs
 from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.v1 import device_checks
 from specfix.v1.spec_decode_metadata import check_id_tensor
 
 #: Padded query rows get this token id (a valid one: the padded rows still run through the model).
@@ -173,6 +176,8 @@ def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInpu
     if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
                                    or vocab_size < 1):
         raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+    if not device_checks.wanted(idx_mapping, last_sampled, num_computed):
+        return  # reading GPU values back is a host sync: checked only under device_checks
     live = idx_mapping[:num_reqs].long().cpu()
     if bool(((live < 0) | (live >= out.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
         raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {out.max_num_reqs}), "
