@@ -282,7 +282,8 @@ def show(recording: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     parser.add_argument("--chapters", default="", help="comma-separated chapter numbers (default: all)")
     parser.add_argument("--run", default=time.strftime("%Y%m%dT%H%M%S"), help="run id: same for a split run")
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solutions-scale", choices=("ci", "full"), default="ci",
                         help="SPECFIX_SCALE of the SOLUTIONS = True runs (the chapters part runs at full)")
     parser.add_argument("--aggregate", nargs="+", type=Path, metavar="REPORT", help="merge reports of runs")
-    parser.add_argument("--out", type=Path, default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json",
+                        help="where --aggregate writes the recording")
     parser.add_argument("--show", type=Path, metavar="RECORDING", help="print a recording's tables")
     args = parser.parse_args(argv)
     if args.show:
