@@ -10,6 +10,8 @@ Serves the book over http on 127.0.0.1 (the search page needs http), opens every
 - a chapter whose page shows fewer or more figures than its cells displayed when the book ran it (MyST-NB's
   executed copy, beside the html folder; a figure a cell leaves undisplayed already fails the build, see
   specfix.figures.style.watch_figures),
+- a page that shows a path of the machine that built it (a kernel's /tmp/ipykernel_ file, the venv, the
+  checkout), or that scrolls sideways on a 390 px wide phone screen,
 - a figure scaled so far into the text column that its smallest text (style.SMALLEST_PT) ends up under
   style.MIN_TEXT_PX tall, beyond the few each chapter still has (SMALL_FIGURES, which may only shrink),
 - any link within the book that points to a file that is not there, or to an anchor the page lacks,
@@ -50,6 +52,8 @@ _IMAGES_JS = """async () => {
   return images.filter((img) => !(img.complete && img.naturalWidth > 0))
                .map((img) => img.getAttribute("src"));
 }"""
+PHONE = {"width": 390, "height": 844}
+_SIDEWAYS_JS = "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
 # Every toggle opened first, so that a figure behind one is measured as a reader who opens it sees it.
 _FIGURES_JS = """() => {
   document.querySelectorAll('details').forEach((d) => { d.open = true; });
@@ -92,6 +96,16 @@ def displayed_figures(executed: Path) -> int:
     cells = json.loads(executed.read_text())["cells"]
     return sum(any(mime in output.get("data", {}) for mime in FIGURE_MIMES)
                for cell in cells for output in cell.get("outputs", []))
+
+
+def local_paths(text: str) -> list:
+    """The paths of the machine that built the book found in a page's text: a kernel's temporary file, this
+    checkout, the Python environment that ran the chapters (a recording's paths, labelled, may stay)."""
+    import re
+
+    found = re.findall(r"/tmp/ipykernel_[\w/.]*", text)
+    found += [place for place in {str(ROOT), sys.prefix, str(Path(sys.prefix).resolve())} if place in text]
+    return sorted(set(found))
 
 
 def small_figures(figures: list) -> list:
@@ -169,6 +183,7 @@ def _check_page(page, url, root, origin, outside):
     links = sorted({problem for href in page.evaluate(_LINKS_JS)
                     if (problem := broken_link(href, root, origin))})
     widgets = page.evaluate(_WIDGETS_JS)
+    paths = [f"shows {path}" for path in local_paths(page.evaluate("() => document.body.innerText"))]
     figures = page.evaluate(_FIGURES_JS)
     counted, small = [], []
     if url.rsplit("/", 2)[-2] == "notebooks":
@@ -189,6 +204,7 @@ def _check_page(page, url, root, origin, outside):
         "widgets": [f"{widgets} widget view(s) left on the page"] if widgets else [],
         "figures": counted,
         "legible": small,
+        "paths": paths,
     }
 
 
@@ -244,12 +260,21 @@ def main(argv=None) -> int:
             context = browser.new_context(viewport=VIEWPORT)
             context.set_default_timeout(TIMEOUT_MS)
             context.route("**/*", route)
+            phone = browser.new_context(viewport=PHONE)
+            phone.set_default_timeout(TIMEOUT_MS)
+            phone.route("**/*", route)
             for name in pages:
                 page = context.new_page()
                 results[name] = _check_page(page, f"{origin}/{name}", root, origin, outside)
                 if name in chapters:
                     page.evaluate("() => window.scrollTo(0, 0)")
                     page.screenshot(path=str(shots / (Path(name).stem + ".png")))
+                page.close()
+                page = phone.new_page()
+                page.goto(f"{origin}/{name}", wait_until="networkidle")
+                sideways = page.evaluate(_SIDEWAYS_JS)
+                results[name]["phone"] = [f"scrolls {sideways} px sideways at {PHONE['width']} px"] \
+                    if sideways > 0 else []
                 page.close()
             page = context.new_page()
             hits = _search(page, origin, SEARCH_TERM)

@@ -25,8 +25,10 @@ def _caption(fig):
 def test_launch_overhead_draws_both_series_and_reads_the_speedup_from_the_data():
     rows = [{"size": 1, "eager_us": 1000.0, "graph_us": 100.0},
             {"size": 8, "eager_us": 1500.0, "graph_us": 100.0}]
-    fig = F.launch_overhead(rows, "recorded somewhere")
+    fig = F.launch_overhead(rows, "recorded on a machine with a long description " * 6)
     (ax,) = fig.axes
+    seen = style.legibility(fig)  # a long source wraps: the figure keeps the column's width
+    assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
     assert [line.get_label() for line in ax.get_lines()] == ["eager launches", "one graph replay"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8"]
     assert "10 to 15 times" in _caption(fig)

@@ -131,3 +131,17 @@ def test_acceptance_table_counts_are_whole_numbers_and_blank_for_a_crash():
     frame = fig2.acceptance_table(rows)
     assert str(frame["real drafts"].dtype) == "Int64" and frame.loc[(0.0, "clamp (a)"), "real drafts"] == 42
     assert pd.isna(frame.loc[(0.0, "no fix"), "accepted drafts"])
+
+
+def test_short_traceback_names_files_by_package_never_by_this_machines_path():
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        F.embedding(torch.tensor([5, -1]), torch.randn(8, 4))
+    except IndexError as err:
+        text = fig2.short_traceback(err)
+    lines = text.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1].startswith("IndexError: index out")
+    assert '  File "torch/nn/functional.py", line ' in text and "in embedding" in text
+    assert "/" not in text.replace("torch/nn/functional.py", ""), text  # no absolute path left

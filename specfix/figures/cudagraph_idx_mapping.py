@@ -38,18 +38,17 @@ def launch_overhead(rows: Sequence[dict], source: str):
     if df.empty or missing:
         raise ValueError(f"rows must be dicts with size, eager_us and graph_us, missing {sorted(missing)}")
     with style.apply():
-        fig, ax = plt.subplots(figsize=(7, 3.2))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
         ax.set(xscale="log", yscale="log", xlabel="batch rows", ylabel="µs per drafter step",
-               title=f"Drafter step (k = 3 forwards and samplers)\n{source}")
+               title=f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}")
         ax.title.set_fontsize(9)
         _log_axis(ax.xaxis, df["size"])
         times = df[["eager_us", "graph_us"]].to_numpy()
         _log_axis(ax.yaxis, [v for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000)
                              if times.min() / 1.5 <= v <= times.max() * 1.5])
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
+        style.legend_below(fig, ax)
         speedup = df["eager_us"] / df["graph_us"]
         style.caption(fig, f"The replay costs about the same at every size, eager launches "
                            f"{speedup.min():.0f} to {speedup.max():.0f} times more: at these batch sizes the "
@@ -169,7 +168,7 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
         for ax in grid[:, 0]:
             ax.set_ylabel("frequency")
         if source:
-            fig.suptitle(source, fontsize=style.SMALLEST_PT)
+            fig.suptitle(style.wrap(source), fontsize=style.SMALLEST_PT)
         handles, labels = axes[0].get_legend_handles_labels()
         if len(axes) > len(positions):  # the key takes the spare panel's place
             fig.tight_layout()

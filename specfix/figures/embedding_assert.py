@@ -10,7 +10,9 @@ The fix costs come from the one bench recording that chapter 5 shows too (``benc
 from __future__ import annotations
 
 import statistics
+import traceback
 from collections.abc import Sequence
+from pathlib import PurePath
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -24,6 +26,24 @@ from specfix.lab.guard import GuardTiming
 # -- 1. the crash, on a timeline ---------------------------------------------------------------------------
 
 _LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd"}
+
+
+def short_traceback(err: BaseException, frames: int = 2) -> str:
+    """The last ``frames`` frames of ``err``'s traceback as Python prints them, each file named from its
+    package (``torch/nn/functional.py``) or as ``<cell>``: no path of the machine that ran it."""
+    lines = ["Traceback (most recent call last):"]
+    for frame in traceback.extract_tb(err.__traceback__)[-frames:]:
+        name = frame.filename
+        if "site-packages/" in name:
+            name = name.split("site-packages/")[-1]
+        elif "ipykernel_" in name or name.startswith("<"):
+            name = "<cell>"
+        else:
+            name = PurePath(name).name
+        lines.append(f'  File "{name}", line {frame.lineno}, in {frame.name}')
+        if frame.line:
+            lines.append(f"    {frame.line}")
+    return "\n".join(lines + ["".join(traceback.format_exception_only(err)).rstrip()])
 
 
 def _timeline(run: ea.ChildRun, ax) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -439,7 +438,7 @@ def _handles(axes) -> tuple[list, list]:
 def _finish(fig, axes, title: str, source: str, caption: str) -> None:
     """Title and source over the panels, one legend in a strip under them (never over the data), the
     caption last: the figure keeps the column's width, growing taller by the legend's strip."""
-    fig.suptitle("\n".join([title, *textwrap.wrap(source, 110)]), fontsize=style.SMALLEST_PT)
+    fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
     handles, labels = _handles(axes)
     ncol = 2 if labels and max(map(len, labels)) <= 45 else 1
     strip = 0.15 + 0.2 * math.ceil(len(labels) / ncol) if labels else 0.0

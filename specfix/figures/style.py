@@ -137,6 +137,14 @@ def key_below(fig, handles, ncol: int = 2) -> None:
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 0.0), ncol=ncol)
 
 
+def wrap(text: str, chars: int = 110) -> str:
+    """``text`` broken into lines of at most ``chars`` characters (8 pt across a WIDTH_IN figure): a long
+    line, such as a recording's source, would otherwise widen the figure past the column."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, chars)) or text
+
+
 def integer_ticks(axis) -> None:
     """Whole-number ticks only (token ids, counts, positions)."""
     from matplotlib.ticker import MaxNLocator
