@@ -1,6 +1,7 @@
 """The drafters: n-gram prompt lookup by hand, the draft model's greedy drafts, and bad histories refused."""
 
 import ast
+import os
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,8 @@ def _vllm_ngram(version: str):
 def test_ngram_matches_vllm_0_33_on_random_histories():
     vllm = _vllm_ngram("0.33.0")
     if vllm is None:
-        pytest.skip("needs vLLM 0.33.0's source in .peer/src/ (python scripts/fetch_vllm_peer.py)")
+        why = "needs vLLM 0.33.0's source in .peer/src/ (python scripts/fetch_vllm_peer.py)"
+        (pytest.fail if os.environ.get("SPECFIX_REQUIRE_PEER") == "1" else pytest.skip)(why)
     rng = np.random.default_rng(0)
     for _ in range(400):
         ids = rng.integers(0, 4, size=int(rng.integers(1, 40)))
