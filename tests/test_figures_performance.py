@@ -289,3 +289,23 @@ def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
     faster = new.time_us < old.time_us
     assert ("More instructions" if more else "Fewer instructions") in text
     assert (" yet " in text) == (more == faster) and "is the lever" not in text
+
+
+def test_chapter_5_paragraphs_are_rendered_from_the_report():
+    floors = perf.floor_table(H200)
+    s = floors[(floors.impl == bench.JUDGED) & (floors.rows == 256) & (floors.vocab == 151_936)
+               & (floors.dtype == "fp32")].iloc[0]
+    assert f"the floor is **{s.floor_us:.1f} us**" in perf.floor_text(H200)
+    assert perf.floor_text({**H200, "results": []}) == ""
+    mask = perf.mask_overhead(H200)
+    text = perf.mask_text(H200)
+    assert text.count("\n- ") == len(mask) and f"{mask.overhead.iloc[0]:+.1%}" in text
+    price = perf.padding_price(H200)
+    text = perf.padding_price_text(H200)
+    assert f"From live batch {price.live_batch.min()} to {price.live_batch.max()}" in text
+    assert perf.core_text(H200).startswith(f"The rejection core's GPU time over vLLM {bench.GOAL_PEER}'s")
+    assert perf.peer_text(H200).count("- beside vLLM ") == len(perf.peer_versions(H200))
+    assert perf.peer_text({**H200, "results": []}).startswith("This report has no vLLM sampler")
+    families = perf.goal_families(H200)
+    assert perf.missed_goals_text(H200).count("- *") == int((families.missed > 0).sum())
+    assert perf.host_text(H200).startswith(f"A call of `{bench.JUDGED}` costs the host")

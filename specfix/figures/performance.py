@@ -355,6 +355,109 @@ def rejection_graph_text(report: dict) -> str:
             "longer, its events counted a wait for the host (the figure above).")
 
 
+def floor_text(report: dict) -> str:
+    """The judged kernel at 256 x 151,936 fp32 against its floor, and what that floor means for a serving
+    engine; empty when the report has not that shape."""
+    floors = floor_table(report)
+    if floors.empty:
+        return ""
+    shape = floors.query("impl == @bench.JUDGED and rows == 256 and vocab == 151_936 and dtype == 'fp32'")
+    if not len(shape):
+        return ""
+    s = shape.iloc[0]
+    return (f"At 256 x 151,936 fp32 the floor is **{s.floor_us:.1f} us**; `{bench.JUDGED}` takes "
+            f"**{s.median_us:.1f} us**, {s.median_us / s.floor_us:.1f} times its floor "
+            f"({s.of_read_ceiling:.0%} of the read ceiling).\n\n"
+            f"**What it means for a serving engine.** The sampler runs after every forward pass, and with "
+            f"speculative decoding on k + 1 rows per sequence. At 151,936 logits a row, 256 rows are "
+            f"{256 * 151_936 * 4 / 1e6:.0f} MB of fp32 logits, a floor of {s.floor_us:.0f} us: small next to "
+            f"a large model's forward pass, but not next to a small drafter's, and paid every step. The fast "
+            f"kernel takes {s.median_us / s.floor_us:.1f} times its floor; the rest is the time it spends "
+            "making the Gumbel noise (a hash and two logarithms per logit), which is why that noise has to "
+            "be cheap to make. bf16 logits halve the bytes, so the same kernel shows fewer TB/s while "
+            "consuming more logits per second.")
+
+
+def mask_text(report: dict) -> str:
+    """The mask's goal, its verdict on the largest overhead, and each variant's times with their spreads."""
+    mask, mask_goal = mask_overhead(report), goal(report, "gumbel_mask", "%")
+    if not len(mask) or not mask_goal:
+        return ""
+    lines = [f"- {'with the processed-logits store' if r.store_processed_logits else 'sampling only'}: "
+             f"masked {r.masked_us:.1f} us (p20-p80 {r.masked_p20:.1f}-{r.masked_p80:.1f}), unmasked "
+             f"{r.unmasked_us:.1f} us ({r.unmasked_p20:.1f}-{r.unmasked_p80:.1f}): "
+             f"overhead {r.overhead:+.1%}; "
+             f"the spreads {'overlap' if r.spreads_overlap else 'do not overlap'}" for r in mask.itertuples()]
+    return (f"Goal: *{mask_goal['goal']}*. It judges the largest overhead, {mask_goal['measured']:+.2f}%: "
+            f"**{mask_goal['status']}**.\n\n" + "\n".join(lines))
+
+
+def padding_price_text(report: dict) -> str:
+    """The replay's speedup over the live batches, and at the batch with the most padding."""
+    price = padding_price(report)
+    if not len(price):
+        return ""
+    worst = price.loc[price["padded_fraction"].idxmax()]
+    there = ", ".join(f"{r.speedup:.1f}x ({r.model})"
+                      for r in price[price.live_batch == worst.live_batch].itertuples())
+    return (f"From live batch {price.live_batch.min()} to {price.live_batch.max()} the replay is "
+            f"{price.speedup.min():.1f} to {price.speedup.max():.1f} times faster than eager launches. "
+            f"The worst padding is at a live batch of {worst.live_batch}: {worst.padded_rows} of the "
+            f"{worst.padded_batch} replayed rows ({worst.padded_fraction:.0%}) are padding, and the "
+            f"replay there is still {there} faster.")
+
+
+def core_text(report: dict) -> str:
+    """The rejection core's GPU time over the goal's vLLM version's, per mode, over the shapes timed."""
+    core = bench.frame(report, "rejection").query("impl == 'specfix_core'")
+    key = bench.speedup_key(bench.GOAL_PEER)
+    if key not in core:
+        return ""
+    ratio = (1 / core[key]).groupby(core["mode"]).agg(["min", "max"])
+    return (f"The rejection core's GPU time over vLLM {bench.GOAL_PEER}'s, over "
+            f"{core.groupby('mode').size().iloc[0]} shapes per mode (batch, k, vocab): "
+            + "; ".join(f"{mode} {lo:.2f} to {hi:.2f} times" for mode, (lo, hi) in ratio.iterrows()) + ".")
+
+
+def peer_text(report: dict) -> str:
+    """Per vLLM version: the judged kernel's speedup per call, least and most, and the shapes where."""
+    peers = peer_table(report)
+    lines = []
+    for v in peer_versions(report):
+        x = peers[f"speedup_vs_{v}"]
+        low, high = peers.loc[x.idxmin()], peers.loc[x.idxmax()]
+        lines.append(f"- beside vLLM {v}: {x.min():.2f} to {x.max():.2f} times faster per call over all "
+                     f"{len(x)} shapes, least at {low.rows:,} x {low.vocab:,} {low['dtype']}, most at "
+                     f"{high.rows:,} x {high.vocab:,} {high['dtype']}")
+    if not lines:
+        return "This report has no vLLM sampler beside specfix's (run the bench with `--peer`)."
+    return f"`{bench.JUDGED}`, per call, GPU time:\n\n" + "\n".join(lines)
+
+
+def missed_goals_text(report: dict) -> str:
+    """Each goal family with a miss: how many miss, and the worst goal by how much."""
+    families = goal_families(report)
+    missed = families[families["missed"] > 0] if len(families) else families
+    return "\n".join(f"- *{f.family}*: {f.missed} of {f.goals} miss; the worst, *{f.worst_goal}*, by "
+                     f"{-f.worst_margin_pct:.1f}%" for f in missed.itertuples()) or "Every goal passes."
+
+
+def host_text(report: dict) -> str:
+    """The judged kernel's host cost per call beside the goal's vLLM version, and the validation's share."""
+    host, peer = bench.frame(report, "gumbel_host"), bench.peer_impl(bench.GOAL_PEER)
+    if host.empty:
+        return ""
+    wide = host.pivot_table(index=["rows", "vocab"], columns="impl", values="median_us")
+    if peer not in wide:
+        return ""
+    gap, valid = wide[bench.JUDGED] - wide[peer], wide["specfix_validation_only"]
+    times, without = wide[bench.JUDGED] / wide[peer], (wide[bench.JUDGED] - valid) / wide[peer]
+    return (f"A call of `{bench.JUDGED}` costs the host {gap.min():+.1f} to {gap.max():+.1f} us beside vLLM "
+            f"{bench.GOAL_PEER}'s ({times.min():.2f} to {times.max():.2f} times). Validating the arguments "
+            f"alone takes {valid.min():.1f} to {valid.max():.1f} us of it; without it a call would cost the "
+            f"host {without.min():.2f} to {without.max():.2f} times vLLM's.")
+
+
 #: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
 COURSE = (
     ("clamp_placeholders", "1, 2", "#47029",
