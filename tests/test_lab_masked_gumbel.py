@@ -108,3 +108,17 @@ def test_load_vllm_sampler_imports_vllms_own_file(vllm_gumbel):
     tokens = vllm_gumbel.gumbel_sample(*b.values(), True, True, cache, torch.tensor(1, device=DEVICE))
     _, buffers = lab.run_drafter_step(step, device=DEVICE)
     assert torch.equal(cache.cpu(), buffers["draft_logits"][1:-1]) and tokens.shape == (6,)
+
+
+@pytest.mark.parametrize("with_peer", [False, True], ids=["torch reference", "vLLM's kernel"])
+def test_vllm_mode_agreement_counts_same_tokens_and_caches(request, with_peer):
+    """Chapter 4's table: noise="vllm" picks every token and caches every value as vLLM 0.33 does (its own
+    kernel from .peer/, or the torch reference of its noise), and agrees with the exact mode on the greedy
+    row only by necessity."""
+    peer = request.getfixturevalue("vllm_gumbel") if with_peer else None
+    batch = lab.random_batch(rows=6, vocab_size=300, seed=7, device=DEVICE)
+    rows = lab.vllm_mode_agreement(batch, peer)
+    assert [r["drafting"] for r in rows] == [False, True]
+    for r in rows:
+        assert r["rows"] == r["same token as vLLM's noise"] == 6 and r["same cached logits"]
+        assert r["greedy row agrees"] and r["same token as specfix exact"] < 6

@@ -163,6 +163,21 @@ def test_verification_is_batch_invariant():
     assert ((nb >= 1) & (nb <= K + 1)).all()
 
 
+def test_verification_divides_the_cached_logits_by_the_temperature():
+    """The cache holds the draft's logits before temperature (vLLM 0.33); the verifier divides them by the
+    request's T on load. A draft distribution equal to the target's (same raw logits, same T) is accepted at
+    every step, whatever the drafted tokens (here each row's least likely ones, where q without the
+    division, flatter than p at T < 1, would put far more mass than p)."""
+    n, slots, temps = 4, [6, 2, 5, 0], torch.full((M,), 0.4)
+    target, _, draft_logits, idx = _verify_inputs(n, slots)
+    for i, slot in enumerate(slots):
+        draft_logits[slot] = target[i * (K + 1):i * (K + 1) + K]
+    drafts = draft_logits[slots].argmin(-1)
+    sampled, num_sampled = rejection_sample_mrv2(target, drafts, draft_logits, idx, temps, SEEDS,
+                                                 torch.arange(n) * 5)
+    assert num_sampled.tolist() == [K + 1] * n and torch.equal(sampled[:, :K], drafts.to(sampled.dtype))
+
+
 def test_verification_bad_input():
     target, drafts, draft_logits, idx = _verify_inputs(2, [0, 1])
     with pytest.raises(ValueError, match="k="):

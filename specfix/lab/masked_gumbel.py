@@ -23,6 +23,7 @@ import torch
 from specfix import runtime
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel
+from specfix.mrv2 import gumbel_reference as ref
 
 #: What every guarded draft-logits buffer holds before a step: any other value was written by the kernel.
 SENTINEL = -777.0
@@ -110,6 +111,30 @@ def _with_int1_store_masks(fn):
             InterpreterBuilder.create_masked_store = store
 
     return run
+
+
+def vllm_mode_agreement(batch: dict, peer=None, col: int = 1) -> list[dict]:
+    """``noise="vllm"`` beside vLLM 0.33's ``gumbel_sample`` (``peer``; None: specfix's torch reference of
+    its noise) and beside specfix's ``exact`` mode, on ``batch`` sampled as a drafter samples (temperature
+    applied, logits cached at column ``col``), without and with the drafting salt: one dict per flag, with
+    how many rows pick the same token and whether the two caches are equal."""
+    args = [batch[k] for k in BATCH_KEYS]
+    shape = (batch["temperature"].shape[0], col + 1, batch["logits"].shape[1])
+    rows = []
+    for drafting in (False, True):
+        ours, theirs = (torch.zeros(shape, dtype=batch["logits"].dtype, device=args[0].device) for _ in "ab")
+        mine = gumbel.gumbel_sample(*args, True, drafting, ours, col, noise="vllm").cpu()
+        if peer is not None:
+            other = peer.gumbel_sample(*args, True, drafting, theirs, torch.tensor(col, device=ours.device))
+        else:
+            other = ref.gumbel_sample_reference(*args, True, drafting, theirs, col, noise="vllm")
+        exact = gumbel.gumbel_sample(*args, True, drafting, torch.zeros_like(ours), col).cpu()
+        rows.append({"drafting": drafting, "rows": len(mine),
+                     "same token as vLLM's noise": int((mine == other.cpu()).sum()),
+                     "same cached logits": bool(torch.equal(ours, theirs)),
+                     "same token as specfix exact": int((mine == exact).sum()),
+                     "greedy row agrees": bool(mine[0] == exact[0])})
+    return rows
 
 
 def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
