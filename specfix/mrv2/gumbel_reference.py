@@ -1,6 +1,6 @@
 """The Gumbel noise of specfix's sampler, defined in plain torch, and a reference ``gumbel_sample``.
 
-Mirrors the contract of vLLM Model Runner V2's ``vllm/v1/worker/gpu/sample/gumbel.py`` (see
+Mirrors the contract of vLLM 0.33.0's Model Runner V2 ``vllm/v1/worker/gpu/sample/gumbel.py`` (see
 ``specfix.mrv2.gumbel`` for the Triton kernel). The noise for token ``v`` of a row is a pure function of
 (request seed, position, v), so a draw does not depend on what else is in the batch, and the Triton
 kernel, Triton's interpreter and this file all produce the same bits:
