@@ -14,9 +14,11 @@ Layout, by role:
 * top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``models`` and
   ``tokenizer`` (the tiny word-level models).
 
-``specfix.runtime`` is imported first so that Triton's interpreter is switched on (on CPU-only machines)
-before anything imports triton. Modules keep their short names here: ``from specfix import gumbel`` loads
-``specfix.mrv2.gumbel`` on first use.
+Importing specfix imports no torch (``specfix diagnose`` needs none). It checks the ``SPECFIX_*``
+settings and, where torch cannot see a GPU (``SPECFIX_DEVICE=cpu``, or no GPU device on this machine),
+switches Triton's interpreter on before anything imports triton; elsewhere ``specfix.runtime`` decides
+with torch when it first loads. Modules keep their short names here: ``from specfix import gumbel``
+loads ``specfix.mrv2.gumbel`` on first use, and ``specfix.runtime`` loads the same way.
 """
 
 from __future__ import annotations
@@ -24,10 +26,43 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 from pathlib import Path
 
-from specfix import runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET before triton loads)
 from specfix.fixes import Fixes
+
+
+def _setting(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The environment variable ``name``, lower-cased, one of ``choices``."""
+    value = os.environ.get(name, default).strip().lower()
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(repr(c) for c in choices if c)}, got {value!r}")
+    return value
+
+
+def _no_usable_gpu() -> bool:
+    """True where torch cannot see a GPU, decided without importing torch; False where it may."""
+    wanted = _setting("SPECFIX_DEVICE", ("", "cpu", "cuda"), "")
+    if wanted or sys.platform == "darwin":
+        return wanted != "cuda"
+    gpu_nodes = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")  # NVIDIA, WSL, ROCm
+    return sys.platform.startswith("linux") and not any(os.path.exists(p) for p in gpu_nodes)
+
+
+def _switch_on_interpreter() -> None:
+    """``TRITON_INTERPRET=1``, which must precede ``import triton`` (triton decorates its helpers then)."""
+    if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported before specfix without TRITON_INTERPRET=1, so its kernels cannot run "
+            "on this CPU-only machine. Restart the kernel and import specfix first, or set "
+            "TRITON_INTERPRET=1 in the environment before starting Python."
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+_setting("SPECFIX_SCALE", ("ci", "full"), "ci")  # a bad setting fails at import
+if _no_usable_gpu():
+    _switch_on_interpreter()
 
 if os.environ.get("SPECFIX_CHECK_FIGURES") == "1":  # make notebooks, the book, make lab-check
     from specfix.figures import style as _style
@@ -41,6 +76,8 @@ _SUBPACKAGE = {info.name: role for role in ("v1", "mrv2", "lab", "tools")
 
 
 def __getattr__(name: str):
+    if name == "runtime":
+        return importlib.import_module("specfix.runtime")
     if name in _SUBPACKAGE:
         module = importlib.import_module(f"specfix.{_SUBPACKAGE[name]}.{name}")
         globals()[name] = module

@@ -11,22 +11,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 
-def _parser() -> argparse.ArgumentParser:
-    from specfix.tools import bench
-
+def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
+    """The parser; ``cases`` (``bench.CASES``) describe the bench's cases, left out for ``diagnose``, which
+    must not wait for the bench's imports (torch)."""
+    cases = cases or {}
     parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="measure kernels and fixes against the hardware ceilings",
                        description="Measure specfix's kernels and fixes (chapter 5). Cases: "
-                       + "; ".join(f"{c.name}: {c.summary}" for c in bench.CASES.values()))
+                       + "; ".join(f"{c.name}: {c.summary}" for c in cases.values()))
     b.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where to measure (default: specfix.runtime's choice; a CPU runs tiny smoke sizes)")
     b.add_argument("--scale", choices=("ci", "full"), default=None,
                    help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)")
     b.add_argument("--only", action="append", metavar="NAME",
-                   help=f"run only this case (repeatable or comma-separated): {', '.join(bench.CASES)}")
+                   help=f"run only this case (repeatable or comma-separated): {', '.join(cases)}")
     b.add_argument("--peer", metavar="PATH",
                    help="time vLLM's samplers from this folder (filled by scripts/fetch_vllm_peer.py) "
                    "beside specfix's, same inputs, same process; without it only specfix is timed")
@@ -46,7 +49,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["diagnose"]:
+        parser = _parser()
+    else:
+        from specfix.tools import bench
+
+        parser = _parser(bench.CASES)
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         from specfix.tools import diagnose
@@ -60,10 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from specfix import runtime
     from specfix.tools import bench
 
-    only = [n.strip() for item in (args.only or []) for n in item.split(",") if n.strip()] or None
+    only = None if args.only is None else [n.strip() for item in args.only for n in item.split(",")
+                                            if n.strip()]
+    if only == []:
+        parser.error(f"--only names no case (leave it out to run them all); known: {', '.join(bench.CASES)}")
     unknown = [n for n in only or [] if n not in bench.CASES]
     if unknown:
         parser.error(f"--only: unknown case name(s) {', '.join(unknown)}; known: {', '.join(bench.CASES)}")
+    if args.json:
+        problem = _unwritable(args.json)
+        if problem:
+            parser.error(f"--json {args.json}: {problem}")
     device = args.device or runtime.DEVICE.type
     if device == "cuda" and runtime.INTERPRET:
         parser.error("--device cuda: no usable CUDA GPU here (or SPECFIX_DEVICE=cpu is set)")
@@ -79,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:  # first, so that nothing below can lose the run
         try:
             bench.write_json(report, args.json)
+        except OSError as exc:
+            print(f"specfix bench: could not write {args.json} ({exc.strerror or exc}); the report follows",
+                  file=sys.stderr)
+            status = 1
         except ValueError as exc:
             print(f"specfix bench: wrote {args.json}, but it breaks the schema: {exc}", file=sys.stderr)
             status = 1
@@ -86,6 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(f"wrote {args.json}")
     return status
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a report could not be written to ``path``, found by trying before a long run; None if it can."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        return "is a folder"
+    folder = next(p for p in target.parents if p.exists())  # the folders missing below it are made later
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        if target.exists():
+            open(target, "a").close()  # noqa: SIM115  (opened to append nothing: the file stays as it is)
+        else:
+            tempfile.NamedTemporaryFile(dir=folder).close()  # noqa: SIM115
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc})"
+    return None
 
 
 if __name__ == "__main__":

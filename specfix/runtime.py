@@ -1,8 +1,9 @@
 """Where specfix runs: device choice, Triton (compiled or interpreted), problem scale.
 
-Import this module before anything imports triton. On a machine without a usable GPU it turns on
-Triton's interpreter (``TRITON_INTERPRET=1``), which must happen before ``import triton`` because
-triton's own helpers (``tl.rand``...) are decorated at import time.
+specfix's modules import triton through this one. On a machine without a usable GPU it turns on Triton's
+interpreter (``TRITON_INTERPRET=1``), which must happen before ``import triton`` because triton's own
+helpers (``tl.rand``...) are decorated at import time (``import specfix`` already does so where it can tell
+without torch that no GPU is usable).
 
 Environment:
     SPECFIX_DEVICE  ``cuda`` or ``cpu``; default: ``cuda`` when available.
@@ -11,18 +12,17 @@ Environment:
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from types import ModuleType
 
 import torch
 
+from specfix import _setting, _switch_on_interpreter
+
 
 def _choose_device() -> torch.device:
-    wanted = os.environ.get("SPECFIX_DEVICE", "").strip().lower()
-    if wanted not in ("", "cpu", "cuda"):
-        raise ValueError(f"SPECFIX_DEVICE must be 'cpu' or 'cuda', got {wanted!r}")
+    wanted = _setting("SPECFIX_DEVICE", ("", "cpu", "cuda"), "")
     if wanted == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("SPECFIX_DEVICE=cuda but torch sees no CUDA GPU")
     if wanted == "cpu" or not torch.cuda.is_available():
@@ -30,28 +30,15 @@ def _choose_device() -> torch.device:
     return torch.device("cuda")
 
 
-def _choose_scale() -> str:
-    scale = os.environ.get("SPECFIX_SCALE", "ci").strip().lower()
-    if scale not in ("ci", "full"):
-        raise ValueError(f"SPECFIX_SCALE must be 'ci' or 'full', got {scale!r}")
-    return scale
-
-
 DEVICE: torch.device = _choose_device()
-SCALE: str = _choose_scale()
+SCALE: str = _setting("SPECFIX_SCALE", ("ci", "full"), "ci")
 #: Triton kernels are simulated on the CPU by triton's interpreter.
 INTERPRET: bool = DEVICE.type == "cpu"
 
 
 def _load_triton() -> tuple[ModuleType | None, ModuleType | None]:
     if INTERPRET:
-        if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError(
-                "triton was imported before specfix without TRITON_INTERPRET=1, so its kernels cannot run "
-                "on this CPU-only machine. Restart the kernel and import specfix first, or set "
-                "TRITON_INTERPRET=1 in the environment before starting Python."
-            )
-        os.environ["TRITON_INTERPRET"] = "1"
+        _switch_on_interpreter()
     try:
         import triton
         import triton.language as tl

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,7 +261,8 @@ def test_validate_rejects_broken_reports(ceilings_report, breakage, word):
 
 
 @pytest.mark.parametrize("kwargs,word", [
-    (dict(device="tpu"), "device"), (dict(scale="huge"), "scale"), (dict(only=["gumbel", "nope"]), "nope")])
+    (dict(device="tpu"), "device"), (dict(scale="huge"), "scale"), (dict(only=["gumbel", "nope"]), "nope"),
+    (dict(only=[]), "only names no case")])
 def test_run_rejects_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
         bench.run(**{"device": "cpu", "scale": "ci", "progress": False, **kwargs})
@@ -331,6 +333,36 @@ def test_cli_unknown_only_name_is_a_clear_error(tmp_path):
     assert out.returncode == 2
     assert "warp_drive" in out.stderr and "ceilings" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("only", ["", ",", " "])
+def test_cli_only_naming_no_case_is_refused_not_run_in_full(tmp_path, only):
+    """``--only ''`` used to run every case."""
+    out = _cli("bench", "--device", "cpu", "--only", only, "--json", str(tmp_path / "x.json"))
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert "--only names no case" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def _locked(tmp):
+    """A folder this user cannot write in: one without write permission, or for root (who writes in any
+    such folder) sysfs, which nobody writes files into."""
+    locked = tmp / "locked"
+    locked.mkdir(mode=0o500)
+    return (Path("/sys") if os.access(locked, os.W_OK) else locked) / "x.json"
+
+
+@pytest.mark.parametrize("where, says", [
+    (lambda tmp: tmp, "is a folder"),
+    (lambda tmp: tmp / "a_file" / "sub" / "x.json", "is a file, not a folder"),
+    (_locked, "cannot write there (Permission denied)"),
+])
+def test_cli_unwritable_json_path_is_refused_before_the_run(tmp_path, where, says):
+    """It used to end the whole run in a traceback."""
+    (tmp_path / "a_file").write_text("")
+    out = _cli("bench", "--device", "cpu", "--only", "ceilings", "--json", str(where(tmp_path)))
+    assert out.returncode == 2 and "--json" in out.stderr and says in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "median_us" not in out.stdout  # refused before running
 
 
 def test_cli_needs_a_command():

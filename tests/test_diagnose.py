@@ -4,7 +4,10 @@ and status 2, the log is streamed, and the README's report is what the tool prin
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -121,6 +124,21 @@ def test_ten_thousand_line_log(tmp_path):
     assert report["lines"] == 10000
     assert report["asserts"]["lines"] == len(body) - 4000 + 160
     assert report["verdict"]["id"] == "placeholder_embedding"
+
+
+def test_the_command_imports_neither_torch_nor_triton():
+    """Reading a log takes a tenth of a second; importing torch took seconds, so ``specfix diagnose`` must
+    not (how long it takes is measured outside the tests)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECFIX_", "TRITON_"))}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "specfix", "diagnose", "--json",
+                          str(FIXTURES / "pd_decode_mtp_tp4.log")], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["verdict"]["id"] == LOGS["pd_decode_mtp_tp4.log"]["verdict"]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "specfix.tools.diagnose" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "triton")}
 
 
 def test_long_line_is_read_in_pieces(tmp_path):

@@ -14,8 +14,9 @@ Three kinds of child:
 * :func:`op_case_code` -- one row of the table "which operations assert, and how" (:data:`OPS`); the
   CPU column comes from :func:`cpu_outcome`, run in-process since CPU errors are ordinary exceptions.
 
-:func:`device_asserts` parses the driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex:
-block: [0,0,0], thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed.``).
+:func:`device_asserts` (from :mod:`specfix.tools.diagnose`, which reads servers' logs with it) parses the
+driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], thread: [1,0,0]
+Assertion `srcIndex < srcSelectDimSize` failed.``).
 
 Those lines are the device's own ``printf``: the host fetches them only when it next waits for the GPU, and a
 process that dies of the error at a mere launch (no wait) can exit without them (on the H200, 7 runs of 12 of
@@ -42,37 +43,14 @@ import torch
 import torch.nn.functional as F  # noqa: F401  (used by the op expressions, evaluated in this namespace)
 
 from specfix.tools import recorded
+from specfix.tools.diagnose import (  # noqa: F401  (chapter 2 names them here too)
+    DeviceAssert,
+    device_asserts,
+    traceback_frames,
+)
 
 EVENT_PREFIX = "@@ "
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-_ASSERT = re.compile(
-    r"(?P<file>\S+?\.cuh?):(?P<line>\d+): (?P<kernel>.+?): block: \[(?P<block>[\d,\s]+)\], "
-    r"thread: \[(?P<thread>[\d,\s]+)\] Assertion `(?P<condition>.+?)` failed\."
-)
-
-
-@dataclass
-class DeviceAssert:
-    """One ``file:line: kernel: block: [...], thread: [...] Assertion `cond` failed.`` line."""
-
-    file: str
-    line: int
-    kernel: str
-    block: str
-    thread: str
-    condition: str
-
-    @property
-    def where(self) -> str:
-        return f"{Path(self.file).name}:{self.line}"
-
-
-def device_asserts(text: str) -> list[DeviceAssert]:
-    """Every device-side assert line in ``text`` (one per failing GPU thread, so often many)."""
-    return [DeviceAssert(m["file"], int(m["line"]), m["kernel"], m["block"], m["thread"], m["condition"])
-            for m in _ASSERT.finditer(text)]
-
-
 def parse_event(line: str) -> dict:
     """The event a ``@@ {json}`` line carries. A line that is not a JSON object (the child died mid-line,
     or printed ``@@`` itself) is kept as data too: ``{"kind": "malformed", "text": <the line>}``."""
@@ -121,7 +99,7 @@ class ChildRun:
         for line in self.output.splitlines():
             if line.startswith(EVENT_PREFIX):
                 lines.append("[child] " + str(parse_event(line).get("text", "")))
-            elif _ASSERT.search(line):
+            elif device_asserts(line):
                 asserts += 1
                 if asserts <= max_asserts:
                     lines.append(line)
@@ -444,33 +422,6 @@ run_demo(Fixes(clamp_placeholders=False), device="cuda", steps={steps})
 event("end", "run_demo returned without an error")
 '''
     return PRELUDE + textwrap.dedent(body)
-
-
-_FRAME = re.compile(
-    r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?:    (?P<source>.*))?', re.M)
-
-
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.M)
-#: What Python prints between the tracebacks of one chain of exceptions (oldest first).
-_CHAINED = ("During handling of the above exception, another exception occurred:",
-            "The above exception was the direct cause of the following exception:")
-
-
-def traceback_frames(text: str) -> list[dict]:
-    """The frames of the last Python error in ``text``, outermost first (file, line, func, source).
-
-    If that error was raised while handling an earlier one (a chain: Python prints the oldest first), the
-    frames are the earliest error's, where the failure was first heard of, not those of the clean-up code
-    that failed after it (after a device-side assert, any CUDA call in a handler fails too)."""
-    starts = [m.start() for m in _TRACEBACK.finditer(text)]
-    if not starts:
-        return []
-    first = len(starts) - 1
-    while first > 0 and any(mark in text[starts[first - 1]:starts[first]] for mark in _CHAINED):
-        first -= 1
-    end = starts[first + 1] if first + 1 < len(starts) else len(text)
-    return [{"file": m["file"], "line": int(m["line"]), "func": m["func"],
-             "source": (m["source"] or "").strip()} for m in _FRAME.finditer(text[starts[first]:end])]
 
 
 def where_python_heard(run: ChildRun, package: str = "specfix") -> str:

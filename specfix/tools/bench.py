@@ -1054,7 +1054,9 @@ def run(device: str | torch.device = "cpu", scale: str = "ci", only: list[str] |
         raise ValueError("device 'cuda' asked for, but specfix.runtime chose the CPU (check SPECFIX_DEVICE)")
     if scale not in ("ci", "full"):
         raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
-    names = list(CASES) if not only else list(dict.fromkeys(only))
+    names = list(CASES) if only is None else list(dict.fromkeys(only))
+    if not names:
+        raise ValueError(f"only names no case (None runs them all); known: {list(CASES)}")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise ValueError(f"unknown case name(s) {unknown} for --only; known: {list(CASES)}")

@@ -7,8 +7,8 @@
 The log is read as users paste it: one line at a time (memory stays bounded whatever its size; a line longer
 than MAX_LINE characters is cut into pieces), ANSI colours, Windows line ends and vLLM's process prefixes
 (``(EngineCore_DP0 pid=12)``, ``(VllmWorker TP1 pid=34)``, ``[rank0]:``) and log headers removed, the
-tracebacks of interleaved processes kept apart by prefix. Assert lines and tracebacks are parsed by
-:mod:`specfix.lab.embedding_assert`, the parser chapter 2 uses on its own transcripts; which ops launch a
+tracebacks of interleaved processes kept apart by prefix. Assert lines and tracebacks are parsed here by
+the parsers chapter 2 (:mod:`specfix.lab.embedding_assert`) uses on its own transcripts; which ops launch a
 kernel comes from chapter 2's op table recorded on the H200 (``specfix/recorded/embedding_assert_ops.json``).
 
 Verdicts (``VERDICTS``): a ``-1`` placeholder reaching an embedding (vLLM PR #47029), a negative draft
@@ -35,7 +35,6 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from specfix.lab import embedding_assert as ea
 from specfix.tools import recorded
 
 MAX_LINE = 65536          # characters; a longer line is read as several
@@ -55,6 +54,62 @@ VERDICTS = {
     "different_error": "no device-side assert: the log shows a different failure",
     "inconclusive": "the log does not say enough to tell",
 }
+
+# -- the parsers chapter 2 uses on its own transcripts too (specfix.lab.embedding_assert) -------------------
+
+_ASSERT = re.compile(
+    r"(?P<file>\S+?\.cuh?):(?P<line>\d+): (?P<kernel>.+?): block: \[(?P<block>[\d,\s]+)\], "
+    r"thread: \[(?P<thread>[\d,\s]+)\] Assertion `(?P<condition>.+?)` failed\."
+)
+
+
+@dataclass
+class DeviceAssert:
+    """One ``file:line: kernel: block: [...], thread: [...] Assertion `cond` failed.`` line."""
+
+    file: str
+    line: int
+    kernel: str
+    block: str
+    thread: str
+    condition: str
+
+    @property
+    def where(self) -> str:
+        return f"{Path(self.file).name}:{self.line}"
+
+
+def device_asserts(text: str) -> list[DeviceAssert]:
+    """Every device-side assert line in ``text`` (one per failing GPU thread, so often many)."""
+    return [DeviceAssert(m["file"], int(m["line"]), m["kernel"], m["block"], m["thread"], m["condition"])
+            for m in _ASSERT.finditer(text)]
+
+
+_FRAME = re.compile(
+    r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?:    (?P<source>.*))?', re.M)
+
+
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.M)
+#: What Python prints between the tracebacks of one chain of exceptions (oldest first).
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
+def traceback_frames(text: str) -> list[dict]:
+    """The frames of the last Python error in ``text``, outermost first (file, line, func, source).
+
+    If that error was raised while handling an earlier one (a chain: Python prints the oldest first), the
+    frames are the earliest error's, where the failure was first heard of, not those of the clean-up code
+    that failed after it (after a device-side assert, any CUDA call in a handler fails too)."""
+    starts = [m.start() for m in _TRACEBACK.finditer(text)]
+    if not starts:
+        return []
+    first = len(starts) - 1
+    while first > 0 and any(mark in text[starts[first - 1]:starts[first]] for mark in _CHAINED):
+        first -= 1
+    end = starts[first + 1] if first + 1 < len(starts) else len(text)
+    return [{"file": m["file"], "line": int(m["line"]), "func": m["func"],
+             "source": (m["source"] or "").strip()} for m in _FRAME.finditer(text[starts[first]:end])]
 
 
 @dataclass(frozen=True)
@@ -246,7 +301,7 @@ class _Scan:
                 self.assert_lines += 1
                 entry["count"] += 1
                 return
-            found = ea.device_asserts(line)
+            found = device_asserts(line)
             if found:
                 self._assert(found[0], n, sig)
                 return
@@ -260,7 +315,7 @@ class _Scan:
         self._traceback(process, line, n)
         self._facts(line, n)
 
-    def _assert(self, a: ea.DeviceAssert, n: int, sig: str) -> None:
+    def _assert(self, a: DeviceAssert, n: int, sig: str) -> None:
         self.assert_lines += 1
         key = (a.file, a.line, a.kernel, a.condition)
         if key in self.asserts:
@@ -284,7 +339,7 @@ class _Scan:
             return
         if tb is None:
             return
-        if line in ea._CHAINED:
+        if line in _CHAINED:
             tb.chained = True
             tb.lines.append(line)
         elif tb.reading:
@@ -299,7 +354,7 @@ class _Scan:
     def _close(self, process: str | None) -> None:
         tb = self.open.pop(process)
         if len(self.done) < MAX_TRACEBACKS:
-            self.done.append((tb, ea.traceback_frames("\n".join(tb.lines))))
+            self.done.append((tb, traceback_frames("\n".join(tb.lines))))
 
     def _facts(self, line: str, n: int) -> None:
         for kind, (mark, _) in _ERRORS.items():

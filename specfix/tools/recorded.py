@@ -17,8 +17,6 @@ import os
 import subprocess
 from pathlib import Path
 
-from specfix import runtime
-
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = ROOT / "specfix" / "recorded"
 GOLDEN_DIR = ROOT / "tests" / "golden"
@@ -81,6 +79,8 @@ def changed_sources(name: str, meta: dict) -> list[str]:
 def gpu_meta(name: str | None = None) -> dict:
     """Device, driver, versions and today's date, for labelling a recording; with the recording's ``name``
     (a key of :data:`SOURCES`), also the commit and the hashes of the source files it measures."""
+    from specfix import runtime  # here: reading a recording needs no torch (``specfix diagnose``)
+
     meta = dict(runtime.describe())
     try:
         driver = subprocess.run(
