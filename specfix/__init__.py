@@ -11,8 +11,8 @@ Layout, by role:
 * ``specfix.tools`` benchmark, statistics, host-sync counter, GPU recordings, the vLLM map, the crash-log
   diagnosis.
 * ``specfix.figures`` and ``specfix.exercises``: each chapter's drawings and its exercise checkers.
-* top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``models`` and
-  ``tokenizer`` (the tiny word-level models).
+* top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``checks`` (the
+  argument checks every role uses), ``models`` and ``tokenizer`` (the tiny word-level models).
 
 Importing specfix imports no torch (``specfix diagnose`` needs none). It checks the ``SPECFIX_*``
 settings and, where torch cannot see a GPU (``SPECFIX_DEVICE=cpu``, or no GPU device on this machine),

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from specfix.checks import check_id_tensor
 from specfix.tokenizer import corpus_text, get_tokenizer
-from specfix.v1.spec_decode_metadata import check_id_tensor
 
 #: vLLM's marker for a padded row of ``slot_mapping``: no KV-cache write.
 PAD_SLOT_ID = -1

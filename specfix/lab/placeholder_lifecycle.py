@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specfix.checks import is_int
 from specfix.fixes import Fixes
 from specfix.models import NgramLM
 from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams, generate
@@ -33,7 +34,7 @@ STORY_STARTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "
 
 def story_prompts(num_prompts: int) -> list[str]:
     """``num_prompts`` prompts, cycling through :data:`STORY_STARTS`."""
-    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
+    if not is_int(num_prompts) or num_prompts < 1:
         raise ValueError(f"num_prompts must be an int >= 1, got {num_prompts!r}")
     return [STORY_STARTS[i % len(STORY_STARTS)] for i in range(num_prompts)]
 
@@ -136,7 +137,7 @@ def negative_draft_run(fixes: Fixes, prompts: Sequence[str], models: tuple[Ngram
     its KV already computed (P/D disaggregation), so its first decode is padded with ``[-1] * k`` right
     after the decoding requests' draft rows. Counts the sampler rows that hold a token *after* a ``-1``:
     rows that accepted a placeholder slot."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     engine = LLMEngine(num_speculative_tokens=k, fixes=fixes, device=device, models=models, record=True,
                        max_num_seqs=len(prompts) + 16)

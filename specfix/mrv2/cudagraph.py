@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specfix.checks import is_int
+
 #: Largest graph vLLM captures by default (``max_cudagraph_capture_size``).
 MAX_CAPTURE_SIZE = 512
 
@@ -54,7 +56,7 @@ def capture_sizes(max_num_seqs: int, num_speculative_tokens: int = 0, max_num_ba
     for name, value, low in (("max_num_seqs", max_num_seqs, 1),
                              ("num_speculative_tokens", num_speculative_tokens, 0),
                              ("max_num_batched_tokens", max_num_batched_tokens, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     q = 1 + num_speculative_tokens
     ceiling = default_max_capture_size(max_num_seqs, num_speculative_tokens)

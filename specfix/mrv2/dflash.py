@@ -50,11 +50,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from specfix.checks import check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import check_num_reqs
 from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.v1 import device_checks
-from specfix.v1.spec_decode_metadata import check_id_tensor
 
 #: Padded query rows get this token id (a valid one: the padded rows still run through the model).
 PAD_TOKEN_ID = 0
@@ -171,9 +171,9 @@ def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInpu
     for name, t in tables:
         if t.device != device:
             raise ValueError(f"{name} must be on out's device {device}, got {t.device}")
-    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or mask_token_id < 0:
+    if not is_int(mask_token_id) or mask_token_id < 0:
         raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+    if vocab_size is not None and (not is_int(vocab_size)
                                    or vocab_size < 1):
         raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
     if not device_checks.wanted(idx_mapping, last_sampled, num_computed):

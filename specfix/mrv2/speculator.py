@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specfix.checks import ID_DTYPES, check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
@@ -47,7 +48,6 @@ from specfix.v1.rejection_sampler import (
     sample_recovered_tokens,
 )
 from specfix.v1.sampling_metadata import SAMPLING_EPS, SamplingMetadata
-from specfix.v1.spec_decode_metadata import ID_DTYPES, check_id_tensor
 
 
 def reference_sampler(*args, fixes: Fixes | None = None, noise: str = "exact", **kwargs):
@@ -81,7 +81,7 @@ class RequestStates:
         if not temperature >= SAMPLING_EPS:  # NaN too
             raise ValueError(f"temperature must be >= SAMPLING_EPS ({SAMPLING_EPS}) for probabilistic "
                              f"drafting (below it a request is greedy), got {temperature}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_int(seed):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         used = set(self.req_id_to_index.values())
         free = [i for i in range(self.max_num_reqs) if i not in used]

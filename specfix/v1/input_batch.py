@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specfix.checks import is_int
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE
 from specfix.v1.scheduler import SamplingParams, check_token_ids
 
@@ -45,7 +46,7 @@ class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, vocab_size: int):
         for name, value in [("max_num_reqs", max_num_reqs), ("max_model_len", max_model_len),
                             ("vocab_size", vocab_size)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -88,7 +89,7 @@ class InputBatch:
         if len(tokens) > self.max_model_len:
             raise ValueError(f"request has {len(tokens)} tokens, over max_model_len={self.max_model_len}")
         computed = request.num_computed_tokens
-        if isinstance(computed, bool) or not isinstance(computed, int) or not 0 <= computed <= len(tokens):
+        if not is_int(computed) or not 0 <= computed <= len(tokens):
             raise ValueError(f"num_computed_tokens must be an int in [0, {len(tokens)}], got {computed!r}")
         index = self._req_ids.index(None)
         self._req_ids[index] = request.req_id

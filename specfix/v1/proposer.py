@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from specfix.checks import is_int
 from specfix.models import NgramLM
 from specfix.v1.scheduler import check_num_spec_tokens
 
@@ -46,7 +47,7 @@ class NgramProposer:
         for name, value in (("prompt_lookup_min", prompt_lookup_min),
                             ("prompt_lookup_max", prompt_lookup_max),
                             ("max_model_len", 1 if max_model_len is None else max_model_len)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_int(value):
                 raise TypeError(f"{name} must be an int, got {value!r}")
         if max_model_len is not None and max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")

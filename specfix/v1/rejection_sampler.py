@@ -61,11 +61,12 @@ from collections.abc import Sequence
 import torch
 
 from specfix import runtime
+from specfix.checks import check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.v1 import device_checks
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SAMPLING_EPS, SamplingMetadata
-from specfix.v1.spec_decode_metadata import SpecDecodeMetadata, check_id_tensor
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 __all__ = [
     "GREEDY_TEMPERATURE",
@@ -194,7 +195,7 @@ class RejectionSampler(torch.nn.Module):
         if (not isinstance(output_token_ids, torch.Tensor) or output_token_ids.dim() != 2
                 or output_token_ids.dtype.is_floating_point or output_token_ids.dtype == torch.bool):
             raise TypeError("output_token_ids must be a 2-D integer tensor [B, max_spec_len + 1]")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        if not is_int(vocab_size) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         rows = output_token_ids.cpu().tolist()
         bad = [i for i in discard_req_indices if not 0 <= i < len(rows)]
@@ -342,7 +343,7 @@ def _check_num_draft_tokens(num_draft_tokens: object) -> None:
     """A non-empty list of ints >= 0: checked first, so an empty batch is told so."""
     if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
         raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
-    bad = [n for n in num_draft_tokens if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+    bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
     if bad:
         raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specfix.checks import is_int
 from specfix.v1 import device_checks
 
 #: A temperature below this is greedy decoding (vLLM's ``_SAMPLING_EPS``).
@@ -99,7 +100,7 @@ class SamplingMetadata:
             if t < 0:
                 raise ValueError(f"temperatures[{i}] = {t} is negative; use 0 for greedy decoding")
         for i, s in enumerate(seeds):
-            if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
+            if s is not None and (not is_int(s)):
                 raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
             if s is not None and not -(2**63) <= s < 2**63:
                 raise ValueError(f"seeds[{i}] must fit in an int64, got {s}")

@@ -62,6 +62,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
+from specfix.checks import is_int
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
 from specfix.v1.snapshot import Snapshot
@@ -80,7 +81,7 @@ def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
     """``None`` means speculative decoding is off; otherwise 1 <= k <= MAX_SPEC_LEN."""
     if num_spec_tokens is None:
         return
-    if isinstance(num_spec_tokens, bool) or not isinstance(num_spec_tokens, int):
+    if not is_int(num_spec_tokens):
         raise TypeError(f"num_speculative_tokens must be an int or None, got {num_spec_tokens!r}")
     if not 1 <= num_spec_tokens <= MAX_SPEC_LEN:
         raise ValueError(
@@ -103,7 +104,7 @@ def check_token_ids(
     if not isinstance(token_ids, (list, tuple)):
         raise TypeError(
             f"{name} must be a list of ints or a 1-D integer tensor, got {type(token_ids).__name__}")
-    bad_type = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
+    bad_type = [t for t in token_ids if not is_int(t)]
     if bad_type:
         raise TypeError(f"{name} must hold ints, got {bad_type[0]!r}")
     low = PLACEHOLDER_TOKEN_ID if allow_placeholder else 0
@@ -145,11 +146,11 @@ class SamplingParams:
         if self.seed == -1:  # vLLM's "no seed"
             object.__setattr__(self, "seed", None)
         if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            if not is_int(self.seed):
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
             if not INT64_MIN <= self.seed <= INT64_MAX:
                 raise ValueError(f"seed must fit in an int64, [-2**63, 2**63 - 1], got {self.seed}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
 
     @property
@@ -337,7 +338,7 @@ class Scheduler:
         for name, value in [("vocab_size", vocab_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len), ("block_size", block_size)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if placeholder_policy not in PLACEHOLDER_POLICIES:
             raise ValueError(
@@ -389,7 +390,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} is not new: it has output or draft tokens, "
                              f"or status {request.status.name}")
         computed = request.num_computed_tokens
-        if isinstance(computed, bool) or not isinstance(computed, int):
+        if not is_int(computed):
             raise TypeError(f"num_computed_tokens must be an int, got {computed!r}")
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")

@@ -15,25 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specfix.checks import check_id_tensor, is_int
 from specfix.v1 import device_checks
-
-#: Token-id tensors must hold signed integers: a float or unsigned tensor cannot carry ``-1``.
-ID_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def check_id_tensor(name: str, tensor: object, length: int | None = None, min_length: int = 0) -> None:
-    """Raise TypeError/ValueError unless ``tensor`` is a 1-D signed-integer tensor (of ``length``, or of at
-    least ``min_length`` entries)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in ID_DTYPES:
-        raise TypeError(f"{name} must hold signed integers (int32 or int64), got {tensor.dtype}")
-    if tensor.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
-    if length is not None and tensor.numel() != length:
-        raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
-    if tensor.numel() < min_length:
-        raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
 
 
 def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:
@@ -67,7 +50,7 @@ class SpecDecodeMetadata:
 
     def __post_init__(self) -> None:
         k = self.num_draft_tokens
-        if not isinstance(k, (list, tuple)) or not all(type(n) is int for n in k):
+        if not isinstance(k, (list, tuple)) or not all(is_int(n) for n in k):
             raise TypeError(f"num_draft_tokens must be a list of ints, got {k!r}")
         if len(k) == 0:
             raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
@@ -123,7 +106,7 @@ class SpecDecodeMetadata:
         ):
             raise TypeError("draft_token_ids must be a list of lists of ints (one list per request)")
         flat = [t for row in draft_token_ids for t in row]
-        if not all(type(t) is int for t in flat):
+        if not all(is_int(t) for t in flat):
             raise TypeError(f"draft_token_ids must hold ints, got {flat!r}")
         if any(t < -1 for t in flat):
             raise ValueError(f"draft_token_ids must be token ids or -1 (a placeholder), got {flat!r}")

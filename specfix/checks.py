@@ -1,0 +1,40 @@
+"""Argument checks said once: ints, id tensors and other 1-D tensors.
+
+Each raises TypeError (wrong kind) or ValueError (wrong value) with a message that names the argument, so
+that a public function checks everything before it changes anything. These read only what the host holds
+(types, dtypes, shapes); checks that read a GPU tensor's values run under :mod:`specfix.v1.device_checks`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Token-id tensors must hold signed integers: a float or unsigned tensor cannot carry ``-1``.
+ID_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def is_int(value: object) -> bool:
+    """An int and not a bool: ``True`` is an int to Python, but never a count, an id or a seed here."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_vector(name: str, tensor: object, dtypes: tuple[torch.dtype, ...] = ID_DTYPES,
+                 length: int | None = None, min_length: int = 0) -> None:
+    """A 1-D tensor of one of ``dtypes``, with ``length`` entries (or at least ``min_length``)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in dtypes:
+        allowed = ("signed integers (int32 or int64)" if dtypes == ID_DTYPES
+                   else "dtype " + " or ".join(str(d).removeprefix("torch.") for d in dtypes))
+        raise TypeError(f"{name} must hold {allowed}, got {tensor.dtype}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+    if length is not None and tensor.numel() != length:
+        raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
+    if tensor.numel() < min_length:
+        raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
+
+
+def check_id_tensor(name: str, tensor: object, length: int | None = None, min_length: int = 0) -> None:
+    """A 1-D signed-integer tensor (token ids, indices, cumulative counts)."""
+    check_vector(name, tensor, ID_DTYPES, length, min_length)
