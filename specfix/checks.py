@@ -1,4 +1,4 @@
-"""Argument checks said once: ints, id tensors and other 1-D tensors.
+"""Argument checks said once: ints, id tensors and other 1-D tensors, devices.
 
 Each raises TypeError (wrong kind) or ValueError (wrong value) with a message that names the argument, so
 that a public function checks everything before it changes anything. These read only what the host holds
@@ -33,6 +33,12 @@ def check_vector(name: str, tensor: object, dtypes: tuple[torch.dtype, ...] = ID
         raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
     if tensor.numel() < min_length:
         raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
+
+
+def check_device(name: str, tensor: torch.Tensor, device: torch.device, other: str) -> None:
+    """``tensor`` sits on ``device``, where ``other`` (the tensor it is used with) is."""
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but {other} is on {device}")
 
 
 def check_id_tensor(name: str, tensor: object, length: int | None = None, min_length: int = 0) -> None:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specfix.checks import check_id_tensor, check_vector, is_int
+from specfix.checks import check_device, check_id_tensor, check_vector, is_int
 
 
 def test_a_bool_is_not_an_int():
@@ -29,3 +29,9 @@ def test_other_vectors_name_their_dtypes_and_minimum_length():
     with pytest.raises(ValueError, match="idx must have at least 4 entries, got 3"):
         check_vector("idx", torch.zeros(3, dtype=torch.int64), min_length=4)
     check_vector("idx", torch.zeros(4, dtype=torch.int64), min_length=4)
+
+
+def test_a_tensor_on_another_device_is_named_with_where_it_should_be():
+    check_device("seed", torch.zeros(1), torch.device("cpu"), "logits")
+    with pytest.raises(ValueError, match="seed is on meta but logits is on cpu"):
+        check_device("seed", torch.zeros(1, device="meta"), torch.device("cpu"), "logits")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from specfix import runtime
+from specfix.checks import is_int
 from specfix.exercises.core import checker
 from specfix.fixes import Fixes
 from specfix.lab import masked_gumbel
@@ -138,7 +139,7 @@ def check_padded_token(answer, verdict):
     if isinstance(answer, torch.Tensor):
         verdict.require(answer.numel() == 1 and not answer.dtype.is_floating_point, "not_an_int")
         answer = int(answer)
-    verdict.require(isinstance(answer, int) and not isinstance(answer, bool), "not_an_int")
+    verdict.require(is_int(answer), "not_an_int")
     masked, unmasked = _padded_row_tokens()
     verdict.require(answer != -1, "minus_one")
     verdict.require(answer != unmasked, "guard_draw")

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from specfix import runtime
+from specfix.checks import is_int
 from specfix.fixes import Fixes
 from specfix.models import load_models
 from specfix.mrv2.gumbel import gumbel_sample
@@ -501,7 +502,7 @@ def two_step_events(first_batch: int, second_batch: int, finished: str = "c") ->
     survivors in order, then newcomers (who take the lowest free slots); survivors past ``second_batch``
     wait, live but not scheduled."""
     for name, value in (("first_batch", first_batch), ("second_batch", second_batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 16:
+        if not is_int(value) or not 1 <= value <= 16:
             raise ValueError(f"{name} must be an int in [1, 16], got {value!r}")
     first = string.ascii_lowercase[:first_batch]
     gone = "".join(c for c in first if c in finished)
@@ -541,7 +542,7 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
 
     ``sampler``: see :func:`resolve_sampler` (by default the kernel on a GPU, its torch twin on a CPU).
     """
-    if not isinstance(num_trials, int) or isinstance(num_trials, bool) or num_trials < 1:
+    if not is_int(num_trials) or num_trials < 1:
         raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
     device = torch.device(device or runtime.DEVICE)
     fixes = fixes or Fixes()

@@ -94,7 +94,7 @@ class BatchDescriptor:
 
 def check_num_reqs(num_reqs: object, max_num_reqs: int) -> None:
     """A batch holds 1 to ``max_num_reqs`` requests: the size every persistent buffer was allocated for."""
-    if not isinstance(num_reqs, int) or isinstance(num_reqs, bool):
+    if not is_int(num_reqs):
         raise TypeError(f"num_reqs must be an int, got {type(num_reqs).__name__}")
     if not 1 <= num_reqs <= max_num_reqs:
         raise ValueError(f"num_reqs={num_reqs} outside [1, max_num_reqs={max_num_reqs}]")

@@ -50,7 +50,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.checks import check_id_tensor, is_int
+from specfix.checks import check_device, check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import check_num_reqs
 from specfix.runtime import HAS_TRITON, tl, triton
@@ -169,8 +169,7 @@ def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInpu
     device = out.sample_idx_mapping.device
     tables = (("idx_mapping", idx_mapping), ("last_sampled", last_sampled), ("num_computed", num_computed))
     for name, t in tables:
-        if t.device != device:
-            raise ValueError(f"{name} must be on out's device {device}, got {t.device}")
+        check_device(name, t, device, "out")
     if not is_int(mask_token_id) or mask_token_id < 0:
         raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
     if vocab_size is not None and (not is_int(vocab_size)

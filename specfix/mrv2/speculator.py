@@ -145,7 +145,7 @@ class DraftModelSpeculator:
                  sampler: Callable[..., torch.Tensor] = gumbel_sample, noise: str = "exact"):
         for name, value in (("max_num_reqs", max_num_reqs), ("num_speculative_steps", num_speculative_steps),
                             ("vocab_size", vocab_size), ("context_len", context_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if noise not in NOISE_MODES:
             raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")

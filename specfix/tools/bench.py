@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 
 from specfix import runtime
+from specfix.checks import is_int
 from specfix.fixes import Fixes
 from specfix.tools import recorded
 from specfix.tools.syncs import count_host_syncs
@@ -1146,7 +1147,7 @@ def table(report: dict):
 
     rows = []
     for r in report["results"]:
-        params = ", ".join(f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
+        params = ", ".join(f"{k}={v:,}" if is_int(v) else f"{k}={v}"
                            for k, v in r["params"].items())
         metrics = ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items())
         rows.append({"case": r["case"], "impl": r["impl"], "params": params, "median_us": r["median_us"],

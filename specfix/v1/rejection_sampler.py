@@ -61,7 +61,7 @@ from collections.abc import Sequence
 import torch
 
 from specfix import runtime
-from specfix.checks import check_id_tensor, is_int
+from specfix.checks import check_device, check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.v1 import device_checks
@@ -232,8 +232,8 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device:
     t = sampling_metadata.temperature
     if t is not None and t.numel() != batch_size:
         raise ValueError(f"sampling_metadata.temperature has {t.numel()} entries for a batch of {batch_size}")
-    if t is not None and device is not None and t.device != device:
-        raise ValueError(f"sampling_metadata.temperature is on {t.device}, the logits on {device}")
+    if t is not None and device is not None:
+        check_device("sampling_metadata.temperature", t, device, "the logits")
     bad = [i for i in sampling_metadata.generators if not 0 <= i < batch_size]
     if bad:
         raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
