@@ -12,9 +12,10 @@ have raised to 0.01, up to 10), seeds over the whole int64 range and positions u
 on the same tensors; every row's token is compared, and every cache (both start as the same sentinel) value
 for value. ``tests/test_gumbel.py`` runs this comparison in Triton's interpreter when the peer is fetched.
 
-Writes ``vllm_noise_comparison.json`` (device, driver, torch, triton, the peer's vLLM version, date, commit;
-rows, token and cache mismatches per case, rows whose token is not the plain argmax, the first mismatches)
-to ``--out`` (default: ``$OUT`` if set, else ``specfix/recorded``). Exits with status 1 if anything differs.
+Writes ``vllm_noise_comparison.json`` (device, driver, torch, triton, date, commit and source hashes by
+``specfix.tools.recorded``; the peer's vLLM version; rows, token and cache mismatches per case, rows whose
+token is not the plain argmax, the first mismatches) to ``--out`` (default: ``$OUT`` if set, else
+``specfix/recorded``). Exits with status 1 if anything differs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,16 +53,14 @@ SENTINEL = -777.0
 
 def make_batch(rows: int, vocab: int, dtype: torch.dtype, *, seed: int, device,
                rows_per_request: int = ROWS_PER_REQUEST) -> dict:
-    """Inputs as vLLM 0.33 passes them: logits [rows, vocab], expanded_idx_mapping int64 (the live rows'
-    request slots in shuffled order, then ``rows // 50`` padded rows, at least one, of -1), temperature fp32
-    and seed int64 per request, pos int64 per row."""
+    """Inputs as vLLM 0.33 passes them: logits [rows, vocab], expanded_idx_mapping int64 (each request's
+    ``rows_per_request`` rows, requests in shuffled slot order, then at least ``rows // 50`` padded rows, and
+    one, of -1), temperature fp32 and seed int64 per request, pos int64 per row."""
     gen = torch.Generator().manual_seed(seed)
-    live = rows - max(1, rows // 50)
-    num_reqs = max(1, live // rows_per_request)
+    num_reqs = max(1, (rows - max(1, rows // 50)) // rows_per_request)
     slots = torch.randperm(num_reqs, generator=gen)
-    idx = slots.repeat_interleave(rows_per_request)
-    idx = torch.cat([idx, slots])[:live]
-    idx = torch.cat([idx, torch.full((rows - live,), -1)])
+    idx = slots.repeat_interleave(rows_per_request)[:rows - 1]
+    idx = torch.cat([idx, torch.full((rows - len(idx),), -1)])
     temps = torch.tensor(TEMPERATURES)[(torch.arange(num_reqs) + seed) % len(TEMPERATURES)]
     start = torch.randint(0, 2**40, (num_reqs,), generator=gen)
     pos = start[idx.clamp(min=0)] + torch.arange(rows) % rows_per_request
@@ -111,14 +109,6 @@ def cases(vocabs, dtypes):
                    cache=cache)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", default=str(ROOT / ".peer"), help="the folder fetch_vllm_peer.py fills")
@@ -149,7 +139,7 @@ def main() -> None:
     path = recorded.save("vllm_noise_comparison", {
         "what": f"specfix gumbel_sample(noise='vllm') against vLLM {VERSION}'s gumbel_sample, same inputs: "
                 "tokens and draft-logits caches",
-        "commit": _commit(), "vllm_version": VERSION, "temperatures": list(TEMPERATURES), "rows": total,
+        "vllm_version": VERSION, "temperatures": list(TEMPERATURES), "rows": total,
         "mismatches": sum(r["mismatches"] for r in results),
         "cache_mismatches": sum(r["cache_mismatches"] for r in results),
         "not_argmax": sum(r["not_argmax"] for r in results),
