@@ -160,9 +160,11 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
     page = context.new_page()
     problems = {"run": [], "errors": [], "figures": [], "widgets": []}
     try:
-        page.goto(f"{base}/lab/tree/{name}?token={token}", wait_until="domcontentloaded")
-        page.wait_for_function(f"() => window.jupyterapp && {_PANEL} && {_PANEL}.sessionContext",
-                               timeout=120_000)
+        # A workspace of its own, reset: JupyterLab would otherwise reopen the chapters checked before.
+        page.goto(f"{base}/lab/workspaces/check-{name[:2]}/tree/{name}?reset&token={token}",
+                  wait_until="domcontentloaded")
+        page.wait_for_function(f"(name) => window.jupyterapp && {_PANEL} && {_PANEL}.sessionContext "
+                               f"&& {_PANEL}.context.path === name", arg=name, timeout=120_000)
         if not page.evaluate(_READY_JS):
             problems["run"].append("no kernel started")
             return problems
@@ -172,9 +174,11 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
             page.wait_for_function(_DONE_JS, polling=1000, timeout=timeout_s * 1000)
         except Exception:  # noqa: BLE001  (Playwright's TimeoutError: reported, the checks below still run)
             problems["run"].append(f"the cells had not all run after {timeout_s:.0f} s")
-        print(f"  {name}: cells ran in {time.monotonic() - started:.0f} s")
+        took = time.monotonic() - started
         page.wait_for_timeout(1000)  # the last outputs reach the page
         cells = page.evaluate(_CELLS_JS)
+        print(f"  {name}: {sum(c['ran'] for c in cells)} of {len(cells)} code cells ran in {took:.0f} s, "
+              f"{sum(c['rendered'] for c in cells)} figures rendered")
         for cell in cells:
             problems["errors"] += [f"cell {cell['index']}: {error}" for error in cell["errors"]]
             if cell["rendered"] < cell["images"]:
