@@ -18,12 +18,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from specfix import Fixes, runtime
 from specfix.mrv2 import gumbel
 from specfix.mrv2 import gumbel_reference as ref
-from specfix.tools.stats import chi_square_samples
+from specfix.tools.stats import chi_square, chi_square_power, chi_square_samples, samples_for_power
 
 DEVICE = runtime.DEVICE
 ROOT = Path(__file__).resolve().parents[1]
@@ -338,51 +337,51 @@ def test_same_seed_and_position_give_the_same_token_whatever_the_batch():
     assert not torch.equal(sample(crowd).cpu()[::2], first)  # a new position draws new noise
 
 
-# Every statistical test below: Pearson's chi-square (specfix.tools.stats) at significance ALPHA, with n
-# draws chosen so that it rejects each named wrong distribution with probability >= POWER.
+# Every statistical test below: Pearson's chi-square (specfix.tools.stats) of n draws against
+# softmax(logits / T), passed while its p_value exceeds ALPHA, so a correct sampler fails it with probability
+# ALPHA (the false alarm). n is the fewest draws at which the same test would reject each named wrong
+# sampler with probability >= POWER; test_sample_sizes_give_the_stated_power computes and simulates that.
 ALPHA = 1e-6
 POWER = 0.99
 
 
 def alternatives(logits: np.ndarray, temperature: float) -> dict[str, np.ndarray]:
-    """Two samplers that are slightly wrong: one whose temperature is 5% high, one that adds 0.05 to the
-    logits of even token ids (their probabilities x1.05 before renormalising)."""
+    """Three samplers that are slightly wrong: one whose temperature is 5% high, and two that add 0.05 to
+    the logits of even (or odd) token ids (their probabilities x1.05 before renormalising)."""
     even = np.arange(len(logits)) % 2 == 0
     return {"temperature 5% high": softmax64(torch.from_numpy(logits), temperature * 1.05),
-            "logit bias 0.05 on even ids": softmax64(torch.from_numpy(logits + 0.05 * even), temperature)}
+            "logit bias 0.05 on even ids": softmax64(torch.from_numpy(logits + 0.05 * even), temperature),
+            "logit bias 0.05 on odd ids": softmax64(torch.from_numpy(logits + 0.05 * ~even), temperature)}
 
 
-def samples_for_power(p: np.ndarray, wrong) -> int:
-    """The smallest n at which the test at level ALPHA rejects every distribution q in ``wrong`` with
-    probability >= POWER: under q the statistic is noncentral chi-square, df = len(p) - 1, noncentrality
-    n * sum((q - p)**2 / p)."""
-    df = len(p) - 1
-    critical = stats.chi2.isf(ALPHA, df)
-    need = 1
-    for q in wrong:
-        shift = float(((q - p) ** 2 / p).sum())
-        n = math.ceil(df / shift)
-        while stats.ncx2.sf(critical, df, n * shift) < POWER:
-            n = math.ceil(n * 1.02)
-        need = max(need, n)
-    return need
-
-
-def assert_follows_only_softmax(tokens: np.ndarray, logits: np.ndarray, temperature: float) -> None:
+def assert_follows_softmax(tokens: np.ndarray, logits: np.ndarray, temperature: float) -> None:
     p_value = chi_square_samples(tokens, softmax64(torch.from_numpy(logits), temperature))["p_value"]
     assert p_value > ALPHA, p_value
-    for name, q in alternatives(logits, temperature).items():
-        assert chi_square_samples(tokens, q)["p_value"] < ALPHA, name
 
 
-def power_case(vocab: int, temperature: float, scale: float) -> tuple[np.ndarray, int]:
-    """Logits of one row and the number of draws the stated power needs for them."""
+def power_case(vocab: int, temperature: float, scale: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Logits of one row, their softmax and the number of draws the stated power needs for them."""
     logits = (torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)) * scale).double().numpy()
     p = softmax64(torch.from_numpy(logits), temperature)
-    return logits, samples_for_power(p, alternatives(logits, temperature).values())
+    wrong = alternatives(logits, temperature).values()
+    return logits, p, max(samples_for_power(p, q, ALPHA, POWER) for q in wrong)
 
 
 POWER_CASES = [(10, 1.0, 1.0), (12, 0.7, 1.5)]  # vocabulary, temperature, logit scale
+
+
+@pytest.mark.parametrize("vocab,temperature,scale", POWER_CASES)
+def test_sample_sizes_give_the_stated_power(vocab, temperature, scale):
+    """The n the tests below draw: the test at ALPHA rejects each named wrong sampler with probability >=
+    POWER, computed (noncentral chi-square) and simulated (2,000 samples of n draws from each wrong
+    distribution, where 20 misses are expected and 40 would be 4.5 standard deviations out)."""
+    logits, p, n = power_case(vocab, temperature, scale)
+    assert 10_000 < n < 1_000_000 and n * p.min() >= 5  # no bins merge: the computed power is the test's
+    rng = np.random.default_rng(vocab)
+    for name, q in alternatives(logits, temperature).items():
+        assert chi_square_power(p, q, n, ALPHA) >= POWER, name
+        missed = sum(chi_square(c, p)["p_value"] >= ALPHA for c in rng.multinomial(n, q, size=2000))
+        assert missed <= 40, (name, missed)
 
 
 @pytest.mark.parametrize("noise", ["exact", "vllm"])
@@ -390,14 +389,12 @@ POWER_CASES = [(10, 1.0, 1.0), (12, 0.7, 1.5)]  # vocabulary, temperature, logit
 def test_reference_samples_follow_softmax_with_stated_power(noise, vocab, temperature, scale):
     """n draws from the torch reference (the kernel's tokens: bit for bit in the exact mode, and vLLM's in
     the vllm mode, tests above), each row its own (seed, position), the temperature applied by the sampler.
-    n (about 10**5) is what the stated power needs: the test detects a temperature 5% off or a logit bias of
-    0.05 on even ids with probability >= 0.99 at p < 1e-6. The draws pass against softmax(logits / T) and
-    fail against both."""
-    logits, n = power_case(vocab, temperature, scale)
-    assert 10_000 < n < 1_000_000
+    n (about 10**5) is what the stated power needs: a temperature 5% high or a logit bias of 0.05 on even or
+    odd ids would fail with probability >= POWER; the draws pass against softmax(logits / T)."""
+    logits, _, n = power_case(vocab, temperature, scale)
     b = {k: v.cpu() for k, v in batch(n, 1, num_reqs=1000, temps=[temperature] * 1000, seed=vocab).items()}
     b["logits"] = torch.from_numpy(logits).float().expand(n, vocab)
-    assert_follows_only_softmax(reference(b, noise=noise).numpy(), logits, temperature)
+    assert_follows_softmax(reference(b, noise=noise).numpy(), logits, temperature)
 
 
 def test_fast_noise_follows_softmax_with_stated_power():
@@ -405,11 +402,11 @@ def test_fast_noise_follows_softmax_with_stated_power():
     lg2.approx): n draws of a vocabulary of 10, each from its own stretch of token ids of one long noise row,
     with the power stated above."""
     (vocab, temperature, scale), = POWER_CASES[:1]
-    logits, n = power_case(vocab, temperature, scale)
+    logits, _, n = power_case(vocab, temperature, scale)
     g = gumbel.gumbel_noise(torch.tensor([77], device=DEVICE), torch.tensor([3], device=DEVICE), n * vocab,
                             "fast").cpu()
     x = torch.from_numpy(logits).float() / temperature * ref.LOG2E  # the fast mode's scores: log2 units
-    assert_follows_only_softmax((x + g.view(n, vocab)).argmax(-1).numpy(), logits, temperature)
+    assert_follows_softmax((x + g.view(n, vocab)).argmax(-1).numpy(), logits, temperature)
 
 
 # ---- the edges: NaN logits, temperatures next to zero, tiny vocabularies
@@ -732,11 +729,11 @@ def test_capturable_in_a_cuda_graph():
 @pytest.mark.parametrize("vocab,temperature,scale", POWER_CASES)
 def test_compiled_kernel_follows_softmax_with_stated_power(noise, vocab, temperature, scale):
     """The compiled kernel's own draws (the fast mode with the hardware's lg2), with the power stated above:
-    a temperature 5% off or a logit bias of 0.05 on even ids is detected with probability >= 0.99."""
-    logits, n = power_case(vocab, temperature, scale)
+    a temperature 5% high or a logit bias of 0.05 on even or odd ids would fail with probability >= POWER."""
+    logits, _, n = power_case(vocab, temperature, scale)
     b = batch(n, 1, num_reqs=1000, temps=[temperature] * 1000, seed=vocab)
     b["logits"] = torch.from_numpy(logits).float().expand(n, vocab).contiguous().cuda()
-    assert_follows_only_softmax(sample(b, noise=noise).cpu().numpy(), logits, temperature)
+    assert_follows_softmax(sample(b, noise=noise).cpu().numpy(), logits, temperature)
 
 
 @pytest.mark.cuda

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 def chi_square(counts, probs) -> dict:
@@ -46,3 +46,24 @@ def chi_square(counts, probs) -> dict:
 def chi_square_samples(samples, probs) -> dict:
     """:func:`chi_square` of integer token samples."""
     return chi_square(np.bincount(np.asarray(samples), minlength=len(probs)), probs)
+
+
+def chi_square_power(probs, wrong, n: int, alpha: float) -> float:
+    """The probability that n draws from ``wrong`` give a p_value below ``alpha`` against ``probs``.
+
+    Under ``wrong`` the statistic is about noncentral chi-square: df = len(probs) - 1, noncentrality
+    n * sum((wrong - probs)**2 / probs). Exact only while no bins merge (every n * probs >= 5).
+    """
+    p, q = np.asarray(probs, dtype=float), np.asarray(wrong, dtype=float)
+    df = len(p) - 1
+    return float(stats.ncx2.sf(stats.chi2.isf(alpha, df), df, n * float(((q - p) ** 2 / p).sum())))
+
+
+def samples_for_power(probs, wrong, alpha: float, power: float) -> int:
+    """The fewest draws at which :func:`chi_square_power` reaches ``power``."""
+    p, q = np.asarray(probs, dtype=float), np.asarray(wrong, dtype=float)
+    df = len(p) - 1
+    critical = stats.chi2.isf(alpha, df)
+    # the noncentrality the power needs, then the draws that reach it
+    nc = optimize.brentq(lambda nc: stats.ncx2.sf(critical, df, nc) - power, 1e-9, 1e9, xtol=1e-9)
+    return math.ceil(nc / float(((q - p) ** 2 / p).sum()))
