@@ -7,47 +7,9 @@ and never stores into the draft-logits cache. ``Fixes(mask_invalid_reqs=False)``
 was before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
 ``logits_cache[-1, col, :]``: memory that belongs to someone else.
 
-``gumbel_block_argmax`` has vLLM 0.33's contract: it is handed one loaded tile of a row's logits with its
-token ids, its in-vocabulary mask and the row (``token_idx``); it loads the row's ``req_state_idx``,
-temperature, seed and position itself, applies the #47066 masks, stores the tile's logits *before*
-temperature into the cache, in the cache's dtype (the verifier divides by the temperature when it reads
-them), and returns the tile's max and its index within the tile. vLLM 0.25 stored ``logits / T`` in
-float32 instead (its ``output_processed_logits``). Its arguments are 0.33's, in vLLM's order, where they
-carry over (specfix also takes the column as an int, with a stride for a 0-d column tensor); the
-constexprs after them are specfix's switches. The loop over
-tiles is the caller's, as in vLLM. vLLM hands it 1-D tiles of 1,024 (one per program); specfix hands it
-2-D tiles of ``DEPTH x LANES`` logits (``tile_shape``) laid out so that each thread holds whole columns, and
-the helper reduces along the first axis: in registers, with no shuffle or barrier per tile (a 1-D tile
-gives vLLM's scalars). Each program walks several tiles of one row, two per turn, each loaded one tile ahead
-of its use, keeping a running best per column; one reduction across the columns ends the program. Rows are
-split over several programs (``launch_config``; ``block_size`` alone gives one tile per program): eagerly the
-last program of a row to arrive (an atomic counter per row) picks the best split, so a call is one launch;
-under CUDA-graph capture a second small kernel does, which costs a replay less GPU time. vLLM reduces its
-tiles with two torch ops.
-
-Three noise modes, each a pure function of (request seed, position, token id)
-(``specfix.mrv2.gumbel_reference`` defines them in torch):
-- ``"exact"`` (default): specfix's own 32-bit hash and float32 logarithm, compiled without FMA
-  contraction, so the GPU kernel, Triton's interpreter and the torch reference agree bit for bit. Golden
-  tests and chapters 3 and 4 use it.
-- ``"fast"``: the same hash, the hardware's approximate ``lg2`` (inline PTX on the GPU; ``tl.log2`` in
-  the interpreter) with a series for the small-u tail. Same distribution to ~1e-6, about twice the
-  throughput; its tokens may differ from the exact mode's in rare near-ties. Chapter 5 measures both.
-- ``"vllm"``: vLLM 0.33's noise (MurmurHash3 of seed, position and token id; its log1p series; its
-  division by the temperature), compiled as vLLM's kernel is: from the same inputs, vLLM 0.33's
-  ``gumbel_sample`` picks the same tokens and caches the same logits (``scripts/compare_vllm_noise.py``,
-  ``tests/test_gumbel.py``).
-
-Every mode, as vLLM 0.33's kernel: only a temperature of 0 is greedy, any other divides the logits and
-adds noise (vLLM's ``SamplingParams`` raises every ``0 < T < 0.01`` to 0.01 before a kernel sees it);
-``is_drafting`` adds vLLM 0.33's drafting salt to the position; a NaN score never wins (a row of NaN and
--inf scores gives token 0).
-
-Performance: what the kernel costs on an H200, and why, is measured by ``specfix bench``
-(``specfix/recorded/bench_h200.json``), Nsight Compute (``scripts/profile_gumbel.py``,
-``gumbel_ncu_h200.json``) and the launch sweep against the multi-tile kernel that predates the per-tile
-contract (``scripts/time_gumbel.py --sweep --before``, ``gumbel_sweep_before_after_h200.json``); chapter 5
-reads its figures from those recordings, which name the code they measured.
+Read ``gumbel_sample`` first (the launcher), then ``gumbel_block_argmax`` (one tile: the fix's masks, the
+noise, the argmax). ``specfix.mrv2.gumbel_reference`` is the torch twin that defines the noise modes;
+what the kernel costs is measured by ``specfix bench`` and recorded in ``specfix/recorded/``.
 """
 
 from __future__ import annotations
@@ -60,6 +22,17 @@ from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 
+# Three noise modes, each a pure function of (request seed, position, token id), defined in torch by
+# gumbel_reference:
+# - "exact" (default): specfix's own 32-bit hash and float32 logarithm, compiled without FMA contraction, so
+#   the GPU kernel, Triton's interpreter and the torch reference agree bit for bit (golden tests, chapters
+#   3 and 4).
+# - "fast": the same hash, the hardware's approximate lg2 (inline PTX on the GPU; tl.log2 in the
+#   interpreter) with a series for the small-u tail: the same distribution, tokens that may differ from
+#   the exact mode's in rare near-ties (chapter 5 measures both).
+# - "vllm": vLLM 0.33's noise (MurmurHash3 of seed, position and token id; its log1p series; its division
+#   by the temperature), compiled as vLLM's kernel is: from the same inputs vLLM 0.33's gumbel_sample picks
+#   the same tokens and caches the same logits (scripts/compare_vllm_noise.py, tests/test_gumbel.py).
 NOISE_MODES = ref.NOISE_MODES
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -172,6 +145,11 @@ if HAS_TRITON:
         direct = tl.log(tl.maximum(1.0 - u, K.VLLM_ONE_MINUS_U_MIN))
         return -tl.log(-tl.where(u < K.VLLM_SERIES_BELOW, -u * p, direct))
 
+    # vLLM 0.33's contract: one loaded tile of a row in, its max and index out; the row's request-state
+    # index, temperature, seed and position are loaded here, under PR #47066's masks. The arguments are
+    # 0.33's, in its order, where they carry over (specfix also takes the column as an int, with a stride
+    # for a 0-d column tensor); the constexprs after them are specfix's switches. The loop over tiles is the
+    # caller's, as in vLLM. vLLM 0.25 cached logits / T in float32 instead (its output_processed_logits).
     @triton.jit
     def gumbel_block_argmax(
         logits,
@@ -286,6 +264,10 @@ if HAS_TRITON:
         token = tile_start + tile_argmax * LANES + lanes
         return tl.where(better, tile_max, best), tl.where(better, token, best_token)
 
+    # vLLM 0.33 hands gumbel_block_argmax 1-D tiles of 1,024 logits, one per program, and reduces the
+    # programs' results with two torch ops. specfix hands it 2-D tiles laid out so that each thread holds
+    # whole columns (tile_shape): the tile's reduction stays in registers, with no shuffle or barrier per
+    # tile, and a row is split over several programs whose results the kernel combines itself.
     # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
     @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
                                    "tiles_per_program", "num_splits"])

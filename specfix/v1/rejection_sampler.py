@@ -6,52 +6,12 @@ et al., arXiv 2211.17192. Terms: an *accepted* token passes the test; a *recover
 residual distribution at the first rejection; the *bonus* token is sampled from the target's last row
 when every draft passes.
 
-Output layout (as in vLLM): ``[B, max_spec_len + 1]`` int32 filled with ``PLACEHOLDER_TOKEN_ID``; row i
-holds ``a_i + 1`` tokens in columns ``0..a_i`` (``a_i`` accepted drafts, then the recovered token, or the
-bonus token in column ``k_i`` when all ``k_i`` drafts are accepted).
-
 A draft id of ``-1`` (the scheduler's placeholder) is always rejected: greedy because it never equals
-an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``).
-With that switch off the random path behaves as before the PR: ``-1`` is used as a column, the flat
-offset ``t * V - 1`` reads the previous row's last probability, and when that beats the uniform the
-placeholder is accepted and ``-1`` is written into the output as if it were a token (see
-``rejection_random_sample_kernel`` for the first row, where the old kernel read before the tensor).
-At a placeholder slot the emitted token is the argmax (greedy) or the recovered sample (random). With
-draft probabilities the recovered sample comes from ``max(p - q, 0)`` whatever the draft id, as in vLLM,
-so a slot nothing was drafted for should carry an all-zero ``q`` row; then it samples ``p`` itself.
+an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``;
+switched off, the placeholder can be accepted and written out as a token: ``rejection_random_sample_kernel``).
 
-Pieces, each usable on its own (chapter 3 calls the random core with its own randomness):
-
-    rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                     target_logits, bonus_token_ids, sampling_metadata, *, uniform_probs=None,
-                     recovered_token_ids=None, reject_negative_drafts=True, backend="auto") -> Tensor
-        target_logits [T, V] are already temperature-scaled (``apply_sampling_constraints``);
-        draft_probs [T, V] float or None (None = one-hot draft distribution, q = 1);
-        uniform_probs [T] float64 and recovered_token_ids [T] int: pass your own to key randomness
-        your way; when None they come from ``generate_uniform_probs`` / ``sample_recovered_tokens``.
-
-    rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                            target_probs, bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy,
-                            max_spec_len, *, reject_negative_drafts=True, backend="auto") -> None
-        Fills ``output_token_ids`` [B, max_spec_len + 1] in place (rows with is_greedy True are left
-        alone; is_greedy None means every row is random). Accept draft d at flat token t iff
-        ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``, ``q = draft_probs[t, d]`` (1 if None),
-        ``u = uniform_probs[t]``; emit d if accepted, else ``recovered_token_ids[t]`` and stop.
-        backend "triton" runs ``rejection_random_sample_kernel``, "torch" runs
-        ``rejection_random_sample_ref``, "auto" picks Triton where it can run (CUDA tensors, or any
-        tensors under Triton's CPU interpreter) and the reference elsewhere. The greedy core
-        ``rejection_greedy_sample`` is the same with ``target_argmax`` in place of the probabilities.
-
-    These in-place cores do not validate their inputs (like vLLM's kernels); ``rejection_sample`` and
-    ``RejectionSampler.forward`` do: shapes, dtypes and devices always; the value checks (ids in range;
-    logits and draft probabilities free of NaN, +inf and rows of only -inf, which vLLM does not check:
-    a NaN row would otherwise emit token 0 without a word) on CPU tensors, and on GPU tensors only under
-    ``specfix.v1.device_checks`` (one host sync for all of them), so that a step makes no host sync.
-
-The two verification loops and the recovered-token draw are Triton kernels (grid ``(B,)``, one program per
-request looping over its drafts; grid ``(B, max_spec_len)`` for the draw), each with a vectorised torch
-reference beside it; ``max_spec_len`` is a runtime argument, so one compilation serves every k. The
-exponential noise of the draw and the bonus token come from torch, keyed by the requests' generators.
+Read ``rejection_sample`` first (it validates, then verifies), then ``rejection_random_sample`` and its
+kernel; every Triton kernel here has a vectorised torch reference (``*_ref``) that tests tie to it.
 """
 
 from __future__ import annotations
@@ -431,7 +391,8 @@ def sample_recovered_tokens(
     """For each draft token, a sample from the residual distribution used if that draft is rejected.
 
     Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
-    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target). Sampled by
+    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target; with them, as
+    in vLLM, a slot nothing was drafted for should carry an all-zero q row to sample p itself). Sampled by
     the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
     distributed proportionally to the residual, no normalisation needed. The noise comes from torch (the
     request's generator, or the global one), so that a seed gives the same tokens on every backend; the
@@ -561,12 +522,15 @@ def rejection_sample(
     reject_negative_drafts: bool = True,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Verify every request's drafts; return ``[B, max_spec_len + 1]`` int32 (see the module docstring).
+    """Verify every request's drafts; return ``[B, max_spec_len + 1]`` int32 filled with
+    ``PLACEHOLDER_TOKEN_ID``, as in vLLM: row i holds ``a_i + 1`` tokens in columns ``0..a_i`` (``a_i``
+    accepted drafts, then the recovered token, or the bonus token in column ``k_i`` when all ``k_i``
+    drafts are accepted).
 
-    ``target_logits`` [num_draft_total, V] must already be temperature-scaled. Greedy requests accept a
-    draft iff it equals the target argmax; random requests run the probability-ratio test with
-    ``uniform_probs`` and ``recovered_token_ids`` (generated here when None: pass your own to control
-    the randomness).
+    ``target_logits`` [num_draft_total, V] must already be temperature-scaled; ``draft_probs`` None means
+    a one-hot draft distribution (q = 1). Greedy requests accept a draft iff it equals the target argmax;
+    random requests run the probability-ratio test with ``uniform_probs`` [T] float64 and
+    ``recovered_token_ids`` [T] (generated here when None: pass your own to control the randomness).
     """
     _check_num_draft_tokens(num_draft_tokens)
     _check_logits("target_logits", target_logits)
@@ -729,7 +693,13 @@ def rejection_random_sample(
     backend: str = "auto",
 ) -> None:
     """Write the random rows of ``output_token_ids`` in place, whole: their tokens, then
-    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
+    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are
+    (``is_greedy`` None: every row is random).
+
+    Draft d at flat token t is accepted iff ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``,
+    ``q = draft_probs[t, d]`` (1 if None) and ``u = uniform_probs[t]``; a rejection emits
+    ``recovered_token_ids[t]`` and ends the row. Like vLLM's kernels, this core does not validate its
+    inputs; ``rejection_sample`` does."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -866,6 +836,10 @@ def rejection_random_sample_ref(
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels (grid (B,): one program per request, looping over its drafts)
 
+# The two verification loops run one program per request looping over its drafts (grid (B,)); the
+# recovered-token draw runs grid (B, max_spec_len). max_spec_len is a runtime argument, so one compilation
+# serves every k. The draw's exponential noise and the bonus token come from torch, keyed by the requests'
+# generators.
 if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["max_spec_len"])
