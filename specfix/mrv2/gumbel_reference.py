@@ -3,43 +3,11 @@
 Mirrors the contract of vLLM 0.33.0's Model Runner V2 ``vllm/v1/worker/gpu/sample/gumbel.py`` (see
 ``specfix.mrv2.gumbel`` for the Triton kernel). The noise for token ``v`` of a row is a pure function of
 (request seed, position, v), so a draw does not depend on what else is in the batch, and the Triton
-kernel, Triton's interpreter and this file all produce the same bits:
+kernel, Triton's interpreter and this file all produce the same bits. Two of the sampler's noise modes are
+defined here, each recipe in a comment above its functions: specfix's own ("exact") and vLLM 0.33's
+("vllm").
 
-1. ``row_key(seed, pos)``: four rounds of murmur3's 32-bit finaliser ``fmix32`` over the seed's and the
-   position's two 32-bit halves.
-2. ``token_bits = fmix32(row_key ^ (v * 0x9E3779B1))`` (a bijection of v: no two tokens of a row share bits).
-3. ``u = (bits + 0.5) * 2**-32``, capped at ``1 - 2**-24``: a uniform in (0, 1).
-4. ``g = -log(-log1p(-u))``, the careful form: the large noise that wins the argmax lives at u -> 0,
-   where ``log1p`` keeps full precision and a naive ``log(1 - u)`` would round to 0. The logarithm is our
-   own (exponent split + a degree-9 polynomial) built from float32 adds and multiplies only, so IEEE
-   arithmetic makes it bit-identical on every machine (the GPU kernel is compiled without FMA
-   contraction for this "exact" mode).
-
-All integer work is done in int64 holding 32-bit values (no reliance on overflow), all float work in
-float32 in the same order as the kernel.
-
-``noise="vllm"`` is vLLM 0.33's noise instead (``vllm/v1/worker/gpu/sample/gumbel.py``, PR #51367), so
-that specfix and vLLM pick the same tokens from the same inputs:
-
-1. ``bits = MurmurHash3_x86_32`` (seed 0) of four little-endian 32-bit words: the request seed's low and
-   high words, the position's low word and the token id (16 bytes, so the finaliser mixes in length 16).
-2. ``u`` from the two 16-bit halves of ``bits``: ``hi * 2**-16 + (lo + 0.5) * 2**-32`` in float32, i.e.
-   ``(bits + 0.5) * 2**-32`` rounded once (it can round up to 1.0; step 3 guards that).
-3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
-   ``log(max(1 - u, 2**-24))`` above; the logarithms are the platform's (``torch.log`` here, ``tl.log`` in
-   the kernel), so this reference matches the kernel's hash and uniforms bit for bit and its noise to
-   within a rounding of the logarithm. The kernel also divides by the temperature as vLLM does (on a GPU
-   triton's ``/`` is ``div.full.f32``, within 2 ulp), this file with IEEE division: on a GPU the two can
-   pick different tokens in a near-tie, which vLLM's own kernel and the vllm mode never do (they make the
-   same float operations). The draft-logits cache receives the logits before temperature, in every mode.
-4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
-   a draft and the residual it may be resampled from must not share noise). When the call fills the
-   drafter's logits cache, the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
-   vLLM 0.33's ``spec_step_seed`` does (vllm mode only; the exact mode keys by (seed, position) alone).
-
-Rules shared by every mode, as in vLLM 0.33's kernel: only a temperature of 0 is greedy, a plain argmax with
-no noise (any other temperature divides and adds noise); a NaN score never wins (ties go to the lowest token
-id, and a row whose scores are all NaN or ``-inf`` gives token 0).
+Read ``gumbel_noise`` and ``vllm_gumbel_noise`` first, then ``gumbel_sample_reference``.
 """
 
 from __future__ import annotations
@@ -69,6 +37,22 @@ LN1P_POLY = (
     -0.5000000596046448, 0.33333829045295715, -0.250003457069397, 0.19966205954551697,
     -0.1660885214805603, 0.14910957217216492, -0.14012959599494934, 0.08381369709968567,
 )
+
+
+# ---- specfix's noise ("exact" mode), in four steps:
+# 1. ``row_key(seed, pos)``: four rounds of murmur3's 32-bit finaliser ``fmix32`` over the seed's and the
+#    position's two 32-bit halves.
+# 2. ``token_bits = fmix32(row_key ^ (v * 0x9E3779B1))`` (a bijection of v: no two tokens of a row
+#    share bits).
+# 3. ``u = (bits + 0.5) * 2**-32``, capped at ``1 - 2**-24``: a uniform in (0, 1).
+# 4. ``g = -log(-log1p(-u))``, the careful form: the large noise that wins the argmax lives at u -> 0,
+#    where ``log1p`` keeps full precision and a naive ``log(1 - u)`` would round to 0. The logarithm is our
+#    own (exponent split + a degree-9 polynomial) built from float32 adds and multiplies only, so IEEE
+#    arithmetic makes it bit-identical on every machine (the GPU kernel is compiled without FMA
+#    contraction for this "exact" mode).
+#
+# All integer work is done in int64 holding 32-bit values (no reliance on overflow), all float work in
+# float32 in the same order as the kernel.
 
 
 def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -141,6 +125,25 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torc
 
 
 # ---- vLLM 0.33's noise ("vllm" mode)
+#
+# ``noise="vllm"`` is vLLM 0.33's noise instead (``vllm/v1/worker/gpu/sample/gumbel.py``, PR #51367), so
+# that specfix and vLLM pick the same tokens from the same inputs:
+#
+# 1. ``bits = MurmurHash3_x86_32`` (seed 0) of four little-endian 32-bit words: the request seed's low and
+#    high words, the position's low word and the token id (16 bytes, so the finaliser mixes in length 16).
+# 2. ``u`` from the two 16-bit halves of ``bits``: ``hi * 2**-16 + (lo + 0.5) * 2**-32`` in float32, i.e.
+#    ``(bits + 0.5) * 2**-32`` rounded once (it can round up to 1.0; step 3 guards that).
+# 3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
+#    ``log(max(1 - u, 2**-24))`` above; the logarithms are the platform's (``torch.log`` here, ``tl.log`` in
+#    the kernel), so this reference matches the kernel's hash and uniforms bit for bit and its noise to
+#    within a rounding of the logarithm. The kernel also divides by the temperature as vLLM does (on a GPU
+#    triton's ``/`` is ``div.full.f32``, within 2 ulp), this file with IEEE division: on a GPU the two can
+#    pick different tokens in a near-tie, which vLLM's own kernel and the vllm mode never do (they make the
+#    same float operations). The draft-logits cache receives the logits before temperature, in every mode.
+# 4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
+#    a draft and the residual it may be resampled from must not share noise). When the call fills the
+#    drafter's logits cache, the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
+#    vLLM 0.33's ``spec_step_seed`` does (vllm mode only; the exact mode keys by (seed, position) alone).
 
 #: MurmurHash3_x86_32's block multipliers, rotations and the constant of its per-block update.
 MURMUR_C1 = 0xCC9E2D51
@@ -227,6 +230,8 @@ def gumbel_sample_reference(
     """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores), with
     ``gumbel_sample``'s arguments.
 
+    As vLLM 0.33's kernel, in every mode: only a temperature of 0 is greedy (a plain argmax, no noise); a
+    NaN score never wins (ties go to the lowest token id; a row of only NaN and ``-inf`` gives token 0).
     Rows with ``expanded_idx_mapping < 0`` are padding: temperature 0 (plain argmax), nothing stored.
     ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin). The cache
     receives each valid row's logits before temperature (``logits_cache_source`` if given), as they are.
