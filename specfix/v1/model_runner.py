@@ -6,38 +6,7 @@ Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
 is vLLM's V1 runner: the one 0.24 and 0.25 ran for most MoE models (DeepSeek-V4 among them) and 0.33's
 fallback; 0.33 runs Model Runner V2 by default, whose draft slots :mod:`specfix.mrv2.draft_slots` adds.
 
-The order of one step is the point of chapter 1:
-
-1. ``_update_states``: new requests get a row of the ``InputBatch``; every request's scheduled drafts,
-   ``-1`` placeholders included, go verbatim into ``token_ids_cpu`` (``update_req_spec_token_ids``).
-2. ``_prepare_inputs``: gather each request's scheduled tokens from ``token_ids_cpu`` into
-   ``input_ids.cpu`` (a ``-1`` is just a value here), copy to ``input_ids.gpu``, and build the
-   ``SpecDecodeMetadata`` with ``_calc_spec_decode_metadata``, whose ``draft_token_ids`` is a *copy* that
-   keeps the ``-1``.
-3. ``_preprocess``: with a speculative config and ``Fixes.clamp_placeholders`` (vLLM PR #47029), clamp
-   ``input_ids.gpu[:num_input_tokens]`` to >= 0 in place. The embedding now sees token 0 where the
-   scheduler wrote ``-1``; the metadata still says ``-1``.
-4. The model forward (its first op is the embedding), then ``RejectionSampler``, which rejects every
-   ``-1`` draft, and ``parse_output``.
-5. Bookkeeping (commit sampled tokens) and the drafter's proposals for the next step.
-
-Under async scheduling (``async_scheduling=True``, vLLM's ``use_async_scheduling``) the scheduler plans
-step N + 1 before step N's output is back, so two things change, as in vLLM's runner:
-
-* ``_update_states``: the scheduler's ``num_computed_tokens`` for a request that ran in the previous
-  step assumed every draft would be accepted; the runner takes off the drafts it rejected there
-  (vLLM: ``prev_num_draft_len`` and the deferred correction from ``valid_sampled_token_count``).
-* ``_prepare_input_ids``: the scheduler's drafts are ``[-1] * k`` placeholders; after copying
-  ``input_ids`` to the device, the runner scatters the proposals its drafter made in the previous step
-  over them (vLLM: ``_prepare_input_ids`` with ``self._draft_token_ids``). A request that was not in the
-  previous step has no proposals here and keeps its ``-1`` up to ``_preprocess``.
-
-vLLM's async runner also keeps the last sampled tokens on the device (``prev_sampled_token_ids``) and
-scatters them into ``input_ids``; specfix's runner commits sampled tokens to ``token_ids_cpu`` at once,
-so only the drafts need the scatter.
-
-``num_input_tokens`` is padded up to a CUDA-graph capture size as in vLLM; the padded rows of
-``input_ids`` hold stale ids from earlier steps and write nothing to the KV cache (``PAD_SLOT_ID``).
+Read ``GPUModelRunner.execute_model`` first: the comment above it walks one step in order.
 """
 
 from __future__ import annotations
@@ -356,7 +325,8 @@ class GPUModelRunner:
         )
 
     def _get_num_input_tokens(self, num_tokens: int) -> int:
-        """Pad to the next CUDA-graph capture size (as vLLM's cudagraph dispatcher does)."""
+        """Pad to the next CUDA-graph capture size (as vLLM's cudagraph dispatcher does). The padded rows
+        of ``input_ids`` hold stale ids from earlier steps and write nothing to the KV cache."""
         i = bisect.bisect_left(self.cudagraph_capture_sizes, num_tokens)
         return self.cudagraph_capture_sizes[i] if i < len(self.cudagraph_capture_sizes) else num_tokens
 
@@ -386,6 +356,35 @@ class GPUModelRunner:
         )
 
     @torch.no_grad()
+    # One step, in order (chapter 1 follows it):
+    #
+    # 1. ``_update_states``: new requests get a row of the ``InputBatch``; every request's scheduled drafts,
+    #    ``-1`` placeholders included, go verbatim into ``token_ids_cpu`` (``update_req_spec_token_ids``).
+    # 2. ``_prepare_inputs``: gather each request's scheduled tokens from ``token_ids_cpu`` into
+    #    ``input_ids.cpu`` (a ``-1`` is just a value here), copy to ``input_ids.gpu``, and build the
+    #    ``SpecDecodeMetadata`` with ``_calc_spec_decode_metadata``, whose ``draft_token_ids`` is a *copy*
+    #    that keeps the ``-1``.
+    # 3. ``_preprocess``: with a speculative config and ``Fixes.clamp_placeholders`` (vLLM PR #47029), clamp
+    #    ``input_ids.gpu[:num_input_tokens]`` to >= 0 in place. The embedding now sees token 0 where the
+    #    scheduler wrote ``-1``; the metadata still says ``-1``.
+    # 4. The model forward (its first op is the embedding), then ``RejectionSampler``, which rejects every
+    #    ``-1`` draft, and ``parse_output``.
+    # 5. Bookkeeping (commit sampled tokens) and the drafter's proposals for the next step.
+    #
+    # Under async scheduling (``async_scheduling=True``, vLLM's ``use_async_scheduling``) the scheduler plans
+    # step N + 1 before step N's output is back, so two things change, as in vLLM's runner:
+    #
+    # * ``_update_states``: the scheduler's ``num_computed_tokens`` for a request that ran in the previous
+    #   step assumed every draft would be accepted; the runner takes off the drafts it rejected there
+    #   (vLLM: ``prev_num_draft_len`` and the deferred correction from ``valid_sampled_token_count``).
+    # * ``_prepare_input_ids``: the scheduler's drafts are ``[-1] * k`` placeholders; after copying
+    #   ``input_ids`` to the device, the runner scatters the proposals its drafter made in the previous step
+    #   over them (vLLM: ``_prepare_input_ids`` with ``self._draft_token_ids``). A request that was not in the
+    #   previous step has no proposals here and keeps its ``-1`` up to ``_preprocess``.
+    #
+    # vLLM's async runner also keeps the last sampled tokens on the device (``prev_sampled_token_ids``) and
+    # scatters them into ``input_ids``; specfix's runner commits sampled tokens to ``token_ids_cpu`` at once,
+    # so only the drafts need the scatter.
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         token_table = self.input_batch.token_ids_cpu.copy() if self.record else None
