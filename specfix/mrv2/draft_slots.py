@@ -3,7 +3,8 @@
 Mirrors the three places where vLLM 0.33.0's Model Runner V2 (MRV2) treats draft slots unlike the V1
 runner: ``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/states.py``),
 ``combine_sampled_and_draft_tokens`` (``vllm/v1/worker/gpu/input_batch.py``) and ``gather_draft_sampled``
-(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). The rest of a step is specfix's V1 runner
+(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``), with the runner's write of the draft table
+(``vllm/v1/worker/gpu/model_runner.py``). The rest of a step is specfix's V1 runner
 (:mod:`specfix.v1.model_runner`), which this one extends.
 
 Read ``GPUModelRunnerV2._prepare_input_ids`` (the draft table) and ``gather_draft_sampled`` (the
