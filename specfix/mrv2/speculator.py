@@ -4,28 +4,8 @@ Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu/spec_decode/speculator.py`` (``DraftM
 ``_copy_request_inputs``), the request-state tables of ``vllm/v1/worker/gpu/states.py`` and the MRV2
 verification of ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``.
 
-Two indexings meet here. *Batch rows* are this step's requests in batch order; ``idx_mapping[row]`` is
-the row's ``req_state_idx``, its slot in the per-request state tables (temperature, seed, draft tokens,
-``draft_logits``), which is assigned when a request arrives and reused after it finishes.
-
-The drafter's step (k times: draft model forward on each row's recent tokens, then ``gumbel_sample``,
-which also stores the logits, before temperature, into ``draft_logits[idx_mapping[row], step]``) runs
-over persistent buffers at a *padded* size: on a GPU it is a ``torch.cuda.CUDAGraph`` captured per size
-and replayed; on a CPU the same step runs eagerly at the padded size over the same buffers, which is
-exactly what a replay does. Rows past ``num_reqs`` are padding, and their ``idx_mapping`` entries are
-whatever an earlier step left there. Before vLLM PR #47066 they were used as-is, so a padded row wrote
-garbage logits into a live request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1,
-which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
-
-Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step] / T)``
-(vLLM 0.33 caches the logits before temperature, in the draft head's dtype, and its verifier divides on
-load; 0.25 cached ``logits / T`` in float32),
-accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
-(chapter 1's rejection core, :mod:`specfix.v1.rejection_sampler`). The draft token itself was sampled from
-the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
-no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
-tokens do not depend on the rest of the batch: the bench compares every batched response with its run
-alone.
+Read ``DraftModelSpeculator.propose`` first (the comment above the class says how padded rows reach the
+draft logits), then ``rejection_sample_mrv2`` (how a stale row corrupts the verification).
 """
 
 from __future__ import annotations
@@ -116,6 +96,18 @@ class DraftProposal:
     padded_writes: list[tuple[int, int]] = field(default_factory=list)
 
 
+# Two indexings meet here. *Batch rows* are this step's requests in batch order; ``idx_mapping[row]`` is
+# the row's ``req_state_idx``, its slot in the per-request state tables (temperature, seed, draft tokens,
+# ``draft_logits``), which is assigned when a request arrives and reused after it finishes.
+#
+# The drafter's step (k times: draft model forward on each row's recent tokens, then ``gumbel_sample``,
+# which also stores the logits, before temperature, into ``draft_logits[idx_mapping[row], step]``) runs
+# over persistent buffers at a *padded* size: on a GPU it is a ``torch.cuda.CUDAGraph`` captured per size
+# and replayed; on a CPU the same step runs eagerly at the padded size over the same buffers, which is
+# exactly what a replay does. Rows past ``num_reqs`` are padding, and their ``idx_mapping`` entries are
+# whatever an earlier step left there. Before vLLM PR #47066 they were used as-is, so a padded row wrote
+# garbage logits into a live request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1,
+# which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
 class DraftModelSpeculator:
     """Draft ``k`` tokens per request with probabilistic draft sampling over persistent buffers.
 
@@ -286,6 +278,15 @@ def keyed_generator(seed: int, position: int, device: torch.device | str) -> tor
     return torch.Generator(device=device).manual_seed(key)
 
 
+# Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step] / T)``
+# (vLLM 0.33 caches the logits before temperature, in the draft head's dtype, and its verifier divides on
+# load; 0.25 cached ``logits / T`` in float32),
+# accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
+# (chapter 1's rejection core, :mod:`specfix.v1.rejection_sampler`). The draft token itself was sampled from
+# the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
+# no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
+# tokens do not depend on the rest of the batch: the bench compares every batched response with its run
+# alone.
 def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
                           draft_logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor,
                           seeds: torch.Tensor, positions: torch.Tensor,
