@@ -5,25 +5,8 @@ here runs in a child Python (``sys.executable``) whose merged stdout/stderr, exi
 events (``@@ {json}`` lines the child prints as it goes) come back as a :class:`ChildRun`. The caller (a
 notebook kernel, a test, the recorder script) survives and can run the next case.
 
-Three kinds of child:
-
-* :func:`minimal_crash_code` -- ``F.embedding`` with a ``-1`` in the ids, with events marking where
-  the launch returned and where the error surfaced, then probes showing the context is poisoned;
-* :func:`pipeline_crash_code` -- the specfix engine with ``Fixes(clamp_placeholders=False)`` (what
-  vLLM did before PR #47029), left to crash as a serving worker would;
-* :func:`op_case_code` -- one row of the table "which operations assert, and how" (:data:`OPS`); the
-  CPU column comes from :func:`cpu_outcome`, run in-process since CPU errors are ordinary exceptions.
-
-:func:`device_asserts` (from :mod:`specfix.tools.diagnose`, which reads servers' logs with it) parses the
-driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], thread: [1,0,0]
-Assertion `srcIndex < srcSelectDimSize` failed.``).
-
-Those lines are the device's own ``printf``: the host fetches them only when it next waits for the GPU, and a
-process that dies of the error at a mere launch (no wait) can exit without them (on the H200, 7 runs of 12 of
-the engine's crash with ``CUDA_LAUNCH_BLOCKING=0``). Every child therefore waits for the device and flushes
-its output before it exits (``PRELUDE``), :func:`run_until_asserts` re-runs a child that failed without an
-assert line a bounded number of times, and :func:`with_assert_lines` lets a chapter fall back to a recorded
-transcript, saying so, when a live run still has none.
+Read :func:`run_child` and :func:`minimal_crash_code` first; the comments above :func:`run_until_asserts`
+and ``PRELUDE`` say why a child may end without its assert lines and what is done about it.
 """
 
 from __future__ import annotations
@@ -146,6 +129,13 @@ def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
     return ChildRun(label, code, dict(env or {}), returncode, output, time.perf_counter() - start, events)
 
 
+# The driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], thread: [1,0,0]
+# Assertion `srcIndex < srcSelectDimSize` failed.``, parsed by ``device_asserts``) are the device's own
+# printf: the host fetches them only when it next waits for the GPU, and a process that dies of the error at
+# a mere launch (no wait) can exit without them. Every child therefore waits for the device and flushes its
+# output before it exits (``PRELUDE``), this re-runs a child that failed without an assert line a bounded
+# number of times, and :func:`with_assert_lines` lets a chapter fall back to a recorded transcript, saying
+# so, when a live run still has none.
 def run_until_asserts(code: str, *, label: str = "", env: dict[str, str] | None = None,
                       timeout: float = 180.0, attempts: int = 3) -> ChildRun:
     """:func:`run_child`, run again (at most ``attempts`` runs in all) while the child fails without printing
@@ -258,6 +248,14 @@ def probe_context(before):
 '''
 
 
+# Three kinds of child:
+#
+# * :func:`minimal_crash_code` -- ``F.embedding`` with a ``-1`` in the ids, with events marking where
+#   the launch returned and where the error surfaced, then probes showing the context is poisoned;
+# * :func:`pipeline_crash_code` -- the specfix engine with ``Fixes(clamp_placeholders=False)`` (what
+#   vLLM did before PR #47029), left to crash as a serving worker would;
+# * :func:`op_case_code` -- one row of the table "which operations assert, and how" (:data:`OPS`); the
+#   CPU column comes from :func:`cpu_outcome`, run in-process since CPU errors are ordinary exceptions.
 def minimal_crash_code(ids: tuple[int, ...] = (5, -1, 7), vocab: int = 32, hidden: int = 16) -> str:
     """``F.embedding`` on CUDA with a bad id, instrumented: a warm-up launch with valid ids (so that the timed
     launch carries no one-time set-up), then the bad launch, its return, synchronize, and probes."""

@@ -4,25 +4,11 @@
     with check_indices():
         model(input_ids)        # raises IndexGuardError naming the op, the bad values and where they sit
 
-While active, :func:`check_indices` checks the index tensor of every embedding lookup (``F.embedding``,
-``torch.embedding``, so ``nn.Embedding`` modules too), ``index_select``, ``gather``, ``take`` and
-integer-tensor indexing (``x[idx]``, ``x[idx] = v``) against the size of the dimension it indexes, and raises
-:class:`IndexGuardError` (an ``IndexError``) *before* the op runs, so no CUDA kernel ever gets the chance to
-assert and poison the process. It is a :class:`torch.overrides.TorchFunctionMode`: it sits on torch's mode
-stack only inside the ``with`` block, so outside it nothing is patched and nothing costs anything.
-
-Cost while active: every guarded op reduces its index tensor to (min, max) and reads those two numbers on the
-host, i.e. one device-to-host synchronisation per op on CUDA (tens of microseconds each, and it serialises
-the host with the GPU). It cannot run inside CUDA-graph capture, which forbids synchronisation; it raises a
-RuntimeError there rather than break the capture.
-
-Strictness: ``x[-1]``-style wrap-around is legal for tensor indexing and ``torch.take``, but in an inference
-engine a negative *token id* is a leaked placeholder (vLLM's ``PLACEHOLDER_TOKEN_ID`` is -1), so by default
-every negative index is reported. ``check_indices(allow_negative=True)`` accepts ``-size <= i < 0`` for the
-ops that wrap (indexing and take) and keeps the strict check for the others.
-
-Not covered: keys given as nested Python lists (``x[[[1, 5]]]``), and the scatter family (``index_put_``,
-``scatter_``, ``index_add_``); those reach torch's own checks (an IndexError on CPU, an assert on CUDA).
+While active, :func:`check_indices` checks the index tensor of every embedding lookup (``nn.Embedding``
+too), ``index_select``, ``gather``, ``take`` and integer-tensor indexing against the size of the dimension
+it indexes, and raises :class:`IndexGuardError` (an ``IndexError``) *before* the op runs, so no CUDA kernel
+ever gets the chance to assert and poison the process. Read :class:`check_indices` first: the comment
+above it says what it costs, how strict it is and what it does not cover.
 """
 
 from __future__ import annotations
@@ -168,6 +154,21 @@ def _integer_indices(source: torch.Tensor, key) -> list[tuple[int, torch.Tensor]
     return found
 
 
+# It is a :class:`torch.overrides.TorchFunctionMode`: it sits on torch's mode stack only inside the ``with``
+# block, so outside it nothing is patched and nothing costs anything.
+#
+# Cost while active: every guarded op reduces its index tensor to (min, max) and reads those two numbers on
+# the host, i.e. one device-to-host synchronisation per op on CUDA (tens of microseconds each, and it
+# serialises the host with the GPU). It cannot run inside CUDA-graph capture, which forbids synchronisation;
+# it raises a RuntimeError there rather than break the capture.
+#
+# Strictness: ``x[-1]``-style wrap-around is legal for tensor indexing and ``torch.take``, but in an
+# inference engine a negative *token id* is a leaked placeholder (vLLM's ``PLACEHOLDER_TOKEN_ID`` is -1), so
+# by default every negative index is reported. ``check_indices(allow_negative=True)`` accepts ``-size <= i <
+# 0`` for the ops that wrap (indexing and take) and keeps the strict check for the others.
+#
+# Not covered: keys given as nested Python lists (``x[[[1, 5]]]``), and the scatter family (``index_put_``,
+# ``scatter_``, ``index_add_``); those reach torch's own checks (an IndexError on CPU, an assert on CUDA).
 class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``with check_indices():``)
     """Context manager: while active, out-of-range indices raise :class:`IndexGuardError` before any kernel.
 

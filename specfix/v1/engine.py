@@ -10,19 +10,7 @@ process (vLLM puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedu
                       num_speculative_tokens=3)
     result.outputs[0].text, result.stats.acceptance_rate, result.stats.mean_acceptance_length
 
-Chapter 2 re-creates the crash in a child process with the clamp switched off:
-
-    python -m specfix.v1.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
-    python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
-
-or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
-
-``LLMEngine(async_scheduling=True)`` runs vLLM's async scheduling (``AsyncScheduler``, and the engine
-core's ``step_with_batch_queue`` with two batches in flight): each ``step`` schedules and runs one batch,
-then hands the *previous* batch's output to the scheduler, so the scheduler always plans one step ahead
-of what it knows. Drafts then never pass through the scheduler: it sends ``-1`` placeholders and the
-model runner fills them from its own previous proposals. vLLM turns async scheduling on by default
-where nothing rules it out; specfix keeps synchronous scheduling as the default, and chapter 1 runs both.
+Read :meth:`LLMEngine.step` first.
 """
 
 from __future__ import annotations
@@ -107,8 +95,14 @@ class LLMEngine:
     ``add_request`` before anything changes. A finished request is freed, as in vLLM: it leaves the
     scheduler (its id may be used again) and ``step()`` hands back its output.
 
-    ``async_scheduling=True``: see the module docstring. vLLM 0.33's V1 runner refuses async scheduling
-    with the CPU n-gram drafter (``vllm/config/vllm.py``), and so does specfix.
+    ``async_scheduling=True`` runs vLLM's async scheduling (``AsyncScheduler``, and the engine core's
+    ``step_with_batch_queue`` with two batches in flight): each ``step`` schedules and runs one batch, then
+    hands the *previous* batch's output to the scheduler, so the scheduler always plans one step ahead of
+    what it knows. Drafts then never pass through the scheduler: it sends ``-1`` placeholders and the model
+    runner fills them from its own previous proposals. vLLM turns async scheduling on by default where
+    nothing rules it out; specfix keeps synchronous scheduling as the default, and chapter 1 runs both.
+    vLLM 0.33's V1 runner refuses async scheduling with the CPU n-gram drafter (``vllm/config/vllm.py``),
+    and so does specfix.
 
     ``model_runner``: ``"v1"`` (the default here) is vLLM's V1 runner, ``gpu_model_runner.py``; ``"v2"``
     gives it Model Runner V2's draft slots (:mod:`specfix.mrv2.draft_slots`). vLLM 0.33 runs Model Runner V2
@@ -317,6 +311,12 @@ def generate(
 DEMO_PROMPTS = ("the fox saw the crow and", "a lion was asleep in", "the north wind and", "the mice ran to")
 
 
+# Chapter 2 re-creates the crash in a child process with the clamp switched off:
+#
+#     python -m specfix.v1.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
+#     python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
+#
+# or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
 def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None,
              k: int = 3, proposer: str = "draft_model", async_scheduling: bool = False) -> GenerateResult:
     """A batch of four whose first step carries ``-1`` placeholders: two requests arrive prefilled
