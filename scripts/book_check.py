@@ -13,7 +13,7 @@ Serves the book over http on 127.0.0.1 (the search page needs http), opens every
 - a page that shows a path of the machine that built it (a kernel's /tmp/ipykernel_ file, the venv, the
   checkout), or that scrolls sideways on a 390 px wide phone screen,
 - a figure scaled so far into the text column that its smallest text (style.SMALLEST_PT) ends up under
-  style.MIN_TEXT_PX tall, beyond the few each chapter still has (SMALL_FIGURES, which may only shrink),
+  style.MIN_TEXT_PX tall,
 - any link within the book that points to a file that is not there, or to an anchor the page lacks,
 - any widget view left on a page (the book shows each widget's static figure instead),
 - a search for `idx_mapping` that finds nothing.
@@ -36,9 +36,6 @@ from urllib.parse import unquote, urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH_TERM = "idx_mapping"
 FIGURE_MIMES = ("image/svg+xml", "image/png")
-#: Figures per chapter still drawn wider than the column allows (2026-12-01); to be redrawn, never raised.
-SMALL_FIGURES = {"00_tour": 2, "01_placeholder_lifecycle": 0, "02_embedding_assert": 0,
-                 "03_cudagraph_idx_mapping": 0, "04_masked_gumbel_sampling": 0, "05_performance": 0}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 VIEWPORT = {"width": 1280, "height": 900}
 TIMEOUT_MS = 60_000
@@ -194,8 +191,6 @@ def _check_page(page, url, root, origin, outside):
         elif (shown := displayed_figures(executed)) != len(figures):
             counted.append(f"its cells displayed {shown} figure(s), the page shows {len(figures)}")
         small = small_figures(figures)
-        if len(small) <= SMALL_FIGURES.get(stem, 0):
-            small = []
     return {
         "console": console,
         "resources": resources + [f"{u}: request leaves this machine (blocked)" for u in outside],

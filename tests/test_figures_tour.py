@@ -5,7 +5,7 @@ import json
 import matplotlib.pyplot as plt
 import pytest
 
-from specfix.figures import tour
+from specfix.figures import style, tour
 from specfix.tools.mirrors import roles
 
 WORDS = {i: f"w{i}" for i in range(20)}
@@ -43,6 +43,8 @@ def test_step_figure_draws_context_drafts_and_what_the_target_emits():
         renderer = fig.canvas.get_renderer()
         assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
         assert any(t.get_style() == "italic" and "bonus" in t.get_text() for t in fig.texts)
+        seen = style.legibility(fig)  # drawn for the book's column
+        assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
     finally:
         plt.close(fig)
 

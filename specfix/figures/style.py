@@ -118,10 +118,13 @@ def caption(fig, text: str) -> None:
              transform=fig.transFigure)
 
 
-def legend_below(fig, ax, ncol: int = 2) -> None:
-    """``ax``'s legend in a strip under the axes, not beside them, so that the figure keeps its width (the
-    column's): the figure grows by the strip and its axes are laid out above it."""
-    handles, labels = ax.get_legend_handles_labels()
+def legend_below(fig, ax, ncol: int = 2, handles=None) -> None:
+    """``ax``'s legend (its artists', or ``handles``) in a strip under the axes, not beside them, so that the
+    figure keeps its width (the column's): the figure grows by the strip and its axes are laid out above."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    else:
+        labels = [h.get_label() for h in handles]
     strip = 0.15 + 0.2 * -(-len(labels) // ncol)
     fig.set_figheight(fig.get_figheight() + strip)
     fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))

@@ -84,7 +84,7 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
     outcomes = step_outcomes(drafts, choices)
     name = lambda i: "-1" if i < 0 else word(i)
     with style.apply():
-        fig, ax = plt.subplots(figsize=(9, 2.2))
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 2.2))
         ax.set_axis_off()
         ax.set_title(title, loc="left")
         x = 0.0
@@ -105,8 +105,8 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
         ax.set(xlim=(-1.2, x + 0.2), ylim=(-0.4, 1.8))
         kinds = [("context", style.PADDING), ("draft accepted", style.FIXED), ("draft rejected", style.BUGGY),
                  ("placeholder -1", style.PLACEHOLDER), ("recovered", style.NEUTRAL), ("bonus", style.ACCENT)]
-        ax.legend(handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds],
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        style.legend_below(fig, ax, ncol=3,
+                           handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds])
         style.caption(fig, "Read each column top to bottom: the target keeps a draft it would have chosen "
                            "itself, replaces the first one it would not, and stops there; if it keeps all of "
                            "them it adds its own next token, the bonus.")
