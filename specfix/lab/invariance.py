@@ -1,15 +1,8 @@
 """A padding-invariance checker: live results must not depend on what the padded rows hold.
 
 A step that runs at a padded size (a CUDA-graph replay, say) reads whole persistent buffers, padded
-rows included. Those rows hold whatever was there: zeros from allocation, an earlier larger batch, a
-finished request. A correct step gives its live requests the same outputs and leaves their state the
-same *whatever* the padding holds. :func:`check_padding_invariance` tests exactly that: it runs the step
-once on the buffers as it finds them (the ``"stale"`` run: the padding as the engine left it), then once
-per garbage pattern (random values, NaN, -1, huge ids), each time over the same live inputs with the
-padded region of every buffer overwritten, and compares the live rows it was told to watch with the
-stale run's. So a report says both *whether* the padding can leak into live results and, where the
-stale run differs from a harmless pattern (``minus_one`` for an index buffer) or from the reference,
-*which* live rows the padding as it stands corrupts.
+rows included. A correct step gives its live requests the same outputs and leaves their state the
+same *whatever* the padding holds; :func:`check_padding_invariance` tests exactly that (read it first):
 
     report = check_padding_invariance(
         step=lambda: speculator.propose(...),              # any callable over persistent buffers
@@ -19,14 +12,6 @@ stale run differs from a harmless pattern (``minus_one`` for an index buffer) or
         bounds={"idx_mapping": (-1, max_num_reqs), ...},   # value range of integer index buffers
     )
     assert report.ok, report
-
-Corruption that writes a *fixed* wrong value (DFlash's padded samples all point at row 0 and slot 0)
-looks the same under every pattern. For that, pass ``reference``: the same step run at the exact batch
-size, without padding; every pattern's live rows must also equal the reference's.
-
-The buffers are snapshotted first and restored after every run and at the end, so the check leaves
-them as it found them. On a GPU the step may replay a CUDA graph: the checker only writes into the
-buffers in place (``copy_`` / ``fill_``), never reallocates them.
 """
 
 from __future__ import annotations
@@ -133,6 +118,21 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return eq.reshape(a.shape[0], -1).all(dim=1)
 
 
+# Padded rows hold whatever was there: zeros from allocation, an earlier larger batch, a finished request.
+# The check runs the step once on the buffers as it finds them (the ``"stale"`` run: the padding as the
+# engine left it), then once per garbage pattern (random values, NaN, -1, huge ids), each time over the same
+# live inputs with the padded region of every buffer overwritten, and compares the live rows it was told to
+# watch with the stale run's. So a report says both *whether* the padding can leak into live results and,
+# where the stale run differs from a harmless pattern (``minus_one`` for an index buffer) or from the
+# reference, *which* live rows the padding as it stands corrupts.
+#
+# Corruption that writes a *fixed* wrong value (DFlash's padded samples all point at row 0 and slot 0)
+# looks the same under every pattern. For that, pass ``reference``: the same step run at the exact batch
+# size, without padding; every pattern's live rows must also equal the reference's.
+#
+# The buffers are snapshotted first and restored after every run and at the end, so the check leaves
+# them as it found them. On a GPU the step may replay a CUDA graph: the checker only writes into the
+# buffers in place (``copy_`` / ``fill_``), never reallocates them.
 def check_padding_invariance(
     step: Callable[[], object],
     buffers: Mapping[str, torch.Tensor],
@@ -145,7 +145,7 @@ def check_padding_invariance(
     seed: int = 0,
     stale: bool = True,
 ) -> InvarianceReport:
-    """Run ``step`` once per garbage pattern and report live rows that change (see the module docstring).
+    """Run ``step`` once per garbage pattern and report live rows that change (see the comment above).
 
     Args:
         step: runs the computation under test over ``buffers`` (its return value is ignored).

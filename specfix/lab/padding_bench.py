@@ -1,27 +1,15 @@
 """Chapter 3's reproduction: seeded requests decoded in padded batches, each compared with its run alone.
 
-A small Model Runner V2 style engine (:class:`SpecDecodeEngine`) drives the real pieces: the
+Mirrors the MRV2 engine of vLLM 0.33.0's ``vllm/v1/worker/gpu/model_runner.py`` in miniature: a small
+Model Runner V2 style engine (:class:`SpecDecodeEngine`) drives the real pieces: the
 :class:`~specfix.mrv2.speculator.DraftModelSpeculator` (CUDA-graph replays on a GPU, the same step at the
 padded size on a CPU), the target n-gram model on vLLM's flat token layout, and MRV2 verification that
 reads the cached draft distribution by ``req_state_idx``. Every source of randomness is keyed by
-(seed, position), so a request's text must not depend on who shares its batch: :func:`run_padding_bench`
-runs the requests batched (batch sizes that leave padded rows) and each alone (batch of 1, no padding),
-and counts the responses that differ. With ``trace=True`` every step records which padded rows wrote
-into which slot, whose slot that was, and where the stale ``idx_mapping`` value came from:
+(seed, position), so a request's text must not depend on who shares its batch.
 
-- ``"fresh buffer (zeros)"``: the row was never written; ``idx_mapping`` starts as zeros, so it names slot 0;
-- ``"earlier larger batch"``: the row last held a request that is still live, now at another row;
-- ``"finished request's slot, reused"``: the row's request finished and its slot now belongs to another;
-- ``"free slot"``: the named slot is free; the write is harmless.
-
-:func:`padded_step_scenario` plays a short, named history (``"step abcdef"``, ``"finish c"``,
-``"step abdef"``) on a real speculator and returns the last step's ``idx_mapping`` with what each padded
-row writes: the chapter's buffer figure, its slider and its prediction exercise are built on it.
-
-:func:`one_step_distribution` is the controlled setup for the statistics: many trials of one step with
-every live slot overwritten by a padded row, and a chi-square test of each output position against the
-target distribution. Mirrors the MRV2 engine of vLLM 0.33.0's ``vllm/v1/worker/gpu/model_runner.py`` in
-miniature.
+Read :func:`run_padding_bench` first (batched runs against solo runs, with a trace of every stale write),
+then :func:`padded_step_scenario` (the chapter's named histories) and :func:`one_step_distribution` (the
+statistics).
 """
 
 from __future__ import annotations
@@ -50,6 +38,14 @@ from specfix.mrv2.speculator import (
 from specfix.tokenizer import corpus_text, get_tokenizer
 from specfix.tools.stats import chi_square
 
+# With ``trace=True`` every step records which padded rows wrote
+# into which slot, whose slot that was, and where the stale ``idx_mapping`` value came from:
+#
+# - ``"fresh buffer (zeros)"``: the row was never written; ``idx_mapping`` starts as zeros, so it names
+#   slot 0;
+# - ``"earlier larger batch"``: the row last held a request that is still live, now at another row;
+# - ``"finished request's slot, reused"``: the row's request finished and its slot now belongs to another;
+# - ``"free slot"``: the named slot is free; the write is harmless.
 ORIGIN_FRESH = "fresh buffer (zeros)"
 ORIGIN_EARLIER = "earlier larger batch"
 ORIGIN_REUSED = "finished request's slot, reused"
@@ -486,6 +482,9 @@ class StaleRowScenario:
                            proposal.batch.num_reqs_padded, owners, writes, self.fixes)
 
 
+# :func:`padded_step_scenario` plays a short, named history (``"step abcdef"``, ``"finish c"``,
+# ``"step abdef"``) on a real speculator and returns the last step's ``idx_mapping`` with what each padded
+# row writes: the chapter's buffer figure, its slider and its prediction exercise are built on it.
 def padded_step_scenario(events, **kwargs) -> BufferState:
     """The buffer state of the last step of ``events``, played on a fresh :class:`StaleRowScenario` (keywords
     go to it), e.g. ``padded_step_scenario(["step abcdef", "finish c", "step abdef"])``."""

@@ -4,22 +4,13 @@
     specfix diagnose - < server.log        # from standard input
     specfix diagnose --json server.log     # the same report as JSON (schema: SCHEMA below)
 
-The log is read as users paste it: one line at a time (memory stays bounded whatever its size; a line longer
-than MAX_LINE characters is cut into pieces), ANSI colours, Windows line ends and vLLM's process prefixes
-(``(EngineCore_DP0 pid=12)``, ``(VllmWorker TP1 pid=34)``, ``[rank0]:``) and log headers removed, the
-tracebacks of interleaved processes kept apart by prefix. Assert lines and tracebacks are parsed here by
-the parsers chapter 2 (:mod:`specfix.lab.embedding_assert`) uses on its own transcripts; which ops launch a
-kernel comes from chapter 2's op table recorded on the H200 (``specfix/recorded/embedding_assert_ops.json``).
-
 Verdicts (``VERDICTS``): a ``-1`` placeholder reaching an embedding (vLLM PR #47029), a negative draft
 reaching the rejection sampler (PR #46533), another out-of-range index, no assert but a setup whose outputs
 CUDA-graph padding corrupted (PR #47066), a different error, or a log that does not say enough. Each comes
 with how sure it is and the log lines that made it so.
 
-The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
-``.peer/src/<version>/`` by ``scripts/fetch_vllm_peer.py``): each fix's code is present in 0.25.0 and
-0.33.0 and absent in 0.24.0, and PyPI lists no vLLM release between 0.24.0 and 0.25.0 (``pip index versions
-vllm``, 2026-12-01), so 0.25.0 is the first release that carries all three.
+Read :func:`diagnose` first; :func:`read_lines` says how a pasted log is read, ``FIXES`` where each fix's
+first release was checked.
 """
 
 from __future__ import annotations
@@ -124,6 +115,10 @@ class Fix:
     last_release_without: str = "0.24.0"
 
 
+# The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
+# ``.peer/src/<version>/`` by ``scripts/fetch_vllm_peer.py``): each fix's code is present in 0.25.0 and
+# 0.33.0 and absent in 0.24.0, and PyPI lists no vLLM release between 0.24.0 and 0.25.0 (``pip index versions
+# vllm``, 2026-12-01), so 0.25.0 is the first release that carries all three.
 FIXES = {
     "placeholder_embedding": Fix(
         47029, "the clamp before the embedding",
@@ -227,6 +222,13 @@ def _open(path: str):
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
+# The log is read as users paste it: one line at a time (memory stays bounded whatever its size; a line longer
+# than MAX_LINE characters is cut into pieces), ANSI colours, Windows line ends and vLLM's process prefixes
+# (``(EngineCore_DP0 pid=12)``, ``(VllmWorker TP1 pid=34)``, ``[rank0]:``) and log headers removed, the
+# tracebacks of interleaved processes kept apart by prefix. Assert lines and tracebacks are parsed here by
+# the parsers chapter 2 (:mod:`specfix.lab.embedding_assert`) uses on its own transcripts; which ops
+# launch a kernel comes from chapter 2's op table recorded on the H200
+# (``specfix/recorded/embedding_assert_ops.json``).
 def read_lines(stream, name: str, progress: Callable[[int], None] = lambda n: None) -> Iterator[str]:
     """The text lines of a binary stream, decoded as UTF-8 (bad bytes replaced), at most MAX_LINE long."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
