@@ -3,17 +3,8 @@
 Stands in for the Hugging Face tokenizer that vLLM loads (in vLLM 0.33.0, ``get_tokenizer`` of
 ``vllm/tokenizers/registry.py``, which wraps ``AutoTokenizer`` in ``vllm/tokenizers/hf.py``): ``encode``
 turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
-corrupted output (a repeated or missing word) with their own eyes.
-
-Two ids are chosen on purpose, because placeholders meet them:
-
-* Token 0 is ``"the"``, the commonest word. The "zero the placeholders" design alternative of chapter 1
-  turns every ``-1`` placeholder into a draft of token 0, which the target accepts whenever its own choice
-  is ``"the"``.
-* The last id, ``V - 1``, is ``"."``. Words come first (by frequency), then ``"<unk>"``, then the
-  punctuation marks, commonest last. Before vLLM PR #46533 the random rejection kernel used a ``-1`` draft
-  as a column index and so read the *previous row's* last probability, P(id V-1); with ``"."`` there, that
-  bug accepts a placeholder about as often as the target would end a sentence, so chapter 1 can show it.
+corrupted output (a repeated or missing word) with their own eyes. Two ids are chosen on purpose, because
+placeholders meet them: the comment above ``TOKEN_ZERO`` says which and why.
 """
 
 from __future__ import annotations
@@ -25,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CORPUS_PATH = Path(__file__).with_name("data") / "fables.txt"
-#: Token id 0: a real, frequent word (see the module docstring for why).
+# Two ids are chosen on purpose, because placeholders meet them:
+# * Token 0 is ``"the"``, the commonest word. The "zero the placeholders" design alternative of chapter 1
+#   turns every ``-1`` placeholder into a draft of token 0, which the target accepts whenever its own choice
+#   is ``"the"``.
+# * The last id, ``V - 1``, is ``"."``. Words come first (by frequency), then ``"<unk>"``, then the
+#   punctuation marks, commonest last. Before vLLM PR #46533 the random rejection kernel used a ``-1`` draft
+#   as a column index and so read the *previous row's* last probability, P(id V-1); with ``"."`` there, that
+#   bug accepts a placeholder about as often as the target would end a sentence, so chapter 1 can show it.
+#: Token id 0: a real, frequent word.
 TOKEN_ZERO = "the"
 UNK = "<unk>"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[.,!?:;]")

@@ -12,9 +12,6 @@ rejecting negative drafts.
   a shown greedy batch; checked against one engine step.
 * ``ch1.reject_negative`` (write it): the acceptance test of random rejection sampling, rejecting
   negative drafts; checked against specfix's rejection sampler on rows built to catch each typical slip.
-
-An answer that is a value may also be given as a function that returns it (a stub that raises
-``NotImplementedError`` counts as not yet answered). Everything runs on the CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +35,8 @@ from specfix.v1.scheduler import (
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
 
+# An answer that is a value may also be given as a function that returns it (a stub that raises
+# ``NotImplementedError`` counts as not yet answered). Everything runs on the CPU.
 def _value(answer):
     """The answer itself, or what a function-valued answer returns; ``...`` inside means not yet answered."""
     value = answer() if callable(answer) else answer

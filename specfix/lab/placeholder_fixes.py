@@ -1,19 +1,9 @@
 """Three ways to keep a ``-1`` placeholder out of the embedding, and what each one costs per step.
 
-Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_runner.py``):
-
-* ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
-  ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.
-* ``host_mask``: the first version. A helper walks the scheduler's draft lists on the host, builds a
-  mask of the placeholder positions and ships it with ``torch.tensor(..., device=...)`` every step: a
-  synchronous copy from pageable memory. We do not have that helper's code; this is our reconstruction
-  from the review, with the same host work and the same copy.
-  ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
-* ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
-  ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
-  sampler can accept it as a draft. vLLM 0.25's Model Runner V2 did this with its zeroed draft table (PR
-  #54137, closed without being merged, reported BOS emitted so); 0.33 marks those slots -1 again before
-  verification (:mod:`specfix.mrv2.draft_slots`).
+Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_runner.py``): ``clamp``
+(the merged fix), ``host_mask`` (the first version, with ``host_mask_async`` the reviewer's suggestion)
+and ``scheduler_zero`` (zero the placeholders in the scheduler: free on the GPU, and wrong). The comment
+above each fix's function says what it does and why it costs what it does.
 
 :func:`make_step` builds one step's inputs; :func:`time_fix` times a fix with CUDA events (median over many
 steps), :func:`count_syncs` counts the host-device synchronisations it makes.
@@ -92,6 +82,8 @@ def make_step(num_tokens: int, num_spec_tokens: int = 3, padded_fraction: float 
 
 
 # -- the fixes ------------------------------------------------------------------------------------------
+# ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
+# ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.
 def clamp_placeholders(step: Step) -> None:
     """(a) ``_preprocess``: clamp in place, before the embedding (vLLM PR #47029 as merged)."""
     step.input_ids[: step.num_input_tokens].clamp_(min=0)
@@ -108,6 +100,11 @@ def _placeholder_mask(step: Step) -> list[bool]:
     return mask
 
 
+# ``host_mask``: the first version. A helper walks the scheduler's draft lists on the host, builds a
+# mask of the placeholder positions and ships it with ``torch.tensor(..., device=...)`` every step: a
+# synchronous copy from pageable memory. We do not have that helper's code; this is our reconstruction
+# from the review, with the same host work and the same copy.
+# ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
 def mask_placeholder_draft_token_ids(step: Step) -> None:
     """(b) the first version: a host-built mask, shipped with ``torch.tensor(..., device=...)`` each step."""
     mask = torch.tensor(_placeholder_mask(step), dtype=torch.bool, device=step.input_ids.device)
@@ -123,6 +120,11 @@ def mask_placeholder_draft_token_ids_async(step: Step) -> None:
     step.input_ids[: step.num_input_tokens].masked_fill_(mask, 0)
 
 
+# ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
+# ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
+# sampler can accept it as a draft. vLLM 0.25's Model Runner V2 did this with its zeroed draft table (PR
+# #54137, closed without being merged, reported BOS emitted so); 0.33 marks those slots -1 again before
+# verification (:mod:`specfix.mrv2.draft_slots`).
 def zero_placeholders_in_scheduler(step: Step) -> dict[str, list[int]]:
     """(c) the scheduler writes ``0`` instead of ``-1``; returns the lists it would send.
 
