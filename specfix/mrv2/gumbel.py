@@ -264,164 +264,6 @@ if HAS_TRITON:
         token = tile_start + tile_argmax * LANES + lanes
         return tl.where(better, tile_max, best), tl.where(better, token, best_token)
 
-    # vLLM 0.33 hands gumbel_block_argmax 1-D tiles of 1,024 logits, one per program, and reduces the
-    # programs' results with two torch ops. specfix hands it 2-D tiles laid out so that each thread holds
-    # whole columns (tile_shape): the tile's reduction stays in registers, with no shuffle or barrier per
-    # tile, and a row is split over several programs whose results the kernel combines itself.
-    # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
-    @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
-                                   "tiles_per_program", "num_splits"])
-    def _gumbel_sample_kernel(
-        out_ptr,
-        split_best_ptr,
-        arrivals_ptr,
-        logits_ptr,
-        logits_stride,
-        idx_mapping_ptr,
-        temperature_ptr,
-        seed_ptr,
-        pos_ptr,
-        cache_ptr,
-        cache_stride0,
-        cache_stride1,
-        col_ptr,
-        source_ptr,
-        source_stride,
-        col_scalar,
-        col_stride,
-        vocab_size,
-        num_tiles,
-        num_full_tiles,
-        tiles_per_program,
-        num_splits,
-        IS_DRAFTING: tl.constexpr,
-        APPLY_TEMPERATURE: tl.constexpr,
-        PER_TOKEN_COL: tl.constexpr,
-        MASK_INVALID: tl.constexpr,
-        NOISE: tl.constexpr,
-        USE_ASM: tl.constexpr,
-        LANES: tl.constexpr,
-        DEPTH: tl.constexpr,
-        SPLITS: tl.constexpr,
-        ARRIVE: tl.constexpr,
-        STATIC_TILES: tl.constexpr,
-    ):
-        """Grid (rows, splits); each program walks ``tiles_per_program`` tiles of ``DEPTH x LANES`` tokens
-        of its row (token ``tile * DEPTH * LANES + d * LANES + lane``), calls ``gumbel_block_argmax`` on
-        each and keeps a running best per column (each thread holds its columns' ``DEPTH`` rows, so the
-        tile's reduction stays in registers); one reduction across the columns ends the program. The next
-        tile's logits are loaded before this tile's noise is computed, so the load's latency hides behind it.
-
-        With one split per row the program stores the token. With several, each stores its best to
-        ``split_best`` (one int64 key: its max, then its token). With ``ARRIVE`` each then counts itself
-        in ``arrivals[row]`` and the row's last program to arrive takes the largest key (ties to the lower
-        token) and sets the counter back to 0 for the next call; without, ``_gumbel_reduce_kernel`` does."""
-        BLOCK: tl.constexpr = DEPTH * LANES
-        row = tl.program_id(0).to(tl.int64)
-        split = tl.program_id(1)
-        first_tile = split * tiles_per_program
-        end_tile = tl.minimum(first_tile + tiles_per_program, num_tiles)
-        full_end = tl.minimum(end_tile, num_full_tiles)
-        logits_row_ptr = logits_ptr + row * logits_stride
-        lanes = tl.arange(0, LANES)
-        offsets = tl.arange(0, DEPTH)[:, None] * LANES + lanes[None, :]
-        in_vocab = tl.full([DEPTH, LANES], True, tl.int1)  # every lane of a full tile
-        best = tl.full([LANES], float("-inf"), tl.float32)
-        best_token = first_tile * BLOCK + lanes  # what a program whose scores are all NaN or -inf returns
-        if STATIC_TILES > 0:
-            # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
-            # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
-            for i in range(STATIC_TILES):
-                tile = first_tile + i
-                if tile < full_end:
-                    block = tile * BLOCK + offsets
-                    value, idx = gumbel_block_argmax(
-                        tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
-                        temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1,
-                        col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
-                        APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
-                    best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
-        else:
-            # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
-            # tile's noise) into its own registers. A tile index past the program's last full tile is
-            # clamped to it: in bounds, a cache hit, and a repeat of a tile already seen changes nothing.
-            x_even = tl.load(logits_row_ptr + first_tile * BLOCK + offsets,
-                             mask=first_tile * BLOCK + offsets < full_end * BLOCK, other=0.0)
-            for tile in range(first_tile, full_end, 2):
-                odd = tl.minimum(tile + 1, full_end - 1)
-                x_odd = tl.load(logits_row_ptr + odd * BLOCK + offsets)
-                value, idx = gumbel_block_argmax(
-                    x_even.to(tl.float32), tile * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
-                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
-                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
-                best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
-                x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
-                value, idx = gumbel_block_argmax(
-                    x_odd.to(tl.float32), odd * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
-                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
-                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
-                best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
-        if end_tile > num_full_tiles:  # this program owns the partial last tile
-            block = num_full_tiles * BLOCK + offsets
-            mask = block < vocab_size
-            value, idx = gumbel_block_argmax(
-                tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
-                row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0,
-                cache_stride1, col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
-                APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
-            best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
-        value = tl.max(best, axis=0)
-        token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
-        if num_splits == 1:
-            tl.store(out_ptr + row, token.to(tl.int64))
-        else:
-            # One int64 key per split: the max's bits made sortable as a signed int, then the token reversed
-            # (a tie goes to the lower token), so the max key holds the row's token.
-            bits = value.to(tl.int32, bitcast=True)
-            sortable = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-            key = sortable * 4294967296 + (2147483647 - token)
-            tl.store(split_best_ptr + row * num_splits + split, key)
-            if ARRIVE:
-                tl.debug_barrier()  # every thread's stores happen before the release below
-                arrived = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel")
-                if arrived == num_splits - 1:  # the row's last program: every split's key is in split_best
-                    _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS)
-                    tl.store(arrivals_ptr + row, 0)
-
-    @triton.jit
-    def _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS: tl.constexpr):
-        """The token of the row's largest split key."""
-        s = tl.arange(0, SPLITS)
-        keys = tl.load(split_best_ptr + row * num_splits + s, mask=s < num_splits,
-                       other=-9223372036854775807, cache_modifier=".cg")
-        tl.store(out_ptr + row, 2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF))
-
-    @triton.jit
-    def _gumbel_reduce_kernel(out_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
-        """Stage 2 of a captured call: grid (rows,); each program stores its row's best split's token."""
-        _store_best_split(out_ptr, split_best_ptr, tl.program_id(0).to(tl.int64), num_splits, SPLITS)
-
-    @triton.jit
-    def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr,
-                             USE_ASM: tl.constexpr, BLOCK: tl.constexpr):
-        """The noise itself, [rows, vocab] (exact and vllm modes: natural log; fast mode: log2 units)."""
-        row = tl.program_id(0).to(tl.int64)
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        seed = tl.load(seed_ptr + row)
-        pos = tl.load(pos_ptr + row).to(tl.int64)
-        if NOISE == K.VLLM:
-            g = _vllm_gumbel(_vllm_row_state(seed, pos), offs)
-        else:
-            key = _row_key(seed, pos)
-            u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * K.TOKEN_MULT)
-            if NOISE == K.FAST:
-                g = _fast_gumbel_log2(u, USE_ASM)
-            else:
-                g = _exact_gumbel(u)
-        tl.store(out_ptr + row * vocab_size + offs, g, mask=offs < vocab_size)
-
 
 def _check_vector(name: str, t, dtypes, length: int | None = None) -> None:
     if not isinstance(t, torch.Tensor):
@@ -601,6 +443,147 @@ def _split_scratch(device: torch.device, rows: int, splits: int) -> tuple[torch.
     return cached
 
 
+if HAS_TRITON:
+    # vLLM 0.33 hands gumbel_block_argmax 1-D tiles of 1,024 logits, one per program, and reduces the
+    # programs' results with two torch ops. specfix hands it 2-D tiles laid out so that each thread holds
+    # whole columns (tile_shape): the tile's reduction stays in registers, with no shuffle or barrier per
+    # tile, and a row is split over several programs whose results the kernel combines itself.
+    # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
+    @triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
+                                   "tiles_per_program", "num_splits"])
+    def _gumbel_sample_kernel(
+        out_ptr,
+        split_best_ptr,
+        arrivals_ptr,
+        logits_ptr,
+        logits_stride,
+        idx_mapping_ptr,
+        temperature_ptr,
+        seed_ptr,
+        pos_ptr,
+        cache_ptr,
+        cache_stride0,
+        cache_stride1,
+        col_ptr,
+        source_ptr,
+        source_stride,
+        col_scalar,
+        col_stride,
+        vocab_size,
+        num_tiles,
+        num_full_tiles,
+        tiles_per_program,
+        num_splits,
+        IS_DRAFTING: tl.constexpr,
+        APPLY_TEMPERATURE: tl.constexpr,
+        PER_TOKEN_COL: tl.constexpr,
+        MASK_INVALID: tl.constexpr,
+        NOISE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+        LANES: tl.constexpr,
+        DEPTH: tl.constexpr,
+        SPLITS: tl.constexpr,
+        ARRIVE: tl.constexpr,
+        STATIC_TILES: tl.constexpr,
+    ):
+        """Grid (rows, splits); each program walks ``tiles_per_program`` tiles of ``DEPTH x LANES`` tokens
+        of its row (token ``tile * DEPTH * LANES + d * LANES + lane``), calls ``gumbel_block_argmax`` on
+        each and keeps a running best per column (each thread holds its columns' ``DEPTH`` rows, so the
+        tile's reduction stays in registers); one reduction across the columns ends the program. The next
+        tile's logits are loaded before this tile's noise is computed, so the load's latency hides behind it.
+
+        With one split per row the program stores the token. With several, each stores its best to
+        ``split_best`` (one int64 key: its max, then its token). With ``ARRIVE`` each then counts itself
+        in ``arrivals[row]`` and the row's last program to arrive takes the largest key (ties to the lower
+        token) and sets the counter back to 0 for the next call; without, ``_gumbel_reduce_kernel`` does."""
+        BLOCK: tl.constexpr = DEPTH * LANES
+        row = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
+        first_tile = split * tiles_per_program
+        end_tile = tl.minimum(first_tile + tiles_per_program, num_tiles)
+        full_end = tl.minimum(end_tile, num_full_tiles)
+        logits_row_ptr = logits_ptr + row * logits_stride
+        lanes = tl.arange(0, LANES)
+        offsets = tl.arange(0, DEPTH)[:, None] * LANES + lanes[None, :]
+        in_vocab = tl.full([DEPTH, LANES], True, tl.int1)  # every lane of a full tile
+        best = tl.full([LANES], float("-inf"), tl.float32)
+        best_token = first_tile * BLOCK + lanes  # what a program whose scores are all NaN or -inf returns
+        if STATIC_TILES > 0:
+            # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
+            # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
+            for i in range(STATIC_TILES):
+                tile = first_tile + i
+                if tile < full_end:
+                    block = tile * BLOCK + offsets
+                    value, idx = gumbel_block_argmax(
+                        tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
+                        temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1,
+                        col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
+                        APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                    best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
+        else:
+            # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
+            # tile's noise) into its own registers. A tile index past the program's last full tile is
+            # clamped to it: in bounds, a cache hit, and a repeat of a tile already seen changes nothing.
+            x_even = tl.load(logits_row_ptr + first_tile * BLOCK + offsets,
+                             mask=first_tile * BLOCK + offsets < full_end * BLOCK, other=0.0)
+            for tile in range(first_tile, full_end, 2):
+                odd = tl.minimum(tile + 1, full_end - 1)
+                x_odd = tl.load(logits_row_ptr + odd * BLOCK + offsets)
+                value, idx = gumbel_block_argmax(
+                    x_even.to(tl.float32), tile * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
+                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
+                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
+                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
+                x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
+                value, idx = gumbel_block_argmax(
+                    x_odd.to(tl.float32), odd * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
+                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
+                    source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
+                    PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
+        if end_tile > num_full_tiles:  # this program owns the partial last tile
+            block = num_full_tiles * BLOCK + offsets
+            mask = block < vocab_size
+            value, idx = gumbel_block_argmax(
+                tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
+                row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0,
+                cache_stride1, col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
+                APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+            best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
+        value = tl.max(best, axis=0)
+        token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
+        if num_splits == 1:
+            tl.store(out_ptr + row, token.to(tl.int64))
+        else:
+            # One int64 key per split: the max's bits made sortable as a signed int, then the token reversed
+            # (a tie goes to the lower token), so the max key holds the row's token.
+            bits = value.to(tl.int32, bitcast=True)
+            sortable = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+            key = sortable * 4294967296 + (2147483647 - token)
+            tl.store(split_best_ptr + row * num_splits + split, key)
+            if ARRIVE:
+                tl.debug_barrier()  # every thread's stores happen before the release below
+                arrived = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel")
+                if arrived == num_splits - 1:  # the row's last program: every split's key is in split_best
+                    _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS)
+                    tl.store(arrivals_ptr + row, 0)
+
+    @triton.jit
+    def _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS: tl.constexpr):
+        """The token of the row's largest split key."""
+        s = tl.arange(0, SPLITS)
+        keys = tl.load(split_best_ptr + row * num_splits + s, mask=s < num_splits,
+                       other=-9223372036854775807, cache_modifier=".cg")
+        tl.store(out_ptr + row, 2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF))
+
+    @triton.jit
+    def _gumbel_reduce_kernel(out_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
+        """Stage 2 of a captured call: grid (rows,); each program stores its row's best split's token."""
+        _store_best_split(out_ptr, split_best_ptr, tl.program_id(0).to(tl.int64), num_splits, SPLITS)
+
+
 def gumbel_sample(
     logits: torch.Tensor,
     expanded_idx_mapping: torch.Tensor,
@@ -719,6 +702,28 @@ def gumbel_sample(
     if two_kernels:
         _gumbel_reduce_kernel[(num_tokens,)](out, split_best, num_splits, SPLITS=splits_bound, num_warps=1)
     return out
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr,
+                             USE_ASM: tl.constexpr, BLOCK: tl.constexpr):
+        """The noise itself, [rows, vocab] (exact and vllm modes: natural log; fast mode: log2 units)."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        seed = tl.load(seed_ptr + row)
+        pos = tl.load(pos_ptr + row).to(tl.int64)
+        if NOISE == K.VLLM:
+            g = _vllm_gumbel(_vllm_row_state(seed, pos), offs)
+        else:
+            key = _row_key(seed, pos)
+            u = _uniform(key ^ (key >> 16), offs.to(tl.uint32) * K.TOKEN_MULT)
+            if NOISE == K.FAST:
+                g = _fast_gumbel_log2(u, USE_ASM)
+            else:
+                g = _exact_gumbel(u)
+        tl.store(out_ptr + row * vocab_size + offs, g, mask=offs < vocab_size)
 
 
 def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
