@@ -74,11 +74,17 @@ def invariance_section(device) -> dict:
                                     vocab_size=16, context_len=1, device=device,
                                     fixes=Fixes(pad_idx_mapping=fix))
         spec.capture_cuda_graphs()
-        idx = torch.tensor([5, 3, 0], dtype=torch.int32, device=device)
-        seeds = torch.arange(8, device=device) * 11
-        rep = check_speculator(spec, 3, idx, torch.ones(8, device=device), seeds,
-                               torch.arange(3, device=device)[:, None], torch.arange(3, device=device) + 4)
+        idx = torch.tensor([5, 3, 0, 1], dtype=torch.int32, device=device)
+        ones, seeds = torch.ones(8, device=device), torch.arange(8, device=device) * 11
+        ar = torch.arange(4, device=device)
+        args = (3, idx[:3], ones, seeds, ar[:3, None], ar[:3] + 4)
+        # Padded row 3 names slot 0 (zeroed at capture), which live row 2 writes in the same launch: a race.
+        rep = check_speculator(spec, *args)
         res[f"speculator_fix_{fix}"] = {"ok": rep.ok, "report": str(rep)}
+        # After a step of four, row 3 names slot 1, whose request sits this step out: its only writer.
+        spec.propose(4, idx, ones, seeds, ar[:, None] + 7, ar + 4)
+        rep = check_speculator(spec, *args, unscheduled=[1])
+        res[f"speculator_unscheduled_fix_{fix}"] = {"ok": rep.ok, "report": str(rep)}
         drafter = DFlashDrafter(ToyDFlashModel(16).to(device), max_num_reqs=4, num_speculative_steps=3,
                                 device=device, fixes=Fixes(dflash_pad_idx=fix))
         drafter.capture_cuda_graph()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specfix.checks import is_int
+
 #: The garbage the padded region is filled with, one run each.
 GARBAGE_PATTERNS = ("random", "nan", "minus_one", "huge")
 #: The first run's name: the step on the buffers as found, padded region untouched.
@@ -220,22 +222,33 @@ def check_padding_invariance(
 
 def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
                      seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor,
-                     reference: bool = True) -> InvarianceReport:
+                     reference: bool = True, unscheduled: Sequence[int] = ()) -> InvarianceReport:
     """:func:`check_padding_invariance` for one ``DraftModelSpeculator.propose`` call.
 
     Padding: rows ``num_reqs..`` of the batch-row buffers and the free slots of ``draft_logits``. Watched:
-    the live rows' drafts and the live slots' ``draft_logits``. With ``reference``, the exact-size eager
-    step is the reference. On a GPU with captured graphs, every run is a real graph replay.
+    the live rows' drafts, the batch's slots of ``draft_logits`` and the ``unscheduled`` slots (live
+    requests left out of this step: their cached draft logits wait for their next verification). With
+    ``reference``, the exact-size eager step is the reference. On a GPU with captured graphs, every run is
+    a real graph replay.
+
+    A stale row naming a batch slot races the live row that writes the same slot in the same launch: on a
+    GPU either store may land last, so that corruption shows only when the padded row's wins. A stale row
+    naming an unscheduled slot is the only writer there: its corruption shows on every device.
     """
     slots = idx_mapping[:num_reqs].tolist()
-    free = [s for s in range(spec.max_num_reqs) if s not in slots]
+    waiting = list(unscheduled)
+    if any(not is_int(s) or not 0 <= s < spec.max_num_reqs or s in slots for s in waiting) \
+            or len(set(waiting)) != len(waiting):
+        raise ValueError(f"unscheduled must be distinct slots in [0, {spec.max_num_reqs}) outside this "
+                         f"step's {slots}, got {waiting}")
+    free = [s for s in range(spec.max_num_reqs) if s not in slots + waiting]
     tail = slice(num_reqs, None)
     args = (num_reqs, idx_mapping, temperature, seeds, context_ids, positions)
     return check_padding_invariance(
         lambda: spec.propose(*args), spec.buffers(),
         padded={"idx_mapping": tail, "context_ids": tail, "positions": tail, "draft_tokens": tail,
                 "draft_logits": free},
-        live={"draft_tokens": range(num_reqs), "draft_logits": slots},
+        live={"draft_tokens": range(num_reqs), "draft_logits": slots + waiting},
         bounds={"idx_mapping": (-1, spec.max_num_reqs), "context_ids": (0, spec.vocab_size),
                 "positions": (0, 2**40)},
         reference=(lambda: spec.propose(*args, padded=False)) if reference else None,
