@@ -376,6 +376,82 @@ def _exponential_noise(
     return noise
 
 
+# The recovered-token draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch,
+# keyed by the requests' generators, as does the bonus token.
+if HAS_TRITON:
+
+    @triton.jit
+    def sample_recovered_tokens_kernel(
+        output_ptr,  # [T] int32
+        split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+        target_probs_ptr,  # [T, V] float32
+        noise_ptr,  # [B, V] float32, Exp(1)
+        vocab_size,
+        split_size,  # columns per split, a multiple of BLOCK
+        num_splits,
+        BLOCK: tl.constexpr,
+        NO_DRAFT_PROBS: tl.constexpr,
+    ):
+        """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
+        split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
+        one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
+        replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
+        lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
+        fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
+        with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
+        largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
+        """
+        req_idx = tl.program_id(0)
+        pos = tl.program_id(1)
+        split = tl.program_id(2)
+        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+        if pos < num_draft:
+            token_idx = (start + pos).to(tl.int64)
+            draft = tl.load(draft_token_ids_ptr + token_idx)
+            row = token_idx * vocab_size
+            noise_row = req_idx.to(tl.int64) * vocab_size
+            first = split * split_size
+            best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
+            best_col = tl.zeros([BLOCK], dtype=tl.int32)
+            for offset in range(0, split_size, BLOCK):
+                cols = first + offset + tl.arange(0, BLOCK)
+                inside = cols < vocab_size
+                p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
+                if NO_DRAFT_PROBS:
+                    residual = tl.where(cols == draft, 0.0, p)  # a -1 draft matches no column
+                else:
+                    q = tl.load(draft_probs_ptr + row + cols, mask=inside, other=0.0)
+                    residual = tl.maximum(p - q, 0.0)
+                e = tl.load(noise_ptr + noise_row + cols, mask=inside, other=1.0)
+                score = tl.where(inside, residual * tl.math.div_rn(1.0, e), -1.0)
+                better = score > best
+                best = tl.where(better, score, best)
+                best_col = tl.where(better, cols, best_col)
+            top = tl.max(best, axis=0)
+            col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
+            if num_splits == 1:
+                tl.store(output_ptr + token_idx, col)
+            else:  # top >= 0 (each split holds a column), so its bits sort as the float does
+                key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
+                tl.store(split_best_ptr + token_idx * num_splits + split, key)
+
+    @triton.jit
+    def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
+        """Grid (T,): each token's largest split key gives its recovered token."""
+        token_idx = tl.program_id(0).to(tl.int64)
+        s = tl.arange(0, SPLITS)
+        keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
+        tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
+
+else:  # no triton: the dispatcher below always takes the torch reference
+    sample_recovered_tokens_kernel = None
+    _recovered_tokens_reduce_kernel = None
+
+
 def sample_recovered_tokens(
     max_spec_len: int,
     num_draft_tokens: list[int],
@@ -633,6 +709,60 @@ def _rejection_sample(
     return output_token_ids
 
 
+# The verification loops run one program per request looping over its drafts (grid (B,)); max_spec_len is
+# a runtime argument, so one compilation serves every k.
+if HAS_TRITON:
+
+    @triton.jit
+    def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
+        """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row
+        written whole, the output needs no fill kernel before the verification kernels."""
+        cols = tl.arange(0, ROW)
+        tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
+
+    @triton.jit(do_not_specialize=["max_spec_len"])
+    def rejection_greedy_sample_kernel(
+        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        target_argmax_ptr,  # [T] int32 or int64
+        bonus_token_ids_ptr,  # [B] int32
+        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+        max_spec_len,  # a runtime int: one compilation serves every k
+        HAS_IS_GREEDY: tl.constexpr,
+        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
+    ):
+        """Emit the target argmax at each position until a draft differs from it; bonus if none does;
+        PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
+        rejected."""
+        req_idx = tl.program_id(0)
+        active = True
+        if HAS_IS_GREEDY:
+            active = tl.load(is_greedy_ptr + req_idx)
+        if active:
+            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            rejected = False
+            last = num_draft  # the row's last token: the bonus, or the first rejection's
+            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+            # loaded scalar as a range() bound (it is a 1-element array there).
+            for pos in range(max_spec_len):
+                if not rejected and pos < num_draft:
+                    draft = tl.load(draft_token_ids_ptr + start + pos)
+                    target = tl.load(target_argmax_ptr + start + pos)
+                    tl.store(row_ptr + pos, target)
+                    if draft != target:
+                        rejected = True
+                        last = pos
+            if not rejected:
+                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
+
+else:  # no triton: the dispatcher below always takes the torch reference
+    rejection_greedy_sample_kernel = None
+
+
 def rejection_greedy_sample(
     output_token_ids: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -675,6 +805,84 @@ def rejection_greedy_sample(
 def _check_row_block(max_spec_len: int) -> None:
     if not 0 <= max_spec_len < _ROW_BLOCK:
         raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
+
+
+if HAS_TRITON:
+
+    @triton.jit(do_not_specialize=["max_spec_len"])
+    def rejection_random_sample_kernel(
+        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+        draft_token_ids_ptr,  # [T] int32
+        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+        target_probs_ptr,  # [T, V] float32
+        bonus_token_ids_ptr,  # [B] int32
+        recovered_token_ids_ptr,  # [T] int32
+        uniform_probs_ptr,  # [T] float64
+        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+        max_spec_len,  # a runtime int: one compilation serves every k
+        vocab_size,
+        NO_DRAFT_PROBS: tl.constexpr,
+        HAS_IS_GREEDY: tl.constexpr,
+        REJECT_NEGATIVE_DRAFTS: tl.constexpr,
+        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
+    ):
+        """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
+        rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
+        the rest of the row.
+
+        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
+        vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
+        as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
+        placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
+        first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
+        (undefined); here that read is masked off and the draft is rejected.
+        """
+        req_idx = tl.program_id(0)
+        active = True
+        if HAS_IS_GREEDY:
+            active = tl.load(is_greedy_ptr + req_idx) == 0
+        if active:
+            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+            rejected = False
+            last = num_draft  # the row's last token: the bonus, or the first rejection's
+            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+            # loaded scalar as a range() bound (it is a 1-element array there).
+            for pos in range(max_spec_len):
+                if not rejected and pos < num_draft:
+                    token_idx = (start + pos).to(tl.int64)
+                    draft = tl.load(draft_token_ids_ptr + token_idx)
+                    u = tl.load(uniform_probs_ptr + token_idx)
+                    flat = token_idx * vocab_size + draft
+                    # Both probability loads are masked off (no memory is read) where `readable` is False,
+                    # and such a draft is never accepted.
+                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
+                        readable = draft >= 0  # [fix]
+                    else:  # [no fix]
+                        readable = flat >= 0  # [no fix]
+                    p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
+                    if NO_DRAFT_PROBS:
+                        accepted = readable & (p.to(tl.float64) >= u)
+                    else:
+                        q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
+                        # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
+                        ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
+                        accepted = readable & (q > 0) & (ratio.to(tl.float64) >= u)
+                    if accepted:
+                        token = draft
+                    else:
+                        rejected = True
+                        last = pos
+                        token = tl.load(recovered_token_ids_ptr + token_idx)
+                    tl.store(row_ptr + pos, token)
+            if not rejected:
+                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
+
+else:  # no triton: the dispatcher below always takes the torch reference
+    rejection_random_sample_kernel = None
 
 
 def rejection_random_sample(
@@ -831,204 +1039,3 @@ def rejection_random_sample_ref(
     active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
     output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
     _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Triton kernels (grid (B,): one program per request, looping over its drafts)
-
-# The two verification loops run one program per request looping over its drafts (grid (B,)); the
-# recovered-token draw runs grid (B, max_spec_len). max_spec_len is a runtime argument, so one compilation
-# serves every k. The draw's exponential noise and the bonus token come from torch, keyed by the requests'
-# generators.
-if HAS_TRITON:
-
-    @triton.jit(do_not_specialize=["max_spec_len"])
-    def rejection_greedy_sample_kernel(
-        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        target_argmax_ptr,  # [T] int32 or int64
-        bonus_token_ids_ptr,  # [B] int32
-        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,  # a runtime int: one compilation serves every k
-        HAS_IS_GREEDY: tl.constexpr,
-        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
-    ):
-        """Emit the target argmax at each position until a draft differs from it; bonus if none does;
-        PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
-        rejected."""
-        req_idx = tl.program_id(0)
-        active = True
-        if HAS_IS_GREEDY:
-            active = tl.load(is_greedy_ptr + req_idx)
-        if active:
-            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
-            rejected = False
-            last = num_draft  # the row's last token: the bonus, or the first rejection's
-            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-            # loaded scalar as a range() bound (it is a 1-element array there).
-            for pos in range(max_spec_len):
-                if not rejected and pos < num_draft:
-                    draft = tl.load(draft_token_ids_ptr + start + pos)
-                    target = tl.load(target_argmax_ptr + start + pos)
-                    tl.store(row_ptr + pos, target)
-                    if draft != target:
-                        rejected = True
-                        last = pos
-            if not rejected:
-                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
-            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
-
-    @triton.jit(do_not_specialize=["max_spec_len"])
-    def rejection_random_sample_kernel(
-        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
-        target_probs_ptr,  # [T, V] float32
-        bonus_token_ids_ptr,  # [B] int32
-        recovered_token_ids_ptr,  # [T] int32
-        uniform_probs_ptr,  # [T] float64
-        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,  # a runtime int: one compilation serves every k
-        vocab_size,
-        NO_DRAFT_PROBS: tl.constexpr,
-        HAS_IS_GREEDY: tl.constexpr,
-        REJECT_NEGATIVE_DRAFTS: tl.constexpr,
-        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
-    ):
-        """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
-        rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
-        the rest of the row.
-
-        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
-        vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
-        as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
-        placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
-        first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
-        (undefined); here that read is masked off and the draft is rejected.
-        """
-        req_idx = tl.program_id(0)
-        active = True
-        if HAS_IS_GREEDY:
-            active = tl.load(is_greedy_ptr + req_idx) == 0
-        if active:
-            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
-            rejected = False
-            last = num_draft  # the row's last token: the bonus, or the first rejection's
-            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-            # loaded scalar as a range() bound (it is a 1-element array there).
-            for pos in range(max_spec_len):
-                if not rejected and pos < num_draft:
-                    token_idx = (start + pos).to(tl.int64)
-                    draft = tl.load(draft_token_ids_ptr + token_idx)
-                    u = tl.load(uniform_probs_ptr + token_idx)
-                    flat = token_idx * vocab_size + draft
-                    # Both probability loads are masked off (no memory is read) where `readable` is False,
-                    # and such a draft is never accepted.
-                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
-                        readable = draft >= 0  # [fix]
-                    else:  # [no fix]
-                        readable = flat >= 0  # [no fix]
-                    p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
-                    if NO_DRAFT_PROBS:
-                        accepted = readable & (p.to(tl.float64) >= u)
-                    else:
-                        q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
-                        # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
-                        ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
-                        accepted = readable & (q > 0) & (ratio.to(tl.float64) >= u)
-                    if accepted:
-                        token = draft
-                    else:
-                        rejected = True
-                        last = pos
-                        token = tl.load(recovered_token_ids_ptr + token_idx)
-                    tl.store(row_ptr + pos, token)
-            if not rejected:
-                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
-            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
-
-    @triton.jit
-    def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
-        """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row
-        written whole, the output needs no fill kernel before the verification kernels."""
-        cols = tl.arange(0, ROW)
-        tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
-
-    @triton.jit
-    def sample_recovered_tokens_kernel(
-        output_ptr,  # [T] int32
-        split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
-        target_probs_ptr,  # [T, V] float32
-        noise_ptr,  # [B, V] float32, Exp(1)
-        vocab_size,
-        split_size,  # columns per split, a multiple of BLOCK
-        num_splits,
-        BLOCK: tl.constexpr,
-        NO_DRAFT_PROBS: tl.constexpr,
-    ):
-        """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
-        split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
-        one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
-        replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
-        lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
-        fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
-        with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
-        largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
-        """
-        req_idx = tl.program_id(0)
-        pos = tl.program_id(1)
-        split = tl.program_id(2)
-        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-        if pos < num_draft:
-            token_idx = (start + pos).to(tl.int64)
-            draft = tl.load(draft_token_ids_ptr + token_idx)
-            row = token_idx * vocab_size
-            noise_row = req_idx.to(tl.int64) * vocab_size
-            first = split * split_size
-            best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
-            best_col = tl.zeros([BLOCK], dtype=tl.int32)
-            for offset in range(0, split_size, BLOCK):
-                cols = first + offset + tl.arange(0, BLOCK)
-                inside = cols < vocab_size
-                p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
-                if NO_DRAFT_PROBS:
-                    residual = tl.where(cols == draft, 0.0, p)  # a -1 draft matches no column
-                else:
-                    q = tl.load(draft_probs_ptr + row + cols, mask=inside, other=0.0)
-                    residual = tl.maximum(p - q, 0.0)
-                e = tl.load(noise_ptr + noise_row + cols, mask=inside, other=1.0)
-                score = tl.where(inside, residual * tl.math.div_rn(1.0, e), -1.0)
-                better = score > best
-                best = tl.where(better, score, best)
-                best_col = tl.where(better, cols, best_col)
-            top = tl.max(best, axis=0)
-            col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
-            if num_splits == 1:
-                tl.store(output_ptr + token_idx, col)
-            else:  # top >= 0 (each split holds a column), so its bits sort as the float does
-                key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
-                tl.store(split_best_ptr + token_idx * num_splits + split, key)
-
-    @triton.jit
-    def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
-        """Grid (T,): each token's largest split key gives its recovered token."""
-        token_idx = tl.program_id(0).to(tl.int64)
-        s = tl.arange(0, SPLITS)
-        keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
-        tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
-
-else:  # no triton: the dispatchers above always take the torch reference
-    rejection_greedy_sample_kernel = None
-    rejection_random_sample_kernel = None
-    sample_recovered_tokens_kernel = None
-    _recovered_tokens_reduce_kernel = None
