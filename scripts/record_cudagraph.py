@@ -151,7 +151,8 @@ def main(argv=None) -> int:
     if "bench" in data and "fix_on" in data["bench"]:
         bench = data["bench"]
         print("counts: fix on", bench["fix_on"]["differing"], "/ fix off", bench["fix_off"]["differing"],
-              "of", args.requests)
+              "of", args.requests, "; padded stores that landed in a live slot (fix off):",
+              bench["fix_off"]["writes_landed"], "of", sum(bench["fix_off"]["writes_by_origin"].values()))
     return 1 if failed else 0
 
 

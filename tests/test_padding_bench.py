@@ -42,6 +42,7 @@ def test_fixed_batched_equals_solo(benches):
     assert on.differing == []
     assert any(s.num_reqs_padded > len(s.req_ids) for s in on.batched.steps)   # padding really happened
     assert all(s.writes == [] for s in on.batched.steps)
+    assert on.summary()["writes_landed"] == 0
 
 
 def test_unfixed_corrupts_and_is_traced_to_a_padded_row(benches):
@@ -53,6 +54,7 @@ def test_unfixed_corrupts_and_is_traced_to_a_padded_row(benches):
     slot = record.slots[record.req_ids.index(req)]
     assert writes and all(w.slot == slot and w.row >= len(record.req_ids) for w in writes)
     assert any(w.overwritten_cols for w in writes)
+    assert off.summary()["writes_landed"] >= len(off.differing)     # each differing response had one
     assert off.write_origins()[ORIGIN_FRESH] > 0       # the zeros idx_mapping starts with point at slot 0
 
 

@@ -321,6 +321,9 @@ class PaddingBench:
             "steps_batched": len(self.batched.steps),
             "padded_steps": sum(s.num_reqs_padded > len(s.req_ids) for s in self.batched.steps),
             "writes_by_origin": dict(self.write_origins()),
+            # padded writes into a live slot that the victim's own row did not overwrite in the same launch
+            # (on a GPU, which of the two stores lands last is up to the hardware)
+            "writes_landed": sum(bool(w.overwritten_cols) for s in self.batched.steps for w in s.writes),
             "ran": sorted({s.ran for s in self.batched.steps}),
             "repeats_batched": sum(count_repeats(v) for v in self.batched.outputs.values()),
             "repeats_solo": sum(count_repeats(v) for v in self.solo.outputs.values()),
