@@ -139,7 +139,8 @@ def test_real_cuda_graphs(fix):
     # never change (they come from each row's own logits), whichever store wins.
     for _ in range(5):
         report = check_speculator(spec, *_speculator_args("cuda"))
-        assert report.ok if fix else set(report.buffers) <= {"draft_logits"}, str(report)
+        certain = report.ok if fix else not report.errors and set(report.buffers) <= {"draft_logits"}
+        assert certain, str(report)
     # Row 3 naming slot 1, a live request left out of the step, is slot 1's only writer: no race.
     waiting = _earlier_larger_batch(spec, "cuda")
     report = check_speculator(spec, *_speculator_args("cuda"), unscheduled=waiting)
