@@ -231,11 +231,15 @@ def test_engine_child_reports_where_python_heard_of_the_error():
 
 
 def test_engine_correctness_counts_real_drafts_and_placeholder_slots_apart():
-    rows = pf.engine_correctness("cpu", max_tokens=6)
+    rows = pf.engine_correctness("cpu", max_tokens=12)
     ran = [r for r in rows if r["crashes"] == "no"]
     assert {r["fix"] for r in rows if r["crashes"] != "no"} == {"no fix"}
+    assert any(r["real drafts"] for r in ran)  # the 5-gram drafter matches in some run
     for r in ran:
-        assert r["acceptance rate, real drafts"] == r["accepted drafts"] / r["real drafts"]
+        if r["real drafts"]:
+            assert r["acceptance rate, real drafts"] == r["accepted drafts"] / r["real drafts"]
+        else:  # no real draft: no rate, rather than 0
+            assert r["acceptance rate, real drafts"] != r["acceptance rate, real drafts"]
         slots = r["real drafts"] + r["placeholder slots"]
         assert r["acceptance rate, all slots"] == (r["accepted drafts"] + r["placeholders accepted"]) / slots
     zero = [r for r in ran if r["fix"] == pf.LABELS["scheduler_zero"]]

@@ -33,6 +33,21 @@ from specfix.tools.diagnose import (  # noqa: F401  (chapter 2 names them here t
 )
 
 EVENT_PREFIX = "@@ "
+_FILE_PATH = re.compile(r'File "([^"]+)"')
+_CHAINED_NOTE = "During handling of the above exception, another exception occurred"
+
+
+def _short_path(match: re.Match) -> str:
+    """``File "/any/where/site-packages/torch/x.py"`` -> ``File "torch/x.py"``; specfix's files from
+    ``specfix/``; any other file (the child's temporary script) by its name."""
+    path = match.group(1)
+    if "site-packages/" in path:
+        return f'File "{path.split("site-packages/")[-1]}"'
+    if "/specfix/" in path:
+        return f'File "specfix/{path.split("/specfix/")[-1]}"'
+    return f'File "{Path(path).name}"' if path.startswith("/") else match.group(0)
+
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 def parse_event(line: str) -> dict:
     """The event a ``@@ {json}`` line carries. A line that is not a JSON object (the child died mid-line,
@@ -77,9 +92,16 @@ class ChildRun:
         return next((e for e in self.events if e.get("kind") == kind), None)
 
     def transcript(self, max_asserts: int = 2) -> str:
-        """The output as a terminal shows it: events as ``[child] ...`` lines, long runs of asserts cut."""
+        """The output as a terminal shows it: events as ``[child] ...`` lines, long runs of asserts cut, files
+        named from their package (no path of the machine that ran it), and the engine's failed rollback (a
+        second exception, raised because the context is poisoned) said in one line."""
         lines, asserts = [], 0
         for line in self.output.splitlines():
+            line = _FILE_PATH.sub(_short_path, line)
+            if line.startswith(_CHAINED_NOTE):
+                lines.append("[the engine's rollback then failed as well, on the same poisoned CUDA context: "
+                             "its traceback is left out]")
+                break
             if line.startswith(EVENT_PREFIX):
                 lines.append("[child] " + str(parse_event(line).get("text", "")))
             elif device_asserts(line):
