@@ -697,7 +697,7 @@ def _plan_gumbel_host(s: Settings, timer: Timer) -> list[Job]:
         inp = _gumbel_inputs(rows, vocab, torch.float32, s.device)
         params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
         validate = lambda: gumbel._validate(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                            inp["seed"], inp["pos"], None, None)
+                                            inp["seed"], inp["pos"], None, None, None)
         impls = {JUDGED: _call_gumbel(fn, inp, OURS[JUDGED]), "specfix_validation_only": validate}
         impls.update({peer_impl(v): _peer_gumbel_call(m, inp) for v, m in peers.items()})
         out = [result("gumbel_host", impl, params, host_us(call)) for impl, call in impls.items()]
