@@ -19,8 +19,9 @@ def is_int(value: object) -> bool:
 
 
 def check_vector(name: str, tensor: object, dtypes: tuple[torch.dtype, ...] = ID_DTYPES,
-                 length: int | None = None, min_length: int = 0) -> None:
-    """A 1-D tensor of one of ``dtypes``, with ``length`` entries (or at least ``min_length``)."""
+                 length: int | None = None, min_length: int = 0, contiguous: bool = False) -> None:
+    """A 1-D tensor of one of ``dtypes``, with ``length`` entries (or at least ``min_length``), contiguous
+    if asked (a kernel reads it with stride 1)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in dtypes:
@@ -33,6 +34,8 @@ def check_vector(name: str, tensor: object, dtypes: tuple[torch.dtype, ...] = ID
         raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
     if tensor.numel() < min_length:
         raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
+    if contiguous and not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
 
 
 def check_device(name: str, tensor: torch.Tensor, device: torch.device, other: str) -> None:

@@ -35,3 +35,10 @@ def test_a_tensor_on_another_device_is_named_with_where_it_should_be():
     check_device("seed", torch.zeros(1), torch.device("cpu"), "logits")
     with pytest.raises(ValueError, match="seed is on meta but logits is on cpu"):
         check_device("seed", torch.zeros(1, device="meta"), torch.device("cpu"), "logits")
+
+
+def test_a_strided_vector_is_refused_where_a_kernel_reads_it_with_stride_one():
+    strided = torch.zeros(8, dtype=torch.int64)[::2]
+    check_vector("pos", strided)
+    with pytest.raises(ValueError, match="pos must be contiguous"):
+        check_vector("pos", strided, contiguous=True)

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from specfix.checks import check_device, check_vector, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
@@ -265,20 +266,6 @@ if HAS_TRITON:
         return tl.where(better, tile_max, best), tl.where(better, token, best_token)
 
 
-def _check_vector(name: str, t, dtypes, length: int | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{name} must have dtype {allowed}; got {str(t.dtype).removeprefix('torch.')}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"{name} has {t.shape[0]} entries but logits has {length} rows")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
 def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, source):
     """Refuse bad input before launching anything. Value checks (which would need a device-to-host sync,
     impossible inside a CUDA graph) run only on CPU tensors; dtypes, shapes and devices are always checked."""
@@ -304,10 +291,10 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, 
             "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
             f"or floating type would turn into a huge index or a fraction); got {expanded_idx_mapping.dtype}"
         )
-    _check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens)
-    _check_vector("temperature", temperature, (torch.float32,))
-    _check_vector("seed", seed, (torch.int64,))
-    _check_vector("pos", pos, _INDEX_DTYPES, num_tokens)
+    check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens, contiguous=True)
+    check_vector("temperature", temperature, (torch.float32,), contiguous=True)
+    check_vector("seed", seed, (torch.int64,), contiguous=True)
+    check_vector("pos", pos, _INDEX_DTYPES, num_tokens, contiguous=True)
     if temperature.shape != seed.shape:
         raise ValueError(
             "temperature and seed are per-request tables of one length; "
@@ -338,12 +325,12 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, 
         num_cols = cache.shape[1]
         if isinstance(col, torch.Tensor):
             if col.dim() == 0:
-                _check_vector("logits_cache_col", col.view(1), _INDEX_DTYPES)
+                check_vector("logits_cache_col", col.view(1), _INDEX_DTYPES, contiguous=True)
             else:
-                _check_vector("logits_cache_col", col, _INDEX_DTYPES, num_tokens)
+                check_vector("logits_cache_col", col, _INDEX_DTYPES, num_tokens, contiguous=True)
             tensors["logits_cache_col"] = col
         elif col is not None:
-            if isinstance(col, bool) or not isinstance(col, int):
+            if not is_int(col):
                 raise TypeError(f"logits_cache_col must be an int or an int tensor, got {type(col).__name__}")
             if not 0 <= col < num_cols:
                 raise ValueError(f"logits_cache_col={col} outside [0, {num_cols})")
@@ -351,8 +338,7 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, 
     elif col is not None or source is not None:
         raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
     for name, t in tensors.items():
-        if t.device != logits.device:
-            raise ValueError(f"{name} is on {t.device} but logits is on {logits.device}")
+        check_device(name, t, logits.device, "logits")
     if logits.device.type == "cpu":
         if temperature.numel() and not bool((temperature >= 0).all()):  # NaN is refused too
             bad = temperature[~(temperature >= 0)][:4].tolist()
@@ -655,12 +641,12 @@ def gumbel_sample(
         return out
     default_block, default_warps, default_tiles = launch_config(num_tokens, vocab_size)
     block = default_block if block_size is None else block_size
-    if isinstance(block, bool) or not isinstance(block, int) or block < 16 or block & (block - 1):
+    if not is_int(block) or block < 16 or block & (block - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
     num_tiles = triton.cdiv(vocab_size, block)
     if tiles_per_program is None:
         tiles_per_program = 1 if block_size else default_tiles
-    if isinstance(tiles_per_program, bool) or not isinstance(tiles_per_program, int) or tiles_per_program < 1:
+    if not is_int(tiles_per_program) or tiles_per_program < 1:
         raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
     tiles_per_program = min(tiles_per_program, num_tiles)
     num_splits = triton.cdiv(num_tiles, tiles_per_program)
@@ -735,8 +721,8 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
     ``"vllm"``: vLLM 0.33's noise in natural-log units (``gumbel_reference.vllm_gumbel_noise``)."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
-    _check_vector("seed", seed, (torch.int64,))
-    _check_vector("pos", pos, _INDEX_DTYPES, seed.shape[0])
+    check_vector("seed", seed, (torch.int64,), contiguous=True)
+    check_vector("pos", pos, _INDEX_DTYPES, seed.shape[0], contiguous=True)
     if not HAS_TRITON:
         if noise == "fast":
             raise RuntimeError("the fast noise needs triton")
