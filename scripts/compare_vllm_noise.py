@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--peer", default=str(ROOT / ".peer"), help="the folder fetch_vllm_peer.py fills")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(recorded.RECORDED_DIR))
     parser.add_argument("--rows-per-case", type=int, default=1024)
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="start no case after this many seconds; the recording says how many cases ran")
     args = parser.parse_args()
     if runtime.INTERPRET:
         sys.exit("compare_vllm_noise.py compares the compiled kernels: run it on a CUDA GPU "
@@ -124,7 +126,11 @@ def main() -> None:
                  f"run python scripts/fetch_vllm_peer.py {VERSION}")
     started = time.perf_counter()
     results = []
-    for i, case in enumerate(cases(GPU_VOCABS, DTYPES)):
+    planned = list(cases(GPU_VOCABS, DTYPES))
+    for i, case in enumerate(planned):
+        if args.deadline_s is not None and time.perf_counter() - started > args.deadline_s:
+            print(f"deadline: {i} of {len(planned)} cases run", flush=True)
+            break
         # One row per request when the whole call caches into one column (as vLLM's draft-model speculator
         # calls it): two rows of a request would race for the same cell.
         batch = make_batch(args.rows_per_case, case["vocab"], DTYPES[case["dtype"]], seed=i, device="cuda",
@@ -143,7 +149,8 @@ def main() -> None:
         "mismatches": sum(r["mismatches"] for r in results),
         "cache_mismatches": sum(r["cache_mismatches"] for r in results),
         "not_argmax": sum(r["not_argmax"] for r in results),
-        "seconds": round(time.perf_counter() - started, 1), "cases": results}, args.out)
+        "seconds": round(time.perf_counter() - started, 1), "cases_planned": len(planned),
+        "cases": results}, args.out)
     print(f"{total:,} rows, {mismatches} differing tokens or cache cells; wrote {path}")
     sys.exit(1 if mismatches else 0)
 

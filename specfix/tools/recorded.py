@@ -55,8 +55,10 @@ def source_hashes(name: str) -> dict[str, str]:
 
 
 def _commit() -> str | None:
-    """The checkout's commit (``+changes`` if it has uncommitted changes), or ``$SPECFIX_COMMIT`` where the
-    copy has no git history (as on a machine the tree was copied to), or None."""
+    """``$SPECFIX_COMMIT`` when set (a copied tree's own git history may be older than the files: say which
+    commit they are), else the checkout's commit (``+changes`` if it has uncommitted changes), or None."""
+    if os.environ.get("SPECFIX_COMMIT"):
+        return os.environ["SPECFIX_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=30)
@@ -66,7 +68,7 @@ def _commit() -> str | None:
         head = dirty = None
     if head is not None and head.returncode == 0 and head.stdout.strip():
         return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-    return os.environ.get("SPECFIX_COMMIT") or None
+    return None
 
 
 def changed_sources(name: str, meta: dict) -> list[str]:
