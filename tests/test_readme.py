@@ -142,9 +142,9 @@ def _chapter5() -> dict[str, str]:
 
 
 #: The recordings the README's labelling sentence dates together, by the name of the date it gives them.
-DATED = {"date_ops": ("embedding_assert_ops", "gumbel_sanitizer"),
-         "date_runs": ("bench_h200", "cudagraph_h200", "embedding_assert_transcripts",
-                       "vllm_noise_comparison")}
+DATED = {"date_ops": ("embedding_assert_ops", "gumbel_sanitizer", "cudagraph_h200",
+                      "embedding_assert_transcripts", "vllm_noise_comparison"),
+         "date_runs": ("bench_h200",)}
 
 
 def _labels() -> dict[str, str]:
@@ -165,9 +165,9 @@ def expected() -> dict[str, str]:
 
 #: Each claim of "What you will see" (whitespace collapsed), its figures as named groups.
 CLAIMS = {
-    "recordings": (r"all made on an NVIDIA (?P<device>\w+): the embedding op table and the sanitizer run "
-                   r"on (?P<date_ops>[\d-]+); the bench, the CUDA-graph run, the assert transcripts and the "
-                   r"vLLM noise comparison on (?P<date_runs>[\d-]+)\."),
+    "recordings": (r"all made on an NVIDIA (?P<device>\w+): the embedding op table, the sanitizer run, the "
+                   r"CUDA-graph run, the assert transcripts and the vLLM noise comparison on "
+                   r"(?P<date_ops>[\d-]+); the bench on (?P<date_runs>[\d-]+)\."),
     "chapter 0": (r"On its (?P<c0_prompts>\w+) prompts at k = (?P<c0_k>\d+), greedy, speculative "
                   r"decoding writes (?P<c0_same>\w+) the text plain greedy decoding writes, in "
                   r"(?P<c0_spec>\d+) target passes instead of (?P<c0_plain>\d+): (?P<c0_rate>\d+%) of the "
