@@ -83,7 +83,7 @@ lab-check: $(STAMP)
 # a table and a JSON report (scripts/gpu_check.py says how to split it and how to record three runs). It uses
 # the venv where there is one, else $(PYTHON) (e.g. python3 with PYTHONPATH set, on a machine without network).
 GPU_PYTHON     ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-GPU_CHECK_ARGS ?=
+GPU_CHECK_ARGS ?= --jobs 8
 gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 

@@ -1,7 +1,7 @@
 """`make gpu-check`: what only a GPU can check, run the way a user runs it, with a report of every part.
 
     python scripts/gpu_check.py [--only tests,chapters,solutions,bench] [--chapters 0,2,5] [--run ID]
-                                [--json PATH] [--deadline-s S]
+                                [--json PATH] [--deadline-s S] [--jobs N] [--alone 5]
     python scripts/gpu_check.py --aggregate REPORT.json ... [--out specfix/recorded/gpu_check_h200.json]
     python scripts/gpu_check.py --show specfix/recorded/gpu_check_h200.json
 
@@ -15,8 +15,10 @@ writes a JSON report (commit, device, driver, versions, each part's time and out
 
 It runs with whichever Python runs it (one with torch, nbclient, ipykernel and pytest: the venv on a GPU
 box, or ``python3`` with ``PYTHONPATH`` as README.md's GPU section says for a machine without network).
-Parts are run in order; one not started before ``--deadline-s`` is reported as not run, so that a report is
-always written within a command time limit. A long check can be split over several invocations with
+With ``--jobs N`` the parts run N at a time, each in its own process on the one GPU, except the chapters
+named by ``--alone`` (chapter 5, which times the GPU), which run by themselves after the rest; each chapter
+reports its slowest cells. A part not started before ``--deadline-s`` is reported as not run, so that a
+report is always written within a command time limit. A long check can be split over several invocations with
 ``--only`` and ``--chapters``, given the same ``--run``; ``--aggregate`` merges the reports of each run and
 writes the recording (the runs in order, each green or not), and ``--show`` prints a recording's table.
 """
@@ -51,7 +53,7 @@ def first_line(text: str, limit: int = 300) -> str:
     return (lines[0] if lines else "")[:limit]
 
 
-def run_tests(deadline: float) -> dict:
+def run_tests(*, deadline: float) -> dict:
     """The ``cuda``-marked tests in a child pytest (only the files that have some are imported, which needs
     fewer packages); counts and the first failure from its JUnit XML."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +91,7 @@ def run_tests(deadline: float) -> dict:
     return {"ok": ok, "error": error, **counts, "skipped_tests": skipped}
 
 
-def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "full") -> dict:
+def run_notebook(path: Path, solutions: bool, scale: str = "full", *, deadline: float) -> dict:
     """One chapter top to bottom in a fresh kernel at ``scale``; the first failing cell's error."""
     import nbformat
     from nbclient import NotebookClient
@@ -101,13 +103,12 @@ def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "ful
         params.source = params.source.replace("SOLUTIONS = False", "SOLUTIONS = True")
         nb.cells.append(nbformat.v4.new_code_cell(CHECK_SOLVED))
     timeout = int(min(CELL_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
-    saved = os.environ.get("SPECFIX_SCALE")
-    os.environ["SPECFIX_SCALE"] = scale  # the kernel inherits this process's environment
+    env = {**os.environ, "SPECFIX_SCALE": scale}  # the chapter's kernel gets its own environment
     with tempfile.TemporaryDirectory() as tmp:  # the chapter's working folder: it leaves nothing behind
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": tmp}}, on_cell_start=_deadline_hook(deadline))
         try:
-            client.execute()
+            client.execute(env=env)
             error = ""
         except (CellExecutionError, CellTimeoutError, DeadKernelError, OutOfTime) as exc:
             error = _first_error(nb) or f"{type(exc).__name__}: {first_line(exc)}"
@@ -115,15 +116,26 @@ def run_notebook(path: Path, solutions: bool, deadline: float, scale: str = "ful
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             error = (f"{type(exc).__name__} outside the chapter's cells, at {Path(frame.filename).name}:"
                      f"{frame.lineno} ({frame.line}): {first_line(exc)}")
-        finally:
-            if saved is None:
-                os.environ.pop("SPECFIX_SCALE", None)
-            else:
-                os.environ["SPECFIX_SCALE"] = saved
-    result = {"ok": not error, "error": error, "scale": scale}
+    result = {"ok": not error, "error": error, "scale": scale, "slowest_cells": _slowest_cells(nb)}
     if solutions and not error:
         result["solved"] = first_line("".join(o.get("text", "") for o in nb.cells[-1].outputs))
     return result
+
+
+def _slowest_cells(nb, n: int = 3) -> list[dict]:
+    """The ``n`` slowest cells (index, seconds, first line), from the timing nbclient records in each cell:
+    where a chapter's time goes at full scale, to keep ``make gpu-check`` within the command limit."""
+    from datetime import datetime
+
+    spans = []
+    for index, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            spans.append({"cell": index, "seconds": round(seconds, 1), "source": first_line(cell.source, 80)})
+    return sorted(spans, key=lambda span: -span["seconds"])[:n]
 
 
 class OutOfTime(Exception):
@@ -145,7 +157,7 @@ def _first_error(nb) -> str:
     return ""
 
 
-def run_bench(deadline: float) -> dict:
+def run_bench(*, deadline: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "specfix", "bench", "--device", "cuda", "--scale", "ci", "--no-progress",
@@ -186,17 +198,9 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float,
-          solutions_scale: str = "ci") -> dict:
-    started = time.monotonic()
-    deadline = started + deadline_s
-    os.environ.pop("SPECFIX_DEVICE", None)  # the GPU, whatever the caller's shell says
-    os.environ.pop("SPECFIX_SCALE", None)   # the tests at their default; each chapter run sets its own
-    report = {"schema": SCHEMA, "run": run_id, "meta": environment(), "parts": parts,
-              "chapters_asked": [p.stem for p in chapters], "results": []}
-    jobs = []
-    if "tests" in parts:
-        jobs.append(("tests", "cuda tests", lambda: run_tests(deadline)))
+def plan(parts: list[str], chapters: list[Path], solutions_scale: str = "ci") -> list[tuple]:
+    """The jobs of a run, in order: (part, name, job function, its arguments)."""
+    jobs = [("tests", "cuda tests", run_tests, ())] if "tests" in parts else []
     for solutions in (False, True):
         if ("solutions" if solutions else "chapters") not in parts:
             continue
@@ -204,24 +208,49 @@ def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float
             nb = json.loads(path.read_text())
             if solutions and not any("exercise" in c["metadata"].get("tags", []) for c in nb["cells"]):
                 continue
-            scale = solutions_scale if solutions else "full"
-            jobs.append(("solutions" if solutions else "chapters", path.stem,
-                         lambda path=path, solutions=solutions, scale=scale:
-                         run_notebook(path, solutions, deadline, scale)))
+            jobs.append(("solutions" if solutions else "chapters", path.stem, run_notebook,
+                         (path, solutions, "full" if not solutions else solutions_scale)))
     if "bench" in parts:
-        jobs.append(("bench", "specfix bench --scale ci", lambda: run_bench(deadline)))
-    for part, name, job in jobs:
-        t0 = time.monotonic()
-        if t0 >= deadline:
-            result = {"ok": False, "error": f"not run: the deadline of {deadline_s:.0f} s had passed"}
-        else:
-            try:
-                result = job()
-            except Exception as exc:  # noqa: BLE001  (a broken part is a result, the others still run)
-                result = {"ok": False, "error": f"{type(exc).__name__}: {first_line(exc)}"}
-        result = {"part": part, "name": name, "seconds": round(time.monotonic() - t0, 1), **result}
-        report["results"].append(result)
-        print(row(result), flush=True)
+        jobs.append(("bench", "specfix bench --scale ci", run_bench, ()))
+    return jobs
+
+
+def run_job(part: str, name: str, job, args: tuple, deadline: float) -> dict:
+    """One job's result; a broken part is a result too, and the others still run."""
+    t0 = time.monotonic()
+    if t0 >= deadline:
+        result = {"ok": False, "error": "not run: the deadline had passed"}
+    else:
+        try:
+            result = job(*args, deadline=deadline)
+        except Exception as exc:  # noqa: BLE001
+            result = {"ok": False, "error": f"{type(exc).__name__}: {first_line(exc)}"}
+    result = {"part": part, "name": name, "seconds": round(time.monotonic() - t0, 1), **result}
+    print(row(result), flush=True)
+    return result
+
+
+def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float,
+          solutions_scale: str = "ci", jobs: int = 1, alone: frozenset[str] = frozenset()) -> dict:
+    """Run the jobs, ``jobs`` at a time (each chapter is its own kernel process, the tests and the bench
+    their own child processes, so they share the GPU as several users would); chapters named in ``alone``
+    (those that time the GPU) run by themselves after the others, so that nothing else loads the GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.monotonic()
+    deadline = started + deadline_s  # CLOCK_MONOTONIC: one clock for this process and its threads
+    os.environ.pop("SPECFIX_DEVICE", None)  # the GPU, whatever the caller's shell says
+    os.environ.pop("SPECFIX_SCALE", None)   # the tests at their default; each chapter run sets its own
+    report = {"schema": SCHEMA, "run": run_id, "meta": environment(), "parts": parts, "jobs": jobs,
+              "alone": sorted(alone), "chapters_asked": [p.stem for p in chapters], "results": []}
+    planned = plan(parts, chapters, solutions_scale)
+    shared = [j for j in planned if not (j[0] == "chapters" and j[1] in alone)]
+    by_itself = [j for j in planned if j not in shared]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(lambda j: run_job(*j, deadline=deadline), shared))
+    results += [run_job(*j, deadline=deadline) for j in by_itself]
+    order = {(j[0], j[1]): i for i, j in enumerate(planned)}
+    report["results"] = sorted(results, key=lambda r: order[(r["part"], r["name"])])
     report["ok"] = bool(report["results"]) and all(r["ok"] for r in report["results"])
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     return report
@@ -291,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=570.0, help="start no part after this many s")
     parser.add_argument("--solutions-scale", choices=("ci", "full"), default="ci",
                         help="SPECFIX_SCALE of the SOLUTIONS = True runs (the chapters part runs at full)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="jobs run at once (chapters, tests, bench: each its own process on the one GPU)")
+    parser.add_argument("--alone", default="05",
+                        help="comma-separated chapter numbers that time the GPU: run by themselves, last")
     parser.add_argument("--aggregate", nargs="+", type=Path, metavar="REPORT", help="merge reports of runs")
     parser.add_argument("--out", type=Path, default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json",
                         help="where --aggregate writes the recording")
@@ -320,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py checks the GPU: torch sees no CUDA device here")
-    report = check(parts, chapters, args.run, args.deadline_s, args.solutions_scale)
+    numbers = {c.strip().zfill(2) for c in args.alone.split(",") if c.strip()}
+    alone = frozenset(p.stem for p in NOTEBOOKS if p.name[:2] in numbers)
+    report = check(parts, chapters, args.run, args.deadline_s, args.solutions_scale, args.jobs, alone)
     out = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
                         else ROOT / "build" / "gpu_check" / f"gpu_check-{args.run}.json")
     if out.exists() and out.is_dir():

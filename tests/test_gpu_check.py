@@ -58,7 +58,10 @@ def test_a_failing_cell_is_reported_with_its_id_and_error(tmp_path):
     path = tmp_path / "07_toy.ipynb"
     nbformat.write(nb, path)
     got = gc.run_notebook(path, solutions=False, deadline=float("inf"))
+    slowest = got.pop("slowest_cells")
     assert got == {"ok": False, "error": "cell bad: ZeroDivisionError: division by zero", "scale": "full"}
+    assert {c["cell"] for c in slowest} == {0, 1, 2} and all(c["seconds"] >= 0 for c in slowest)
+    assert {c["source"] for c in slowest} == {"SOLUTIONS = False", "x = 1", "1 / 0"}
     # with SOLUTIONS = True the chapter must report every exercise solved: a chapter that solved none fails
     del nb.cells[-1]
     nbformat.write(nb, path)
@@ -81,3 +84,32 @@ def test_a_chapter_stops_at_the_deadline_and_says_so(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", id="first")]), path)
     got = gc.run_notebook(path, solutions=False, deadline=0.0)
     assert not got["ok"] and got["error"].startswith("OutOfTime: the deadline passed before cell first")
+
+
+def test_jobs_share_the_gpu_but_a_chapter_that_times_it_runs_alone_after_them(monkeypatch):
+    import threading
+    import time
+
+    spans, lock = {}, threading.Lock()
+
+    def fake(name):
+        def job(*args, deadline):
+            t0 = time.monotonic()
+            time.sleep(0.2)
+            with lock:
+                spans[name(args)] = (t0, time.monotonic())
+            return {"ok": True, "error": ""}
+        return job
+
+    monkeypatch.setattr(gc, "environment", lambda: {"device": "fake"})
+    monkeypatch.setattr(gc, "run_tests", fake(lambda a: "tests"))
+    monkeypatch.setattr(gc, "run_bench", fake(lambda a: "bench"))
+    monkeypatch.setattr(gc, "run_notebook", fake(lambda a: f"{a[0].stem}:{a[1]}"))
+    timed = gc.NOTEBOOKS[-1].stem
+    report = gc.check(["tests", "chapters", "bench"], gc.NOTEBOOKS, "r", 60.0, jobs=8,
+                      alone=frozenset({timed}))
+    assert report["ok"] and [r["name"] for r in report["results"]] == [
+        "cuda tests", *[p.stem for p in gc.NOTEBOOKS], "specfix bench --scale ci"]
+    others = {k: v for k, v in spans.items() if k != f"{timed}:False"}
+    assert max(start for start, _ in others.values()) < min(end for _, end in others.values())  # overlapped
+    assert spans[f"{timed}:False"][0] >= max(end for _, end in others.values())  # and the timed one alone
