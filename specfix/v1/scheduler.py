@@ -1,58 +1,16 @@
-"""Requests, the schedulers, and the accepted-token bookkeeping: where ``-1`` placeholders are born.
+"""Requests, the schedulers and the accepted-token bookkeeping: where ``-1`` placeholders are born.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``,
-``_update_after_schedule``, ``update_from_output``, ``update_draft_token_ids``),
+Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py`` (``Scheduler``),
 ``vllm/v1/core/sched/async_scheduler.py`` (``AsyncScheduler``), ``vllm/v1/core/sched/output.py``
 (``SchedulerOutput``), ``vllm/v1/request.py`` (``Request``), ``vllm/sampling_params.py``
 (``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats``), cut down to what
-speculative decoding needs: no KV-block manager, no preemption, no structured output (so no grammar), no
-dynamic k. The prefix cache is kept to what decides how many tokens a new request has left
-(``enable_prefix_caching``, see below). Unless a version is named beside it, every vLLM file cited here
-is from vLLM 0.33.0.
+speculative decoding needs: no KV-block manager, no preemption, no structured output (so none of the
+``-1`` vLLM writes for grammar-rejected drafts), no dynamic k; the prefix cache only decides how many
+tokens a new request has left. Unless a version is named beside it, every vLLM file cited here is from
+vLLM 0.33.0.
 
-Where a ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters ``scheduled_spec_decode_tokens``, as in vLLM 0.33:
-
-* ``Scheduler`` (synchronous scheduling) pads one kind of request: a *waiting* request with exactly one
-  token left to compute (the first decode on a P/D disaggregated decode node, whose prompt KV came from
-  a prefill node; a prompt the prefix cache holds up to its last token; or a one-token prompt) is
-  scheduled as ``1 + k`` tokens with drafts ``[-1] * k`` (vLLM PR #45237; not in 0.24.0), so that the
-  step keeps the uniform ``1 + k`` query length a FULL CUDA graph replays. vLLM 0.33's conditions are
-  kept: no running prefill chunk was scheduled in this step, the request has KV already or a running
-  request was scheduled before it (0.25.0 asked for the running request in every case), and if ``1 + k``
-  does not fit in the token budget the waiting loop stops rather than schedule the request unpadded.
-  (vLLM also checks that ``1 + k + 1`` positions fit in ``max_model_len``; ``add_request`` here reserves
-  room for k drafts past ``max_tokens``, so that always holds.) A *running* request is scheduled with
-  ``1 + len(drafts)`` tokens and never padded: a drafter that proposed fewer than k tokens (the n-gram
-  drafter, which proposes nothing when it finds no match) simply gets fewer slots.
-* ``AsyncScheduler`` schedules step N + 1 before step N's tokens and drafts are known. After scheduling
-  (``_update_after_schedule``) it gives *every* scheduled request that is past its prefill ``[-1] * k``
-  as its next drafts (``_spec_token_placeholders``, sized by the step's ``num_spec_tokens_to_schedule``)
-  and counts the tokens still in flight in ``num_output_placeholders``; the model runner writes the
-  previous step's real proposals over those ``-1`` on the device before the forward. Only a request
-  the runner has no proposals for (not in its previous step) keeps its ``-1`` up to the embedding.
-
-Prefix caching (on by default in vLLM: ``CacheConfig.enable_prefix_caching``, ``vllm/config/cache.py``,
-0.24.0 to 0.33.0; off by default here, ``enable_prefix_caching=True`` switches it on). The KV of every full
-block of ``block_size`` tokens a request computes is kept under a hash chained over the whole prefix
-(``hash_block_tokens``, ``vllm/v1/core/kv_cache_utils.py``); a new request starts from the longest run of its
-leading blocks found there, counting at most ``num_tokens - 1`` tokens, because the last token must be
-computed again for its logits (``KVCacheManager.get_computed_blocks``, ``vllm/v1/core/kv_cache_manager.py``
-0.33.0 ~295-306). A repeated prompt whose length is one more than a whole number of blocks therefore has
-exactly one token left, and the scheduler pads it like a P/D decode node's first step. specfix's drafters
-(a draft model, n-gram) are the kind vLLM does this for; for EAGLE and MTP vLLM 0.24 and 0.25 drop the last
-matched block (``single_type_kv_cache_manager.py``), which leaves a block and one token to compute, and
-0.33 on a single node hashes each block with the tokens its drafter reads after it instead
-(``num_hash_lookahead_tokens``, ``vllm/config/vllm.py`` ~678): one for EAGLE and one-layer MTP, which then
-get the same hits as here; k for MTP with several layers, whose repeats stop a block lower. specfix never
-evicts a block.
-
-vLLM also writes ``-1`` for grammar-rejected draft tails, on the async path with structured output
-(``Scheduler.update_draft_token_ids_in_output``); specfix has no grammars, so that path is left out.
-
-``placeholder_policy="zero"`` is a design alternative chapter 1 measures: pad with token 0 instead.
-vLLM's Model Runner V2 feeds zeros in these slots too, from its zeroed draft table, but 0.33 marks them
-``-1`` again before verification (:mod:`specfix.mrv2.draft_slots`); 0.25 did not, and verified them as
-drafts of token 0, which is what this policy does.
+Read ``Scheduler.schedule`` first. A ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters the drafts in two places:
+``Scheduler._pads_new_decode`` (synchronous scheduling) and ``AsyncScheduler._update_after_schedule``.
 """
 
 from __future__ import annotations
@@ -67,6 +25,9 @@ from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
 from specfix.v1.snapshot import Snapshot
 
+#: ``"zero"`` pads with token 0 instead of ``-1``, a design alternative chapter 1 measures: Model Runner V2
+#: feeds zeros there too, but 0.33 marks them ``-1`` again before verification
+#: (:mod:`specfix.mrv2.draft_slots`); 0.25 verified them as drafts of token 0, as this policy does.
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
 #: vLLM's default ``CacheConfig.block_size`` (``vllm/config/cache.py``, 0.24.0 to 0.33.0).
 BLOCK_SIZE = 16
@@ -314,7 +275,7 @@ class Scheduler:
 
     Running requests first (a decode: its last token plus its drafts; a prefill: the next chunk), then
     waiting ones (prefills, chunked to the token budget; a request with one token left is padded to
-    ``1 + k``, see the module docstring), at most ``max_num_seqs`` requests and
+    ``1 + k``, see ``_pads_new_decode``), at most ``max_num_seqs`` requests and
     ``max_num_batched_tokens`` tokens per step. This is vLLM's synchronous scheduler: each step's output
     reaches ``update_from_output`` (and the drafts ``update_draft_token_ids``) before the next
     ``schedule``.
@@ -444,14 +405,29 @@ class Scheduler:
         """How many of a running request's drafts are placeholders: none, they are the drafter's."""
         return 0
 
+    # vLLM PR #45237 (not in 0.24.0): a *waiting* request with exactly one token left (the first decode on a
+    # P/D decode node, whose prompt KV came from a prefill node; a prompt the prefix cache holds up to its
+    # last token; a one-token prompt) is scheduled as ``1 + k`` tokens with drafts ``[-1] * k``, so the step
+    # keeps the uniform query length a FULL CUDA graph replays. vLLM 0.33's conditions: no running prefill
+    # chunk in this step, and the request has KV already or a running request was scheduled before it
+    # (0.25.0 asked for the running request in every case); if ``1 + k`` does not fit the budget, the
+    # waiting loop stops rather than schedule it unpadded. (vLLM also checks that ``1 + k + 1`` positions fit
+    # in ``max_model_len``; ``add_request`` reserves room for k drafts, so that always holds.) A running
+    # request gets ``1 + len(drafts)`` tokens, never padded: a drafter that proposed fewer gets fewer slots.
     def _pads_new_decode(self, request: Request, num_computed_tokens: int, running_scheduled: bool,
                          prefill_scheduled: bool) -> bool:
-        """vLLM PR #45237: a waiting request with one token left starts decoding padded to ``1 + k``."""
         return (self.num_spec_tokens > 0
                 and request.num_tokens - num_computed_tokens == 1
                 and not prefill_scheduled
                 and (running_scheduled or num_computed_tokens > 0))
 
+    # Prefix caching (on by default in vLLM 0.33: ``CacheConfig.enable_prefix_caching``,
+    # ``vllm/config/cache.py``; off here). The KV of every full block is kept under a hash chained over the
+    # whole prefix (``hash_block_tokens``, ``vllm/v1/core/kv_cache_utils.py``); a new request starts from its
+    # longest run of cached leading blocks, at most ``num_tokens - 1`` tokens, since the last one must be
+    # computed again for its logits (``KVCacheManager.get_computed_blocks``,
+    # ``vllm/v1/core/kv_cache_manager.py`` 0.33.0 ~295-306). A repeated prompt one token longer than whole
+    # blocks therefore has one token left and is padded. specfix never evicts a block.
     def block_hashes(self, token_ids: list[int]) -> list[int]:
         """One hash per full block of ``token_ids``, each chained to the one before (as vLLM's block hashes
         are), so a block matches only behind the same prefix."""
@@ -462,8 +438,7 @@ class Scheduler:
         return hashes
 
     def num_cached_tokens(self, request: Request) -> int:
-        """The tokens of a new request the prefix cache already holds: whole blocks, at most
-        ``num_tokens - 1`` (vLLM's ``get_computed_blocks``); 0 with prefix caching off."""
+        """The tokens of a new request the prefix cache already holds (0 with prefix caching off)."""
         if not self.enable_prefix_caching:
             return 0
         hits = 0
@@ -476,31 +451,32 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then waiting ones, within the budgets; then count the
         scheduled tokens as computed (``_update_after_schedule``)."""
-        budget = self.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
-        spec_tokens: dict[str, list[int]] = {}
-        num_placeholders: dict[str, int] = {}
-        new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        prefill_scheduled = False  # a running request's prefill chunk is in this step
-
+        output = SchedulerOutput([], CachedRequestData(), {}, 0, {}, {}, self.finished_req_ids,
+                                 num_spec_tokens_to_schedule=self.num_spec_tokens, step_id=self._num_steps)
+        budget, prefill_scheduled = self.max_num_batched_tokens, False
         for request in self.running:
             if budget <= 0:
                 break
             n, drafts = self._schedule_running(request, budget)
             if n == 0:
                 continue
-            num_scheduled[request.request_id] = n
-            cached.req_ids.append(request.request_id)
-            cached.num_computed_tokens.append(request.num_computed_tokens)
-            prefill_scheduled |= request.is_prefill_chunk
+            output.scheduled_cached_reqs.req_ids.append(request.request_id)
+            output.scheduled_cached_reqs.num_computed_tokens.append(request.num_computed_tokens)
+            prefill_scheduled |= request.is_prefill_chunk  # a running request's prefill chunk is in this step
             budget -= n
-            if drafts:
-                spec_tokens[request.request_id] = list(drafts)
-                num_placeholders[request.request_id] = self._num_placeholder_drafts(drafts)
+            self._add(output, request, n, drafts, self._num_placeholder_drafts(drafts))
             request.spec_token_ids = []
-        running_scheduled = bool(num_scheduled)
+        self._schedule_waiting(output, budget, prefill_scheduled)
+        output.total_num_scheduled_tokens = sum(output.num_scheduled_tokens.values())
+        self._num_steps += 1
+        if output.num_scheduled_tokens:  # a step without tokens never runs, so no output comes back for it
+            self._step_ids_in_flight.add(output.step_id)
+        self._update_after_schedule(output)
+        return output
 
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int, prefill_scheduled: bool) -> None:
+        """vLLM's waiting loop: admit new requests (prefills, chunked to the budget) while there is room."""
+        running_scheduled = bool(output.num_scheduled_tokens)
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
             computed = request.num_computed_tokens or self.num_cached_tokens(request)
@@ -515,30 +491,19 @@ class Scheduler:
             request.num_computed_tokens = computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            num_scheduled[request.request_id] = n
-            new_reqs.append(NewRequestData(request.request_id, list(request.prompt_token_ids),
-                                           request.sampling_params, request.num_computed_tokens))
-            if padded:
-                spec_tokens[request.request_id] = [self.placeholder_token_id] * self.num_spec_tokens
-                num_placeholders[request.request_id] = self.num_spec_tokens
+            output.scheduled_new_reqs.append(NewRequestData(
+                request.request_id, list(request.prompt_token_ids), request.sampling_params, computed))
+            drafts = [self.placeholder_token_id] * self.num_spec_tokens if padded else []
+            self._add(output, request, n, drafts, len(drafts))
             budget -= n
 
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
-            scheduled_spec_decode_tokens=spec_tokens,
-            num_placeholder_spec_tokens=num_placeholders,
-            finished_req_ids=self.finished_req_ids,
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-            step_id=self._num_steps,
-        )
-        self._num_steps += 1
-        if num_scheduled:  # a step without tokens never runs, so no output comes back for it
-            self._step_ids_in_flight.add(output.step_id)
-        self._update_after_schedule(output)
-        return output
+    @staticmethod
+    def _add(output: SchedulerOutput, request: Request, n: int, drafts: list[int], num_placeholders: int):
+        """Record ``n`` tokens for ``request`` in ``output``, and its drafts if it has any."""
+        output.num_scheduled_tokens[request.request_id] = n
+        if drafts:
+            output.scheduled_spec_decode_tokens[request.request_id] = list(drafts)
+            output.num_placeholder_spec_tokens[request.request_id] = num_placeholders
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """vLLM's ``_update_after_schedule``: the scheduled tokens count as computed until the runner says
@@ -646,7 +611,8 @@ class AsyncScheduler(Scheduler):
     next drafts (the shared ``_spec_token_placeholders``) and ``1 + len(drafts)`` more
     ``num_output_placeholders``: tokens the step may emit. The next ``schedule`` therefore gives it
     ``1 + k`` tokens with ``[-1] * k`` drafts; the model runner overwrites those ``-1`` with the
-    proposals its drafter made in the previous step. ``update_from_output`` of step N then takes the
+    proposals its drafter made in the previous step (a request that was not in that step keeps its ``-1``
+    up to the embedding). ``update_from_output`` of step N then takes the
     rejected drafts off ``num_computed_tokens`` and ``num_output_placeholders``, and the emitted tokens
     off ``num_output_placeholders``. The engine does not call ``update_draft_token_ids``: the drafts
     never travel through the scheduler.
