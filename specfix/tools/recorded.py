@@ -34,6 +34,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "embedding_assert_transcripts": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py",
                                      "specfix/models.py", "specfix/v1/engine.py",
                                      "specfix/v1/model_runner.py"),
+    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, "specfix/v1/rejection_sampler.py",
+                        "specfix/checks.py"),
     "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", *_GUMBEL),
     "gumbel_perf": ("scripts/time_gumbel.py", *_GUMBEL),
     "gumbel_sanitizer": ("scripts/sanitize_gumbel.py", *_GUMBEL),

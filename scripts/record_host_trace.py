@@ -1,0 +1,431 @@
+"""Record chapter 5's host-side evidence: where a small speculative step spends its time, host against GPU.
+
+    PYTHONPATH=$PWD python scripts/record_host_trace.py --peer .peer --out specfix/recorded   # on a GPU
+    PYTHONPATH=$PWD python scripts/record_host_trace.py --device cpu                        # a CPU dry run
+
+One *step* is what a decode step of speculative decoding samples after the target forward: the rejection
+sampler verifies ``k`` drafts of each of ``batch`` requests (``rejection_sample``, random mode), and
+``gumbel_sample`` draws one token for each request (``batch`` rows of ``vocab`` fp32 logits, temperature 1).
+specfix's step and the same step made of vLLM 0.33's own functions (``.peer/``, from
+``scripts/fetch_vllm_peer.py``) run on the same inputs. Three sections:
+
+- ``timelines``: one step of each, at 1 and 8 requests, under ``torch.profiler``, reduced to spans (start and
+  end in us from the step's start): the step's two calls, torch ops, launch calls, GPU kernels.
+- ``rows``: ``gumbel_sample`` alone at 1 to 1,024 rows: host time per call (the GPU kept busy by earlier
+  work, so that no call waits), GPU time per call (CUDA events, the host's launch work hidden behind a
+  queued spin kernel) and back-to-back time per call (calls issued in a loop, as an eager engine does).
+- ``graph``: the step eager against one CUDA-graph replay of it: the same three times per step.
+
+On ``--device cpu`` (Triton's interpreter, tiny sizes) everything is host time; it exists to try the script,
+and writes to a temporary folder unless ``--out`` says otherwise. Writes ``<out>/host_trace_h200.json``
+labelled by ``specfix.tools.recorded.save``; stops starting new sizes once ``--budget-s`` has passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+NAME = "host_trace_h200"
+#: The figure's lanes, top to bottom: the step's calls (record_function), the torch ops under them, the
+#: driver calls that launch or copy, and what the GPU ran.
+LANES = ("call", "op", "launch", "gpu")
+_LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--out", help="folder for host_trace_h200.json (default: $OUT, else a temporary folder)")
+    p.add_argument("--peer", default=".peer", help="folder holding vLLM's sampler files (fetch_vllm_peer.py)")
+    p.add_argument("--version", default="0.33.0", help="the vLLM release to set beside specfix")
+    p.add_argument("--budget-s", type=float, default=70.0, help="start no new size after this many seconds")
+    return p.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None:
+    os.environ["SPECFIX_DEVICE"] = ARGS.device      # before specfix picks its device (and the interpreter)
+
+import torch  # noqa: E402
+
+import specfix  # noqa: E402,F401  (runtime first)
+from specfix.lab.masked_gumbel import load_vllm_sampler  # noqa: E402
+from specfix.mrv2.gumbel import gumbel_sample  # noqa: E402
+from specfix.tools import recorded  # noqa: E402
+from specfix.v1 import rejection_sampler as rs  # noqa: E402
+from specfix.v1.sampling_metadata import SamplingMetadata  # noqa: E402
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata  # noqa: E402
+
+
+def sizes(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"vocab": 151_936, "k": 3, "trace_batches": [1, 8], "rows": [2**i for i in range(11)],
+                "calls": 50, "repeats": 7, "gpu_repeats": 15}
+    return {"vocab": 256, "k": 2, "trace_batches": [1, 2], "rows": [1, 4], "calls": 2, "repeats": 2,
+            "gpu_repeats": 0}
+
+
+# ---- inputs and the two steps
+
+def gumbel_inputs(rows: int, vocab: int, device) -> dict:
+    """vLLM 0.33's layout (int64 indices): one request per row, temperature 1, distinct seeds."""
+    gen = torch.Generator(device=device).manual_seed(rows * 7919 + vocab)
+    return {
+        "logits": torch.randn(rows, vocab, generator=gen, device=device).mul_(3),
+        "expanded_idx_mapping": torch.arange(rows, dtype=torch.int64, device=device),
+        "temperature": torch.ones(rows, dtype=torch.float32, device=device),
+        "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64, device=device),
+        "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64, device=device),
+    }
+
+
+def specfix_gumbel(inp: dict):
+    """specfix's serving path: the fast noise, the target's draw (temperature already applied)."""
+    return lambda: gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"],
+                                 inp["pos"], False, False, noise="fast")
+
+
+def peer_gumbel(module, inp: dict):
+    return lambda: module.gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
+                                        inp["seed"], inp["pos"], False, False)
+
+
+def step_inputs(batch: int, k: int, vocab: int, device) -> dict:
+    """One verification's inputs (random mode, temperature 1, unseeded) and the draw's."""
+    gen = torch.Generator(device=device).manual_seed(batch * 31 + k)
+    drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=device)
+    meta = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=device)
+    return {
+        "draw": gumbel_inputs(batch, vocab, device),
+        "core": (meta.draft_token_ids, meta.num_draft_tokens, meta.max_spec_len, meta.cu_num_draft_tokens,
+                 torch.softmax(torch.randn(batch * k, vocab, generator=gen, device=device), dim=-1),
+                 torch.randn(batch * k, vocab, generator=gen, device=device).mul_(3),
+                 torch.randint(0, vocab, (batch,), dtype=torch.int32, generator=gen, device=device)),
+        "batch": batch,
+    }
+
+
+def specfix_step(inp: dict, annotate: bool = False):
+    sampling = SamplingMetadata.from_requests([1.0] * inp["batch"], [None] * inp["batch"],
+                                              device=inp["core"][5].device)
+    draw = specfix_gumbel(inp["draw"])
+    return _step(lambda: rs.rejection_sample(*inp["core"], sampling), draw, annotate)
+
+
+def peer_step(module, rejection, inp: dict, annotate: bool = False):
+    device = inp["core"][5].device
+    sampling = rejection.SamplingMetadata(temperature=torch.ones(inp["batch"], device=device),
+                                          all_greedy=False, all_random=True, generators={})
+    *head, bonus = inp["core"]
+    draw = peer_gumbel(module, inp["draw"])
+    return _step(lambda: rejection.rejection_sample(*head, bonus.view(-1, 1), sampling), draw, annotate)
+
+
+def _step(verify, draw, annotate: bool):
+    if not annotate:
+        return lambda: (verify(), draw())
+
+    def step():
+        with torch.profiler.record_function("rejection_sample"):
+            verify()
+        with torch.profiler.record_function("gumbel_sample"):
+            draw()
+    return step
+
+
+# ---- timers
+
+class Timer:
+    def __init__(self, device: torch.device, calls: int, repeats: int, gpu_repeats: int):
+        self.cuda = device.type == "cuda"
+        self.calls, self.repeats, self.gpu_repeats = calls, repeats, gpu_repeats
+        self.cycles_per_us = self._calibrate() if self.cuda else 0.0
+
+    def _calibrate(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        return 20_000_000 / (start.elapsed_time(end) * 1e3)
+
+    def _busy(self, us: float) -> None:
+        """Queue a spin kernel of about ``us`` microseconds: the host's next calls launch behind it."""
+        torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def warm(self, fn) -> float:
+        """Compile and settle (at least 3 calls and 20 ms); the host time of one call, roughly."""
+        t0 = time.perf_counter()
+        n = 0
+        while n < 3 or time.perf_counter() - t0 < (0.02 if self.cuda else 0):
+            fn()
+            n += 1
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+
+    def host(self, fn, estimate_us: float) -> tuple[list[float], bool]:
+        """Host wall time per call with the GPU still busy with earlier work (nothing waits on it), and
+        whether the GPU was still busy when the last call returned (else the sample waited too)."""
+        samples, busy = [], True
+        for _ in range(self.repeats):
+            if self.cuda:
+                torch.cuda.synchronize()
+                self._busy(4 * self.calls * estimate_us + 2000)
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e6 / self.calls)
+            if self.cuda:
+                busy &= not torch.cuda.current_stream().query()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return samples, busy
+
+    def gpu(self, fn, estimate_us: float) -> list[float]:
+        """GPU time of one call: events around it, its launches queued behind a spin kernel."""
+        if not self.cuda:
+            return []
+        samples = []
+        for _ in range(self.gpu_repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            self._busy(4 * estimate_us + 500)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        return samples
+
+    def back_to_back(self, fn) -> list[float]:
+        """Wall time per call of calls issued one after another, as an eager engine issues them."""
+        samples = []
+        for _ in range(self.repeats):
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                fn()
+            if self.cuda:
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e6 / self.calls)
+        return samples
+
+    def measure(self, fn) -> dict:
+        estimate = self.warm(fn)
+        host, busy = self.host(fn, estimate)
+        out = {"host": summary(host), "gpu": summary(self.gpu(fn, estimate)),
+               "back_to_back": summary(self.back_to_back(fn))}
+        if self.cuda:
+            out["gpu_busy_throughout_host_timing"] = busy
+        return out
+
+
+def summary(samples: list[float]) -> dict | None:
+    if not samples:
+        return None
+    q = statistics.quantiles(samples, n=5, method="inclusive") if len(samples) > 1 else samples * 4
+    return {"median_us": statistics.median(samples), "p20_us": q[0], "p80_us": q[3], "n": len(samples)}
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+# ---- the profiler trace, reduced
+
+def trace_step(step, cuda: bool) -> dict:
+    """Profile one call of ``step`` (annotated) after warm-up, and reduce the trace to its spans."""
+    for _ in range(5):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    kinds = torch.profiler.ProfilerActivity
+    activities = [kinds.CPU, kinds.CUDA] if cuda else [kinds.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.record_function("step"):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return reduce_trace(json.loads(path.read_text()))
+
+
+def reduce_trace(trace: dict) -> dict:
+    """The step's spans from a Chrome trace: ``{"spans": [{lane, name, start_us, end_us}], ...}`` with times
+    from the start of the ``step`` annotation; host spans nested in another of their lane are dropped (the
+    op lane keeps top-level torch ops only)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    step = next(e for e in events if e.get("cat") == "user_annotation" and e["name"] == "step")
+    t0, t1 = float(step["ts"]), float(step["ts"]) + float(step["dur"])
+    spans = []
+    for e in events:
+        cat, name, ts, dur = e.get("cat", ""), e["name"], float(e["ts"]), float(e["dur"])
+        if cat == "user_annotation" and name != "step":
+            lane = "call"
+        elif cat == "cpu_op":
+            lane = "op"
+        elif cat in ("cuda_runtime", "cuda_driver") and any(w in name for w in _LAUNCH_WORDS):
+            lane = "launch"
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            lane = "gpu"
+        else:
+            continue
+        if ts < t0 or (lane != "gpu" and ts > t1):
+            continue
+        spans.append({"lane": lane, "name": name[:120], "start_us": ts - t0, "end_us": ts + dur - t0,
+                      "tid": e.get("tid")})
+    spans.sort(key=lambda s: (LANES.index(s["lane"]), s["start_us"], -s["end_us"]))
+    kept = []
+    for s in spans:
+        outer = next((o for o in reversed(kept) if o["lane"] == s["lane"] and o["tid"] == s["tid"]
+                      and o["start_us"] <= s["start_us"] and s["end_us"] <= o["end_us"]), None)
+        if outer is None or s["lane"] == "gpu":
+            kept.append(s)
+    for s in kept:
+        del s["tid"]
+    gpu = [s for s in kept if s["lane"] == "gpu"]
+    return {"step_host_us": t1 - t0, "spans": kept, "kernels": len(gpu),
+            "launches": sum(s["lane"] == "launch" for s in kept),
+            "gpu_busy_us": _union([(s["start_us"], s["end_us"]) for s in gpu]),
+            "gpu_end_us": max((s["end_us"] for s in gpu), default=None)}
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+# ---- the sections
+
+def peer_modules(args):
+    gumbel = load_vllm_sampler(args.version, args.peer, kind="gumbel")
+    rejection = load_vllm_sampler(args.version, args.peer, kind="rejection")
+    files = {}
+    for kind in ("gumbel", "rejection"):
+        path = Path(args.peer) / f"vllm_{kind}_{args.version.replace('.', '_')}.py"
+        if path.is_file():
+            files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return gumbel, rejection, files
+
+
+def main(args) -> int:
+    device = torch.device(args.device)
+    s = sizes(device)
+    cuda = device.type == "cuda"
+    started = time.perf_counter()
+    over = lambda: time.perf_counter() - started > args.budget_s
+    timer = Timer(device, s["calls"], s["repeats"], s["gpu_repeats"])
+    gumbel_peer, rejection_peer, peer_files = peer_modules(args)
+    peer = f"vllm_{args.version}"
+    impls = ["specfix"] + ([peer] if gumbel_peer is not None else [])
+    data = {
+        "what": ("one speculative step: rejection_sample (random mode, k drafts per request) then "
+                 "gumbel_sample (one fp32 row per request, temperature 1, specfix's fast noise); "
+                 "gumbel_sample alone by rows"),
+        "settings": {**s, "dtype": "fp32", "cycles_per_us": timer.cycles_per_us, "timing": (
+            "host: wall time per call over a loop of calls, the GPU kept busy by a spin kernel queued first; "
+            "gpu: CUDA events around one call queued behind a spin kernel (L2 warm); back_to_back: wall time "
+            "per call of a loop of calls, synchronised at the end; timelines: torch.profiler (which adds its "
+            "own host time) over one step")},
+        "peer": {"version": args.version, "impl": peer, "files_sha256_16": peer_files,
+                 "loaded": gumbel_peer is not None, "rejection_loaded": rejection_peer is not None},
+        "impls": impls, "timelines": [], "rows": [], "graph": [], "errors": [], "skipped": [],
+    }
+
+    def attempt(section: str, fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001  (a section's failure is recorded; the others still run)
+            traceback.print_exc()
+            data["errors"].append(f"{section}: {type(exc).__name__}: {exc}"[:500])
+
+    steps = {}
+    for batch in s["trace_batches"]:
+        inp = step_inputs(batch, s["k"], s["vocab"], device)
+        steps[batch] = {"specfix": lambda a, inp=inp: specfix_step(inp, a)}
+        if gumbel_peer is not None and rejection_peer is not None:
+            steps[batch][peer] = lambda a, inp=inp: peer_step(gumbel_peer, rejection_peer, inp, a)
+
+    for batch, made in steps.items():
+        for impl, make in made.items():
+            def one(batch=batch, impl=impl, make=make):
+                data["timelines"].append({"impl": impl, "batch": batch, "k": s["k"], "vocab": s["vocab"],
+                                          **trace_step(make(True), cuda)})
+            attempt(f"timeline {impl} batch {batch}", one)
+            print(f"timeline {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
+
+    # specfix's steps first: a capture that fails can leave the device unusable for later captures
+    for impl, batch in sorted(((i, b) for b in steps for i in steps[b]), key=lambda ib: ib[0] != "specfix"):
+        if over():
+            data["skipped"].append(f"graph {impl} batch {batch}: over the {args.budget_s:.0f} s budget")
+            continue
+
+        def one(batch=batch, impl=impl, make=steps[batch][impl]):
+            row = {"impl": impl, "batch": batch, "k": s["k"], "vocab": s["vocab"],
+                   "eager": timer.measure(make(False))}
+            if cuda:
+                try:
+                    row["graph"] = timer.measure(capture(make(False)).replay)
+                except Exception as exc:  # noqa: BLE001  (a step that cannot be captured says why)
+                    row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            data["graph"].append(row)
+        attempt(f"graph {impl} batch {batch}", one)
+        print(f"graph {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
+
+    for rows in s["rows"]:
+        if over():
+            data["skipped"].append(f"rows {rows}: over the {args.budget_s:.0f} s budget")
+            continue
+        inp = gumbel_inputs(rows, s["vocab"], device)
+        calls = {"specfix": specfix_gumbel(inp)}
+        if gumbel_peer is not None:
+            calls[peer] = peer_gumbel(gumbel_peer, inp)
+        for impl, call in calls.items():
+            attempt(f"rows {impl} {rows}", lambda impl=impl, call=call, rows=rows: data["rows"].append(
+                {"impl": impl, "rows": rows, "vocab": s["vocab"], **timer.measure(call)}))
+        print(f"rows {rows} done ({time.perf_counter() - started:.0f} s)", flush=True)
+        del inp, calls
+
+    data["seconds"] = time.perf_counter() - started
+    out = args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="host_trace_")
+    path = recorded.save(NAME, data, out)
+    print(f"wrote {path} in {data['seconds']:.0f} s; errors: {len(data['errors'])}, "
+          f"skipped: {len(data['skipped'])}")
+    for err in data["errors"]:
+        print("ERROR", err, file=sys.stderr)
+    return 1 if data["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(ARGS))
