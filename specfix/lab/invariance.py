@@ -149,30 +149,17 @@ def check_padding_invariance(
 ) -> InvarianceReport:
     """Run ``step`` once per garbage pattern and report live rows that change (see the comment above).
 
-    Args:
-        step: runs the computation under test over ``buffers`` (its return value is ignored).
-        buffers: name -> persistent tensor, every buffer the step reads or writes.
-        padded: name -> rows (along dim 0) that are padding and get garbage before each run.
-        live: name -> rows that must come out identical in every run (outputs and live state).
-        patterns: at least two of ``GARBAGE_PATTERNS``.
-        bounds: name -> (low, high): integer garbage for that buffer stays in [low, high), so an index
-            buffer gets garbage ids the step can use without faulting (``huge`` = high - 1).
-        reference: optional step at the exact size (no padding); live rows must also match it.
-        seed: seeds the ``random`` pattern.
-        stale: run the step on the buffers as found first (run ``"stale"``), the baseline of every
-            comparison; with ``False`` the first garbage pattern is the baseline.
+    ``buffers``: name -> persistent tensor, every buffer the step reads or writes (``step``'s return value
+    is ignored). ``padded``: name -> rows (along dim 0) that are padding and get garbage before each run.
+    ``live``: name -> rows that must come out identical in every run. ``patterns``: two or more of
+    ``GARBAGE_PATTERNS``. ``bounds``: name -> (low, high), so that an index buffer's integer garbage stays in
+    [low, high) and the step can use it without faulting (``huge`` = high - 1). ``reference``: the step at
+    the exact size, without padding; live rows must match it too. ``seed`` seeds the ``random`` pattern.
+    ``stale``: first run the step on the buffers as found (run ``"stale"``), the baseline of every
+    comparison; with ``False`` the first pattern is the baseline.
     """
     bounds = dict(bounds or {})
-    unknown = [p for p in patterns if p not in GARBAGE_PATTERNS]
-    if unknown or len(set(patterns)) < 2:
-        raise ValueError(f"patterns must be two or more distinct names of {GARBAGE_PATTERNS}, got {patterns}")
-    for role, names in (("padded", padded), ("live", live), ("bounds", bounds)):
-        missing = sorted(set(names) - set(buffers))
-        if missing:
-            raise ValueError(f"{role} names buffers {missing} that are not in buffers {sorted(buffers)}")
-    for name, t in buffers.items():
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            raise TypeError(f"buffers[{name!r}] must be a tensor with at least one dimension")
+    _check_arguments(buffers, padded, live, bounds, patterns)
     pad_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in padded.items()}
     live_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in live.items()}
     snapshot = {n: t.clone() for n, t in buffers.items()}
@@ -187,8 +174,7 @@ def check_padding_invariance(
         if fill is not None:
             for n, rows in pad_rows.items():
                 t = buffers[n]
-                garbage = _garbage(fill, t[rows], bounds.get(n), gen).to(t.device)
-                t.index_copy_(0, rows, garbage)
+                t.index_copy_(0, rows, _garbage(fill, t[rows], bounds.get(n), gen).to(t.device))
         call()
         return {n: buffers[n].index_select(0, rows).clone() for n, rows in live_rows.items()}
 
@@ -204,20 +190,34 @@ def check_padding_invariance(
                 report.errors[name] = f"{type(exc).__name__}: {exc}"
     finally:
         restore()
-    names = list(results)
-    if not names:
-        return report
-    base = names[0]
+    report.differences += _differences(results, live_rows)
+    return report
+
+
+def _check_arguments(buffers, padded, live, bounds, patterns) -> None:
+    unknown = [p for p in patterns if p not in GARBAGE_PATTERNS]
+    if unknown or len(set(patterns)) < 2:
+        raise ValueError(f"patterns must be two or more distinct names of {GARBAGE_PATTERNS}, got {patterns}")
+    for role, names in (("padded", padded), ("live", live), ("bounds", bounds)):
+        missing = sorted(set(names) - set(buffers))
+        if missing:
+            raise ValueError(f"{role} names buffers {missing} that are not in buffers {sorted(buffers)}")
+    for name, t in buffers.items():
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            raise TypeError(f"buffers[{name!r}] must be a tensor with at least one dimension")
+
+
+def _differences(results: dict[str, dict[str, torch.Tensor]], live_rows: dict[str, torch.Tensor]):
+    """Each run's live rows against the first run's (the baseline)."""
+    names, found = list(results), []
     for other in names[1:]:
         for buf, rows in live_rows.items():
-            a, b = results[base][buf], results[other][buf]
-            same = _same(a, b)
-            if bool(same.all()):
-                continue
-            bad = (~same).nonzero().flatten()
-            diff = (a[bad].double() - b[bad].double()).abs().nan_to_num(nan=float("inf")).max().item()
-            report.differences.append(Difference(buf, rows[bad].tolist(), base, other, diff))
-    return report
+            a, b = results[names[0]][buf], results[other][buf]
+            bad = (~_same(a, b)).nonzero().flatten()
+            if len(bad):
+                diff = (a[bad].double() - b[bad].double()).abs().nan_to_num(nan=float("inf")).max().item()
+                found.append(Difference(buf, rows[bad].tolist(), names[0], other, diff))
+    return found
 
 
 def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
@@ -258,7 +258,8 @@ def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature
 def check_dflash(drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
                  num_computed: torch.Tensor) -> InvarianceReport:
     """:func:`check_padding_invariance` for one ``DFlashDrafter.propose`` call, with the eager
-    exact-size step as the reference (the DFlash bug writes a *fixed* wrong value: see the module doc)."""
+    exact-size step as the reference (the DFlash bug writes a *fixed* wrong value: see the comment above
+    :func:`check_padding_invariance`)."""
     k, m = drafter.inputs.num_speculative_steps, drafter.inputs.max_num_reqs
     slots = idx_mapping[:num_reqs].tolist()
     queries, samples = slice(num_reqs * (k + 1), None), slice(num_reqs * k, None)
