@@ -141,8 +141,6 @@ class LLMEngine:
             raise ValueError("async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
                              "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
                              "scheduling with it too")
-        if not isinstance(fixes, Fixes):
-            raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
         self.tokenizer: Tokenizer = get_tokenizer()
         target, draft = models if models is not None else load_models(device)
         if target.embed_tokens.weight.device.type != torch.device(device).type:
@@ -166,8 +164,7 @@ class LLMEngine:
             cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record,
             async_scheduling=async_scheduling)
         self.async_scheduling = async_scheduling
-        # Async scheduling: batches run but not yet handed to the scheduler, newest first (vLLM's
-        # batch_queue, two deep).
+        # Async scheduling: batches run but not yet handed to the scheduler, newest first (vLLM's batch_queue)
         self._batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
         self._prompts: dict[str, str] = {}
         self._next_id = 0
