@@ -182,3 +182,75 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
         style.caption(fig, "Without the fix the bars at the drafted positions follow the draft's crosses, "
                            "not the target's black marks; the bonus position follows the target either way.")
     return fig
+
+
+# --- the sentences that read the chapter's runs and recordings, built from their values (Markdown) -------
+
+
+def padded_writes_text(state: BufferState) -> str:
+    """Which padded rows of an unfixed step write where: one bullet per stale write."""
+
+    def where(name):
+        return f"live at row {state.batch.index(name)}" if name in state.batch else "live, waiting"
+
+    lines = [f"- padded row {w.row} still holds **{w.slot}** (source: {w.origin}); "
+             + (f"slot {w.slot} belongs to **{w.victim}**, {where(w.victim)}" if w.victim else "a free slot")
+             for w in state.writes]
+    return (f"Without the fix, the step runs {state.num_reqs} live rows on the graph of "
+            f"{state.num_reqs_padded}, so rows {state.num_reqs} to {state.num_reqs_padded - 1} are "
+            "padding:\n\n"
+            + "\n".join(lines) + "\n\nWith the fix every row past the batch is -1, which the sampler skips: "
+            "no arrow.")
+
+
+def bench_text(bench_on, bench_off, sampler: str, num_requests: int) -> str:
+    """The padding bench's shapes, sampler and verdict (`bench_on`/`bench_off`: its runs with the fix on and
+    off; `sampler`: ``"kernel"`` or the torch twin's name)."""
+    shapes = sorted({(len(s.req_ids), s.num_reqs_padded) for s in bench_off.batched.steps})
+    how = ("the Triton kernel" if sampler == "kernel" else
+           "the Triton kernel's torch twin (the same tokens and stores, tied to the kernel by "
+           "tests/test_speculator.py and tests/test_padding_bench.py; the kernel itself runs in section 6)")
+    return (f"{num_requests} requests; the batched steps had (live rows, graph rows) of {shapes} and ran as "
+            f"{', '.join(bench_off.summary()['ran'])}, the drafter sampling with {how}. With the fix, "
+            f"batched and solo runs differ in {len(bench_on.differing)} of {num_requests} responses; without "
+            f"it, in **{len(bench_off.differing)} of {num_requests}**.")
+
+
+def distribution_text(dists: dict[str, dict]) -> str:
+    """Why the unfixed drafted positions follow q: the stale q′ and the acceptance it causes."""
+    on, off = dists["fix on"], dists["fix off"]
+    stale, first = off["stale_token"], off["positions"][0]
+    return (f"**Without the fix, the drafted positions follow q instead of p.** At position 0 the output is "
+            f"{first['tv_to_draft']:.3f} from q and {first['tv_to_target']:.3f} from p (with the fix: "
+            f"{on['positions'][0]['tv_to_target']:.3f} from p). Why: the stale q′ puts "
+            f"{off['stale_probs'][stale]:.6f} on token {stale} and {min(off['stale_probs']):.1e} on each "
+            f"other token, so for a draft d ≠ {stale} the ratio p(d)/q′(d) is far above 1 and the draft is "
+            f"accepted whatever u is: {off['acceptance_rate']:.0%} of drafts accepted, against "
+            f"{on['acceptance_rate']:.0%} with the fix. A draft that is always accepted is simply a sample "
+            "of q.")
+
+
+def bonus_text(dists: dict[str, dict], trials: int) -> str:
+    """Why the bonus position passes the test even without the fix."""
+    on, off = dists["fix on"], dists["fix off"]
+    k = len(off["positions"]) - 1
+    bonus = off["positions"][k]
+    return (f"**Position {k} passes the test even without the fix** (chi² {bonus['chi2']:.1f} < "
+            f"{bonus['threshold']:.1f}) because it is the *bonus* token: emitted only when all k = {k} "
+            "drafts were accepted, and `rejection_sample_mrv2` draws it from the target's own distribution p "
+            "at that position, with noise of its own (keyed by seed and position, apart from the accept "
+            "tests' uniforms). q never enters that draw, so a stale q changes how often the bonus is reached "
+            f"({bonus['trials']} of {trials} trials without the fix, {on['positions'][k]['trials']} with "
+            "it), not which token it is.")
+
+
+def recorded_text(recording: dict) -> str:
+    """The H200 recording's verdict: responses that differ, and the first position's chi² with and without
+    the fix."""
+    b, chi = recording["bench"], recording["chi_square"]
+    p0_off, p0_on = chi["False"]["positions"][0], chi["True"]["positions"][0]
+    return (f"At full scale with real graph replays, **{b['fix_off']['differing']} of "
+            f"{b['fix_off']['num_requests']}** responses differ from their solo runs without the fix and "
+            f"{b['fix_on']['differing']} with it; over {p0_off['trials']:,} trials the first output position "
+            f"scores chi² {p0_off['chi2']:,.0f} against a threshold of {p0_off['threshold']:.1f} without the "
+            f"fix, {p0_on['chi2']:.1f} with it.")

@@ -267,3 +267,217 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
         if column in frame:  # whole numbers, blank where the run crashed
             frame[column] = frame[column].astype("Int64")
     return frame.round({"acceptance rate, real drafts": 3, "acceptance rate, all slots": 3})
+
+
+# -- the sentences that read the chapter's recordings and tables, built from their values (Markdown) -------
+
+_SET_UP = ("one-time set-up (with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at "
+           "its first launch)")
+
+
+def launch_text(run: ea.ChildRun) -> str:
+    """How long the call with the ``-1`` took to return, and what its time holds."""
+    launch = run.first("returned")["launch_us"]
+    text = (f"The call with the `-1` returned after **{launch:,.0f} us** of host time: the time to *launch* "
+            "the kernel, which had not even started when Python moved on. It measures host work only "
+            "(argument checks, allocating `out`, queuing the kernel), never the kernel itself.")
+    warmup = run.first("warmup")
+    if warmup:
+        return text + (f" The warm-up call before it took {warmup['first_launch_us']:,.0f} us: a kernel's "
+                       f"first launch in a process pays {_SET_UP}, which the warm-up takes out of the timed "
+                       "call.")
+    return text + (" This recording has no warm-up call: the timed call was the kernel's first launch in the "
+                   f"process, so its time also holds {_SET_UP}, and the recording cannot separate the two.")
+
+
+def embedding_kernels(rows: list[dict]) -> dict[int, str]:
+    """Index count -> the kernel in which ``F.embedding`` asserted on a ``-1`` at that count."""
+    return {n: kernel for kernel, by_n in ops_by_kernel(rows).items() for n, cases in by_n.items()
+            if ("F.embedding", "-1") in cases}
+
+
+def kernel_names_text(rows: list[dict], torch_version: str) -> str:
+    """What an assert line's kernel name tells you, read from the op table (`rows`, recorded with
+    `torch_version`)."""
+    by_kernel, emb = ops_by_kernel(rows), embedding_kernels(rows)
+    few, many = min(emb), max(emb)
+
+    def ops_in(n):
+        return sorted({op for op, _ in by_kernel[emb[n]][n]})
+
+    def bads(n, op):
+        return " and ".join(b for o, b in by_kernel[emb[n]][n] if o == op)
+
+    others = ", ".join(f"`{op}` ({bads(many, op)})" for op in ops_in(many) if op != "F.embedding")
+    few_ops = " and ".join(f"`{op}`" for op in ops_in(few))
+    many_at_few = " or ".join(f"`{op}`" for op in sorted({o for o, _ in by_kernel[emb[many]].get(few, [])}))
+    return f"""What the kernel name tells you:
+
+* **The embedding's kernel depends on how many ids it looks up.** With {few:,} ids `F.embedding` failed in
+  `{emb[few]}`, with {many:,} ids in `{emb[many]}`. A serving step embeds hundreds or thousands of tokens at
+  once, so the second is the line a production log shows; PR #46947 quotes it from a real deployment. (The
+  recording tried only the index counts of the table. No case ran `indexSelectLargeIndex`, the many-indices
+  sibling in PyTorch's `Indexing.cu`: with torch {torch_version} the large lookups went to `{emb[many]}`.)
+* **With {many:,} ids the name does not tell the ops apart:** {others} failed in `{emb[many]}` too, with the
+  same condition. The line says "an index was out of range in a gather-style kernel", not which op.
+* **With {few:,} ids the name narrows it down:** `{emb[few]}` ran only for {few_ops}, the `index_select`
+  family, of which the embedding is the usual member in a model; at that count `{emb[many]}` meant
+  {many_at_few or "no op at all"}.
+* Both conditions catch a `-1`: one holds the index as an unsigned number, where `-1` is huge, the other tests
+  `>= 0` explicitly."""
+
+
+def checklist_text(rows: list[dict]) -> str:
+    """The chapter's five steps for a ``device-side assert triggered`` in a log, naming the kernels of the
+    op table (`rows`)."""
+    emb = embedding_kernels(rows)
+    few, many = emb[min(emb)], emb[max(emb)]
+    return f"""1. **Read the assert line, not the traceback.** The condition says an index was out of range
+   (below 0 or past the end); the kernel name says which *kind* of op, and how precisely depends on the batch
+   (section 2): `{few}` means the `index_select` family (an embedding, usually) with few ids, while `{many}`
+   can come from an embedding, `index_select`, `gather` or `w[idx]` alike. The Python traceback only shows
+   where the host next waited for the GPU.
+2. **Re-run with `CUDA_LAUNCH_BLOCKING=1`.** Every launch waits for its kernel, so the traceback points at the
+   op that failed (section 1, and the check of your answer there). It is slow, but it is only for finding
+   the bug.
+3. **Wrap the suspect step in `specfix.lab.guard.check_indices()`** (or check the ids yourself before the
+   lookup, e.g. `assert input_ids.min() >= 0`, which is a synchronisation too). You get the values, their
+   positions and the calling line, with the process still alive.
+4. **Ask where a `-1` can come from.** In a speculative-decoding engine the usual suspect is
+   `PLACEHOLDER_TOKEN_ID` (chapter 1): scheduler padding for new decodes, async-scheduling placeholders,
+   grammar-invalid draft tails.
+5. **Restart the process.** After the assert the CUDA context is unusable (section 1). Nothing in it can be
+   saved.
+
+Other tools worth knowing: `compute-sanitizer` (reports the first out-of-bounds access with its kernel and
+thread), and PyTorch builds with `TORCH_USE_CUDA_DSA` (device-side assertions that record the launch site)."""
+
+
+def _cost(facts: dict, fix: str, n: int, key: str = "median_us") -> float:
+    return facts[fix][n][key]
+
+
+def fix_costs_text(costs: pd.DataFrame) -> str:
+    """What the bench recording says about each fix's cost per step, one bullet per fix."""
+    f = fix_cost_facts(costs)
+    lo, hi = f["sizes"][0], f["sizes"][-1]
+
+    def c(fix, n):
+        return _cost(f, fix, n)
+
+    def syncs(fix):  # per step, at any size
+        return max(_cost(f, fix, n, "host_syncs_per_step") for n in f["sizes"])
+
+    clamp = [c("clamp", n) for n in f["sizes"]]
+    slower = (f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
+              "host_mask does, plus a copy into pinned (page-locked) host memory every step."
+              if c("host_mask_async", lo) > c("host_mask", lo) else "")
+    return f"""What the recording says, one fix at a time:
+
+* **clamp** costs {min(clamp):,.0f} to {max(clamp):,.0f} us per step at every size measured, without growing
+  with the step, and makes {syncs('clamp'):g} host synchronisations per step. Since the events span the
+  call's host work, its GPU time is smaller still.
+* **host_mask** grows with the step, from {c('host_mask', lo):,.0f} us at {lo:,} tokens to
+  {c('host_mask', hi):,.0f} us at {hi:,}: Python walks every draft list, then
+  `torch.tensor(list, device=...)` copies from pageable host memory, which PyTorch does as a *blocking* copy,
+  {syncs('host_mask'):g} host synchronisation per step.
+* **host_mask_async** makes {syncs('host_mask_async'):g} synchronisations but keeps the host work:
+  {c('host_mask_async', lo):,.0f} us at {lo:,} tokens and {c('host_mask_async', hi):,.0f} us at {hi:,},
+  against host_mask's {c('host_mask', lo):,.0f} and {c('host_mask', hi):,.0f}.{slower}
+* **scheduler_zero** does no GPU work at all, but its host work in the scheduler grows with the step, from
+  {c('scheduler_zero', lo):,.0f} to {c('scheduler_zero', hi):,.0f} us; and it is wrong, as the next table
+  shows."""
+
+
+def busy_gpu_text(costs: pd.DataFrame) -> str:
+    """What the fixes cost behind a busy GPU: host_mask waits for the queue, the clamp does not."""
+    f = fix_cost_facts(costs)
+    lo, hi = f["sizes"][0], f["sizes"][-1]
+
+    def busy(fix, n):
+        return _cost(f, fix, n, "host_us_behind_busy_gpu")
+
+    wait = {n: busy("host_mask", n) - _cost(f, "host_mask", n) for n in f["sizes"]}
+    n_wait = max(wait, key=wait.get)
+    tail = (f"At {hi:,} tokens the call took {busy('host_mask', hi):,.0f} us against "
+            f"{_cost(f, 'host_mask', hi):,.0f} idle: its own host work outlasts the queued work, so by the "
+            "time it copies there is nothing left to wait for." if abs(wait[hi]) < wait[n_wait] / 2 else "")
+    return (f"**The synchronisation's price is the queue, not the copy.** Behind a busy GPU (lower panel) "
+            f"host_mask's call took {busy('host_mask', n_wait):,.0f} us at {n_wait:,} tokens, "
+            f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
+            "the queued work, and so did the host, which could not prepare the next step meanwhile. "
+            f"{tail} The clamp's call took {busy('clamp', lo):,.0f} to "
+            f"{max(busy('clamp', n) for n in f['sizes']):,.0f} us behind the same queue: it waits for "
+            "nothing.")
+
+
+_REAL, _ACC, _VER = "real drafts", "accepted drafts", "verifications"
+
+
+def _clamp_and_zero(rows: list[dict], temperature: float) -> tuple[dict, dict]:
+    row = {(r["temperature"], r["fix"]): r for r in rows}
+    return row[(temperature, pf.LABELS["clamp"])], row[(temperature, pf.LABELS["scheduler_zero"])]
+
+
+def zeroing_greedy_text(rows: list[dict]) -> str:
+    """What :func:`acceptance_table` shows at temperature 0: zeroing accepts placeholders (as token 0's
+    word) without making real drafts better."""
+    from specfix.tokenizer import get_tokenizer
+
+    zero_word = get_tokenizer().vocab[0]
+    a, z = _clamp_and_zero(rows, 0.0)
+    same = (f"both runs accepted {a[_ACC]} real drafts, and the clamp's run verified {a[_REAL] - z[_REAL]} "
+            "more, every one of them rejected" if a[_ACC] == z[_ACC] else
+            f"the clamp's run verified {a[_REAL] - z[_REAL]:+} real drafts and accepted "
+            f"{a[_ACC] - z[_ACC]:+}")
+    rate, all_slots = "acceptance rate, real drafts", "acceptance rate, all slots"
+    return (
+        "**Zeroing does not make drafts better.** At temperature 0, scheduler_zero shows an acceptance rate "
+        f"of {z[rate]:.3f} against the clamp's {a[rate]:.3f} ({z[_ACC]} of {z[_REAL]} against {a[_ACC]} of "
+        f"{a[_REAL]}), and both count real drafts only. The two runs did not verify the same drafts. Zeroing "
+        f"accepted {z['placeholders accepted']} placeholder slots as the word *{zero_word}* (token 0); every "
+        f"accepted slot emits a token, so its requests went through their text in {z[_VER]} verifications "
+        f"against {a[_VER]}, and its drafter proposed at other points of the text: {same}. Counted over all "
+        "slots, as a counter that cannot tell them apart would, the rates are "
+        f"{z[all_slots]:.3f} for zeroing and {a[all_slots]:.3f} for the clamp, and zeroing's "
+        f"{z['placeholders accepted']} accepted placeholders count as accepted drafts there. Zeroing's "
+        f"greedy text is {'the same as' if z['same tokens as the clamp'] else 'different from'} the clamp's.")
+
+
+def zeroing_sampled_text(rows: list[dict]) -> str:
+    """The same comparison at the highest temperature run."""
+    t = max(r["temperature"] for r in rows)
+    a, z = _clamp_and_zero(rows, t)
+    scarce = a[_ACC] + z[_ACC] < 10
+    return (f"At temperature {t}: {a[_ACC]} of {a[_REAL]} real drafts accepted with the clamp, {z[_ACC]} of "
+            f"{z[_REAL]} with zeroing"
+            + (f"; with {a[_ACC] + z[_ACC]} accepted draft(s) in both runs together, the rates say nothing "
+               "either way. " if scarce else ". ")
+            + f"Zeroing still accepted {z['placeholders accepted']} placeholder slots, and its text is "
+            + ("the same as the clamp's." if z["same tokens as the clamp"] else
+               "different from the clamp's: an accepted placeholder emits a token, so the sampled run draws "
+               "its random numbers at other points."))
+
+
+def guard_cost_text(timing: GuardTiming, steps: int, on_gpu: bool) -> str:
+    """What the guard cost over `steps` engine steps, and whether that stands out of the noise."""
+
+    def ms(s):
+        return f"median {statistics.median(s) * 1e3:,.0f} ms ({min(s) * 1e3:,.0f} to {max(s) * 1e3:,.0f})"
+
+    if timing.separated:
+        verdict = ("every guarded run was slower than every unguarded one: the guard costs about "
+                   f"{timing.ratio - 1:.0%} here")
+    elif max(timing.guarded_s) < min(timing.plain_s):
+        verdict = ("every guarded run was faster, which says the machine's speed drifted, not that the guard "
+                   "helps")
+    else:
+        verdict = ("the two spreads overlap: on this machine, at this size, the guard's cost is lost in the "
+                   "noise between runs")
+    return (f"Over {len(timing.plain_s)} runs each: unguarded {ms(timing.plain_s)}, guarded "
+            f"{ms(timing.guarded_s)}; {verdict}. The guard checked {timing.checked} index tensors per run, "
+            f"{timing.checked / steps:,.0f} per step"
+            + (", each one a synchronisation on this GPU." if on_gpu else
+               "; on a CPU each check reads memory the host already has, on a GPU each one is a "
+               "synchronisation.")
+            + " Either way the guard is for finding the bug, not for serving.")

@@ -302,3 +302,124 @@ def sources_text(counts: Mapping[str, Mapping[str, int]]) -> str:
         share = "none" if pads == 0 else "all" if pads == slots else f"{pads} of {slots}"
         parts.append(f"*{name}*: {share} of its draft slots left the scheduler as `-1`.")
     return " ".join(parts)
+
+
+# --- the sentences that read chapter 1's steps and tables, built from their values (Markdown) ------------
+
+
+def drafts_written_text(step: StepTrace, input_batch, req_id: str = "pd") -> str:
+    """Where ``update_req_spec_token_ids`` wrote request `req_id`'s drafts in ``token_ids_cpu``."""
+    where = np.flatnonzero(step.token_ids_cpu[input_batch.req_id_to_index[req_id]] == -1)
+    if not len(where):
+        raise ValueError(f"row {req_id!r} of token_ids_cpu holds no -1 in this step")
+    return (f"`update_req_spec_token_ids` wrote the drafts **verbatim** right after the committed "
+            f"tokens (positions {where[0]} to {where[-1]} of row `\"{req_id}\"`). `num_tokens_no_spec` did "
+            "not move, because drafts are tentative: the next step overwrites whatever was not accepted.")
+
+
+def padding_text(step: StepTrace, capture_sizes: Sequence[int]) -> str:
+    """How many tokens the step schedules and how far ``_prepare_inputs`` pads them."""
+    num_scheduled, num_input = sum(step.num_scheduled_tokens), len(step.input_ids_before_clamp)
+    sizes = ", ".join(map(str, capture_sizes[:6]))
+    if num_input == num_scheduled:
+        padding = f"{num_scheduled} is already one of them, so this step runs without padding"
+    else:
+        padding = (f"so the step runs as {num_input} tokens: its {num_input - num_scheduled} padded slots "
+                   "hold stale ids from earlier steps and write nothing to the KV cache")
+    order = ", then ".join(f"`\"{r}\"`'s" for r in step.req_ids)
+    return (f"This step schedules {num_scheduled} tokens ({order}). `_prepare_inputs` pads "
+            f"`num_input_tokens` up to the next CUDA-graph capture size ({sizes}, ...); {padding}.")
+
+
+def rollback_text(step: StepTrace, request, req_id: str = "pd") -> str:
+    """How ``update_from_output`` rolled request `req_id`'s ``num_computed_tokens`` back after the step
+    (`request`: the scheduler's Request after the step)."""
+    so = step.scheduler_output
+    start = next(new.num_computed_tokens for new in so.scheduled_new_reqs if new.req_id == req_id)
+    k = len(so.scheduled_spec_decode_tokens[req_id])
+    accepted = len(step.sampled_token_ids[step.req_ids.index(req_id)]) - 1
+    return (f"`\"{req_id}\"` was scheduled from position {start} with 1 + {k} tokens and accepted {accepted} "
+            f"drafts, so `update_from_output` rolled `num_computed_tokens` back to "
+            f"{request.num_computed_tokens} (its {request.num_tokens} tokens, minus the newest, whose KV is "
+            "computed next step).")
+
+
+_ZERO, _CLAMP = "(b) zero in the scheduler", "(c) clamp in _preprocess"
+
+
+def counting_text(table) -> str:
+    """What :func:`design_table` counts, and the two acceptance rates of designs (b) and (c)."""
+    b, c = table.loc[_ZERO], table.loc[_CLAMP]
+    neg = "placeholders recognisable by id (< 0)"
+    return f"""
+**What is counted.** A *slot* is one entry of `scheduled_spec_decode_tokens`; a *real draft* is a token the
+drafter proposed; the other slots are placeholders. Under (c) every placeholder is recognisable by its id
+({c[neg]} of {c['placeholder slots']} are negative), so any stage that sees the ids can leave them out. Under
+(b) none is ({b[neg]} of {b['placeholder slots']}): a zeroed slot is a draft of "the", and
+{b['placeholder slots accepted']} of them were accepted as such.
+
+* **Rate over all slots** counts every slot as a draft, which is all a stage that sees only zeros can do:
+  {b['rate over all slots']} for (b), {c['rate over all slots']} for (c). Padding drags it down.
+* **Rate over real drafts** is what specfix's `SpecDecodingStats` reports: {b['rate over real drafts']} for
+  (b), {c['rate over real drafts']} for (c). It knows which slots are padding from
+  `num_placeholder_spec_tokens`, a field of specfix's `SchedulerOutput` that vLLM does not have (vLLM's
+  nearest is `num_invalid_spec_tokens`, which keeps grammar-invalid slots out of its acceptance counts).
+  Under (b) nothing in the ids could tell them apart.
+"""
+
+
+def placeholder_origin_text(result: GenerateResult, k: int) -> str:
+    """Where a run's placeholder slots sit (first decodes or later), and the verifications with fewer
+    than k drafts or none, whose missing slots are not scheduled at all."""
+    found = verifications(result)
+    n_requests = len(result.outputs)
+    first = {v.req_id: min(w.position for w in found if w.req_id == v.req_id) for v in found}
+    pads = sum(v.num_placeholders for v in found)
+    at_first = sum(v.num_placeholders for v in found if v.position == first[v.req_id])
+    where = f"All {pads} sit" if at_first == pads else f"{at_first} sit ({pads - at_first} elsewhere)"
+    each = f" ({k} each, padded as vLLM pads them)" if at_first == n_requests * k else ""
+    short = sum(0 < len(v.drafts) < k for v in found)
+    bare = sum(n == 1 and r not in s.scheduler_output.scheduled_spec_decode_tokens
+               for s in result.trace for r, n in s.scheduler_output.num_scheduled_tokens.items())
+    return (f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
+            f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
+            f"{short} later verifications, and {bare} decode steps had no drafts at all; there the scheduler "
+            "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
+            "not exist rather than hold a `-1`.")
+
+
+def zeroing_text(compared: Mapping[str, Mapping[str, int]], table) -> str:
+    """What :func:`comparison_table` shows: shared verifications judged alike, and where the runs part."""
+    both, only_zero, only_clamp = compared["both"], compared["only a"], compared["only b"]
+    b, c = table.loc[_ZERO], table.loc[_CLAMP]
+    apart = only_zero["verifications"] + only_clamp["verifications"]
+    where = ("Every verification with real drafts sat at the same request and position in both runs, so the "
+             "two rates over real drafts agree" if apart == 0 else
+             f"The runs verified at different places {apart} times ({only_clamp['verifications']} only the "
+             f"clamp run, {only_zero['verifications']} only the zero run): an accepted zero slot carries the "
+             "zero run one token further within a step, so from there on the drafter is consulted at other "
+             "positions, and only these verifications can make the two rates over real drafts differ")
+    return (f"Where both runs verified the same request at the same position ({both['verifications']} "
+            f"verifications, {both['drafts']} real drafts), the drafter proposed the same tokens and both "
+            f"runs accepted exactly as many: {both['accepted in a']} and {both['accepted in b']}. "
+            f"**Zeroing does not change how a draft is judged.** {where} "
+            f"({b['rate over real drafts']} for (b), {c['rate over real drafts']} for (c)).")
+
+
+def negative_drafts_text(off: Mapping[str, int], on: Mapping[str, int]) -> str:
+    """Sampler rows holding an accepted ``-1`` with ``reject_negative_drafts`` off and on."""
+    return (f"With the check off, {off['rows with an accepted -1']} sampler rows hold a `-1` *inside* "
+            "their accepted prefix: `parse_output` silently drops it, and the tokens after it were verified "
+            f"against a context that never existed. With the check on, {on['rows with an accepted -1']} "
+            "do. (The property tests in `tests/test_properties.py` check, over random schedules, that with "
+            "every fix on no negative id reaches the embedding, no `-1` reaches an output, and greedy "
+            "speculative decoding equals plain greedy decoding.)")
+
+
+def acceptance_text(stats: Mapping[str, SpecDecodingStats], expected: tuple[float, float]) -> str:
+    """The runs' acceptance rates beside the range the chapter asserts and a rate vLLM measured."""
+    rates = ", ".join(f"{s.acceptance_rate:.0%} ({name})" for name, s in stats.items())
+    return (f"Our tiny pair accepts {rates}, inside the range {expected[0]:.0%} to {expected[1]:.0%} "
+            "asserted above. For comparison, a vLLM pull request measured 49% for DeepSeek-V4-Flash's MTP "
+            "drafter with probabilistic proposals (PR #41044). Acceptance falls with the draft position, "
+            "as it must: draft 2 is only verified if draft 1 was accepted.")

@@ -136,3 +136,107 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
                       "otherwise clamped to 0 for the embedding.")
     plt.close(fig)
     return fig
+
+
+# --- the sentences that read the figures and tables above, built from the runs (Markdown) ---------------
+# `runs` maps (workload name, "sync" or "async") to a recorded run of specfix.lab.scheduling.run.
+
+
+def workloads_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
+    """The two workloads, one bullet each, and whether both modes wrote the same text on them."""
+    from specfix.lab.scheduling import WORKLOADS
+
+    def tokens(result):
+        return [out.token_ids for out in result.outputs]
+
+    same = all(tokens(runs[name, "sync"]) == tokens(runs[name, "async"]) for name in WORKLOADS)
+    return ("\n".join(f"* **{name}**: {w.description}." for name, w in WORKLOADS.items())
+            + f"\n\nBoth modes write {'the same' if same else 'different'} text on both workloads.")
+
+
+def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
+    """Where the decode node's ``-1`` slots went, in each mode."""
+    s, a = (placeholder_counts(runs["decode node", mode]) for mode in ("sync", "async"))
+    every = (" (one for every draft slot of the run)"
+             if a["-1 written by the scheduler"] == a["draft slots verified"] else "")
+    return (
+        f"Synchronous: the scheduler wrote {s['-1 written by the scheduler']} `-1` slots, in the first "
+        f"decode of the prefilled requests, and {s['-1 reaching the embedding']} reached the embedding; "
+        "every other draft slot held a real draft that the scheduler had from `update_draft_token_ids`. "
+        f"Async: the scheduler wrote {a['-1 written by the scheduler']} `-1` slots{every}; the runner "
+        f"overwrote {a['-1 overwritten by the runner']} of them with real drafts before the forward, and "
+        f"{a['-1 reaching the embedding']} reached the embedding: the prefilled requests' first decode "
+        "again, because the runner had no proposals for requests it had never run.")
+
+
+def waiting_request(result: GenerateResult) -> tuple[str, int]:
+    """The first request whose ``-1`` reaches the embedding, and the (0-based) step where it does."""
+    from specfix.lab.scheduling import REACHES_EMBEDDING
+
+    kinds = slot_kinds(result)
+    waiting = next((req for req, row in kinds.items() if REACHES_EMBEDDING in row), None)
+    if waiting is None:
+        raise ValueError("no request's -1 reaches the embedding in this run")
+    return waiting, kinds[waiting].index(REACHES_EMBEDDING)
+
+
+def waiting_text(result: GenerateResult) -> str:
+    """The request the async run leaves out while the budget is tight, and what it gets when it returns."""
+    from specfix.lab.scheduling import NOT_SCHEDULED
+
+    waiting, back = waiting_request(result)
+    row = slot_kinds(result)[waiting]
+    last = max(i for i, kind in enumerate(row[:back]) if kind != NOT_SCHEDULED)
+    step = result.trace[back]
+    k = len(step.scheduler_output.scheduled_spec_decode_tokens[waiting])
+    accepted = len(step.sampled_token_ids[step.req_ids.index(waiting)]) - 1
+    return (
+        f"In the async run, request {waiting} sits out steps {last + 1} to {back - 1}. Synchronous "
+        "scheduling keeps a waiting request's drafts on the request (`update_draft_token_ids` stored them "
+        "there) and sends them when it returns. Async scheduling sends the placeholders it gave the request "
+        f"when it last ran, and at step {back} the runner has no proposals for it: the drafter's last step "
+        f"did not include it. Its {k} `-1` reach the embedding, clamped to token 0 there, and the rejection "
+        f"sampler accepts {accepted} of them. Its draft slots in that step and in the next, stage by stage:")
+
+
+def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
+    """What the tight budget costs async scheduling: batches, slots, and steps run for finished requests."""
+    from specfix.lab.scheduling import wasted_steps
+
+    s, a = (placeholder_counts(runs["tight budget", mode]) for mode in ("sync", "async"))
+    return (
+        f"With the tight budget, async scheduling ran {a['batches']} batches where synchronous scheduling "
+        f"ran {s['batches']}, and verified {a['draft slots verified']} draft slots against "
+        f"{s['draft slots verified']}. It ran a request that had already produced all its tokens "
+        f"{wasted_steps(runs['tight budget', 'async'])} times: it plans a step before it knows whether the "
+        "step in flight finishes the request, and skips the request only when even a step that rejects "
+        "every draft would reach `max_tokens` (vLLM's check in `Scheduler.schedule`). The output of such a "
+        "step is dropped. The waiting request's placeholder step also emits fewer tokens than a step with "
+        "real drafts may.")
+
+
+def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str:
+    """Where each workload crashes without the clamp (``crashes``: a DataFrame of
+    :func:`specfix.lab.scheduling.first_crash`, workloads by mode), and why only there."""
+    import pandas as pd
+
+    def said(name, mode):
+        at = crashes.loc[name, mode]
+        return "finishes" if pd.isna(at) else f"crashes at step {int(at)}"
+
+    rest = all(c["-1 written by the scheduler"] == c["-1 overwritten by the runner"]
+               + c["-1 reaching the embedding"]
+               for (name, mode), result in runs.items() if mode == "async"
+               for c in [placeholder_counts(result)])
+    node = crashes.loc["decode node"]
+    node = (f"both modes crash at step {int(node['sync'])}" if node["sync"] == node["async"] else
+            f"synchronous scheduling {said('decode node', 'sync')} and async scheduling "
+            f"{said('decode node', 'async')}")
+    return (
+        f"On the decode node {node}: the prefilled requests' first decode, the path a P/D decode node "
+        f"takes. With the tight budget, synchronous scheduling {said('tight budget', 'sync')}, having "
+        f"written no `-1`; async scheduling {said('tight budget', 'async')}, where the waiting request "
+        "returns with placeholders the runner cannot fill. "
+        + ("Every other `-1` of these async runs was overwritten before the forward (in the table above, "
+           "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
+           "only where a request meets the runner without proposals from the step before." if rest else ""))
