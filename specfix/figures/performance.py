@@ -887,3 +887,188 @@ def peer_figure(report: dict, source: str):
                 "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
                 "that version; the gap up to the dotted read ceiling is what any sampler could still gain.")
     return fig
+
+
+# --------------------------------------------------------------------------------------------- host side
+
+#: The recording of ``scripts/record_host_trace.py``: one small speculative step under the profiler,
+#: ``gumbel_sample`` by rows, eager against a graph replay; specfix beside vLLM's own functions.
+HOST_TRACE = "host_trace_h200"
+#: The timeline's lanes, top to bottom: label and colour.
+_LANES = {"call": ("call", style.PADDING), "op": ("torch ops", style.NEUTRAL),
+          "launch": ("launch calls", style.CEILING), "gpu": ("GPU kernels", style.ACCENT)}
+#: The step figure's bars: what each times, its label, its colour.
+_STEP_BARS = (("eager", "back_to_back", "eager, back to back", style.NEUTRAL),
+              ("graph", "back_to_back", "one graph replay, back to back", style.ACCENT),
+              ("eager", "gpu", "GPU time alone", style.PADDING))
+
+
+def load_host_trace() -> tuple[dict, str]:
+    """The host-side recording and the line that says where it comes from (it is always a recording: the
+    profiler run takes a minute on a GPU and is made by ``scripts/record_host_trace.py``)."""
+    trace = recorded.load(HOST_TRACE)
+    return trace, "RECORDED, not on this machine: " + recorded.label(trace["meta"])
+
+
+def _impl_name(trace: dict, impl: str) -> str:
+    return "specfix" if impl == "specfix" else f"vLLM {trace['peer']['version']}"
+
+
+def _median(timing: dict | None, key: str) -> float:
+    part = (timing or {}).get(key)
+    return part["median_us"] if part else math.nan
+
+
+def host_rows(trace: dict) -> pd.DataFrame:
+    """``gumbel_sample`` by rows: one line per (impl, rows) with the medians ``host_us`` (the host's work per
+    call, nothing waiting), ``gpu_us`` (the GPU's) and ``back_to_back_us`` (a call in a loop of calls), and
+    ``host_bound`` (the host's work takes longer than the GPU's)."""
+    rows = [{"impl": r["impl"], "rows": r["rows"], "host_us": _median(r, "host"), "gpu_us": _median(r, "gpu"),
+             "back_to_back_us": _median(r, "back_to_back")} for r in trace["rows"]]
+    df = pd.DataFrame(rows, columns=["impl", "rows", "host_us", "gpu_us", "back_to_back_us"])
+    df["host_bound"] = df["host_us"] > df["gpu_us"]
+    return df.sort_values(["impl", "rows"]).reset_index(drop=True)
+
+
+def host_bound_until(trace: dict, impl: str) -> int | None:
+    """The most rows at which ``impl``'s ``gumbel_sample`` is still host-bound (every smaller size measured
+    is too); None when it is not host-bound even at the fewest rows, or the recording has no GPU times."""
+    one = host_rows(trace).query("impl == @impl")
+    bound = None
+    for r in one.itertuples():
+        if not r.host_bound:
+            break
+        bound = int(r.rows)
+    return bound
+
+
+def step_table(trace: dict) -> pd.DataFrame:
+    """The step (verification, then the draw) per (impl, batch): medians of host, GPU and back-to-back time
+    per step, eager and replayed from one CUDA graph (NaN where it was not captured)."""
+    out = []
+    for r in trace["graph"]:
+        row = {"impl": r["impl"], "batch": r["batch"]}
+        for mode in ("eager", "graph"):
+            for key in ("host", "gpu", "back_to_back"):
+                row[f"{mode}_{key}_us"] = _median(r.get(mode), key)
+        out.append(row)
+    df = pd.DataFrame(out, columns=["impl", "batch", *(c for r in out[:1] for c in r if c.endswith("_us"))])
+    df["order"] = df["impl"].map(trace["impls"].index)
+    return df.sort_values(["order", "batch"]).drop(columns="order").reset_index(drop=True)
+
+
+def _timeline(trace: dict, impl: str, batch: int) -> dict | None:
+    return next((t for t in trace["timelines"] if t["impl"] == impl and t["batch"] == batch), None)
+
+
+def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
+    """One step at ``batch`` requests (default the largest traced), one panel per implementation: the
+    step's two calls, the torch ops and launch calls under them on the host, and the kernels on the GPU,
+    in microseconds from the step's start."""
+    batch = max(t["batch"] for t in trace["timelines"]) if batch is None else batch
+    impls = [i for i in trace["impls"] if _timeline(trace, i, batch)]
+    end = max((s["end_us"] for i in impls for s in _timeline(trace, i, batch)["spans"]), default=1.0)
+    with style.apply():
+        fig, axes = plt.subplots(len(impls), 1, figsize=(style.WIDTH_IN, 1.0 + 1.5 * len(impls)), sharex=True,
+                                 squeeze=False)
+        axes = axes[:, 0]
+        for ax, impl in zip(axes, impls, strict=True):
+            t = _timeline(trace, impl, batch)
+            for y, (lane, (label, colour)) in enumerate(_LANES.items()):
+                spans = [(s["start_us"], max(s["end_us"] - s["start_us"], end / 1500))
+                         for s in t["spans"] if s["lane"] == lane]
+                ax.broken_barh(spans, (len(_LANES) - y - 1.4, 0.8), color=colour, label=label)
+            for s in (s for s in t["spans"] if s["lane"] == "call"):
+                ax.text((s["start_us"] + s["end_us"]) / 2, len(_LANES) - 1, s["name"], ha="center",
+                        va="center", fontsize=style.SMALLEST_PT, clip_on=True)
+            ax.set_yticks(range(len(_LANES)), [label for label, _ in reversed(_LANES.values())])
+            ax.set_ylim(-0.6, len(_LANES) - 0.4)
+            ax.grid(axis="y", visible=False)
+            ax.set_title(f"{_impl_name(trace, impl)}: host {t['step_host_us']:,.0f} us, GPU busy "
+                         f"{t['gpu_busy_us']:,.0f} us, {t['kernels']} kernels, {t['launches']} launch calls",
+                         fontsize=9)
+        axes[-1].set(xlim=(0, end * 1.02), xlabel="microseconds from the start of the step")
+        k, vocab = t["k"], t["vocab"]
+        _finish(fig, axes, f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), "
+                f"host against GPU", source,
+                "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
+                "GPU waits for the host. The profiler adds its own time to every host span.")
+    return fig
+
+
+def host_regime_figure(trace: dict, source: str):
+    """Above: ``gumbel_sample``'s host and GPU time per call by rows, for each implementation. Below: the
+    step per batch, eager against one CUDA-graph replay, beside its GPU time alone."""
+    df, steps = host_rows(trace), step_table(trace)
+    colours = {impl: c for impl, c in zip(trace["impls"], (style.NEUTRAL, style.ACCENT), strict=False)}
+    with style.apply():
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 6.0))
+        for impl, one in df.groupby("impl", sort=False):
+            name = _impl_name(trace, impl)
+            top.plot(one["rows"], one["host_us"], "o-", ms=3, color=colours[impl], label=f"{name}: host")
+            if one["gpu_us"].notna().any():
+                top.plot(one["rows"], one["gpu_us"], "s--", ms=3, color=colours[impl], label=f"{name}: GPU")
+        top.set(xlabel="rows sampled by one gumbel_sample call", ylabel="time per call, us")
+        _log_x(top, df["rows"])
+        _log_y(top)
+        if steps.empty:
+            _missing(bottom, {"unavailable": [], "errors": []}, "graph", "the recording has no step timings")
+        else:
+            width = 0.8 / len(_STEP_BARS)
+            x = np.arange(len(steps))
+            for i, (mode, key, label, colour) in enumerate(_STEP_BARS):
+                bottom.bar(x + (i - 1) * width, steps[f"{mode}_{key}_us"], width, color=colour, label=label)
+            for xi in x[steps["graph_back_to_back_us"].isna().to_numpy()]:
+                bottom.text(xi, 0, "not\ncaptured", ha="center", va="bottom", fontsize=style.SMALLEST_PT)
+            bottom.set_xticks(x, [f"{_impl_name(trace, r.impl)}\n{r.batch} req." for r in steps.itertuples()])
+            bottom.set(ylabel="time per step, us")
+            bottom.grid(axis="x", visible=False)
+        _finish(fig, (top, bottom), "Where the host sets the pace, and what a CUDA graph takes away", source,
+                "Above, where a solid line (host) lies over the dashed one of its colour (GPU), the host "
+                "sets the pace. Below, the replay's bar drops to its GPU time: the graph removes the host's "
+                "work, not the GPU's.")
+    return fig
+
+
+def host_trace_text(trace: dict) -> str:
+    """What the host-side recording says, in numbers read from it: the step's timeline, where the
+    host-bound regime ends, the per-call host cost beside vLLM's, and what a graph replay removes."""
+    names = {impl: _impl_name(trace, impl) for impl in trace["impls"]}
+    lines = []
+    batch = max((t["batch"] for t in trace["timelines"]), default=None)
+    for impl in trace["impls"]:
+        t = _timeline(trace, impl, batch) if batch is not None else None
+        if t:
+            share = t["gpu_busy_us"] / t["step_host_us"] if t["step_host_us"] else math.nan
+            lines.append(f"- **{names[impl]}, one step at {batch} requests** (profiled): the host worked "
+                         f"{t['step_host_us']:,.0f} us, the GPU was busy {t['gpu_busy_us']:,.0f} us of it "
+                         f"({share:.0%}) in {t['kernels']} kernels from {t['launches']} launch calls.")
+    df = host_rows(trace)
+    if df["gpu_us"].notna().any():
+        for impl in trace["impls"]:
+            until = host_bound_until(trace, impl)
+            one = df.query("impl == @impl")
+            after = one[one["rows"] > (until or 0)]["rows"].min()
+            where = ("not host-bound even at the fewest rows measured" if until is None
+                     else f"host-bound up to {until:,} rows")
+            if until is not None and not math.isnan(after):
+                where += f"; from {int(after):,} rows the GPU sets the pace"
+            lines.append(f"- **{names[impl]} `gumbel_sample` by rows**: {where}.")
+    peer = trace["peer"]["impl"]
+    wide = df.pivot_table(index="rows", columns="impl", values="host_us")
+    if peer in wide and "specfix" in wide:
+        ours, theirs = wide["specfix"], wide[peer]
+        at = [f"{ours[r] / theirs[r]:.2f}x at {r:,} row{'s' * (r > 1)} ({ours[r]:.1f} against "
+              f"{theirs[r]:.1f} us)" for r in (1, 8, 64) if r in wide.index]
+        lines.append(f"- **Host cost per call**, specfix over {names[peer]}: " + "; ".join(at) + ".")
+    for r in step_table(trace).itertuples():
+        if not math.isnan(r.graph_back_to_back_us):
+            lines.append(f"- **{names[r.impl]}, step at {r.batch} requests**: "
+                         f"{r.eager_back_to_back_us:,.0f} us eager, {r.graph_back_to_back_us:,.0f} us "
+                         f"replayed from one CUDA graph; the host's work per step falls from "
+                         f"{r.eager_host_us:,.1f} to {r.graph_host_us:,.1f} us, the GPU's stays "
+                         f"{r.eager_gpu_us:,.0f} against "
+                         f"{r.graph_gpu_us:,.0f} us.")
+    if not df["gpu_us"].notna().any():
+        lines.append("- This recording ran without a GPU: every time in it is the host's.")
+    return "\n".join(lines)

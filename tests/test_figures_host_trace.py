@@ -1,0 +1,149 @@
+"""Chapter 5's host side (``scripts/record_host_trace.py``'s recording): the numbers its text and figures give
+are the recording's, read at the right place."""
+
+import copy
+import json
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Rectangle
+
+from specfix.figures import performance as perf
+from specfix.figures import style
+from specfix.tools import recorded
+
+PEER = "vllm_0.33.0"
+
+
+def _timing(host, gpu, back_to_back):
+    part = lambda us: None if us is None else {"median_us": us, "p20_us": us, "p80_us": us, "n": 3}
+    return {"host": part(host), "gpu": part(gpu), "back_to_back": part(back_to_back)}
+
+
+def _spans(shift=0.0):
+    """Two calls, three ops, three launches, three kernels; the GPU busy 5 + 8 + 6 = 19 us of 100."""
+    return ([{"lane": "call", "name": "rejection_sample", "start_us": 0.0, "end_us": 60.0},
+             {"lane": "call", "name": "gumbel_sample", "start_us": 62.0, "end_us": 100.0}]
+            + [{"lane": "op", "name": "aten::empty", "start_us": a, "end_us": a + 4}
+               for a in (5.0, 40.0, 70.0)]
+            + [{"lane": "launch", "name": "cuLaunchKernelEx", "start_us": a, "end_us": a + 3}
+               for a in (25.0, 45.0, 85.0)]
+            + [{"lane": "gpu", "name": "kernel", "start_us": a + shift, "end_us": b + shift}
+               for a, b in ((30.0, 35.0), (50.0, 58.0), (90.0, 96.0))])
+
+
+def _timeline(impl, batch):
+    return {"impl": impl, "batch": batch, "k": 3, "vocab": 151_936, "step_host_us": 100.0, "spans": _spans(),
+            "kernels": 3, "launches": 3, "gpu_busy_us": 19.0, "gpu_end_us": 96.0}
+
+
+GPU = {"specfix": {1: 5, 8: 8, 64: 30, 256: 95, 1024: 300}, PEER: {1: 8, 8: 12, 64: 100, 256: 180, 1024: 600}}
+HOST = {"specfix": 90.0, PEER: 80.0}
+FIXTURE = {
+    "meta": {"device": "NVIDIA H200", "driver": "570.1", "torch": "2.9.0", "triton": "3.5.0",
+             "date": "2026-12-02", "commit": "0123456789abcdef"},
+    "impls": ["specfix", PEER],
+    "peer": {"version": "0.33.0", "impl": PEER},
+    "timelines": [_timeline(i, b) for i in ("specfix", PEER) for b in (1, 8)],
+    "rows": [{"impl": i, "rows": r, **_timing(HOST[i], g, max(HOST[i], g))}
+             for i in ("specfix", PEER) for r, g in GPU[i].items()],
+    "graph": [{"impl": "specfix", "batch": 8, "eager": _timing(150.0, 40.0, 160.0),
+               "graph": _timing(8.0, 38.0, 42.0)},
+              {"impl": PEER, "batch": 8, "eager": _timing(120.0, 45.0, 130.0),
+               "graph_error": "not captured"}],
+}
+
+
+def _cpu_fixture():
+    """The same recording as a CPU run writes it: no GPU times, no kernels, no graph."""
+    cpu = copy.deepcopy(FIXTURE)
+    for r in cpu["rows"]:
+        r["gpu"] = None
+    for t in cpu["timelines"]:
+        t["spans"] = [s for s in t["spans"] if s["lane"] != "gpu"]
+        t.update(kernels=0, launches=0, gpu_busy_us=0.0, gpu_end_us=None)
+    for g in cpu["graph"]:
+        g.pop("graph", None)
+        g["eager"]["gpu"] = None
+    return cpu
+
+
+def test_host_rows_and_where_the_host_bound_regime_ends():
+    df = perf.host_rows(FIXTURE)
+    assert len(df) == 10 and df.query("impl == 'specfix' and rows == 64")["host_bound"].item()
+    assert not df.query("impl == 'specfix' and rows == 256")["host_bound"].item()
+    assert perf.host_bound_until(FIXTURE, "specfix") == 64
+    assert perf.host_bound_until(FIXTURE, PEER) == 8
+    assert perf.host_bound_until(_cpu_fixture(), "specfix") is None    # no GPU times: nothing to compare
+
+
+def test_step_table_puts_specfix_first_and_leaves_an_uncaptured_replay_empty():
+    steps = perf.step_table(FIXTURE)
+    assert list(steps["impl"]) == ["specfix", PEER]
+    assert steps.loc[0, "graph_back_to_back_us"] == 42.0 and steps.loc[0, "eager_host_us"] == 150.0
+    assert steps.loc[1, "graph_back_to_back_us"] != steps.loc[1, "graph_back_to_back_us"]   # NaN
+
+
+def test_text_gives_the_recordings_numbers():
+    text = perf.host_trace_text(FIXTURE)
+    assert "the host worked 100 us, the GPU was busy 19 us of it (19%) in 3 kernels from 3 launch" in text
+    assert "specfix `gumbel_sample` by rows**: host-bound up to 64 rows; from 256 rows the GPU sets" in text
+    assert "vLLM 0.33.0 `gumbel_sample` by rows**: host-bound up to 8 rows; from 64 rows" in text
+    assert "1.12x at 1 row (90.0 against 80.0 us); 1.12x at 8 rows" in text
+    assert "160 us eager, 42 us replayed from one CUDA graph" in text
+    assert "falls from 150.0 to 8.0 us, the GPU's stays 40 against 38 us" in text
+    assert text.count("replayed from one CUDA graph") == 1         # vLLM's step was not captured
+    assert "ran without a GPU" not in text
+
+
+def test_text_of_a_cpu_recording_says_it_has_no_gpu_times():
+    text = perf.host_trace_text(_cpu_fixture())
+    assert "ran without a GPU" in text and "sets the pace" not in text and "replayed" not in text
+
+
+def _bars(ax):
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]
+
+
+@pytest.mark.parametrize("trace", [FIXTURE, _cpu_fixture()], ids=["gpu", "cpu"])
+def test_timeline_figure_draws_every_lane_of_each_implementation(trace):
+    fig = perf.host_timeline_figure(trace, "test source")
+    try:
+        axes = [ax for ax in fig.axes if ax.axison]
+        assert len(axes) == 2
+        for ax in axes:
+            lanes = _bars(ax)
+            assert [len(c.get_paths()) for c in lanes] == [2, 3, 3, 3 if trace is FIXTURE else 0]
+            assert "100 us" in ax.get_title()
+        assert "8 requests" in fig._suptitle.get_text()
+        assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX
+        assert any(t.get_text().startswith("Read down a column") for t in fig.texts)
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("trace", [FIXTURE, _cpu_fixture()], ids=["gpu", "cpu"])
+def test_regime_figure_draws_host_and_gpu_by_rows_and_the_step_bars(trace):
+    fig = perf.host_regime_figure(trace, "test source")
+    try:
+        top, bottom = [ax for ax in fig.axes if ax.get_xlabel() or ax.get_ylabel()][:2]
+        assert len(top.get_lines()) == (4 if trace is FIXTURE else 2)
+        heights = [p.get_height() for p in bottom.patches if isinstance(p, Rectangle)]
+        if trace is FIXTURE:
+            assert {160.0, 42.0, 40.0, 130.0, 45.0} <= set(heights)
+        assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX
+        assert style.legibility(fig)["natural_px"] <= style.COLUMN_PX + 60
+    finally:
+        plt.close(fig)
+
+
+def test_the_h200_recording_when_shipped_is_labelled_and_names_what_it_ran():
+    path = recorded.RECORDED_DIR / f"{perf.HOST_TRACE}.json"
+    if not path.exists():
+        pytest.skip("no H200 host trace shipped yet (scripts/record_host_trace.py)")
+    trace, source = perf.load_host_trace()
+    assert source.startswith("RECORDED") and trace["meta"]["device"] in source
+    assert trace["meta"]["device"].startswith("NVIDIA") and trace["peer"]["version"] == "0.33.0"
+    assert perf.host_trace_text(trace)
+    json.dumps(trace)
