@@ -64,7 +64,7 @@ class BenchRequest:
 def make_requests(num_requests: int, *, seed: int = 0, prompt_words: tuple[int, int] = (3, 6),
                   max_tokens: tuple[int, int] = (16, 32), temperature: float = 1.0) -> list[BenchRequest]:
     """Seeded requests whose prompts are the opening words of sentences from the fables."""
-    if not isinstance(num_requests, int) or num_requests < 1:
+    if not is_int(num_requests) or num_requests < 1:
         raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
     tok = get_tokenizer()
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", corpus_text()) if len(s.split()) >= prompt_words[1]]
@@ -180,9 +180,12 @@ class SpecDecodeEngine:
         self.target(torch.tensor(live.tokens, device=self.device), positions,
                     live.slot * self.max_model_len + positions, self.kv_cache)
 
-    def _classify(self, row: int, slot: int) -> PaddedWrite:
+    def _padded_write(self, row: int, slot: int, req_ids: list[int], context, drafts) -> PaddedWrite:
+        """Padded ``row`` wrote ``draft_logits[slot]``: the victim, the stale value's origin, steps hit."""
         victim = self.states.owner(slot)
-        return PaddedWrite(row, slot, victim, _origin(self._row_writer[row], victim))
+        b = None if victim is None else req_ids.index(victim)
+        cols = () if b is None else self._overwritten_cols(context[b], drafts[b], slot)
+        return PaddedWrite(row, slot, victim, _origin(self._row_writer[row], victim), cols)
 
     def _overwritten_cols(self, context: torch.Tensor, drafts: torch.Tensor, slot: int) -> tuple[int, ...]:
         """Draft steps whose cached logits differ from what the victim's own row computed."""
@@ -225,13 +228,8 @@ class SpecDecodeEngine:
             drafts = proposal.draft_tokens
             record = StepRecord(step, [e.req.req_id for e in live], idx.tolist(),
                                 proposal.batch.num_reqs_padded, proposal.ran)
-            for row, slot in proposal.padded_writes:
-                write = self._classify(row, slot)
-                if write.victim is not None:
-                    b = record.req_ids.index(write.victim)
-                    cols = self._overwritten_cols(context[b], drafts[b], slot)
-                    write = PaddedWrite(write.row, write.slot, write.victim, write.origin, cols)
-                record.writes.append(write)
+            record.writes = [self._padded_write(row, slot, record.req_ids, context, drafts)
+                             for row, slot in proposal.padded_writes]
             steps.append(record)
             last = torch.tensor([e.tokens[-1] for e in live], device=dev)
             positions = pos[:, None] + torch.arange(k + 1, device=dev)
@@ -419,11 +417,9 @@ class StaleRowScenario:
     Requests are single letters. :meth:`play` takes events in order: ``"step abf"`` runs one drafting step
     for a, b and f in that batch order (a name not yet live arrives first, taking the lowest free slot);
     ``"arrive g"`` adds requests without running them; ``"finish c"`` ends them (their slots free up, their
-    table rows keep their stale values). A live request left out of a step is simply not scheduled in it.
-    The step dispatches to vLLM's capture sizes (1, 2, 4, 8, 16, ...) and runs eagerly at that padded size
-    over the persistent buffers, which is what a replay does. The draft model is a small table: the
-    buffer state does not depend on it, and each request gets its own context (its letter and step), so
-    a padded row's logits differ from those of the request whose slot it names.
+    table rows keep their stale values). A step runs eagerly at vLLM's next capture size over the
+    persistent buffers, as a replay does. The draft model is a small table; each request gets its own
+    context (its letter and step), so a padded row's logits differ from its victim's.
     """
 
     def __init__(self, *, fixes: Fixes | None = None, max_num_reqs: int = 16, num_speculative_steps: int = 1,
@@ -485,12 +481,10 @@ class StaleRowScenario:
                            proposal.batch.num_reqs_padded, owners, writes, self.fixes)
 
 
-# :func:`padded_step_scenario` plays a short, named history (``"step abcdef"``, ``"finish c"``,
-# ``"step abdef"``) on a real speculator and returns the last step's ``idx_mapping`` with what each padded
-# row writes: the chapter's buffer figure, its slider and its prediction exercise are built on it.
 def padded_step_scenario(events, **kwargs) -> BufferState:
     """The buffer state of the last step of ``events``, played on a fresh :class:`StaleRowScenario` (keywords
-    go to it), e.g. ``padded_step_scenario(["step abcdef", "finish c", "step abdef"])``."""
+    go to it), e.g. ``padded_step_scenario(["step abcdef", "finish c", "step abdef"])``: chapter 3's buffer
+    figure, its slider and its prediction exercise are built on it."""
     scenario = StaleRowScenario(**kwargs)
     _parse_events(events, set(), set(), scenario.states.max_num_reqs)
     if events[-1].split()[0] != "step":
@@ -538,11 +532,8 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     differs from p, and a stale token whose draft row q' is peaked on the last token id. First a batch of
     ``2 * num_trials`` rows runs (rows ``num_trials..`` hold the trial slots and the stale token), then the
     ``num_trials`` trials run padded to ``2 * num_trials``: without the fix each padded row overwrites
-    one trial's draft logits with q'. Returns, per output position (``role`` "draft" for the k verified
-    positions, "bonus" for the last), the chi-square test against p (:func:`chi_square`) and the total
-    variation distance of the output to p and to q; plus p, q, q' and the draft acceptance rate.
-
-    ``sampler``: see :func:`resolve_sampler` (by default the kernel on a GPU, its torch twin on a CPU).
+    one trial's draft logits with q'. Returns :func:`_positions` per output position; p, q, q' and the
+    draft acceptance rate. ``sampler``: see :func:`resolve_sampler`.
     """
     if not is_int(num_trials) or num_trials < 1:
         raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
@@ -555,10 +546,9 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     table = torch.randn(v, generator=g).repeat(v, 1)          # the draft ignores its context: q
     stale = v - 1
     table[stale] = torch.full((v,), -8.0).index_fill_(0, torch.tensor([stale]), 8.0)
-    draft = TableDraft(table).to(device)
-    spec = DraftModelSpeculator(draft, max_num_reqs=2 * t, num_speculative_steps=k, vocab_size=v,
-                                context_len=1, device=device, fixes=fixes, capture_sizes=[2 * t],
-                                sampler=SAMPLERS[sampler])
+    spec = DraftModelSpeculator(TableDraft(table).to(device), max_num_reqs=2 * t, num_speculative_steps=k,
+                                vocab_size=v, context_len=1, device=device, fixes=fixes,
+                                capture_sizes=[2 * t], sampler=SAMPLERS[sampler])
     temperature = torch.ones(2 * t, device=device)
     seeds = torch.randint(0, 2**31, (2 * t,), generator=g).to(device)
     # The earlier, larger batch: rows t.. hold the trial slots 0..t-1 with the stale token as context.
@@ -571,25 +561,32 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     pos = torch.full((t,), 5, dtype=torch.long, device=device)
     trial_context = torch.zeros(t, 1, dtype=torch.long, device=device)
     proposal = spec.propose(t, idx, temperature, seeds, trial_context, pos)
-    target_logits = p_logits.to(device).repeat(t * (k + 1), 1)
-    sampled, num_sampled = rejection_sample_mrv2(target_logits, proposal.draft_tokens, spec.draft_logits, idx,
-                                                 temperature, seeds, pos, fixes)
+    sampled, num_sampled = rejection_sample_mrv2(p_logits.to(device).repeat(t * (k + 1), 1),
+                                                 proposal.draft_tokens, spec.draft_logits, idx, temperature,
+                                                 seeds, pos, fixes)
     p = torch.softmax(p_logits, dim=0).double().numpy()
     q = torch.softmax(table[0], 0).double().numpy()
-    sampled, num_sampled = sampled.cpu().numpy(), num_sampled.cpu().numpy()
-    positions = []
-    for j in range(k + 1):
-        reached = num_sampled > j
-        counts = np.bincount(sampled[reached, j], minlength=v).astype(float)
-        freq = counts / max(counts.sum(), 1.0)
-        positions.append({"position": j, "role": "bonus" if j == k else "draft", "trials": int(reached.sum()),
-                          "counts": counts.tolist(), "tv_to_target": total_variation(freq, p),
-                          "tv_to_draft": total_variation(freq, q), **chi_square(counts, p)})
-    mean_accepted = float((num_sampled - 1).mean())
+    positions = _positions(sampled.cpu().numpy(), num_sampled.cpu().numpy(), p, q)
+    mean_accepted = float((num_sampled.cpu().numpy() - 1).mean())
     return {"sampler": sampler, "target_probs": p.tolist(), "draft_probs": q.tolist(),
             "stale_probs": torch.softmax(table[stale], 0).tolist(), "stale_token": stale,
             "positions": positions, "passed": all(r["passed"] for r in positions),
             "mean_accepted": mean_accepted, "acceptance_rate": mean_accepted / k}
+
+
+def _positions(sampled: np.ndarray, num_sampled: np.ndarray, p: np.ndarray, q: np.ndarray) -> list[dict]:
+    """Per output position j (``role`` "draft" for the k verified ones, "bonus" for the last): the trials
+    that reached it, its token counts, the chi-square test against p (:func:`chi_square`) and the total
+    variation distance of its frequencies to p and to q."""
+    k, rows = sampled.shape[1] - 1, []
+    for j in range(k + 1):
+        reached = num_sampled > j
+        counts = np.bincount(sampled[reached, j], minlength=len(p)).astype(float)
+        freq = counts / max(counts.sum(), 1.0)
+        rows.append({"position": j, "role": "bonus" if j == k else "draft", "trials": int(reached.sum()),
+                     "counts": counts.tolist(), "tv_to_target": total_variation(freq, p),
+                     "tv_to_draft": total_variation(freq, q), **chi_square(counts, p)})
+    return rows
 
 
 def total_variation(a, b) -> float:
