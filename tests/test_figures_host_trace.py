@@ -147,3 +147,38 @@ def test_the_h200_recording_when_shipped_is_labelled_and_names_what_it_ran():
     assert trace["meta"]["device"].startswith("NVIDIA") and trace["peer"]["version"] == "0.33.0"
     assert perf.host_trace_text(trace)
     json.dumps(trace)
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_host_trace",
+                                                  recorded.ROOT / "scripts" / "record_host_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recorder_reduces_a_profiler_trace_to_the_steps_spans():
+    """A Chrome trace as torch.profiler writes it on a GPU: the step's annotation sets time 0; nested torch
+    ops and events outside the step are dropped; launches and kernels kept; the GPU's busy time is a union."""
+    x = lambda cat, name, ts, dur, tid=1: {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                                           "tid": tid}
+    trace = {"traceEvents": [
+        x("user_annotation", "step", 1000, 100),
+        x("user_annotation", "gumbel_sample", 1002, 90),
+        x("cpu_op", "aten::empty", 990, 5),                       # before the step: dropped
+        x("cpu_op", "aten::softmax", 1010, 20), x("cpu_op", "aten::_softmax", 1012, 10),   # nested: dropped
+        x("cuda_runtime", "cudaLaunchKernel", 1025, 4), x("cuda_runtime", "cudaGetDevice", 1030, 1),
+        x("cuda_driver", "cuLaunchKernelEx", 1060, 5),
+        x("kernel", "softmax_kernel", 1040, 10, tid=7), x("kernel", "_gumbel_sample_kernel", 1045, 20, tid=7),
+        x("cuda_runtime", "cudaDeviceSynchronize", 1101, 50),    # after the step: dropped
+        {"ph": "i", "cat": "instant", "name": "x", "ts": 1050},
+    ]}
+    got = _script().reduce_trace(trace)
+    spans = [(s["lane"], s["name"], s["start_us"], s["end_us"]) for s in got["spans"]]
+    assert spans == [("call", "gumbel_sample", 2, 92), ("op", "aten::softmax", 10, 30),
+                     ("launch", "cudaLaunchKernel", 25, 29), ("launch", "cuLaunchKernelEx", 60, 65),
+                     ("gpu", "softmax_kernel", 40, 50), ("gpu", "_gumbel_sample_kernel", 45, 65)]
+    assert got["step_host_us"] == 100 and got["kernels"] == 2 and got["launches"] == 2
+    assert got["gpu_busy_us"] == 25 and got["gpu_end_us"] == 65
