@@ -3,7 +3,14 @@
 specfix's modules import triton through this one. On a machine without a usable GPU it turns on Triton's
 interpreter (``TRITON_INTERPRET=1``), which must happen before ``import triton`` because triton's own
 helpers (``tl.rand``...) are decorated at import time (``import specfix`` already does so where it can tell
-without torch that no GPU is usable).
+without torch that no GPU is usable). Where triton is not installed, a stand-in still defines every kernel
+(``@triton.jit``), so modules need no ``if HAS_TRITON:`` blocks; launchers check ``HAS_TRITON`` and run
+their torch reference.
+
+Interpreter workarounds (triton 3.6), which the kernels refer to as "(interpreter: see specfix.runtime)":
+a runtime or loaded value cannot bound a ``range()`` (kernels loop to a static bound and mask off the rest);
+a store cannot be masked by a scalar comparison (the mask is built per lane); an expression of constexprs
+such as ``1 + NUM_SPEC`` becomes a tensor ``range()`` cannot take (the host passes it as its own constexpr).
 
 Environment:
     SPECFIX_DEVICE  ``cuda`` or ``cpu``; default: ``cuda`` when available.
@@ -14,7 +21,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import torch
 
@@ -36,7 +43,27 @@ SCALE: str = _setting("SPECFIX_SCALE", ("ci", "full"), "ci")
 INTERPRET: bool = DEVICE.type == "cpu"
 
 
-def _load_triton() -> tuple[ModuleType | None, ModuleType | None]:
+class _Unlaunchable:
+    """A kernel defined without triton: launching it is a bug in its launcher, which should have taken the
+    torch reference."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        raise RuntimeError(f"{self.fn.__name__} needs triton, which is not installed")
+
+
+def _jit(fn=None, **_options):
+    return _Unlaunchable(fn) if fn is not None else _Unlaunchable
+
+
+#: The stand-ins where triton is missing: ``triton.jit`` (bare or with options) and ``tl.constexpr``.
+_NO_TRITON = SimpleNamespace(jit=_jit)
+_NO_TL = SimpleNamespace(constexpr=lambda value=None: value)
+
+
+def _load_triton() -> tuple[ModuleType | SimpleNamespace, ModuleType | SimpleNamespace]:
     if INTERPRET:
         _switch_on_interpreter()
     try:
@@ -47,12 +74,12 @@ def _load_triton() -> tuple[ModuleType | None, ModuleType | None]:
             f"specfix: triton is not installed on {platform.system()}; kernels run their torch reference.",
             file=sys.stderr,
         )
-        return None, None
+        return _NO_TRITON, _NO_TL
     return triton, tl
 
 
 triton, tl = _load_triton()
-HAS_TRITON: bool = triton is not None
+HAS_TRITON: bool = triton is not _NO_TRITON
 
 
 def scaled(ci, full):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specfix.runtime import HAS_TRITON
-from specfix.v1 import device_checks
+from specfix.v1 import device_checks, recovered_tokens
 from specfix.v1 import rejection_sampler as rs
 from specfix.v1.sampling_metadata import SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
@@ -54,7 +54,7 @@ def test_ties_go_to_the_first_column(monkeypatch):
     drafts = torch.tensor([0, 5], dtype=torch.int32)
     ref = rs.sample_recovered_tokens_ref(cu, drafts, None, target, noise)
     assert ref.tolist() == [1, 0]   # row 0 zeroed its draft (column 0), so column 1 is the first maximum
-    monkeypatch.setattr(rs, "_exponential_noise", lambda *args: noise)
+    monkeypatch.setattr(recovered_tokens, "_exponential_noise", lambda *args: noise)
     meta = SamplingMetadata.from_requests([1.0], [None])
     out = rs.sample_recovered_tokens(2, [2], cu, drafts, None, target, meta, "cpu", backend="triton")
     assert out.tolist() == [1, 0]
@@ -73,7 +73,7 @@ def test_rows_split_over_programs_draw_the_same_tokens(monkeypatch, splits, with
     draft_probs = torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1) if with_draft_probs \
         else None
     ref = _draw("torch", ks, vocab, drafts, target, draft_probs, seeded=True)
-    monkeypatch.setattr(rs, "recovered_launch", lambda programs, v: (128, splits))
+    monkeypatch.setattr(recovered_tokens, "recovered_launch", lambda programs, v: (128, splits))
     assert torch.equal(_draw("triton", ks, vocab, drafts, target, draft_probs, seeded=True), ref)
 
 
@@ -82,8 +82,8 @@ def test_ties_across_splits_go_to_the_first_column(monkeypatch):
     # the same best score in every split: the lowest column wins, as torch's argmax picks it
     target = torch.full((1, 512), 1 / 512)
     cu, drafts = torch.tensor([1], dtype=torch.int32), torch.tensor([-1], dtype=torch.int32)
-    monkeypatch.setattr(rs, "_exponential_noise", lambda *args: torch.ones(1, 512))
-    monkeypatch.setattr(rs, "recovered_launch", lambda programs, v: (64, 4))
+    monkeypatch.setattr(recovered_tokens, "_exponential_noise", lambda *args: torch.ones(1, 512))
+    monkeypatch.setattr(recovered_tokens, "recovered_launch", lambda programs, v: (64, 4))
     meta = SamplingMetadata.from_requests([1.0], [None])
 
     def draw():
@@ -95,7 +95,7 @@ def test_ties_across_splits_go_to_the_first_column(monkeypatch):
 
 
 def test_recovered_launch_fills_the_gpu_at_small_batches(monkeypatch):
-    monkeypatch.setattr(rs.runtime, "INTERPRET", False)
+    monkeypatch.setattr(recovered_tokens.runtime, "INTERPRET", False)
     block, one = rs.recovered_launch(1, 151_936)
     assert one == rs.MAX_RECOVERED_SPLITS and block * one <= 151_936
     assert rs.recovered_launch(1280, 151_936)[1] == 1      # enough tokens: one program each, as vLLM

@@ -15,7 +15,7 @@ from specfix import Fixes
 from specfix.fixes import show_fix
 from specfix.runtime import DEVICE, HAS_TRITON
 from specfix.tools.stats import chi_square_samples
-from specfix.v1 import device_checks
+from specfix.v1 import device_checks, rejection_kernels
 from specfix.v1 import rejection_sampler as rs
 from specfix.v1.rejection_sampler import (
     MAX_SPEC_LEN,
@@ -886,9 +886,8 @@ def test_the_whole_verification_step_replays_from_one_cuda_graph(mode):
 
 
 def test_without_triton_the_reference_runs(monkeypatch):
-    import specfix.v1.rejection_sampler as rs
 
-    monkeypatch.setattr(rs, "HAS_TRITON", False)
+    monkeypatch.setattr(rejection_kernels, "HAS_TRITON", False)
     md = SpecDecodeMetadata.make_dummy([[1, -1]])
     out = RejectionSampler()(md, None, logits_with_argmax([1, 4, 2], 8), greedy(1))
     assert out.tolist() == [[1, 4, -1]]

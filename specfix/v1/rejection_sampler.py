@@ -10,8 +10,9 @@ A draft id of ``-1`` (the scheduler's placeholder) is always rejected: greedy be
 an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``;
 switched off, the placeholder can be accepted and written out as a token: ``rejection_random_sample_kernel``).
 
-Read ``rejection_sample`` first (it validates, then verifies), then ``rejection_random_sample`` and its
-kernel; every Triton kernel here has a vectorised torch reference (``*_ref``) that tests tie to it.
+Read ``rejection_sample`` first (it validates, then verifies). The kernels live beside their launchers and
+torch twins in ``specfix.v1.rejection_kernels`` (greedy and random verification) and
+``specfix.v1.recovered_tokens`` (the residual draw); their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -20,18 +21,36 @@ from collections.abc import Sequence
 
 import torch
 
-from specfix import runtime
 from specfix.checks import check_device, check_id_tensor, is_int
 from specfix.fixes import Fixes
-from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.v1 import device_checks
+from specfix.v1.recovered_tokens import (
+    MAX_RECOVERED_SPLITS,
+    RECOVERED_PROGRAMS,
+    _exponential_noise,
+    _token_to_request,
+    recovered_launch,
+    sample_recovered_tokens,
+    sample_recovered_tokens_ref,
+)
+from specfix.v1.rejection_kernels import (
+    PLACEHOLDER_TOKEN_ID,
+    _use_triton,
+    rejection_greedy_sample,
+    rejection_greedy_sample_ref,
+    rejection_random_sample,
+    rejection_random_sample_kernel,
+    rejection_random_sample_ref,
+)
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SAMPLING_EPS, SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "MAX_RECOVERED_SPLITS",
     "MAX_SPEC_LEN",
     "PLACEHOLDER_TOKEN_ID",
+    "RECOVERED_PROGRAMS",
     "RejectionSampler",
     "SAMPLING_EPS",
     "apply_sampling_constraints",
@@ -40,37 +59,18 @@ __all__ = [
     "rejection_greedy_sample",
     "rejection_greedy_sample_ref",
     "rejection_random_sample",
+    "rejection_random_sample_kernel",
     "rejection_random_sample_ref",
+    "recovered_launch",
     "rejection_sample",
     "sample_recovered_tokens",
     "sample_recovered_tokens_ref",
 ]
 
-#: Fills the output past each request's last token, and marks a draft slot the drafter left empty.
-PLACEHOLDER_TOKEN_ID = -1
 #: Most drafts one request may carry in one step.
 MAX_SPEC_LEN = 128
-#: Lanes that cover one output row, ``max_spec_len + 1 <= MAX_SPEC_LEN + 1`` columns (a kernel constant,
-#: so one compilation still serves every k).
-_ROW_BLOCK = 256
 
 _DEFAULT_FIXES = Fixes()
-_BACKENDS = ("auto", "triton", "torch")
-
-
-def _use_triton(backend: str, device: torch.device | None = None) -> bool:
-    """Whether to launch the Triton kernel: on CUDA tensors, or anywhere under Triton's interpreter."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "torch":
-        return False
-    usable = HAS_TRITON and (runtime.INTERPRET or device is None or device.type == "cuda")
-    if backend == "triton" and not usable:
-        raise RuntimeError(
-            f"backend='triton' cannot run here (triton installed: {HAS_TRITON}, tensors on {device}, "
-            f"interpreter: {runtime.INTERPRET}); use backend='torch' or move the tensors to the GPU"
-        )
-    return usable
 
 
 class RejectionSampler(torch.nn.Module):
@@ -328,13 +328,6 @@ def expand_batch_to_tokens(
     return x[_token_to_request(cu_num_tokens, num_tokens)]
 
 
-def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """[num_tokens] int64: the request each flat token belongs to, from the inclusive cumulative counts
-    (a binary search on the device: no host sync, unlike ``repeat_interleave``, and graph-capturable)."""
-    tokens = torch.arange(num_tokens, device=cu_num_tokens.device, dtype=cu_num_tokens.dtype)
-    return torch.searchsorted(cu_num_tokens, tokens, right=True)
-
-
 def apply_sampling_constraints(
     logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata
 ) -> torch.Tensor:
@@ -363,202 +356,6 @@ def generate_uniform_probs(
             uniform_probs[start : start + k].uniform_(generator=generators[i])
         start += k
     return uniform_probs
-
-
-def _exponential_noise(
-    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: list[bool], device
-) -> torch.Tensor:
-    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` are redrawn from their generator."""
-    noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
-    for i, gen in sorted(generators.items()):
-        if redraw[i]:
-            noise[i].exponential_(generator=gen)
-    return noise
-
-
-# The recovered-token draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch,
-# keyed by the requests' generators, as does the bonus token.
-if HAS_TRITON:
-
-    @triton.jit
-    def sample_recovered_tokens_kernel(
-        output_ptr,  # [T] int32
-        split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
-        target_probs_ptr,  # [T, V] float32
-        noise_ptr,  # [B, V] float32, Exp(1)
-        vocab_size,
-        split_size,  # columns per split, a multiple of BLOCK
-        num_splits,
-        BLOCK: tl.constexpr,
-        NO_DRAFT_PROBS: tl.constexpr,
-    ):
-        """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
-        split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
-        one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
-        replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
-        lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
-        fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
-        with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
-        largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
-        """
-        req_idx = tl.program_id(0)
-        pos = tl.program_id(1)
-        split = tl.program_id(2)
-        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-        if pos < num_draft:
-            token_idx = (start + pos).to(tl.int64)
-            draft = tl.load(draft_token_ids_ptr + token_idx)
-            row = token_idx * vocab_size
-            noise_row = req_idx.to(tl.int64) * vocab_size
-            first = split * split_size
-            best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
-            best_col = tl.zeros([BLOCK], dtype=tl.int32)
-            for offset in range(0, split_size, BLOCK):
-                cols = first + offset + tl.arange(0, BLOCK)
-                inside = cols < vocab_size
-                p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
-                if NO_DRAFT_PROBS:
-                    residual = tl.where(cols == draft, 0.0, p)  # a -1 draft matches no column
-                else:
-                    q = tl.load(draft_probs_ptr + row + cols, mask=inside, other=0.0)
-                    residual = tl.maximum(p - q, 0.0)
-                e = tl.load(noise_ptr + noise_row + cols, mask=inside, other=1.0)
-                score = tl.where(inside, residual * tl.math.div_rn(1.0, e), -1.0)
-                better = score > best
-                best = tl.where(better, score, best)
-                best_col = tl.where(better, cols, best_col)
-            top = tl.max(best, axis=0)
-            col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
-            if num_splits == 1:
-                tl.store(output_ptr + token_idx, col)
-            else:  # top >= 0 (each split holds a column), so its bits sort as the float does
-                key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
-                tl.store(split_best_ptr + token_idx * num_splits + split, key)
-
-    @triton.jit
-    def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
-        """Grid (T,): each token's largest split key gives its recovered token."""
-        token_idx = tl.program_id(0).to(tl.int64)
-        s = tl.arange(0, SPLITS)
-        keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
-        tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
-
-else:  # no triton: the dispatcher below always takes the torch reference
-    sample_recovered_tokens_kernel = None
-    _recovered_tokens_reduce_kernel = None
-
-
-def sample_recovered_tokens(
-    max_spec_len: int,
-    num_draft_tokens: list[int],
-    cu_num_draft_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    sampling_metadata: SamplingMetadata,
-    device,
-    *,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """For each draft token, a sample from the residual distribution used if that draft is rejected.
-
-    Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
-    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target; with them, as
-    in vLLM, a slot nothing was drafted for should carry an all-zero q row to sample p itself). Sampled by
-    the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
-    distributed proportionally to the residual, no normalisation needed. The noise comes from torch (the
-    request's generator, or the global one), so that a seed gives the same tokens on every backend; the
-    rest is ``sample_recovered_tokens_kernel`` (one pass over p, q and E, no [T, V] temporaries) or, with
-    ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
-    """
-    num_tokens, vocab_size = target_probs.shape
-    noise = _exponential_noise(
-        len(num_draft_tokens),
-        vocab_size,
-        sampling_metadata.generators,
-        [k > 0 for k in num_draft_tokens],
-        device,
-    )
-    if not _use_triton(backend, target_probs.device):
-        return sample_recovered_tokens_ref(
-            cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
-        )
-    out = torch.empty(num_tokens, dtype=torch.int32, device=target_probs.device)
-    if num_tokens == 0:
-        return out
-    block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
-    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
-    splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
-    split_best = out if splits == 1 else torch.empty(
-        (num_tokens, splits), dtype=torch.int64, device=target_probs.device)
-    target_probs = target_probs.to(torch.float32).contiguous()
-    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
-        out,
-        split_best,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
-        target_probs,
-        noise,
-        vocab_size,
-        split_size,
-        splits,
-        BLOCK=block,
-        NO_DRAFT_PROBS=draft_probs is None,
-        num_warps=8,
-    )
-    if splits > 1:
-        _recovered_tokens_reduce_kernel[(num_tokens,)](
-            out, split_best, splits, SPLITS=triton.next_power_of_2(splits))
-    return out
-
-
-#: Programs a recovered-token draw aims for: with fewer draft tokens than this, each token's row is split
-#: over several programs, so that a batch of a few requests still keeps the GPU's SMs busy.
-RECOVERED_PROGRAMS = 1024
-#: Most programs one token's row is split over.
-MAX_RECOVERED_SPLITS = 64
-
-
-def recovered_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
-    """``(BLOCK, splits per token)`` for ``sample_recovered_tokens_kernel`` at ``num_programs`` = B x
-    max_spec_len. On a GPU, a tile of 2,048 and as many splits (a power of 2, at most 64) as bring the
-    grid to about ``RECOVERED_PROGRAMS``; vLLM's kernel runs one program per token, which at B = 1 leaves
-    all but one SM idle. Under the interpreter, whose cost is per program, one tile per row and no split."""
-    if runtime.INTERPRET:
-        return min(triton.next_power_of_2(vocab_size), 1 << 16), 1
-    block = 2048
-    if num_programs >= RECOVERED_PROGRAMS:
-        return block, 1
-    wanted = triton.next_power_of_2(triton.cdiv(RECOVERED_PROGRAMS, num_programs))
-    return block, max(1, min(wanted, MAX_RECOVERED_SPLITS, triton.cdiv(vocab_size, block)))
-
-
-def sample_recovered_tokens_ref(
-    cu_num_draft_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    noise: torch.Tensor,
-) -> torch.Tensor:
-    """Torch twin of ``sample_recovered_tokens_kernel``: ``argmax_v residual[t, v] * (1 / noise[req(t), v])``
-    (the first index on ties), [num_draft_total] int32."""
-    num_tokens = target_probs.shape[0]
-    if draft_probs is None:
-        # Zero each row's draft entry; a -1 draft writes its column 0 back unchanged.
-        residual = target_probs.clone()
-        column = draft_token_ids.long().clamp_min(0).unsqueeze(-1)
-        kept = residual.gather(1, column) * (draft_token_ids < 0).unsqueeze(-1)
-        residual.scatter_(1, column, kept)
-    else:
-        residual = (target_probs - draft_probs).clamp_min_(0)
-    inv_noise = 1.0 / noise
-    token_to_req = _token_to_request(cu_num_draft_tokens, num_tokens)
-    return (residual * inv_noise[token_to_req]).argmax(dim=-1).to(torch.int32)
 
 
 def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
@@ -707,335 +504,3 @@ def _rejection_sample(
         backend=backend,
     )
     return output_token_ids
-
-
-# The verification loops run one program per request looping over its drafts (grid (B,)); max_spec_len is
-# a runtime argument, so one compilation serves every k.
-if HAS_TRITON:
-
-    @triton.jit
-    def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
-        """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row
-        written whole, the output needs no fill kernel before the verification kernels."""
-        cols = tl.arange(0, ROW)
-        tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
-
-    @triton.jit(do_not_specialize=["max_spec_len"])
-    def rejection_greedy_sample_kernel(
-        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        target_argmax_ptr,  # [T] int32 or int64
-        bonus_token_ids_ptr,  # [B] int32
-        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,  # a runtime int: one compilation serves every k
-        HAS_IS_GREEDY: tl.constexpr,
-        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
-    ):
-        """Emit the target argmax at each position until a draft differs from it; bonus if none does;
-        PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
-        rejected."""
-        req_idx = tl.program_id(0)
-        active = True
-        if HAS_IS_GREEDY:
-            active = tl.load(is_greedy_ptr + req_idx)
-        if active:
-            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
-            rejected = False
-            last = num_draft  # the row's last token: the bonus, or the first rejection's
-            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-            # loaded scalar as a range() bound (it is a 1-element array there).
-            for pos in range(max_spec_len):
-                if not rejected and pos < num_draft:
-                    draft = tl.load(draft_token_ids_ptr + start + pos)
-                    target = tl.load(target_argmax_ptr + start + pos)
-                    tl.store(row_ptr + pos, target)
-                    if draft != target:
-                        rejected = True
-                        last = pos
-            if not rejected:
-                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
-            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
-
-else:  # no triton: the dispatcher below always takes the torch reference
-    rejection_greedy_sample_kernel = None
-
-
-def rejection_greedy_sample(
-    output_token_ids: torch.Tensor,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    target_argmax: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    is_greedy: torch.Tensor | None,
-    max_spec_len: int,
-    *,
-    backend: str = "auto",
-) -> None:
-    """Write the greedy rows of ``output_token_ids`` in place, whole: their tokens, then
-    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
-    if not _use_triton(backend, output_token_ids.device):
-        rejection_greedy_sample_ref(
-            output_token_ids,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            target_argmax,
-            bonus_token_ids,
-            is_greedy,
-            max_spec_len,
-        )
-        return
-    _check_row_block(max_spec_len)
-    batch_size = output_token_ids.shape[0]
-    rejection_greedy_sample_kernel[(batch_size,)](
-        output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        target_argmax.contiguous(),  # argmax's int64 as it comes: a conversion would cost a launch
-        bonus_token_ids.to(torch.int32).contiguous(),
-        is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
-        max_spec_len,
-        HAS_IS_GREEDY=is_greedy is not None,
-        ROW=_ROW_BLOCK,
-    )
-
-
-def _check_row_block(max_spec_len: int) -> None:
-    if not 0 <= max_spec_len < _ROW_BLOCK:
-        raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
-
-
-if HAS_TRITON:
-
-    @triton.jit(do_not_specialize=["max_spec_len"])
-    def rejection_random_sample_kernel(
-        output_token_ids_ptr,  # [B, max_spec_len + 1] int32
-        cu_num_draft_tokens_ptr,  # [B] int32, inclusive
-        draft_token_ids_ptr,  # [T] int32
-        draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
-        target_probs_ptr,  # [T, V] float32
-        bonus_token_ids_ptr,  # [B] int32
-        recovered_token_ids_ptr,  # [T] int32
-        uniform_probs_ptr,  # [T] float64
-        is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
-        max_spec_len,  # a runtime int: one compilation serves every k
-        vocab_size,
-        NO_DRAFT_PROBS: tl.constexpr,
-        HAS_IS_GREEDY: tl.constexpr,
-        REJECT_NEGATIVE_DRAFTS: tl.constexpr,
-        ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
-    ):
-        """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
-        rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
-        the rest of the row.
-
-        REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
-        vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
-        as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
-        placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
-        first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
-        (undefined); here that read is masked off and the draft is rejected.
-        """
-        req_idx = tl.program_id(0)
-        active = True
-        if HAS_IS_GREEDY:
-            active = tl.load(is_greedy_ptr + req_idx) == 0
-        if active:
-            start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
-            num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
-            row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
-            rejected = False
-            last = num_draft  # the row's last token: the bonus, or the first rejection's
-            # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-            # loaded scalar as a range() bound (it is a 1-element array there).
-            for pos in range(max_spec_len):
-                if not rejected and pos < num_draft:
-                    token_idx = (start + pos).to(tl.int64)
-                    draft = tl.load(draft_token_ids_ptr + token_idx)
-                    u = tl.load(uniform_probs_ptr + token_idx)
-                    flat = token_idx * vocab_size + draft
-                    # Both probability loads are masked off (no memory is read) where `readable` is False,
-                    # and such a draft is never accepted.
-                    if REJECT_NEGATIVE_DRAFTS:  # [fix]
-                        readable = draft >= 0  # [fix]
-                    else:  # [no fix]
-                        readable = flat >= 0  # [no fix]
-                    p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
-                    if NO_DRAFT_PROBS:
-                        accepted = readable & (p.to(tl.float64) >= u)
-                    else:
-                        q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
-                        # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
-                        ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
-                        accepted = readable & (q > 0) & (ratio.to(tl.float64) >= u)
-                    if accepted:
-                        token = draft
-                    else:
-                        rejected = True
-                        last = pos
-                        token = tl.load(recovered_token_ids_ptr + token_idx)
-                    tl.store(row_ptr + pos, token)
-            if not rejected:
-                tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
-            _fill_row_tail(row_ptr, last, max_spec_len, ROW)
-
-else:  # no triton: the dispatcher below always takes the torch reference
-    rejection_random_sample_kernel = None
-
-
-def rejection_random_sample(
-    output_token_ids: torch.Tensor,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    recovered_token_ids: torch.Tensor,
-    uniform_probs: torch.Tensor,
-    is_greedy: torch.Tensor | None,
-    max_spec_len: int,
-    *,
-    reject_negative_drafts: bool = True,
-    backend: str = "auto",
-) -> None:
-    """Write the random rows of ``output_token_ids`` in place, whole: their tokens, then
-    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are
-    (``is_greedy`` None: every row is random).
-
-    Draft d at flat token t is accepted iff ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``,
-    ``q = draft_probs[t, d]`` (1 if None) and ``u = uniform_probs[t]``; a rejection emits
-    ``recovered_token_ids[t]`` and ends the row. Like vLLM's kernels, this core does not validate its
-    inputs; ``rejection_sample`` does."""
-    if not _use_triton(backend, output_token_ids.device):
-        rejection_random_sample_ref(
-            output_token_ids,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            draft_probs,
-            target_probs,
-            bonus_token_ids,
-            recovered_token_ids,
-            uniform_probs,
-            is_greedy,
-            max_spec_len,
-            reject_negative_drafts=reject_negative_drafts,
-        )
-        return
-    _check_row_block(max_spec_len)
-    batch_size = output_token_ids.shape[0]
-    target_probs = target_probs.to(torch.float32).contiguous()
-    rejection_random_sample_kernel[(batch_size,)](
-        output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
-        target_probs,
-        bonus_token_ids.to(torch.int32).contiguous(),
-        recovered_token_ids.to(torch.int32).contiguous(),
-        uniform_probs.contiguous(),
-        is_greedy if is_greedy is not None else output_token_ids,
-        max_spec_len,
-        target_probs.shape[1],
-        NO_DRAFT_PROBS=draft_probs is None,
-        HAS_IS_GREEDY=is_greedy is not None,
-        REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,
-        ROW=_ROW_BLOCK,
-    )
-
-
-# ----------------------------------------------------------------------------------------------------
-# Torch references: vectorised restatements of the kernels, tied to them bit for bit by the tests.
-
-
-def _token_layout(cu_num_draft_tokens: torch.Tensor, num_tokens: int):
-    """For each flat draft token: its request, its position in the request; and each request's k."""
-    cu = cu_num_draft_tokens.long()
-    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))
-    req = torch.repeat_interleave(
-        torch.arange(cu.numel(), device=cu.device), num_draft, output_size=num_tokens
-    )
-    pos = torch.arange(num_tokens, device=cu.device) - (cu - num_draft)[req]
-    return req, pos, num_draft
-
-
-def _write_prefix(
-    output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active_rows
-) -> None:
-    """Write each active request's tokens up to and including its first rejection, then the bonus."""
-    rejected = (~accepted).long()
-    before = torch.cumsum(rejected, 0) - rejected  # rejections before each token, across the batch
-    start_of_token = torch.arange(req.numel(), device=req.device) - pos
-    before_in_req = before - before[start_of_token]  # ... within its own request
-    write = (before_in_req == 0) & active_rows[req]
-    output_token_ids[req[write], pos[write]] = emitted[write].to(output_token_ids.dtype)
-    rejections_in_req = torch.zeros_like(num_draft).index_add_(0, req, rejected)
-    bonus_rows = torch.nonzero(active_rows & (rejections_in_req == 0)).flatten()
-    output_token_ids[bonus_rows, num_draft[bonus_rows]] = bonus_token_ids[bonus_rows].to(
-        output_token_ids.dtype
-    )
-
-
-def _active_rows(is_greedy: torch.Tensor | None, batch_size: int, greedy: bool, device) -> torch.Tensor:
-    if is_greedy is None:  # the caller runs only the path every row takes
-        return torch.ones(batch_size, dtype=torch.bool, device=device)
-    return is_greedy.bool() if greedy else ~is_greedy.bool()
-
-
-def rejection_greedy_sample_ref(
-    output_token_ids,
-    cu_num_draft_tokens,
-    draft_token_ids,
-    target_argmax,
-    bonus_token_ids,
-    is_greedy,
-    max_spec_len,
-) -> None:
-    """Torch twin of ``rejection_greedy_sample_kernel``: emit the argmax at every position up to the
-    first draft that differs from it; bonus if none differs. ``is_greedy`` None = every row greedy."""
-    req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
-    accepted = draft_token_ids.long() == target_argmax.long()
-    active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
-    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
-    _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
-
-
-def _gather_flat(table: torch.Tensor, flat: torch.Tensor, readable: torch.Tensor) -> torch.Tensor:
-    """``table.flatten()[flat]`` where ``readable``, 0.0 elsewhere (a load the kernel masks off)."""
-    values = table.reshape(-1)[torch.where(readable, flat, 0)]
-    return torch.where(readable, values, torch.zeros_like(values))
-
-
-def rejection_random_sample_ref(
-    output_token_ids,
-    cu_num_draft_tokens,
-    draft_token_ids,
-    draft_probs,
-    target_probs,
-    bonus_token_ids,
-    recovered_token_ids,
-    uniform_probs,
-    is_greedy,
-    max_spec_len,
-    *,
-    reject_negative_drafts=True,
-) -> None:
-    """Torch twin of ``rejection_random_sample_kernel`` (see there for the ``-1`` behaviour when
-    ``reject_negative_drafts`` is False). ``is_greedy`` None = every row random."""
-    num_tokens, vocab_size = target_probs.shape
-    req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
-    draft = draft_token_ids.long()
-    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
-    readable = draft >= 0 if reject_negative_drafts else flat >= 0
-    p = _gather_flat(target_probs.float().contiguous(), flat, readable)
-    if draft_probs is None:
-        accepted = readable & (p.double() >= uniform_probs)
-    else:
-        q = _gather_flat(draft_probs.float().contiguous(), flat, readable)
-        ratio = p / torch.where(q > 0, q, torch.ones_like(q))
-        accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
-    emitted = torch.where(accepted, draft, recovered_token_ids.long())
-    active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
-    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
-    _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)

@@ -1,0 +1,219 @@
+"""The recovered-token draw of the V1 rejection sampler: the Triton kernel, its launcher and its torch twin.
+
+Mirrors ``sample_recovered_tokens`` in vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``: at a rejected
+draft the sampler emits a token drawn from the residual ``max(p - q, 0)``. Read ``sample_recovered_tokens``
+(the launcher) first; ``specfix.v1.rejection_sampler`` is the sampler that calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specfix import runtime
+from specfix.runtime import tl, triton
+from specfix.v1.rejection_kernels import _use_triton
+from specfix.v1.sampling_metadata import SamplingMetadata
+
+
+def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[num_tokens] int64: the request each flat token belongs to, from the inclusive cumulative counts
+    (a binary search on the device: no host sync, unlike ``repeat_interleave``, and graph-capturable)."""
+    tokens = torch.arange(num_tokens, device=cu_num_tokens.device, dtype=cu_num_tokens.dtype)
+    return torch.searchsorted(cu_num_tokens, tokens, right=True)
+
+
+def _exponential_noise(
+    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: list[bool], device
+) -> torch.Tensor:
+    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` are redrawn from their generator."""
+    noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
+    for i, gen in sorted(generators.items()):
+        if redraw[i]:
+            noise[i].exponential_(generator=gen)
+    return noise
+
+
+#: Programs a recovered-token draw aims for: with fewer draft tokens than this, each token's row is split
+#: over several programs, so that a batch of a few requests still keeps the GPU's SMs busy.
+RECOVERED_PROGRAMS = 1024
+#: Most programs one token's row is split over.
+MAX_RECOVERED_SPLITS = 64
+
+
+def recovered_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
+    """``(BLOCK, splits per token)`` for ``sample_recovered_tokens_kernel`` at ``num_programs`` = B x
+    max_spec_len. On a GPU, a tile of 2,048 and as many splits (a power of 2, at most 64) as bring the
+    grid to about ``RECOVERED_PROGRAMS``; vLLM's kernel runs one program per token, which at B = 1 leaves
+    all but one SM idle. Under the interpreter, whose cost is per program, one tile per row and no split."""
+    if runtime.INTERPRET:
+        return min(triton.next_power_of_2(vocab_size), 1 << 16), 1
+    return _gpu_launch(num_programs, vocab_size)
+
+
+@functools.cache
+def _gpu_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
+    block = 2048
+    if num_programs >= RECOVERED_PROGRAMS:
+        return block, 1
+    wanted = triton.next_power_of_2(triton.cdiv(RECOVERED_PROGRAMS, num_programs))
+    return block, max(1, min(wanted, MAX_RECOVERED_SPLITS, triton.cdiv(vocab_size, block)))
+
+
+# The draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch, keyed by the
+# requests' generators, as does the bonus token.
+@triton.jit
+def sample_recovered_tokens_kernel(
+    output_ptr,  # [T] int32
+    split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
+    cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+    draft_token_ids_ptr,  # [T] int32
+    draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+    target_probs_ptr,  # [T, V] float32
+    noise_ptr,  # [B, V] float32, Exp(1)
+    vocab_size,
+    split_size,  # columns per split, a multiple of BLOCK
+    num_splits,
+    BLOCK: tl.constexpr,
+    NO_DRAFT_PROBS: tl.constexpr,
+):
+    """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
+    split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
+    one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
+    replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
+    lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
+    fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
+    with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
+    largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
+    """
+    req_idx = tl.program_id(0)
+    pos = tl.program_id(1)
+    split = tl.program_id(2)
+    start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+    num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+    if pos < num_draft:
+        token_idx = (start + pos).to(tl.int64)
+        draft = tl.load(draft_token_ids_ptr + token_idx)
+        row = token_idx * vocab_size
+        noise_row = req_idx.to(tl.int64) * vocab_size
+        first = split * split_size
+        best = tl.full([BLOCK], -1.0, tl.float32)  # every score is >= 0
+        best_col = tl.zeros([BLOCK], dtype=tl.int32)
+        for offset in range(0, split_size, BLOCK):
+            cols = first + offset + tl.arange(0, BLOCK)
+            inside = cols < vocab_size
+            p = tl.load(target_probs_ptr + row + cols, mask=inside, other=0.0)
+            if NO_DRAFT_PROBS:
+                residual = tl.where(cols == draft, 0.0, p)  # a -1 draft matches no column
+            else:
+                q = tl.load(draft_probs_ptr + row + cols, mask=inside, other=0.0)
+                residual = tl.maximum(p - q, 0.0)
+            e = tl.load(noise_ptr + noise_row + cols, mask=inside, other=1.0)
+            score = tl.where(inside, residual * tl.math.div_rn(1.0, e), -1.0)
+            better = score > best
+            best = tl.where(better, score, best)
+            best_col = tl.where(better, cols, best_col)
+        top = tl.max(best, axis=0)
+        col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
+        if num_splits == 1:
+            tl.store(output_ptr + token_idx, col)
+        else:  # top >= 0 (each split holds a column), so its bits sort as the float does
+            key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
+            tl.store(split_best_ptr + token_idx * num_splits + split, key)
+
+@triton.jit
+def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
+    """Grid (T,): each token's largest split key gives its recovered token."""
+    token_idx = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, SPLITS)
+    keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
+    tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
+
+
+def sample_recovered_tokens(
+    max_spec_len: int,
+    num_draft_tokens: list[int],
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    device,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """For each draft token, a sample from the residual distribution used if that draft is rejected.
+
+    Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
+    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target; with them, as
+    in vLLM, a slot nothing was drafted for should carry an all-zero q row to sample p itself). Sampled by
+    the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
+    distributed proportionally to the residual, no normalisation needed. The noise comes from torch (the
+    request's generator, or the global one), so that a seed gives the same tokens on every backend; the
+    rest is ``sample_recovered_tokens_kernel`` (one pass over p, q and E, no [T, V] temporaries) or, with
+    ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
+    """
+    num_tokens, vocab_size = target_probs.shape
+    noise = _exponential_noise(
+        len(num_draft_tokens),
+        vocab_size,
+        sampling_metadata.generators,
+        [k > 0 for k in num_draft_tokens],
+        device,
+    )
+    if not _use_triton(backend, target_probs.device):
+        return sample_recovered_tokens_ref(
+            cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
+        )
+    out = torch.empty(num_tokens, dtype=torch.int32, device=target_probs.device)
+    if num_tokens == 0:
+        return out
+    block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
+    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
+    splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
+    split_best = out if splits == 1 else torch.empty(
+        (num_tokens, splits), dtype=torch.int64, device=target_probs.device)
+    target_probs = target_probs.to(torch.float32).contiguous()
+    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
+        out,
+        split_best,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        target_probs,
+        noise,
+        vocab_size,
+        split_size,
+        splits,
+        BLOCK=block,
+        NO_DRAFT_PROBS=draft_probs is None,
+        num_warps=8,
+    )
+    if splits > 1:
+        _recovered_tokens_reduce_kernel[(num_tokens,)](
+            out, split_best, splits, SPLITS=triton.next_power_of_2(splits))
+    return out
+
+
+def sample_recovered_tokens_ref(
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Torch twin of ``sample_recovered_tokens_kernel``: ``argmax_v residual[t, v] * (1 / noise[req(t), v])``
+    (the first index on ties), [num_draft_total] int32."""
+    num_tokens = target_probs.shape[0]
+    if draft_probs is None:
+        # Zero each row's draft entry; a -1 draft writes its column 0 back unchanged.
+        residual = target_probs.clone()
+        column = draft_token_ids.long().clamp_min(0).unsqueeze(-1)
+        kept = residual.gather(1, column) * (draft_token_ids < 0).unsqueeze(-1)
+        residual.scatter_(1, column, kept)
+    else:
+        residual = (target_probs - draft_probs).clamp_min_(0)
+    inv_noise = 1.0 / noise
+    token_to_req = _token_to_request(cu_num_draft_tokens, num_tokens)
+    return (residual * inv_noise[token_to_req]).argmax(dim=-1).to(torch.int32)

@@ -1,0 +1,360 @@
+"""The verification kernels of the V1 rejection sampler: greedy and random, each with its torch twin.
+
+Mirrors ``rejection_greedy_sample_kernel`` and ``rejection_random_sample_kernel`` of vLLM 0.33.0's
+``vllm/v1/sample/rejection_sampler.py``: one program per request walks its drafts, emits each accepted one,
+the target's (greedy) or the recovered token (random) at the first rejection, the bonus token if none is
+rejected, and ``PLACEHOLDER_TOKEN_ID`` in the rest of the row. The ``*_ref`` functions restate each kernel
+in vectorised torch; the tests tie the two bit for bit. ``specfix.v1.rejection_sampler`` calls them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfix import runtime
+from specfix.runtime import HAS_TRITON, tl, triton
+
+#: Fills the output past each request's last token, and marks a draft slot the drafter left empty.
+PLACEHOLDER_TOKEN_ID = -1
+#: Lanes that cover one output row, ``max_spec_len + 1 <= MAX_SPEC_LEN + 1`` columns (a kernel constant,
+#: so one compilation still serves every k).
+_ROW_BLOCK = 256
+_BACKENDS = ("auto", "triton", "torch")
+
+
+def _use_triton(backend: str, device: torch.device | None = None) -> bool:
+    """Whether to launch the Triton kernel: on CUDA tensors, or anywhere under Triton's interpreter."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    usable = HAS_TRITON and (runtime.INTERPRET or device is None or device.type == "cuda")
+    if backend == "triton" and not usable:
+        raise RuntimeError(
+            f"backend='triton' cannot run here (triton installed: {HAS_TRITON}, tensors on {device}, "
+            f"interpreter: {runtime.INTERPRET}); use backend='torch' or move the tensors to the GPU"
+        )
+    return usable
+
+
+# The verification loops run one program per request looping over its drafts (grid (B,)); max_spec_len is
+# a runtime argument, so one compilation serves every k.
+@triton.jit
+def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
+    """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row
+    written whole, the output needs no fill kernel before the verification kernels."""
+    cols = tl.arange(0, ROW)
+    tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
+
+@triton.jit(do_not_specialize=["max_spec_len"])
+def rejection_greedy_sample_kernel(
+    output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+    cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+    draft_token_ids_ptr,  # [T] int32
+    target_argmax_ptr,  # [T] int32 or int64
+    bonus_token_ids_ptr,  # [B] int32
+    is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+    max_spec_len,  # a runtime int: one compilation serves every k
+    HAS_IS_GREEDY: tl.constexpr,
+    ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
+):
+    """Emit the target argmax at each position until a draft differs from it; bonus if none does;
+    PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
+    rejected."""
+    req_idx = tl.program_id(0)
+    active = True
+    if HAS_IS_GREEDY:
+        active = tl.load(is_greedy_ptr + req_idx)
+    if active:
+        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+        row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+        rejected = False
+        last = num_draft  # the row's last token: the bonus, or the first rejection's
+        # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+        # loaded scalar as a range() bound (it is a 1-element array there).
+        for pos in range(max_spec_len):
+            if not rejected and pos < num_draft:
+                draft = tl.load(draft_token_ids_ptr + start + pos)
+                target = tl.load(target_argmax_ptr + start + pos)
+                tl.store(row_ptr + pos, target)
+                if draft != target:
+                    rejected = True
+                    last = pos
+        if not rejected:
+            tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+        _fill_row_tail(row_ptr, last, max_spec_len, ROW)
+
+
+def rejection_greedy_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_argmax: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    is_greedy: torch.Tensor | None,
+    max_spec_len: int,
+    *,
+    backend: str = "auto",
+) -> None:
+    """Write the greedy rows of ``output_token_ids`` in place, whole: their tokens, then
+    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
+    if not _use_triton(backend, output_token_ids.device):
+        rejection_greedy_sample_ref(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_argmax,
+            bonus_token_ids,
+            is_greedy,
+            max_spec_len,
+        )
+        return
+    _check_row_block(max_spec_len)
+    batch_size = output_token_ids.shape[0]
+    rejection_greedy_sample_kernel[(batch_size,)](
+        output_token_ids,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        target_argmax.contiguous(),  # argmax's int64 as it comes: a conversion would cost a launch
+        bonus_token_ids.to(torch.int32).contiguous(),
+        is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
+        max_spec_len,
+        HAS_IS_GREEDY=is_greedy is not None,
+        ROW=_ROW_BLOCK,
+    )
+
+
+def _check_row_block(max_spec_len: int) -> None:
+    if not 0 <= max_spec_len < _ROW_BLOCK:
+        raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
+
+
+
+@triton.jit(do_not_specialize=["max_spec_len"])
+def rejection_random_sample_kernel(
+    output_token_ids_ptr,  # [B, max_spec_len + 1] int32
+    cu_num_draft_tokens_ptr,  # [B] int32, inclusive
+    draft_token_ids_ptr,  # [T] int32
+    draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
+    target_probs_ptr,  # [T, V] float32
+    bonus_token_ids_ptr,  # [B] int32
+    recovered_token_ids_ptr,  # [T] int32
+    uniform_probs_ptr,  # [T] float64
+    is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
+    max_spec_len,  # a runtime int: one compilation serves every k
+    vocab_size,
+    NO_DRAFT_PROBS: tl.constexpr,
+    HAS_IS_GREEDY: tl.constexpr,
+    REJECT_NEGATIVE_DRAFTS: tl.constexpr,
+    ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
+):
+    """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
+    rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
+    the rest of the row.
+
+    REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
+    vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
+    as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
+    placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
+    first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
+    (undefined); here that read is masked off and the draft is rejected.
+    """
+    req_idx = tl.program_id(0)
+    active = True
+    if HAS_IS_GREEDY:
+        active = tl.load(is_greedy_ptr + req_idx) == 0
+    if active:
+        start = tl.load(cu_num_draft_tokens_ptr + req_idx - 1, mask=req_idx > 0, other=0)
+        num_draft = tl.load(cu_num_draft_tokens_ptr + req_idx) - start
+        row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
+        rejected = False
+        last = num_draft  # the row's last token: the bonus, or the first rejection's
+        # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
+        # loaded scalar as a range() bound (it is a 1-element array there).
+        for pos in range(max_spec_len):
+            if not rejected and pos < num_draft:
+                token_idx = (start + pos).to(tl.int64)
+                draft = tl.load(draft_token_ids_ptr + token_idx)
+                u = tl.load(uniform_probs_ptr + token_idx)
+                flat = token_idx * vocab_size + draft
+                # Both probability loads are masked off (no memory is read) where `readable` is False,
+                # and such a draft is never accepted.
+                if REJECT_NEGATIVE_DRAFTS:  # [fix]
+                    readable = draft >= 0  # [fix]
+                else:  # [no fix]
+                    readable = flat >= 0  # [no fix]
+                p = tl.load(target_probs_ptr + flat, mask=readable, other=0.0)
+                if NO_DRAFT_PROBS:
+                    accepted = readable & (p.to(tl.float64) >= u)
+                else:
+                    q = tl.load(draft_probs_ptr + flat, mask=readable, other=0.0)
+                    # div_rn: IEEE division like torch's (Triton's `/` is approximate on NVIDIA GPUs).
+                    ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
+                    accepted = readable & (q > 0) & (ratio.to(tl.float64) >= u)
+                if accepted:
+                    token = draft
+                else:
+                    rejected = True
+                    last = pos
+                    token = tl.load(recovered_token_ids_ptr + token_idx)
+                tl.store(row_ptr + pos, token)
+        if not rejected:
+            tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
+        _fill_row_tail(row_ptr, last, max_spec_len, ROW)
+
+
+def rejection_random_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    recovered_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    is_greedy: torch.Tensor | None,
+    max_spec_len: int,
+    *,
+    reject_negative_drafts: bool = True,
+    backend: str = "auto",
+) -> None:
+    """Write the random rows of ``output_token_ids`` in place, whole: their tokens, then
+    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are
+    (``is_greedy`` None: every row is random).
+
+    Draft d at flat token t is accepted iff ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``,
+    ``q = draft_probs[t, d]`` (1 if None) and ``u = uniform_probs[t]``; a rejection emits
+    ``recovered_token_ids[t]`` and ends the row. Like vLLM's kernels, this core does not validate its
+    inputs; ``rejection_sample`` does."""
+    if not _use_triton(backend, output_token_ids.device):
+        rejection_random_sample_ref(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            recovered_token_ids,
+            uniform_probs,
+            is_greedy,
+            max_spec_len,
+            reject_negative_drafts=reject_negative_drafts,
+        )
+        return
+    _check_row_block(max_spec_len)
+    batch_size = output_token_ids.shape[0]
+    target_probs = target_probs.to(torch.float32).contiguous()
+    rejection_random_sample_kernel[(batch_size,)](
+        output_token_ids,
+        cu_num_draft_tokens.to(torch.int32).contiguous(),
+        draft_token_ids.to(torch.int32).contiguous(),
+        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        target_probs,
+        bonus_token_ids.to(torch.int32).contiguous(),
+        recovered_token_ids.to(torch.int32).contiguous(),
+        uniform_probs.contiguous(),
+        is_greedy if is_greedy is not None else output_token_ids,
+        max_spec_len,
+        target_probs.shape[1],
+        NO_DRAFT_PROBS=draft_probs is None,
+        HAS_IS_GREEDY=is_greedy is not None,
+        REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,
+        ROW=_ROW_BLOCK,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch references: vectorised restatements of the kernels, tied to them bit for bit by the tests.
+
+
+def _token_layout(cu_num_draft_tokens: torch.Tensor, num_tokens: int):
+    """For each flat draft token: its request, its position in the request; and each request's k."""
+    cu = cu_num_draft_tokens.long()
+    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))
+    req = torch.repeat_interleave(
+        torch.arange(cu.numel(), device=cu.device), num_draft, output_size=num_tokens
+    )
+    pos = torch.arange(num_tokens, device=cu.device) - (cu - num_draft)[req]
+    return req, pos, num_draft
+
+
+def _write_prefix(
+    output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active_rows
+) -> None:
+    """Write each active request's tokens up to and including its first rejection, then the bonus."""
+    rejected = (~accepted).long()
+    before = torch.cumsum(rejected, 0) - rejected  # rejections before each token, across the batch
+    start_of_token = torch.arange(req.numel(), device=req.device) - pos
+    before_in_req = before - before[start_of_token]  # ... within its own request
+    write = (before_in_req == 0) & active_rows[req]
+    output_token_ids[req[write], pos[write]] = emitted[write].to(output_token_ids.dtype)
+    rejections_in_req = torch.zeros_like(num_draft).index_add_(0, req, rejected)
+    bonus_rows = torch.nonzero(active_rows & (rejections_in_req == 0)).flatten()
+    output_token_ids[bonus_rows, num_draft[bonus_rows]] = bonus_token_ids[bonus_rows].to(
+        output_token_ids.dtype
+    )
+
+
+def _active_rows(is_greedy: torch.Tensor | None, batch_size: int, greedy: bool, device) -> torch.Tensor:
+    if is_greedy is None:  # the caller runs only the path every row takes
+        return torch.ones(batch_size, dtype=torch.bool, device=device)
+    return is_greedy.bool() if greedy else ~is_greedy.bool()
+
+
+def rejection_greedy_sample_ref(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    target_argmax,
+    bonus_token_ids,
+    is_greedy,
+    max_spec_len,
+) -> None:
+    """Torch twin of ``rejection_greedy_sample_kernel``: emit the argmax at every position up to the
+    first draft that differs from it; bonus if none differs. ``is_greedy`` None = every row greedy."""
+    req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
+    accepted = draft_token_ids.long() == target_argmax.long()
+    active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
+    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
+    _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
+
+
+def _gather_flat(table: torch.Tensor, flat: torch.Tensor, readable: torch.Tensor) -> torch.Tensor:
+    """``table.flatten()[flat]`` where ``readable``, 0.0 elsewhere (a load the kernel masks off)."""
+    values = table.reshape(-1)[torch.where(readable, flat, 0)]
+    return torch.where(readable, values, torch.zeros_like(values))
+
+
+def rejection_random_sample_ref(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    recovered_token_ids,
+    uniform_probs,
+    is_greedy,
+    max_spec_len,
+    *,
+    reject_negative_drafts=True,
+) -> None:
+    """Torch twin of ``rejection_random_sample_kernel`` (see there for the ``-1`` behaviour when
+    ``reject_negative_drafts`` is False). ``is_greedy`` None = every row random."""
+    num_tokens, vocab_size = target_probs.shape
+    req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
+    draft = draft_token_ids.long()
+    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
+    readable = draft >= 0 if reject_negative_drafts else flat >= 0
+    p = _gather_flat(target_probs.float().contiguous(), flat, readable)
+    if draft_probs is None:
+        accepted = readable & (p.double() >= uniform_probs)
+    else:
+        q = _gather_flat(draft_probs.float().contiguous(), flat, readable)
+        ratio = p / torch.where(q > 0, q, torch.ones_like(q))
+        accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
+    emitted = torch.where(accepted, draft, recovered_token_ids.long())
+    active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
+    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
+    _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
