@@ -45,10 +45,8 @@ def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
     if not is_int(num_spec_tokens):
         raise TypeError(f"num_speculative_tokens must be an int or None, got {num_spec_tokens!r}")
     if not 1 <= num_spec_tokens <= MAX_SPEC_LEN:
-        raise ValueError(
-            f"num_speculative_tokens must lie in [1, MAX_SPEC_LEN={MAX_SPEC_LEN}], got {num_spec_tokens} "
-            "(use None to switch speculative decoding off)"
-        )
+        raise ValueError(f"num_speculative_tokens must lie in [1, MAX_SPEC_LEN={MAX_SPEC_LEN}], got "
+                         f"{num_spec_tokens} (use None to switch speculative decoding off)")
 
 
 def check_token_ids(
@@ -78,15 +76,9 @@ def check_token_ids(
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling, with vLLM 0.33's defaults and rules (``vllm/sampling_params.py``,
-    ``__post_init__`` and ``_verify_args``).
-
-    ``temperature`` defaults to 1.0 (sample from the model's distribution) and must be a finite number in
-    [0, 2]. Every temperature in ``(0, MAX_TEMP)`` is raised to ``MAX_TEMP`` (0.01) with a warning, as vLLM
-    does, since dividing logits by it risks inf and NaN, so only 0 is greedy (``is_greedy``: vLLM's
-    ``SamplingType.GREEDY``, a temperature below ``SAMPLING_EPS``). ``seed`` makes random sampling
-    reproducible; -1 means no seed, as in vLLM; otherwise it must fit in an int64, as the generators and
-    the request-state seed tables hold it.
-    """
+    ``__post_init__`` and ``_verify_args``): a temperature in ``(0, MAX_TEMP)`` is raised to ``MAX_TEMP``
+    with a warning (dividing logits by it risks inf and NaN), so only 0 is greedy; seed -1 means no seed,
+    any other must fit in an int64 (the generators and the request-state seed tables hold it)."""
 
     temperature: float = 1.0
     seed: int | None = None
@@ -94,7 +86,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        if not (is_int(t) or isinstance(t, float)) or not math.isfinite(t):
             raise TypeError(f"temperature must be a finite number, got {t!r}")
         if t < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}")
@@ -128,27 +120,17 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class Request:
-    """One generation request as the scheduler tracks it (vllm/v1/request.py).
-
-    ``num_computed_tokens`` counts tokens whose KV is in the cache (or is being computed by a step in
-    flight); a decode request has exactly one more token (its last sample) than that. ``spec_token_ids``
-    holds the drafts for the next step (the drafter's proposals; under async scheduling ``[-1] * k``
-    placeholders for the runner to fill); the scheduler moves them into
-    ``SchedulerOutput.scheduled_spec_decode_tokens``. ``num_output_placeholders`` (async scheduling
-    only) counts the tokens scheduled steps may still emit: each step adds ``1 + its drafts`` and takes
-    them off again when its output arrives. ``is_prefill_chunk``: after the last scheduling, the request
-    still has prompt to compute.
-    """
+    """One generation request as the scheduler tracks it (vllm/v1/request.py)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # KV cached or being computed; a decode has one token (its last) more
     output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # next step's drafts (async: [-1] * k to fill)
     status: RequestStatus = RequestStatus.WAITING
-    num_output_placeholders: int = 0
-    is_prefill_chunk: bool = False
+    num_output_placeholders: int = 0  # async: tokens steps in flight may emit (1 + drafts each)
+    is_prefill_chunk: bool = False  # after the last scheduling, prompt is left to compute
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -191,27 +173,19 @@ class CachedRequestData:
 
 @dataclass
 class SchedulerOutput:
-    """What the scheduler decided for one step (vllm/v1/core/sched/output.py).
-
-    ``scheduled_spec_decode_tokens[req_id]`` lists the drafts to verify, placeholders included: the
-    runner verifies ``len(...)`` drafts for that request. ``num_placeholder_spec_tokens[req_id]`` (not in
-    vLLM; like its ``num_invalid_spec_tokens``) says how many of them, at the end, the scheduler wrote as
-    placeholders: the ground truth chapter 1 needs when placeholders are zeros and look like real drafts
-    (under async scheduling the runner may fill them: ``ModelRunnerOutput.num_filled_spec_tokens``).
-    ``num_spec_tokens_to_schedule`` is the k the next step's drafts are sized for (vLLM's dynamic
-    speculative decoding can lower it; specfix always uses k). ``step_id`` (not in vLLM) numbers the
-    scheduler's steps, so that ``update_from_output`` can refuse a step's output delivered twice.
-    """
+    """What the scheduler decided for one step (vllm/v1/core/sched/output.py)."""
 
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
-    scheduled_spec_decode_tokens: dict[str, list[int]]
+    scheduled_spec_decode_tokens: dict[str, list[int]]  # the drafts to verify, placeholders included
+    # Not in vLLM (like its num_invalid_spec_tokens): how many of those drafts the scheduler wrote as
+    # placeholders, the ground truth when they are zeros (async: the runner may fill them)
     num_placeholder_spec_tokens: dict[str, int]
     finished_req_ids: set[str]
-    num_spec_tokens_to_schedule: int = 0
-    step_id: int = -1
+    num_spec_tokens_to_schedule: int = 0  # the k next step's drafts are sized for (vLLM's dynamic k)
+    step_id: int = -1  # not in vLLM: update_from_output refuses a step's output delivered twice
 
 
 @dataclass
@@ -271,15 +245,10 @@ class SpecDecodingStats:
 
 
 class Scheduler:
-    """Decides, each step, which requests run and how many tokens each one feeds the model.
-
-    Running requests first (a decode: its last token plus its drafts; a prefill: the next chunk), then
-    waiting ones (prefills, chunked to the token budget; a request with one token left is padded to
-    ``1 + k``, see ``_pads_new_decode``), at most ``max_num_seqs`` requests and
-    ``max_num_batched_tokens`` tokens per step. This is vLLM's synchronous scheduler: each step's output
-    reaches ``update_from_output`` (and the drafts ``update_draft_token_ids``) before the next
-    ``schedule``.
-    """
+    """vLLM's synchronous scheduler: decides, each step, which requests run and how many tokens each
+    feeds the model (running ones first, then waiting ones, within ``max_num_seqs`` and
+    ``max_num_batched_tokens``). Each step's output reaches ``update_from_output`` (and its drafts
+    ``update_draft_token_ids``) before the next ``schedule``."""
 
     def __init__(
         self,
@@ -305,10 +274,8 @@ class Scheduler:
             raise ValueError(
                 f"placeholder_policy must be one of {PLACEHOLDER_POLICIES}, got {placeholder_policy!r}")
         if num_spec_tokens is not None and max_num_batched_tokens < 1 + num_spec_tokens:
-            raise ValueError(
-                f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one decode of "
-                f"1 + k = {1 + num_spec_tokens} tokens"
-            )
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one decode of "
+                             f"1 + k = {1 + num_spec_tokens} tokens")
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -320,8 +287,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
-        # Scheduled steps whose output has not come back yet, per request id (async scheduling: a
-        # request can finish while a later step that includes it is still running).
+        # Per request id, scheduled steps whose output is not back (async: a request may finish meanwhile)
         self._num_steps_in_flight: dict[str, int] = {}
         self._num_steps = 0  # steps scheduled so far: the next SchedulerOutput's step_id
         self._step_ids_in_flight: set[int] = set()  # steps with tokens whose output has not come back
@@ -362,16 +328,12 @@ class Scheduler:
         if not prompt:
             raise ValueError("prompt_token_ids is empty: a request needs at least one prompt token")
         if not 0 <= request.num_computed_tokens < len(prompt):
-            raise ValueError(
-                f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
-                f"got {request.num_computed_tokens}"
-            )
-        need = len(prompt) + request.sampling_params.max_tokens + self.num_spec_tokens
-        if need > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt)}) + max_tokens ({request.sampling_params.max_tokens}) + k "
-                f"({self.num_spec_tokens}) = {need} exceeds max_model_len={self.max_model_len}"
-            )
+            raise ValueError(f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
+                             f"got {request.num_computed_tokens}")
+        max_tokens, k = request.sampling_params.max_tokens, self.num_spec_tokens
+        if len(prompt) + max_tokens + k > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) + k ({k}) = "
+                             f"{len(prompt) + max_tokens + k} exceeds max_model_len={self.max_model_len}")
         request.prompt_token_ids = prompt
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -421,13 +383,12 @@ class Scheduler:
                 and not prefill_scheduled
                 and (running_scheduled or num_computed_tokens > 0))
 
-    # Prefix caching (on by default in vLLM 0.33: ``CacheConfig.enable_prefix_caching``,
-    # ``vllm/config/cache.py``; off here). The KV of every full block is kept under a hash chained over the
-    # whole prefix (``hash_block_tokens``, ``vllm/v1/core/kv_cache_utils.py``); a new request starts from its
-    # longest run of cached leading blocks, at most ``num_tokens - 1`` tokens, since the last one must be
-    # computed again for its logits (``KVCacheManager.get_computed_blocks``,
-    # ``vllm/v1/core/kv_cache_manager.py`` 0.33.0 ~295-306). A repeated prompt one token longer than whole
-    # blocks therefore has one token left and is padded. specfix never evicts a block.
+    # Prefix caching (on by default in vLLM 0.33, ``vllm/config/cache.py``; off here): every full block's
+    # KV is kept under a hash chained over the prefix (``vllm/v1/core/kv_cache_utils.py``);
+    # a new request starts from its longest run of cached leading blocks, at most ``num_tokens - 1`` tokens,
+    # as the last must be computed for its logits (``KVCacheManager.get_computed_blocks``,
+    # ``vllm/v1/core/kv_cache_manager.py`` 0.33.0 ~295-306). So a repeated prompt one token longer than
+    # whole blocks has one token left and is padded. specfix never evicts a block.
     def block_hashes(self, token_ids: list[int]) -> list[int]:
         """One hash per full block of ``token_ids``, each chained to the one before (as vLLM's block hashes
         are), so a block matches only behind the same prefix."""
@@ -522,13 +483,10 @@ class Scheduler:
     # -- after the model ran ----------------------------------------------------------------------
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
-        """Append each request's sampled tokens, roll back rejected drafts, finish capped requests.
-
-        Returns the requests that finished this step. As in vLLM (``_free_request``), a finished request
-        leaves ``requests`` at once and its id goes out with the next ``SchedulerOutput.finished_req_ids``,
-        so the runner frees its row too; output that arrives later for it (async scheduling: a step
-        scheduled before it finished) is dropped. Its id may be used again once no step carries it.
-        """
+        """Append each request's sampled tokens, roll back rejected drafts, finish capped requests; return
+        the finished ones. As in vLLM (``_free_request``) a finished request leaves ``requests`` at once, its
+        id goes out with the next ``finished_req_ids``, and output that arrives later for it (async: a step
+        scheduled before it finished) is dropped. Its id may be used again once no step carries it."""
         filled = model_runner_output.num_filled_spec_tokens
         generated_by_req = self._check_output(scheduler_output, model_runner_output)
         self._step_ids_in_flight.discard(scheduler_output.step_id)
@@ -607,15 +565,11 @@ class AsyncScheduler(Scheduler):
     """vLLM's ``AsyncScheduler``: schedules step N + 1 while step N runs, before its tokens and drafts
     are known.
 
-    After each ``schedule`` every scheduled request that is past its prefill gets ``[-1] * k`` as its
-    next drafts (the shared ``_spec_token_placeholders``) and ``1 + len(drafts)`` more
-    ``num_output_placeholders``: tokens the step may emit. The next ``schedule`` therefore gives it
-    ``1 + k`` tokens with ``[-1] * k`` drafts; the model runner overwrites those ``-1`` with the
-    proposals its drafter made in the previous step (a request that was not in that step keeps its ``-1``
-    up to the embedding). ``update_from_output`` of step N then takes the
-    rejected drafts off ``num_computed_tokens`` and ``num_output_placeholders``, and the emitted tokens
-    off ``num_output_placeholders``. The engine does not call ``update_draft_token_ids``: the drafts
-    never travel through the scheduler.
+    After each ``schedule`` every scheduled request past its prefill gets ``[-1] * k`` as its next drafts
+    and ``1 + len(drafts)`` more ``num_output_placeholders``, so the next step gives it ``1 + k`` tokens;
+    the model runner writes its drafter's previous proposals over those ``-1`` (a request that was not in
+    that step keeps its ``-1`` up to the embedding). ``update_from_output`` of step N takes the rejected
+    drafts and the emitted tokens off again. Drafts never travel through this scheduler.
     """
 
     def __init__(self, **kwargs):
