@@ -61,6 +61,8 @@ html_theme = "sphinx_book_theme"
 html_title = "specfix: where speculative decoding meets padding"
 html_static_path = ["_static"]
 html_css_files = ["book.css"]
+# Search excerpts without the theme's buttons (its colour-mode menu reads "Light Dark"); after searchtools.js.
+html_js_files = [("search_excerpts.js", {"defer": "defer"})]
 html_extra_path = ["_extra"]  # index.html at the top of the build folder, pointing at the front page
 html_last_updated_fmt = None
 html_copy_source = False  # the .ipynb sources stay in the repository, not in the book

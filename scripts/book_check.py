@@ -16,7 +16,10 @@ Serves the book over http on 127.0.0.1 (the search page needs http), opens every
   style.MIN_TEXT_PX tall,
 - any link within the book that points to a file that is not there, or to an anchor the page lacks,
 - any widget view left on a page (the book shows each widget's static figure instead),
-- a search for `idx_mapping` that finds nothing.
+- an exercise's "Exercise" chip whose text contrasts with its fill less than 4.5:1, in light or dark mode,
+- output text or a table cut off at the column's right edge (wider than its box: the reader would have to
+  scroll it sideways to see where the fix is),
+- a search for `idx_mapping` that finds nothing, or whose excerpts show the theme's buttons ("Light Dark").
 It saves a screenshot of each chapter's first screen next to the book (build/book/screenshots/) and ends
 with one line `book-check: N passed, M failed`, one check per page and kind plus the search.
 
@@ -58,6 +61,19 @@ _FIGURES_JS = """() => {
     src: img.getAttribute('src'), natural: img.naturalWidth, shown: img.getBoundingClientRect().width}));
 }"""
 _LINKS_JS = "() => [...document.querySelectorAll('a[href]')].map((a) => a.href)"
+# The exercise chip (book.css: div.cell.tag_exercise::before) in both colour modes: its text and fill colours.
+_CHIP_JS = """(mode) => {
+  document.documentElement.dataset.theme = mode;
+  return [...document.querySelectorAll('div.cell.tag_exercise')].slice(0, 1).map((cell) => {
+    const chip = getComputedStyle(cell, '::before');
+    return {mode, color: chip.color, background: chip.backgroundColor};
+  });
+}"""
+# Outputs wider than their box: text (<pre>) and tables that the page cuts off or scrolls inside the column.
+_CUT_JS = """() => [...document.querySelectorAll('.cell_output pre, .cell_output table')]
+  .filter((el) => el.scrollWidth > el.clientWidth + 2
+          || (el.tagName === 'TABLE' && el.getBoundingClientRect().width > el.parentElement.clientWidth + 2))
+  .map((el) => (el.tagName === 'TABLE' ? 'table: ' : 'text: ') + el.innerText.trim().slice(0, 70))"""
 _WIDGETS_JS = f"() => document.querySelectorAll('script[type=\"{WIDGET_VIEW}\"], .jupyter-widgets').length"
 _MATHJAX_JS = "() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null"
 
@@ -103,6 +119,30 @@ def local_paths(text: str) -> list:
     found = re.findall(r"/tmp/ipykernel_[\w/.]*", text)
     found += [place for place in {str(ROOT), sys.prefix, str(Path(sys.prefix).resolve())} if place in text]
     return sorted(set(found))
+
+
+def _rgb(css: str) -> tuple:
+    import re
+
+    values = [float(v) for v in re.findall(r"[\d.]+", css)]
+    return tuple(values[:3]) if len(values) >= 3 else (0.0, 0.0, 0.0)
+
+
+def contrast(color: str, background: str) -> float:
+    """WCAG contrast ratio of two CSS rgb() colours (1 to 21)."""
+    def luminance(css):
+        channels = [c / 255 for c in _rgb(css)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    light, dark = sorted((luminance(color), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def chrome_in_excerpts(excerpts: list) -> list:
+    """Search excerpts that show the theme's buttons instead of the page's text."""
+    return [text[:80] for text in excerpts
+            if any(word in text for word in ("System Settings", "Light Dark", "Color mode"))]
 
 
 def small_figures(figures: list) -> list:
@@ -182,8 +222,14 @@ def _check_page(page, url, root, origin, outside):
     widgets = page.evaluate(_WIDGETS_JS)
     paths = [f"shows {path}" for path in local_paths(page.evaluate("() => document.body.innerText"))]
     figures = page.evaluate(_FIGURES_JS)
-    counted, small = [], []
+    counted, small, chips = [], [], []
+    cut = page.evaluate(_CUT_JS)
     if url.rsplit("/", 2)[-2] == "notebooks":
+        for mode in ("light", "dark"):
+            chips += [f"exercise chip in {mode} mode: {c['color']} on {c['background']}, contrast "
+                      f"{contrast(c['color'], c['background']):.1f} (at least 4.5)"
+                      for c in page.evaluate(_CHIP_JS, mode) if contrast(c["color"], c["background"]) < 4.5]
+        page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
         stem = url.rsplit("/", 1)[-1].removesuffix(".html")
         executed = root.parent / "jupyter_execute" / "notebooks" / f"{stem}.ipynb"
         if not executed.is_file():
@@ -200,6 +246,8 @@ def _check_page(page, url, root, origin, outside):
         "figures": counted,
         "legible": small,
         "paths": paths,
+        "chip": chips,
+        "cut": [f"cut off at the right edge: {what}" for what in cut],
     }
 
 
@@ -210,7 +258,10 @@ def _search(page, origin, term):
         "() => { const s = document.querySelector('#search-results'); "
         "return s && (s.querySelector('li') || /found|did not match/i.test(s.textContent)); }",
         timeout=TIMEOUT_MS)
-    return page.eval_on_selector_all("#search-results li a", "(links) => links.map((a) => a.href)")
+    page.wait_for_load_state("networkidle")
+    links = page.eval_on_selector_all("#search-results li a", "(links) => links.map((a) => a.href)")
+    excerpts = page.eval_on_selector_all("#search-results li p.context", "(ps) => ps.map((p) => p.innerText)")
+    return links, excerpts
 
 
 def main(argv=None) -> int:
@@ -272,7 +323,7 @@ def main(argv=None) -> int:
                     if sideways > 0 else []
                 page.close()
             page = context.new_page()
-            hits = _search(page, origin, SEARCH_TERM)
+            hits, excerpts = _search(page, origin, SEARCH_TERM)
             page.close()
             browser.close()
     finally:
@@ -288,6 +339,11 @@ def main(argv=None) -> int:
                     print(f"    {problem}")
             else:
                 passed += 1
+    if chrome := chrome_in_excerpts(excerpts):
+        failed += 1
+        print(f"FAIL search excerpts show the theme's buttons: {chrome}")
+    else:
+        passed += 1
     if hits:
         passed += 1
         print(f"search for {SEARCH_TERM!r}: {len(hits)} page(s), e.g. {hits[0].removeprefix(origin + '/')}")

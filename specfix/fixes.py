@@ -94,11 +94,13 @@ class FixListing:
                  "lines on "
                  f"<span style='background:{colours['-']}'>red (&minus;)</span> only with it off.</p>"]
         for site, path, first, lines in self.sites:
-            rows = "".join(f"<div style='background:{colours[m]}'>{m} {html.escape(t) or '&nbsp;'}</div>"
-                           for m, t in lines)
+            # a line longer than the page wraps, its continuation indented under the code (never cut off)
+            rows = "".join(f"<div style='background:{colours[m]};padding-left:4ch;text-indent:-2ch'>"
+                           f"{m} {html.escape(t) or '&nbsp;'}</div>" for m, t in lines)
             parts.append(f"<p><code>{html.escape(site)}</code> "
                          f"<small>({html.escape(path)}:{first})</small></p>"
-                         f"<pre style='line-height:1.3;font-size:90%'>{rows}</pre>")
+                         "<pre style='line-height:1.3;font-size:90%;white-space:pre-wrap;"
+                         f"overflow-wrap:anywhere'>{rows}</pre>")
         return "".join(parts)
 
 

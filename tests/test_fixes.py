@@ -28,6 +28,8 @@ def test_each_switch_shows_the_lines_it_changes(name):
     assert all(f"+ {line}" in text for line in listing.marked("+"))
     assert "# [fix]" not in text and "# [no fix]" not in text  # the markers themselves are not shown
     assert "<pre" in listing._repr_html_()
+    # long source lines wrap on the page instead of running past its right edge
+    assert "white-space:pre-wrap" in listing._repr_html_()
 
 
 def test_the_switch_itself_is_read_on_a_marked_line():
