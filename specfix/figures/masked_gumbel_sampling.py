@@ -240,3 +240,113 @@ def drafter_store_table(perf: dict) -> pd.DataFrame:
     table.columns = ["without store (us)" if not c else "with store (us)" for c in table.columns]
     table["store adds (us)"] = table["with store (us)"] - table["without store (us)"]
     return table.round(2)
+
+
+# --- the sentences that read the chapter's draws, tables and recordings, built from their values (Markdown)
+
+
+def samplers_text(tests: pd.DataFrame, draws: dict[str, np.ndarray]) -> str:
+    """How many samplers pass the chi-square test (`tests`: one row per sampler of `draws`)."""
+    return (f"{int(tests.passed.sum())} of {len(draws)} samplers pass the chi-square test (statistic under "
+            "the threshold: degrees of freedom + 10 standard deviations, after merging sparse bins). The "
+            f"kernel drew {len(draws['Triton kernel']):,} samples (on a CPU it runs in Triton's interpreter, "
+            "one program at a time, so CI scale keeps it small); the torch reference drew "
+            f"{len(draws['torch reference']):,}, and it picks **the kernel's tokens bit for bit** (checked "
+            "in `tests/test_gumbel.py`, on the CPU and on the H200). Temperature 0 means plain argmax: no "
+            "noise at all.")
+
+
+def tail_text(u, exact, careful, naive) -> str:
+    """Where the naive noise overflows, and the careful form's worst relative error (the inputs of
+    :func:`gumbel_tail`)."""
+    overflow = ~np.isfinite(np.asarray(naive))
+    worst = np.max(np.abs(np.asarray(careful, dtype=np.float64) - exact) / np.abs(exact))
+    u = np.asarray(u)
+    return (f"The naive form is `+inf` at {int(overflow.sum())} of these {len(u)} points, every u up to "
+            f"{u[overflow].max():.2e} (at u = 1e-8, where the exact noise is "
+            f"{-np.log(-np.log1p(-1e-8)):.2f}). The careful form's largest relative error over the whole "
+            f"range is {worst:.1e}.")
+
+
+def invariance_table(alone: dict, t_alone, t_crowd, t_moved) -> pd.DataFrame:
+    """Each request's token alone, in another batch, and one position on (`alone`: the requests' batch)."""
+    return pd.DataFrame({"seed": alone["seed"], "pos": alone["pos"], "alone": t_alone,
+                         "in another batch": t_crowd, "position + 1": t_moved},
+                        index=[f"request {i}" for i in range(len(t_alone))])
+
+
+def invariance_text(table: pd.DataFrame) -> str:
+    """What :func:`invariance_table` shows: the same (seed, position) gives the same token anywhere."""
+    same = int((table["alone"] == table["in another batch"]).sum())
+    changed = [name for name in table.index if table.loc[name, "position + 1"] != table.loc[name, "alone"]]
+    kept = [name for name in table.index if name not in changed]
+    return (f"Same (seed, position), same token: {same} of {len(table)} requests pick the same token in "
+            "another batch, at other slots, with another tile size. A new position is a new draw: fresh, "
+            f"independent noise, so the token may change or stay: here it changed for "
+            f"{', '.join(changed) or 'no request'} and stayed for {', '.join(kept) or 'no request'} (a "
+            "likely token is often drawn again).")
+
+
+def agreement_text(match: pd.DataFrame, source: str) -> str:
+    """What the vllm-mode agreement table shows (`source`: what the mode was compared with)."""
+    same, exact_same = match["same token as vLLM's noise"].sum(), match["same token as specfix exact"].sum()
+    cached = "in both runs" if match["same cached logits"].all() else "NOT in every run"
+    greedy = int(match["greedy row agrees"].sum())
+    return (f"The `vllm` mode picks the same token as {source} on {same} of {match.rows.sum()} rows, with "
+            "and without the drafting salt, and its draft-logits cache holds the same values "
+            f"({cached}). Against specfix's `exact` mode, a different generator, it agrees on {exact_same} "
+            f"rows; the greedy row (temperature 0, no noise) agrees in {greedy} of {len(match)} runs. Both "
+            "modes are correct samplers: their tokens are different draws from the same distribution.")
+
+
+def _first_report(san: dict, variant: str, prefix: str = "before the nearest allocation"):
+    kind, info = next(iter(san["variants"][variant]["kinds"].items()))
+    line = next(line for line in info["first"] if prefix in line)
+    return kind, info["count"], line.split("=========")[-1].strip()
+
+
+def sanitizer_text(san: dict) -> str:
+    """What compute-sanitizer reported for the masked kernel and the two unmasked variants."""
+    read_kind, read_count, read_where = _first_report(san, "unmasked")
+    write_kind, write_count, write_where = _first_report(san, "unmasked_guarded_tables")
+    return (f"{san['variants']['masked']['errors']} errors with the mask. Without it: {read_count:,} reports "
+            f"of *{read_kind.lower()}*, the padded rows' threads reading `temperature[-1]` "
+            f"(\"{read_where}\"); memcheck then stops the kernel. With the tables inside larger allocations: "
+            f"{write_count:,} reports of *{write_kind.lower()}* (\"{write_where}\"): `draft_logits[-1, 1, "
+            ":]`. Each summary counts one error more than its reports: the launch failure that stopping the "
+            "kernel causes, seen at the next CUDA call.")
+
+
+def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
+    """The two noise modes against softmax + multinomial at one fp32 shape of the bench recording."""
+    frame = bench_frame(bench)
+    at = frame[(frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab)
+               & (frame.dtype == "fp32")].set_index("impl").us
+    fast, exact, slow = at["specfix_fast"], at["specfix_exact"], at["torch_softmax_multinomial"]
+    return (f"At {rows} x {vocab:,} fp32 the fast noise takes {fast:.0f} us and the exact noise {exact:.0f} "
+            "us: exact pays for bit-for-bit reproducibility with its own polynomial logarithm, compiled "
+            f"without FMA contraction. Softmax + `torch.multinomial` takes {slow:.0f} us, {slow / fast:.1f}x "
+            f"the fast kernel's time and {slow / exact:.1f}x the exact kernel's.")
+
+
+def graph_text(bench: dict, store: pd.DataFrame) -> str:
+    """One row in a CUDA graph against its goal, and what storing the draft logits adds (`store`:
+    :func:`drafter_store_table`)."""
+    graph = graph_table(bench)
+    calls = sorted({r["params"]["calls_per_graph"] for r in bench["results"] if r["case"] == "gumbel_graph"})
+    goal = bench_goal(bench, "gumbel_graph", "us")
+    adds = store["store adds (us)"]
+    return (f"{', '.join(map(str, calls))} calls per graph. One row of {graph.index.max():,} logits with the "
+            f"fast noise: {graph['specfix_fast'].max():.2f} us per call (goal: at most {goal['target']:.0f} "
+            f"us, {goal['status']}). Storing the draft logits on the way adds {adds.min():.2f} to "
+            f"{adds.max():.2f} us per call.")
+
+
+def mask_text(mask: pd.DataFrame) -> str:
+    """What :func:`mask_table` shows: the mask's overhead, within the noise of two timed kernels."""
+    return (f"The mask's overhead is {mask.loc['without', 'overhead %']:+.2f}% without the store and "
+            f"{mask.loc['with', 'overhead %']:+.2f}% with it. A negative overhead means the masked kernel "
+            "was the faster of the two in this run. The mask adds one compare per tile, so a difference of a "
+            "few percent either way is not the mask's cost but the difference between two separately "
+            "compiled, separately timed kernels: what the run shows is that the mask costs nothing "
+            "measurable.")
