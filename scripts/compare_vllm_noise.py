@@ -6,7 +6,8 @@ logits from the same inputs.
 Needs vLLM's sampler in ``.peer/`` (``scripts/fetch_vllm_peer.py``; it is never committed). Each case is
 one vocabulary, logits dtype (fp32, bf16, fp16), temperature applied or not, drafting flag and draft-logits
 cache (none, one column for the step as vLLM's draft-model speculator passes it, or a column per row as
-DFlash does); its batch has random logits, request slots in shuffled order with a few padded rows (-1),
+DFlash does); its batch (``gumbel_batch``) has random logits, request slots in shuffled order with a few
+padded rows (-1),
 one temperature per request from ``TEMPERATURES`` (greedy, the tiny ones vLLM's ``SamplingParams`` would
 have raised to 0.01, up to 10), seeds over the whole int64 range and positions up to 2**40. Both kernels run
 on the same tensors; every row's token is compared, and every cache (both start as the same sentinel) value
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specfix import runtime  # noqa: E402
-from specfix.lab.masked_gumbel import load_vllm_sampler  # noqa: E402
+from specfix.lab.masked_gumbel import gumbel_batch, load_vllm_sampler  # noqa: E402
 from specfix.mrv2 import gumbel  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
 
@@ -53,24 +54,22 @@ SENTINEL = -777.0
 
 def make_batch(rows: int, vocab: int, dtype: torch.dtype, *, seed: int, device,
                rows_per_request: int = ROWS_PER_REQUEST) -> dict:
-    """Inputs as vLLM 0.33 passes them: logits [rows, vocab], expanded_idx_mapping int64 (each request's
-    ``rows_per_request`` rows, requests in shuffled slot order, then at least ``rows // 50`` padded rows, and
-    one, of -1), temperature fp32 and seed int64 per request, pos int64 per row."""
+    """``gumbel_batch``'s inputs laid out as vLLM 0.33 passes a verification step: each request's
+    ``rows_per_request`` rows, requests in shuffled slot order, then at least ``rows // 50`` padded rows (-1);
+    one temperature per request from ``TEMPERATURES``, seeds over the whole int64 range, positions from a
+    random start up to 2**40."""
     gen = torch.Generator().manual_seed(seed)
     num_reqs = max(1, (rows - max(1, rows // 50)) // rows_per_request)
+    temps = torch.tensor(TEMPERATURES)[(torch.arange(num_reqs) + seed) % len(TEMPERATURES)]
+    batch = gumbel_batch(rows, vocab, num_reqs=num_reqs, temperature=temps, dtype=dtype, seed=seed,
+                         device=device)
     slots = torch.randperm(num_reqs, generator=gen)
     idx = slots.repeat_interleave(rows_per_request)[:rows - 1]
     idx = torch.cat([idx, torch.full((rows - len(idx),), -1)])
-    temps = torch.tensor(TEMPERATURES)[(torch.arange(num_reqs) + seed) % len(TEMPERATURES)]
     start = torch.randint(0, 2**40, (num_reqs,), generator=gen)
     pos = start[idx.clamp(min=0)] + torch.arange(rows) % rows_per_request
-    on_device = torch.Generator(device=device).manual_seed(seed)  # the big tensor is drawn where it lives
-    scale = torch.tensor([1.0, 3.0], device=device)[torch.randint(0, 2, (rows, 1), generator=gen).to(device)]
-    logits = torch.randn(rows, vocab, generator=on_device, device=device) * scale
-    return dict(logits=logits.to(dtype),
-                expanded_idx_mapping=idx.to(device), temperature=temps.to(device),
-                seed=torch.randint(-2**63, 2**63 - 1, (num_reqs,), generator=gen).to(device),
-                pos=pos.to(device))
+    seeds = torch.randint(-2**63, 2**63 - 1, (num_reqs,), generator=gen)
+    return dict(batch, expanded_idx_mapping=idx.to(device), seed=seeds.to(device), pos=pos.to(device))
 
 
 def compare(peer, batch: dict, *, apply_temperature: bool, is_drafting: bool, cache: str | None) -> dict:

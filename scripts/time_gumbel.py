@@ -3,10 +3,10 @@
     PYTHONPATH=$PWD python3 scripts/time_gumbel.py [--out specfix/recorded] [--sweep] [--sweep-only]
                                                    [--before NAME=PATH ...] [--profile]
 
-Throughput (G logits/s = rows x vocab / median time, ``triton.testing.do_bench``) of both noise modes at
-the issue-6 shapes, one row of 248,320 per call inside a CUDA graph (100 calls captured in one graph, so
-the host launch is not counted), the masked kernel against the unmasked one, and torch's samplers at
-256 x 151,936. Writes ``gumbel_perf.json``.
+Throughput (G logits/s = rows x vocab / median back-to-back time, L2 flushed, by the bench's timer) of
+both noise modes at the issue-6 shapes, one row of 248,320 per call inside a CUDA graph (100 calls
+captured in one graph, so the host launch is not counted), the masked kernel against the unmasked one
+(10 interleaved repeats), and torch's samplers at 256 x 151,936. Writes ``gumbel_perf.json``.
 
 ``--sweep`` also times launch configurations (tile, warps, tiles per program, splits per row) of the fast
 kernel at the issue-6 shapes the way ``specfix bench`` does (L2 flushed, CUDA events around each call), checks
@@ -20,6 +20,7 @@ to compare against, as ``before: NAME``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import statistics
@@ -32,83 +33,45 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfix import Fixes
+from specfix.lab.masked_gumbel import gumbel_batch  # noqa: E402
 from specfix.mrv2 import gumbel
 from specfix.mrv2 import gumbel_reference as ref  # noqa: E402
 from specfix.runtime import triton  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
+from specfix.tools.bench.gumbel_cases import torch_gumbel_max, torch_softmax_multinomial  # noqa: E402
+from specfix.tools.bench.timing import Settings, Timer  # noqa: E402
 
 GRAPH_CALLS = 100
+TIMER = Timer(Settings(torch.device("cuda"), "full"))
 
 
 def inputs(rows: int, vocab: int, dtype: torch.dtype) -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(rows + vocab)
-    return dict(
-        logits=(torch.randn(rows, vocab, generator=gen, device="cuda") * 3).to(dtype),
-        expanded_idx_mapping=torch.arange(rows, device="cuda"),
-        temperature=torch.ones(rows, device="cuda"),
-        seed=torch.randint(0, 2**40, (rows,), generator=gen, device="cuda"),
-        pos=torch.randint(0, 4096, (rows,), generator=gen, device="cuda"),
-    )
+    return gumbel_batch(rows, vocab, dtype=dtype, seed=rows + vocab, device="cuda")
 
 
 def call(inp: dict, apply_temperature: bool = False, is_drafting: bool = False, **kwargs):
-    return lambda: gumbel.gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                        inp["seed"], inp["pos"], apply_temperature, is_drafting, **kwargs)
+    args = [inp[k] for k in ("logits", "expanded_idx_mapping", "temperature", "seed", "pos")]
+    return functools.partial(gumbel.gumbel_sample, *args, apply_temperature, is_drafting, **kwargs)
 
 
 def median_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    """Back-to-back per-call time, L2 flushed (as ``triton.testing.do_bench`` takes it), in ms."""
+    return statistics.median(TIMER.time(fn, shield=False)) / 1e3
 
 
 def graph_us_per_call(fn) -> float:
-    """GPU time per call with GRAPH_CALLS calls captured in one CUDA graph (median of 20 replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
-    return statistics.median(times)
+    """GPU time per call with GRAPH_CALLS calls captured in one CUDA graph."""
+    return statistics.median(TIMER.time_in_graph(fn, GRAPH_CALLS))
+
+
+def flushed_us(fn) -> float:
+    """GPU time of one call as ``specfix bench`` takes it: L2 flushed, the host's launch hidden."""
+    return statistics.median(TIMER.time(fn))
 
 
 SWEEP_SHAPES = ((64, 151_936), (256, 32_000), (256, 151_936), (256, 248_320), (1024, 32_000), (1024, 151_936),
                 (1024, 248_320))
 FEW_ROW_SHAPES = ((1, 151_936), (1, 248_320), (8, 32_000), (8, 151_936), (64, 32_000), (128, 151_936))
-_FLUSH: list[torch.Tensor] = []
-
-
-def flushed_us(fn, reps: int = 15) -> float:
-    """Median GPU time of one call as ``specfix bench`` takes it: L2 flushed, CUDA events around the call,
-    and the GPU kept busy while the host launches it (else a slow host's launch time is counted too)."""
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
-    for _ in range(3):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        _FLUSH[0].zero_()
-        torch.cuda._sleep(2_000_000)  # ~1 ms of GPU work queued: the host launches before the GPU gets there
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
 def configs(rows: int, vocab: int):
@@ -145,7 +108,7 @@ def load_before(path: str):
 def before_call(before, inp: dict):
     """A call of the older module's gumbel_sample (fast noise, default launch) on ``inp``."""
     args = [inp[k] for k in ("logits", "expanded_idx_mapping", "temperature", "seed", "pos")]
-    return lambda: before.gumbel_sample(*args, False, noise="fast")
+    return functools.partial(before.gumbel_sample, *args, False, noise="fast")
 
 
 def sweep(out_dir: Path, before_paths: list[str]) -> dict:
@@ -205,7 +168,7 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
         print(report["graph_one_row"][-1], flush=True)
     # 4. context at 256 x 151,936 fp32: the read ceiling, and our kernel without noise (temperature 0)
     inp = inputs(256, 151_936, torch.float32)
-    report["context"]["argmax_read_us"] = flushed_us(lambda: inp["logits"].argmax(-1))
+    report["context"]["argmax_read_us"] = flushed_us(functools.partial(inp["logits"].argmax, -1))
     greedy = dict(inp, temperature=torch.zeros(256, device="cuda"))
     report["context"]["no_noise_default_us"] = flushed_us(call(greedy, noise="fast"))
     report["context"]["exact_default_us"] = flushed_us(call(inp, noise="exact"))
@@ -246,11 +209,9 @@ def main() -> None:
                     print(row, flush=True)
                 del inp
     inp = inputs(256, 151_936, torch.float32)
-    x = inp["logits"]
     baselines = {
-        "torch_softmax_multinomial": median_ms(lambda: torch.multinomial(torch.softmax(x, -1), 1)),
-        "torch_gumbel_max": median_ms(
-            lambda: (x - torch.empty_like(x).exponential_().log_()).argmax(-1)),
+        "torch_softmax_multinomial": median_ms(functools.partial(torch_softmax_multinomial, inp["logits"])),
+        "torch_gumbel_max": median_ms(functools.partial(torch_gumbel_max, inp["logits"])),
         "specfix_exact": median_ms(call(inp, noise="exact")),
         "specfix_fast": median_ms(call(inp, noise="fast")),
         "specfix_exact_apply_temperature": median_ms(call(inp, True, noise="exact")),
@@ -258,11 +219,11 @@ def main() -> None:
     print("256 x 151,936 fp32, ms:", baselines, flush=True)
     mask = {}
     for noise in ("exact", "fast"):
-        pairs = [(median_ms(call(inp, noise=noise)),
-                  median_ms(call(inp, noise=noise, fixes=Fixes(mask_invalid_reqs=False)))) for _ in range(5)]
-        mask[noise] = dict(masked_ms=statistics.median(a for a, _ in pairs),
-                           unmasked_ms=statistics.median(b for _, b in pairs),
-                           ratio=statistics.median(a / b for a, b in pairs))
+        masked, unmasked = TIMER.interleaved(call(inp, noise=noise),
+                                             call(inp, noise=noise, fixes=Fixes(mask_invalid_reqs=False)), 10)
+        mask[noise] = dict(masked_ms=statistics.median(masked) / 1e3,
+                           unmasked_ms=statistics.median(unmasked) / 1e3,
+                           ratio=statistics.median(a / b for a, b in zip(masked, unmasked, strict=True)))
     print("mask overhead:", mask, flush=True)
     graph = []
     for vocab in (151_936, 248_320):

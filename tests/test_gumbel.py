@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfix import Fixes, runtime
+from specfix.lab.masked_gumbel import gumbel_batch
 from specfix.mrv2 import gumbel
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.tools.stats import chi_square, chi_square_power, chi_square_samples, samples_for_power
@@ -43,17 +44,10 @@ def _recorder():
 
 
 def batch(rows, vocab, *, num_reqs=None, temps=None, dtype=torch.float32, seed=0, scale=3.0):
-    """Random logits and request tables; row i belongs to request i % num_reqs at position i // num_reqs."""
-    num_reqs = num_reqs or rows
-    gen = torch.Generator().manual_seed(seed)
-    temps = torch.tensor(temps if temps is not None else [1.0] * num_reqs, dtype=torch.float32)
-    return dict(
-        logits=(torch.randn(rows, vocab, generator=gen) * scale).to(dtype).to(DEVICE),
-        expanded_idx_mapping=(torch.arange(rows) % num_reqs).to(DEVICE),
-        temperature=temps.to(DEVICE),
-        seed=torch.randint(-2**62, 2**62, (num_reqs,), generator=gen).to(DEVICE),
-        pos=(torch.arange(rows) // num_reqs + 17).to(DEVICE),
-    )
+    """Random logits and request tables (the one builder); row i is request i % num_reqs at position
+    i // num_reqs + 17."""
+    return gumbel_batch(rows, vocab, num_reqs=num_reqs, temperature=1.0 if temps is None else temps,
+                        dtype=dtype, seed=seed, scale=scale, first_pos=17, device=DEVICE)
 
 
 def sample(b, apply_temperature=True, is_drafting=False, **kwargs):

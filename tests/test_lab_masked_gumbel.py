@@ -20,7 +20,7 @@ def test_repeated_rows_assigns_requests_round_robin():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(rows=0), r"rows and num_reqs must be >= 1, got 0"),
+    (dict(rows=0), r"rows, vocab and num_reqs must be >= 1, got 0, 3 and 8"),
     (dict(logits=torch.zeros(2, 3)), r"logits must be one row \[vocab\], got shape \(2, 3\)"),
 ])
 def test_repeated_rows_refuses_bad_sizes(kwargs, match):
@@ -89,7 +89,7 @@ def test_random_batch_has_one_greedy_request_and_sampled_others():
 
 
 def test_random_batch_refuses_bad_sizes():
-    with pytest.raises(ValueError, match=r"rows and vocab_size must be >= 1, got 3 and 0"):
+    with pytest.raises(ValueError, match=r"rows, vocab and num_reqs must be >= 1, got 3, 0 and 3"):
         lab.random_batch(3, 0)
 
 

@@ -31,39 +31,83 @@ SENTINEL = -777.0
 BATCH_KEYS = ("logits", "expanded_idx_mapping", "temperature", "seed", "pos")
 
 
-def repeated_rows(rows: int, logits: torch.Tensor, temperature: float, num_reqs: int = 8, seed: int = 0,
-                  device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def gumbel_batch(
+    rows: int,
+    vocab: int,
+    *,
+    num_reqs: int | None = None,
+    temperature=1.0,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    scale: float = 3.0,
+    logits: torch.Tensor | None = None,
+    first_pos: int | None = 0,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """The one builder of ``gumbel_sample``'s inputs (tests, bench, scripts, chapters), in vLLM 0.33's layout.
+
+    Row i is request ``i % num_reqs`` (default: one request per row) at position ``first_pos + i // num_reqs``
+    (``first_pos=None``: random positions below 2**20). ``logits``: one row ``[vocab]`` repeated, else random
+    normal times ``scale``, drawn where they live. ``temperature``: one for all requests, or one each.
+    Seeds: random, one per request."""
+    num_reqs = num_reqs or rows
+    if rows < 1 or vocab < 1 or num_reqs < 1:
+        raise ValueError(f"rows, vocab and num_reqs must be >= 1, got {rows}, {vocab} and {num_reqs}")
+    gen = torch.Generator().manual_seed(seed)
+    on_device = (
+        gen if torch.device(device).type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+    )
+    if logits is None:
+        logits = torch.randn(rows, vocab, generator=on_device, device=device).mul_(scale)
+    elif logits.shape != (vocab,):
+        raise ValueError(f"logits must be one row [vocab={vocab}], got shape {tuple(logits.shape)}")
+    temps = torch.as_tensor(temperature, dtype=torch.float32)
+    index = torch.arange(rows)
+    pos = (
+        index // num_reqs + first_pos
+        if first_pos is not None
+        else torch.randint(0, 1 << 20, (rows,), generator=gen)
+    )
+    return dict(
+        logits=logits.expand(rows, vocab).to(device=device, dtype=dtype).contiguous(),
+        expanded_idx_mapping=(index % num_reqs).to(device),
+        temperature=(temps.expand(num_reqs) if temps.dim() == 0 else temps).contiguous().to(device),
+        seed=torch.randint(-(2**62), 2**62, (num_reqs,), generator=gen).to(device),
+        pos=pos.to(device),
+    )
+
+
+def repeated_rows(
+    rows: int,
+    logits: torch.Tensor,
+    temperature: float,
+    num_reqs: int = 8,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
     """``rows`` rows that all hold ``logits`` (``[vocab]``): row i is request ``i % num_reqs`` at position
     ``i // num_reqs``, each request with its own random seed. Every row is one independent draw."""
-    if rows < 1 or num_reqs < 1:
-        raise ValueError(f"rows and num_reqs must be >= 1, got {rows} and {num_reqs}")
     if logits.dim() != 1:
         raise ValueError(f"logits must be one row [vocab], got shape {tuple(logits.shape)}")
-    gen = torch.Generator().manual_seed(seed)
-    batch = dict(
-        logits=logits.expand(rows, -1).contiguous(),
-        expanded_idx_mapping=torch.arange(rows) % num_reqs,
-        temperature=torch.full((num_reqs,), float(temperature)),
-        seed=torch.randint(0, 2**62, (num_reqs,), generator=gen),
-        pos=torch.arange(rows) // num_reqs,
+    return gumbel_batch(
+        rows,
+        logits.shape[0],
+        num_reqs=num_reqs,
+        temperature=float(temperature),
+        seed=seed,
+        logits=logits,
+        device=device,
     )
-    return {k: v.to(device) for k, v in batch.items()}
 
 
-def random_batch(rows: int, vocab_size: int, seed: int = 0,
-                 device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def random_batch(
+    rows: int, vocab_size: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """``rows`` rows of random logits, one request each, at random positions, with temperatures between 0.3
     and 2 except request 0, which is greedy (temperature 0)."""
-    if rows < 1 or vocab_size < 1:
-        raise ValueError(f"rows and vocab_size must be >= 1, got {rows} and {vocab_size}")
-    gen = torch.Generator().manual_seed(seed)
-    temperature = torch.rand(rows, generator=gen) * 1.7 + 0.3
+    temperature = torch.rand(max(rows, 1), generator=torch.Generator().manual_seed(seed)) * 1.7 + 0.3
     temperature[0] = 0.0
-    batch = dict(logits=torch.randn(rows, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(rows), temperature=temperature,
-                 seed=torch.randint(-2**62, 2**62, (rows,), generator=gen),
-                 pos=torch.randint(0, 1 << 20, (rows,), generator=gen))
-    return {k: v.to(device) for k, v in batch.items()}
+    return gumbel_batch(rows, vocab_size, temperature=temperature, seed=seed, first_pos=None, device=device)
 
 
 #: Where ``scripts/fetch_vllm_peer.py`` puts vLLM's own sampler files (git-ignored, never shipped).
@@ -129,11 +173,16 @@ def vllm_mode_agreement(batch: dict, peer=None, col: int = 1) -> list[dict]:
         else:
             other = ref.gumbel_sample_reference(*args, True, drafting, theirs, col, noise="vllm")
         exact = gumbel.gumbel_sample(*args, True, drafting, torch.zeros_like(ours), col).cpu()
-        rows.append({"drafting": drafting, "rows": len(mine),
-                     "same token as vLLM's noise": int((mine == other.cpu()).sum()),
-                     "same cached logits": bool(torch.equal(ours, theirs)),
-                     "same token as specfix exact": int((mine == exact).sum()),
-                     "greedy row agrees": bool(mine[0] == exact[0])})
+        rows.append(
+            {
+                "drafting": drafting,
+                "rows": len(mine),
+                "same token as vLLM's noise": int((mine == other.cpu()).sum()),
+                "same cached logits": bool(torch.equal(ours, theirs)),
+                "same token as specfix exact": int((mine == exact).sum()),
+                "greedy row agrees": bool(mine[0] == exact[0]),
+            }
+        )
     return rows
 
 
@@ -141,13 +190,20 @@ def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
     """Four requests sampled alone, and the same four moved to other request-state slots among four
     strangers: ``(alone, crowd, rows)``, where ``crowd``'s rows ``rows`` are the four requests in order."""
     gen = torch.Generator().manual_seed(3)
-    alone = dict(logits=torch.randn(4, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(4),
-                 temperature=torch.tensor([1.0, 0.5, 2.0, 1.0]), seed=torch.tensor([11, 22, 33, 44]),
-                 pos=torch.tensor([7, 7, 8, 9]))
-    crowd = dict(logits=torch.randn(8, vocab_size, generator=gen) * 3,
-                 expanded_idx_mapping=torch.arange(8), temperature=torch.ones(8),
-                 seed=torch.arange(100, 108), pos=torch.arange(8))
+    alone = dict(
+        logits=torch.randn(4, vocab_size, generator=gen) * 3,
+        expanded_idx_mapping=torch.arange(4),
+        temperature=torch.tensor([1.0, 0.5, 2.0, 1.0]),
+        seed=torch.tensor([11, 22, 33, 44]),
+        pos=torch.tensor([7, 7, 8, 9]),
+    )
+    crowd = dict(
+        logits=torch.randn(8, vocab_size, generator=gen) * 3,
+        expanded_idx_mapping=torch.arange(8),
+        temperature=torch.ones(8),
+        seed=torch.arange(100, 108),
+        pos=torch.arange(8),
+    )
     rows, slots = [6, 0, 3, 5], [5, 2, 7, 0]
     for old, (row, slot) in enumerate(zip(rows, slots, strict=True)):
         crowd["logits"][row] = alone["logits"][old]
@@ -170,13 +226,13 @@ class DrafterStep:
     """One drafter step's sampler inputs: ``rows`` logit rows (live rows first, then padding) and the
     request-state tables, plus what the guard rows around the temperature and seed tables hold."""
 
-    logits: torch.Tensor               # [rows, vocab] float32
+    logits: torch.Tensor  # [rows, vocab] float32
     expanded_idx_mapping: torch.Tensor  # [rows] int64, -1 for a padded row
-    pos: torch.Tensor                  # [rows] int64
-    temperature: torch.Tensor          # [max_num_reqs] float32
-    seed: torch.Tensor                 # [max_num_reqs] int64
-    num_cols: int                      # draft steps: the columns of draft_logits
-    col: int                           # the column this step writes
+    pos: torch.Tensor  # [rows] int64
+    temperature: torch.Tensor  # [max_num_reqs] float32
+    seed: torch.Tensor  # [max_num_reqs] int64
+    num_cols: int  # draft steps: the columns of draft_logits
+    col: int  # the column this step writes
     guard_temperature: float
     guard_seed: int
 
@@ -201,7 +257,10 @@ def padded_drafter_step(vocab_size: int = 600) -> DrafterStep:
         pos=torch.tensor([4, 5, 6, 7, 0, 0]),
         temperature=torch.tensor([1.0, 0.6, 0.0, 1.5]),
         seed=torch.tensor([1, 2, 3, 4]),
-        num_cols=2, col=1, guard_temperature=2.0, guard_seed=12345,
+        num_cols=2,
+        col=1,
+        guard_temperature=2.0,
+        guard_seed=12345,
     )
 
 
@@ -212,18 +271,34 @@ def run_drafter_step(step: DrafterStep, fixes: Fixes | None = None, device: torc
     (``[max_num_reqs + 2, num_cols, vocab]``, filled with :data:`SENTINEL`), ``temperature`` and ``seed``.
     """
     max_reqs, vocab = step.temperature.shape[0], step.logits.shape[1]
-    temperature, temp_whole = gumbel.guarded_table((max_reqs,), 0.0, torch.float32,
-                                                   guard_fill=step.guard_temperature, device=device)
+    temperature, temp_whole = gumbel.guarded_table(
+        (max_reqs,), 0.0, torch.float32, guard_fill=step.guard_temperature, device=device
+    )
     temperature.copy_(step.temperature)
-    seed, seed_whole = gumbel.guarded_table((max_reqs,), 0, torch.int64, guard_fill=step.guard_seed,
-                                            device=device)
+    seed, seed_whole = gumbel.guarded_table(
+        (max_reqs,), 0, torch.int64, guard_fill=step.guard_seed, device=device
+    )
     seed.copy_(step.seed)
-    draft_logits, whole = gumbel.guarded_table((max_reqs, step.num_cols, vocab), SENTINEL, torch.float32,
-                                               device=device)
-    tokens = gumbel.gumbel_sample(step.logits.to(device), step.expanded_idx_mapping.to(device), temperature,
-                                  seed, step.pos.to(device), True, True, draft_logits, step.col, fixes=fixes)
-    return tokens.cpu(), {"draft_logits": whole.cpu(), "temperature": temp_whole.cpu(),
-                          "seed": seed_whole.cpu()}
+    draft_logits, whole = gumbel.guarded_table(
+        (max_reqs, step.num_cols, vocab), SENTINEL, torch.float32, device=device
+    )
+    tokens = gumbel.gumbel_sample(
+        step.logits.to(device),
+        step.expanded_idx_mapping.to(device),
+        temperature,
+        seed,
+        step.pos.to(device),
+        True,
+        True,
+        draft_logits,
+        step.col,
+        fixes=fixes,
+    )
+    return tokens.cpu(), {
+        "draft_logits": whole.cpu(),
+        "temperature": temp_whole.cpu(),
+        "seed": seed_whole.cpu(),
+    }
 
 
 def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[dict, list[int]]:
@@ -244,7 +319,7 @@ def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[d
     max_reqs, num_cols, vocab, live_rows = 8, 3, 40, 3
     while True:
         previous = torch.randperm(max_reqs, generator=gen)[:6]
-        live = previous[torch.randperm(5, generator=gen)[:live_rows]]       # 3 of the 5 that ran before
+        live = previous[torch.randperm(5, generator=gen)[:live_rows]]  # 3 of the 5 that ran before
         stale = previous[3:6]
         overwritten = sorted(set(live.tolist()) & set(stale.tolist()))
         if len(overwritten) == 1:
@@ -252,18 +327,36 @@ def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[d
     temperature = torch.tensor([0.7, 1.2, 1.3, 0.5, 2.0, 0.9, 1.6, 0.8])
     temperature = temperature[torch.randperm(max_reqs, generator=gen)]
     greedy = next(int(s) for s in live if int(s) not in overwritten)
-    temperature[greedy] = 0.0                                               # one live request is greedy
-    table = torch.randn(max_reqs, num_cols, vocab, generator=gen) * 3       # what earlier steps left there
+    temperature[greedy] = 0.0  # one live request is greedy
+    table = torch.randn(max_reqs, num_cols, vocab, generator=gen) * 3  # what earlier steps left there
     logits = torch.randn(6, vocab, generator=gen) * 3
     col = int(torch.randint(0, num_cols, (1,), generator=gen))
     idx = torch.cat([live, stale])
     pos = torch.arange(6) + 10
     seeds = torch.arange(max_reqs, dtype=torch.int64)
-    on = {k: v.to(device) for k, v in dict(logits=logits, idx=idx, pos=pos, temperature=temperature,
-                                            seed=seeds, table=table).items()}
-    for rows in (slice(0, live_rows), slice(live_rows, 6)):               # live rows first, padded rows last
-        gumbel.gumbel_sample(on["logits"][rows], on["idx"][rows], on["temperature"], on["seed"],
-                             on["pos"][rows], True, True, on["table"], col)
-    puzzle = {"table": on["table"].cpu(), "col": col, "logits": logits[:live_rows].clone(),
-              "idx_mapping": idx[:live_rows].clone(), "temperature": temperature}
+    on = {
+        k: v.to(device)
+        for k, v in dict(
+            logits=logits, idx=idx, pos=pos, temperature=temperature, seed=seeds, table=table
+        ).items()
+    }
+    for rows in (slice(0, live_rows), slice(live_rows, 6)):  # live rows first, padded rows last
+        gumbel.gumbel_sample(
+            on["logits"][rows],
+            on["idx"][rows],
+            on["temperature"],
+            on["seed"],
+            on["pos"][rows],
+            True,
+            True,
+            on["table"],
+            col,
+        )
+    puzzle = {
+        "table": on["table"].cpu(),
+        "col": col,
+        "logits": logits[:live_rows].clone(),
+        "idx_mapping": idx[:live_rows].clone(),
+        "temperature": temperature,
+    }
     return puzzle, overwritten

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specfix.lab.guard import PLACEHOLDER_TOKEN_ID
-from specfix.tools.bench import percentile
 from specfix.tools.syncs import sync_warnings
 
 #: The variants, in the order tables and plots show them.
@@ -33,8 +33,12 @@ DESCRIPTIONS = {
 }
 #: The one naming of the fixes in tables and legends (chapters 2 and 5): the bench's ``impl`` names, with the
 #: letter the review discussion gives each.
-LABELS = {"clamp": "clamp (a)", "host_mask": "host_mask (b)", "host_mask_async": "host_mask_async (b')",
-          "scheduler_zero": "scheduler_zero (c)"}
+LABELS = {
+    "clamp": "clamp (a)",
+    "host_mask": "host_mask (b)",
+    "host_mask_async": "host_mask_async (b')",
+    "scheduler_zero": "scheduler_zero (c)",
+}
 
 
 @dataclass
@@ -57,16 +61,23 @@ class Step:
         return self.cu_num_scheduled_tokens[-1]
 
 
-def make_step(num_tokens: int, num_spec_tokens: int = 3, padded_fraction: float = 0.25, vocab_size: int = 512,
-              device: torch.device | str = "cpu", seed: int = 0) -> Step:
+def make_step(
+    num_tokens: int,
+    num_spec_tokens: int = 3,
+    padded_fraction: float = 0.25,
+    vocab_size: int = 512,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Step:
     """A decode step of ``num_tokens`` tokens: requests of ``1 + num_spec_tokens`` tokens each, a fraction of
     them padded with placeholder drafts (e.g. first decodes on a P/D decode node)."""
     if not isinstance(num_spec_tokens, int) or num_spec_tokens < 1:
         raise ValueError(f"num_spec_tokens must be an int >= 1, got {num_spec_tokens!r}")
     width = num_spec_tokens + 1
     if not isinstance(num_tokens, int) or num_tokens < width or num_tokens % width:
-        raise ValueError(f"num_tokens must be a positive multiple of 1 + num_spec_tokens = {width}, "
-                         f"got {num_tokens!r}")
+        raise ValueError(
+            f"num_tokens must be a positive multiple of 1 + num_spec_tokens = {width}, got {num_tokens!r}"
+        )
     if not 0.0 <= padded_fraction <= 1.0:
         raise ValueError(f"padded_fraction must lie in [0, 1], got {padded_fraction!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -130,8 +141,10 @@ def zero_placeholders_in_scheduler(step: Step) -> dict[str, list[int]]:
 
     Under this design the worker's ``input_ids`` never hold ``-1``; the cost is host work in the scheduler.
     """
-    return {req_id: [0 if t < 0 else t for t in drafts]
-            for req_id, drafts in step.scheduled_spec_decode_tokens.items()}
+    return {
+        req_id: [0 if t < 0 else t for t in drafts]
+        for req_id, drafts in step.scheduled_spec_decode_tokens.items()
+    }
 
 
 APPLY: dict[str, Callable[[Step], object]] = {
@@ -205,8 +218,8 @@ def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us
                 events.append(start.elapsed_time(end) * 1e3)
     return {
         "host_us": statistics.median(hosts),
-        "host_p20_us": percentile(hosts, 20),
-        "host_p80_us": percentile(hosts, 80),
+        "host_p20_us": float(np.percentile(hosts, 20)),
+        "host_p80_us": float(np.percentile(hosts, 80)),
         "event_us": statistics.median(events) if cuda else None,
         "repeats": repeats,
         "busy_us": busy_us,
@@ -267,16 +280,22 @@ def _host_mask_runner(runner_cls):
         def _preprocess(self, scheduler_output, num_input_tokens):
             req_ids = self._batch_order(scheduler_output)
             cu = list(itertools.accumulate(scheduler_output.num_scheduled_tokens[r] for r in req_ids))
-            step = Step(req_ids, scheduler_output.scheduled_spec_decode_tokens, cu, self.input_ids.gpu,
-                        self.input_ids.gpu)
+            step = Step(
+                req_ids,
+                scheduler_output.scheduled_spec_decode_tokens,
+                cu,
+                self.input_ids.gpu,
+                self.input_ids.gpu,
+            )
             mask_placeholder_draft_token_ids(step)
             return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
 
     return HostMaskRunner
 
 
-def run_engine_with_fix(fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24,
-                        temperature: float = 0.0):
+def run_engine_with_fix(
+    fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24, temperature: float = 0.0
+):
     """The engine's demo batch (:data:`specfix.v1.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
     scheduler pads their first decode with placeholders; n-gram drafts, never padded) under one fix;
     ``None``: no fix.
@@ -293,8 +312,13 @@ def run_engine_with_fix(fix: str | None, device: torch.device | str = "cpu", max
     if fix not in (None, "clamp", "host_mask", "scheduler_zero"):
         raise ValueError(f"fix must be None, 'clamp', 'host_mask' or 'scheduler_zero', got {fix!r}")
     fixes = Fixes() if fix == "clamp" else Fixes(clamp_placeholders=False)
-    engine = LLMEngine(num_speculative_tokens=3, proposer="ngram", fixes=fixes, device=device,
-                       placeholder_policy="zero" if fix == "scheduler_zero" else "minus_one")
+    engine = LLMEngine(
+        num_speculative_tokens=3,
+        proposer="ngram",
+        fixes=fixes,
+        device=device,
+        placeholder_policy="zero" if fix == "scheduler_zero" else "minus_one",
+    )
     if fix == "host_mask":
         engine.model_runner.__class__ = _host_mask_runner(type(engine.model_runner))
     params = SamplingParams(temperature=temperature, seed=0, max_tokens=max_tokens)
@@ -334,11 +358,18 @@ def engine_correctness(device: torch.device | str = "cpu", max_tokens: int = 24)
             reference = outputs if fix == "clamp" else reference
             slots = stats.num_draft_tokens + stats.num_placeholder_slots
             accepted_slots = stats.num_accepted_tokens + stats.num_placeholders_accepted
-            rows.append({**row, "crashes": "no", "same tokens as the clamp": outputs == reference,
-                         "verifications": stats.num_drafts, "real drafts": stats.num_draft_tokens,
-                         "accepted drafts": stats.num_accepted_tokens,
-                         "acceptance rate, real drafts": stats.acceptance_rate,
-                         "placeholder slots": stats.num_placeholder_slots,
-                         "placeholders accepted": stats.num_placeholders_accepted,
-                         "acceptance rate, all slots": accepted_slots / slots if slots else float("nan")})
+            rows.append(
+                {
+                    **row,
+                    "crashes": "no",
+                    "same tokens as the clamp": outputs == reference,
+                    "verifications": stats.num_drafts,
+                    "real drafts": stats.num_draft_tokens,
+                    "accepted drafts": stats.num_accepted_tokens,
+                    "acceptance rate, real drafts": stats.acceptance_rate,
+                    "placeholder slots": stats.num_placeholder_slots,
+                    "placeholders accepted": stats.num_placeholders_accepted,
+                    "acceptance rate, all slots": accepted_slots / slots if slots else float("nan"),
+                }
+            )
     return rows

@@ -22,11 +22,13 @@ RECORDED_DIR = ROOT / "specfix" / "recorded"
 GOLDEN_DIR = ROOT / "tests" / "golden"
 
 _GUMBEL = ("specfix/mrv2/gumbel.py", "specfix/mrv2/gumbel_constants.py")
+_BENCH = tuple(f"specfix/tools/bench/{m}.py" for m in ("__init__", "timing", "report", "peer", "gumbel_cases",
+                                                       "rejection_cases", "step_cases"))
 #: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
 #: code it measured: the script that records it and the modules that script runs.
 SOURCES: dict[str, tuple[str, ...]] = {
-    "bench_h200": ("specfix/tools/bench.py", *_GUMBEL, "specfix/lab/placeholder_fixes.py",
-                   "specfix/mrv2/speculator.py", "specfix/v1/rejection_sampler.py"),
+    "bench_h200": (*_BENCH, *_GUMBEL, "specfix/lab/placeholder_fixes.py", "specfix/lab/masked_gumbel.py",
+                   "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/v1/rejection_sampler.py"),
     "cudagraph_h200": ("scripts/record_cudagraph.py", "specfix/mrv2/cudagraph.py",
                        "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/lab/padding_bench.py",
                        "specfix/lab/invariance.py", *_GUMBEL),

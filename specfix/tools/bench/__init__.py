@@ -1,0 +1,217 @@
+"""`python -m specfix bench`: what each fix costs, how close the kernels come to the hardware limit, and the
+five small-batch goals beside vLLM's own samplers.
+
+Chapter 5's measurement harness; it has no vLLM counterpart. Read first: :mod:`.timing` (the one timing
+harness: what each timer measures), :mod:`.report` (the schema and the goals table), then one module per case
+family: :mod:`.gumbel_cases`, :mod:`.rejection_cases`, :mod:`.step_cases` (placeholder fixes, drafter and
+DFlash steps); :mod:`.peer` imports vLLM's samplers for ``--peer``. On a CPU only tiny smoke sizes run, Triton
+kernels through the interpreter: those timings say nothing about speed, and no goal is judged. Every report
+carries one ``meta`` block (``recorded.gpu_meta("bench_h200")``): one run, one machine.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from specfix import runtime
+from specfix.tools import recorded
+from specfix.tools.bench import gumbel_cases as gc
+from specfix.tools.bench import rejection_cases as rc
+from specfix.tools.bench import report as _report
+from specfix.tools.bench import step_cases as sc
+from specfix.tools.bench.gumbel_cases import (  # noqa: F401  (the public names chapters and tests use)
+    DTYPES,
+    JUDGED,
+    OURS,
+    ROWS,
+    VOCABS,
+    torch_gumbel_max,
+    torch_softmax_multinomial,
+)
+from specfix.tools.bench.peer import GOAL_PEER, Peer, load_peer, peer_impl, speedup_key  # noqa: F401
+from specfix.tools.bench.report import (  # noqa: F401
+    GOALS,
+    SCHEMA,
+    Case,
+    Job,
+    Unavailable,
+    frame,
+    goal_table,
+    render,
+    result,
+    table,
+)
+from specfix.tools.bench.timing import (  # noqa: F401
+    Settings,
+    Timer,
+    capture_graph,
+    elem_bytes,
+    g_logits_per_s,
+    percentile,
+    summarize,
+    tb_per_s,
+)
+
+CPU_NOTE = (
+    "CPU smoke run: Triton kernels ran in the interpreter and GPU work on the CPU. These timings mean "
+    "nothing about GPU speed; they only show that every case runs. Goals are not judged."
+)
+CUDA_NOTE = (
+    "CUDA events after warm-up, L2 flushed before each call, the host shielded (back_to_back_us: "
+    "not shielded); graph cases divide one replay of many captured calls by their number; host "
+    "cases time the host alone. Medians with p20/p80."
+)
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in [
+        Case("ceilings", "device copy and fp32 argmax read bandwidth", gc.plan_ceilings, gc.goals_ceilings),
+        Case(
+            "gumbel",
+            "gumbel_sample vs softmax+multinomial and torch Gumbel-max",
+            gc.plan_gumbel,
+            gc.goals_gumbel,
+        ),
+        Case(
+            "gumbel_graph",
+            "few rows per call inside a CUDA graph",
+            gc.plan_gumbel_graph,
+            gc.goals_gumbel_graph,
+        ),
+        Case("gumbel_host", "gumbel_sample's host cost per call", gc.plan_gumbel_host, gc.goals_gumbel_host),
+        Case(
+            "gumbel_mask",
+            "masked vs unmasked gumbel kernel, interleaved repeats",
+            gc.plan_gumbel_mask,
+            gc.goals_gumbel_mask,
+        ),
+        Case(
+            "placeholder_fixes",
+            "chapter 2's three placeholder fixes per step, host syncs counted",
+            sc.plan_placeholder_fixes,
+            sc.goals_placeholder_fixes,
+        ),
+        Case(
+            "drafter_graph",
+            "chapter 3's drafter step and the DFlash step: eager, CUDA-graph replay, syncs",
+            sc.plan_drafter_graph,
+            sc.goals_drafter_graph,
+        ),
+        Case(
+            "rejection",
+            "RejectionSampler per step (greedy, random) at realistic sizes",
+            rc.plan_rejection,
+            rc.goals_rejection,
+        ),
+        Case(
+            "rejection_host",
+            "RejectionSampler.forward's and rejection_sample's host cost per call",
+            rc.plan_rejection_host,
+            rc.goals_rejection_host,
+        ),
+    ]
+}
+
+
+def _settings(device, scale: str, only, peer) -> tuple[Settings, list[str]]:
+    """Checked arguments: the settings and the case names to run."""
+    if str(device) not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA GPU")
+    if device.type == "cuda" and runtime.INTERPRET:
+        raise ValueError("device 'cuda' asked for, but specfix.runtime chose the CPU (check SPECFIX_DEVICE)")
+    if scale not in ("ci", "full"):
+        raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
+    names = list(CASES) if only is None else list(dict.fromkeys(only))
+    if not names:
+        raise ValueError(f"only names no case (None runs them all); known: {list(CASES)}")
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case name(s) {unknown} for --only; known: {list(CASES)}")
+    loaded = load_peer(peer) if peer is not None else None  # a wrong folder is an error on a CPU too
+    # vLLM's kernels need the GPU (they call libdevice, which Triton's interpreter lacks)
+    return Settings(device, scale, loaded if device.type == "cuda" else None), names
+
+
+def _run_jobs(report: dict, names: list[str], settings: Settings, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    timer = Timer(settings)
+    jobs = []
+    for name in names:
+        try:
+            jobs += [(name, job) for job in CASES[name].plan(settings, timer)]
+        except Unavailable as exc:
+            report["unavailable"].append({"case": name, "reason": str(exc)})
+    for name, job in tqdm(jobs, desc="specfix bench", unit="job", disable=not progress):
+        try:
+            report["results"] += job.run()
+        except Unavailable as exc:
+            report["unavailable"].append({"case": name, "reason": f"{job.label}: {exc}"})
+        except Exception as exc:  # noqa: BLE001  (one failing job must not lose the rest of the run)
+            report["errors"].append(
+                {
+                    "case": name,
+                    "job": job.label,
+                    "error": "".join(traceback.format_exception_only(exc)).strip(),
+                }
+            )
+        if settings.cuda:
+            torch.cuda.empty_cache()
+
+
+def run(
+    device: str | torch.device = "cpu",
+    scale: str = "ci",
+    only: list[str] | None = None,
+    progress: bool = True,
+    peer: str | Path | None = None,
+) -> dict:
+    """Run the named cases (all by default) and return the report (schema: :mod:`.report`).
+
+    ``peer``: a folder filled by ``scripts/fetch_vllm_peer.py``; vLLM's samplers found there are timed
+    beside specfix's on the same inputs, and the per-shape goals are judged against vLLM 0.33."""
+    settings, names = _settings(device, scale, only, peer)
+    started = time.perf_counter()
+    report = {
+        "schema": SCHEMA,
+        "meta": {**recorded.gpu_meta("bench_h200"), "scale": scale},
+        "config": {"device": settings.device.type, "scale": scale, "cases": names},
+        "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
+        "results": [],
+        "goals": [],
+        "unavailable": [],
+        "errors": [],
+    }
+    if peer is not None and settings.peer is None:
+        report["unavailable"].append(
+            {
+                "case": "peer",
+                "reason": "vLLM's kernels were not timed: they need a "
+                "GPU (they call libdevice, which Triton's interpreter lacks)",
+            }
+        )
+    if settings.peer:
+        report["meta"]["peer"] = settings.peer.describe()
+    _run_jobs(report, names, settings, progress)
+    for name in names:
+        if not any(u["case"] == name for u in report["unavailable"]):
+            report["goals"] += CASES[name].goals(report["results"], settings)
+    report["elapsed_s"] = round(time.perf_counter() - started, 2)
+    return report
+
+
+def validate(report: dict) -> None:
+    """Raise ValueError if ``report`` does not follow the schema (:mod:`.report`)."""
+    _report.validate(report, CASES)
+
+
+def write_json(report: dict, path: str | Path) -> Path:
+    """Write ``report`` to ``path``, then validate it: a long GPU run is never lost to a schema slip."""
+    return _report.write_json(report, path, CASES)

@@ -1,0 +1,451 @@
+"""The Gumbel sampler's cases: the hardware ceilings, ``gumbel_sample`` eager (GPU time and back to back),
+in a CUDA graph, its host cost per call, and the mask's cost."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+import torch
+
+from specfix.fixes import Fixes
+from specfix.lab.masked_gumbel import gumbel_batch
+from specfix.mrv2.gumbel import gumbel_sample
+from specfix.tools.bench import peer as vllm
+from specfix.tools.bench.report import Job, find, goal, result, shape_label
+from specfix.tools.bench.timing import elem_bytes, g_logits_per_s, percentile, tb_per_s
+from specfix.tools.syncs import count_host_syncs
+
+VOCABS = (32_000, 129_280, 151_936, 248_320)
+ROWS = (1, 8, 64, 256, 1024)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: specfix's two noise modes: "fast" is the serving kernel the goals judge, "exact" the bit-reproducible one.
+OURS = {"specfix_fast": "fast", "specfix_exact": "exact"}
+JUDGED = "specfix_fast"
+#: The judged kernel with the temperature applied in it (the drafter's path), timed from 256 rows.
+WITH_TEMPERATURE = "fast_apply_temperature"
+#: The per-shape goals' vocabularies; from GOAL_MANY_ROWS rows the GPU-time goal asks 1.5x vLLM's speed.
+GOAL_VOCABS, GOAL_MANY_ROWS = (32_000, 151_936, 248_320), 64
+
+
+def call_gumbel(
+    inp: dict, noise: str, fixes: Fixes | None = None, logits_cache=None, apply_temperature: bool = False
+):
+    """A no-argument call of specfix's gumbel_sample on ``inp`` (with a ``logits_cache``, column 0 of it is
+    filled as a drafter's call fills it)."""
+    col = None if logits_cache is None else 0
+    args = (
+        inp["logits"],
+        inp["expanded_idx_mapping"],
+        inp["temperature"],
+        inp["seed"],
+        inp["pos"],
+        apply_temperature,
+        False,
+        logits_cache,
+        col,
+    )
+
+    def call():
+        return gumbel_sample(*args, noise=noise, fixes=fixes or Fixes())
+
+    return call
+
+
+def torch_softmax_multinomial(logits: torch.Tensor) -> torch.Tensor:
+    """The textbook sampler: probabilities, then torch.multinomial."""
+    return torch.multinomial(torch.softmax(logits, dim=-1, dtype=torch.float32), 1).squeeze(-1)
+
+
+def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max in plain torch: argmax(logits + G) with G = -log(E), E ~ Exp(1)."""
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_().log_()
+    return (logits.float() - noise).argmax(dim=-1)
+
+
+def _with_speedups(rows: list[dict], peers, key_of=vllm.speedup_key, field="median_us") -> list[dict]:
+    """Add ``speedup_vs_vllm_<v>`` (peer median / ours) to each specfix row of one shape."""
+    medians = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
+    for r in rows:
+        if r["impl"] in OURS:
+            for v in peers:
+                r["metrics"][key_of(v)] = medians[vllm.peer_impl(v)] / medians[r["impl"]]
+    return rows
+
+
+def b2b_key(version: str) -> str:
+    return f"back_to_back_{vllm.speedup_key(version)}"
+
+
+# ---- ceilings
+
+
+def plan_ceilings(s, timer) -> list[Job]:
+    copy_elems = s.pick(cpu=2**20, ci=2**26, full=2**28)
+    rows, vocab = s.pick(cpu=(8, 4096), ci=(256, 248_320), full=(1024, 248_320))
+
+    def copy():
+        src = torch.rand(copy_elems, device=s.device)
+        dst = torch.empty_like(src)
+        t = timer.time(functools.partial(dst.copy_, src))
+        nbytes = 2 * src.numel() * src.element_size()
+        return [
+            result(
+                "ceilings",
+                "copy",
+                {"bytes_moved": nbytes, "dtype": "fp32"},
+                t,
+                TB_per_s=tb_per_s(nbytes, statistics.median(t)),
+            )
+        ]
+
+    def argmax():
+        x = torch.randn(rows, vocab, device=s.device)
+        t = timer.time(functools.partial(x.argmax, dim=-1))
+        return [
+            result(
+                "ceilings",
+                "argmax_read",
+                {"rows": rows, "vocab": vocab, "dtype": "fp32"},
+                t,
+                TB_per_s=tb_per_s(x.numel() * x.element_size(), statistics.median(t)),
+            )
+        ]
+
+    return [Job("copy bandwidth", copy), Job("fp32 argmax read bandwidth", argmax)]
+
+
+def goals_ceilings(results, s):
+    return []
+
+
+# ---- gumbel_sample eager
+
+
+def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
+    inp = gumbel_batch(rows, vocab, dtype=DTYPES[dname], seed=rows * 7919 + vocab, device=s.device)
+    nbytes, params = rows * vocab * elem_bytes(DTYPES[dname]), {"vocab": vocab, "rows": rows, "dtype": dname}
+    peers = s.peer.gumbel if s.peer else {}
+    impls = {name: call_gumbel(inp, noise) for name, noise in OURS.items()}
+    impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+    if rows >= 256:
+        impls[WITH_TEMPERATURE] = call_gumbel(inp, OURS[JUDGED], apply_temperature=True)
+    impls["torch_softmax_multinomial"] = functools.partial(torch_softmax_multinomial, inp["logits"])
+    impls["torch_gumbel_max"] = functools.partial(torch_gumbel_max, inp["logits"])
+    shape = []
+    for impl, call in impls.items():
+        t = timer.time(call)
+        med = statistics.median(t)
+        extra = {}
+        if s.cuda and (impl == JUDGED or impl.startswith("vllm_")):  # goal 2: back to back, host shows
+            extra["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
+        shape.append(
+            result(
+                "gumbel",
+                impl,
+                params,
+                t,
+                G_logits_per_s=g_logits_per_s(rows, vocab, med),
+                TB_per_s_read=tb_per_s(nbytes, med),
+                host_syncs_per_call=count_host_syncs(call, s.device),
+                **extra,
+            )
+        )
+    _with_speedups(shape, peers)
+    return _with_speedups(shape, peers, b2b_key, "back_to_back_us")
+
+
+def plan_gumbel(s, timer) -> list[Job]:
+    vocabs = s.pick(cpu=(4096,), ci=(151_936,), full=VOCABS)
+    rows_list = s.pick(cpu=(1, 4), ci=(1, 256), full=ROWS)
+    dtypes = s.pick(cpu=("fp32", "bf16"), ci=("fp32", "bf16"), full=tuple(DTYPES))
+
+    def run(vocab: int, dname: str) -> list[dict]:
+        return [r for rows in rows_list for r in _gumbel_shape(s, timer, rows, vocab, dname)]
+
+    return [
+        Job(f"gumbel_sample vocab {v:,} {d}", functools.partial(run, v, d)) for v in vocabs for d in dtypes
+    ]
+
+
+def _peer_goals(ours, s) -> list[dict]:
+    key, b2b = vllm.speedup_key(vllm.GOAL_PEER), b2b_key(vllm.GOAL_PEER)
+    goals = []
+    for r in ours:
+        p, m = r["params"], r["metrics"]
+        if key in m and p["vocab"] in GOAL_VOCABS:
+            gid = "gpu_vs_peer_many" if p["rows"] >= GOAL_MANY_ROWS else "gpu_vs_peer"
+            goals.append(
+                goal(
+                    gid,
+                    m[key],
+                    s,
+                    f"{r['median_us']:,.1f} us vs {r['median_us'] * m[key]:,.1f} us",
+                    peer=vllm.GOAL_PEER,
+                    shape=shape_label(p),
+                )
+            )
+        if b2b in m:
+            mine = m["back_to_back_us"]
+            beside = {
+                v.removeprefix("back_to_back_speedup_vs_vllm_"): mine * x
+                for v, x in m.items()
+                if v.startswith("back_to_back_speedup_vs_vllm_")
+            }
+            goals.append(
+                goal(
+                    "back_to_back",
+                    m[b2b],
+                    s,
+                    f"{mine:,.1f} us",
+                    case="gumbel",
+                    vllm=beside,
+                    fn="gumbel_sample",
+                    peer=vllm.GOAL_PEER,
+                    shape=shape_label(p),
+                )
+            )
+    return goals
+
+
+def _rate_goals(results, s) -> list[dict]:
+    goals = []
+    for vocab in (151_936, 248_320):
+        p = {"rows": 1024, "vocab": vocab, "dtype": "bf16"}
+        for impl, flag in ((JUDGED, False), (WITH_TEMPERATURE, True)):
+            r = find(results, "gumbel", impl, **p)
+            goals.append(
+                goal(
+                    "rate_bf16",
+                    r[0]["metrics"]["G_logits_per_s"] if r else None,
+                    s,
+                    shape=shape_label(p),
+                    temp=flag,
+                )
+            )
+    p = {"rows": 256, "vocab": 32_000, "dtype": "fp32"}
+    r = find(results, "gumbel", JUDGED, **p)
+    goals.append(goal("rate_fp32", r[0]["metrics"]["G_logits_per_s"] if r else None, s, shape=shape_label(p)))
+    return goals
+
+
+def _never_falls(ours, s) -> list[dict]:
+    series: dict[tuple, list[dict]] = {}
+    for r in ours:
+        series.setdefault((r["params"]["vocab"], r["params"]["dtype"]), []).append(r)
+    goals = []
+    for (vocab, dname), rs in series.items():
+        if len(rs) < 2:
+            continue
+        worst, a, b = min(
+            ((b["median_us"] / a["median_us"], a, b) for a, b in zip(rs, rs[1:], strict=False)),
+            key=lambda x: x[0],
+        )
+        detail = (
+            f"worst step {a['params']['rows']:,} -> {b['params']['rows']:,} rows: "
+            f"{a['median_us']:,.1f} -> {b['median_us']:,.1f} us"
+        )
+        goals.append(goal("never_falls", worst, s, detail, shape=f"{vocab:,} {dname}"))
+    return goals
+
+
+def goals_gumbel(results, s):
+    ours = sorted(
+        find(results, "gumbel", JUDGED),
+        key=lambda r: (r["params"]["vocab"], r["params"]["dtype"], r["params"]["rows"]),
+    )
+    speedups = []
+    for dname in DTYPES:
+        mine = find(results, "gumbel", JUDGED, rows=256, vocab=151_936, dtype=dname)
+        ref = find(results, "gumbel", "torch_softmax_multinomial", rows=256, vocab=151_936, dtype=dname)
+        if mine and ref:
+            speedups.append((ref[0]["median_us"] / mine[0]["median_us"], dname))
+    worst = min(speedups, default=None)
+    multinomial = goal("vs_multinomial", worst and worst[0], s, worst and f"worst in {worst[1]}" or "")
+    peers = _peer_goals(ours, s)
+    if not any(g["id"] == "back_to_back" for g in peers):
+        peers.append(not_beside_peer("back_to_back", s, "gumbel", "gumbel_sample"))
+    return peers + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
+
+
+# ---- inside a CUDA graph
+
+
+def plan_gumbel_graph(s, timer) -> list[Job]:
+    vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
+    rows_list = s.pick(cpu=(1,), ci=(1,), full=(1, 8, 64))
+    peers = s.peer.gumbel if s.peer else {}
+
+    def run(vocab: int) -> list[dict]:
+        out = []
+        for rows in rows_list:
+            calls = s.pick(cpu=2, ci=50, full=max(10, 200 // rows))
+            inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+            params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "calls_per_graph": calls}
+            impls = {impl: call_gumbel(inp, noise) for impl, noise in OURS.items()}
+            impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+            impls["torch_gumbel_max"] = functools.partial(torch_gumbel_max, inp["logits"])
+            shape = [
+                result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
+                for impl, call in impls.items()
+            ]
+            out += _with_speedups(shape, peers)
+        return out
+
+    return [Job(f"gumbel_sample in a CUDA graph, vocab {v:,}", functools.partial(run, v)) for v in vocabs]
+
+
+def goals_gumbel_graph(results, s):
+    r = find(results, "gumbel_graph", JUDGED, vocab=248_320, rows=1)
+    goals = [goal("graph_one_row", r[0]["median_us"] if r else None, s)]
+    key = vllm.speedup_key(vllm.GOAL_PEER)
+    for r in find(results, "gumbel_graph", JUDGED):
+        if key in r["metrics"]:
+            ratio = 1 / r["metrics"][key]
+            goals.append(
+                goal(
+                    "graph_vs_peer",
+                    ratio,
+                    s,
+                    f"{r['median_us']:,.2f} us vs {r['median_us'] / ratio:,.2f} us",
+                    peer=vllm.GOAL_PEER,
+                    shape=shape_label(r["params"]),
+                )
+            )
+    return goals
+
+
+# ---- host cost per call (goal 1)
+
+
+def plan_gumbel_host(s, timer) -> list[Job]:
+    shapes = s.pick(
+        cpu=((1, 4096),),
+        ci=((1, 151_936), (8, 151_936)),
+        full=((1, 151_936), (8, 151_936), (64, 151_936), (8, 32_000)),
+    )
+    peers = s.peer.gumbel if s.peer else {}
+
+    def run(rows: int, vocab: int) -> list[dict]:
+        inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+        params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
+        impls = {JUDGED: call_gumbel(inp, OURS[JUDGED])}
+        impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+        out = [result("gumbel_host", impl, params, timer.host_cost(call)) for impl, call in impls.items()]
+        medians = {r["impl"]: r["median_us"] for r in out}
+        for v in peers:
+            out[0]["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = (
+                medians[JUDGED] / medians[vllm.peer_impl(v)]
+            )
+        return out
+
+    return [
+        Job(f"gumbel_sample host cost per call, {r} x {v:,}", functools.partial(run, r, v)) for r, v in shapes
+    ]
+
+
+def host_goals(results, s, case: str, impls: dict[str, str], shape) -> list[dict]:
+    """Goal 1 for each of ``impls`` (impl -> the function's name) of ``case``: host cost per call over vLLM
+    0.33's; ``shape`` labels a result's params."""
+    key = f"host_ratio_vs_{vllm.peer_impl(vllm.GOAL_PEER)}"
+    goals = []
+    for impl, fn in impls.items():
+        for r in find(results, case, impl):
+            if key not in r["metrics"]:
+                continue
+            beside = {
+                k.removeprefix("host_ratio_vs_vllm_"): r["median_us"] / x
+                for k, x in r["metrics"].items()
+                if k.startswith("host_ratio_vs_vllm_")
+            }
+            goals.append(
+                goal(
+                    "host_cost",
+                    r["metrics"][key],
+                    s,
+                    f"{r['median_us']:,.1f} us",
+                    case=case,
+                    vllm=beside,
+                    fn=fn,
+                    peer=vllm.GOAL_PEER,
+                    shape=shape(r["params"]),
+                )
+            )
+        if not any(g["goal"].startswith(f"host cost per call of {fn} ") for g in goals):
+            goals.append(not_beside_peer("host_cost", s, case, fn))
+    return goals
+
+
+def not_beside_peer(goal_id: str, s, case: str, fn: str) -> dict:
+    """A goal judged against vLLM, in a run without it (no ``--peer``, or a CPU): not measured."""
+    return goal(
+        goal_id,
+        None,
+        s,
+        "no vLLM timed beside it (bench --peer, on a GPU)",
+        case=case,
+        fn=fn,
+        peer=vllm.GOAL_PEER,
+        shape="every shape",
+    )
+
+
+def goals_gumbel_host(results, s):
+    return host_goals(results, s, "gumbel_host", {JUDGED: "gumbel_sample"}, shape_label)
+
+
+# ---- the mask's cost (goal 5)
+
+
+def plan_gumbel_mask(s, timer) -> list[Job]:
+    rows, vocab = s.pick(cpu=(4, 4096), ci=(256, 151_936), full=(256, 151_936))
+    repeats = s.pick(cpu=3, ci=10, full=20)
+
+    def run(store: bool):
+        inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+        processed = torch.empty(rows, 1, vocab, dtype=torch.float32, device=s.device) if store else None
+        masked = call_gumbel(inp, OURS[JUDGED], Fixes(), processed)
+        unmasked = call_gumbel(inp, OURS[JUDGED], Fixes(mask_invalid_reqs=False), processed)
+        a, b = timer.interleaved(masked, unmasked, repeats)
+        overheads = [x / y - 1 for x, y in zip(a, b, strict=True)]
+        params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "store_processed_logits": store}
+        return [
+            result(
+                "gumbel_mask",
+                "masked",
+                params,
+                a,
+                overhead=statistics.median(overheads),
+                overhead_p20=percentile(overheads, 20),
+                overhead_p80=percentile(overheads, 80),
+                repeats=repeats,
+            ),
+            result("gumbel_mask", "unmasked", params, b),
+        ]
+
+    return [
+        Job("masked vs unmasked, sampling only", functools.partial(run, False)),
+        Job("masked vs unmasked, with processed-logits store", functools.partial(run, True)),
+    ]
+
+
+def goals_gumbel_mask(results, s):
+    rows = find(results, "gumbel_mask", "masked")
+    worst = max(rows, key=lambda r: r["metrics"]["overhead"], default=None)
+    if worst is None:
+        return [goal("mask", None, s, repeats=10)]
+    m = worst["metrics"]
+    spread = (
+        f"spread p20..p80 {m['overhead_p20'] * 100:+.2f}..{m['overhead_p80'] * 100:+.2f}%"
+        if "overhead_p20" in m
+        else "no spread recorded"
+    )
+    return [
+        goal(
+            "mask",
+            m["overhead"] * 100,
+            s,
+            f"{spread}; worst with store={worst['params']['store_processed_logits']}",
+            repeats=int(m.get("repeats", 1)),
+        )
+    ]

@@ -1,0 +1,122 @@
+"""vLLM's own samplers, timed beside specfix's on the same inputs (``specfix bench --peer .peer``).
+
+``scripts/fetch_vllm_peer.py`` takes them from vLLM's released wheels into a folder outside git; they are only
+imported and timed here, never copied into specfix. Per-shape goals are judged against :data:`GOAL_PEER`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import torch
+
+from specfix.lab.masked_gumbel import load_vllm_sampler
+
+#: The vLLM release every per-shape goal is judged against.
+GOAL_PEER = "0.33.0"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """The imported modules: ``gumbel`` and ``rejection`` map a version ("0.33.0") to vLLM's module."""
+
+    path: str
+    gumbel: dict[str, object]
+    rejection: dict[str, object]
+
+    @property
+    def versions(self) -> list[str]:
+        return sorted(set(self.gumbel) | set(self.rejection), key=_version_key)
+
+    def describe(self) -> dict:
+        return {
+            "vllm": self.versions,
+            "gumbel": sorted(self.gumbel, key=_version_key),
+            "rejection": sorted(self.rejection, key=_version_key),
+        }
+
+
+def load_peer(path: str | Path) -> Peer:
+    """Every ``vllm_gumbel_<version>.py`` and ``vllm_rejection_<version>.py`` in ``path``, imported.
+
+    ValueError when the folder is missing or holds neither (it names the script that fills it)."""
+    folder = Path(path).resolve()
+    found = {kind: sorted(folder.glob(f"vllm_{kind}_*.py")) for kind in ("gumbel", "rejection")}
+    if not folder.is_dir() or not any(found.values()):
+        raise ValueError(
+            f"--peer {path}: no vllm_gumbel_*.py or vllm_rejection_*.py there; fill it with "
+            "scripts/fetch_vllm_peer.py"
+        )
+    modules: dict[str, dict[str, object]] = {"gumbel": {}, "rejection": {}}
+    for kind, files in found.items():
+        for f in files:
+            version = f.stem.removeprefix(f"vllm_{kind}_").replace("_", ".")
+            modules[kind][version] = load_vllm_sampler(version, folder, kind=kind)
+    return Peer(str(folder), modules["gumbel"], modules["rejection"])
+
+
+def peer_impl(version: str) -> str:
+    """The ``impl`` name of a vLLM release's results: "vllm_0.33.0"."""
+    return f"vllm_{version}"
+
+
+def speedup_key(version: str) -> str:
+    """The metric on specfix's results that says how many times faster than that vLLM release it ran."""
+    return f"speedup_vs_{peer_impl(version)}"
+
+
+def gumbel_call(module, inp: dict, apply_temperature: bool = False):
+    """A no-argument call of a vLLM release's ``gumbel_sample`` on ``inp`` (a target draw: 0.33's
+    ``is_drafting`` False)."""
+    drafting = "is_drafting" in inspect.signature(module.gumbel_sample).parameters
+    extra = {"is_drafting": False} if drafting else {}
+    args = (inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"], inp["pos"])
+
+    def call():
+        return module.gumbel_sample(*args, apply_temperature, **extra)
+
+    return call
+
+
+def sampling_metadata(module, mode: str, seeds: list, device):
+    """vLLM's SamplingMetadata (its shim's dataclass) for a batch all greedy or all random at temperature 1,
+    request i seeded with ``seeds[i]`` (None: unseeded) as specfix's ``from_requests`` seeds it."""
+    return module.SamplingMetadata(
+        temperature=None if mode == "greedy" else torch.ones(len(seeds), device=device),
+        all_greedy=mode == "greedy",
+        all_random=mode == "random",
+        generators={
+            i: torch.Generator(device=device).manual_seed(x) for i, x in enumerate(seeds) if x is not None
+        },
+    )
+
+
+def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str) -> torch.Tensor:
+    """The calls vLLM's ``RejectionSampler.forward`` makes, without logprobs and logits processors (which
+    specfix's forward has not either): gather the bonus rows and sample them (argmax, or softmax divided by
+    exponentials as vLLM's sampler draws), gather the target rows in fp32, apply the sampling constraints,
+    then ``rejection_sample``."""
+    bonus = logits[metadata.bonus_logits_indices]
+    if mode == "greedy":
+        bonus_ids = bonus.argmax(dim=-1)
+    else:
+        probs = bonus.float().div_(sampling.temperature.unsqueeze(-1)).softmax(dim=-1)
+        bonus_ids = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    target = logits[metadata.target_logits_indices].to(torch.float32)
+    target = module.apply_sampling_constraints(target, metadata.cu_num_draft_tokens, sampling)
+    return module.rejection_sample(
+        metadata.draft_token_ids,
+        metadata.num_draft_tokens,
+        metadata.max_spec_len,
+        metadata.cu_num_draft_tokens,
+        draft_probs,
+        target,
+        bonus_ids.view(-1, 1).int(),
+        sampling,
+    )

@@ -1,0 +1,294 @@
+"""The rejection sampler's cases: ``RejectionSampler.forward``, ``rejection_sample`` and its core per step
+(greedy, random) beside vLLM's, one CUDA graph of the whole step, and the host cost per call."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+
+import torch
+
+from specfix.tools.bench import peer as vllm
+from specfix.tools.bench.gumbel_cases import host_goals, not_beside_peer
+from specfix.tools.bench.report import Job, find, goal, result
+from specfix.tools.bench.timing import capture_graph
+from specfix.tools.syncs import count_host_syncs
+from specfix.v1 import rejection_sampler as rs
+from specfix.v1.sampling_metadata import SamplingMetadata
+from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
+
+#: specfix's rejection calls each goal judges, by impl name.
+FORWARD, PUBLIC, CORE = "specfix_triton", "specfix_rejection_sample", "specfix_core"
+NAMES = {FORWARD: "RejectionSampler.forward", PUBLIC: "rejection_sample"}
+
+
+@dataclasses.dataclass
+class Step:
+    """One verification step's inputs, specfix's and vLLM's calls on them."""
+
+    batch: int
+    k: int
+    vocab: int
+    mode: str
+    device: torch.device
+
+    def __post_init__(self):
+        gen = torch.Generator(device=self.device).manual_seed(self.batch * 31 + self.k)
+        drafts = torch.randint(0, self.vocab, (self.batch, self.k), generator=gen, device=self.device)
+        drafts[::4, -1] = -1  # every fourth request left a slot empty
+        self.metadata = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=self.device)
+        rows = self.batch * (self.k + 1)
+        self.logits = torch.randn(rows, self.vocab, generator=gen, device=self.device).mul_(3)
+        self.target = self.logits[self.metadata.target_logits_indices.long()]  # temperature 1: scaled
+        self.bonus = torch.randint(
+            0, self.vocab, (self.batch,), dtype=torch.int32, generator=gen, device=self.device
+        )
+        self.q = (
+            None
+            if self.mode == "greedy"
+            else torch.softmax(
+                torch.randn(self.batch * self.k, self.vocab, generator=gen, device=self.device), dim=-1
+            )
+        )
+        self.sampler = rs.RejectionSampler(backend="triton")
+
+    @property
+    def params(self) -> dict:
+        return {"batch": self.batch, "k": self.k, "vocab": self.vocab, "mode": self.mode}
+
+    def sampling(self, seeds=None) -> SamplingMetadata:
+        """Unseeded by default (a seeded request costs one torch launch per generator, in vLLM too)."""
+        temps = [0.0 if self.mode == "greedy" else 1.0] * self.batch
+        return SamplingMetadata.from_requests(temps, seeds or [None] * self.batch, device=self.device)
+
+    def core_args(self, sampling) -> tuple:
+        m = self.metadata
+        return (
+            m.draft_token_ids,
+            m.num_draft_tokens,
+            m.max_spec_len,
+            m.cu_num_draft_tokens,
+            self.q,
+            self.target,
+            self.bonus,
+            sampling,
+        )
+
+    def calls(self, sampler=None) -> dict:
+        """impl -> a no-argument call of specfix's forward (``sampler``: a torch backend instead), public
+        ``rejection_sample`` and core ``_rejection_sample``."""
+        sampling = self.sampling()
+        return {
+            FORWARD: functools.partial(sampler or self.sampler, self.metadata, self.q, self.logits, sampling),
+            PUBLIC: functools.partial(rs.rejection_sample, *self.core_args(sampling)),
+            CORE: functools.partial(rs._rejection_sample, *self.core_args(sampling)),
+        }
+
+    def peer_core(self, module, seeds=None):
+        meta = vllm.sampling_metadata(module, self.mode, seeds or [None] * self.batch, self.device)
+        return functools.partial(
+            module.rejection_sample, *self.core_args(meta)[:6], self.bonus.view(-1, 1), meta
+        )
+
+    def peer_forward(self, module):
+        meta = vllm.sampling_metadata(module, self.mode, [None] * self.batch, self.device)
+        return functools.partial(
+            vllm.forward_sequence, module, self.metadata, self.q, self.logits, meta, self.mode
+        )
+
+    def tables_identical(self, module) -> float:
+        seeds = [1000 + i for i in range(self.batch)]
+        torch.manual_seed(0)
+        theirs = self.peer_core(module, seeds)()
+        torch.manual_seed(0)
+        ours = rs._rejection_sample(*self.core_args(self.sampling(seeds)))
+        return float(torch.equal(ours, theirs))
+
+
+def _rate(step: Step, t: list[float]) -> float:
+    return step.batch * step.k / (statistics.median(t) * 1e-6)
+
+
+def _forward_in_graph(timer, step: Step) -> dict:
+    """The whole ``RejectionSampler.forward`` captured in one CUDA graph: GPU time per replay and (greedy)
+    whether a replay writes the eager call's table."""
+    forward = step.calls()[FORWARD]
+    tables = []
+    graph = capture_graph(lambda: tables.append(forward()))
+    t = timer.time(graph.replay)
+    same = float(torch.equal(tables[-1], forward())) if step.mode == "greedy" else None
+    return result("rejection", "specfix_triton_graph", step.params, t, graph_replays_eager_table=same)
+
+
+def _shape(s, timer, step: Step) -> list[dict]:
+    out = []
+    torch_forward = step.calls(rs.RejectionSampler(backend="torch"))[FORWARD]
+    for impl, call in {**step.calls(), "torch_reference": torch_forward}.items():
+        t = timer.time(call)
+        b2b = statistics.median(timer.time(call, shield=False)) if s.cuda and impl == PUBLIC else None
+        out.append(
+            result(
+                "rejection",
+                impl,
+                step.params,
+                t,
+                draft_tokens_per_s=_rate(step, t),
+                host_syncs_per_step=count_host_syncs(call, s.device),
+                back_to_back_us=b2b,
+            )
+        )
+    if s.cuda:
+        out.append(_forward_in_graph(timer, step))
+    core, public = (next(r for r in out if r["impl"] == i) for i in (CORE, PUBLIC))
+    for v, module in (s.peer.rejection if s.peer else {}).items():
+        call = step.peer_core(module)
+        t = timer.time(call)
+        b2b = statistics.median(timer.time(call, shield=False))
+        out.append(
+            result(
+                "rejection",
+                vllm.peer_impl(v),
+                step.params,
+                t,
+                draft_tokens_per_s=_rate(step, t),
+                back_to_back_us=b2b,
+            )
+        )
+        core["metrics"][vllm.speedup_key(v)] = statistics.median(t) / core["median_us"]
+        core["metrics"][f"tables_identical_{vllm.peer_impl(v)}"] = step.tables_identical(module)
+        public["metrics"][f"back_to_back_{vllm.speedup_key(v)}"] = b2b / public["metrics"]["back_to_back_us"]
+    return out
+
+
+def plan_rejection(s, timer) -> list[Job]:
+    batches = s.pick(cpu=(2,), ci=(64,), full=(1, 16, 64, 256))
+    ks = s.pick(cpu=(2,), ci=(3,), full=(1, 5))
+    vocabs = s.pick(cpu=(512,), ci=(151_936,), full=(32_000, 151_936))
+
+    def run(batch: int, k: int, vocab: int) -> list[dict]:
+        return [
+            r
+            for mode in ("greedy", "random")
+            for r in _shape(s, timer, Step(batch, k, vocab, mode, s.device))
+        ]
+
+    return [
+        Job(f"rejection sampler, batch {b} x k={k}, vocab {v:,}", functools.partial(run, b, k, v))
+        for v in vocabs
+        for k in ks
+        for b in batches
+    ]
+
+
+def shape_label(p: dict) -> str:
+    return f"B={p['batch']}, k={p['k']}, V={p['vocab']:,}, {p['mode']}"
+
+
+def _sync_goals(results, s) -> list[dict]:
+    goals = []
+    for impl, name in NAMES.items():
+        rows = [r for r in find(results, "rejection", impl) if "host_syncs_per_step" in r["metrics"]]
+        worst = max(rows, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
+        goals.append(goal("rejection_syncs", worst and worst["metrics"]["host_syncs_per_step"], s, fn=name))
+    return goals
+
+
+def _peer_goals(results, s) -> list[dict]:
+    key, b2b = vllm.speedup_key(vllm.GOAL_PEER), f"back_to_back_{vllm.speedup_key(vllm.GOAL_PEER)}"
+    goals = []
+    for r in find(results, "rejection", CORE):
+        if key in r["metrics"]:
+            label = shape_label(r["params"])
+            goals.append(
+                goal(
+                    "rejection_core",
+                    1 / r["metrics"][key],
+                    s,
+                    f"{r['median_us']:,.1f} us vs {r['median_us'] * r['metrics'][key]:,.1f} us",
+                    peer=vllm.GOAL_PEER,
+                    shape=label,
+                )
+            )
+            same = r["metrics"].get(f"tables_identical_{vllm.peer_impl(vllm.GOAL_PEER)}")
+            goals.append(goal("rejection_tables", same, s, peer=vllm.GOAL_PEER, shape=label))
+    for r in find(results, "rejection", PUBLIC):
+        m = r["metrics"]
+        if b2b in m:
+            beside = {
+                k.removeprefix("back_to_back_speedup_vs_vllm_"): m["back_to_back_us"] * x
+                for k, x in m.items()
+                if k.startswith("back_to_back_speedup_vs_vllm_")
+            }
+            goals.append(
+                goal(
+                    "back_to_back",
+                    m[b2b],
+                    s,
+                    f"{m['back_to_back_us']:,.1f} us",
+                    case="rejection",
+                    vllm=beside,
+                    fn="rejection_sample",
+                    peer=vllm.GOAL_PEER,
+                    shape=shape_label(r["params"]),
+                )
+            )
+    if not any(g["id"] == "back_to_back" for g in goals):
+        goals.append(not_beside_peer("back_to_back", s, "rejection", "rejection_sample"))
+    return goals
+
+
+def goals_rejection(results, s):
+    goals = []
+    graphs = find(results, "rejection", "specfix_triton_graph")
+    if graphs:  # GPU runs only
+        same = [
+            r["metrics"]["graph_replays_eager_table"]
+            for r in graphs
+            if "graph_replays_eager_table" in r["metrics"]
+        ]
+        goals.append(
+            goal(
+                "rejection_graph",
+                min(same, default=None),
+                s,
+                f"{len(graphs)} shapes captured, greedy and random",
+            )
+        )
+    return goals + _sync_goals(results, s) + _peer_goals(results, s)
+
+
+# ---- host cost per call (goal 1)
+
+
+def plan_rejection_host(s, timer) -> list[Job]:
+    batches = s.pick(cpu=(1,), ci=(1, 8), full=(1, 8, 64))
+    k, vocab = 3, s.pick(cpu=512, ci=151_936, full=151_936)
+    peers = s.peer.rejection if s.peer else {}
+
+    def run(batch: int) -> list[dict]:
+        step = Step(batch, k, vocab, "random", s.device)
+        ours = step.calls()
+        pairs = [(FORWARD, ours[FORWARD], "peer_forward"), (PUBLIC, ours[PUBLIC], "peer_core")]
+        out = []
+        for impl, call, peer_call in pairs:
+            mine = result("rejection_host", impl, step.params, timer.host_cost(call))
+            for v, module in peers.items():
+                theirs = result(
+                    "rejection_host",
+                    f"{vllm.peer_impl(v)}_{NAMES[impl]}",
+                    step.params,
+                    timer.host_cost(getattr(step, peer_call)(module)),
+                )
+                mine["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = (
+                    mine["median_us"] / theirs["median_us"]
+                )
+                out.append(theirs)
+            out.append(mine)
+        return out
+
+    return [Job(f"rejection host cost per call, batch {b}", functools.partial(run, b)) for b in batches]
+
+
+def goals_rejection_host(results, s):
+    return host_goals(results, s, "rejection_host", NAMES, shape_label)

@@ -1,0 +1,347 @@
+"""The bench's report: one result row per timed call, the goals in one table (:data:`GOALS`), the schema.
+
+JSON schema (``SCHEMA`` = "specfix.bench/1"), written by :func:`write_json`::
+
+    {"schema": "specfix.bench/1",
+     "meta": {device, driver, torch, triton, triton_mode, python, scale, date[, cuda], commit, source_hash
+              [, peer: {vllm, gumbel, rejection}]},
+     "config": {"device": "cpu"|"cuda", "scale": "ci"|"full", "cases": [names run]},
+     "timing_note": str, "elapsed_s": float,
+     "results": [{"case", "impl", "params": {str: int|float|str|bool},
+                  "median_us", "p20_us", "p80_us", "n", "metrics": {str: float}}, ...],  # us per call
+     "goals": [{"case", "goal", "status": "pass"|"miss"|"not measured"|"n/a", "measured": float|None,
+                "target", "unit", "margin"[, "id", "issue_goal": 1..5|None, "vllm": {version: us}]}, ...],
+     "unavailable": [{"case", "reason"}, ...], "errors": [{"case", "job", "error"}, ...]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from specfix.checks import is_int
+from specfix.tools import recorded
+from specfix.tools.bench.timing import summarize
+
+SCHEMA = "specfix.bench/1"
+TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
+GOAL_STATUSES = ("pass", "miss", "not measured", "n/a")
+
+
+class Unavailable(Exception):
+    """The code a case measures cannot run here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    label: str
+    run: Callable[[], list[dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    summary: str
+    plan: Callable
+    goals: Callable[[list[dict], object], list[dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """One line of the goals table: ``text`` is formatted with the goal's shape and figures."""
+
+    case: str
+    text: str
+    target: float
+    unit: str
+    higher_is_better: bool
+    issue_goal: int | None = (
+        None  # which of the five small-batch goals (host, back-to-back, rate, syncs, mask)
+    )
+
+
+#: Every goal the bench judges, in one table.
+GOALS: dict[str, Goal] = {
+    # the five small-batch goals, each beside vLLM where it has the function
+    "host_cost": Goal(
+        "host", "host cost per call of {fn} <= {target:g}x vLLM {peer}'s at {shape}", 0.6, "x", False, 1
+    ),
+    "back_to_back": Goal(
+        "b2b", "back-to-back per call (L2 flushed), {fn} ahead of vLLM {peer} at {shape}", 1.0, "x", True, 2
+    ),
+    "rate_bf16": Goal(
+        "gumbel",
+        "fast >= {target:g} G logits/s at {shape}, apply_temperature={temp}",
+        1000.0,
+        "G logits/s",
+        True,
+        3,
+    ),
+    "rate_fp32": Goal("gumbel", "fast >= {target:g} G logits/s at {shape}", 600.0, "G logits/s", True, 3),
+    "step_syncs": Goal("drafter_graph", "{fn} makes no host sync", 0.0, "syncs/step", False, 4),
+    "step_graph": Goal(
+        "drafter_graph",
+        "{fn} captured in one CUDA graph replays the eager drafts",
+        1.0,
+        "1 = identical",
+        True,
+        4,
+    ),
+    "mask": Goal(
+        "gumbel_mask",
+        "masked kernel overhead <= {target:g}% of the unmasked one (median of {repeats} interleaved repeats)",
+        1.0,
+        "%",
+        False,
+        5,
+    ),
+    # the kernels' own goals
+    "gpu_vs_peer": Goal("gumbel", "fast >= {target:g}x vLLM {peer} at {shape}", 1.0, "x", True),
+    "gpu_vs_peer_many": Goal("gumbel", "fast >= {target:g}x vLLM {peer} at {shape}", 1.5, "x", True),
+    "never_falls": Goal("gumbel", "fast: time never falls as rows grow at {shape}", 1.0, "x", True),
+    "vs_multinomial": Goal(
+        "gumbel",
+        "gumbel_sample (fast) >= {target:g}x faster than softmax + multinomial at 256 x 151,936 (worst)",
+        5.0,
+        "x",
+        True,
+    ),
+    "graph_one_row": Goal(
+        "gumbel_graph",
+        "one row of 248,320 in a CUDA graph <= {target:g} us GPU time per call (fast noise)",
+        4.0,
+        "us",
+        False,
+    ),
+    "graph_vs_peer": Goal(
+        "gumbel_graph", "in a CUDA graph, fast <= {target:g}x vLLM {peer}'s time at {shape}", 1.0, "x", False
+    ),
+    "clamp_syncs": Goal(
+        "placeholder_fixes",
+        "the clamp makes no host synchronisation (any token count)",
+        0.0,
+        "syncs/step",
+        False,
+    ),
+    "rejection_syncs": Goal(
+        "rejection", "{fn} makes no host sync (any batch, k, vocab, mode)", 0.0, "syncs/step", False
+    ),
+    "rejection_graph": Goal(
+        "rejection",
+        "RejectionSampler.forward captured in one CUDA graph replays the eager greedy tables (every shape)",
+        1.0,
+        "1 = identical",
+        True,
+    ),
+    "rejection_core": Goal(
+        "rejection", "rejection core <= {target:g}x vLLM {peer}'s GPU time at {shape}", 1.0, "x", False
+    ),
+    "rejection_tables": Goal(
+        "rejection", "tables identical to vLLM {peer}'s, same seeds, at {shape}", 1.0, "1 = identical", True
+    ),
+}
+
+
+def _margin(measured: float, spec: Goal) -> str:
+    if spec.target == 0:
+        return f"{measured - spec.target:+g} {spec.unit} vs target"
+    rel = measured / spec.target - 1 if spec.higher_is_better else 1 - measured / spec.target
+    return f"{'+' if rel >= 0 else ''}{rel * 100:.1f}% vs target"
+
+
+def goal(
+    goal_id: str, measured, settings, detail: str = "", case: str | None = None, vllm=None, **fmt
+) -> dict:
+    """Judge ``measured`` against :data:`GOALS` ``[goal_id]``; margins are relative to the target.
+    ``vllm``: the peer's figures beside it ({version: figure}); ``fmt`` fills the goal's text."""
+    spec = GOALS[goal_id]
+    out = {
+        "case": case or spec.case,
+        "goal": spec.text.format(target=spec.target, **fmt),
+        "id": goal_id,
+        "issue_goal": spec.issue_goal,
+        "measured": measured,
+        "target": spec.target,
+        "unit": spec.unit,
+        "margin": detail,
+    }
+    if vllm:
+        out["vllm"] = vllm
+    if measured is None:
+        out["status"] = "not measured"
+    elif not settings.cuda:
+        out["status"], out["margin"] = "n/a", "CPU smoke run: not judged"
+    else:
+        ok = measured >= spec.target if spec.higher_is_better else measured <= spec.target
+        out["status"] = "pass" if ok else "miss"
+        out["margin"] = _margin(measured, spec) + (f"; {detail}" if detail else "")
+    return out
+
+
+def result(case: str, impl: str, params: dict, samples_us: list[float], **metrics: float) -> dict:
+    return {
+        "case": case,
+        "impl": impl,
+        "params": params,
+        **summarize(samples_us),
+        "metrics": {k: float(v) for k, v in metrics.items() if v is not None},
+    }
+
+
+def find(results, case, impl=None, **params) -> list[dict]:
+    return [
+        r
+        for r in results
+        if r["case"] == case
+        and (impl is None or r["impl"] == impl)
+        and all(r["params"].get(k) == v for k, v in params.items())
+    ]
+
+
+def shape_label(p: dict) -> str:
+    return f"{p['rows']:,} x {p['vocab']:,} {p['dtype']}"
+
+
+def validate(report: dict, cases=None) -> None:
+    """Raise ValueError if ``report`` does not follow the schema in the module docstring (``cases``: the
+    known case names)."""
+    for key, kind in [
+        ("schema", str),
+        ("meta", dict),
+        ("config", dict),
+        ("timing_note", str),
+        ("elapsed_s", float | int),
+        ("results", list),
+        ("goals", list),
+        ("unavailable", list),
+        ("errors", list),
+    ]:
+        if not isinstance(report.get(key), kind):
+            raise ValueError(f"report[{key!r}] missing or not {kind}")
+    if report["schema"] != SCHEMA:
+        raise ValueError(f"schema {report['schema']!r} is not {SCHEMA!r}")
+    missing = [k for k in ("device", "driver", "torch", "triton", "date") if k not in report["meta"]]
+    if missing:
+        raise ValueError(f"meta lacks {missing[0]!r}")
+    for r in report["results"]:
+        _check_result(r, cases)
+    for g in report["goals"]:
+        if g.get("status") not in GOAL_STATUSES or not {"case", "goal", "target", "unit", "margin"} <= set(g):
+            raise ValueError(f"bad goal {g}")
+
+
+def _check_result(r: dict, cases) -> None:
+    if (
+        (cases is not None and r.get("case") not in cases)
+        or not isinstance(r.get("impl"), str)
+        or not isinstance(r.get("params"), dict)
+    ):
+        raise ValueError(f"bad result {r}")
+    if (
+        not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS)
+        or not r["p20_us"] <= r["median_us"] <= r["p80_us"]
+    ):
+        raise ValueError(f"bad timing fields in {r}")
+    if not isinstance(r.get("metrics"), dict):
+        raise ValueError(f"result without metrics: {r}")
+
+
+def write_json(report: dict, path: str | Path, cases=None) -> Path:
+    """Write ``report`` to ``path``, then validate it: a long GPU run is never lost to a schema slip."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    validate(report, cases)
+    return path
+
+
+def _params_text(params: dict) -> str:
+    return ", ".join(f"{k}={v:,}" if is_int(v) else f"{k}={v}" for k, v in params.items())
+
+
+def table(report: dict):
+    """The results as a pandas DataFrame, one row per (case, impl, params)."""
+    import pandas as pd
+
+    columns = ["case", "impl", "params", "median_us", "p20_us", "p80_us", "n", "metrics"]
+    rows = [
+        {
+            **{k: r[k] for k in ("case", "impl", *TIME_FIELDS)},
+            "params": _params_text(r["params"]),
+            "metrics": ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items()),
+        }
+        for r in report["results"]
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def frame(report: dict, case: str):
+    """One case's results as a DataFrame: impl, one column per param, the times, one column per metric."""
+    import pandas as pd
+
+    rows = [
+        {"impl": r["impl"], **r["params"], **{k: r[k] for k in TIME_FIELDS}, **r["metrics"]}
+        for r in report["results"]
+        if r["case"] == case
+    ]
+    return pd.DataFrame(rows)
+
+
+def goal_table(report: dict):
+    """The five small-batch goals as a DataFrame: number, goal, specfix's figure, vLLM's (per version),
+    status and margin."""
+    import pandas as pd
+
+    rows = [
+        {
+            "issue_goal": g["issue_goal"],
+            "goal": g["goal"],
+            "measured": g["measured"],
+            "unit": g["unit"],
+            "target": g["target"],
+            **{f"vllm_{v}": x for v, x in g.get("vllm", {}).items()},
+            "status": g["status"],
+            "margin": g["margin"],
+        }
+        for g in report["goals"]
+        if g.get("issue_goal")
+    ]
+    return pd.DataFrame(rows).sort_values("issue_goal", kind="stable") if rows else pd.DataFrame(rows)
+
+
+def _goal_line(g: dict) -> str:
+    measured = "-" if g["measured"] is None else f"{g['measured']:,.3g} {g['unit']}"
+    beside = "".join(f"; vLLM {v}: {x:,.3g}" for v, x in g.get("vllm", {}).items())
+    margin = f"  {g['margin']}" if g["margin"] else ""
+    target = f"target {g['target']:g} {g['unit']}{beside}"
+    return f"[{g['status'].upper():>12}] {g['goal']}: {measured} ({target}){margin}"
+
+
+def render(report: dict) -> str:
+    """The end-of-run text: label, timing note, results table, goals (the five small-batch goals first),
+    what was not available, errors."""
+    import pandas as pd
+
+    lines = [recorded.label(report["meta"]), report["timing_note"], ""]
+    with pd.option_context(
+        "display.max_rows",
+        None,
+        "display.max_columns",
+        None,
+        "display.width",
+        200,
+        "display.max_colwidth",
+        80,
+        "display.float_format",
+        "{:,.2f}".format,
+    ):
+        df = table(report)
+        lines.append(df.to_string(index=False) if len(df) else "(no results)")
+    ordered = sorted(report["goals"], key=lambda g: g.get("issue_goal") or 99)
+    lines += ["", "Goals (1-5: the small-batch goals, beside vLLM):"] + [_goal_line(g) for g in ordered]
+    lines += [f"[NOT AVAILABLE] {u['case']}: {u['reason']}" for u in report["unavailable"]]
+    lines += [f"[ERROR] {e['case']} / {e['job']}: {e['error']}" for e in report["errors"]]
+    lines.append(f"elapsed {report['elapsed_s']:.1f} s")
+    return "\n".join(lines)

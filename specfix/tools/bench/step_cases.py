@@ -1,0 +1,264 @@
+"""Whole steps: chapter 2's placeholder fixes, chapter 3's drafter step (eager against CUDA-graph replay)
+and the DFlash drafting step: host syncs counted, and whether one CUDA graph of the step replays the eager
+drafts."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+import torch
+
+from specfix.lab import placeholder_fixes as pf
+from specfix.models import load_models
+from specfix.mrv2.dflash import DFlashDrafter, ToyDFlashModel
+from specfix.mrv2.speculator import DraftModelSpeculator
+from specfix.tools.bench.report import Job, find, goal, result
+from specfix.tools.bench.timing import capture_graph
+from specfix.tools.syncs import count_host_syncs
+
+# ---- chapter 2's placeholder fixes
+
+
+def plan_placeholder_fixes(s, timer) -> list[Job]:
+    token_counts = s.pick(cpu=(256,), ci=(256, 8192), full=(256, 2048, 8192))
+
+    def run(num_tokens: int) -> list[dict]:
+        step = pf.make_step(num_tokens, device=s.device)
+        restore = functools.partial(step.input_ids.copy_, step.pristine)
+        out = []
+        for fix in pf.FIXES:
+            metrics = {}
+            if s.cuda:
+                syncs = pf.count_syncs(fix, step)
+                metrics["host_syncs_per_step"] = syncs["debug_mode"]
+                metrics["host_syncs_profiler"] = syncs.get("profiler")
+                # a fix that synchronises makes the host wait for the GPU work queued before it
+                metrics["host_us_behind_busy_gpu"] = pf.time_fix(fix, step, repeats=50, busy_us=200.0)[
+                    "host_us"
+                ]
+            t = timer.time_step(functools.partial(pf.APPLY[fix], step), setup=restore)
+            out.append(result("placeholder_fixes", fix, {"num_tokens": num_tokens, "k": 3}, t, **metrics))
+        return out
+
+    return [Job(f"placeholder fixes at {n:,} tokens", functools.partial(run, n)) for n in token_counts]
+
+
+def goals_placeholder_fixes(results, s):
+    counted = [
+        r["metrics"]["host_syncs_per_step"]
+        for r in find(results, "placeholder_fixes", "clamp")
+        if "host_syncs_per_step" in r["metrics"]
+    ]
+    return [goal("clamp_syncs", max(counted, default=None), s)]
+
+
+# ---- chapter 3's drafter step and the DFlash step
+
+
+class StandInDrafter(torch.nn.Module):
+    """A drafter head of realistic shape (embedding, two MLP layers, LM head) for timing chapter 3's step:
+    the suite's n-gram draft model is a few table lookups, this gives the step the kernel count and weight
+    traffic of a small MTP/EAGLE-style head. It reads the last token of each context row."""
+
+    def __init__(self, vocab_size: int, hidden: int, device):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+
+        def init(*shape):
+            return torch.nn.Parameter(torch.randn(*shape, generator=gen) / shape[-1] ** 0.5)
+
+        self.vocab_size = vocab_size
+        self.embed = init(vocab_size, hidden)
+        self.layers = torch.nn.ParameterList([init(hidden, hidden) for _ in range(2)])
+        self.lm_head = init(vocab_size, hidden)
+        self.requires_grad_(False)
+        self.to(device)
+
+    def next_token_logits(self, context_ids: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.embedding(context_ids[:, -1], self.embed)
+        for w in self.layers:
+            h = torch.nn.functional.silu(h @ w.T)
+        return h @ self.lm_head.T
+
+
+MAX_REQS, K = 64, 3
+
+
+class Drafter:
+    """One drafter model behind chapter 3's speculator, with the inputs of a step at live batch ``b``."""
+
+    def __init__(self, s, model_name: str):
+        vocab, hidden = s.pick(cpu=(512, 32), ci=(32_000, 512), full=(32_000, 512))
+        if model_name == "ngram_draft":
+            model = load_models(s.device)[1]
+            context_len, extra = model.order - 1, {}
+        else:
+            model, context_len, extra = StandInDrafter(vocab, hidden, s.device), 1, {"hidden": hidden}
+        self.device = s.device
+        self.spec = DraftModelSpeculator(
+            model,
+            max_num_reqs=MAX_REQS,
+            num_speculative_steps=K,
+            vocab_size=model.vocab_size,
+            context_len=context_len,
+            device=s.device,
+        )
+        gen = torch.Generator(device=s.device).manual_seed(3)
+        self.context = torch.randint(
+            0, model.vocab_size, (MAX_REQS, context_len), generator=gen, device=s.device
+        )
+        self.spec.context_ids.copy_(self.context)
+        self.params = {"k": K, "vocab": model.vocab_size, "model": model_name, **extra}
+        self.eager_us: dict[int, float] = {}
+        self._inputs: dict[int, tuple] = {}
+
+    def _requests(self, b: int) -> tuple:
+        """Slots 0..63, temperature 1, seeds drawn for ``b``; made once (a graph capture reuses them)."""
+        if b not in self._inputs:
+            gen = torch.Generator(device=self.device).manual_seed(b)
+            self._inputs[b] = (
+                torch.arange(MAX_REQS, dtype=torch.int32, device=self.device),
+                torch.ones(MAX_REQS, dtype=torch.float32, device=self.device),
+                torch.randint(0, 2**31, (MAX_REQS,), generator=gen, device=self.device),
+                self.context[:b].clone(),
+                torch.zeros(b, dtype=torch.int64, device=self.device),
+            )
+        return self._inputs[b]
+
+    def live(self, b: int) -> int:
+        """Make rows 0..b-1 live; return the padded size b dispatches to."""
+        self.spec._copy_request_inputs(b, *self._requests(b)[:3])
+        return self.spec.dispatcher.dispatch(b).num_reqs_padded
+
+    def propose(self, b: int):
+        """A whole drafting step: request inputs copied in, k draft steps; returns the drafts."""
+        return self.spec.propose(b, *self._requests(b)).draft_tokens
+
+    def eager_step(self, b: int):
+        self.spec.context_ids.copy_(self.context)  # a step feeds its drafts back: reset, so all draft alike
+        self.spec._draft_step(b)
+
+    def replay(self, padded: int):
+        self.spec.context_ids.copy_(self.context)
+        self.spec.graphs.replay(padded)
+
+
+def replays_eager(step, s) -> float | None:
+    """1.0 when ``step()`` captured whole in one CUDA graph replays the eager result, 0.0 when it does not
+    (or cannot be captured); None on a CPU."""
+    if not s.cuda:
+        return None
+    eager = step().clone()
+    outputs = []
+    try:
+        graph = capture_graph(lambda: outputs.append(step()))
+    except RuntimeError:  # a host sync or a host read inside the step: it cannot be captured
+        torch.cuda.synchronize()
+        return 0.0
+    graph.replay()
+    torch.cuda.synchronize()
+    return float(torch.equal(outputs[-1], eager))
+
+
+def plan_drafter_graph(s, timer) -> list[Job]:
+    batches = s.pick(cpu=(3,), ci=(1, 5, 16, 64), full=tuple(range(1, MAX_REQS + 1)))
+    built: dict[str, Drafter] = {}
+
+    def drafter(name: str) -> Drafter:
+        if name not in built:
+            built[name] = Drafter(s, name)
+        return built[name]
+
+    def run(name: str, graph: bool) -> list[dict]:
+        d = drafter(name)
+        if graph:
+            d.spec.capture_cuda_graphs()
+        out = []
+        for b in batches:
+            padded = d.live(b)
+            t = timer.time_throughput(
+                functools.partial(d.replay, padded) if graph else functools.partial(d.eager_step, b)
+            )
+            if not graph:
+                d.eager_us[b] = statistics.median(t)
+            propose = functools.partial(d.propose, b)
+            metrics = {"host_syncs_per_step": count_host_syncs(propose, s.device)}
+            if graph and b in d.eager_us:
+                metrics["speedup"] = d.eager_us[b] / statistics.median(t)
+            if not graph and b == batches[-1]:
+                metrics["whole_step_graph_replays_eager"] = replays_eager(propose, s)
+            out.append(
+                result(
+                    "drafter_graph",
+                    "graph" if graph else "eager",
+                    {"live_batch": b, "padded_batch": padded, **d.params},
+                    t,
+                    **metrics,
+                )
+            )
+        return out
+
+    span = f"live batches {batches[0]}..{batches[-1]}"
+    jobs = [Job("DFlash drafting step", functools.partial(run_dflash, s, timer))]
+    for m in ("standin_mlp", "ngram_draft"):
+        jobs.append(Job(f"drafter step ({m}), eager, {span}", functools.partial(run, m, False)))
+        if s.cuda:
+            jobs.append(
+                Job(f"drafter step ({m}), CUDA-graph replay, {span}", functools.partial(run, m, True))
+            )
+    return jobs
+
+
+def run_dflash(s, timer) -> list[dict]:
+    """The DFlash drafting step (inputs prepared, block drafter, every draft sampled), eager: its time,
+    host syncs, and whether the whole step captured in one CUDA graph replays the eager drafts."""
+    vocab, m, k, live = s.pick(cpu=(64, 4, 3, 2), ci=(4096, 16, 3, 8), full=(32_000, 64, 3, 32))
+    drafter = DFlashDrafter(
+        ToyDFlashModel(vocab).to(s.device), max_num_reqs=m, num_speculative_steps=k, device=s.device
+    )
+    gen = torch.Generator(device=s.device).manual_seed(5)
+    idx = torch.randperm(m, generator=gen, device=s.device)[:live].int()
+    last = torch.randint(0, vocab, (m,), generator=gen, device=s.device)
+    num_computed = torch.randint(8, 4096, (m,), generator=gen, device=s.device)
+    step = functools.partial(drafter.propose, live, idx, last, num_computed, padded=False)
+    t = timer.time_throughput(step)
+    return [
+        result(
+            "drafter_graph",
+            "dflash_eager",
+            {"live_batch": live, "padded_batch": m, "k": k, "vocab": vocab, "model": "toy_dflash"},
+            t,
+            host_syncs_per_step=count_host_syncs(step, s.device),
+            whole_step_graph_replays_eager=replays_eager(step, s),
+        )
+    ]
+
+
+def goals_drafter_graph(results, s):
+    goals = []
+    for fn, rows in (
+        ("the DFlash drafting step", find(results, "drafter_graph", "dflash_eager")),
+        (
+            "a drafting step (propose, eager or replayed)",
+            [r for r in find(results, "drafter_graph") if r["impl"] != "dflash_eager"],
+        ),
+    ):
+        counted = [r for r in rows if "host_syncs_per_step" in r["metrics"]]
+        worst = max(counted, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
+        detail = (
+            worst
+            and (
+                f"worst: {worst['impl']}, {worst['params']['model']}, live batch "
+                f"{worst['params']['live_batch']}"
+            )
+            or ""
+        )
+        goals.append(goal("step_syncs", worst and worst["metrics"]["host_syncs_per_step"], s, detail, fn=fn))
+        same = [
+            r["metrics"]["whole_step_graph_replays_eager"]
+            for r in rows
+            if "whole_step_graph_replays_eager" in r["metrics"]
+        ]
+        goals.append(goal("step_graph", min(same, default=None), s, fn=fn))
+    return goals

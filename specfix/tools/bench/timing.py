@@ -1,0 +1,254 @@
+"""The one timing harness: every specfix measurement (the bench, ``scripts/time_gumbel.py``, chapter 4) times
+through :class:`Timer`.
+
+On CUDA a call is bracketed by CUDA events after a warm-up. Four ways, each answering one question:
+``time`` (L2 flushed before each call; ``shield=True`` keeps the GPU busy while the host launches, so only
+GPU time counts; ``shield=False`` is back-to-back, as ``triton.testing.do_bench`` takes it, and a slow host
+shows), ``time_in_graph`` (many calls in one CUDA graph: GPU time per call, no launch cost), ``host_cost``
+(host wall time per call while the GPU is busy with earlier work: launch cost alone) and
+``time_throughput`` (host wall time per call over back-to-back calls: what a serving loop pays). On a CPU
+every way falls back to ``perf_counter`` around each call: those timings say nothing about GPU speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+#: GPU cycles of spinning queued before each shielded call, longer than the host's launch work: hides it.
+HOST_SHIELD_CYCLES = 1_000_000
+#: GPU cycles queued before a host-cost loop, far more than the loop's launches take.
+HOST_COST_SLEEP_CYCLES = 20_000_000
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """numpy's linear-interpolated percentile, q in [0, 100]."""
+    if not len(samples):
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must lie in [0, 100], got {q}")
+    return float(np.percentile(samples, q))
+
+
+def summarize(samples_us: list[float]) -> dict:
+    """Median and p20/p80 of per-call times in microseconds."""
+    return {
+        "median_us": statistics.median(samples_us),
+        "p20_us": percentile(samples_us, 20),
+        "p80_us": percentile(samples_us, 80),
+        "n": len(samples_us),
+    }
+
+
+def tb_per_s(nbytes: float, time_us: float) -> float:
+    """Terabytes (1e12 bytes) per second for ``nbytes`` moved in ``time_us`` microseconds."""
+    return nbytes / (time_us * 1e-6) / 1e12
+
+
+def g_logits_per_s(rows: int, vocab: int, time_us: float) -> float:
+    """Billions of logits consumed per second."""
+    return rows * vocab / (time_us * 1e-6) / 1e9
+
+
+def elem_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Where and how hard to measure, and the peer (vLLM's own code, ``peer.Peer``) beside specfix, if any."""
+
+    device: torch.device
+    scale: str
+    peer: object = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def pick(self, cpu, ci, full):
+        if not self.cuda:
+            return cpu
+        return full if self.scale == "full" else ci
+
+
+def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _cpu_samples(fn: Callable[[], object], reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def _repeat(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+    def many():
+        for _ in range(calls):
+            fn()
+
+    return many
+
+
+class Timer:
+    """Per-call times in microseconds: CUDA events on a GPU, ``perf_counter`` on a CPU."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.warmup = settings.pick(cpu=1, ci=3, full=5)
+        self.budget_ms = settings.pick(cpu=0.0, ci=30.0, full=120.0)
+        self.min_reps = settings.pick(cpu=3, ci=10, full=15)
+        self.max_reps = settings.pick(cpu=3, ci=50, full=200)
+        self.warm_ms = settings.pick(cpu=0.0, ci=5.0, full=20.0)
+        self._flush = None
+
+    def _sync(self):
+        if self.settings.cuda:
+            torch.cuda.synchronize()
+
+    def _flush_l2(self):
+        if self._flush is None:
+            self._flush = torch.empty(256 * 2**20, dtype=torch.int8, device=self.settings.device)
+        self._flush.zero_()
+
+    def _reps(self, fn: Callable[[], object]) -> int:
+        """As many repetitions as fit the budget, judged from a few timed calls."""
+        start, end = _event_pair()
+        start.record()
+        for _ in range(3):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per_call_ms = max(start.elapsed_time(end) / 3, 1e-3)
+        return int(min(self.max_reps, max(self.min_reps, self.budget_ms / per_call_ms)))
+
+    def warm(self, fn: Callable[[], object]) -> None:
+        """A few calls (compiles, first allocations), then, on a GPU, calls until ``warm_ms`` of wall time
+        has passed: a path the process has not run yet can stay slow for many calls, not only the first."""
+        for _ in range(self.warmup):
+            fn()
+        if not self.settings.cuda:
+            return
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        while (time.perf_counter() - start) * 1e3 < self.warm_ms:
+            fn()
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], object], flush: bool = True, shield: bool = True) -> list[float]:
+        """Per-call time of ``fn``: L2 flushed first (``flush``); ``shield``: the GPU kept busy while the
+        host records the start event and launches, so that a short kernel is timed alone."""
+        self.warm(fn)
+        if not self.settings.cuda:
+            return _cpu_samples(fn, self.min_reps)
+        events = [_event_pair() for _ in range(self._reps(fn))]
+        torch.cuda.synchronize()
+        for start, end in events:
+            if flush:
+                self._flush_l2()
+            if shield:
+                torch.cuda._sleep(HOST_SHIELD_CYCLES)
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+    def time_step(self, fn: Callable[[], object], setup: Callable[[], object]) -> list[float]:
+        """A step on an idle GPU: ``setup()`` (untimed), synchronise, then events around ``fn()`` (its host
+        work included, since the end event is queued only when the call returns)."""
+        for _ in range(self.warmup):
+            setup()
+            fn()
+        samples = []
+        for _ in range(self.max_reps if self.settings.cuda else self.min_reps):
+            setup()
+            samples += self.time_once(fn, flush=False)
+        return samples
+
+    def time_throughput(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
+        """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
+        per step, host launch cost included (no flush, which would hide launch gaps behind it)."""
+        calls = calls or self.settings.pick(cpu=1, ci=20, full=20)
+        self.warm(fn)
+        samples = []
+        for _ in range(self.settings.pick(cpu=self.min_reps, ci=5, full=7)):
+            self._sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            self._sync()
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        return samples
+
+    def host_cost(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
+        """Host wall time per call while the GPU is still busy with earlier work (nothing waits on it):
+        argument checks, allocations and launches alone."""
+        calls = calls or self.settings.pick(cpu=3, ci=100, full=200)
+        self.warm(fn)
+        samples = []
+        for _ in range(self.settings.pick(cpu=3, ci=7, full=11)):
+            if self.settings.cuda:
+                torch.cuda.synchronize()
+                torch.cuda._sleep(HOST_COST_SLEEP_CYCLES)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        self._sync()
+        return samples
+
+    def time_once(self, fn: Callable[[], object], flush: bool = True) -> list[float]:
+        """One call on an idle GPU, events around it (L2 flushed first with ``flush``)."""
+        if not self.settings.cuda:
+            return _cpu_samples(fn, 1)
+        torch.cuda.synchronize()
+        start, end = _event_pair()
+        if flush:
+            self._flush_l2()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return [start.elapsed_time(end) * 1e3]
+
+    def interleaved(self, fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
+        """``repeats`` medians of A then B, alternating (A, B, A, B...), each the median of a full
+        :meth:`time`: clock and thermal drift hit both alike, and the spread of the medians is the
+        measure's own uncertainty."""
+        a, b = [], []
+        for _ in range(repeats):
+            a.append(statistics.median(self.time(fn_a)))
+            b.append(statistics.median(self.time(fn_b)))
+        return a, b
+
+    def time_in_graph(self, fn: Callable[[], object], calls: int) -> list[float]:
+        """GPU time per call: ``calls`` calls captured in one CUDA graph, each replay divided by ``calls``.
+        On a CPU (no graphs) the calls simply run in a loop."""
+        many = _repeat(fn, calls)
+        replay = capture_graph(many).replay if self.settings.cuda else many
+        return [t / calls for t in self.time(replay, flush=False)]
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream (compiles kernels, settles allocations), then capture it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
