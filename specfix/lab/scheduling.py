@@ -95,13 +95,17 @@ def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
     return FILLED if step.num_filled_spec_tokens.get(req_id, 0) else SCHEDULER_DRAFTS
 
 
-def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
-    """Per request (in the order of ``result.outputs``), per recorded step: an index into
-    :data:`SLOT_KINDS`."""
+def _check_recorded(result: object) -> None:
     if not isinstance(result, GenerateResult):
         raise TypeError(f"result must be a GenerateResult, got {type(result).__name__}")
     if result.num_steps and not result.trace:
         raise ValueError("result has no trace: run it with record=True")
+
+
+def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
+    """Per request (in the order of ``result.outputs``), per recorded step: an index into
+    :data:`SLOT_KINDS`."""
+    _check_recorded(result)
     req_ids = [out.request_id for out in result.outputs]
     kinds: dict[str, list[int]] = {r: [] for r in req_ids}
     for step in result.trace:
@@ -113,6 +117,7 @@ def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
 
 def placeholder_counts(result: GenerateResult) -> dict[str, int]:
     """Batches run, draft slots verified, and what became of the ``-1`` slots the scheduler wrote."""
+    _check_recorded(result)
     written = filled = reaching = slots = 0
     for step in result.trace:
         spec = step.scheduler_output.scheduled_spec_decode_tokens
@@ -130,8 +135,7 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
 def wasted_steps(result: GenerateResult) -> int:
     """(request, step) pairs that ran after the request had already produced all its tokens: async
     scheduling planned them before the step that finished the request came back."""
-    if result.num_steps and not result.trace:
-        raise ValueError("result has no trace: run it with record=True")
+    _check_recorded(result)
     left = {out.request_id: len(out.token_ids) for out in result.outputs}
     wasted = 0
     for step in result.trace:
