@@ -1,6 +1,7 @@
 """Chapter 0's figures and tables: the step drawing, the course map read from the chapters, the module map."""
 
 import json
+import re
 
 import matplotlib.pyplot as plt
 import pytest
@@ -36,7 +37,9 @@ def test_step_figure_draws_context_drafts_and_what_the_target_emits():
     try:
         texts = _box_texts(fig)
         assert [t for t in texts if t in ("accept", "recover", "bonus")] == ["accept", "recover"]
-        assert {"w2", "w3", "w4", "w5"} <= set(texts) and "w1" not in texts   # the last four context words
+        # the last four context words, the first marked as following words left out, and the caption says so
+        assert {"... w2", "w3", "w4", "w5"} <= set(texts) and "w1" not in texts
+        assert any("last 4 words ('...' marks the 1 before them)" in t.get_text() for t in fig.texts)
         assert {"w6", "w7", "w8", "w9"} <= set(texts) and "w10" not in texts  # nothing after the mismatch
         fig.canvas.draw()
         legend, ax = fig.axes[0].get_legend(), fig.axes[0]
@@ -54,6 +57,7 @@ def test_step_figure_writes_placeholders_as_minus_one():
     try:
         texts = _box_texts(fig)
         assert texts.count("-1") == 2 and "w3" in texts and "recover" in texts
+        assert "w1" in texts and not any("..." in t.get_text() for t in fig.texts)  # a short context: whole
     finally:
         plt.close(fig)
 
@@ -117,3 +121,13 @@ def test_release_table_has_one_column_per_release_and_one_row_per_fact():
     assert list(table.index) == ["default model runner", "where -1 placeholders come from",
                                  "what keeps them from the embedding", "#47066 masks", "noise",
                                  "draft cache holds"]
+
+
+def test_module_map_text_lists_every_module_without_docstring_markup():
+    text = tour.module_map_text()
+    modules = [m for table in tour.module_map().values() for m in table.index]
+    assert [line.split("`")[1] for line in text.splitlines() if line.startswith("- ")] == modules
+    assert "- `v1.scheduler` (mirrors `vllm/sampling_params.py`, " in text
+    assert "- `fixes`: One switch per fix" in text  # specfix's own modules mirror nothing
+    assert "``" not in text and not re.search(r":\w+:`", text), "reStructuredText markup reached the page"
+    assert tour.docstring_markdown("a ``-1`` and :data:`SLOT_KINDS`") == "a `-1` and `SLOT_KINDS`"

@@ -45,6 +45,8 @@ MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")
 _TINT = 0.3
 _DRAFT_FILL = {"accept": style.FIXED, "reject": style.BUGGY, "placeholder": style.PLACEHOLDER,
                "unreached": style.PADDING}
+#: Context words drawn before the drafts (the last ones; the figure says how many it leaves out).
+_CONTEXT_WORDS = 4
 _TARGET_FILL = {"accept": style.FIXED, "recover": style.NEUTRAL, "bonus": style.ACCENT}
 
 
@@ -88,8 +90,11 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
         ax.set_axis_off()
         ax.set_title(title, loc="left")
         x = 0.0
-        for token in context[-4:]:
-            _box(ax, x, 1.0, name(token), style.PADDING)
+        shown = list(context[-_CONTEXT_WORDS:])
+        for i, token in enumerate(shown):
+            # "..." before the first word shown says that earlier context words are left out
+            more = "... " if i == 0 and len(context) > len(shown) else ""
+            _box(ax, x, 1.0, more + name(token), style.PADDING)
             x += 1.0
         for slot in range(len(drafts) + 1):
             if slot < len(drafts):
@@ -107,9 +112,11 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
                  ("placeholder -1", style.PLACEHOLDER), ("recovered", style.NEUTRAL), ("bonus", style.ACCENT)]
         style.legend_below(fig, ax, ncol=3,
                            handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds])
+        left_out = (f" The context shows its last {len(shown)} words ('...' marks the "
+                    f"{len(context) - len(shown)} before them)." if len(context) > len(shown) else "")
         style.caption(fig, "Read each column top to bottom: the target keeps a draft it would have chosen "
                            "itself, replaces the first one it would not, and stops there; if it keeps all of "
-                           "them it adds its own next token, the bonus.")
+                           "them it adds its own next token, the bonus." + left_out)
     return fig
 
 
@@ -153,9 +160,30 @@ def module_map() -> dict[str, pd.DataFrame]:
     return out
 
 
+def docstring_markdown(text: str) -> str:
+    """A docstring's reStructuredText as markdown: ``x`` and :role:`x` become `x`."""
+    return re.sub(r":[\w:]+:`", "`", text.replace("``", "`"))
+
+
 def role_titles() -> dict[str, str]:
-    """What each role holds, from the subpackages' docstrings (markdown: double backticks made single)."""
-    return {role: text.replace("``", "`") for role, text in roles().items()}
+    """What each role holds, from the subpackages' docstrings (as markdown)."""
+    return {role: docstring_markdown(text) for role, text in roles().items()}
+
+
+def module_map_text() -> str:
+    """:func:`module_map` as markdown, one list per role: each module, the vLLM files it mirrors and its
+    summary. A list wraps at any width, where a table of long paths and sentences would overflow the page."""
+    titles, parts = role_titles(), []
+    for role, table in module_map().items():
+        head = "**top level**" if role == "specfix" else f"**`specfix.{role}`**"
+        parts.append(f"{head}: {titles[role]}\n")
+        for module, row in table.iterrows():
+            files = [f.strip() for f in row["mirrors"].split(",")]
+            mirrors = "" if row["mirrors"] == "(specfix's own)" else \
+                " (mirrors " + ", ".join(f"`{f}`" for f in files) + ")"
+            parts.append(f"- `{module}`{mirrors}: {docstring_markdown(row['summary'])}")
+        parts.append("")
+    return "\n".join(parts)
 
 
 def release_table() -> pd.DataFrame:
