@@ -309,3 +309,17 @@ def test_chapter_5_paragraphs_are_rendered_from_the_report():
     families = perf.goal_families(H200)
     assert perf.missed_goals_text(H200).count("- *") == int((families.missed > 0).sum())
     assert perf.host_text(H200).startswith(f"A call of `{bench.JUDGED}` costs the host")
+
+
+def test_rejection_table_fits_the_page_one_row_per_mode_and_batch():
+    table = perf.rejection_table(H200)
+    rows = bench.frame(H200, "rejection")
+    small = rows[(rows.k == rows.k.min()) & (rows.vocab == rows.vocab.min())]
+    assert len(table) == small.groupby(["mode", "batch"]).ngroups < len(rows)  # not the raw dump
+    assert len(table.columns) == small.impl.nunique()
+    assert table.attrs["shape"] == f"k = {rows.k.min()}, vocab = {rows.vocab.min():,}"
+    one = small[(small.impl == "torch_reference") & (small["mode"] == "greedy")].sort_values("batch").iloc[0]
+    assert table.loc[("greedy", one.batch), "torch reference"] == f"{one.median_us:,.1f}"
+    cells = table.to_numpy().ravel()
+    assert all(cell == "-" or cell.replace(",", "").replace(".", "").isdigit() for cell in cells)
+    assert perf.rejection_table({"results": [], "goals": []}).empty

@@ -851,6 +851,23 @@ def rejection_figure(report: dict, source: str):
     return fig
 
 
+def rejection_table(report: dict) -> pd.DataFrame:
+    """The rejection sampler's median us per step at the figure's shape (smallest k and vocabulary): one row
+    per (mode, batch), one column per sampler, "-" where a sampler was not timed."""
+    rj = bench.frame(report, "rejection")
+    if rj.empty:
+        return pd.DataFrame()
+    shape = {c: rj[c].min() for c in ("k", "vocab") if c in rj}
+    for column, value in shape.items():
+        rj = rj[rj[column] == value]
+    table = rj.pivot_table(index=["mode", "batch"], columns="impl", values="median_us")
+    table = table.rename(columns=lambda c: c.replace("_", " ")).rename_axis(columns=None)
+    table.index.names = ["mode", "batch"]
+    table = table.map(lambda us: "-" if pd.isna(us) else f"{us:,.1f}")
+    table.attrs["shape"] = ", ".join(f"{c} = {v:,}" for c, v in shape.items())
+    return table
+
+
 def peer_figure(report: dict, source: str):
     """Logits per second of the judged kernel beside each vLLM version's sampler, one panel per dtype and
     vocabulary, under the read ceiling measured in the same run (in logits per second of that dtype)."""
