@@ -439,3 +439,20 @@ def test_every_term_a_chapter_uses_is_in_the_glossary(stem):
     assert not unused, f"{stem} no longer uses {unused}: take them off GLOSSARY_TERMS"
     missing = [term for term in GLOSSARY_TERMS[stem] if not _in_glossary(term, heads)]
     assert not missing, f"{stem} uses {missing}, which the glossary does not define"
+
+
+def test_chip_contrast_and_search_excerpt_rules():
+    assert book_check.contrast("rgb(27, 27, 27)", "rgb(238, 144, 64)") > 4.5    # book.css's chip, light mode
+    assert book_check.contrast("rgb(206, 209, 214)", "rgb(255, 209, 158)") < 4.5  # pale text on a pale fill
+    assert round(book_check.contrast("rgb(0, 0, 0)", "rgb(255, 255, 255)")) == 21
+    excerpts = ["... System Settings Light Dark Chapter 3 idx_mapping ...", "the stale idx_mapping rows ..."]
+    assert book_check.chrome_in_excerpts(excerpts) == [excerpts[0]]
+
+
+def test_the_book_loads_its_search_excerpt_filter_after_sphinx_search(conf):
+    assert ("search_excerpts.js", {"defer": "defer"}) in conf["html_js_files"]
+    script = (DOCS / "_static" / "search_excerpts.js").read_text()
+    assert "Search.htmlToText" in script and ".article-header-buttons" in script
+    css = (DOCS / "_static" / "book.css").read_text()
+    chip = css[css.index("div.cell.tag_exercise::before"):]
+    assert "background: var(--pst-color-warning)" in chip.split("}")[0], "the chip needs its own fill"

@@ -51,3 +51,18 @@ def test_apply_restores_only_its_own_keys():
 
 def test_watch_figures_outside_ipython_does_nothing():
     assert style.watch_figures() is False
+
+
+def test_tidy_writes_counts_without_decimals_and_missing_values_as_a_dash():
+    import pandas as pd
+
+    frame = pd.DataFrame({"count": [95.0, 1200.0, None], "rate": [0.5, 0.12345, 1.0],
+                          "ids": pd.array([1, None, 3], dtype="Int64"), "name": ["a", None, "c"],
+                          "ok": [True, False, True]})
+    shown = style.tidy(frame, digits=2)
+    assert shown["count"].tolist() == ["95", "1,200", "-"]
+    assert shown["rate"].tolist() == ["0.50", "0.12", "1.00"]
+    assert shown["ids"].tolist() == ["1", "-", "3"]
+    assert shown["name"].tolist() == ["a", "-", "c"] and shown["ok"].tolist() == [True, False, True]
+    assert frame["count"].iloc[0] == 95.0, "the numbers stay in the frame given"
+    assert "NaN" not in shown.to_html() and "&lt;NA&gt;" not in shown.to_html()

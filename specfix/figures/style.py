@@ -178,3 +178,24 @@ def legibility(fig) -> dict:
     smallest = min(sizes, default=SMALLEST_PT)
     return {"natural_px": round(natural), "smallest_pt": smallest,
             "text_px": round(text_px(natural, min(natural, COLUMN_PX), smallest), 1)}
+
+
+def tidy(frame, digits: int = 1):
+    """A table as the chapters show it: a column of whole numbers without decimals (a count reads 95, not
+    95.0), other numbers to ``digits`` places, thousands separated, a missing value as "-" (never NaN or
+    <NA>). Returns a copy of ``frame`` holding strings; the numbers stay in ``frame``."""
+    import pandas as pd
+
+    def missing(value) -> bool:
+        return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+    out = frame.copy()
+    for column in out.columns:
+        values = out[column]
+        if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+            out[column] = values.map(lambda v: "-" if missing(v) else v).astype(object)
+            continue
+        present = values.dropna().astype(float)
+        spec = ",.0f" if len(present) and (present == present.round()).all() else f",.{digits}f"
+        out[column] = values.map(lambda v, spec=spec: "-" if missing(v) else format(float(v), spec))
+    return out
