@@ -174,3 +174,15 @@ def test_every_figure_is_drawn_for_the_books_column():
     for fig in made:
         seen = style.legibility(fig)
         assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
+
+
+def test_noise_comparison_table_sums_the_recording_up_instead_of_dumping_it():
+    from specfix.tools import recorded
+
+    rec = recorded.load("vllm_noise_comparison")
+    table = figs.noise_comparison_table(rec)
+    facts = table["recorded"]
+    assert len(table) < 12 and "cases" not in table.index  # the per-case list is not dumped
+    assert facts["rows compared"] == f"{rec['rows']:,}"
+    assert facts["tokens that differ"] == f"{rec['mismatches']:,}"
+    assert facts["cases run"] == f"{len(rec['cases'])} of {rec['cases_planned']}"

@@ -350,3 +350,21 @@ def mask_text(mask: pd.DataFrame) -> str:
             "few percent either way is not the mask's cost but the difference between two separately "
             "compiled, separately timed kernels: what the run shows is that the mask costs nothing "
             "measurable.")
+
+
+def noise_comparison_table(rec: dict) -> pd.DataFrame:
+    """The recorded comparison of the `vllm` noise mode with vLLM's own kernel, one line per fact (its
+    per-case list summed up, not dumped)."""
+    cases = rec.get("cases", [])
+    facts = {
+        "compared with": f"vLLM {rec['vllm_version']}'s gumbel_sample, same inputs",
+        "cases run": f"{len(cases)} of {rec.get('cases_planned', len(cases))}",
+        "vocabularies": ", ".join(f"{v:,}" for v in sorted({c["vocab"] for c in cases})),
+        "dtypes": ", ".join(sorted({c["dtype"] for c in cases})),
+        "temperatures": ", ".join(f"{t:g}" for t in rec["temperatures"]),
+        "rows compared": f"{rec['rows']:,}",
+        "tokens that differ": f"{rec['mismatches']:,}",
+        "cached logits that differ": f"{rec['cache_mismatches']:,}",
+        "rows whose token is not the argmax": f"{rec['not_argmax']:,}",
+    }
+    return pd.DataFrame({"recorded": facts})

@@ -232,6 +232,20 @@ def profile_table(profile: dict) -> pd.DataFrame:
     return df
 
 
+_PROFILE_SHOWN = {"kernel": "kernel", "shape": "shape", "store": "store", "run": "run",
+                  "time_us": "time (us)", "dram_pct_of_peak": "DRAM % of peak",
+                  "instructions_per_logit": "instructions per logit",
+                  "registers_per_thread": "registers per thread", "achieved_occupancy_pct": "occupancy %"}
+
+
+def profile_summary(profile: dict) -> pd.DataFrame:
+    """:func:`profile_table`'s columns that the chapter's text reads, under short names, formatted for the
+    page (:func:`specfix.figures.style.tidy`): the table fits the column where all 15 would not."""
+    table = profile_table(profile)
+    shown = [c for c in _PROFILE_SHOWN if c in table]
+    return style.tidy(table[shown].rename(columns=_PROFILE_SHOWN), digits=2)
+
+
 def _profiled(prof: pd.DataFrame, shape: str, kernel: str = "today", store: bool = False,
               masked: bool = True, run: str = "final") -> pd.Series:
     rows = prof[(prof.kernel == kernel) & (prof["shape"] == shape) & (prof.store == store)
