@@ -66,9 +66,9 @@ def test_percentile_rejects_bad_input(samples, q, word):
 def specs(monkeypatch):
     """Two goals of known targets in the table: 500 G up (higher is better), 5 us and 0 syncs down."""
     for gid, spec in {
-        "t_up": report.Goal("c", "g", 500.0, "G", True),
-        "t_down": report.Goal("c", "g", 5.0, "us", False),
-        "t_zero": report.Goal("c", "g", 0.0, "syncs", False),
+        "t_up": report.Goal("c", 500.0, "G", True, None, "g"),
+        "t_down": report.Goal("c", 5.0, "us", False, None, "g"),
+        "t_zero": report.Goal("c", 0.0, "syncs", False, None, "g"),
     }.items():
         monkeypatch.setitem(report.GOALS, gid, spec)
 

@@ -64,12 +64,13 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _with_speedups(rows: list[dict], peers, key_of=vllm.speedup_key, field="median_us") -> list[dict]:
-    """Add ``speedup_vs_vllm_<v>`` (peer median / ours) to each specfix row of one shape."""
-    medians = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
+    """Add ``key_of(v)`` (the peer's ``field`` over ours: how many times faster) to each specfix row of one
+    shape that has ``field`` (the median, or a metric)."""
+    times = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
     for r in rows:
-        if r["impl"] in OURS:
-            for v in peers:
-                r["metrics"][key_of(v)] = medians[vllm.peer_impl(v)] / medians[r["impl"]]
+        for v in peers:
+            if r["impl"] in OURS and times[r["impl"]] and times[vllm.peer_impl(v)]:
+                r["metrics"][key_of(v)] = times[vllm.peer_impl(v)] / times[r["impl"]]
     return rows
 
 
@@ -169,7 +170,7 @@ def plan_gumbel(s, timer) -> list[Job]:
 
 
 def _peer_goals(ours, s) -> list[dict]:
-    key, b2b = vllm.speedup_key(vllm.GOAL_PEER), b2b_key(vllm.GOAL_PEER)
+    key = vllm.speedup_key(vllm.GOAL_PEER)
     goals = []
     for r in ours:
         p, m = r["params"], r["metrics"]
@@ -181,26 +182,6 @@ def _peer_goals(ours, s) -> list[dict]:
                     m[key],
                     s,
                     f"{r['median_us']:,.1f} us vs {r['median_us'] * m[key]:,.1f} us",
-                    peer=vllm.GOAL_PEER,
-                    shape=shape_label(p),
-                )
-            )
-        if b2b in m:
-            mine = m["back_to_back_us"]
-            beside = {
-                v.removeprefix("back_to_back_speedup_vs_vllm_"): mine * x
-                for v, x in m.items()
-                if v.startswith("back_to_back_speedup_vs_vllm_")
-            }
-            goals.append(
-                goal(
-                    "back_to_back",
-                    m[b2b],
-                    s,
-                    f"{mine:,.1f} us",
-                    case="gumbel",
-                    vllm=beside,
-                    fn="gumbel_sample",
                     peer=vllm.GOAL_PEER,
                     shape=shape_label(p),
                 )
@@ -262,10 +243,10 @@ def goals_gumbel(results, s):
             speedups.append((ref[0]["median_us"] / mine[0]["median_us"], dname))
     worst = min(speedups, default=None)
     multinomial = goal("vs_multinomial", worst and worst[0], s, worst and f"worst in {worst[1]}" or "")
-    peers = _peer_goals(ours, s)
-    if not any(g["id"] == "back_to_back" for g in peers):
-        peers.append(not_beside_peer("back_to_back", s, "gumbel", "gumbel_sample"))
-    return peers + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
+    b2b = vllm.goals_beside(
+        "back_to_back", results, s, "gumbel", JUDGED, "gumbel_sample", shape_label, field="back_to_back_us"
+    )
+    return _peer_goals(ours, s) + b2b + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
 
 
 # ---- inside a CUDA graph
@@ -344,62 +325,18 @@ def plan_gumbel_host(s, timer) -> list[Job]:
     ]
 
 
-def host_goals(results, s, case: str, impls: dict[str, str], shape) -> list[dict]:
-    """Goal 1 for each of ``impls`` (impl -> the function's name) of ``case``: host cost per call over vLLM
-    0.33's; ``shape`` labels a result's params."""
-    key = f"host_ratio_vs_{vllm.peer_impl(vllm.GOAL_PEER)}"
-    goals = []
-    for impl, fn in impls.items():
-        for r in find(results, case, impl):
-            if key not in r["metrics"]:
-                continue
-            beside = {
-                k.removeprefix("host_ratio_vs_vllm_"): r["median_us"] / x
-                for k, x in r["metrics"].items()
-                if k.startswith("host_ratio_vs_vllm_")
-            }
-            goals.append(
-                goal(
-                    "host_cost",
-                    r["metrics"][key],
-                    s,
-                    f"{r['median_us']:,.1f} us",
-                    case=case,
-                    vllm=beside,
-                    fn=fn,
-                    peer=vllm.GOAL_PEER,
-                    shape=shape(r["params"]),
-                )
-            )
-        if not any(g["goal"].startswith(f"host cost per call of {fn} ") for g in goals):
-            goals.append(not_beside_peer("host_cost", s, case, fn))
-    return goals
-
-
-def not_beside_peer(goal_id: str, s, case: str, fn: str) -> dict:
-    """A goal judged against vLLM, in a run without it (no ``--peer``, or a CPU): not measured."""
-    return goal(
-        goal_id,
-        None,
-        s,
-        "no vLLM timed beside it (bench --peer, on a GPU)",
-        case=case,
-        fn=fn,
-        peer=vllm.GOAL_PEER,
-        shape="every shape",
-    )
-
-
 def goals_gumbel_host(results, s):
-    return host_goals(results, s, "gumbel_host", {JUDGED: "gumbel_sample"}, shape_label)
+    return vllm.goals_beside(
+        "host_cost", results, s, "gumbel_host", JUDGED, "gumbel_sample", shape_label, ours_over_theirs=True
+    )
 
 
 # ---- the mask's cost (goal 5)
 
 
 def plan_gumbel_mask(s, timer) -> list[Job]:
-    rows, vocab = s.pick(cpu=(4, 4096), ci=(256, 151_936), full=(256, 151_936))
-    repeats = s.pick(cpu=3, ci=10, full=20)
+    rows, vocab = s.pick(cpu=(2, 1024), ci=(256, 151_936), full=(256, 151_936))
+    repeats = s.pick(cpu=2, ci=10, full=20)
 
     def run(store: bool):
         inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)

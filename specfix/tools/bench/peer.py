@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specfix.lab.masked_gumbel import load_vllm_sampler
+from specfix.tools.bench.report import find, goal
 
 #: The vLLM release every per-shape goal is judged against.
 GOAL_PEER = "0.33.0"
@@ -120,3 +121,51 @@ def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str)
         bonus_ids.view(-1, 1).int(),
         sampling,
     )
+
+
+def goals_beside(
+    goal_id: str,
+    results,
+    s,
+    case: str,
+    impl: str,
+    fn: str,
+    shape,
+    field: str = "median_us",
+    ours_over_theirs: bool = False,
+) -> list[dict]:
+    """Goal ``goal_id`` for each ``case``/``impl`` result: its metric ``<prefix>vllm_<v>`` (the prefix is the
+    goal's: ``host_ratio_vs_`` or ``back_to_back_speedup_vs_``) judged at :data:`GOAL_PEER`, each vLLM
+    version's time shown beside ours (``field``); not measured when no vLLM was timed."""
+    prefix = "host_ratio_vs_vllm_" if ours_over_theirs else "back_to_back_speedup_vs_vllm_"
+    goals = []
+    for r in find(results, case, impl):
+        mine = r.get(field, r["metrics"].get(field))
+        ratios = {k.removeprefix(prefix): x for k, x in r["metrics"].items() if k.startswith(prefix)}
+        if GOAL_PEER in ratios:
+            beside = {v: mine / x if ours_over_theirs else mine * x for v, x in ratios.items()}
+            goals.append(
+                goal(
+                    goal_id,
+                    ratios[GOAL_PEER],
+                    s,
+                    f"{mine:,.1f} us",
+                    case=case,
+                    vllm=beside,
+                    fn=fn,
+                    peer=GOAL_PEER,
+                    shape=shape(r["params"]),
+                )
+            )
+    return goals or [
+        goal(
+            goal_id,
+            None,
+            s,
+            "no vLLM timed beside it (bench --peer, on a GPU)",
+            case=case,
+            fn=fn,
+            peer=GOAL_PEER,
+            shape="every shape",
+        )
+    ]

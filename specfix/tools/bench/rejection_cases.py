@@ -10,7 +10,6 @@ import statistics
 import torch
 
 from specfix.tools.bench import peer as vllm
-from specfix.tools.bench.gumbel_cases import host_goals, not_beside_peer
 from specfix.tools.bench.report import Job, find, goal, result
 from specfix.tools.bench.timing import capture_graph
 from specfix.tools.syncs import count_host_syncs
@@ -195,7 +194,7 @@ def _sync_goals(results, s) -> list[dict]:
 
 
 def _peer_goals(results, s) -> list[dict]:
-    key, b2b = vllm.speedup_key(vllm.GOAL_PEER), f"back_to_back_{vllm.speedup_key(vllm.GOAL_PEER)}"
+    key = vllm.speedup_key(vllm.GOAL_PEER)
     goals = []
     for r in find(results, "rejection", CORE):
         if key in r["metrics"]:
@@ -212,30 +211,16 @@ def _peer_goals(results, s) -> list[dict]:
             )
             same = r["metrics"].get(f"tables_identical_{vllm.peer_impl(vllm.GOAL_PEER)}")
             goals.append(goal("rejection_tables", same, s, peer=vllm.GOAL_PEER, shape=label))
-    for r in find(results, "rejection", PUBLIC):
-        m = r["metrics"]
-        if b2b in m:
-            beside = {
-                k.removeprefix("back_to_back_speedup_vs_vllm_"): m["back_to_back_us"] * x
-                for k, x in m.items()
-                if k.startswith("back_to_back_speedup_vs_vllm_")
-            }
-            goals.append(
-                goal(
-                    "back_to_back",
-                    m[b2b],
-                    s,
-                    f"{m['back_to_back_us']:,.1f} us",
-                    case="rejection",
-                    vllm=beside,
-                    fn="rejection_sample",
-                    peer=vllm.GOAL_PEER,
-                    shape=shape_label(r["params"]),
-                )
-            )
-    if not any(g["id"] == "back_to_back" for g in goals):
-        goals.append(not_beside_peer("back_to_back", s, "rejection", "rejection_sample"))
-    return goals
+    return goals + vllm.goals_beside(
+        "back_to_back",
+        results,
+        s,
+        "rejection",
+        PUBLIC,
+        "rejection_sample",
+        shape_label,
+        field="back_to_back_us",
+    )
 
 
 def goals_rejection(results, s):
@@ -291,4 +276,10 @@ def plan_rejection_host(s, timer) -> list[Job]:
 
 
 def goals_rejection_host(results, s):
-    return host_goals(results, s, "rejection_host", NAMES, shape_label)
+    return [
+        g
+        for impl, fn in NAMES.items()
+        for g in vllm.goals_beside(
+            "host_cost", results, s, "rejection_host", impl, fn, shape_label, ours_over_theirs=True
+        )
+    ]
