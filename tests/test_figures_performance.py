@@ -323,3 +323,12 @@ def test_rejection_table_fits_the_page_one_row_per_mode_and_batch():
     cells = table.to_numpy().ravel()
     assert all(cell == "-" or cell.replace(",", "").replace(".", "").isdigit() for cell in cells)
     assert perf.rejection_table({"results": [], "goals": []}).empty
+
+
+def test_profile_summary_shows_the_columns_the_text_reads_formatted():
+    profile = recorded.load("gumbel_ncu_h200")
+    full, shown = perf.profile_table(profile), perf.profile_summary(profile)
+    assert len(shown) == len(full) and len(shown.columns) < len(full.columns)
+    assert {"time (us)", "registers per thread", "occupancy %"} <= set(shown.columns)
+    registers = shown["registers per thread"].tolist()
+    assert registers == [f"{n:,.0f}" for n in full["registers_per_thread"]]  # counts: 95, not 95.0
