@@ -176,8 +176,6 @@ class LLMEngine:
     ) -> str:
         """Queue a prompt (text, or token ids). ``remote_prefill``: the prompt was prefilled elsewhere
         (P/D disaggregation), so only its last token is left: the first step pads it with placeholders."""
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str or None, got {request_id!r}")
         if not isinstance(remote_prefill, bool):
@@ -193,7 +191,7 @@ class LLMEngine:
             req_id, next_id = str(next_id), next_id + 1
         request = Request(req_id, token_ids, sampling_params,
                           num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0)
-        self.scheduler.add_request(request)  # validates; raises before anything changes
+        self.scheduler.add_request(request)  # checks the rest (sampling_params too) before anything changes
         self._next_id = next_id
         self._prompts[req_id] = prompt if isinstance(prompt, str) else self.tokenizer.decode(token_ids)
         return req_id
