@@ -546,3 +546,20 @@ def test_the_graph_goal_judges_every_captured_greedy_shape():
     rows[2]["metrics"]["graph_replays_eager_table"] = 1.0
     (goal,) = [g for g in rejection_cases.goals_rejection(rows, GPU) if "CUDA graph" in g["goal"]]
     assert goal["status"] == "pass"
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_run_measures_the_step_and_mask_goals():
+    """On a GPU the small-batch goals 4 and 5 get figures (whatever they are: no wall-clock assertion)."""
+    report = bench.run("cuda", "ci", only=["drafter_graph", "gumbel_mask"], progress=False)
+    assert report["errors"] == []
+    measured = {g["goal"]: g for g in report["goals"] if g["issue_goal"] in (4, 5)}
+    assert len(measured) == 5 and all(g["measured"] is not None for g in measured.values()), measured
+    assert all(g["status"] in ("pass", "miss") for g in measured.values())
+    masked = [r for r in report["results"] if r["impl"] == "masked"]
+    assert all(r["metrics"]["repeats"] >= 10 for r in masked)
+    assert all(
+        r["metrics"]["overhead_p20"] <= r["metrics"]["overhead"] <= r["metrics"]["overhead_p80"]
+        for r in masked
+    )
