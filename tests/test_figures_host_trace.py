@@ -160,11 +160,14 @@ def _script():
 
 
 def test_the_recorder_reduces_a_profiler_trace_to_the_steps_spans():
-    """A Chrome trace as torch.profiler writes it on a GPU: the step's annotation sets time 0; nested torch
-    ops and events outside the step are dropped; launches and kernels kept; the GPU's busy time is a union."""
+    """A Chrome trace as torch.profiler writes it on a GPU: the last step's annotation sets time 0; nested
+    torch ops and events outside that step are dropped; launches and kernels kept; the GPU's busy time is a
+    union."""
     x = lambda cat, name, ts, dur, tid=1: {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
                                            "tid": tid}
     trace = {"traceEvents": [
+        x("user_annotation", "step", 500, 300), x("cpu_op", "aten::lt", 520, 200),   # an earlier step
+        x("kernel", "lt_kernel", 790, 3, tid=7),
         x("user_annotation", "step", 1000, 100),
         x("user_annotation", "gumbel_sample", 1002, 90),
         x("cpu_op", "aten::empty", 990, 5),                       # before the step: dropped
