@@ -189,24 +189,24 @@ def _peer_goals(ours, s) -> list[dict]:
     return goals
 
 
+def _rate(results, impl: str, p: dict):
+    r = find(results, "gumbel", impl, **p)
+    return r[0]["metrics"]["G_logits_per_s"] if r else None
+
+
 def _rate_goals(results, s) -> list[dict]:
+    """Goal 3, with vLLM's rate at the same shape beside the path it has (temperature applied before)."""
+    cases = [
+        ("rate_bf16", {"rows": 1024, "vocab": v, "dtype": "bf16"}, impl, temp)
+        for v in (151_936, 248_320)
+        for impl, temp in ((JUDGED, False), (WITH_TEMPERATURE, True))
+    ]
+    cases.append(("rate_fp32", {"rows": 256, "vocab": 32_000, "dtype": "fp32"}, JUDGED, False))
     goals = []
-    for vocab in (151_936, 248_320):
-        p = {"rows": 1024, "vocab": vocab, "dtype": "bf16"}
-        for impl, flag in ((JUDGED, False), (WITH_TEMPERATURE, True)):
-            r = find(results, "gumbel", impl, **p)
-            goals.append(
-                goal(
-                    "rate_bf16",
-                    r[0]["metrics"]["G_logits_per_s"] if r else None,
-                    s,
-                    shape=shape_label(p),
-                    temp=flag,
-                )
-            )
-    p = {"rows": 256, "vocab": 32_000, "dtype": "fp32"}
-    r = find(results, "gumbel", JUDGED, **p)
-    goals.append(goal("rate_fp32", r[0]["metrics"]["G_logits_per_s"] if r else None, s, shape=shape_label(p)))
+    for gid, p, impl, temp in cases:
+        peers = [r for r in find(results, "gumbel", **p) if r["impl"].startswith("vllm_") and not temp]
+        beside = {r["impl"].removeprefix("vllm_"): r["metrics"]["G_logits_per_s"] for r in peers}
+        goals.append(goal(gid, _rate(results, impl, p), s, vllm=beside, shape=shape_label(p), temp=temp))
     return goals
 
 
