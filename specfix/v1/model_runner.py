@@ -46,6 +46,7 @@ class CpuGpuBuffer:
 @dataclass
 class SpeculativeConfig:
     num_speculative_tokens: int
+    method: str  # "draft_model" or "ngram"
 
 
 @dataclass
@@ -125,7 +126,8 @@ class GPUModelRunner:
         self.speculative_config = None
         if drafter is not None:
             check_num_spec_tokens(drafter.k)
-            self.speculative_config = SpeculativeConfig(drafter.k)
+            method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
+            self.speculative_config = SpeculativeConfig(drafter.k, method)
         if cudagraph_capture_sizes is None:  # token counts a FULL graph is captured for, by vLLM 0.33's rule
             cudagraph_capture_sizes = capture_sizes(max_num_reqs, drafter.k if drafter else 0,
                                                     max_num_batched_tokens, v1_runner=True)
