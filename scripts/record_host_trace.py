@@ -264,7 +264,7 @@ def capture(fn) -> torch.cuda.CUDAGraph:
 # ---- the profiler trace, reduced
 
 #: Steps profiled in one session; only the last is kept. The profiler's own start-up lands in the first ones
-#: (on the H200, the first step's first launch under CUPTI took 2 ms, twelve times the whole step).
+#: (the first launch under CUPTI can take longer than the whole step).
 PROFILED_STEPS = 4
 
 

@@ -91,8 +91,8 @@ def test_text_gives_the_recordings_numbers():
     assert "specfix `gumbel_sample` by rows**: host-bound up to 64 rows; from 256 rows the GPU sets" in text
     assert "vLLM 0.33.0 `gumbel_sample` by rows**: host-bound up to 8 rows; from 64 rows" in text
     assert "1.12x at 1 row (90.0 against 80.0 us); 1.12x at 8 rows" in text
-    assert "160 us eager, 42 us replayed from one CUDA graph" in text
-    assert "falls from 150.0 to 8.0 us, the GPU's stays 40 against 38 us" in text
+    assert "the step at 8 requests**: 160 us back to back eager, 42 us replayed from one CUDA graph" in text
+    assert "the host's work per step 150 us eager, 8 us for a replay; the GPU's 40 and 38 us" in text
     assert text.count("replayed from one CUDA graph") == 1         # vLLM's step was not captured
     assert "ran without a GPU" not in text
 
@@ -138,15 +138,24 @@ def test_regime_figure_draws_host_and_gpu_by_rows_and_the_step_bars(trace):
         plt.close(fig)
 
 
-def test_the_h200_recording_when_shipped_is_labelled_and_names_what_it_ran():
-    path = recorded.RECORDED_DIR / f"{perf.HOST_TRACE}.json"
-    if not path.exists():
-        pytest.skip("no H200 host trace shipped yet (scripts/record_host_trace.py)")
+def test_the_h200_recording_chapter_5_shows_is_labelled_and_names_what_it_ran():
     trace, source = perf.load_host_trace()
     assert source.startswith("RECORDED") and trace["meta"]["device"] in source
     assert trace["meta"]["device"].startswith("NVIDIA") and trace["peer"]["version"] == "0.33.0"
-    assert perf.host_trace_text(trace)
-    json.dumps(trace)
+    assert set(trace["impls"]) == {"specfix", PEER} and not trace["errors"]
+    assert perf.host_trace_text(trace).count("replayed from one CUDA graph") == len(trace["graph"])
+
+
+def test_chapter_5_shows_the_host_trace_with_its_label():
+    cells = json.loads((recorded.ROOT / "notebooks" / "05_performance.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    (loads,) = [c for c in code if "perf.load_host_trace()" in c]
+    assert "print(TRACE_SOURCE)" in loads and "perf.host_timeline_figure(trace, TRACE_SOURCE)" in loads
+    assert any("perf.host_regime_figure(trace, TRACE_SOURCE)" in c and "perf.host_trace_text(trace)" in c
+               for c in code)
+    titles = [c["source"][0] for c in cells if c["cell_type"] == "markdown" and c["source"]]
+    assert titles.index("## 10. The host side: where a small step spends its time\n") < \
+        titles.index("## The goals, judged\n") < titles.index("## Recap\n")
 
 
 def _script():

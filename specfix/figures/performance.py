@@ -1009,7 +1009,7 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
                 spans = [(s["start_us"], max(s["end_us"] - s["start_us"], end / 1500))
                          for s in t["spans"] if s["lane"] == lane]
                 ax.broken_barh(spans, (len(_LANES) - y - 1.4, 0.8), color=colour, label=label)
-            for s in (s for s in t["spans"] if s["lane"] == "call"):
+            for s in (s for s in t["spans"] if s["lane"] == "call" and s["end_us"] - s["start_us"] > end / 8):
                 ax.text((s["start_us"] + s["end_us"]) / 2, len(_LANES) - 1, s["name"], ha="center",
                         va="center", fontsize=style.SMALLEST_PT, clip_on=True)
             ax.set_yticks(range(len(_LANES)), [label for label, _ in reversed(_LANES.values())])
@@ -1094,12 +1094,11 @@ def host_trace_text(trace: dict) -> str:
         lines.append(f"- **Host cost per call**, specfix over {names[peer]}: " + "; ".join(at) + ".")
     for r in step_table(trace).itertuples():
         if not math.isnan(r.graph_back_to_back_us):
-            lines.append(f"- **{names[r.impl]}, step at {r.batch} requests**: "
-                         f"{r.eager_back_to_back_us:,.0f} us eager, {r.graph_back_to_back_us:,.0f} us "
-                         f"replayed from one CUDA graph; the host's work per step falls from "
-                         f"{r.eager_host_us:,.1f} to {r.graph_host_us:,.1f} us, the GPU's stays "
-                         f"{r.eager_gpu_us:,.0f} against "
-                         f"{r.graph_gpu_us:,.0f} us.")
+            lines.append(f"- **{names[r.impl]}, the step at {r.batch} request{'s' * (r.batch > 1)}**: "
+                         f"{r.eager_back_to_back_us:,.0f} us back to back eager, "
+                         f"{r.graph_back_to_back_us:,.0f} us replayed from one CUDA graph; the host's work "
+                         f"per step {r.eager_host_us:,.0f} us eager, {r.graph_host_us:,.0f} us for a replay; "
+                         f"the GPU's {r.eager_gpu_us:,.0f} and {r.graph_gpu_us:,.0f} us.")
     if not df["gpu_us"].notna().any():
         lines.append("- This recording ran without a GPU: every time in it is the host's.")
     return "\n".join(lines)
