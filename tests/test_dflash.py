@@ -176,3 +176,58 @@ def test_sample_idx_mapping_is_int64_and_names_no_request_at_allocation_and_capt
     drafter._sample(m * k)                                                       # the captured step
     assert idx.tolist() == [-1] * (m * k) and torch.equal(drafter.draft_logits, before)
 
+
+
+def test_the_drafting_step_reads_nothing_back_unless_device_checks_is_on(monkeypatch):
+    """The whole step (prepare, draft, sample) hands no value to the host when the tensors are declared GPU
+    tensors and the debug switch is off; with it on, the same bad position is refused by name."""
+    from specfix.mrv2.speculator import reference_sampler
+    from specfix.tools.syncs import host_reads
+
+    monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
+    drafter = DFlashDrafter(ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=2,
+                            sampler=reference_sampler)
+    idx, last, bad = torch.tensor([2, 0], dtype=torch.int32), torch.arange(4), torch.tensor([3, 1, -4, 2])
+    with device_checks.enabled(False):
+        _, reads = host_reads(lambda: drafter.propose(2, idx, last, torch.arange(4), padded=True))
+    assert reads == []
+    with device_checks.enabled(), pytest.raises(ValueError, match="num_computed of the live slots"):
+        drafter.propose(2, idx, last, bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_the_whole_dflash_step_is_one_graph_without_host_syncs_and_replays_as_eager():
+    """Prepare and sample captured together in one CUDA graph over fixed input tables: a replay after the
+    tables change gives the tokens and draft logits an eager step gives from the same tables; an eager
+    step makes no host sync."""
+    from specfix.mrv2.cudagraph import CapturedStep
+    from specfix.tools.syncs import count_host_syncs
+
+    m, k, v, n = 4, 3, 32, 3
+    idx = torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")
+    last, computed = torch.arange(m, device="cuda"), torch.arange(m, device="cuda") * 5 + 2
+
+    def drafter():
+        d = DFlashDrafter(ToyDFlashModel(v).cuda(), max_num_reqs=m, num_speculative_steps=k, device="cuda")
+        d.temperature.fill_(0.8)
+        d.seeds.copy_(torch.arange(m, device="cuda") * 11)
+        return d
+
+    graphed = drafter()
+
+    def whole_step(_size):
+        prepare_dflash_inputs(n, idx, last, computed, graphed.model.mask_token_id, graphed.inputs,
+                              graphed.fixes, vocab_size=v)
+        graphed._sample(m * k)
+
+    graph = CapturedStep(whole_step, [m * k], "cuda")
+    last.copy_(torch.tensor([7, 1, 30, 12], device="cuda"))
+    computed.copy_(torch.tensor([40, 9, 3, 17], device="cuda"))
+    graph.replay(m * k)
+    eager = drafter()
+    want = eager.propose(n, idx, last, computed, padded=True)
+    assert torch.equal(graphed.draft_tokens[: n * k].view(n, k), want)
+    assert torch.equal(graphed.draft_logits, eager.draft_logits)
+    step = lambda: eager.propose(n, idx, last, computed, padded=True)
+    assert count_host_syncs(step, torch.device("cuda")) == 0

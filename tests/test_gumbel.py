@@ -795,3 +795,44 @@ def test_the_tile_helper_returns_the_first_max_along_the_first_axis(one_d):
     keep = ~(flat.isnan().all(dim=1))                                         # an all-NaN column: no number
     assert torch.equal(index[keep], first[keep].int())
     assert torch.equal(value[keep], want_value[keep])
+
+
+@pytest.mark.skipif(not gumbel.HAS_TRITON, reason="needs triton")
+def test_the_launch_path_reads_nothing_back_unless_device_checks_is_on(monkeypatch):
+    """Declared GPU tensors (the test runs anywhere), the launch path with the debug switch off hands no value
+    to the host and launches once; with it on, a negative temperature and a request row past the table are
+    refused by name before any launch."""
+    from specfix.tools.syncs import host_reads
+    from specfix.v1 import device_checks
+
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(grid)
+
+    monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
+    monkeypatch.setattr(gumbel, "_gumbel_sample_kernel", Kernel())
+    b = batch(3, 64, temps=[0.7, -1.0, 0.9])
+    b["expanded_idx_mapping"][2] = 5
+    with device_checks.enabled(False):
+        _, reads = host_reads(lambda: sample(b))
+    assert reads == [] and len(launches) == 1
+    with device_checks.enabled(), pytest.raises(ValueError, match="temperature must be >= 0"):
+        sample(b)
+    b["temperature"][1] = 0.5
+    with device_checks.enabled(), pytest.raises(ValueError, match="expanded_idx_mapping holds 5"):
+        sample(b)
+    assert len(launches) == 1
+
+
+def test_the_launch_plan_is_chosen_once_per_shape():
+    """Two calls of one shape share one plan (and one dict of kernel switches): no launch configuration is
+    recomputed per call; another shape gets its own."""
+    gumbel._plan.cache_clear()
+    for _ in range(3):
+        gumbel._plan(8, 32_000, 4, None, None, None)
+    assert gumbel._plan.cache_info().misses == 1 and gumbel._plan.cache_info().hits == 2
+    assert gumbel._plan(9, 32_000, 4, None, None, None) is not gumbel._plan(8, 32_000, 4, None, None, None)
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        gumbel._check_overrides(16.0, None)

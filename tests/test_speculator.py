@@ -290,3 +290,57 @@ def test_temperatures_under_sampling_eps_are_refused_for_probabilistic_drafting(
     temps[1] = 1e-40
     with pytest.raises(ValueError, match="probabilistic verification needs temperature >= SAMPLING_EPS"):
         rejection_sample_mrv2(target, drafts, draft_logits, idx, temps, SEEDS, torch.arange(2))
+
+
+def test_the_drafting_step_reads_nothing_back_unless_device_checks_is_on(monkeypatch):
+    """Declared GPU tensors (the test runs anywhere), with the debug switch off, the whole step hands no value
+    to the host; with it on, a context id outside the vocabulary is refused by name."""
+    from specfix.tools.syncs import host_reads
+    from specfix.v1 import device_checks
+
+    monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
+    spec = _spec(sampler=reference_sampler)
+    with device_checks.enabled(False):
+        _, reads = host_reads(lambda: _propose(spec, [5, 3, 0]))
+    assert reads == []
+    with device_checks.enabled(), pytest.raises(ValueError, match=r"context_ids must lie in \[0, 16\)"):
+        _propose(spec, [5, 3, 0], ctx=torch.tensor([[1], [16], [2]]))
+
+
+@pytest.mark.cuda
+def test_the_whole_drafting_step_is_one_graph_without_host_syncs_and_replays_as_eager():
+    """Copying the request inputs and the k draft steps captured together in one CUDA graph: a replay after
+    the request tables change gives the tokens and draft logits of an eager step from the same tables, and
+    a step that replays the speculator's own graphs makes no host sync."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from specfix.mrv2.cudagraph import CapturedStep
+    from specfix.tools.syncs import count_host_syncs
+
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+    make = lambda: DraftModelSpeculator(TableDraft(table).cuda(), max_num_reqs=M, num_speculative_steps=K,
+                                        vocab_size=V, context_len=1, device="cuda")
+    n, idx = 3, torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda")
+    temp, seeds = TEMP.cuda(), SEEDS.cuda()
+    ctx, pos = torch.tensor([[1], [4], [9]], device="cuda"), torch.tensor([3, 8, 2], device="cuda")
+    graphed = make()
+
+    def whole_step(size):
+        graphed._copy_request_inputs(n, idx, temp, seeds)
+        graphed.context_ids[:n].copy_(ctx)
+        graphed.positions[:n].copy_(pos)
+        graphed._draft_step(size)
+
+    graph = CapturedStep(whole_step, [M], "cuda")
+    temp.copy_(temp.flip(0))
+    seeds.add_(1000)
+    ctx.copy_(torch.tensor([[7], [2], [11]], device="cuda"))
+    graph.replay(M)
+    eager = make()
+    want = eager.propose(n, idx, temp, seeds, ctx, pos, padded=False)
+    assert torch.equal(graphed.draft_tokens[:n], want.draft_tokens)
+    assert torch.equal(graphed.draft_logits[[5, 3, 0]], eager.draft_logits[[5, 3, 0]])
+    eager.capture_cuda_graphs()
+    step = lambda: eager.propose(n, idx, temp, seeds, ctx, pos)
+    assert step().ran == "cuda graph replay"
+    assert count_host_syncs(step, torch.device("cuda")) == 0

@@ -1,47 +1,18 @@
 """DFlash-style draft input preparation: a Triton kernel that pads its sample arrays for a full graph.
 
-A simplified stand-in for ``_prepare_dflash_inputs_kernel`` in
-``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``. A DFlash drafter proposes a whole block at
-once: for each request it feeds ``[anchor, MASK x k]`` (the anchor is the request's last sampled token)
-through one non-causal forward and samples the k MASK positions. The kernel writes the query tokens and
-positions, ``query_start_loc`` and ``seq_lens``, and three *sample arrays* (one entry per drafted
-token): ``sample_indices`` (which query row holds its logits), ``sample_pos`` (its position P; its Gumbel
-draw is keyed by P - 1, the position before it, with the drafting salt, as in vLLM 0.33) and
-``sample_idx_mapping`` (int64, the ``req_state_idx`` whose ``draft_logits`` it fills).
+A simplified stand-in for ``_prepare_dflash_inputs_kernel`` in vLLM 0.33's
+``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``. A DFlash drafter feeds ``[anchor, MASK x k]`` per
+request through one non-causal forward and samples the k MASK positions. The kernel writes the query tokens
+and positions, ``query_start_loc``, ``seq_lens`` and three sample arrays (one entry per drafted token), and
+pads them up to ``max_num_reqs * k`` for a FULL CUDA graph. Before vLLM PR #47066 a padded
+``sample_idx_mapping`` entry was 0, a real request-state slot, so every padded entry overwrote
+``draft_logits[0]``; with ``Fixes.dflash_pad_idx`` it is -1, which the sampler skips.
 
-Under a FULL CUDA graph the sampling that follows always processes ``max_num_reqs * k`` entries, so the
-last request's program pads the arrays up to that size. Padded ``sample_indices`` and ``sample_pos`` are
-0 (a valid row: the replay never reads out of bounds). Before vLLM PR #47066 padded
-``sample_idx_mapping`` was 0 too, which is a real request-state slot: every padded entry wrote the logits
-of query row 0 into ``draft_logits[0]``, overwriting whatever request owns slot 0. With
-``Fixes.dflash_pad_idx`` it is -1, which the sampler skips. vLLM 0.33 also allocates
-``sample_idx_mapping`` full of -1 and refills it with -1 before graph capture (0.25 zeroed it there), so the
-capture runs write no request's ``draft_logits`` either (:meth:`DFlashDrafter.reset_for_capture`).
-
-What this stand-in leaves out of vLLM's kernel (the padding of the sample arrays, the bug's site, is
-as there):
-
-* no context slots: vLLM also writes the positions and KV-cache slots of the target's tokens of this
-  step (the context whose hidden states the drafter's K/V precompute stores); the toy drafter here has
-  no KV cache and attends only to its own query block;
-* no block table: vLLM maps every query and context position to a KV-cache slot through the request's
-  block table (the query slot mapping); here no slot mapping is built at all;
-* no rejected-token handling: vLLM takes the anchor's position from the last *accepted* target token
-  (the context end minus ``num_rejected``, so rejected drafts are not context) and, for a chunked
-  prefill, the next prompt token as the anchor; here ``last_sampled`` and ``num_computed`` are taken as
-  already final;
-* no ``PAD_SLOT_ID`` padding of the query slot mapping: vLLM pads it past the live query rows so that a
-  graph replay writes no KV for padded rows; with no slot mapping there is nothing to pad here (padded
-  query rows get token ``PAD_TOKEN_ID`` and position 0).
-
-vLLM also clamps query positions to ``max_model_len - 1`` and has a DSpark layout that samples from the
-anchor too; neither is modelled.
-
-Every input is checked before anything is written (as the drafter does): ``idx_mapping[:num_reqs]``
-distinct slots in range, live anchors real tokens (never a ``-1``; below ``vocab_size`` when given),
-live positions non-negative, all tensors on ``out``'s device. The checks that read values (slots,
-anchors, positions) run on GPU tensors only under ``specfix.v1.device_checks``: a drafting step makes no
-host sync.
+Left out of vLLM's kernel (the padding, the bug's site, is as there): context slots and the block table
+(the toy drafter has no KV cache), rejected-token handling (``last_sampled`` and ``num_computed`` are
+final), ``PAD_SLOT_ID`` padding, the clamp to ``max_model_len`` and the DSpark layout. Every input is
+checked before anything is written; the checks that read values run on GPU tensors only under
+``specfix.v1.device_checks``, so a drafting step makes no host sync.
 """
 
 from __future__ import annotations
@@ -97,66 +68,6 @@ class DFlashInputs:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-if HAS_TRITON:
-
-    @triton.jit
-    def _prepare_dflash_inputs_kernel(
-        idx_mapping_ptr, last_sampled_ptr, num_computed_ptr,
-        input_ids_ptr, positions_ptr, query_start_loc_ptr, seq_lens_ptr,
-        sample_indices_ptr, sample_pos_ptr, sample_idx_mapping_ptr,
-        num_reqs, mask_token_id, pad_sample_idx,
-        MAX_NUM_REQS: tl.constexpr, NUM_SPEC: tl.constexpr, Q_LEN: tl.constexpr,
-        BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
-    ):
-        batch_idx = tl.program_id(0)
-        req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
-        anchor = tl.load(last_sampled_ptr + req_state_idx)
-        anchor_pos = tl.load(num_computed_ptr + req_state_idx)
-        # Q_LEN = 1 + NUM_SPEC comes from the host: in triton 3.6's interpreter `1 + NUM_SPEC`, or even a
-        # local copy of a constexpr, becomes a tensor that range() cannot take.
-        q_len = Q_LEN
-        q_start = batch_idx * q_len
-        offs = tl.arange(0, BLOCK)
-        in_query = offs < q_len
-        ids = tl.where(offs == 0, anchor, mask_token_id)
-        tl.store(input_ids_ptr + q_start + offs, ids, mask=in_query)
-        tl.store(positions_ptr + q_start + offs, anchor_pos + offs, mask=in_query)
-        tl.store(query_start_loc_ptr + batch_idx + 1, (q_start + q_len).to(tl.int32))
-        if batch_idx == 0:
-            tl.store(query_start_loc_ptr, 0)
-        tl.store(seq_lens_ptr + batch_idx, (anchor_pos + q_len).to(tl.int32))
-        # The k MASK positions are the drafted tokens: row q_start + 1 + j holds the logits of draft j.
-        is_sample = offs < NUM_SPEC
-        s_start = batch_idx * NUM_SPEC
-        tl.store(sample_indices_ptr + s_start + offs, (q_start + 1 + offs).to(tl.int64), mask=is_sample)
-        tl.store(sample_pos_ptr + s_start + offs, anchor_pos + 1 + offs, mask=is_sample)
-        tl.store(sample_idx_mapping_ptr + s_start + offs,
-                 tl.zeros([BLOCK], tl.int64) + req_state_idx, mask=is_sample)
-
-        if batch_idx == num_reqs - 1:
-            # The last request's program pads every array up to max_num_reqs for the graph replay.
-            # Loops run over the whole static extent and mask off the live part: triton 3.6's
-            # interpreter cannot take a runtime value as a range() bound.
-            pad = tl.arange(0, PAD_BLOCK)
-            live_tokens = num_reqs * q_len
-            for start in range(0, MAX_NUM_REQS * Q_LEN, PAD_BLOCK):
-                o = start + pad
-                m = (o >= live_tokens) & (o < MAX_NUM_REQS * q_len)
-                tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + 0, mask=m)
-                tl.store(positions_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
-            for start in range(0, MAX_NUM_REQS, PAD_BLOCK):
-                o = start + pad
-                m = (o >= num_reqs) & (o < MAX_NUM_REQS)
-                tl.store(query_start_loc_ptr + o + 1, tl.zeros([PAD_BLOCK], tl.int32) + live_tokens, mask=m)
-                tl.store(seq_lens_ptr + o, tl.zeros([PAD_BLOCK], tl.int32), mask=m)
-            for start in range(0, MAX_NUM_REQS * NUM_SPEC, PAD_BLOCK):
-                o = start + pad
-                m = (o >= num_reqs * NUM_SPEC) & (o < MAX_NUM_REQS * NUM_SPEC)
-                tl.store(sample_indices_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
-                tl.store(sample_pos_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
-                tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + pad_sample_idx, mask=m)
-
-
 def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id,
               vocab_size):
     """Every check ``prepare_dflash_inputs`` makes, all before its first write."""
@@ -190,6 +101,62 @@ def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInpu
     if bool((positions < 0).any()):
         raise ValueError(f"num_computed of the live slots {live.tolist()} must be >= 0, "
                          f"got {positions.tolist()}")
+
+
+@triton.jit
+def _prepare_dflash_inputs_kernel(
+    idx_mapping_ptr, last_sampled_ptr, num_computed_ptr,
+    input_ids_ptr, positions_ptr, query_start_loc_ptr, seq_lens_ptr,
+    sample_indices_ptr, sample_pos_ptr, sample_idx_mapping_ptr,
+    num_reqs, mask_token_id, pad_sample_idx,
+    MAX_NUM_REQS: tl.constexpr, NUM_SPEC: tl.constexpr, Q_LEN: tl.constexpr,
+    BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
+):
+    batch_idx = tl.program_id(0)
+    req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
+    anchor = tl.load(last_sampled_ptr + req_state_idx)
+    anchor_pos = tl.load(num_computed_ptr + req_state_idx)
+    # Q_LEN = 1 + NUM_SPEC comes from the host (interpreter: see specfix.runtime).
+    q_len = Q_LEN
+    q_start = batch_idx * q_len
+    offs = tl.arange(0, BLOCK)
+    in_query = offs < q_len
+    ids = tl.where(offs == 0, anchor, mask_token_id)
+    tl.store(input_ids_ptr + q_start + offs, ids, mask=in_query)
+    tl.store(positions_ptr + q_start + offs, anchor_pos + offs, mask=in_query)
+    tl.store(query_start_loc_ptr + batch_idx + 1, (q_start + q_len).to(tl.int32))
+    if batch_idx == 0:
+        tl.store(query_start_loc_ptr, 0)
+    tl.store(seq_lens_ptr + batch_idx, (anchor_pos + q_len).to(tl.int32))
+    # The k MASK positions are the drafted tokens: row q_start + 1 + j holds the logits of draft j.
+    is_sample = offs < NUM_SPEC
+    s_start = batch_idx * NUM_SPEC
+    tl.store(sample_indices_ptr + s_start + offs, (q_start + 1 + offs).to(tl.int64), mask=is_sample)
+    tl.store(sample_pos_ptr + s_start + offs, anchor_pos + 1 + offs, mask=is_sample)
+    tl.store(sample_idx_mapping_ptr + s_start + offs,
+             tl.zeros([BLOCK], tl.int64) + req_state_idx, mask=is_sample)
+
+    if batch_idx == num_reqs - 1:
+        # The last request's program pads every array up to max_num_reqs for the graph replay, looping
+        # over the static extent and masking off the live part (interpreter: see specfix.runtime).
+        pad = tl.arange(0, PAD_BLOCK)
+        live_tokens = num_reqs * q_len
+        for start in range(0, MAX_NUM_REQS * Q_LEN, PAD_BLOCK):
+            o = start + pad
+            m = (o >= live_tokens) & (o < MAX_NUM_REQS * q_len)
+            tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + 0, mask=m)
+            tl.store(positions_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+        for start in range(0, MAX_NUM_REQS, PAD_BLOCK):
+            o = start + pad
+            m = (o >= num_reqs) & (o < MAX_NUM_REQS)
+            tl.store(query_start_loc_ptr + o + 1, tl.zeros([PAD_BLOCK], tl.int32) + live_tokens, mask=m)
+            tl.store(seq_lens_ptr + o, tl.zeros([PAD_BLOCK], tl.int32), mask=m)
+        for start in range(0, MAX_NUM_REQS * NUM_SPEC, PAD_BLOCK):
+            o = start + pad
+            m = (o >= num_reqs * NUM_SPEC) & (o < MAX_NUM_REQS * NUM_SPEC)
+            tl.store(sample_indices_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+            tl.store(sample_pos_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
+            tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + pad_sample_idx, mask=m)
 
 
 def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,

@@ -71,8 +71,7 @@ def rejection_greedy_sample_kernel(
         row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
         rejected = False
         last = num_draft  # the row's last token: the bonus, or the first rejection's
-        # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-        # loaded scalar as a range() bound (it is a 1-element array there).
+        # Loop to the static bound, not to the loaded count (interpreter: see specfix.runtime).
         for pos in range(max_spec_len):
             if not rejected and pos < num_draft:
                 draft = tl.load(draft_token_ids_ptr + start + pos)
@@ -170,8 +169,7 @@ def rejection_random_sample_kernel(
         row_ptr = output_token_ids_ptr + req_idx * (max_spec_len + 1)
         rejected = False
         last = num_draft  # the row's last token: the bonus, or the first rejection's
-        # Loop to the static bound, not to the loaded count: triton 3.6's interpreter cannot take a
-        # loaded scalar as a range() bound (it is a 1-element array there).
+        # Loop to the static bound, not to the loaded count (interpreter: see specfix.runtime).
         for pos in range(max_spec_len):
             if not rejected and pos < num_draft:
                 token_idx = (start + pos).to(tl.int64)
