@@ -149,15 +149,13 @@ def check_padding_invariance(
 ) -> InvarianceReport:
     """Run ``step`` once per garbage pattern and report live rows that change (see the comment above).
 
-    ``buffers``: name -> persistent tensor, every buffer the step reads or writes (``step``'s return value
-    is ignored). ``padded``: name -> rows (along dim 0) that are padding and get garbage before each run.
-    ``live``: name -> rows that must come out identical in every run. ``patterns``: two or more of
-    ``GARBAGE_PATTERNS``. ``bounds``: name -> (low, high), so that an index buffer's integer garbage stays in
-    [low, high) and the step can use it without faulting (``huge`` = high - 1). ``reference``: the step at
-    the exact size, without padding; live rows must match it too. ``seed`` seeds the ``random`` pattern.
-    ``stale``: first run the step on the buffers as found (run ``"stale"``), the baseline of every
-    comparison; with ``False`` the first pattern is the baseline.
-    """
+    ``buffers``: name -> persistent tensor, every buffer the step reads or writes. ``padded``: name -> rows
+    (along dim 0) that are padding and get garbage before each run. ``live``: name -> rows that must come
+    out identical in every run. ``patterns``: two or more of ``GARBAGE_PATTERNS``. ``bounds``: name ->
+    (low, high), so that an index buffer's garbage stays in [low, high) and the step can use it without
+    faulting (``huge`` = high - 1). ``reference``: the step at the exact size, without padding; live rows
+    must match it too. ``seed`` seeds ``random``. ``stale``: first run the step on the buffers as found
+    (run ``"stale"``), the baseline; with ``False`` the first pattern is the baseline."""
     bounds = dict(bounds or {})
     _check_arguments(buffers, padded, live, bounds, patterns)
     pad_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in padded.items()}
