@@ -145,3 +145,14 @@ def test_short_traceback_names_files_by_package_never_by_this_machines_path():
     assert lines[0] == "Traceback (most recent call last):" and lines[-1].startswith("IndexError: index out")
     assert '  File "torch/nn/functional.py", line ' in text and "in embedding" in text
     assert "/" not in text.replace("torch/nn/functional.py", ""), text  # no absolute path left
+
+
+def test_acceptance_view_puts_the_runs_in_columns_and_the_crashes_in_lines():
+    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42,
+             "accepted drafts": 18, "acceptance rate, real drafts": 18 / 42},
+            {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"}]
+    view, crashed = fig2.acceptance_view(rows)
+    assert list(view.columns) == [(0.0, "clamp (a)")] and "crashes" not in view.index
+    assert view.loc["real drafts", (0.0, "clamp (a)")] == "42"  # a count, not 42.0
+    assert view.loc["acceptance rate, real drafts", (0.0, "clamp (a)")] == "0.429"
+    assert crashed == ["no fix at temperature 0.0: IndexError: index out of range in self"]

@@ -66,3 +66,5 @@ def test_tidy_writes_counts_without_decimals_and_missing_values_as_a_dash():
     assert shown["name"].tolist() == ["a", "-", "c"] and shown["ok"].tolist() == [True, False, True]
     assert frame["count"].iloc[0] == 95.0, "the numbers stay in the frame given"
     assert "NaN" not in shown.to_html() and "&lt;NA&gt;" not in shown.to_html()
+    spaced = style.tidy(frame.rename(columns={"count": "host_syncs"}).rename_axis("num_tokens"))
+    assert "host syncs" in spaced.columns and spaced.index.name == "num tokens"  # headers can wrap

@@ -269,6 +269,16 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
     return frame.round({"acceptance rate, real drafts": 3, "acceptance rate, all slots": 3})
 
 
+def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`acceptance_table` as the page shows it: the runs that finished as columns (temperature, fix),
+    one row per count or rate, formatted (:func:`specfix.figures.style.tidy`), which fits the column where
+    ten columns would not; and one line per run that crashed instead."""
+    table = acceptance_table(rows)
+    ran = table["crashes"] == "no"
+    crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]
+    return style.tidy(table[ran].drop(columns="crashes"), digits=3).T, crashed
+
+
 # -- the sentences that read the chapter's recordings and tables, built from their values (Markdown) -------
 
 _SET_UP = ("one-time set-up (with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at "

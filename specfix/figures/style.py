@@ -183,7 +183,8 @@ def legibility(fig) -> dict:
 def tidy(frame, digits: int = 1):
     """A table as the chapters show it: a column of whole numbers without decimals (a count reads 95, not
     95.0), other numbers to ``digits`` places, thousands separated, a missing value as "-" (never NaN or
-    <NA>). Returns a copy of ``frame`` holding strings; the numbers stay in ``frame``."""
+    <NA>), and column names with spaces for underscores (a header can then wrap onto a second line).
+    Returns a copy of ``frame`` holding strings; the numbers stay in ``frame``."""
     import pandas as pd
 
     def missing(value) -> bool:
@@ -198,4 +199,7 @@ def tidy(frame, digits: int = 1):
         present = values.dropna().astype(float)
         spec = ",.0f" if len(present) and (present == present.round()).all() else f",.{digits}f"
         out[column] = values.map(lambda v, spec=spec: "-" if missing(v) else format(float(v), spec))
+    spaced = {name: name.replace("_", " ") for name in out.columns if isinstance(name, str)}
+    out = out.rename(columns=spaced)
+    out.index.names = [n.replace("_", " ") if isinstance(n, str) else n for n in out.index.names]
     return out
