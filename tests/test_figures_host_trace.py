@@ -97,6 +97,14 @@ def test_text_gives_the_recordings_numbers():
     assert "ran without a GPU" not in text
 
 
+def test_text_says_where_the_gpu_went_idle_during_a_host_timing():
+    trace = copy.deepcopy(FIXTURE)
+    trace["rows"][2]["gpu_busy_throughout_host_timing"] = False
+    assert "ran out of queued work before the host's timing loop ended (specfix at 64 rows)" in \
+        perf.host_trace_text(trace)
+    assert "ran out of queued work" not in perf.host_trace_text(FIXTURE)
+
+
 def test_text_of_a_cpu_recording_says_it_has_no_gpu_times():
     text = perf.host_trace_text(_cpu_fixture())
     assert "ran without a GPU" in text and "sets the pace" not in text and "replayed" not in text

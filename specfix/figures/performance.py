@@ -1099,6 +1099,11 @@ def host_trace_text(trace: dict) -> str:
                          f"{r.graph_back_to_back_us:,.0f} us replayed from one CUDA graph; the host's work "
                          f"per step {r.eager_host_us:,.0f} us eager, {r.graph_host_us:,.0f} us for a replay; "
                          f"the GPU's {r.eager_gpu_us:,.0f} and {r.graph_gpu_us:,.0f} us.")
+    idle = [f"{r['impl']} at {r['rows']:,} rows" for r in trace["rows"]
+            if r.get("gpu_busy_throughout_host_timing") is False]
+    if idle:
+        lines.append("- The GPU ran out of queued work before the host's timing loop ended "
+                     f"({', '.join(idle)}): there the host's times include waiting for the GPU.")
     if not df["gpu_us"].notna().any():
         lines.append("- This recording ran without a GPU: every time in it is the host's.")
     return "\n".join(lines)
