@@ -5,6 +5,9 @@ bench's ``placeholder_fixes`` case of ``specfix/recorded/bench_h200.json``, with
 ``specfix.lab.placeholder_fixes.LABELS`` names them. Import it (``from specfix.figures.performance import
 fix_costs``) instead of reading another recording, so both chapters show the same numbers.
 
+The host side of a small step (section 10: :func:`host_timeline_figure`, :func:`host_regime_figure`,
+:func:`host_trace_text`) reads ``scripts/record_host_trace.py``'s recording instead (:func:`load_host_trace`).
+
 One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned, its
 legend outside the data, log axes labelled at the measured sizes only) and leaves showing it to the notebook.
 A case the report lacks is drawn as a panel that says why it is missing.
