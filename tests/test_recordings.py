@@ -90,3 +90,14 @@ def test_the_gpu_check_recording_the_readme_points_to_is_there_and_claims_no_mor
     assert rec["consecutive_green_runs"] == tail
     if tail < 3:
         assert "three consecutive" not in readme.lower()
+
+
+def test_the_code_digest_ignores_layout_comments_and_docstrings_but_not_code():
+    base = b'"""Doc."""\ndef f(x):\n    """Say why."""\n    return x + 1  # one more\n'
+    same = b"def f(x):\n    return (\n        x\n        + 1\n    )\n"
+    assert recorded.code_digest(base) == recorded.code_digest(same)
+    assert recorded.code_digest(base) != recorded.code_digest(b"def f(x):\n    return x + 2\n")
+    assert recorded.code_digest(base) != recorded.code_digest(b"def f(y):\n    return y + 1\n")
+    # a string that is not a docstring is code
+    assert recorded.code_digest(b"x = 'a'\n") != recorded.code_digest(b"x = 'b'\n")
+    assert recorded.code_digest(b"x = 'a'\n") == recorded.code_digest(b'x = "a"\n')

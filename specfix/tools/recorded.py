@@ -10,6 +10,7 @@ their code carries ``"stale"``: a sentence that says so, which :func:`label` sho
 
 from __future__ import annotations
 
+import ast
 import datetime
 import hashlib
 import json
@@ -51,11 +52,48 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 
+def code_digest(source: bytes) -> str:
+    """sha256 (first 16 hex digits) of a Python file's code: its syntax tree without docstrings, comments or
+    layout, so that reformatting a file or rewording its prose does not make a recording of it stale, while
+    any change to what runs does. Written out field by field (not ``ast.dump``, whose text differs between
+    Python versions), skipping empty fields, so the GPU machine's Python and the CPU's agree."""
+    parts: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, ast.AST):
+            parts.append(type(node).__name__)
+            for field, value in ast.iter_fields(node):
+                if field in ("ctx", "kind", "type_comment") or value is None or value == []:
+                    continue
+                if field == "body" and isinstance(node, _DOCUMENTED) and _is_docstring(value[0]):
+                    value = value[1:]
+                parts.append(field)
+                walk(value)
+        elif isinstance(node, list):
+            parts.append("[")
+            for item in node:
+                walk(item)
+            parts.append("]")
+        else:
+            parts.append(repr(node))
+
+    walk(ast.parse(source))
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
+
+
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
+
+
 def source_hashes(name: str) -> dict[str, str]:
-    """sha256 (first 16 hex digits) of each source file of recording ``name``, as the files are now."""
+    """:func:`code_digest` of each source file of recording ``name``, as the files are now."""
     if name not in SOURCES:
         raise ValueError(f"no recording {name!r} in recorded.SOURCES: add the files it measures there")
-    return {path: hashlib.sha256((ROOT / path).read_bytes()).hexdigest()[:16] for path in SOURCES[name]}
+    return {path: code_digest((ROOT / path).read_bytes()) for path in SOURCES[name]}
 
 
 def _commit() -> str | None:
