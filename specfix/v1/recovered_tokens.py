@@ -8,6 +8,7 @@ draft the sampler emits a token drawn from the residual ``max(p - q, 0)``. Read 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -25,9 +26,10 @@ def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Ten
 
 
 def _exponential_noise(
-    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: list[bool], device
+    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: Sequence, device
 ) -> torch.Tensor:
-    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` are redrawn from their generator."""
+    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` (truthy) are redrawn from their
+    generator."""
     noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
     for i, gen in sorted(generators.items()):
         if redraw[i]:
@@ -155,13 +157,8 @@ def sample_recovered_tokens(
     ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
     """
     num_tokens, vocab_size = target_probs.shape
-    noise = _exponential_noise(
-        len(num_draft_tokens),
-        vocab_size,
-        sampling_metadata.generators,
-        [k > 0 for k in num_draft_tokens],
-        device,
-    )
+    noise = _exponential_noise(len(num_draft_tokens), vocab_size, sampling_metadata.generators,
+                               num_draft_tokens, device)
     if not _use_triton(backend, target_probs.device):
         return sample_recovered_tokens_ref(
             cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise

@@ -17,6 +17,7 @@ torch twins in ``specfix.v1.rejection_kernels`` (greedy and random verification)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -127,8 +128,9 @@ class RejectionSampler(torch.nn.Module):
             },
             scores={"logits": logits, "draft_probs": draft_probs},
         )
-        bonus_logits = logits[metadata.bonus_logits_indices.long()].to(torch.float32, copy=True)
-        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32, copy=True)
+        # Advanced indexing copies (int32 indices as they come): no second copy, no cast of the indices.
+        bonus_logits = logits[metadata.bonus_logits_indices].to(torch.float32)
+        target_logits = logits[metadata.target_logits_indices].to(torch.float32)
         bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata)
         target_logits = apply_sampling_constraints(
             target_logits, metadata.cu_num_draft_tokens, sampling_metadata
@@ -303,6 +305,8 @@ def _check_num_draft_tokens(num_draft_tokens: object) -> None:
     """A non-empty list of ints >= 0: checked first, so an empty batch is told so."""
     if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
         raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
+    if set(map(type, num_draft_tokens)) == {int} and min(num_draft_tokens) >= 0:
+        return  # the common case, at C speed (a bool's type is not int)
     bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
     if bad:
         raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
@@ -350,11 +354,11 @@ def generate_uniform_probs(
     A request with no drafts consumes nothing from its generator.
     """
     uniform_probs = torch.rand(num_tokens, dtype=torch.float64, device=device)
-    start = 0
-    for i, k in enumerate(num_draft_tokens):
-        if k > 0 and i in generators:
-            uniform_probs[start : start + k].uniform_(generator=generators[i])
-        start += k
+    if generators:
+        starts = [0, *itertools.accumulate(num_draft_tokens)]
+        for i in sorted(generators):
+            if 0 <= i < len(num_draft_tokens) and num_draft_tokens[i] > 0:
+                uniform_probs[starts[i] : starts[i + 1]].uniform_(generator=generators[i])
     return uniform_probs
 
 
