@@ -74,3 +74,13 @@ def test_bench_table_keeps_the_columns_it_promises():
     assert list(table.columns) == F.BENCH_COLUMNS and list(table.index) == ["fix off", "fix on"]
     with pytest.raises(ValueError, match="differing"):
         F.bench_table({"x": {"num_requests": 1}})
+
+
+def test_recorded_paragraph_quotes_the_h200_recording():
+    from specfix.tools import recorded
+
+    rec = recorded.load("cudagraph_h200")
+    off, chi = rec["bench"]["fix_off"], rec["chi_square"]["False"]["positions"][0]
+    text = F.recorded_text(rec)
+    assert f"**{off['differing']} of {off['num_requests']}** responses differ" in text
+    assert f"chi² {chi['chi2']:,.0f} against a threshold of {chi['threshold']:.1f}" in text

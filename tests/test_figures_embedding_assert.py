@@ -156,3 +156,45 @@ def test_acceptance_view_puts_the_runs_in_columns_and_the_crashes_in_lines():
     assert view.loc["real drafts", (0.0, "clamp (a)")] == "42"  # a count, not 42.0
     assert view.loc["acceptance rate, real drafts", (0.0, "clamp (a)")] == "0.429"
     assert crashed == ["no fix at temperature 0.0: IndexError: index out of range in self"]
+
+
+# -- the paragraphs: numbers read from the recordings, checked here against the recordings themselves --------
+
+
+def test_fix_cost_paragraphs_quote_the_bench_recording():
+    from specfix.figures.performance import fix_costs
+    from specfix.tools import recorded
+
+    costs = fix_costs(recorded.load("bench_h200"))
+    lo, hi = costs.num_tokens.min(), costs.num_tokens.max()
+    at = costs.set_index(["fix", "num_tokens"])
+    text = " ".join(fig2.fix_costs_text(costs).split())
+    assert f"from {at.loc[('host_mask', lo), 'median_us']:,.0f} us at {lo:,} tokens to " \
+           f"{at.loc[('host_mask', hi), 'median_us']:,.0f} us at {hi:,}" in text
+    clamp = at.loc["clamp", "median_us"]
+    assert f"**clamp** costs {clamp.min():,.0f} to {clamp.max():,.0f} us per step" in text
+    busy = fig2.busy_gpu_text(costs)
+    behind = at.loc["clamp", "host_us_behind_busy_gpu"]
+    assert f"to {behind.max():,.0f} us behind the same queue" in busy
+
+
+def test_kernel_name_paragraphs_name_the_recorded_kernels():
+    from specfix.tools import recorded
+
+    ops = recorded.load("embedding_assert_ops")
+    emb = {r["num_indices"]: r["cuda"]["kernel"] for r in ops["rows"]
+           if r["op"] == "F.embedding" and r["bad"] == "-1" and r["cuda"].get("outcome") == "device assert"}
+    few, many = emb[min(emb)], emb[max(emb)]
+    text = " ".join(fig2.kernel_names_text(ops["rows"], ops["meta"]["torch"]).split())
+    assert f"With {min(emb):,} ids `F.embedding` failed in `{few}`" in text and ops["meta"]["torch"] in text
+    steps = " ".join(fig2.checklist_text(ops["rows"]).split())
+    assert f"`{few}` means the `index_select` family" in steps and f"while `{many}`" in steps
+
+
+@pytest.mark.parametrize("plain, guarded, verdict", [
+    ((0.10, 0.11), (0.20, 0.21), "every guarded run was slower than every unguarded one"),
+    ((0.10, 0.20), (0.15, 0.16), "the two spreads overlap"),
+    ((0.30, 0.31), (0.10, 0.11), "the machine's speed drifted")])
+def test_guard_cost_paragraph_says_what_the_spreads_show(plain, guarded, verdict):
+    text = fig2.guard_cost_text(GuardTiming(plain, guarded, checked=40), steps=4, on_gpu=False)
+    assert verdict in text and "40 index tensors per run, 10 per step" in text and "on a CPU" in text

@@ -175,3 +175,17 @@ def test_the_sources_table_adds_the_share():
                               "c": {"draft slots": 4, "-1 slots": 4}})
     assert text == ("*a*: 2 of 8 of its draft slots left the scheduler as `-1`. *b*: none of its draft slots "
                     "left the scheduler as `-1`. *c*: all of its draft slots left the scheduler as `-1`.")
+
+
+def test_counting_and_negative_draft_paragraphs_quote_their_tables():
+    import pandas as pd
+
+    table = pd.DataFrame({"placeholders recognisable by id (< 0)": [0, 24], "placeholder slots": [24, 24],
+                          "placeholder slots accepted": [7, 0], "rate over all slots": [0.41, 0.35],
+                          "rate over real drafts": [0.52, 0.5]},
+                         index=["(b) zero in the scheduler", "(c) clamp in _preprocess"])
+    text = " ".join(figs.counting_text(table).split())  # the paragraph's own line breaks left out
+    assert "(24 of 24 are negative)" in text and "(0 of 24)" in text and "and 7 of them were accepted" in text
+    assert "0.41 for (b), 0.35 for (c)" in text
+    said = figs.negative_drafts_text({"rows with an accepted -1": 3}, {"rows with an accepted -1": 0})
+    assert said.startswith("With the check off, 3 sampler rows") and "With the check on, 0 do." in said

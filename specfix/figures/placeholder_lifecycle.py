@@ -350,7 +350,9 @@ _ZERO, _CLAMP = "(b) zero in the scheduler", "(c) clamp in _preprocess"
 def counting_text(table) -> str:
     """What :func:`design_table` counts, and the two acceptance rates of designs (b) and (c)."""
     b, c = table.loc[_ZERO], table.loc[_CLAMP]
-    neg = "placeholders recognisable by id (< 0)"
+    counts = ("placeholders recognisable by id (< 0)", "placeholder slots", "placeholder slots accepted")
+    b, c = ({**row, **{k: int(row[k]) for k in counts}} for row in (b, c))  # 24, not 24.0, whatever the dtype
+    neg = counts[0]
     return f"""
 **What is counted.** A *slot* is one entry of `scheduled_spec_decode_tokens`; a *real draft* is a token the
 drafter proposed; the other slots are placeholders. Under (c) every placeholder is recognisable by its id
