@@ -151,3 +151,70 @@ def test_the_crafted_minus_one_slots_tempt_both_naive_reads():
     assert drafts[2] == drafts[3] == -1
     assert _ratio_test(p[2, 0], q[2, 0], u[2]) and _ratio_test(p[3, -1], q[3, -1], u[3])
     assert not ex.expected_acceptance(drafts, p, q, u)[2:4].any()
+
+
+# -- ch1.draft_ids: one mistake each, lazy answers, any container ----------------------------------------
+
+
+def _slice_of_first_request(input_ids, rows, targets):  # right ids on a one-request step, but a view
+    start = int(rows[0]) + 1
+    return input_ids[start:start + len(targets)]
+
+
+def _calls_the_runner(input_ids, rows, targets):
+    from specfix.v1.model_runner import GPUModelRunner
+
+    return GPUModelRunner._calc_spec_decode_metadata(None, [len(targets)], [len(rows)]).draft_token_ids
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][None], "format"),   # 2-D
+    (lambda ids, rows, targets: "17 -1 -1", "format"),
+    (lambda ids, rows, targets: ids.clamp_(min=0)[rows.long()][targets.long() + 1], "mutated"),
+    (lambda ids, rows, targets: torch.tensor([-1, -1, -1]), "constant"),                 # the printed value
+    (lambda ids, rows, targets: [17, -1, -1], "constant"),                               # the first step's
+    (lambda ids, rows, targets: ids, "echo"),                                            # the input echoed
+    (lambda ids, rows, targets: ids[:int(rows[-1]) + 1][rows[0]:], "logits_rows"),       # first step: rows
+    (lambda ids, rows, targets: ids[rows.long()], "logits_rows"),
+    (lambda ids, rows, targets: ids[rows.long()][targets.long()], "unshifted"),
+    (lambda ids, rows, targets: ids[targets.long() + 1], "positions"),
+    (_slice_of_first_request, "view"),
+    (lambda ids, rows, targets: ids.numpy()[int(rows[0]) + 1:int(rows[0]) + 1 + len(targets)], "view"),
+    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][:-1], "length"),
+    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1, "wrong"),
+    (_calls_the_runner, "bypass"),
+])
+def test_draft_ids_names_each_mistake(answer, hint):
+    verdict = ex.check_draft_ids(answer)
+    assert verdict.hint_ids == [hint], str(verdict)
+
+
+def test_draft_ids_hints_never_print_the_ids_to_return():
+    for answer in (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1,
+                   lambda ids, rows, targets: ids[targets.long() + 1]):
+        text = str(ex.check_draft_ids(answer))
+        assert "[17, -1, -1]" not in text and "17, 4, 9, -1" not in text
+
+
+@pytest.mark.parametrize("container", [lambda t: t, lambda t: t.numpy(), lambda t: t.tolist(),
+                                       lambda t: tuple(t.tolist()), lambda t: t.long()])
+def test_draft_ids_accepts_a_right_copy_in_any_container(container):
+    verdict = ex.check_draft_ids(lambda ids, rows, targets: container(solutions.gather_draft_token_ids(
+        ids, rows, targets)))
+    assert verdict.solved, str(verdict)
+
+
+def test_draft_ids_accepts_one_gather_and_int32_indices():
+    assert ex.check_draft_ids(lambda ids, rows, targets: ids[rows[targets.long() + 1].long()]).solved
+    assert ex.check_draft_ids(lambda ids, rows, targets: ids[rows][targets + 1]).solved
+
+
+def test_draft_ids_steps_are_the_runners_and_a_seeded_family_the_chapter_never_prints():
+    batches = ex._draft_ids_batches()
+    assert len(batches) >= 5 and ex._draft_ids_batches(seed=1)[2:] != batches[2:]
+    for batch in batches:
+        runner, _, metadata = ex._prepared(batch)
+        drafts = [t for *_, d in batch for t in d]  # what the scheduler sent, in batch order
+        assert metadata.draft_token_ids.tolist() == drafts
+        assert -1 in drafts and any(t >= 0 for t in drafts)
+    assert len(batches[0]) == 1  # one request: a slice gives the right ids, so the view is what fails

@@ -1,10 +1,12 @@
-"""Chapter 1's exercises: a warm-up step, where the clamp goes, a step's draft layout, what zeroing accepts,
-rejecting negative drafts.
+"""Chapter 1's exercises: a warm-up step, building draft_token_ids, where the clamp goes, a step's draft
+layout, what zeroing accepts, rejecting negative drafts.
 
 * ``ch1.emitted`` (warm-up, write it): what one greedy step emits, from chapter 0 alone; checked on crafted
   steps and a seeded random family.
 * ``ch1.clamp_point`` (predict, then run): the draft id the rejection sampler gets in a placeholder slot with
   the clamp in the scheduler, before ``_calc_spec_decode_metadata`` or in ``_preprocess``.
+* ``ch1.draft_ids`` (write it): ``draft_token_ids`` gathered from ``input_ids`` with the metadata's indices,
+  as a tensor of its own; checked against the model runner on crafted steps and a seeded random family.
 * ``ch1.metadata`` (debug): from a shown scheduler output, give ``num_draft_tokens``,
   ``cu_num_draft_tokens`` and the indices of ``draft_token_ids`` that hold ``-1``; checked against the
   model runner's own ``_prepare_inputs`` on that output.
@@ -15,6 +17,8 @@ rejecting negative drafts.
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -61,24 +65,31 @@ METADATA_BATCH = (
 _METADATA_KEYS = ("num_draft_tokens", "cu_num_draft_tokens", "placeholder_indices")
 
 
-def metadata_scheduler_output() -> SchedulerOutput:
-    """The scheduler output of the ``ch1.metadata`` exercise (every request new to the runner)."""
-    new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in METADATA_BATCH]
-    scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in METADATA_BATCH}
+def metadata_scheduler_output(batch=METADATA_BATCH) -> SchedulerOutput:
+    """The scheduler output of ``batch`` (by default the ``ch1.metadata`` exercise's), every request new to
+    the runner."""
+    new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in batch]
+    scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in batch}
     return SchedulerOutput(
         scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData(), num_scheduled_tokens=scheduled,
         total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={r: list(d) for r, _, _, d in METADATA_BATCH if d},
+        scheduled_spec_decode_tokens={r: list(d) for r, _, _, d in batch if d},
         num_placeholder_spec_tokens={}, finished_req_ids=set())
+
+
+def _prepared(batch=METADATA_BATCH):
+    """A fresh model runner after ``_prepare_inputs`` on ``batch``: (runner, cu_num_scheduled, metadata)."""
+    target, _ = load_models("cpu")
+    runner = GPUModelRunner(target, device="cpu")
+    output = metadata_scheduler_output(batch)
+    runner._update_states(output)
+    _, cu_num_scheduled, _, metadata = runner._prepare_inputs(output)
+    return runner, cu_num_scheduled, metadata
 
 
 def _metadata_truth() -> dict[str, list[int]]:
     """What the model runner builds from :func:`metadata_scheduler_output`, plus where its ``-1``s sit."""
-    target, _ = load_models("cpu")
-    runner = GPUModelRunner(target, device="cpu")
-    output = metadata_scheduler_output()
-    runner._update_states(output)
-    _, cu_num_scheduled, _, metadata = runner._prepare_inputs(output)
+    runner, cu_num_scheduled, metadata = _prepared()
     drafts = metadata.draft_token_ids.cpu()
     return {"num_draft_tokens": list(metadata.num_draft_tokens),
             "cu_num_draft_tokens": metadata.cu_num_draft_tokens.cpu().tolist(),
@@ -140,6 +151,95 @@ def check_metadata(answer, verdict):
     in_input_ids = [i for i, t in enumerate(truth["input_ids"]) if t == -1]
     verdict.require(sorted(got["placeholder_indices"]) != in_input_ids, "input_ids_positions")
     verdict.require(sorted(got["placeholder_indices"]) == truth["placeholder_indices"], "placeholder_indices")
+
+
+# -- ch1.draft_ids ---------------------------------------------------------------------------------------
+
+def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
+    """Steps to build ``draft_token_ids`` for, as (request, prompt, tokens computed, drafts) rows: one request
+    alone (its drafts sit side by side in ``input_ids``, so a slice gives the right ids), the ``ch1.metadata``
+    batch, then a seeded family of mixed batches (a prefill before a decode in each) the notebook never
+    prints. Every step has a ``-1`` draft and a real one."""
+    batches = [(("a", [5, 11, 30], 2, [17, -1, -1]),), METADATA_BATCH]
+    rng = random.Random(seed)
+
+    def ids(n):
+        return [rng.randint(1, 400) for _ in range(n)]
+
+    for _ in range(count):
+        # a prefill and a decode with a real draft and a -1, then others
+        rows = [("p0", ids(rng.randint(2, 6)), 0, []), ("d0", ids(3), 2, [ids(1)[0], -1])]
+        for i in range(rng.randint(1, 3)):
+            drafts = [-1 if rng.random() < 0.4 else ids(1)[0] for _ in range(rng.randint(0, 4))]
+            prompt = ids(rng.randint(2, 5))
+            rows.append((f"r{i}", prompt, len(prompt) - 1 if drafts else 0, drafts))
+        rng.shuffle(rows)
+        batches.append(tuple(rows))
+    return batches
+
+
+@checker(
+    "ch1.draft_ids",
+    solution="placeholder_lifecycle:gather_draft_token_ids",
+    todo="write gather_draft_token_ids(input_ids, logits_indices, target_logits_indices) -> the step's "
+         "draft_token_ids, a tensor of its own",
+    hints={
+        "format": "return a 1-D sequence of token ids (a tensor, array or list of ints), one per draft slot.",
+        "mutated": "your function changed input_ids: that buffer is what the embedding reads next, and "
+                   "only _preprocess edits it, after the metadata is built. Read it, do not write it.",
+        "constant": "your answer is the same for every step the checker runs (the draft_token_ids printed "
+                    "above belong to the chapter's step alone): build it from the arguments.",
+        "echo": "you returned the flat token stream itself: draft_token_ids holds only the draft slots, "
+                "request after request; a prefill's prompt and each request's last real token are no drafts.",
+        "logits_rows": "you returned the token at every logits row: k + 1 per request, and each request's "
+                       "first row reads its last real token, which is no draft.",
+        "unshifted": "you read the token at each verifying row's own position. The logits of a position "
+                     "predict the token that comes after it, so the token sitting at a verifying row's "
+                     "position is not the draft that row verifies.",
+        "positions": "target_logits_indices number rows of the compact logits, not positions in input_ids: "
+                     "the two agree only while no request schedules tokens that get no logits row (a "
+                     "prefill's prompt does).",
+        "view": "your answer shares memory with input_ids (a view, such as a slice): when _preprocess clamps "
+                "input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
+                "judges the placeholder as a draft of token 0. Return a tensor of its own.",
+        "length": "draft_token_ids has one entry per draft slot of the step (as many as "
+                  "target_logits_indices has).",
+        "wrong": "not the draft ids of this step.",
+    },
+    forbid=("specfix.v1.model_runner:GPUModelRunner._calc_spec_decode_metadata",
+            "specfix.v1.model_runner:GPUModelRunner._prepare_inputs",
+            "specfix.mrv2.draft_slots:gather_draft_sampled"),
+)
+def check_draft_ids(answer, verdict):
+    seen = []
+    for batch in _draft_ids_batches():
+        runner, cu_num_scheduled, metadata = _prepared(batch)
+        input_ids = runner.input_ids.gpu  # the whole persistent buffer, as the runner gathers from it
+        before = input_ids.clone()
+        rows, targets = metadata.logits_indices.clone(), metadata.target_logits_indices.clone()
+        returned = answer(input_ids, rows, targets)
+        got = as_int_list(returned)
+        verdict.require(torch.equal(input_ids, before), "mutated")
+        verdict.require(got is not None, "format", f"(you returned {type(returned).__name__})")
+        shares = isinstance(returned, torch.Tensor) and \
+            returned.untyped_storage().data_ptr() == input_ids.untyped_storage().data_ptr()
+        input_ids.clamp_(min=0)  # what _preprocess does next, in place
+        seen.append((got, as_int_list(returned), shares, metadata, before, cu_num_scheduled))
+    truths = [m.draft_token_ids.tolist() for *_, m, _, _ in seen]
+    verdict.require(any(g != seen[0][0] for g, *_ in seen) or all(t == truths[0] for t in truths), "constant")
+    for (got, after, shares, metadata, before, cu_num_scheduled), want in zip(seen, truths, strict=True):
+        said = f"(a step with num_draft_tokens {metadata.num_draft_tokens}: you returned {got})"
+        if got == want:
+            verdict.require(not shares and after == want, "view", said)
+            continue
+        rows, targets = metadata.logits_indices.long(), metadata.target_logits_indices.long()
+        verdict.require(got != before[rows].tolist(), "logits_rows", said)
+        stream = before[:int(cu_num_scheduled[-1])].tolist()
+        verdict.require(got not in (before.tolist(), stream), "echo", said)
+        verdict.require(got != before[rows][targets].tolist(), "unshifted", said)
+        verdict.require(got != before[targets + 1].tolist(), "positions", said)
+        verdict.require(len(got) == len(want), "length", said)
+        verdict.require(False, "wrong", said)
 
 
 # -- ch1.zero_accepts ------------------------------------------------------------------------------------

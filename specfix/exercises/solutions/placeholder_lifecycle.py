@@ -3,6 +3,13 @@
 import torch
 
 
+def gather_draft_token_ids(input_ids, logits_indices, target_logits_indices):
+    # Logits row j is computed at position logits_indices[j] and predicts the token after it: the draft it
+    # verifies is the token of the next row. An index with a tensor gathers into a new tensor: a copy, so
+    # the clamp that _preprocess applies to input_ids in place later leaves its -1s alone.
+    return input_ids[logits_indices.long()][target_logits_indices.long() + 1]
+
+
 def metadata_answer():
     return {
         # One entry per request in batch order; a -1 slot is a draft slot like any other, the prefill has 0.
