@@ -3,18 +3,16 @@
 specfix's modules import triton through this one. On a machine without a usable GPU it turns on Triton's
 interpreter (``TRITON_INTERPRET=1``), which must happen before ``import triton`` because triton's own
 helpers (``tl.rand``...) are decorated at import time (``import specfix`` already does so where it can tell
-without torch that no GPU is usable). Where triton is not installed, a stand-in still defines every kernel
-(``@triton.jit``), so modules need no ``if HAS_TRITON:`` blocks; launchers check ``HAS_TRITON`` and run
-their torch reference.
+without torch that no GPU is usable). Without triton, a stand-in ``triton.jit`` still defines every kernel
+(no ``if HAS_TRITON:`` blocks); launchers check ``HAS_TRITON`` and run their torch reference.
 
 Interpreter workarounds (triton 3.6), which the kernels refer to as "(interpreter: see specfix.runtime)":
 a runtime or loaded value cannot bound a ``range()`` (kernels loop to a static bound and mask off the rest);
 a store cannot be masked by a scalar comparison (the mask is built per lane); an expression of constexprs
 such as ``1 + NUM_SPEC`` becomes a tensor ``range()`` cannot take (the host passes it as its own constexpr).
 
-Environment:
-    SPECFIX_DEVICE  ``cuda`` or ``cpu``; default: ``cuda`` when available.
-    SPECFIX_SCALE   ``ci`` (small, fast; the default) or ``full`` (the sizes a GPU run uses).
+Environment: SPECFIX_DEVICE ``cuda`` or ``cpu`` (default: ``cuda`` when available); SPECFIX_SCALE ``ci``
+(small, fast; the default) or ``full`` (the sizes a GPU run uses).
 """
 
 from __future__ import annotations

@@ -54,10 +54,16 @@ _DEFAULT_FIXES = Fixes()
 # -- validation: said once, before anything is launched -------------------------------------------------
 
 
-def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, source):
+def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, source, use_fp64=False,
+              noise="exact", block_size=None, tiles_per_program=None):
     """Refuse bad input before launching anything. Dtypes, shapes and devices live on the host and are always
     checked; values (a host sync on a GPU, impossible inside a CUDA graph) only where ``device_checks``
     wants them: on CPU tensors, or on a GPU with the debug switch on."""
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+    if use_fp64:
+        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
+    _check_overrides(block_size, tiles_per_program)
     num_tokens = _check_logits(logits)
     _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens)
     tensors = [("expanded_idx_mapping", expanded_idx_mapping), ("temperature", temperature), ("seed", seed),
@@ -448,12 +454,8 @@ def gumbel_sample(
     override the launch. A NaN score never wins; a row of only NaN or -inf gives token 0.
     """
     fixes = _DEFAULT_FIXES if fixes is None else fixes
-    if noise not in NOISE_MODES:
-        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
-    if use_fp64:
-        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
     _validate(logits, expanded_idx_mapping, temperature, seed, pos, logits_cache, logits_cache_col,
-              logits_cache_source)
+              logits_cache_source, use_fp64, noise, block_size, tiles_per_program)
     if not HAS_TRITON:
         return _sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
                                  is_drafting, logits_cache, logits_cache_col, logits_cache_source, fixes,
@@ -462,7 +464,6 @@ def gumbel_sample(
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return out
-    _check_overrides(block_size, tiles_per_program)
     plan = _plan(num_tokens, vocab_size, logits.element_size(), block_size, num_warps, tiles_per_program)
     col_tensor, col_scalar, source = _cache_args(logits, logits_cache_col, logits_cache_source)
     two_kernels = plan.num_splits > 1 and _capturing(logits.device)

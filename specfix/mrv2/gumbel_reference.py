@@ -267,9 +267,6 @@ def gumbel_sample_reference(
         logits_cache[idx[keep], cols[keep], :vocab_size] = source[keep].to(logits_cache.dtype)
         if noise == "vllm":
             row_seed = row_seed ^ (cols << 32)
-    if noise == "vllm":
-        g = vllm_gumbel_noise(row_seed, row_pos, vocab_size)
-    else:
-        g = gumbel_noise(row_seed, row_pos, vocab_size)
+    g = (vllm_gumbel_noise if noise == "vllm" else gumbel_noise)(row_seed, row_pos, vocab_size)
     scores = torch.where(sampling[:, None], x + g, x)
     return torch.where(scores.isnan(), float("-inf"), scores).argmax(dim=-1)

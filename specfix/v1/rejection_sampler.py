@@ -458,7 +458,6 @@ def _rejection_sample(
     """``rejection_sample`` on inputs already validated."""
     device = target_logits.device
     batch_size = len(num_draft_tokens)
-    num_tokens = draft_token_ids.numel()
     # Every row is written whole (its tokens, then PLACEHOLDER_TOKEN_ID) by the greedy or the random kernel.
     output_token_ids = torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
     is_greedy = sampling_metadata.is_greedy
@@ -476,10 +475,21 @@ def _rejection_sample(
         )
         if sampling_metadata.all_greedy:
             return output_token_ids
+    _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, uniform_probs,
+                       recovered_token_ids, reject_negative_drafts, backend)
+    return output_token_ids
+
+
+def _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, uniform_probs,
+                       recovered_token_ids, reject_negative_drafts, backend) -> None:
+    """The random half of ``_rejection_sample``: draw what the caller did not pass, then verify."""
+    device = target_logits.device
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
     if uniform_probs is None:
         uniform_probs = generate_uniform_probs(
-            num_tokens, num_draft_tokens, sampling_metadata.generators, device
+            draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
         )
     if recovered_token_ids is None:
         recovered_token_ids = sample_recovered_tokens(
@@ -502,9 +512,8 @@ def _rejection_sample(
         bonus_token_ids,
         recovered_token_ids,
         uniform_probs,
-        is_greedy,
+        sampling_metadata.is_greedy,
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
     )
-    return output_token_ids
