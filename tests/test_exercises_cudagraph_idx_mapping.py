@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specfix.exercises import cudagraph_idx_mapping as ex
+from specfix.exercises.solutions import cudagraph_idx_mapping as solutions
 from specfix.mrv2.cudagraph import CudaGraphDispatcher
 
 # -- ch3.pad_idx_mapping: one mistake each -----------------------------------------------------------------
@@ -128,3 +129,75 @@ def test_find_stale_row_hints(make, hint):
     assert (7, 0) != (row, slot) and (slot, row) != (row, slot)   # the wrong answers really are wrong
     verdict = ex.check_find_stale_row(lambda mystery: make(row, slot))
     assert not verdict.solved and verdict.hint_ids == [hint], str(verdict)
+
+
+# -- ch3.corrupted_responses: every hint earned, lazy answers refused, the cases fit -----------------------
+
+
+#: What the padded writes of each case did, worked out before any answer runs (an answer may not play the
+#: speculator itself).
+KINDS = {events: ex._write_kinds(events) for events in ex._response_cases()}
+
+
+def _plus(kind, *but):
+    """The reference answer plus the requests of one kind of harmless write (each kind's own mistake), less
+    those of the kinds ``but`` (a request can be hit twice, for two reasons)."""
+    def answer(events, m):
+        kinds = KINDS[tuple(events)]
+        return solutions.corrupted_responses(events, m) | kinds[kind].difference(*(kinds[b] for b in but))
+    return answer
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (lambda e, m: 3, "format"),
+    (lambda e, m: {"z"}, "unknown"),
+    (_plus("finished"), "finished"),
+    (_plus("undrafted"), "undrafted"),
+    (_plus("unread", "finished", "undrafted"), "unread"),
+    (lambda e, m: solutions.corrupted_responses(e, m) - KINDS[tuple(e)]["earlier"], "earlier"),
+    (lambda e, m: solutions.corrupted_responses(e, m) & KINDS[tuple(e)]["earlier"], "missed"),
+    (lambda e, m: solutions.corrupted_responses(e, m) | {"d"}, "too_many"),  # d: never named by a row
+])
+def test_corrupted_responses_names_each_mistake(answer, hint):
+    verdict = ex.check_corrupted_responses(answer)
+    assert verdict.hint_ids == [hint], str(verdict)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda e, m: {"g"},                                       # the chapter's answer, read off its run
+    lambda e, m: {n for event in e for n in event.split()[1]},  # every request
+    lambda e, m: e,                                            # the input echoed
+])
+def test_corrupted_responses_refuses_lazy_answers(answer):
+    verdict = ex.check_corrupted_responses(answer)
+    assert not verdict.solved and verdict.hints and verdict.hint_ids != ["raised"], str(verdict)
+
+
+def test_corrupted_responses_refuses_running_the_engine():
+    verdict = ex.check_corrupted_responses(lambda e, m: set(ex.run_schedule(e, ex.UNFIXED)))
+    assert verdict.hint_ids == ["bypass"]
+
+
+@pytest.mark.parametrize("container", [set, list, tuple, "".join, frozenset])
+def test_corrupted_responses_accepts_the_reference_in_any_container(container):
+    verdict = ex.check_corrupted_responses(
+        lambda e, m: container(sorted(solutions.corrupted_responses(e, m))))
+    assert verdict.solved, str(verdict)
+
+
+def test_corrupted_responses_cases_fit_and_hold_every_trap():
+    cases = ex._response_cases()
+    assert len(cases) >= 4 and cases[0] == ex.RESPONSE_EVENTS
+    kinds = [KINDS[events] for events in cases]
+    for events in cases:
+        assert ex._fits(events), events  # real runs: fix off against fix on
+    for kind in ("finished", "undrafted", "unread", "earlier"):
+        assert any(k[kind] for k in kinds), kind
+    family = [ex._random_schedule(__import__("random").Random(seed)) for seed in ex._RESPONSE_SEEDS]
+    assert all(events in cases for events in family) and not set(family) & {ex.RESPONSE_EVENTS}
+
+
+def test_corrupted_responses_victims_wait_out_the_step_that_overwrites_them():
+    for events in ex._response_cases():
+        for i, write in ex.padded_writes(events):
+            assert write.victim is None or write.victim not in events[i].split()[1], (events, i, write)

@@ -6,6 +6,10 @@ and the stale row behind a corrupted batch.
   batch of 8 left full of request-state slots, so padding that stops short or writes 0 shows.
 - ``ch3.stale_victims`` (predict, then run): after a named history, which live requests' cached draft
   logits the padded rows overwrite.
+- ``ch3.corrupted_responses`` (predict, then run): from a history of steps, which responses the unfixed
+  engine corrupts end to end; checked against real runs (fix off against fix on) of the chapter's history
+  and of a seeded family. A victim sits the padded step out: a stale row naming its slot is the only writer
+  there, so the corruption is certain on any device (no race with the victim's own row).
 - ``ch3.simulate_idx_mapping`` (write it): the unfixed persistent buffer after a history, checked against the
   real speculator on random histories.
 - ``ch3.dflash_padding`` (write it): DFlash's expanded ``sample_idx_mapping`` with the -1 padding.
@@ -15,6 +19,7 @@ and the stale row behind a corrupted batch.
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 from dataclasses import dataclass
@@ -23,7 +28,15 @@ import torch
 
 from specfix.exercises.core import as_int_list, checker
 from specfix.fixes import Fixes
-from specfix.lab.padding_bench import StaleRowScenario, padded_step_scenario
+from specfix.lab.padding_bench import (
+    PaddedWrite,
+    SpecDecodeEngine,
+    StaleRowScenario,
+    make_requests,
+    padded_step_scenario,
+)
+from specfix.models import load_models
+from specfix.mrv2.speculator import rejection_sample_mrv2
 
 #: ch3.pad_idx_mapping: the buffer as an earlier batch of 8 left it, and the two batches written into it.
 STALE_BUFFER = (7, 6, 5, 4, 3, 2, 1, 0)
@@ -124,6 +137,207 @@ def check_stale_victims(answer, verdict):
             # No row or slot in the message: the hint names the misconception, not where the answer sits.
             verdict.require(False, "not_written" if w.origin == "fresh buffer (zeros)" else "moved")
     verdict.require(names == truth, "too_many", f"({sorted(names - truth)} are not named by a padded row)")
+
+
+# -- ch3.corrupted_responses --------------------------------------------------------------------------------
+
+#: The history to predict from. Steps run in vLLM's order: each scheduled request first verifies the drafts
+#: of its last step (against the draft logits cached then), then drafts anew. A live request left out of a
+#: step waits with its drafts and their cached logits.
+RESPONSE_EVENTS = ("arrive abcdefgh", "step bhdgfc", "step hbe", "finish c", "step hbefg")
+#: The checker's other histories: one written to hold a request hit while it waits for good (c), then the
+#: seeds of :func:`_random_schedule` whose histories it uses: among the family's first seeds that fit (no
+#: padded row names a slot of its own batch, and every overwritten cache that a verification reads changes
+#: its response), the first with a victim of an earlier padded step than the last (39) and the next (68).
+#: tests/test_exercises_cudagraph_idx_mapping.py checks that they fit.
+_RESPONSE_CRAFTED = (("arrive abcdefgh", "step bhdgfc", "step hba", "step hbefg"),)
+_RESPONSE_SEEDS = (39, 68)
+_K = 2  # draft tokens per step
+
+
+def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[int]]:
+    """Each request's response (the token ids it emitted) after decoding requests a, b, ... (the fables'
+    sentence openings, seeded, temperature 1) through ``events``, the drafter's steps padded to vLLM's
+    capture sizes, on the CPU. Every draw is keyed by (seed, position), so with the fix a response does not
+    depend on the history; without it, a response changes where a verification read draft logits that a
+    padded row had overwritten."""
+    target, draft = load_models("cpu")
+    engine = SpecDecodeEngine(target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K,
+                              device="cpu", fixes=fixes, cuda_graphs=False)
+    states, spec, width = engine.states, engine.spec, engine.spec.context_ids.shape[1]
+    requests = {chr(ord("a") + i): r for i, r in enumerate(make_requests(26, seed=3, max_tokens=(1, 1)))}
+    tokens, responses, drafts = {}, {}, {}
+    for event in events:
+        verb, names = event.split()
+        if verb == "finish":
+            for name in names:
+                states.remove_request(name)
+            continue
+        for name in (n for n in names if n not in tokens):  # arrives: a slot, its prompt prefilled
+            slot = states.add_request(name, 1.0, requests[name].seed)
+            tokens[name], responses[name] = list(requests[name].prompt), []
+            positions = torch.arange(len(tokens[name]))
+            target(torch.tensor(tokens[name]), positions, slot * engine.max_model_len + positions,
+                   engine.kv_cache)
+        if verb == "arrive":
+            continue
+        verify = [n for n in names if n in drafts]  # a request's first step has nothing to verify
+        if verify:
+            idx = torch.tensor([states.req_id_to_index[n] for n in verify], dtype=torch.int32)
+            pos = torch.tensor([len(tokens[n]) - 1 for n in verify])
+            proposed = torch.stack([drafts[n] for n in verify])
+            positions = pos[:, None] + torch.arange(_K + 1)
+            last = torch.tensor([tokens[n][-1] for n in verify])
+            slot_mapping = idx.long()[:, None] * engine.max_model_len + positions
+            logits = target(torch.cat([last[:, None], proposed], dim=1).flatten(), positions.flatten(),
+                            slot_mapping.flatten(), engine.kv_cache)
+            sampled, num_sampled = rejection_sample_mrv2(logits, proposed, spec.draft_logits, idx,
+                                                         states.temperature, states.seeds, pos, fixes)
+            for name, row, count in zip(verify, sampled.tolist(), num_sampled.tolist(), strict=True):
+                tokens[name] += row[:count]
+                responses[name] += row[:count]
+        idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
+        proposal = spec.propose(len(names), idx, states.temperature, states.seeds,
+                                torch.tensor([tokens[n][-width:] for n in names]),
+                                torch.tensor([len(tokens[n]) - 1 for n in names]))
+        drafts.update((n, d.clone()) for n, d in zip(names, proposal.draft_tokens, strict=True))
+    return responses
+
+
+@functools.cache
+def _corrupted(events: tuple[str, ...]) -> frozenset[str]:
+    """The requests whose response the unfixed engine changes (two real runs: fix on, fix off)."""
+    fixed, broken = run_schedule(events, Fixes()), run_schedule(events, UNFIXED)
+    return frozenset(n for n in fixed if fixed[n] != broken[n])
+
+
+def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]]:
+    """(event index, write) for every padded row of ``events``' steps whose stale entry names a slot, played
+    on the real unfixed speculator (a table drafter: the buffers do not depend on the model)."""
+    scenario, writes = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs, device="cpu"), []
+    for number, event in enumerate(events):
+        state = scenario.play([event])
+        if event.startswith("step"):
+            writes += [(number, w) for w in state.writes]
+    return writes
+
+
+def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
+    """Requests by what the padded writes did to them: ``"victim"`` (its slot written while it waited with
+    cached drafts that a later step verifies), ``"in_batch"`` (written while in the batch: a race on a GPU),
+    ``"undrafted"`` (waiting, nothing drafted yet), ``"unread"`` (waiting, never runs again),
+    ``"finished"`` (it had finished when a padded row wrote the slot it held) and ``"earlier"`` (a victim of
+    a padded step before the last one with writes)."""
+    kinds = {k: set() for k in ("victim", "in_batch", "undrafted", "unread", "finished", "earlier")}
+    ran = [(i, e.split()[1]) for i, e in enumerate(events) if e.startswith("step")]
+    writes = padded_writes(events)
+    last = max((i for i, _ in writes), default=-1)
+    for i, w in writes:
+        if w.victim is None:  # a free slot: whoever held it has finished
+            gone = {n for e in events[:i] if e.startswith("finish") for n in e.split()[1]}
+            kinds["finished"] |= {n for n in gone if _slot_of(events[:i], n) == w.slot}
+            continue
+        drafted = any(w.victim in names for j, names in ran if j < i)
+        later = any(w.victim in names for j, names in ran if j > i)
+        kind = ("in_batch" if w.victim in events[i].split()[1] else "undrafted" if not drafted else
+                "unread" if not later else "victim")
+        kinds[kind].add(w.victim)
+        if kind == "victim" and i != last:
+            kinds["earlier"].add(w.victim)
+    return kinds
+
+
+def _slot_of(events, name: str) -> int | None:
+    """The slot ``name`` held at the end of ``events`` (or last held, if it finished)."""
+    slots, held = {}, None
+    for event in events:
+        verb, names = event.split()
+        for n in names:
+            if verb == "finish":
+                slots.pop(n)
+            elif n not in slots:
+                slots[n] = min(set(range(26)) - set(slots.values()))
+            if n == name:
+                held = slots.get(n, held)
+    return held
+
+
+def _response_cases() -> tuple[tuple[str, ...], ...]:
+    """The chapter's history, the crafted one, then the seeded family's."""
+    family = tuple(_random_schedule(random.Random(seed)) for seed in _RESPONSE_SEEDS)
+    return (RESPONSE_EVENTS, *_RESPONSE_CRAFTED, *family)
+
+
+def _fits(events: tuple[str, ...]) -> bool:
+    """No padded row names a slot of its own batch, and exactly the requests whose cache a padded row
+    overwrote while they waited, and that a later step verified, change their response."""
+    kinds = _write_kinds(events)
+    return not kinds["in_batch"] and kinds["victim"] == _corrupted(events) != set()
+
+
+def _random_schedule(rng: random.Random) -> tuple[str, ...]:
+    """Requests arrive, a first step runs 4 or 8 of them, some finish, then one or two steps at sizes that
+    pad (3 of 4 rows, 5 to 7 of 8), each leaving out the live requests its padded rows name, then a step of
+    every live request."""
+    names = string.ascii_lowercase[:rng.randint(5, 8)]
+    first = rng.sample(names, rng.choice((4, 8)) if len(names) == 8 else 4)
+    events, live, buffer = [f"arrive {names}", f"step {''.join(first)}"], list(names), [0] * 8
+    slots = {n: i for i, n in enumerate(names)}
+    buffer[:len(first)] = [slots[n] for n in first]
+    if rng.random() < 0.5:
+        gone = rng.sample(first, rng.randint(1, 2))
+        events.append(f"finish {''.join(gone)}")
+        live = [n for n in live if n not in gone]
+    for _ in range(rng.randint(1, 2)):
+        size = rng.choice([m for m in (3, 5, 6, 7) if m < len(live)] or [1])
+        named = set(buffer[size:4 if size == 3 else 8])  # no padded row may name a slot of the batch
+        free = [n for n in live if slots[n] not in named]
+        batch = rng.sample(free, min(size, len(free)))
+        if len(batch) == size:
+            events.append(f"step {''.join(batch)}")
+            buffer[:size] = [slots[n] for n in batch]
+    return (*events, f"step {''.join(rng.sample(live, len(live)))}")
+
+
+@checker(
+    "ch3.corrupted_responses",
+    solution="cudagraph_idx_mapping:corrupted_responses",
+    todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the "
+         "unfixed engine corrupts",
+    hints={
+        "format": "return a set of request names (letters), e.g. {'a', 'b'}.",
+        "unknown": "name only requests of the history.",
+        "finished": "a padded row that names the slot of a finished request writes a free slot: that "
+                    "request's response is complete, and a later owner of the slot writes its own draft "
+                    "logits before anything reads them.",
+        "undrafted": "a waiting request that has not run yet has no cached draft logits to lose: its first "
+                     "step drafts, and writes its own, before any verification reads them.",
+        "unread": "overwritten draft logits corrupt a response only when a verification reads them: that "
+                  "request never runs again after the padded step that hit its slot.",
+        "earlier": "you missed a victim of an earlier padded step: every padded step can hit a waiting "
+                   "request's cache, and the damage waits for its next verification.",
+        "missed": "you missed a request whose cached draft logits a padded row overwrote while it waited.",
+        "too_many": "a response comes out corrupted only if a padded row named the request's slot while it "
+                    "waited with drafts, and a later step verified them.",
+    },
+    forbid=("specfix.exercises.cudagraph_idx_mapping:run_schedule",
+            "specfix.lab.padding_bench:StaleRowScenario.play",
+            "specfix.mrv2.speculator:DraftModelSpeculator.propose"),
+)
+def check_corrupted_responses(answer, verdict):
+    for events in _response_cases():
+        names = _names(answer(list(events), 8))
+        verdict.require(names is not None, "format")
+        everyone = {c for event in events for c in event.split()[1]}
+        verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
+        truth, kinds = _corrupted(events), _write_kinds(events)
+        said = f"(history {list(events)})"
+        for kind in ("finished", "undrafted", "unread"):
+            verdict.require(not names & (kinds[kind] - truth), kind, said)
+        missed = truth - names
+        verdict.require(not missed & kinds["earlier"], "earlier", said)
+        verdict.require(not missed, "missed", said)
+        verdict.require(names == truth, "too_many", said)
 
 
 # -- ch3.find_stale_row -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specfix.lab.invariance import check_speculator
+from specfix.mrv2.cudagraph import CudaGraphDispatcher
 
 
 def pad_idx_mapping(buffer, idx_mapping, num_reqs):
@@ -51,3 +52,32 @@ def sample_idx_mapping(idx_mapping, num_reqs, k, max_num_reqs):
     max_num_reqs * k entries a FULL graph samples (the rows past num_reqs are stale: never read them)."""
     live = idx_mapping[:num_reqs].long().repeat_interleave(k)  # request by request: s0 s0 s0 s1 s1 s1
     return torch.cat([live, torch.full(((max_num_reqs - num_reqs) * k,), -1, dtype=torch.long)])
+
+
+def corrupted_responses(events, max_num_reqs):
+    """Replay the buffer step by step: a padded row naming the slot of a request that waits with drafts
+    overwrites their cached logits, and its response shows it when a later step verifies them."""
+    graphs = CudaGraphDispatcher(max_num_reqs)  # the capture sizes: 1, 2, 4, 8, ...
+    buffer, slots, drafted, hit, corrupted = [0] * max_num_reqs, {}, set(), set(), set()
+    for event in events:
+        verb, names = event.split()
+        if verb == "finish":  # its response is complete: nothing overwritten now can reach it
+            for name in names:
+                del slots[name]
+                hit.discard(name)
+            continue
+        for name in names:
+            if name not in slots:
+                slots[name] = min(set(range(max_num_reqs)) - set(slots.values()))
+        if verb == "arrive":
+            continue
+        corrupted |= hit & set(names)  # the step verifies their drafts against the overwritten logits
+        hit -= set(names)  # ... then drafts anew, caching fresh logits
+        for row, name in enumerate(names):
+            buffer[row] = slots[name]
+        owner = {slot: name for name, slot in slots.items()}
+        padded = graphs.dispatch(len(names)).num_reqs_padded
+        waiting = {owner.get(slot) for slot in buffer[len(names):padded]} - set(names)
+        hit |= waiting & drafted  # a request that never drafted has no cache to lose yet (None: a free slot)
+        drafted |= set(names)
+    return corrupted
