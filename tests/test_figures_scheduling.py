@@ -103,3 +103,30 @@ def test_bad_input_is_refused_by_name(runs):
     step = runs["decode node", False].trace[0]
     with pytest.raises(ValueError, match="request '1' has no draft slots in this step"):
         figs.follow_placeholder(step, "1", VOCAB)
+
+
+def _by_mode(runs):
+    return {(name, "async" if a else "sync"): result for (name, a), result in runs.items()}
+
+
+def test_waiting_paragraph_says_which_run_leaves_the_request_out(runs):
+    named = _by_mode(runs)
+    grid = figs.slot_kinds(named["tight budget", "async"])
+    waiting, back = figs.waiting_request(named["tight budget", "async"])
+    assert grid[waiting][back] == lab.REACHES_EMBEDDING
+    last = max(i for i in range(back) if grid[waiting][i] != lab.NOT_SCHEDULED)
+    text = figs.waiting_text(named["tight budget", "async"])
+    # the wait is the async run's: the paragraph says so instead of stating it of both panels
+    assert text.startswith(f"In the async run, request {waiting} sits out steps {last + 1} to {back - 1}.")
+
+
+def test_count_paragraphs_quote_the_placeholder_counts(runs):
+    named = _by_mode(runs)
+    sync, asyn = (lab.placeholder_counts(named["decode node", m]) for m in ("sync", "async"))
+    text = figs.decode_node_text(named)
+    assert f"the scheduler wrote {sync['-1 written by the scheduler']} `-1` slots" in text
+    assert f"the runner overwrote {asyn['-1 overwritten by the runner']} of them" in text
+    budget = figs.budget_text(named)
+    tight = lab.placeholder_counts(named["tight budget", "async"])
+    assert f"async scheduling ran {tight['batches']} batches" in budget
+    assert f"{lab.wasted_steps(named['tight budget', 'async'])} times" in budget
