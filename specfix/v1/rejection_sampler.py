@@ -476,14 +476,14 @@ def _rejection_sample(
         if sampling_metadata.all_greedy:
             return output_token_ids
     _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, uniform_probs,
-                       recovered_token_ids, reject_negative_drafts, backend)
+                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, is_greedy,
+                       uniform_probs, recovered_token_ids, reject_negative_drafts, backend)
     return output_token_ids
 
 
 def _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, uniform_probs,
-                       recovered_token_ids, reject_negative_drafts, backend) -> None:
+                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, is_greedy,
+                       uniform_probs, recovered_token_ids, reject_negative_drafts, backend) -> None:
     """The random half of ``_rejection_sample``: draw what the caller did not pass, then verify."""
     device = target_logits.device
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
@@ -512,7 +512,7 @@ def _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_
         bonus_token_ids,
         recovered_token_ids,
         uniform_probs,
-        sampling_metadata.is_greedy,
+        is_greedy,
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
