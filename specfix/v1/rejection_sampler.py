@@ -131,9 +131,12 @@ class RejectionSampler(torch.nn.Module):
         # Advanced indexing copies (int32 indices as they come): no second copy, no cast of the indices.
         bonus_logits = logits[metadata.bonus_logits_indices].to(torch.float32)
         target_logits = logits[metadata.target_logits_indices].to(torch.float32)
-        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata)
+        # The greedy mask and the divisors, once for the step (each is a kernel launch on a GPU).
+        is_greedy = sampling_metadata.is_greedy
+        divisors = None if sampling_metadata.all_greedy else _divisors(is_greedy, sampling_metadata)
+        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, is_greedy, divisors)
         target_logits = apply_sampling_constraints(
-            target_logits, metadata.cu_num_draft_tokens, sampling_metadata
+            target_logits, metadata.cu_num_draft_tokens, sampling_metadata, temperature=divisors
         )
         return _rejection_sample(
             metadata.draft_token_ids,
@@ -146,6 +149,7 @@ class RejectionSampler(torch.nn.Module):
             sampling_metadata,
             reject_negative_drafts=self.fixes.reject_negative_drafts,
             backend=self.backend,
+            is_greedy=is_greedy,
         )
 
     @staticmethod
@@ -333,13 +337,15 @@ def expand_batch_to_tokens(
 
 
 def apply_sampling_constraints(
-    logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata
+    logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata, *,
+    temperature: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Divide each token's logits by its request's temperature, in place (greedy rows, with a temperature
-    below ``SAMPLING_EPS``, divide by 1)."""
+    below ``SAMPLING_EPS``, divide by 1; ``temperature``: those divisors per request, if already made)."""
     if sampling_metadata.all_greedy:
         return logits
-    temperature = torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
+    if temperature is None:
+        temperature = _divisors(sampling_metadata.is_greedy, sampling_metadata)
     temperature = expand_batch_to_tokens(temperature, cu_num_draft_tokens, logits.shape[0])
     return logits.div_(temperature.unsqueeze(-1))
 
@@ -362,12 +368,20 @@ def generate_uniform_probs(
     return uniform_probs
 
 
-def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
-    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones."""
+def _divisors(is_greedy: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+    """[B] what each request's logits are divided by: its temperature, 1 for a greedy one."""
+    return torch.where(is_greedy, 1.0, sampling_metadata.temperature)
+
+
+def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None,
+                         temperature=None) -> torch.Tensor:
+    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones
+    (``is_greedy``, ``temperature``: the step's mask and divisors, computed here if not given)."""
     argmax = logits.argmax(dim=-1)
     if sampling_metadata.all_greedy:
         return argmax.to(torch.int32)
-    temperature = torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
+    is_greedy = sampling_metadata.is_greedy if is_greedy is None else is_greedy
+    temperature = _divisors(is_greedy, sampling_metadata) if temperature is None else temperature
     probs = torch.softmax(logits / temperature.unsqueeze(-1), dim=-1)
     noise = _exponential_noise(
         logits.shape[0],
@@ -377,7 +391,7 @@ def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetada
         logits.device,
     )
     sampled = (probs / noise).argmax(dim=-1)
-    return torch.where(sampling_metadata.is_greedy, argmax, sampled).to(torch.int32)
+    return torch.where(is_greedy, argmax, sampled).to(torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -454,13 +468,14 @@ def _rejection_sample(
     recovered_token_ids=None,
     reject_negative_drafts=True,
     backend="auto",
+    is_greedy=None,
 ) -> torch.Tensor:
-    """``rejection_sample`` on inputs already validated."""
+    """``rejection_sample`` on inputs already validated (``is_greedy``: the step's mask, if it has it)."""
     device = target_logits.device
     batch_size = len(num_draft_tokens)
     # Every row is written whole (its tokens, then PLACEHOLDER_TOKEN_ID) by the greedy or the random kernel.
     output_token_ids = torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
-    is_greedy = sampling_metadata.is_greedy
+    is_greedy = sampling_metadata.is_greedy if is_greedy is None else is_greedy
     if not sampling_metadata.all_random:
         target_argmax = target_logits.argmax(dim=-1)
         rejection_greedy_sample(
