@@ -66,55 +66,26 @@ CUDA_NOTE = (
     "cases time the host alone. Medians with p20/p80."
 )
 
-CASES: dict[str, Case] = {
-    c.name: c
-    for c in [
-        Case("ceilings", "device copy and fp32 argmax read bandwidth", gc.plan_ceilings, gc.goals_ceilings),
-        Case(
-            "gumbel",
-            "gumbel_sample vs softmax+multinomial and torch Gumbel-max",
-            gc.plan_gumbel,
-            gc.goals_gumbel,
-        ),
-        Case(
-            "gumbel_graph",
-            "few rows per call inside a CUDA graph",
-            gc.plan_gumbel_graph,
-            gc.goals_gumbel_graph,
-        ),
-        Case("gumbel_host", "gumbel_sample's host cost per call", gc.plan_gumbel_host, gc.goals_gumbel_host),
-        Case(
-            "gumbel_mask",
-            "masked vs unmasked gumbel kernel, interleaved repeats",
-            gc.plan_gumbel_mask,
-            gc.goals_gumbel_mask,
-        ),
-        Case(
-            "placeholder_fixes",
-            "chapter 2's three placeholder fixes per step, host syncs counted",
-            sc.plan_placeholder_fixes,
-            sc.goals_placeholder_fixes,
-        ),
-        Case(
-            "drafter_graph",
-            "chapter 3's drafter step and the DFlash step: eager, CUDA-graph replay, syncs",
-            sc.plan_drafter_graph,
-            sc.goals_drafter_graph,
-        ),
-        Case(
-            "rejection",
-            "RejectionSampler per step (greedy, random) at realistic sizes",
-            rc.plan_rejection,
-            rc.goals_rejection,
-        ),
-        Case(
-            "rejection_host",
-            "RejectionSampler.forward's and rejection_sample's host cost per call",
-            rc.plan_rejection_host,
-            rc.goals_rejection_host,
-        ),
-    ]
-}
+# fmt: off
+#: Every case: name, what it measures, its planner and its goals.
+CASES: dict[str, Case] = {c.name: c for c in [
+    Case("ceilings", "device copy and fp32 argmax read bandwidth", gc.plan_ceilings, gc.goals_ceilings),
+    Case("gumbel", "gumbel_sample vs softmax+multinomial and torch Gumbel-max, GPU time and back to back",
+         gc.plan_gumbel, gc.goals_gumbel),
+    Case("gumbel_graph", "few rows per call in a CUDA graph", gc.plan_gumbel_graph, gc.goals_gumbel_graph),
+    Case("gumbel_host", "gumbel_sample's host cost per call", gc.plan_gumbel_host, gc.goals_gumbel_host),
+    Case("gumbel_mask", "masked vs unmasked gumbel kernel, interleaved repeats", gc.plan_gumbel_mask,
+         gc.goals_gumbel_mask),
+    Case("placeholder_fixes", "chapter 2's three placeholder fixes per step, host syncs counted",
+         sc.plan_placeholder_fixes, sc.goals_placeholder_fixes),
+    Case("drafter_graph", "chapter 3's drafter step and the DFlash step: eager, CUDA-graph replay, syncs",
+         sc.plan_drafter_graph, sc.goals_drafter_graph),
+    Case("rejection", "RejectionSampler per step (greedy, random) at realistic sizes", rc.plan_rejection,
+         rc.goals_rejection),
+    Case("rejection_host", "RejectionSampler.forward's and rejection_sample's host cost per call",
+         rc.plan_rejection_host, rc.goals_rejection_host),
+]}
+# fmt: on
 
 
 def _settings(device, scale: str, only, peer) -> tuple[Settings, list[str]]:

@@ -137,21 +137,14 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
     for impl, call in impls.items():
         t = timer.time(call)
         med = statistics.median(t)
-        extra = {}
+        m = {
+            "G_logits_per_s": g_logits_per_s(rows, vocab, med),
+            "TB_per_s_read": tb_per_s(nbytes, med),
+            "host_syncs_per_call": count_host_syncs(call, s.device),
+        }
         if s.cuda and (impl == JUDGED or impl.startswith("vllm_")):  # goal 2: back to back, host shows
-            extra["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
-        shape.append(
-            result(
-                "gumbel",
-                impl,
-                params,
-                t,
-                G_logits_per_s=g_logits_per_s(rows, vocab, med),
-                TB_per_s_read=tb_per_s(nbytes, med),
-                host_syncs_per_call=count_host_syncs(call, s.device),
-                **extra,
-            )
-        )
+            m["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
+        shape.append(result("gumbel", impl, params, t, **m))
     _with_speedups(shape, peers)
     return _with_speedups(shape, peers, b2b_key, "back_to_back_us")
 
