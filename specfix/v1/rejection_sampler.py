@@ -105,29 +105,8 @@ class RejectionSampler(torch.nn.Module):
         bonus token, then (only if k_i > 0) k_i uniforms and V exponentials for its recovered tokens;
         so its output does not depend on the rest of the batch.
         """
-        if not isinstance(metadata, SpecDecodeMetadata):
-            raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
-        _check_logits("logits", logits)
-        expected_rows = metadata.draft_token_ids.numel() + metadata.batch_size
-        if logits.shape[0] != expected_rows:
-            raise ValueError(
-                f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
-            )
-        _check_sampling_metadata(sampling_metadata, metadata.batch_size, logits.device)
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
-        _check_rejection_inputs(
-            metadata.draft_token_ids,
-            metadata.num_draft_tokens,
-            metadata.max_spec_len,
-            metadata.cu_num_draft_tokens,
-            draft_probs,
-            (metadata.draft_token_ids.numel(), logits.shape[1]),
-            index_ranges={
-                "metadata.target_logits_indices": (metadata.target_logits_indices, expected_rows),
-                "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, expected_rows),
-            },
-            scores={"logits": logits, "draft_probs": draft_probs},
-        )
+        _check_forward(metadata, draft_probs, logits, sampling_metadata)
         # Advanced indexing copies (int32 indices as they come): no second copy, no cast of the indices.
         bonus_logits = logits[metadata.bonus_logits_indices].to(torch.float32)
         target_logits = logits[metadata.target_logits_indices].to(torch.float32)
@@ -176,6 +155,32 @@ class RejectionSampler(torch.nn.Module):
 
 # ----------------------------------------------------------------------------------------------------
 # Validation
+
+
+def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
+    """Every check ``RejectionSampler.forward`` makes, all before it draws anything."""
+    if not isinstance(metadata, SpecDecodeMetadata):
+        raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
+    _check_logits("logits", logits)
+    expected_rows = metadata.draft_token_ids.numel() + metadata.batch_size
+    if logits.shape[0] != expected_rows:
+        raise ValueError(
+            f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
+        )
+    _check_sampling_metadata(sampling_metadata, metadata.batch_size, logits.device)
+    _check_rejection_inputs(
+        metadata.draft_token_ids,
+        metadata.num_draft_tokens,
+        metadata.max_spec_len,
+        metadata.cu_num_draft_tokens,
+        draft_probs,
+        (metadata.draft_token_ids.numel(), logits.shape[1]),
+        index_ranges={
+            "metadata.target_logits_indices": (metadata.target_logits_indices, expected_rows),
+            "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, expected_rows),
+        },
+        scores={"logits": logits, "draft_probs": draft_probs},
+    )
 
 
 def _check_logits(name: str, logits: object) -> None:
