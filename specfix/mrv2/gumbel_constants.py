@@ -1,10 +1,9 @@
 """The Gumbel kernels' constants as triton constexprs, read as attributes of this module (``K.C1``).
 
 Before every launch triton re-checks each global constexpr a kernel reads (``JITFunction.run`` compares it
-with the value it was compiled with, about 0.5 us a comparison on a CPU); it skips modules. Read as
-``K.NAME`` the 30 constants of ``specfix.mrv2.gumbel`` cost no check at all, where as module globals they
-cost more host time than the rest of the launch. The values are ``gumbel_reference``'s (vLLM's for the
-``vllm`` noise; see that module).
+with the value it was compiled with); it skips modules. Read as ``K.NAME`` the constants of the Gumbel
+kernels cost no check at all, where as module globals they would cost more host time than the rest of the
+launch. The values are ``gumbel_reference``'s (vLLM's for the ``vllm`` noise; see that module).
 """
 
 from __future__ import annotations
