@@ -53,6 +53,12 @@ def test_an_unsolved_stub_says_what_to_do_and_does_not_raise(exercise):
         assert not verdict.solved and verdict.hint_ids == ["todo"], str(verdict)
 
 
+def test_a_hint_shows_its_names_as_code_not_as_backticks():
+    verdict = core.Verdict("chX.toy", [("slip", "read `idx_mapping` by slot, not <row>")], checked=True)
+    shown = verdict._repr_html_()
+    assert "<code>idx_mapping</code>" in shown and "`" not in shown and "&lt;row&gt;" in shown
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_has_its_exercises(path):
     nb = json.loads(path.read_text())

@@ -1,5 +1,5 @@
-"""The package's layout by role: every module of v1/, mrv2/, lab/ and tools/ keeps its short name in
-``specfix`` (``from specfix import gumbel``), and no two roles use the same short name."""
+"""The package's layout by role: every module (or subpackage) of v1/, mrv2/, lab/ and tools/ keeps its
+short name in ``specfix`` (``from specfix import gumbel``), and no two roles use the same short name."""
 
 import importlib
 from pathlib import Path
@@ -14,6 +14,7 @@ PACKAGE = Path(specfix.__file__).parent
 
 def test_no_short_name_is_used_twice():
     names = [p.stem for role in ROLES for p in (PACKAGE / role).glob("[!_]*.py")]
+    names += [p.parent.name for role in ROLES for p in (PACKAGE / role).glob("[!_]*/__init__.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert set(specfix._SUBPACKAGE) == set(names)
 

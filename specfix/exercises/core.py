@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import html
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -77,9 +78,14 @@ class Verdict:
         if self.solved:
             return (f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
                     f"<code>{self.exercise}</code> is correct.</div>")
-        items = "".join(f"<li>{html.escape(message)}</li>" for _, message in self.hints)
+        items = "".join(f"<li>{_code_spans(html.escape(message))}</li>" for _, message in self.hints)
         return (f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
                 f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>")
+
+
+def _code_spans(text: str) -> str:
+    """A hint's `name` in backticks, shown as code (as the chapters' markdown shows it), not as backticks."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 @dataclass
