@@ -39,11 +39,8 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
     """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``; a tile of BLOCK logits is laid out by
     ``tile_shape``.
 
-    Interpreter: one program per row, tiles as large as possible (its cost is per program instance).
-    GPU (tuned on the H200 with ``scripts/time_gumbel.py --sweep``): small programs, each row split over
-    several: tiles of 1,024 for 2 warps (16 logits a thread), about 1,024 programs in all below 256 rows and
-    16 per row from 256 rows on; tiles of 512 for 1 warp, 256 programs per row, up to 4 rows, and 8 per row
-    for a vocabulary under 100,000 from 256 rows on."""
+    Interpreter: one program per row, tiles as large as possible (its cost is per program instance). GPU:
+    small programs, each row split over several, as the constants above say."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
     if INTERPRET:
         block = min(fits, 1 << 16)
