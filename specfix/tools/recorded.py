@@ -22,14 +22,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = ROOT / "specfix" / "recorded"
 GOLDEN_DIR = ROOT / "tests" / "golden"
 
-_GUMBEL = ("specfix/mrv2/gumbel.py", "specfix/mrv2/gumbel_constants.py")
+_GUMBEL = ("specfix/mrv2/gumbel.py", "specfix/mrv2/gumbel_launch.py", "specfix/mrv2/noise.py",
+           "specfix/mrv2/gumbel_constants.py")
+_REJECTION = ("specfix/v1/rejection_sampler.py", "specfix/v1/rejection_kernels.py",
+              "specfix/v1/recovered_tokens.py")
 _BENCH = tuple(f"specfix/tools/bench/{m}.py" for m in ("__init__", "timing", "report", "peer", "gumbel_cases",
                                                        "rejection_cases", "step_cases"))
 #: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
 #: code it measured: the script that records it and the modules that script runs.
 SOURCES: dict[str, tuple[str, ...]] = {
     "bench_h200": (*_BENCH, *_GUMBEL, "specfix/lab/placeholder_fixes.py", "specfix/lab/masked_gumbel.py",
-                   "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/v1/rejection_sampler.py"),
+                   "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", *_REJECTION),
     "cudagraph_h200": ("scripts/record_cudagraph.py", "specfix/mrv2/cudagraph.py",
                        "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/lab/padding_bench.py",
                        "specfix/lab/invariance.py", *_GUMBEL),
@@ -37,7 +40,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "embedding_assert_transcripts": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py",
                                      "specfix/models.py", "specfix/v1/engine.py",
                                      "specfix/v1/model_runner.py"),
-    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, "specfix/v1/rejection_sampler.py",
+    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, *_REJECTION,
                         "specfix/checks.py"),
     "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", *_GUMBEL),
     "gumbel_perf": ("scripts/time_gumbel.py", *_GUMBEL),
