@@ -149,8 +149,9 @@ def test_no_reader_facing_text_speaks_of_our_tracker():
     assert not found, "readers have no tracker; name the goal or the fact itself: " + "; ".join(found)
 
 
-#: A code cell longer than this narrates badly; drawing and table code belongs in specfix.figures.
-MAX_CODE_CELL_LINES = 15
+#: A code cell longer than this narrates badly; drawing and table code belongs in specfix.figures. (Code
+#: wraps at the column's 80 characters, so the limit is the book's collapse limit, docs/conf.py.)
+MAX_CODE_CELL_LINES = 25
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
