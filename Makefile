@@ -32,6 +32,7 @@ test: lint unit notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # `make test` again reruns only what changed: each part leaves a stamp under build/test/<scale>/ once it
 # passed (dated from its start), and make reruns a part only when a file it reads is newer: the package

@@ -107,8 +107,11 @@ def displayed_figures(executed: Path) -> int:
     import json
 
     cells = json.loads(executed.read_text())["cells"]
-    return sum(any(mime in output.get("data", {}) for mime in FIGURE_MIMES)
-               for cell in cells for output in cell.get("outputs", []))
+    return sum(
+        any(mime in output.get("data", {}) for mime in FIGURE_MIMES)
+        for cell in cells
+        for output in cell.get("outputs", [])
+    )
 
 
 def local_paths(text: str) -> list:
@@ -130,6 +133,7 @@ def _rgb(css: str) -> tuple:
 
 def contrast(color: str, background: str) -> float:
     """WCAG contrast ratio of two CSS rgb() colours (1 to 21)."""
+
     def luminance(css):
         channels = [c / 255 for c in _rgb(css)]
         lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
@@ -141,16 +145,22 @@ def contrast(color: str, background: str) -> float:
 
 def chrome_in_excerpts(excerpts: list) -> list:
     """Search excerpts that show the theme's buttons instead of the page's text."""
-    return [text[:80] for text in excerpts
-            if any(word in text for word in ("System Settings", "Light Dark", "Color mode"))]
+    return [
+        text[:80]
+        for text in excerpts
+        if any(word in text for word in ("System Settings", "Light Dark", "Color mode"))
+    ]
 
 
 def small_figures(figures: list) -> list:
     """The figures (from _FIGURES_JS) whose smallest text ends up under style.MIN_TEXT_PX tall."""
     style = _style()
-    return [f"{f['src']}: {f['natural']} px wide shown at {f['shown']:.0f} px, so its {style.SMALLEST_PT} pt "
-            f"text is {style.text_px(f['natural'], f['shown']):.1f} px tall (at least {style.MIN_TEXT_PX} px)"
-            for f in figures if f["natural"] and style.text_px(f["natural"], f["shown"]) < style.MIN_TEXT_PX]
+    return [
+        f"{f['src']}: {f['natural']} px wide shown at {f['shown']:.0f} px, so its {style.SMALLEST_PT} pt "
+        f"text is {style.text_px(f['natural'], f['shown']):.1f} px tall (at least {style.MIN_TEXT_PX} px)"
+        for f in figures
+        if f["natural"] and style.text_px(f["natural"], f["shown"]) < style.MIN_TEXT_PX
+    ]
 
 
 @functools.cache
@@ -184,8 +194,11 @@ def broken_link(url: str, root: Path, origin: str):
 
 def book_pages(root: Path) -> list:
     """Every HTML page of the book, relative to `root`; theme and static assets (folders named _*) aside."""
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
-                  if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1]))
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.html")
+        if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1])
+    )
 
 
 def chapter_pages(pages: list) -> list:
@@ -210,15 +223,18 @@ def _check_page(page, url, root, origin, outside):
     page.on("console", lambda msg: console.append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda err: console.append(f"uncaught: {err}"))
     page.on("requestfailed", lambda req: resources.append(f"{req.url}: {req.failure}"))
-    page.on("response", lambda resp: resources.append(f"{resp.url}: HTTP {resp.status}")
-            if resp.status >= 400 else None)
+    page.on(
+        "response",
+        lambda resp: resources.append(f"{resp.url}: HTTP {resp.status}") if resp.status >= 400 else None,
+    )
     outside.clear()
     page.goto(url, wait_until="networkidle")
     page.evaluate(_MATHJAX_JS)  # wait until MathJax has typeset the page (and loaded its fonts)
     page.wait_for_load_state("networkidle")
     images = [f"img {src!r} has natural width 0" for src in page.evaluate(_IMAGES_JS)]
-    links = sorted({problem for href in page.evaluate(_LINKS_JS)
-                    if (problem := broken_link(href, root, origin))})
+    links = sorted(
+        {problem for href in page.evaluate(_LINKS_JS) if (problem := broken_link(href, root, origin))}
+    )
     widgets = page.evaluate(_WIDGETS_JS)
     paths = [f"shows {path}" for path in local_paths(page.evaluate("() => document.body.innerText"))]
     figures = page.evaluate(_FIGURES_JS)
@@ -226,9 +242,12 @@ def _check_page(page, url, root, origin, outside):
     cut = page.evaluate(_CUT_JS)
     if url.rsplit("/", 2)[-2] == "notebooks":
         for mode in ("light", "dark"):
-            chips += [f"exercise chip in {mode} mode: {c['color']} on {c['background']}, contrast "
-                      f"{contrast(c['color'], c['background']):.1f} (at least 4.5)"
-                      for c in page.evaluate(_CHIP_JS, mode) if contrast(c["color"], c["background"]) < 4.5]
+            chips += [
+                f"exercise chip in {mode} mode: {c['color']} on {c['background']}, contrast "
+                f"{contrast(c['color'], c['background']):.1f} (at least 4.5)"
+                for c in page.evaluate(_CHIP_JS, mode)
+                if contrast(c["color"], c["background"]) < 4.5
+            ]
         page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
         stem = url.rsplit("/", 1)[-1].removesuffix(".html")
         executed = root.parent / "jupyter_execute" / "notebooks" / f"{stem}.ipynb"
@@ -257,7 +276,8 @@ def _search(page, origin, term):
     page.wait_for_function(
         "() => { const s = document.querySelector('#search-results'); "
         "return s && (s.querySelector('li') || /found|did not match/i.test(s.textContent)); }",
-        timeout=TIMEOUT_MS)
+        timeout=TIMEOUT_MS,
+    )
     page.wait_for_load_state("networkidle")
     links = page.eval_on_selector_all("#search-results li a", "(links) => links.map((a) => a.href)")
     excerpts = page.eval_on_selector_all("#search-results li p.context", "(ps) => ps.map((p) => p.innerText)")
@@ -266,12 +286,24 @@ def _search(page, origin, term):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("html", nargs="?", default="build/book/html", type=Path,
-                        help="the built book (default: build/book/html)")
-    parser.add_argument("--chromium", default="/usr/bin/chromium",
-                        help="the Chromium binary Playwright drives (default: Debian's, /usr/bin/chromium)")
-    parser.add_argument("--screenshots", type=Path, default=None,
-                        help="where the chapters' first screens go (default: screenshots/ beside html)")
+    parser.add_argument(
+        "html",
+        nargs="?",
+        default="build/book/html",
+        type=Path,
+        help="the built book (default: build/book/html)",
+    )
+    parser.add_argument(
+        "--chromium",
+        default="/usr/bin/chromium",
+        help="the Chromium binary Playwright drives (default: Debian's, /usr/bin/chromium)",
+    )
+    parser.add_argument(
+        "--screenshots",
+        type=Path,
+        default=None,
+        help="where the chapters' first screens go (default: screenshots/ beside html)",
+    )
     args = parser.parse_args(argv)
 
     root = args.html.resolve()
@@ -293,8 +325,9 @@ def main(argv=None) -> int:
     results, outside = {}, []
 
     def route(request_route):
-        if request_route.request.url.startswith(origin + "/") or urlsplit(request_route.request.url).scheme \
-                not in ("http", "https", "ws", "wss"):
+        if request_route.request.url.startswith(origin + "/") or urlsplit(
+            request_route.request.url
+        ).scheme not in ("http", "https", "ws", "wss"):
             request_route.continue_()
         else:
             outside.append(request_route.request.url)
@@ -319,8 +352,9 @@ def main(argv=None) -> int:
                 page = phone.new_page()
                 page.goto(f"{origin}/{name}", wait_until="networkidle")
                 sideways = page.evaluate(_SIDEWAYS_JS)
-                results[name]["phone"] = [f"scrolls {sideways} px sideways at {PHONE['width']} px"] \
-                    if sideways > 0 else []
+                results[name]["phone"] = (
+                    [f"scrolls {sideways} px sideways at {PHONE['width']} px"] if sideways > 0 else []
+                )
                 page.close()
             page = context.new_page()
             hits, excerpts = _search(page, origin, SEARCH_TERM)

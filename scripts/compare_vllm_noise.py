@@ -52,8 +52,9 @@ CACHES = (None, "step", "per row")
 SENTINEL = -777.0
 
 
-def make_batch(rows: int, vocab: int, dtype: torch.dtype, *, seed: int, device,
-               rows_per_request: int = ROWS_PER_REQUEST) -> dict:
+def make_batch(
+    rows: int, vocab: int, dtype: torch.dtype, *, seed: int, device, rows_per_request: int = ROWS_PER_REQUEST
+) -> dict:
     """``gumbel_batch``'s inputs laid out as vLLM 0.33 passes a verification step: each request's
     ``rows_per_request`` rows, requests in shuffled slot order, then at least ``rows // 50`` padded rows (-1);
     one temperature per request from ``TEMPERATURES``, seeds over the whole int64 range, positions from a
@@ -61,14 +62,15 @@ def make_batch(rows: int, vocab: int, dtype: torch.dtype, *, seed: int, device,
     gen = torch.Generator().manual_seed(seed)
     num_reqs = max(1, (rows - max(1, rows // 50)) // rows_per_request)
     temps = torch.tensor(TEMPERATURES)[(torch.arange(num_reqs) + seed) % len(TEMPERATURES)]
-    batch = gumbel_batch(rows, vocab, num_reqs=num_reqs, temperature=temps, dtype=dtype, seed=seed,
-                         device=device)
+    batch = gumbel_batch(
+        rows, vocab, num_reqs=num_reqs, temperature=temps, dtype=dtype, seed=seed, device=device
+    )
     slots = torch.randperm(num_reqs, generator=gen)
-    idx = slots.repeat_interleave(rows_per_request)[:rows - 1]
+    idx = slots.repeat_interleave(rows_per_request)[: rows - 1]
     idx = torch.cat([idx, torch.full((rows - len(idx),), -1)])
     start = torch.randint(0, 2**40, (num_reqs,), generator=gen)
     pos = start[idx.clamp(min=0)] + torch.arange(rows) % rows_per_request
-    seeds = torch.randint(-2**63, 2**63 - 1, (num_reqs,), generator=gen)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_reqs,), generator=gen)
     return dict(batch, expanded_idx_mapping=idx.to(device), seed=seeds.to(device), pos=pos.to(device))
 
 
@@ -80,14 +82,24 @@ def compare(peer, batch: dict, *, apply_temperature: bool, is_drafting: bool, ca
     b = batch
     rows, vocab = b["logits"].shape
     device, dtype = b["logits"].device, b["logits"].dtype
-    args = (b["logits"], b["expanded_idx_mapping"], b["temperature"], b["seed"], b["pos"], apply_temperature,
-            is_drafting)
+    args = (
+        b["logits"],
+        b["expanded_idx_mapping"],
+        b["temperature"],
+        b["seed"],
+        b["pos"],
+        apply_temperature,
+        is_drafting,
+    )
     guarded = ours_cache = theirs_cache = None
     extra = ()
     if cache is not None:
         shape = (b["temperature"].shape[0], ROWS_PER_REQUEST, vocab)
-        col = (torch.tensor(2, device=device) if cache == "step"  # rows of a request: consecutive columns
-               else torch.arange(rows, device=device) % ROWS_PER_REQUEST)
+        col = (
+            torch.tensor(2, device=device)
+            if cache == "step"  # rows of a request: consecutive columns
+            else torch.arange(rows, device=device) % ROWS_PER_REQUEST
+        )
         ours_cache, guarded = gumbel.guarded_table(shape, SENTINEL, dtype, device=device)
         theirs_cache = torch.full(shape, SENTINEL, dtype=dtype, device=device)
         extra = (col,)
@@ -95,17 +107,27 @@ def compare(peer, batch: dict, *, apply_temperature: bool, is_drafting: bool, ca
     ours = gumbel.gumbel_sample(*args, *((ours_cache,) + extra if extra else ()), noise="vllm")
     differ = (ours != theirs).nonzero().flatten().tolist()
     cells = 0 if cache is None else int((ours_cache != theirs_cache).any(-1).sum())
-    return dict(rows=rows, mismatches=len(differ), cache_mismatches=cells,
-                stored_outside=guarded is not None and not bool((guarded[[0, -1]] == SENTINEL).all()),
-                not_argmax=int((theirs != b["logits"].float().argmax(-1)).sum()),
-                first_mismatches=[dict(row=r, ours=int(ours[r]), vllm=int(theirs[r])) for r in differ[:5]])
+    return dict(
+        rows=rows,
+        mismatches=len(differ),
+        cache_mismatches=cells,
+        stored_outside=guarded is not None and not bool((guarded[[0, -1]] == SENTINEL).all()),
+        not_argmax=int((theirs != b["logits"].float().argmax(-1)).sum()),
+        first_mismatches=[dict(row=r, ours=int(ours[r]), vllm=int(theirs[r])) for r in differ[:5]],
+    )
 
 
 def cases(vocabs, dtypes):
     for vocab, dname, apply_temperature, is_drafting, cache in itertools.product(
-            vocabs, dtypes, (True, False), (False, True), CACHES):
-        yield dict(vocab=vocab, dtype=dname, apply_temperature=apply_temperature, is_drafting=is_drafting,
-                   cache=cache)
+        vocabs, dtypes, (True, False), (False, True), CACHES
+    ):
+        yield dict(
+            vocab=vocab,
+            dtype=dname,
+            apply_temperature=apply_temperature,
+            is_drafting=is_drafting,
+            cache=cache,
+        )
 
 
 def main() -> None:
@@ -113,16 +135,23 @@ def main() -> None:
     parser.add_argument("--peer", default=str(ROOT / ".peer"), help="the folder fetch_vllm_peer.py fills")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(recorded.RECORDED_DIR))
     parser.add_argument("--rows-per-case", type=int, default=1024)
-    parser.add_argument("--deadline-s", type=float, default=None,
-                        help="start no case after this many seconds; the recording says how many cases ran")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="start no case after this many seconds; the recording says how many cases ran",
+    )
     args = parser.parse_args()
     if runtime.INTERPRET:
-        sys.exit("compare_vllm_noise.py compares the compiled kernels: run it on a CUDA GPU "
-                 "(tests/test_gumbel.py runs the interpreter comparison)")
+        sys.exit(
+            "compare_vllm_noise.py compares the compiled kernels: run it on a CUDA GPU "
+            "(tests/test_gumbel.py runs the interpreter comparison)"
+        )
     peer = load_vllm_sampler(VERSION, args.peer)
     if peer is None:
-        sys.exit(f"vLLM {VERSION}'s sampler is not in {args.peer}: "
-                 f"run python scripts/fetch_vllm_peer.py {VERSION}")
+        sys.exit(
+            f"vLLM {VERSION}'s sampler is not in {args.peer}: run python scripts/fetch_vllm_peer.py {VERSION}"
+        )
     started = time.perf_counter()
     results = []
     planned = list(cases(GPU_VOCABS, DTYPES))
@@ -132,24 +161,44 @@ def main() -> None:
             break
         # One row per request when the whole call caches into one column (as vLLM's draft-model speculator
         # calls it): two rows of a request would race for the same cell.
-        batch = make_batch(args.rows_per_case, case["vocab"], DTYPES[case["dtype"]], seed=i, device="cuda",
-                           rows_per_request=1 if case["cache"] == "step" else ROWS_PER_REQUEST)
-        got = compare(peer, batch, apply_temperature=case["apply_temperature"],
-                      is_drafting=case["is_drafting"], cache=case["cache"])
+        batch = make_batch(
+            args.rows_per_case,
+            case["vocab"],
+            DTYPES[case["dtype"]],
+            seed=i,
+            device="cuda",
+            rows_per_request=1 if case["cache"] == "step" else ROWS_PER_REQUEST,
+        )
+        got = compare(
+            peer,
+            batch,
+            apply_temperature=case["apply_temperature"],
+            is_drafting=case["is_drafting"],
+            cache=case["cache"],
+        )
         results.append({**case, **got})
         print({k: v for k, v in results[-1].items() if k != "first_mismatches"}, flush=True)
         del batch
     total = sum(r["rows"] for r in results)
     mismatches = sum(r["mismatches"] + r["cache_mismatches"] + r["stored_outside"] for r in results)
-    path = recorded.save("vllm_noise_comparison", {
-        "what": f"specfix gumbel_sample(noise='vllm') against vLLM {VERSION}'s gumbel_sample, same inputs: "
-                "tokens and draft-logits caches",
-        "vllm_version": VERSION, "temperatures": list(TEMPERATURES), "rows": total,
-        "mismatches": sum(r["mismatches"] for r in results),
-        "cache_mismatches": sum(r["cache_mismatches"] for r in results),
-        "not_argmax": sum(r["not_argmax"] for r in results),
-        "seconds": round(time.perf_counter() - started, 1), "cases_planned": len(planned),
-        "cases": results}, args.out)
+    path = recorded.save(
+        "vllm_noise_comparison",
+        {
+            "what": f"specfix gumbel_sample(noise='vllm') against vLLM {VERSION}'s gumbel_sample, "
+            "same inputs: "
+            "tokens and draft-logits caches",
+            "vllm_version": VERSION,
+            "temperatures": list(TEMPERATURES),
+            "rows": total,
+            "mismatches": sum(r["mismatches"] for r in results),
+            "cache_mismatches": sum(r["cache_mismatches"] for r in results),
+            "not_argmax": sum(r["not_argmax"] for r in results),
+            "seconds": round(time.perf_counter() - started, 1),
+            "cases_planned": len(planned),
+            "cases": results,
+        },
+        args.out,
+    )
     print(f"{total:,} rows, {mismatches} differing tokens or cache cells; wrote {path}")
     sys.exit(1 if mismatches else 0)
 

@@ -35,8 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = "vllm_peer_shim"
 #: What is kept of each wheel: the name in .peer/ (by kind) and the file in the wheel.
-FILES = {"gumbel": "vllm/v1/worker/gpu/sample/gumbel.py",
-         "rejection": "vllm/v1/sample/rejection_sampler.py"}
+FILES = {"gumbel": "vllm/v1/worker/gpu/sample/gumbel.py", "rejection": "vllm/v1/sample/rejection_sampler.py"}
 #: The source kept for reading: whole folders, and single files.
 SOURCE = (("vllm/v1/", "vllm/config/", "vllm/engine/"), ("vllm/sampling_params.py", "vllm/envs.py"))
 DEFAULT_VERSIONS = ("0.24.0", "0.25.0", "0.33.0")
@@ -50,19 +49,41 @@ def standalone(source: str, version: str, member: str) -> str:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
             names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
             span = node.end_lineno - node.lineno + 1
-            lines[node.lineno - 1:node.end_lineno] = [f"from {SHIM} import {names}  # was {node.module}"] + (
-                [""] * (span - 1))
+            lines[node.lineno - 1 : node.end_lineno] = [
+                f"from {SHIM} import {names}  # was {node.module}"
+            ] + ([""] * (span - 1))
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return "\n".join(lines) + (f"\n\n# vLLM {version}'s {member} (sha256 {digest}...), taken from its wheel "
-                               f"by scripts/fetch_vllm_peer.py; its vllm imports point at {SHIM}.\n")
+    return "\n".join(lines) + (
+        f"\n\n# vLLM {version}'s {member} (sha256 {digest}...), taken from its wheel "
+        f"by scripts/fetch_vllm_peer.py; its vllm imports point at {SHIM}.\n"
+    )
 
 
 def download_wheel(version: str, into: Path, python: str = sys.executable) -> Path:
     """vLLM ``version``'s x86-64 Linux wheel for CPython 3.12 (pure Python is all that is read of it)."""
-    subprocess.run([python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64",
-                    "--platform", "manylinux_2_31_x86_64", "--platform", "manylinux_2_34_x86_64",
-                    "-d", str(into), f"vllm=={version}"], check=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_31_x86_64",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "-d",
+            str(into),
+            f"vllm=={version}",
+        ],
+        check=True,
+    )
     (wheel,) = into.glob(f"vllm-{version}-*.whl")
     return wheel
 

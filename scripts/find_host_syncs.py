@@ -56,22 +56,43 @@ def main() -> None:
     for mode, temp in (("greedy", 0.0), ("random", 1.0)):
         sm = SamplingMetadata.from_requests([temp] * batch, [7 + i for i in range(batch)], device=dev)
         q = None if mode == "greedy" else probs
-        core = (meta.draft_token_ids, meta.num_draft_tokens, meta.max_spec_len, meta.cu_num_draft_tokens, q,
-                target, bonus, sm)
+        core = (
+            meta.draft_token_ids,
+            meta.num_draft_tokens,
+            meta.max_spec_len,
+            meta.cu_num_draft_tokens,
+            q,
+            target,
+            bonus,
+            sm,
+        )
         out[f"SpecDecodeMetadata.make_dummy ({mode})"] = first_sync(
-            lambda: SpecDecodeMetadata.make_dummy(drafts, dev))
+            lambda: SpecDecodeMetadata.make_dummy(drafts, dev)
+        )
         out[f"SamplingMetadata.from_requests ({mode})"] = first_sync(
-            lambda t=temp: SamplingMetadata.from_requests([t] * batch, [None] * batch, device=dev))
+            lambda t=temp: SamplingMetadata.from_requests([t] * batch, [None] * batch, device=dev)
+        )
         out[f"RejectionSampler.forward ({mode})"] = first_sync(lambda: sampler(meta, q, logits, sm))  # noqa: B023
         out[f"rejection_sample ({mode})"] = first_sync(lambda: rejection_sample(*core))  # noqa: B023
         out[f"_rejection_sample ({mode})"] = first_sync(lambda: _rejection_sample(*core))  # noqa: B023
     model = load_models(dev)[1]
-    spec = DraftModelSpeculator(model, max_num_reqs=16, num_speculative_steps=k, vocab_size=model.vocab_size,
-                                context_len=model.order - 1, device=dev)
+    spec = DraftModelSpeculator(
+        model,
+        max_num_reqs=16,
+        num_speculative_steps=k,
+        vocab_size=model.vocab_size,
+        context_len=model.order - 1,
+        device=dev,
+    )
     ctx = torch.randint(0, model.vocab_size, (16, model.order - 1), generator=gen, device=dev)
-    args_ = (5, torch.arange(16, dtype=torch.int32, device=dev), torch.ones(16, device=dev),
-             torch.arange(16, dtype=torch.int64, device=dev), ctx[:5].clone(),
-             torch.zeros(5, dtype=torch.int64, device=dev))
+    args_ = (
+        5,
+        torch.arange(16, dtype=torch.int32, device=dev),
+        torch.ones(16, device=dev),
+        torch.arange(16, dtype=torch.int64, device=dev),
+        ctx[:5].clone(),
+        torch.zeros(5, dtype=torch.int64, device=dev),
+    )
     spec.propose(*args_)
     out["DraftModelSpeculator.propose (eager)"] = first_sync(lambda: spec.propose(*args_))
     spec.capture_cuda_graphs()

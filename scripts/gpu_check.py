@@ -44,8 +44,10 @@ SCHEMA = "specfix.gpu_check/1"
 PARTS = ("tests", "chapters", "solutions", "bench")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 600
-CHECK_SOLVED = ("from specfix.exercises.core import summary\n_done = summary()\n"
-                "assert _done and all(_done.values()), _done\nprint(len(_done), 'solved')")
+CHECK_SOLVED = (
+    "from specfix.exercises.core import summary\n_done = summary()\n"
+    "assert _done and all(_done.values()), _done\nprint(len(_done), 'solved')"
+)
 
 
 def first_line(text: str, limit: int = 300) -> str:
@@ -58,18 +60,34 @@ def run_tests(*, deadline: float) -> dict:
     fewer packages); counts and the first failure from its JUnit XML."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        marked = [str(f.relative_to(ROOT)) for f in sorted((ROOT / "tests").glob("test_*.py"))
-                  if re.search(r"pytest\.mark\.cuda[\s,\])]", f.read_text())]
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-               f"--junitxml={xml}", *marked]
+        marked = [
+            str(f.relative_to(ROOT))
+            for f in sorted((ROOT / "tests").glob("test_*.py"))
+            if re.search(r"pytest\.mark\.cuda[\s,\])]", f.read_text())
+        ]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "cuda",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={xml}",
+            *marked,
+        ]
         try:
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=max(1.0, deadline - time.monotonic()))
+            done = subprocess.run(
+                cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic())
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": "out of time: the cuda tests did not finish before the deadline"}
         if not xml.exists():
-            return {"ok": False,
-                    "error": first_line(done.stderr or done.stdout) or f"pytest exited {done.returncode}"}
+            return {
+                "ok": False,
+                "error": first_line(done.stderr or done.stdout) or f"pytest exited {done.returncode}",
+            }
         suite = ET.parse(xml).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -79,8 +97,11 @@ def run_tests(*, deadline: float) -> dict:
             if bad is not None:
                 error = f"{case.get('name')}: {first_line(bad.get('message') or bad.text or '')}"
                 break
-        skipped = [f"{c.get('name')}: {first_line(c.find('skipped').get('message', ''))}"
-                   for c in suite.iter("testcase") if c.find("skipped") is not None]
+        skipped = [
+            f"{c.get('name')}: {first_line(c.find('skipped').get('message', ''))}"
+            for c in suite.iter("testcase")
+            if c.find("skipped") is not None
+        ]
     # a skipped test is not a passed one: on a GPU, every cuda test must run (carry .peer/ for vLLM's)
     ok = done.returncode == 0 and counts["tests"] > 0
     ok = ok and not (counts["failures"] or counts["errors"] or skipped)
@@ -105,8 +126,13 @@ def run_notebook(path: Path, solutions: bool, scale: str = "full", *, deadline: 
     timeout = int(min(CELL_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
     env = {**os.environ, "SPECFIX_SCALE": scale}  # the chapter's kernel gets its own environment
     with tempfile.TemporaryDirectory() as tmp:  # the chapter's working folder: it leaves nothing behind
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": tmp}}, on_cell_start=_deadline_hook(deadline))
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": tmp}},
+            on_cell_start=_deadline_hook(deadline),
+        )
         try:
             client.execute(env=env)
             error = ""
@@ -114,8 +140,10 @@ def run_notebook(path: Path, solutions: bool, scale: str = "full", *, deadline: 
             error = _first_error(nb) or f"{type(exc).__name__}: {first_line(exc)}"
         except Exception as exc:  # noqa: BLE001  (nbclient or the kernel's start failed, not a cell)
             frame = traceback.extract_tb(exc.__traceback__)[-1]
-            error = (f"{type(exc).__name__} outside the chapter's cells, at {Path(frame.filename).name}:"
-                     f"{frame.lineno} ({frame.line}): {first_line(exc)}")
+            error = (
+                f"{type(exc).__name__} outside the chapter's cells, at {Path(frame.filename).name}:"
+                f"{frame.lineno} ({frame.line}): {first_line(exc)}"
+            )
     result = {"ok": not error, "error": error, "scale": scale, "slowest_cells": _slowest_cells(nb)}
     if solutions and not error:
         result["solved"] = first_line("".join(o.get("text", "") for o in nb.cells[-1].outputs))
@@ -132,8 +160,10 @@ def _slowest_cells(nb, n: int = 3) -> list[dict]:
         timing = cell.get("metadata", {}).get("execution", {})
         start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
         if start and end:
-            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
-                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            seconds = (
+                datetime.fromisoformat(end.replace("Z", "+00:00"))
+                - datetime.fromisoformat(start.replace("Z", "+00:00"))
+            ).total_seconds()
             spans.append({"cell": index, "seconds": round(seconds, 1), "source": first_line(cell.source, 80)})
     return sorted(spans, key=lambda span: -span["seconds"])[:n]
 
@@ -146,6 +176,7 @@ def _deadline_hook(deadline: float):
     def check(cell, cell_index):
         if time.monotonic() >= deadline:
             raise OutOfTime(f"the deadline passed before cell {cell.get('id')} ({cell_index}) could start")
+
     return check
 
 
@@ -160,20 +191,42 @@ def _first_error(nb) -> str:
 def run_bench(*, deadline: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "specfix", "bench", "--device", "cuda", "--scale", "ci", "--no-progress",
-               "--json", str(path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specfix",
+            "bench",
+            "--device",
+            "cuda",
+            "--scale",
+            "ci",
+            "--no-progress",
+            "--json",
+            str(path),
+        ]
         try:
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=max(1.0, deadline - time.monotonic()))
+            done = subprocess.run(
+                cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic())
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": "out of time: the bench did not finish before the deadline"}
         report = json.loads(path.read_text()) if path.exists() else {}
     errors = report.get("errors", [])
-    error = "" if done.returncode == 0 else (
-        f"{errors[0].get('case', '?')}: {first_line(errors[0].get('error', errors[0]))}" if errors
-        else first_line(done.stderr[-2000:] or done.stdout[-2000:]) or f"exit status {done.returncode}")
-    return {"ok": done.returncode == 0 and bool(report), "error": error,
-            "results": len(report.get("results", [])), "errors": len(errors)}
+    error = (
+        ""
+        if done.returncode == 0
+        else (
+            f"{errors[0].get('case', '?')}: {first_line(errors[0].get('error', errors[0]))}"
+            if errors
+            else first_line(done.stderr[-2000:] or done.stdout[-2000:]) or f"exit status {done.returncode}"
+        )
+    )
+    return {
+        "ok": done.returncode == 0 and bool(report),
+        "error": error,
+        "results": len(report.get("results", [])),
+        "errors": len(errors),
+    }
 
 
 def environment() -> dict:
@@ -208,8 +261,14 @@ def plan(parts: list[str], chapters: list[Path], solutions_scale: str = "ci") ->
             nb = json.loads(path.read_text())
             if solutions and not any("exercise" in c["metadata"].get("tags", []) for c in nb["cells"]):
                 continue
-            jobs.append(("solutions" if solutions else "chapters", path.stem, run_notebook,
-                         (path, solutions, "full" if not solutions else solutions_scale)))
+            jobs.append(
+                (
+                    "solutions" if solutions else "chapters",
+                    path.stem,
+                    run_notebook,
+                    (path, solutions, "full" if not solutions else solutions_scale),
+                )
+            )
     if "bench" in parts:
         jobs.append(("bench", "specfix bench --scale ci", run_bench, ()))
     return jobs
@@ -230,8 +289,15 @@ def run_job(part: str, name: str, job, args: tuple, deadline: float) -> dict:
     return result
 
 
-def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float,
-          solutions_scale: str = "ci", jobs: int = 1, alone: frozenset[str] = frozenset()) -> dict:
+def check(
+    parts: list[str],
+    chapters: list[Path],
+    run_id: str,
+    deadline_s: float,
+    solutions_scale: str = "ci",
+    jobs: int = 1,
+    alone: frozenset[str] = frozenset(),
+) -> dict:
     """Run the jobs, ``jobs`` at a time (each chapter is its own kernel process, the tests and the bench
     their own child processes, so they share the GPU as several users would); chapters named in ``alone``
     (those that time the GPU) run by themselves after the others, so that nothing else loads the GPU."""
@@ -240,9 +306,17 @@ def check(parts: list[str], chapters: list[Path], run_id: str, deadline_s: float
     started = time.monotonic()
     deadline = started + deadline_s  # CLOCK_MONOTONIC: one clock for this process and its threads
     os.environ.pop("SPECFIX_DEVICE", None)  # the GPU, whatever the caller's shell says
-    os.environ.pop("SPECFIX_SCALE", None)   # the tests at their default; each chapter run sets its own
-    report = {"schema": SCHEMA, "run": run_id, "meta": environment(), "parts": parts, "jobs": jobs,
-              "alone": sorted(alone), "chapters_asked": [p.stem for p in chapters], "results": []}
+    os.environ.pop("SPECFIX_SCALE", None)  # the tests at their default; each chapter run sets its own
+    report = {
+        "schema": SCHEMA,
+        "run": run_id,
+        "meta": environment(),
+        "parts": parts,
+        "jobs": jobs,
+        "alone": sorted(alone),
+        "chapters_asked": [p.stem for p in chapters],
+        "results": [],
+    }
     planned = plan(parts, chapters, solutions_scale)
     shared = [j for j in planned if not (j[0] == "chapters" and j[1] in alone)]
     by_itself = [j for j in planned if j not in shared]
@@ -282,10 +356,15 @@ def aggregate(reports: list[dict]) -> dict:
     hashes = {json.dumps(r["meta"].get("source_hash"), sort_keys=True) for r in runs.values()}
     if len(commits) > 1 or len(hashes) > 1:
         raise ValueError(f"the runs were made at different commits or sources: {sorted(map(str, commits))}")
-    want = {("tests", "cuda tests"), ("bench", "specfix bench --scale ci")} | {
-        ("chapters", p.stem) for p in NOTEBOOKS} | {
-        ("solutions", p.stem) for p in NOTEBOOKS
-        if any("exercise" in c["metadata"].get("tags", []) for c in json.loads(p.read_text())["cells"])}
+    want = (
+        {("tests", "cuda tests"), ("bench", "specfix bench --scale ci")}
+        | {("chapters", p.stem) for p in NOTEBOOKS}
+        | {
+            ("solutions", p.stem)
+            for p in NOTEBOOKS
+            if any("exercise" in c["metadata"].get("tags", []) for c in json.loads(p.read_text())["cells"])
+        }
+    )
     for run in runs.values():
         done = {(r["part"], r["name"]) for r in run["results"]}
         run["missing"] = sorted(" ".join(k) for k in want - done)
@@ -294,9 +373,12 @@ def aggregate(reports: list[dict]) -> dict:
     for run in runs.values():  # consecutive green runs, counted from the last one back
         green = green + 1 if run["green"] else 0
     first = next(iter(runs.values()))["meta"]
-    return {"schema": SCHEMA, "meta": first, "runs": [{k: v for k, v in r.items() if k != "meta"}
-                                                      for r in runs.values()],
-            "consecutive_green_runs": green}
+    return {
+        "schema": SCHEMA,
+        "meta": first,
+        "runs": [{k: v for k, v in r.items() if k != "meta"} for r in runs.values()],
+        "consecutive_green_runs": green,
+    }
 
 
 def show(recording: dict) -> str:
@@ -304,29 +386,49 @@ def show(recording: dict) -> str:
 
     out = [recorded.label(recording["meta"])]
     for run in recording["runs"]:
-        out += ["", f"run {run['run']}: {'green' if run['green'] else 'NOT green'}"
-                + (f" (missing: {', '.join(run['missing'])})" if run["missing"] else ""), table(run)]
+        out += [
+            "",
+            f"run {run['run']}: {'green' if run['green'] else 'NOT green'}"
+            + (f" (missing: {', '.join(run['missing'])})" if run["missing"] else ""),
+            table(run),
+        ]
     out += ["", f"consecutive green runs at the end: {recording['consecutive_green_runs']}"]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     parser.add_argument("--chapters", default="", help="comma-separated chapter numbers (default: all)")
     parser.add_argument("--run", default=time.strftime("%Y%m%dT%H%M%S"), help="run id: same for a split run")
     parser.add_argument("--json", type=Path, help="where the report goes")
     parser.add_argument("--deadline-s", type=float, default=570.0, help="start no part after this many s")
-    parser.add_argument("--solutions-scale", choices=("ci", "full"), default="ci",
-                        help="SPECFIX_SCALE of the SOLUTIONS = True runs (the chapters part runs at full)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="jobs run at once (chapters, tests, bench: each its own process on the one GPU)")
-    parser.add_argument("--alone", default="05",
-                        help="comma-separated chapter numbers that time the GPU: run by themselves, last")
+    parser.add_argument(
+        "--solutions-scale",
+        choices=("ci", "full"),
+        default="ci",
+        help="SPECFIX_SCALE of the SOLUTIONS = True runs (the chapters part runs at full)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="jobs run at once (chapters, tests, bench: each its own process on the one GPU)",
+    )
+    parser.add_argument(
+        "--alone",
+        default="05",
+        help="comma-separated chapter numbers that time the GPU: run by themselves, last",
+    )
     parser.add_argument("--aggregate", nargs="+", type=Path, metavar="REPORT", help="merge reports of runs")
-    parser.add_argument("--out", type=Path, default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json",
-                        help="where --aggregate writes the recording")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "specfix" / "recorded" / "gpu_check_h200.json",
+        help="where --aggregate writes the recording",
+    )
     parser.add_argument("--show", type=Path, metavar="RECORDING", help="print a recording's tables")
     args = parser.parse_args(argv)
     if args.show:
@@ -347,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--chapters: no such chapter among {[p.name[:2] for p in NOTEBOOKS]}")
     missing = missing_requirements()
     if missing:
-        sys.exit(f"{sys.executable} lacks {', '.join(missing)}: run it with the Python that has them "
-                 "(make gpu-check GPU_PYTHON=...; on a machine without network, see README.md's GPU section)")
+        sys.exit(
+            f"{sys.executable} lacks {', '.join(missing)}: run it with the Python that has them "
+            "(make gpu-check GPU_PYTHON=...; on a machine without network, see README.md's GPU section)"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -356,8 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     numbers = {c.strip().zfill(2) for c in args.alone.split(",") if c.strip()}
     alone = frozenset(p.stem for p in NOTEBOOKS if p.name[:2] in numbers)
     report = check(parts, chapters, args.run, args.deadline_s, args.solutions_scale, args.jobs, alone)
-    out = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
-                        else ROOT / "build" / "gpu_check" / f"gpu_check-{args.run}.json")
+    out = args.json or (
+        Path(os.environ["OUT"]) / "gpu_check.json"
+        if os.environ.get("OUT")
+        else ROOT / "build" / "gpu_check" / f"gpu_check-{args.run}.json"
+    )
     if out.exists() and out.is_dir():
         out = out / f"gpu_check-{args.run}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

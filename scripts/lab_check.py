@@ -39,8 +39,10 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of a traceback
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                         "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 
 _PANEL = "window.jupyterapp.shell.currentWidget"
@@ -109,13 +111,26 @@ def start_lab(port: int, token: str, workdir: Path, log):
         path = settings / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    env = dict(os.environ, SPECFIX_SCALE=os.environ.get("SPECFIX_SCALE", "ci"),
-               SPECFIX_DEVICE=os.environ.get("SPECFIX_DEVICE", "cpu"), SPECFIX_CHECK_FIGURES="1",
-               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"))
-    lab_args = (f"--no-browser --ServerApp.port={port} --ServerApp.port_retries=0 "
-                f"--IdentityProvider.token={token} --LabApp.expose_app_in_browser=True")
-    process = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_ARGS={lab_args}"], cwd=ROOT,
-                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(
+        os.environ,
+        SPECFIX_SCALE=os.environ.get("SPECFIX_SCALE", "ci"),
+        SPECFIX_DEVICE=os.environ.get("SPECFIX_DEVICE", "cpu"),
+        SPECFIX_CHECK_FIGURES="1",
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"),
+    )
+    lab_args = (
+        f"--no-browser --ServerApp.port={port} --ServerApp.port_retries=0 "
+        f"--IdentityProvider.token={token} --LabApp.expose_app_in_browser=True"
+    )
+    process = subprocess.Popen(
+        ["make", "--no-print-directory", "lab", f"LAB_ARGS={lab_args}"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -161,10 +176,16 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
     problems = {"run": [], "errors": [], "figures": [], "widgets": []}
     try:
         # A workspace of its own, reset: JupyterLab would otherwise reopen the chapters checked before.
-        page.goto(f"{base}/lab/workspaces/check-{name[:2]}/tree/{name}?reset&token={token}",
-                  wait_until="domcontentloaded")
-        page.wait_for_function(f"(name) => window.jupyterapp && {_PANEL} && {_PANEL}.sessionContext "
-                               f"&& {_PANEL}.context.path === name", arg=name, timeout=120_000)
+        page.goto(
+            f"{base}/lab/workspaces/check-{name[:2]}/tree/{name}?reset&token={token}",
+            wait_until="domcontentloaded",
+        )
+        page.wait_for_function(
+            f"(name) => window.jupyterapp && {_PANEL} && {_PANEL}.sessionContext "
+            f"&& {_PANEL}.context.path === name",
+            arg=name,
+            timeout=120_000,
+        )
         if not page.evaluate(_READY_JS):
             problems["run"].append("no kernel started")
             return problems
@@ -177,13 +198,16 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
         took = time.monotonic() - started
         page.wait_for_timeout(1000)  # the last outputs reach the page
         cells = page.evaluate(_CELLS_JS)
-        print(f"  {name}: {sum(c['ran'] for c in cells)} of {len(cells)} code cells ran in {took:.0f} s, "
-              f"{sum(c['rendered'] for c in cells)} figures rendered")
+        print(
+            f"  {name}: {sum(c['ran'] for c in cells)} of {len(cells)} code cells ran in {took:.0f} s, "
+            f"{sum(c['rendered'] for c in cells)} figures rendered"
+        )
         for cell in cells:
             problems["errors"] += [f"cell {cell['index']}: {error}" for error in cell["errors"]]
             if cell["rendered"] < cell["images"]:
-                problems["figures"].append(f"cell {cell['index']}: {cell['images']} figure(s), "
-                                           f"{cell['rendered']} rendered")
+                problems["figures"].append(
+                    f"cell {cell['index']}: {cell['images']} figure(s), {cell['rendered']} rendered"
+                )
         if not problems["errors"] and not any(cell["ran"] for cell in cells):
             problems["run"].append("no cell ran")
         sliders = [cell for cell in cells if cell["sliders"]]
@@ -206,10 +230,17 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("chapters", nargs="*", help="chapter numbers to check (default: all), e.g. 03 04")
-    parser.add_argument("--chromium", default="/usr/bin/chromium",
-                        help="the Chromium binary Playwright drives (default: Debian's, /usr/bin/chromium)")
-    parser.add_argument("--screenshots", type=Path, default=ROOT / "build" / "lab" / "screenshots",
-                        help="where each chapter's screenshot goes (default: build/lab/screenshots)")
+    parser.add_argument(
+        "--chromium",
+        default="/usr/bin/chromium",
+        help="the Chromium binary Playwright drives (default: Debian's, /usr/bin/chromium)",
+    )
+    parser.add_argument(
+        "--screenshots",
+        type=Path,
+        default=ROOT / "build" / "lab" / "screenshots",
+        help="where each chapter's screenshot goes (default: build/lab/screenshots)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds for one chapter's cells to run")
     args = parser.parse_args(argv)
     if not Path(args.chromium).is_file():
@@ -235,9 +266,15 @@ def main(argv=None) -> int:
                 context = browser.new_context(viewport=VIEWPORT)
                 context.set_default_timeout(120_000)
                 # JupyterLab reads offline: any request that leaves this machine is blocked.
-                context.route("**/*", lambda route: route.continue_()
-                              if urlsplit(route.request.url).hostname in ("127.0.0.1", None)
-                              or not route.request.url.startswith("http") else route.abort())
+                context.route(
+                    "**/*",
+                    lambda route: (
+                        route.continue_()
+                        if urlsplit(route.request.url).hostname in ("127.0.0.1", None)
+                        or not route.request.url.startswith("http")
+                        else route.abort()
+                    ),
+                )
                 for path in paths:
                     results[path.name] = check_chapter(context, base, token, path.name, shots, args.timeout)
                 browser.close()

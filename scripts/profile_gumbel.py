@@ -34,9 +34,25 @@ from specfix import Fixes  # noqa: E402
 from specfix.mrv2 import gumbel  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
 
-STALLS = ("long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle", "lg_throttle",
-          "barrier", "membar", "branch_resolving", "no_instruction", "not_selected", "selected",
-          "dispatch_stall", "drain", "imc_miss", "sleeping", "tex_throttle")
+STALLS = (
+    "long_scoreboard",
+    "short_scoreboard",
+    "wait",
+    "math_pipe_throttle",
+    "mio_throttle",
+    "lg_throttle",
+    "barrier",
+    "membar",
+    "branch_resolving",
+    "no_instruction",
+    "not_selected",
+    "selected",
+    "dispatch_stall",
+    "drain",
+    "imc_miss",
+    "sleeping",
+    "tex_throttle",
+)
 METRICS = {
     "gpu__time_duration.sum": "time_us",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -67,19 +83,47 @@ def cases(befores: dict) -> list[tuple[dict, object]]:
     out = []
     for name, (rows, vocab, dname) in SHAPES.items():
         inp = inputs(rows, vocab, DTYPES[dname])
-        out.append((dict(kernel="today", shape=name, rows=rows, vocab=vocab, dtype=dname, store=False,
-                         masked=True), call(inp, noise="fast")))
+        out.append(
+            (
+                dict(
+                    kernel="today", shape=name, rows=rows, vocab=vocab, dtype=dname, store=False, masked=True
+                ),
+                call(inp, noise="fast"),
+            )
+        )
         for before_name, module in befores.items():
-            out.append((dict(kernel=f"before: {before_name}", shape=name, rows=rows, vocab=vocab, dtype=dname,
-                             store=False, masked=True), before_call(module, inp)))
+            out.append(
+                (
+                    dict(
+                        kernel=f"before: {before_name}",
+                        shape=name,
+                        rows=rows,
+                        vocab=vocab,
+                        dtype=dname,
+                        store=False,
+                        masked=True,
+                    ),
+                    before_call(module, inp),
+                )
+            )
     rows, vocab, dname = SHAPES["256 x 151,936 fp32"]
     inp = inputs(rows, vocab, torch.float32)
     processed = torch.empty(rows, 1, vocab, device="cuda")
     for masked in (True, False):
-        out.append((dict(kernel="today", shape="256 x 151,936 fp32", rows=rows, vocab=vocab, dtype=dname,
-                         store=True, masked=masked),
-                    call(inp, noise="fast", logits_cache=processed,
-                         fixes=Fixes(mask_invalid_reqs=masked))))
+        out.append(
+            (
+                dict(
+                    kernel="today",
+                    shape="256 x 151,936 fp32",
+                    rows=rows,
+                    vocab=vocab,
+                    dtype=dname,
+                    store=True,
+                    masked=masked,
+                ),
+                call(inp, noise="fast", logits_cache=processed, fixes=Fixes(mask_invalid_reqs=masked)),
+            )
+        )
     return out
 
 
@@ -98,7 +142,7 @@ def launch(befores: dict) -> None:
 
 def parse(text: str) -> list[dict]:
     """ncu's raw CSV page: a header row, a units row, then one row per kernel."""
-    rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):])))
+    rows = list(csv.reader(io.StringIO(text[text.index('"ID"') :])))
     header, units, body = rows[0], rows[1], rows[2:]
     out = []
     for row in body:
@@ -125,9 +169,26 @@ def main() -> None:
     if args.launch:
         launch(befores)
         return
-    command = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", "regex:gumbel",
-               "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
-               sys.executable, __file__, "--launch", *[f"--before={b}" for b in args.before]]
+    command = [
+        "ncu",
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "-k",
+        "regex:gumbel",
+        "--metrics",
+        ",".join(METRICS),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        sys.executable,
+        __file__,
+        "--launch",
+        *[f"--before={b}" for b in args.before],
+    ]
     if shutil.which("ncu") is None:
         sys.exit("profile_gumbel.py: ncu (Nsight Compute) is not on PATH; nothing was recorded")
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
@@ -141,10 +202,13 @@ def main() -> None:
         k.update(d)
         k["instructions_per_logit"] = k["thread_instructions"] / (d["rows"] * d["vocab"])
         k["register_cap"] = gumbel._REGISTER_CAP.get("maxnreg") if d["kernel"] == "today" else None
-        print(f"{k['kernel']:14s} {k['shape']:22s} store={d['store']!s:5s} masked={d['masked']!s:5s} "
-              f"{k['time_us']:8.1f} us  dram {k['dram_pct_of_peak']:5.1f}%  "
-              f"issue {k['issue_active_pct']:5.1f}%  {k['instructions_per_logit']:5.1f} inst/logit  "
-              f"regs {k['registers_per_thread']:.0f}", flush=True)
+        print(
+            f"{k['kernel']:14s} {k['shape']:22s} store={d['store']!s:5s} masked={d['masked']!s:5s} "
+            f"{k['time_us']:8.1f} us  dram {k['dram_pct_of_peak']:5.1f}%  "
+            f"issue {k['issue_active_pct']:5.1f}%  {k['instructions_per_logit']:5.1f} inst/logit  "
+            f"regs {k['registers_per_thread']:.0f}",
+            flush=True,
+        )
     meta = recorded.gpu_meta("gumbel_ncu_h200")
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True, check=False).stdout
     meta["ncu"] = version.strip().splitlines()[-1]

@@ -42,8 +42,14 @@ OFF = Fixes(pad_idx_mapping=False)
 def launch_overhead(device) -> list[dict]:
     """Host time per drafter step (k=3 forwards + samplers), eager launches vs one graph replay."""
     _, draft = load_models(device)
-    spec = DraftModelSpeculator(draft, max_num_reqs=64, num_speculative_steps=3, vocab_size=draft.vocab_size,
-                                context_len=draft.order - 1, device=device)
+    spec = DraftModelSpeculator(
+        draft,
+        max_num_reqs=64,
+        num_speculative_steps=3,
+        vocab_size=draft.vocab_size,
+        context_len=draft.order - 1,
+        device=device,
+    )
     spec.idx_mapping.copy_(torch.arange(64, dtype=torch.int32))
     spec.temperature.fill_(1.0)
     with torch.no_grad():
@@ -62,12 +68,19 @@ def bench_section(device, num_requests: int) -> dict:
     for req in off.differing[:4]:
         index, step, writes = off.cause(req)
         solo_text, batched_text = mark_differences(off.solo.outputs[req], off.batched.outputs[req])
-        examples.append({"req_id": req, "first_diverging_token": index, "step": step,
-                         "batch": off.batched.steps[step].req_ids, "slots": off.batched.steps[step].slots,
-                         "num_reqs_padded": off.batched.steps[step].num_reqs_padded,
-                         "writes": [dict(w.__dict__, overwritten_cols=list(w.overwritten_cols))
-                                    for w in writes],
-                         "solo": solo_text, "batched": batched_text})
+        examples.append(
+            {
+                "req_id": req,
+                "first_diverging_token": index,
+                "step": step,
+                "batch": off.batched.steps[step].req_ids,
+                "slots": off.batched.steps[step].slots,
+                "num_reqs_padded": off.batched.steps[step].num_reqs_padded,
+                "writes": [dict(w.__dict__, overwritten_cols=list(w.overwritten_cols)) for w in writes],
+                "solo": solo_text,
+                "batched": batched_text,
+            }
+        )
     out["examples"] = examples
     return out
 
@@ -76,9 +89,15 @@ def invariance_section(device) -> dict:
     res = {}
     for fix in (True, False):
         table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
-        spec = DraftModelSpeculator(TableDraft(table).to(device), max_num_reqs=8, num_speculative_steps=2,
-                                    vocab_size=16, context_len=1, device=device,
-                                    fixes=Fixes(pad_idx_mapping=fix))
+        spec = DraftModelSpeculator(
+            TableDraft(table).to(device),
+            max_num_reqs=8,
+            num_speculative_steps=2,
+            vocab_size=16,
+            context_len=1,
+            device=device,
+            fixes=Fixes(pad_idx_mapping=fix),
+        )
         spec.capture_cuda_graphs()
         idx = torch.tensor([5, 3, 0, 1], dtype=torch.int32, device=device)
         ones, seeds = torch.ones(8, device=device), torch.arange(8, device=device) * 11
@@ -91,11 +110,21 @@ def invariance_section(device) -> dict:
         spec.propose(4, idx, ones, seeds, ar[:, None] + 7, ar + 4)
         rep = check_speculator(spec, *args, unscheduled=[1])
         res[f"speculator_unscheduled_fix_{fix}"] = {"ok": rep.ok, "report": str(rep)}
-        drafter = DFlashDrafter(ToyDFlashModel(16).to(device), max_num_reqs=4, num_speculative_steps=3,
-                                device=device, fixes=Fixes(dflash_pad_idx=fix))
+        drafter = DFlashDrafter(
+            ToyDFlashModel(16).to(device),
+            max_num_reqs=4,
+            num_speculative_steps=3,
+            device=device,
+            fixes=Fixes(dflash_pad_idx=fix),
+        )
         drafter.capture_cuda_graph()
-        rep = check_dflash(drafter, 2, torch.tensor([2, 0], dtype=torch.int32, device=device),
-                           torch.arange(4, device=device), torch.arange(4, device=device) + 5)
+        rep = check_dflash(
+            drafter,
+            2,
+            torch.tensor([2, 0], dtype=torch.int32, device=device),
+            torch.arange(4, device=device),
+            torch.arange(4, device=device) + 5,
+        )
         res[f"dflash_fix_{fix}"] = {"ok": rep.ok, "report": str(rep)}
     return res
 
@@ -107,12 +136,24 @@ def dflash_golden(device) -> dict:
             out = DFlashInputs.allocate(6, 3, device)
             for t in out.as_dict().values():
                 t.fill_(77)
-            prepare_dflash_inputs(num_reqs, torch.tensor(idx, dtype=torch.int32, device=device),
-                                  torch.arange(100, 106, device=device),
-                                  torch.arange(10, 70, 10, device=device), 99, out, Fixes(dflash_pad_idx=fix))
+            prepare_dflash_inputs(
+                num_reqs,
+                torch.tensor(idx, dtype=torch.int32, device=device),
+                torch.arange(100, 106, device=device),
+                torch.arange(10, 70, 10, device=device),
+                99,
+                out,
+                Fixes(dflash_pad_idx=fix),
+            )
             torch.cuda.synchronize()
-            cases.append({"fix": fix, "num_reqs": num_reqs, "idx": list(idx),
-                          "outputs": {n: t.cpu().tolist() for n, t in out.as_dict().items()}})
+            cases.append(
+                {
+                    "fix": fix,
+                    "num_reqs": num_reqs,
+                    "idx": list(idx),
+                    "outputs": {n: t.cpu().tolist() for n, t in out.as_dict().items()},
+                }
+            )
     return {"meta": recorded.gpu_meta("dflash_prepare"), "cases": cases}
 
 
@@ -131,9 +172,12 @@ def main(argv=None) -> int:
     sections = {
         "launch_overhead": lambda: launch_overhead(device),
         "bench": lambda: bench_section(device, args.requests),
-        "chi_square": lambda: {str(f): one_step_distribution(args.trials, fixes=Fixes(pad_idx_mapping=f),
-                                                              device=device, sampler="kernel")
-                               for f in (True, False)},
+        "chi_square": lambda: {
+            str(f): one_step_distribution(
+                args.trials, fixes=Fixes(pad_idx_mapping=f), device=device, sampler="kernel"
+            )
+            for f in (True, False)
+        },
         "invariance": lambda: invariance_section(device),
     }
     for name, fn in sections.items():
@@ -156,10 +200,18 @@ def main(argv=None) -> int:
         traceback.print_exc()
     if "bench" in data and "fix_on" in data["bench"]:
         bench = data["bench"]
-        print("counts: fix on", bench["fix_on"]["differing"], "/ fix off", bench["fix_off"]["differing"],
-              "of", args.requests, "; padded stores that landed in a live slot (fix off):",
-              bench["fix_off"]["writes_landed"], "of",
-              sum(n for o, n in bench["fix_off"]["writes_by_origin"].items() if o != ORIGIN_FREE))
+        print(
+            "counts: fix on",
+            bench["fix_on"]["differing"],
+            "/ fix off",
+            bench["fix_off"]["differing"],
+            "of",
+            args.requests,
+            "; padded stores that landed in a live slot (fix off):",
+            bench["fix_off"]["writes_landed"],
+            "of",
+            sum(n for o, n in bench["fix_off"]["writes_by_origin"].items() if o != ORIGIN_FREE),
+        )
     return 1 if failed else 0
 
 

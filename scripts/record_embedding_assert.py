@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA GPU: these recordings are GPU evidence (--allow-cpu only tests the script)")
     sections = args.only or list(SECTIONS)
     started = time.perf_counter()
-    makers = {"transcripts": lambda: record_transcripts(args.timeout),
-              "ops": lambda: record_ops(args.timeout)}
+    makers = {
+        "transcripts": lambda: record_transcripts(args.timeout),
+        "ops": lambda: record_ops(args.timeout),
+    }
     for section in sections:
         log(f"wrote {recorded.save(f'embedding_assert_{section}', makers[section](), args.out)}")
     log(f"done in {time.perf_counter() - started:.0f} s")

@@ -27,8 +27,8 @@ VARIANTS = {
     "masked": "the fixed kernel",
     "unmasked": "the pre-fix kernel: its first bad access, temperature[-1], is fatal under memcheck",
     "unmasked_guarded_tables": "the pre-fix kernel with temperature and seed inside larger allocations (so "
-                               "reading row -1 stays in bounds and goes unseen) and draft logits alone: "
-                               "the stray write of row -1 is caught",
+    "reading row -1 stays in bounds and goes unseen) and draft logits alone: "
+    "the stray write of row -1 is caught",
 }
 
 
@@ -50,8 +50,18 @@ def child(variant: str) -> None:
     temperature[1] = 0.7
     pos = torch.tensor([3, 4, 0, 0], device="cuda")
     draft_logits = torch.zeros(2, 3, vocab, device="cuda")
-    tokens = gumbel.gumbel_sample(logits, idx, temperature, seed, pos, True, True, draft_logits, 1,
-                                  fixes=Fixes(mask_invalid_reqs=variant == "masked"))
+    tokens = gumbel.gumbel_sample(
+        logits,
+        idx,
+        temperature,
+        seed,
+        pos,
+        True,
+        True,
+        draft_logits,
+        1,
+        fixes=Fixes(mask_invalid_reqs=variant == "masked"),
+    )
     torch.cuda.synchronize()
     print("tokens", tokens.tolist())
 
@@ -62,8 +72,11 @@ def error_kinds(text: str) -> dict:
     kinds: dict[str, dict] = {}
     blocks = re.split(r"(?m)^(?==========\s+Invalid)", text)
     for block in blocks[1:]:
-        lines = [line for line in block.splitlines()
-                 if line.startswith("=========") and "ERROR SUMMARY" not in line]
+        lines = [
+            line
+            for line in block.splitlines()
+            if line.startswith("=========") and "ERROR SUMMARY" not in line
+        ]
         head = lines[0].removeprefix("=========").strip()
         kind = kinds.setdefault(head, {"count": 0, "bytes_before_allocation": [], "first": lines[:6]})
         kind["count"] += 1
@@ -77,15 +90,33 @@ def error_kinds(text: str) -> dict:
 
 
 def run_variant(variant: str) -> dict:
-    cmd = ["compute-sanitizer", "--tool", "memcheck", "--padding", str(1 << 20), "--print-limit", "100000",
-           sys.executable, __file__, "--child", variant]
+    cmd = [
+        "compute-sanitizer",
+        "--tool",
+        "memcheck",
+        "--padding",
+        str(1 << 20),
+        "--print-limit",
+        "100000",
+        sys.executable,
+        __file__,
+        "--child",
+        variant,
+    ]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
     text = proc.stdout + proc.stderr
     match = re.search(r"ERROR SUMMARY: (\d+) error", text)
     return {
-        "command": " ".join(["PYTORCH_NO_CUDA_MEMORY_CACHING=1", *cmd[:-4], "python3",
-                             "scripts/sanitize_gumbel.py", *cmd[-2:]]),
+        "command": " ".join(
+            [
+                "PYTORCH_NO_CUDA_MEMORY_CACHING=1",
+                *cmd[:-4],
+                "python3",
+                "scripts/sanitize_gumbel.py",
+                *cmd[-2:],
+            ]
+        ),
         "what": VARIANTS[variant],
         "returncode": proc.returncode,
         "errors": int(match.group(1)) if match else None,
@@ -105,8 +136,10 @@ def main() -> None:
         child(args.child)
         return
     if shutil.which("compute-sanitizer") is None:
-        sys.exit("sanitize_gumbel.py: compute-sanitizer is not on PATH (it comes with the CUDA toolkit: add "
-                 "its bin/ folder to PATH); nothing was recorded")
+        sys.exit(
+            "sanitize_gumbel.py: compute-sanitizer is not on PATH (it comes with the CUDA toolkit: add "
+            "its bin/ folder to PATH); nothing was recorded"
+        )
     from specfix.tools import recorded
 
     results = {variant: run_variant(variant) for variant in VARIANTS}

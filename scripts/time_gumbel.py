@@ -69,8 +69,15 @@ def flushed_us(fn) -> float:
     return statistics.median(TIMER.time(fn))
 
 
-SWEEP_SHAPES = ((64, 151_936), (256, 32_000), (256, 151_936), (256, 248_320), (1024, 32_000), (1024, 151_936),
-                (1024, 248_320))
+SWEEP_SHAPES = (
+    (64, 151_936),
+    (256, 32_000),
+    (256, 151_936),
+    (256, 248_320),
+    (1024, 32_000),
+    (1024, 151_936),
+    (1024, 248_320),
+)
 FEW_ROW_SHAPES = ((1, 151_936), (1, 248_320), (8, 32_000), (8, 151_936), (64, 32_000), (128, 151_936))
 
 
@@ -82,20 +89,44 @@ def configs(rows: int, vocab: int):
             tiles = triton.cdiv(vocab, block)
             for programs in (128, 256, 512, 1024):
                 splits = min(tiles, triton.cdiv(programs, rows))
-                yield f"{programs} programs b{block} w{warps}", dict(
-                    block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
+                yield (
+                    f"{programs} programs b{block} w{warps}",
+                    dict(block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits)),
+                )
         return
-    row_layouts = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4), (4096, 4), (2048, 8), (4096, 8),
-                   (8192, 8), (8192, 16))
+    row_layouts = (
+        (512, 1),
+        (1024, 1),
+        (1024, 2),
+        (2048, 2),
+        (2048, 4),
+        (4096, 4),
+        (2048, 8),
+        (4096, 8),
+        (8192, 8),
+        (8192, 16),
+    )
     for block, warps in row_layouts:
-        yield f"row per program b{block} w{warps}", dict(
-            block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block))
+        yield (
+            f"row per program b{block} w{warps}",
+            dict(block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(vocab, block)),
+        )
     for splits in (2, 4, 8, 16):
-        for block, warps in ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8),
-                             (8192, 8)):
+        for block, warps in (
+            (512, 1),
+            (1024, 1),
+            (1024, 2),
+            (2048, 2),
+            (2048, 4),
+            (4096, 4),
+            (4096, 8),
+            (8192, 8),
+        ):
             tiles = triton.cdiv(vocab, block)
-            yield f"{splits} splits b{block} w{warps}", dict(
-                block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits))
+            yield (
+                f"{splits} splits b{block} w{warps}",
+                dict(block_size=block, num_warps=warps, tiles_per_program=triton.cdiv(tiles, splits)),
+            )
 
 
 def load_before(path: str):
@@ -117,8 +148,13 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
     started = time.perf_counter()
     befores = {b.split("=", 1)[0]: load_before(b.split("=", 1)[1]) for b in before_paths}
     name = "gumbel_sweep_before_after_h200" if befores else "gumbel_sweep_h200"
-    report = {"meta": recorded.gpu_meta(name), "checks": [], "configs": [], "graph_one_row": [],
-              "context": {}}
+    report = {
+        "meta": recorded.gpu_meta(name),
+        "checks": [],
+        "configs": [],
+        "graph_one_row": [],
+        "context": {},
+    }
     path = Path(out_dir) / f"{name}.json"
 
     def save():
@@ -126,22 +162,43 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
         path.write_text(json.dumps(report, indent=1))
 
     # 1. the compiled kernel picks the reference's tokens (exact noise) in each program layout
-    checked = ("default", "256 programs b1024 w4", "row per program b2048 w8", "2 splits b2048 w4",
-               "row per program b4096 w8", "8 splits b512 w1", "512 programs b2048 w8")
+    checked = (
+        "default",
+        "256 programs b1024 w4",
+        "row per program b2048 w8",
+        "2 splits b2048 w4",
+        "row per program b4096 w8",
+        "8 splits b512 w1",
+        "512 programs b2048 w8",
+    )
     for rows, vocab, dname in ((64, 32_000, "fp32"), (16, 151_936, "bf16"), (8, 3001, "fp32")):
         inp = inputs(rows, vocab, {"fp32": torch.float32, "bf16": torch.bfloat16}[dname])
         inp["temperature"] = torch.rand(rows, device="cuda") + 0.3
         inp["temperature"][::5] = 0.0
-        want = ref.gumbel_sample_reference(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                           inp["seed"], inp["pos"], False, False)
+        want = ref.gumbel_sample_reference(
+            inp["logits"],
+            inp["expanded_idx_mapping"],
+            inp["temperature"],
+            inp["seed"],
+            inp["pos"],
+            False,
+            False,
+        )
         for name, kw in configs(rows, vocab):
             if name not in checked:
                 continue
             got = call(inp, noise="exact", **kw)()
             fast = call(inp, noise="fast", **kw)()
-            report["checks"].append(dict(rows=rows, vocab=vocab, dtype=dname, config=name,
-                                         exact_equal=bool(torch.equal(got, want)),
-                                         fast_agree=float((fast == want).float().mean())))
+            report["checks"].append(
+                dict(
+                    rows=rows,
+                    vocab=vocab,
+                    dtype=dname,
+                    config=name,
+                    exact_equal=bool(torch.equal(got, want)),
+                    fast_agree=float((fast == want).float().mean()),
+                )
+            )
         print("checked", rows, vocab, dname, all(c["exact_equal"] for c in report["checks"]), flush=True)
     save()
     # 2. throughput of each configuration, L2 flushed, as the bench takes it
@@ -153,10 +210,20 @@ def sweep(out_dir: Path, before_paths: list[str]) -> dict:
         impls[:0] = [(f"before: {name}", before_call(before, inp)) for name, before in befores.items()]
         for name, fn in impls:
             us = flushed_us(fn)
-            report["configs"].append(dict(rows=rows, vocab=vocab, dtype=dname, config=name, us=us,
-                                          G_logits_per_s=rows * vocab / us / 1e3))
-            print(f"{dname} {rows} x {vocab}: {name:38s} {us:8.1f} us {rows * vocab / us / 1e3:6.0f} G/s",
-                  flush=True)
+            report["configs"].append(
+                dict(
+                    rows=rows,
+                    vocab=vocab,
+                    dtype=dname,
+                    config=name,
+                    us=us,
+                    G_logits_per_s=rows * vocab / us / 1e3,
+                )
+            )
+            print(
+                f"{dname} {rows} x {vocab}: {name:38s} {us:8.1f} us {rows * vocab / us / 1e3:6.0f} G/s",
+                flush=True,
+            )
         save()
         del inp
     # 3. one row of 248,320 in a CUDA graph (GPU time per call)
@@ -187,8 +254,12 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "specfix" / "recorded"))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-only", action="store_true")
-    parser.add_argument("--before", action="append", default=[],
-                        help="NAME=PATH of an older specfix gumbel.py to compare against (repeatable)")
+    parser.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        help="NAME=PATH of an older specfix gumbel.py to compare against (repeatable)",
+    )
     args = parser.parse_args()
     if args.sweep or args.sweep_only:
         sweep(Path(args.out), args.before)
@@ -202,9 +273,15 @@ def main() -> None:
                 inp = inputs(rows, vocab, dtype)
                 for noise in ("exact", "fast"):
                     ms = median_ms(call(inp, noise=noise))
-                    row = dict(vocab=vocab, rows=rows, dtype=dname, noise=noise, ms=ms,
-                               G_logits_per_s=rows * vocab / ms / 1e6,
-                               block=gumbel.launch_config(rows, vocab)[0])
+                    row = dict(
+                        vocab=vocab,
+                        rows=rows,
+                        dtype=dname,
+                        noise=noise,
+                        ms=ms,
+                        G_logits_per_s=rows * vocab / ms / 1e6,
+                        block=gumbel.launch_config(rows, vocab)[0],
+                    )
                     throughput.append(row)
                     print(row, flush=True)
                 del inp
@@ -219,11 +296,14 @@ def main() -> None:
     print("256 x 151,936 fp32, ms:", baselines, flush=True)
     mask = {}
     for noise in ("exact", "fast"):
-        masked, unmasked = TIMER.interleaved(call(inp, noise=noise),
-                                             call(inp, noise=noise, fixes=Fixes(mask_invalid_reqs=False)), 10)
-        mask[noise] = dict(masked_ms=statistics.median(masked) / 1e3,
-                           unmasked_ms=statistics.median(unmasked) / 1e3,
-                           ratio=statistics.median(a / b for a, b in zip(masked, unmasked, strict=True)))
+        masked, unmasked = TIMER.interleaved(
+            call(inp, noise=noise), call(inp, noise=noise, fixes=Fixes(mask_invalid_reqs=False)), 10
+        )
+        mask[noise] = dict(
+            masked_ms=statistics.median(masked) / 1e3,
+            unmasked_ms=statistics.median(unmasked) / 1e3,
+            ratio=statistics.median(a / b for a, b in zip(masked, unmasked, strict=True)),
+        )
     print("mask overhead:", mask, flush=True)
     graph = []
     for vocab in (151_936, 248_320):
@@ -235,9 +315,16 @@ def main() -> None:
                 us = graph_us_per_call(call(one, store, noise=noise, **extra))
                 graph.append(dict(vocab=vocab, noise=noise, drafter_store=store, us_per_call=us))
                 print(graph[-1], flush=True)
-    path = recorded.save("gumbel_perf", {"throughput": throughput, "baselines_256x151936_fp32_ms": baselines,
-                                         "mask_overhead_256x151936_fp32": mask, "graph_one_row": graph},
-                         args.out)
+    path = recorded.save(
+        "gumbel_perf",
+        {
+            "throughput": throughput,
+            "baselines_256x151936_fp32_ms": baselines,
+            "mask_overhead_256x151936_fp32": mask,
+            "graph_one_row": graph,
+        },
+        args.out,
+    )
     print("saved", path)
 
 

@@ -70,9 +70,12 @@ if os.environ.get("SPECFIX_CHECK_FIGURES") == "1":  # make notebooks, the book, 
     _style.watch_figures()
 
 #: Each module of the role subpackages by its short name, read from the tree (nothing to keep in step).
-_SUBPACKAGE = {info.name: role for role in ("v1", "mrv2", "lab", "tools")
-               for info in pkgutil.iter_modules([str(Path(__file__).with_name(role))])
-               if not info.name.startswith("_")}
+_SUBPACKAGE = {
+    info.name: role
+    for role in ("v1", "mrv2", "lab", "tools")
+    for info in pkgutil.iter_modules([str(Path(__file__).with_name(role))])
+    if not info.name.startswith("_")
+}
 
 
 def __getattr__(name: str):

@@ -1,9 +1,9 @@
 """``python -m specfix`` (or the ``specfix`` console script): command-line entry points.
 
-    python -m specfix bench --device cuda --scale full --json specfix/recorded/bench_h200.json
-    python -m specfix bench --device cpu --scale ci --only gumbel     # smoke run: timings mean nothing
-    python -m specfix bench --device cuda --scale full --peer .peer   # beside vLLM's own samplers
-    specfix diagnose server.log          # a crashed vLLM server's log: the cause, the fix, its release
+python -m specfix bench --device cuda --scale full --json specfix/recorded/bench_h200.json
+python -m specfix bench --device cpu --scale ci --only gumbel     # smoke run: timings mean nothing
+python -m specfix bench --device cuda --scale full --peer .peer   # beside vLLM's own samplers
+specfix diagnose server.log          # a crashed vLLM server's log: the cause, the fix, its release
 """
 
 from __future__ import annotations
@@ -21,30 +21,55 @@ def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
     cases = cases or {}
     parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="measure kernels and fixes against the hardware ceilings",
-                       description="Measure specfix's kernels and fixes (chapter 5). Cases: "
-                       + "; ".join(f"{c.name}: {c.summary}" for c in cases.values()))
-    b.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="where to measure (default: specfix.runtime's choice; a CPU runs tiny smoke sizes)")
-    b.add_argument("--scale", choices=("ci", "full"), default=None,
-                   help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)")
-    b.add_argument("--only", action="append", metavar="NAME",
-                   help=f"run only this case (repeatable or comma-separated): {', '.join(cases)}")
-    b.add_argument("--peer", metavar="PATH",
-                   help="time vLLM's samplers from this folder (filled by scripts/fetch_vllm_peer.py) "
-                   "beside specfix's, same inputs, same process; without it only specfix is timed")
+    b = sub.add_parser(
+        "bench",
+        help="measure kernels and fixes against the hardware ceilings",
+        description="Measure specfix's kernels and fixes (chapter 5). Cases: "
+        + "; ".join(f"{c.name}: {c.summary}" for c in cases.values()),
+    )
+    b.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to measure (default: specfix.runtime's choice; a CPU runs tiny smoke sizes)",
+    )
+    b.add_argument(
+        "--scale",
+        choices=("ci", "full"),
+        default=None,
+        help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)",
+    )
+    b.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help=f"run only this case (repeatable or comma-separated): {', '.join(cases)}",
+    )
+    b.add_argument(
+        "--peer",
+        metavar="PATH",
+        help="time vLLM's samplers from this folder (filled by scripts/fetch_vllm_peer.py) "
+        "beside specfix's, same inputs, same process; without it only specfix is timed",
+    )
     b.add_argument("--json", metavar="PATH", help="write the results here (schema: the bench docstring)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
-    d = sub.add_parser("diagnose", help="read a crashed vLLM server's log: the cause, the fix, the release",
-                       description="Read a vLLM serving log (device-side asserts, tracebacks, version "
-                       "banner, engine arguments) and report the asserts, what Python raised and why it "
-                       "points elsewhere, the setup, the ops that launch the failing kernel, a verdict with "
-                       "its reasons, and the fixes with the first vLLM release that carries each.")
+    d = sub.add_parser(
+        "diagnose",
+        help="read a crashed vLLM server's log: the cause, the fix, the release",
+        description="Read a vLLM serving log (device-side asserts, tracebacks, version "
+        "banner, engine arguments) and report the asserts, what Python raised and why it "
+        "points elsewhere, the setup, the ops that launch the failing kernel, a verdict with "
+        "its reasons, and the fixes with the first vLLM release that carries each.",
+    )
     d.add_argument("log", metavar="LOG", help="the log file, or - for standard input")
-    d.add_argument("--json", action="store_true",
-                   help="print the report as JSON (schema: specfix.tools.diagnose.SCHEMA)")
-    d.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (there is one only when standard error is a terminal)")
+    d.add_argument(
+        "--json", action="store_true", help="print the report as JSON (schema: specfix.tools.diagnose.SCHEMA)"
+    )
+    d.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is one only when standard error is a terminal)",
+    )
     return parser
 
 
@@ -69,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     from specfix import runtime
     from specfix.tools import bench
 
-    only = None if args.only is None else [n.strip() for item in args.only for n in item.split(",")
-                                            if n.strip()]
+    only = (
+        None if args.only is None else [n.strip() for item in args.only for n in item.split(",") if n.strip()]
+    )
     if only == []:
         parser.error(f"--only names no case (leave it out to run them all); known: {', '.join(bench.CASES)}")
     unknown = [n for n in only or [] if n not in bench.CASES]
@@ -84,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and runtime.INTERPRET:
         parser.error("--device cuda: no usable CUDA GPU here (or SPECFIX_DEVICE=cpu is set)")
     if device == "cpu" and runtime.HAS_TRITON and not runtime.INTERPRET:
-        parser.error("--device cpu on a GPU machine: Triton compiles for the GPU in this process; "
-                     "run with SPECFIX_DEVICE=cpu so that kernels go through the interpreter")
+        parser.error(
+            "--device cpu on a GPU machine: Triton compiles for the GPU in this process; "
+            "run with SPECFIX_DEVICE=cpu so that kernels go through the interpreter"
+        )
     try:
-        report = bench.run(device=device, scale=args.scale or runtime.SCALE, only=only,
-                           progress=not args.no_progress, peer=args.peer)
+        report = bench.run(
+            device=device,
+            scale=args.scale or runtime.SCALE,
+            only=only,
+            progress=not args.no_progress,
+            peer=args.peer,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     status = 1 if report["errors"] else 0
@@ -96,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             bench.write_json(report, args.json)
         except OSError as exc:
-            print(f"specfix bench: could not write {args.json} ({exc.strerror or exc}); the report follows",
-                  file=sys.stderr)
+            print(
+                f"specfix bench: could not write {args.json} ({exc.strerror or exc}); the report follows",
+                file=sys.stderr,
+            )
             status = 1
         except ValueError as exc:
             print(f"specfix bench: wrote {args.json}, but it breaks the schema: {exc}", file=sys.stderr)

@@ -18,15 +18,24 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_vector(name: str, tensor: object, dtypes: tuple[torch.dtype, ...] = ID_DTYPES,
-                 length: int | None = None, min_length: int = 0, contiguous: bool = False) -> None:
+def check_vector(
+    name: str,
+    tensor: object,
+    dtypes: tuple[torch.dtype, ...] = ID_DTYPES,
+    length: int | None = None,
+    min_length: int = 0,
+    contiguous: bool = False,
+) -> None:
     """A 1-D tensor of one of ``dtypes``, with ``length`` entries (or at least ``min_length``), contiguous
     if asked (a kernel reads it with stride 1)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in dtypes:
-        allowed = ("signed integers (int32 or int64)" if dtypes == ID_DTYPES
-                   else "dtype " + " or ".join(str(d).removeprefix("torch.") for d in dtypes))
+        allowed = (
+            "signed integers (int32 or int64)"
+            if dtypes == ID_DTYPES
+            else "dtype " + " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        )
         raise TypeError(f"{name} must hold {allowed}, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")

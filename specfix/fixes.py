@@ -1,9 +1,9 @@
 """One switch per fix, all on by default, so every bug can be re-created on demand.
 
-    from specfix import Fixes
-    Fixes()                                  # everything fixed
-    Fixes(clamp_placeholders=False)          # re-create chapter 2's device-side assert
-    Fixes.all_off()                          # the code as it was before every fix
+from specfix import Fixes
+Fixes()                                  # everything fixed
+Fixes(clamp_placeholders=False)          # re-create chapter 2's device-side assert
+Fixes.all_off()                          # the code as it was before every fix
 """
 
 from __future__ import annotations
@@ -89,18 +89,25 @@ class FixListing:
         import html
 
         colours = {"+": "#d9f2d9", "-": "#f9d6d5", " ": "transparent"}
-        parts = [f"<p><b><code>Fixes.{self.name}</code></b>: lines on "
-                 f"<span style='background:{colours['+']}'>green (+)</span> run only with the fix on, "
-                 "lines on "
-                 f"<span style='background:{colours['-']}'>red (&minus;)</span> only with it off.</p>"]
+        parts = [
+            f"<p><b><code>Fixes.{self.name}</code></b>: lines on "
+            f"<span style='background:{colours['+']}'>green (+)</span> run only with the fix on, "
+            "lines on "
+            f"<span style='background:{colours['-']}'>red (&minus;)</span> only with it off.</p>"
+        ]
         for site, path, first, lines in self.sites:
             # a line longer than the page wraps, its continuation indented under the code (never cut off)
-            rows = "".join(f"<div style='background:{colours[m]};padding-left:4ch;text-indent:-2ch'>"
-                           f"{m} {html.escape(t) or '&nbsp;'}</div>" for m, t in lines)
-            parts.append(f"<p><code>{html.escape(site)}</code> "
-                         f"<small>({html.escape(path)}:{first})</small></p>"
-                         "<pre style='line-height:1.3;font-size:90%;white-space:pre-wrap;"
-                         f"overflow-wrap:anywhere'>{rows}</pre>")
+            rows = "".join(
+                f"<div style='background:{colours[m]};padding-left:4ch;text-indent:-2ch'>"
+                f"{m} {html.escape(t) or '&nbsp;'}</div>"
+                for m, t in lines
+            )
+            parts.append(
+                f"<p><code>{html.escape(site)}</code> "
+                f"<small>({html.escape(path)}:{first})</small></p>"
+                "<pre style='line-height:1.3;font-size:90%;white-space:pre-wrap;"
+                f"overflow-wrap:anywhere'>{rows}</pre>"
+            )
         return "".join(parts)
 
 

@@ -37,7 +37,7 @@ def _context_keys(ids: np.ndarray, m: int, vocab_size: int) -> np.ndarray:
     """Key of the m tokens ending at each position i >= m - 1: sum_j ids[i - j] * V**j."""
     keys = np.zeros(len(ids) - m + 1, dtype=np.int64)
     for j in range(m):
-        keys += ids[m - 1 - j: len(ids) - j].astype(np.int64) * vocab_size**j
+        keys += ids[m - 1 - j : len(ids) - j].astype(np.int64) * vocab_size**j
     return keys
 
 
@@ -127,11 +127,11 @@ class NgramLM(nn.Module):
         batch, length = context_ids.shape
         width = min(length, self.order - 1)
         device = self.embed_tokens.weight.device
-        ids = context_ids[:, length - width:].to(device).flatten()
+        ids = context_ids[:, length - width :].to(device).flatten()
         positions = torch.arange(width, device=device).repeat(batch)
         slots = torch.arange(batch * width, device=device)
         logits = self(ids, positions, slots, self.make_kv_cache(batch * width, device))
-        return logits[width - 1:: width]
+        return logits[width - 1 :: width]
 
     @torch.no_grad()
     def score(self, token_ids) -> torch.Tensor:

@@ -13,8 +13,14 @@ from specfix.v1.scheduler import AsyncScheduler, Request
 VOCAB = 512
 K = 3
 MODELS = load_models("cpu")
-PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
-           "the boy cried"]
+PROMPTS = [
+    "the fox saw the crow",
+    "a lion was asleep",
+    "the north wind",
+    "the mice",
+    "an ant went to",
+    "the boy cried",
+]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=15)
 RUN = dict(models=MODELS, sampler_backend="torch")
 
@@ -25,8 +31,9 @@ def _sched(**kw):
 
 def _update(sched, out, sampled):
     req_ids = list(out.num_scheduled_tokens)
-    result = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
-                               [sampled.get(r, []) for r in req_ids])
+    result = ModelRunnerOutput(
+        req_ids, {r: i for i, r in enumerate(req_ids)}, [sampled.get(r, []) for r in req_ids]
+    )
     return sched.update_from_output(out, result)
 
 
@@ -170,7 +177,7 @@ def _greedy_reference(prompt_ids, max_tokens):
     seq = list(prompt_ids)
     for _ in range(max_tokens):
         seq.append(int(MODELS[0].score(seq)[-1].argmax()))
-    return seq[len(prompt_ids):]
+    return seq[len(prompt_ids) :]
 
 
 @pytest.mark.parametrize("remote", [False, [True, False, True, False, False, True]])
@@ -186,16 +193,20 @@ def test_greedy_text_is_the_same_in_both_modes_and_equals_plain_greedy(remote):
 
 def test_async_scheduling_without_speculation_equals_plain_decoding():
     """No drafts: each step still runs before the previous one's token reaches the scheduler."""
-    runs = [generate(PROMPTS, GREEDY, num_speculative_tokens=None, async_scheduling=a, **RUN)
-            for a in (False, True)]
+    runs = [
+        generate(PROMPTS, GREEDY, num_speculative_tokens=None, async_scheduling=a, **RUN)
+        for a in (False, True)
+    ]
     assert [o.token_ids for o in runs[0].outputs] == [o.token_ids for o in runs[1].outputs]
     assert runs[1].stats.num_draft_tokens == runs[1].stats.num_placeholder_slots == 0
 
 
 def test_seeded_sampling_is_the_same_in_both_modes():
     params = [SamplingParams(temperature=0.8, seed=i, max_tokens=20) for i in range(len(PROMPTS))]
-    runs = [generate(PROMPTS, params, remote_prefill=[True, False] * 3, async_scheduling=a, **RUN)
-            for a in (False, True)]
+    runs = [
+        generate(PROMPTS, params, remote_prefill=[True, False] * 3, async_scheduling=a, **RUN)
+        for a in (False, True)
+    ]
     assert [o.token_ids for o in runs[0].outputs] == [o.token_ids for o in runs[1].outputs]
     assert runs[0].stats == runs[1].stats
 
@@ -216,12 +227,12 @@ def test_the_runner_writes_its_previous_proposals_over_the_placeholders():
             assert spec[req_id] == [-1] * K and step.num_filled_spec_tokens[req_id] == K
             row = step.token_ids_cpu[i].tolist()
             committed = row[: row.index(-1)]
-            assert row[len(committed): len(committed) + K] == [-1] * K
-            filled = step.input_ids_before_clamp[end - K: end].tolist()
+            assert row[len(committed) : len(committed) + K] == [-1] * K
+            filled = step.input_ids_before_clamp[end - K : end].tolist()
             assert filled == drafter.propose_batch([committed])[0]
             md = step.spec_decode_metadata
             start = int(md.cu_num_draft_tokens[i]) - K
-            assert md.draft_token_ids[start: start + K].tolist() == filled
+            assert md.draft_token_ids[start : start + K].tolist() == filled
             checked += 1
     assert checked > 20
 
@@ -255,14 +266,22 @@ def test_without_the_clamp_every_placeholder_of_a_plain_batch_is_filled_in_time(
 def test_without_the_clamp_a_prefilled_request_crashes_the_first_step(async_scheduling):
     off = Fixes(clamp_placeholders=False)
     with pytest.raises(IndexError, match="index out of range in self"):
-        generate(PROMPTS, GREEDY, fixes=off, remote_prefill=True, max_steps=1,
-                 async_scheduling=async_scheduling, **RUN)
+        generate(
+            PROMPTS,
+            GREEDY,
+            fixes=off,
+            remote_prefill=True,
+            max_steps=1,
+            async_scheduling=async_scheduling,
+            **RUN,
+        )
 
 
 def _starved(fixes, async_scheduling):
     """Three requests and a token budget of 8: two decodes of 1 + k take it all, the third waits."""
-    engine = LLMEngine(fixes=fixes, max_num_batched_tokens=8, async_scheduling=async_scheduling, record=True,
-                       **RUN)
+    engine = LLMEngine(
+        fixes=fixes, max_num_batched_tokens=8, async_scheduling=async_scheduling, record=True, **RUN
+    )
     for prompt in PROMPTS[:3]:
         engine.add_request(prompt, GREEDY)
     return engine
@@ -275,9 +294,12 @@ def test_async_a_request_skipped_for_a_step_keeps_its_minus_one_up_to_the_embedd
     while engine.has_unfinished_requests():
         engine.step()
     trace = engine.model_runner.trace
-    unfilled = [i for i, step in enumerate(trace)
-                for req_id, spec in step.scheduler_output.scheduled_spec_decode_tokens.items()
-                if step.num_filled_spec_tokens.get(req_id, 0) < len(spec)]
+    unfilled = [
+        i
+        for i, step in enumerate(trace)
+        for req_id, spec in step.scheduler_output.scheduled_spec_decode_tokens.items()
+        if step.num_filled_spec_tokens.get(req_id, 0) < len(spec)
+    ]
     assert unfilled, "the workload no longer starves a request"
     first = unfilled[0]
     assert -1 in trace[first].input_ids_before_clamp.tolist()

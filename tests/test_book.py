@@ -39,8 +39,12 @@ def _toctree_entries():
     index = (DOCS / "index.md").read_text()
     blocks = re.findall(r"```\{toctree\}\n(.*?)```", index, flags=re.S)
     assert blocks, "docs/index.md has no toctree"
-    return [line.strip() for block in blocks for line in block.splitlines()
-            if line.strip() and not line.strip().startswith(":")]
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith(":")
+    ]
 
 
 def test_every_chapter_is_in_the_toctree_in_order():
@@ -66,8 +70,9 @@ def test_conf_runs_every_chapter(conf):
 class _Env:
     def __init__(self, **succeeded):
         self.nb_metadata = {"docs/index": {}}
-        self.nb_metadata.update({f"notebooks/{name}": {"exec_data": {"succeeded": ok}}
-                                 for name, ok in succeeded.items()})
+        self.nb_metadata.update(
+            {f"notebooks/{name}": {"exec_data": {"succeeded": ok}} for name, ok in succeeded.items()}
+        )
 
 
 def test_a_failing_chapter_fails_the_build():
@@ -84,8 +89,10 @@ def test_widget_state_is_left_out_of_the_pages():
     pytest.importorskip("sphinx")
     specfix_book = _load("specfix_book", DOCS / "_ext" / "specfix_book.py")
     env = _Env(a=True)
-    env.nb_metadata["notebooks/a"]["js_files"] = {specfix_book.WIDGET_STATE_SCRIPT: (None, {"body": "{}"}),
-                                                  "other": ("x.js", {})}
+    env.nb_metadata["notebooks/a"]["js_files"] = {
+        specfix_book.WIDGET_STATE_SCRIPT: (None, {"body": "{}"}),
+        "other": ("x.js", {}),
+    }
     specfix_book._drop_widget_state(None, env)
     assert env.nb_metadata["notebooks/a"]["js_files"] == {"other": ("x.js", {})}
 
@@ -111,8 +118,10 @@ def test_widget_views_are_dropped_and_other_outputs_kept():
     specfix_book.DropWidgetViews(document).run()
     widget_cell, figure_cell = document.children
     assert widget_cell.children == [], "the widget's output area should be gone"
-    assert [c["mime_type"] for c in figure_cell.children[0].children[0].children] == ["image/svg+xml",
-                                                                                     "text/plain"]
+    assert [c["mime_type"] for c in figure_cell.children[0].children[0].children] == [
+        "image/svg+xml",
+        "text/plain",
+    ]
 
 
 def test_conf_fetches_nothing(conf):
@@ -177,8 +186,11 @@ def test_make_lab_keeps_the_token_and_the_loopback_address():
 
 
 def _cell(kind, lines, tags=()):
-    return {"cell_type": kind, "metadata": {"tags": list(tags)},
-            "source": [f"line {i}\n" for i in range(lines)]}
+    return {
+        "cell_type": kind,
+        "metadata": {"tags": list(tags)},
+        "source": [f"line {i}\n" for i in range(lines)],
+    }
 
 
 def test_long_code_cells_start_collapsed_with_their_length():
@@ -191,8 +203,14 @@ def test_long_code_cells_start_collapsed_with_their_length():
 
 
 def test_exercises_stay_open_and_solutions_hide():
-    nb = {"cells": [_cell("code", 40, ["exercise"]), _cell("code", 3, ["solution"]),
-                    _cell("markdown", 2, ["solution"]), _cell("code", 30, ["hide-output"])]}
+    nb = {
+        "cells": [
+            _cell("code", 40, ["exercise"]),
+            _cell("code", 3, ["solution"]),
+            _cell("markdown", 2, ["solution"]),
+            _cell("code", 30, ["hide-output"]),
+        ]
+    }
     exercise, code_solution, prose_solution, chosen = book_cells.prepare_notebook(nb, 15)["cells"]
     assert exercise["metadata"]["tags"] == ["exercise"]
     assert code_solution["metadata"]["tags"] == ["solution", "hide-cell"]
@@ -220,8 +238,11 @@ def test_predict_then_run_exercises_are_not_answered_on_the_page():
                 continue
             found += 1
             exercise = next(j for j in range(i + 1, len(cells)) if "exercise" in tags[j])
-            run = next(j for j in range(exercise + 1, len(cells))
-                       if cells[j]["cell_type"] == "code" and not {"exercise", "solution"} & set(tags[j]))
+            run = next(
+                j
+                for j in range(exercise + 1, len(cells))
+                if cells[j]["cell_type"] == "code" and not {"exercise", "solution"} & set(tags[j])
+            )
             assert "answer" in tags[run], f"{path.name}: cell {run} shows the answer to {heading.group(0)!r}"
     assert found >= 2
 
@@ -257,16 +278,29 @@ def site(tmp_path):
 ORIGIN = "http://127.0.0.1:8000"
 
 
-@pytest.mark.parametrize("url", [f"{ORIGIN}/notebooks/a.html", f"{ORIGIN}/notebooks/a.html#x",
-                                 f"{ORIGIN}/notebooks/a.html#old", f"{ORIGIN}/notebooks/",
-                                 "https://github.com/vllm-project/vllm/pull/47066", "mailto:a@example.org"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{ORIGIN}/notebooks/a.html",
+        f"{ORIGIN}/notebooks/a.html#x",
+        f"{ORIGIN}/notebooks/a.html#old",
+        f"{ORIGIN}/notebooks/",
+        "https://github.com/vllm-project/vllm/pull/47066",
+        "mailto:a@example.org",
+    ],
+)
 def test_links_that_resolve(site, url):
     assert book_check.broken_link(url, site, ORIGIN) is None
 
 
-@pytest.mark.parametrize("url, why", [(f"{ORIGIN}/notebooks/b.html", "no file notebooks/b.html"),
-                                      (f"{ORIGIN}/notebooks/a.html#y", "has no anchor #y"),
-                                      (f"{ORIGIN}/../../etc/passwd", "points outside the book")])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        (f"{ORIGIN}/notebooks/b.html", "no file notebooks/b.html"),
+        (f"{ORIGIN}/notebooks/a.html#y", "has no anchor #y"),
+        (f"{ORIGIN}/../../etc/passwd", "points outside the book"),
+    ],
+)
 def test_links_that_do_not(site, url, why):
     assert why in book_check.broken_link(url, site, ORIGIN)
 
@@ -284,11 +318,18 @@ def test_figure_legibility_and_count_rules(tmp_path):
     assert book_check.small_figures([legible]) == []
     (problem,) = book_check.small_figures([legible, shrunk])
     assert problem.startswith("b.svg: 1376 px wide shown at 688 px") and "5.3 px tall" in problem
-    cells = [{"cell_type": "code", "outputs": [{"data": {"image/svg+xml": "<svg/>", "text/plain": "fig"}},
-                                               {"data": {"text/plain": "x"}}]},
-             {"cell_type": "code", "outputs": [{"output_type": "stream", "text": "y"}]},
-             {"cell_type": "markdown", "source": ""},
-             {"cell_type": "code", "outputs": [{"data": {"image/png": "iVBOR"}}]}]
+    cells = [
+        {
+            "cell_type": "code",
+            "outputs": [
+                {"data": {"image/svg+xml": "<svg/>", "text/plain": "fig"}},
+                {"data": {"text/plain": "x"}},
+            ],
+        },
+        {"cell_type": "code", "outputs": [{"output_type": "stream", "text": "y"}]},
+        {"cell_type": "markdown", "source": ""},
+        {"cell_type": "code", "outputs": [{"data": {"image/png": "iVBOR"}}]},
+    ]
     executed = tmp_path / "ch.ipynb"
     executed.write_text(json.dumps({"cells": cells}))
     assert book_check.displayed_figures(executed) == 2
@@ -298,14 +339,17 @@ def test_figure_legibility_and_count_rules(tmp_path):
 # cut off at its right edge. Every chapter's code fits, but for cells owned by others and left to them
 # (2026-12-02): chapter 1's and 3's exercise, solution and answer cells, chapter 4's live timing cell.
 CODE_COLUMNS = 80
-LONG_CODE_LEFT = {"01_placeholder_lifecycle": {"exercise", "solution", "answer"},
-                  "03_cudagraph_idx_mapping": {"exercise", "solution", "answer"}}
+LONG_CODE_LEFT = {
+    "01_placeholder_lifecycle": {"exercise", "solution", "answer"},
+    "03_cudagraph_idx_mapping": {"exercise", "solution", "answer"},
+}
 LONG_CODE_CELLS = {"896cacea"}
 
 
 def _left_to_owner(stem, cell) -> bool:
     return cell.get("id") in LONG_CODE_CELLS or bool(
-        LONG_CODE_LEFT.get(stem, set()) & set(cell["metadata"].get("tags", [])))
+        LONG_CODE_LEFT.get(stem, set()) & set(cell["metadata"].get("tags", []))
+    )
 
 
 def _code_cells(path):
@@ -314,8 +358,13 @@ def _code_cells(path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
 def test_code_lines_fit_the_column(path):
-    long = [line for cell in _code_cells(path) if not _left_to_owner(path.stem, cell)
-            for line in "".join(cell["source"]).splitlines() if len(line) > CODE_COLUMNS]
+    long = [
+        line
+        for cell in _code_cells(path)
+        if not _left_to_owner(path.stem, cell)
+        for line in "".join(cell["source"]).splitlines()
+        if len(line) > CODE_COLUMNS
+    ]
     assert not long, f"{path.name}: {len(long)} code lines over {CODE_COLUMNS} characters, e.g. {long[-1]!r}"
 
 
@@ -323,8 +372,9 @@ def _python(source: str):
     """A code cell as Python: IPython's %magic and !shell lines left out."""
     import ast
 
-    return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                               for line in source.splitlines()))
+    return ast.parse(
+        "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    )
 
 
 def paragraph_builders(source: str) -> list:
@@ -333,25 +383,32 @@ def paragraph_builders(source: str) -> list:
     import ast
 
     tree = _python(source)
-    built = {target.id for node in ast.walk(tree)
-             if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Call)
-             for target in node.targets if isinstance(target, ast.Name)}
+    built = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Call)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Markdown" and node.args:
             arg = node.args[0]
-            if not isinstance(arg, ast.Call) or any(isinstance(n, ast.JoinedStr) for n in ast.walk(arg)) \
-                    or (isinstance(arg, ast.Name) and arg.id in built):
+            if (
+                not isinstance(arg, ast.Call)
+                or any(isinstance(n, ast.JoinedStr) for n in ast.walk(arg))
+                or (isinstance(arg, ast.Name) and arg.id in built)
+            ):
                 found.append(ast.unparse(arg)[:60])
     return found
 
 
 def test_paragraph_builders_are_found():
-    assert paragraph_builders('display(Markdown(f"{n} of {m} rows"))') == ['f\'{n} of {m} rows\'']
+    assert paragraph_builders('display(Markdown(f"{n} of {m} rows"))') == ["f'{n} of {m} rows'"]
     assert paragraph_builders('text = "a" + b\ndisplay(Markdown(text))') == ["text"]
     assert paragraph_builders('display(Markdown("**a** " + b))')
     assert paragraph_builders('display(Markdown(figs.text(f"{x}")))')
-    assert paragraph_builders('%config X\ndisplay(Markdown(figs.sources_text(sources)))') == []
+    assert paragraph_builders("%config X\ndisplay(Markdown(figs.sources_text(sources)))") == []
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
@@ -362,18 +419,45 @@ def test_no_code_cell_builds_a_paragraph(path):
     keeps its input out of the book (`remove-input`), so the reader sees the paragraph, not the call."""
     for i, cell in enumerate(_code_cells(path)):
         source = "".join(cell["source"])
-        assert not paragraph_builders(source), \
+        assert not paragraph_builders(source), (
             f"{path.name}, code cell {i} builds its paragraph: {source[:80]}"
+        )
         statements = _python(source).body
         only_text = statements and all("Markdown(" in ast.unparse(s) for s in statements)
         if only_text:
-            assert "remove-input" in cell["metadata"].get("tags", []), \
+            assert "remove-input" in cell["metadata"].get("tags", []), (
                 f"{path.name}, code cell {i} only shows a paragraph: tag it remove-input ({source[:80]})"
+            )
 
 
 # Tags a chapter's prose may use; any other `<word>` outside a code span is swallowed as HTML by the book.
-PROSE_HTML = {"a", "b", "br", "code", "details", "div", "em", "i", "img", "kbd", "li", "ol", "p", "pre",
-              "small", "span", "strong", "sub", "summary", "sup", "table", "td", "th", "tr", "ul"}
+PROSE_HTML = {
+    "a",
+    "b",
+    "br",
+    "code",
+    "details",
+    "div",
+    "em",
+    "i",
+    "img",
+    "kbd",
+    "li",
+    "ol",
+    "p",
+    "pre",
+    "small",
+    "span",
+    "strong",
+    "sub",
+    "summary",
+    "sup",
+    "table",
+    "td",
+    "th",
+    "tr",
+    "ul",
+}
 
 
 def test_prose_has_no_angle_brackets_the_book_would_take_for_html():
@@ -383,9 +467,11 @@ def test_prose_has_no_angle_brackets_the_book_would_take_for_html():
             if cell["cell_type"] == "markdown":
                 text = re.sub(r"```.*?```", "", "".join(cell["source"]), flags=re.S)
                 text = re.sub(r"``.+?``|`[^`\n]*`", "", text)
-                swallowed += [f"{path.name} cell {i}: {m.group(0)}"
-                              for m in re.finditer(r"</?([A-Za-z][\w-]*)[^>\n]*>", text)
-                              if m.group(1).lower() not in PROSE_HTML]
+                swallowed += [
+                    f"{path.name} cell {i}: {m.group(0)}"
+                    for m in re.finditer(r"</?([A-Za-z][\w-]*)[^>\n]*>", text)
+                    if m.group(1).lower() not in PROSE_HTML
+                ]
     assert not swallowed, swallowed
 
 
@@ -405,14 +491,39 @@ def test_the_builders_paths_are_found_in_a_page():
 # section 2, the total variation distance in chapter 3's section 4).
 GLOSSARY_TERMS = {
     "00_tour": ["Philox", "P/D", "MTP", "EAGLE", "n-gram", "bonus token", "recovered", "acceptance rate"],
-    "01_placeholder_lifecycle": ["token budget", "prefill chunk", "BOS", "logits_indices",
-                                 "target_logits_indices", "bonus_logits_indices", "structured output",
-                                 "FULL", "async scheduling", "Model Runner V2", "P/D", "KV cache"],
+    "01_placeholder_lifecycle": [
+        "token budget",
+        "prefill chunk",
+        "BOS",
+        "logits_indices",
+        "target_logits_indices",
+        "bonus_logits_indices",
+        "structured output",
+        "FULL",
+        "async scheduling",
+        "Model Runner V2",
+        "P/D",
+        "KV cache",
+    ],
     "02_embedding_assert": ["BOS", "GEMM", "device-side assert", "host synchronisation", "CUDA graph"],
-    "03_cudagraph_idx_mapping": ["chunked prefill", "idx_mapping", "persistent buffer", "chi-square",
-                                 "DFlash", "draft logits", "req_state_idx"],
-    "04_masked_gumbel_sampling": ["Philox", "FMA contraction", "libdevice", "compute-sanitizer", "Gumbel-max",
-                                  "expanded_idx_mapping", "tile"],
+    "03_cudagraph_idx_mapping": [
+        "chunked prefill",
+        "idx_mapping",
+        "persistent buffer",
+        "chi-square",
+        "DFlash",
+        "draft logits",
+        "req_state_idx",
+    ],
+    "04_masked_gumbel_sampling": [
+        "Philox",
+        "FMA contraction",
+        "libdevice",
+        "compute-sanitizer",
+        "Gumbel-max",
+        "expanded_idx_mapping",
+        "tile",
+    ],
     "05_performance": ["warp", "occupancy", "HBM", "SM", "Nsight Compute", "ceiling", "host synchronisation"],
 }
 
@@ -420,8 +531,11 @@ GLOSSARY_TERMS = {
 def glossary_headings() -> list:
     """The bold heads of the glossary's entries in chapter 0, lower-case, backticks dropped."""
     cells = json.loads((ROOT / "notebooks" / "00_tour.ipynb").read_text())["cells"]
-    (glossary,) = ["".join(c["source"]) for c in cells
-                   if c["cell_type"] == "markdown" and '<a id="glossary"></a>' in "".join(c["source"])]
+    (glossary,) = [
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "markdown" and '<a id="glossary"></a>' in "".join(c["source"])
+    ]
     return [head.replace("`", "").lower() for head in re.findall(r"^\*\*(.+?)\*\*", glossary, flags=re.M)]
 
 
@@ -448,7 +562,7 @@ def test_every_term_a_chapter_uses_is_in_the_glossary(stem):
 
 
 def test_chip_contrast_and_search_excerpt_rules():
-    assert book_check.contrast("rgb(27, 27, 27)", "rgb(238, 144, 64)") > 4.5    # book.css's chip, light mode
+    assert book_check.contrast("rgb(27, 27, 27)", "rgb(238, 144, 64)") > 4.5  # book.css's chip, light mode
     assert book_check.contrast("rgb(206, 209, 214)", "rgb(255, 209, 158)") < 4.5  # pale text on a pale fill
     assert round(book_check.contrast("rgb(0, 0, 0)", "rgb(255, 255, 255)")) == 21
     excerpts = ["... System Settings Light Dark Chapter 3 idx_mapping ...", "the stale idx_mapping rows ..."]
@@ -460,5 +574,5 @@ def test_the_book_loads_its_search_excerpt_filter_after_sphinx_search(conf):
     script = (DOCS / "_static" / "search_excerpts.js").read_text()
     assert "Search.htmlToText" in script and ".article-header-buttons" in script
     css = (DOCS / "_static" / "book.css").read_text()
-    chip = css[css.index("div.cell.tag_exercise::before"):]
+    chip = css[css.index("div.cell.tag_exercise::before") :]
     assert "background: var(--pst-color-warning)" in chip.split("}")[0], "the chip needs its own fill"

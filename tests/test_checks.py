@@ -11,13 +11,20 @@ def test_a_bool_is_not_an_int():
     assert not any(is_int(x) for x in (True, False, 1.0, "1", None))
 
 
-@pytest.mark.parametrize("tensor, error, says", [
-    ([1, 2], TypeError, "ids must be a torch.Tensor, got list"),
-    (torch.tensor([1.0]), TypeError, r"ids must hold signed integers \(int32 or int64\), got torch.float32"),
-    (torch.tensor([1], dtype=torch.uint8), TypeError, "got torch.uint8"),
-    (torch.zeros(2, 2, dtype=torch.int32), ValueError, r"ids must be 1-D, got shape \(2, 2\)"),
-    (torch.zeros(2, dtype=torch.int32), ValueError, "ids must have 3 entries, got 2"),
-])
+@pytest.mark.parametrize(
+    "tensor, error, says",
+    [
+        ([1, 2], TypeError, "ids must be a torch.Tensor, got list"),
+        (
+            torch.tensor([1.0]),
+            TypeError,
+            r"ids must hold signed integers \(int32 or int64\), got torch.float32",
+        ),
+        (torch.tensor([1], dtype=torch.uint8), TypeError, "got torch.uint8"),
+        (torch.zeros(2, 2, dtype=torch.int32), ValueError, r"ids must be 1-D, got shape \(2, 2\)"),
+        (torch.zeros(2, dtype=torch.int32), ValueError, "ids must have 3 entries, got 2"),
+    ],
+)
 def test_id_tensors_are_refused_by_name(tensor, error, says):
     with pytest.raises(error, match=says):
         check_id_tensor("ids", tensor, 3)

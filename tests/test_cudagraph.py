@@ -25,7 +25,7 @@ def test_capture_sizes_follow_vllm_rule():
 
 
 def test_default_max_capture_size():
-    assert default_max_capture_size(64, 3) == 512           # 64 * 4 * 2 = 512
+    assert default_max_capture_size(64, 3) == 512  # 64 * 4 * 2 = 512
     assert default_max_capture_size(8, 3) == 64
     assert default_max_capture_size(64, 3, max_num_batched_tokens=100) == 100
 
@@ -61,7 +61,7 @@ def test_dispatch_examples():
     d = CudaGraphDispatcher(64)
     assert d.dispatch(5).num_reqs_padded == 8 and len(d.dispatch(5).padded_rows) == 3
     assert d.dispatch(4).padded_rows == range(4, 4)
-    assert CudaGraphDispatcher(50).dispatch(50).cg_mode == "NONE"   # 56 > max_num_reqs: eager
+    assert CudaGraphDispatcher(50).dispatch(50).cg_mode == "NONE"  # 56 > max_num_reqs: eager
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True])

@@ -18,12 +18,20 @@ def _prepare(fix, use_triton, num_reqs=3, idx=(4, 0, 2), max_num_reqs=6, k=3):
     """``fix`` True/False passes the switch; None passes no ``fixes`` at all (the default path)."""
     out = DFlashInputs.allocate(max_num_reqs, k)
     for t in out.as_dict().values():
-        t.fill_(77)                                        # sentinel: every entry must be written
+        t.fill_(77)  # sentinel: every entry must be written
     last_sampled = torch.arange(100, 100 + max_num_reqs)
     num_computed = torch.arange(10, 10 * (max_num_reqs + 1), 10)
     fixes = () if fix is None else (Fixes(dflash_pad_idx=fix),)
-    prepare_dflash_inputs(num_reqs, torch.tensor(idx, dtype=torch.int32), last_sampled, num_computed, 99, out,
-                          *fixes, use_triton=use_triton)
+    prepare_dflash_inputs(
+        num_reqs,
+        torch.tensor(idx, dtype=torch.int32),
+        last_sampled,
+        num_computed,
+        99,
+        out,
+        *fixes,
+        use_triton=use_triton,
+    )
     return out
 
 
@@ -80,8 +88,15 @@ def test_bad_input_is_refused_by_name_before_any_write(change, error, word):
     out = DFlashInputs.allocate(4, 2)
     for t in out.as_dict().values():
         t.fill_(77)
-    args = dict(num_reqs=2, idx_mapping=torch.tensor([1, 0], dtype=torch.int32), last_sampled=torch.arange(4),
-                num_computed=torch.arange(4), mask_token_id=9, out=out, vocab_size=8)
+    args = dict(
+        num_reqs=2,
+        idx_mapping=torch.tensor([1, 0], dtype=torch.int32),
+        last_sampled=torch.arange(4),
+        num_computed=torch.arange(4),
+        mask_token_id=9,
+        out=out,
+        vocab_size=8,
+    )
     with pytest.raises(error, match=word):
         prepare_dflash_inputs(**{**args, **change})
     assert all(t.eq(77).all() for t in out.as_dict().values())
@@ -90,8 +105,15 @@ def test_bad_input_is_refused_by_name_before_any_write(change, error, word):
 def test_anchors_of_free_slots_are_not_checked():
     """Only the live slots' anchors are tokens; a free slot's table entry may hold anything (-1 too)."""
     out = DFlashInputs.allocate(4, 2)
-    prepare_dflash_inputs(2, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([5, 6, -1, 99]),
-                          torch.tensor([3, 4, -7, 0]), 9, out, vocab_size=8)
+    prepare_dflash_inputs(
+        2,
+        torch.tensor([1, 0], dtype=torch.int32),
+        torch.tensor([5, 6, -1, 99]),
+        torch.tensor([3, 4, -7, 0]),
+        9,
+        out,
+        vocab_size=8,
+    )
     assert out.input_ids[:6].tolist() == [6, 9, 9, 5, 9, 9]
 
 
@@ -99,9 +121,16 @@ def test_value_checks_read_gpu_tensors_only_under_device_checks(monkeypatch):
     """Reading slots, anchors and positions back is a host sync on a GPU: the tensors are declared GPU
     tensors to ``device_checks.wanted`` here (the test runs anywhere), as the speculator's checks are."""
     monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
-    args = dict(num_reqs=2, idx_mapping=torch.tensor([1, 0], dtype=torch.int32), last_sampled=torch.arange(4),
-                num_computed=torch.tensor([0, -5, 2, 3]), mask_token_id=9, out=DFlashInputs.allocate(4, 2),
-                use_triton=False, vocab_size=8)
+    args = dict(
+        num_reqs=2,
+        idx_mapping=torch.tensor([1, 0], dtype=torch.int32),
+        last_sampled=torch.arange(4),
+        num_computed=torch.tensor([0, -5, 2, 3]),
+        mask_token_id=9,
+        out=DFlashInputs.allocate(4, 2),
+        use_triton=False,
+        vocab_size=8,
+    )
     with device_checks.enabled(False):
         prepare_dflash_inputs(**args)  # not read back: nothing refuses the negative position
     with device_checks.enabled(), pytest.raises(ValueError, match="num_computed of the live slots"):
@@ -114,8 +143,14 @@ def test_prepare_makes_no_host_sync_on_a_gpu():
     from specfix.tools.syncs import count_host_syncs
 
     out = DFlashInputs.allocate(4, 2, device="cuda")
-    args = (2, torch.tensor([1, 0], dtype=torch.int32, device="cuda"), torch.arange(4, device="cuda"),
-            torch.arange(4, device="cuda"), 9, out)
+    args = (
+        2,
+        torch.tensor([1, 0], dtype=torch.int32, device="cuda"),
+        torch.arange(4, device="cuda"),
+        torch.arange(4, device="cuda"),
+        9,
+        out,
+    )
     prepare_dflash_inputs(*args)  # compile first
     assert count_host_syncs(lambda: prepare_dflash_inputs(*args), torch.device("cuda")) == 0
 
@@ -134,7 +169,7 @@ def test_unfixed_padding_corrupts_request_state_zero(fix):
     v, m, k = 16, 4, 3
     fixes = {} if fix is None else {"fixes": Fixes(dflash_pad_idx=fix)}
     drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k, **fixes)
-    idx = torch.tensor([2, 0], dtype=torch.int32)           # slot 0 is live, at batch row 1
+    idx = torch.tensor([2, 0], dtype=torch.int32)  # slot 0 is live, at batch row 1
     last, num_computed = torch.arange(m), torch.arange(m) * 3 + 5
     drafter.propose(2, idx, last, num_computed)
     # what slot 0 must hold: its own MASK rows' logits (query rows 5, 6, 7), temperature 1
@@ -157,25 +192,28 @@ def test_each_draw_is_keyed_by_the_position_before_it_with_the_drafting_salt():
     tokens = drafter.propose(2, torch.tensor([2, 0]), torch.arange(m), torch.arange(m) * 3 + 5, padded=False)
     inp, n = drafter.inputs, 2 * k
     logits = drafter.model(inp.input_ids, inp.positions)[inp.sample_indices[:n]].contiguous()
+
     def draw(pos, **kw):
-        return gumbel_sample(logits, inp.sample_idx_mapping[:n], drafter.temperature, drafter.seeds, pos,
-                             True, **kw)
+        return gumbel_sample(
+            logits, inp.sample_idx_mapping[:n], drafter.temperature, drafter.seeds, pos, True, **kw
+        )
+
     assert torch.equal(tokens.flatten(), draw(inp.sample_pos[:n] - 1, is_drafting=True))
     assert not torch.equal(tokens.flatten(), draw(inp.sample_pos[:n], is_drafting=True))  # the key matters
 
 
 def test_sample_idx_mapping_is_int64_and_names_no_request_at_allocation_and_capture():
     v, m, k = 16, 4, 3
-    drafter = DFlashDrafter(ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k,
-                            fixes=Fixes(dflash_pad_idx=False))
+    drafter = DFlashDrafter(
+        ToyDFlashModel(v), max_num_reqs=m, num_speculative_steps=k, fixes=Fixes(dflash_pad_idx=False)
+    )
     idx = drafter.inputs.sample_idx_mapping
-    assert idx.dtype == torch.int64 and idx.tolist() == [-1] * (m * k)        # vLLM 0.33: full of -1
-    drafter.propose(2, torch.tensor([2, 0]), torch.arange(m), torch.arange(m))   # unfixed: padding -> slot 0
-    drafter.reset_for_capture()                                                  # what capture does first
+    assert idx.dtype == torch.int64 and idx.tolist() == [-1] * (m * k)  # vLLM 0.33: full of -1
+    drafter.propose(2, torch.tensor([2, 0]), torch.arange(m), torch.arange(m))  # unfixed: padding -> slot 0
+    drafter.reset_for_capture()  # what capture does first
     before = drafter.draft_logits.clone()
-    drafter._sample(m * k)                                                       # the captured step
+    drafter._sample(m * k)  # the captured step
     assert idx.tolist() == [-1] * (m * k) and torch.equal(drafter.draft_logits, before)
-
 
 
 def test_the_drafting_step_reads_nothing_back_unless_device_checks_is_on(monkeypatch):
@@ -185,8 +223,9 @@ def test_the_drafting_step_reads_nothing_back_unless_device_checks_is_on(monkeyp
     from specfix.tools.syncs import host_reads
 
     monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
-    drafter = DFlashDrafter(ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=2,
-                            sampler=reference_sampler)
+    drafter = DFlashDrafter(
+        ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=2, sampler=reference_sampler
+    )
     idx, last, bad = torch.tensor([2, 0], dtype=torch.int32), torch.arange(4), torch.tensor([3, 1, -4, 2])
     with device_checks.enabled(False):
         _, reads = host_reads(lambda: drafter.propose(2, idx, last, torch.arange(4), padded=True))
@@ -217,8 +256,9 @@ def test_the_whole_dflash_step_is_one_graph_without_host_syncs_and_replays_as_ea
     graphed = drafter()
 
     def whole_step(_size):
-        prepare_dflash_inputs(n, idx, last, computed, graphed.model.mask_token_id, graphed.inputs,
-                              graphed.fixes, vocab_size=v)
+        prepare_dflash_inputs(
+            n, idx, last, computed, graphed.model.mask_token_id, graphed.inputs, graphed.fixes, vocab_size=v
+        )
         graphed._sample(m * k)
 
     graph = CapturedStep(whole_step, [m * k], "cuda")

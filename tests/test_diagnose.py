@@ -37,14 +37,22 @@ def test_fixture_verdict(name):
     assert (got["id"], got["confidence"]) == (want["verdict"], want["confidence"]), got["reasons"]
     setup, err = report["setup"], report["python_error"]
     fixes = {f["pr"]: f["logged_version_has_it"] for f in report["fixes"]}
-    checks = {"first_kernel": report["asserts"]["first_kernel"], "assert_lines": report["asserts"]["lines"],
-              "distinct": len(report["asserts"]["distinct"]), "vllm_version": setup.get("vllm_version"),
-              "has_47029": fixes[47029], "has_46533": fixes[46533], "has_47066": fixes[47066],
-              "process": err and err["process"], "complete": err and err["complete"],
-              "ends_at_func": err and err["frames"] and err["frames"][-1]["func"],
-              "exception": err and err["exception"], "error_kind": next(iter(report["errors"]), None),
-              "launch_blocking": setup["launch_blocking"],
-              "speculative_decoding": setup["speculative_decoding"]}
+    checks = {
+        "first_kernel": report["asserts"]["first_kernel"],
+        "assert_lines": report["asserts"]["lines"],
+        "distinct": len(report["asserts"]["distinct"]),
+        "vllm_version": setup.get("vllm_version"),
+        "has_47029": fixes[47029],
+        "has_46533": fixes[46533],
+        "has_47066": fixes[47066],
+        "process": err and err["process"],
+        "complete": err and err["complete"],
+        "ends_at_func": err and err["frames"] and err["frames"][-1]["func"],
+        "exception": err and err["exception"],
+        "error_kind": next(iter(report["errors"]), None),
+        "launch_blocking": setup["launch_blocking"],
+        "speculative_decoding": setup["speculative_decoding"],
+    }
     for key, value in want.items():
         if key not in ("verdict", "confidence"):
             assert (checks[key] if key in checks else setup.get(key)) == value, key
@@ -74,19 +82,24 @@ def test_json_follows_schema(name):
 
 def test_schema_refuses_a_broken_report():
     report = _report(FIXTURES / "pd_decode_mtp_tp4.log")
-    for broken in ({**report, "verdict": {**report["verdict"], "id": "probably_fine"}},
-                   {k: v for k, v in report.items() if k != "fixes"},
-                   {**report, "asserts": {**report["asserts"], "lines": "many"}}):
+    for broken in (
+        {**report, "verdict": {**report["verdict"], "id": "probably_fine"}},
+        {k: v for k, v in report.items() if k != "fixes"},
+        {**report, "asserts": {**report["asserts"], "lines": "many"}},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, dg.SCHEMA)
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda tmp: tmp / "missing.log", "no such file"),
-    (lambda tmp: tmp, "is a directory"),
-    (lambda tmp: FIXTURES / "empty.log", "is empty"),
-    (lambda tmp: FIXTURES / "binary.log", "looks binary"),
-])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda tmp: tmp / "missing.log", "no such file"),
+        (lambda tmp: tmp, "is a directory"),
+        (lambda tmp: FIXTURES / "empty.log", "is empty"),
+        (lambda tmp: FIXTURES / "binary.log", "looks binary"),
+    ],
+)
 def test_bad_input_one_line_and_status_2(tmp_path, capsys, make, says):
     assert main(["diagnose", str(make(tmp_path))]) == 2
     out = capsys.readouterr()
@@ -114,9 +127,11 @@ def test_ten_thousand_line_log(tmp_path):
     """The size the tool must read within a second (the figure is measured outside the tests)."""
     head = (FIXTURES / "pd_decode_mtp_tp4.log").read_text().splitlines()
     noise = '(APIServer pid=1) INFO:     10.0.3.17:50110 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
-    gather = ('/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: '
-              'block: [3,0,0], thread: [{},0,0] Assertion `ind >=0 && ind < ind_dim_size && "vectorized '
-              'gather kernel index out of bounds"` failed.')
+    gather = (
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: "
+        'block: [3,0,0], thread: [{},0,0] Assertion `ind >=0 && ind < ind_dim_size && "vectorized '
+        'gather kernel index out of bounds"` failed.'
+    )
     body = [noise] * 4000 + [gather.format(i % 128) for i in range(10000 - 4000 - len(head))]
     path = tmp_path / "big.log"
     path.write_text("\n".join(head[:10] + body + head[10:]) + "\n")
@@ -130,13 +145,27 @@ def test_the_command_imports_neither_torch_nor_triton():
     """Reading a log takes a tenth of a second; importing torch took seconds, so ``specfix diagnose`` must
     not (how long it takes is measured outside the tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECFIX_", "TRITON_"))}
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "specfix", "diagnose", "--json",
-                          str(FIXTURES / "pd_decode_mtp_tp4.log")], capture_output=True, text=True, env=env,
-                         timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "specfix",
+            "diagnose",
+            "--json",
+            str(FIXTURES / "pd_decode_mtp_tp4.log"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["verdict"]["id"] == LOGS["pd_decode_mtp_tp4.log"]["verdict"]
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "specfix.tools.diagnose" in imported
     assert not {m for m in imported if m.split(".")[0] in ("torch", "triton")}
 
@@ -158,11 +187,21 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     assert "reading" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("version, has", [
-    ("0.24.0", False), ("0.25.0", True), ("0.33.0", True), ("0.11.0+cu128", False), ("0.25.0rc1", None),
-    ("0.24.1.dev45+g3fa2c71d0", None), ("0.24.0.dev2", False), ("0.26.0.dev3", True), ("dev", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "version, has",
+    [
+        ("0.24.0", False),
+        ("0.25.0", True),
+        ("0.33.0", True),
+        ("0.11.0+cu128", False),
+        ("0.25.0rc1", None),
+        ("0.24.1.dev45+g3fa2c71d0", None),
+        ("0.24.0.dev2", False),
+        ("0.26.0.dev3", True),
+        ("dev", None),
+        (None, None),
+    ],
+)
 def test_has_fix(version, has):
     assert dg.has_fix(version, dg.FIXES["placeholder_embedding"]) is has
 

@@ -39,8 +39,15 @@ def test_gather_draft_sampled_without_the_fix_reads_the_inputs_as_they_are():
 
 
 def _first_step(fixes, prompt=DEMO_PROMPTS[0], **kw):
-    engine = LLMEngine(num_speculative_tokens=3, models=MODELS, record=True, sampler_backend="torch",
-                       model_runner="v2", fixes=fixes, **kw)
+    engine = LLMEngine(
+        num_speculative_tokens=3,
+        models=MODELS,
+        record=True,
+        sampler_backend="torch",
+        model_runner="v2",
+        fixes=fixes,
+        **kw,
+    )
     engine.add_request(prompt, GREEDY, remote_prefill=True)
     engine.step()
     return engine
@@ -70,14 +77,21 @@ def test_greedy_text_and_acceptance_match_the_v1_runner(async_scheduling):
     """Both runners reject every placeholder and verify the same drafts: the same tokens and statistics,
     prefilled requests (placeholders) and a repeated prompt (prefix-cache hit) included."""
     prompts = [*DEMO_PROMPTS, DEMO_PROMPTS[1]]
-    kw = dict(remote_prefill=[True, False, True, False, False], models=MODELS, sampler_backend="torch",
-              async_scheduling=async_scheduling, enable_prefix_caching=True)
+    kw = dict(
+        remote_prefill=[True, False, True, False, False],
+        models=MODELS,
+        sampler_backend="torch",
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=True,
+    )
     v1 = generate(prompts, GREEDY, **kw)
     v2 = generate(prompts, GREEDY, model_runner="v2", **kw)
     assert [o.token_ids for o in v2.outputs] == [o.token_ids for o in v1.outputs]
     assert v2.stats.num_drafts > 0 and v2.stats.num_placeholders_accepted == 0
     assert (v2.stats.num_draft_tokens, v2.stats.num_accepted_tokens) == (
-        v1.stats.num_draft_tokens, v1.stats.num_accepted_tokens)
+        v1.stats.num_draft_tokens,
+        v1.stats.num_accepted_tokens,
+    )
 
 
 def test_the_engine_names_a_bad_runner():
@@ -97,14 +111,23 @@ def test_async_a_request_that_sat_out_a_step_keeps_its_proposals_in_the_table():
     """Chapter 1's tight-budget workload: on the V1 runner a request that sat out a step sends -1 towards
     the embedding; Model Runner V2's table still holds its last proposals, so no -1 is fed or verified."""
     prompts = ["the fox saw the crow", "a lion was asleep", "the north wind"]
-    kw = dict(num_speculative_tokens=3, max_num_batched_tokens=8, async_scheduling=True, record=True,
-              models=MODELS, sampler_backend="torch")
+    kw = dict(
+        num_speculative_tokens=3,
+        max_num_batched_tokens=8,
+        async_scheduling=True,
+        record=True,
+        models=MODELS,
+        sampler_backend="torch",
+    )
     v1 = generate(prompts, GREEDY, **kw)
     v2 = generate(prompts, GREEDY, model_runner="v2", **kw)
     assert sum(int((step.input_ids_before_clamp < 0).sum()) for step in v1.trace) > 0
     assert all(int((step.input_ids_before_clamp < 0).sum()) == 0 for step in v2.trace)
-    assert all(int((step.spec_decode_metadata.draft_token_ids < 0).sum()) == 0
-               for step in v2.trace if step.spec_decode_metadata is not None)
+    assert all(
+        int((step.spec_decode_metadata.draft_token_ids < 0).sum()) == 0
+        for step in v2.trace
+        if step.spec_decode_metadata is not None
+    )
     assert [o.token_ids for o in v2.outputs] == [o.token_ids for o in v1.outputs]
 
 
@@ -113,8 +136,13 @@ def test_async_a_request_that_sat_out_a_step_keeps_its_proposals_in_the_table():
 def test_the_v2_runner_on_cuda_matches_the_cpu():
     """The draft table, the marking and the prefix cache on the device: the same tokens and counts as here."""
     prompts = [*DEMO_PROMPTS, DEMO_PROMPTS[1]]
-    kw = dict(remote_prefill=[True, False, True, False, False], sampler_backend="auto", model_runner="v2",
-              enable_prefix_caching=True, record=True)
+    kw = dict(
+        remote_prefill=[True, False, True, False, False],
+        sampler_backend="auto",
+        model_runner="v2",
+        enable_prefix_caching=True,
+        record=True,
+    )
     on_gpu = generate(prompts, GREEDY, device="cuda", models=load_models("cuda"), **kw)
     on_cpu = generate(prompts, GREEDY, models=MODELS, **kw)
     assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]

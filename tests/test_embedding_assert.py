@@ -46,15 +46,22 @@ def test_child_survives_its_own_failure_and_reports_events_in_order():
 
 def test_malformed_event_lines_are_data_not_a_crash():
     """A child can die in the middle of an event line, or print '@@' itself: run_child keeps the line."""
-    code = (ea.PRELUDE + "event('a', 'first')\nprint('@@ {\"kind\": \"cut', flush=True)\n"
-            "print('@@ [1, 2]')\nprint('@@ {\"text\": \"no kind\"}')\nevent('b', 'last')\n")
+    code = (
+        ea.PRELUDE + "event('a', 'first')\nprint('@@ {\"kind\": \"cut', flush=True)\n"
+        "print('@@ [1, 2]')\nprint('@@ {\"text\": \"no kind\"}')\nevent('b', 'last')\n"
+    )
     run = ea.run_child(code, label="malformed")
     assert run.returncode == 0
     assert [e["kind"] for e in run.events] == ["a", "malformed", "malformed", "malformed", "b"]
     assert run.events[1]["text"] == '@@ {"kind": "cut'
     lines = run.transcript().splitlines()
-    assert lines == ["[child] first", '[child] @@ {"kind": "cut', "[child] @@ [1, 2]",
-                     '[child] @@ {"text": "no kind"}', "[child] last"]
+    assert lines == [
+        "[child] first",
+        '[child] @@ {"kind": "cut',
+        "[child] @@ [1, 2]",
+        '[child] @@ {"text": "no kind"}',
+        "[child] last",
+    ]
 
 
 def test_child_timeout_is_reported_not_raised():
@@ -78,8 +85,10 @@ def _direct_cpu_call(op, value):
     w = torch.arange(ea.ROWS * ea.COLS, dtype=torch.float32).reshape(ea.ROWS, ea.COLS)
     idx = torch.tensor([0, value, 2])
     calls = {
-        "F.embedding": lambda: F.embedding(idx, w), "torch.index_select": lambda: w.index_select(0, idx),
-        "torch.gather": lambda: w.gather(0, idx[:, None].expand(-1, ea.COLS)), "w[idx]": lambda: w[idx],
+        "F.embedding": lambda: F.embedding(idx, w),
+        "torch.index_select": lambda: w.index_select(0, idx),
+        "torch.gather": lambda: w.gather(0, idx[:, None].expand(-1, ea.COLS)),
+        "w[idx]": lambda: w[idx],
         "torch.take": lambda: w.take(idx),
     }
     try:
@@ -118,16 +127,19 @@ def test_make_step_layout():
     assert step.num_input_tokens == 64 == len(ids) and len(step.req_ids) == 16
     for req_id, end in zip(step.req_ids, step.cu_num_scheduled_tokens, strict=True):
         drafts = step.scheduled_spec_decode_tokens[req_id]
-        assert ids[end - 3:end] == drafts and ids[end - 4] >= 0
+        assert ids[end - 3 : end] == drafts and ids[end - 4] >= 0
         assert drafts in ([-1, -1, -1],) or min(drafts) >= 0
     assert -1 in ids and torch.equal(step.input_ids, step.pristine)
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"num_tokens": 30}, "num_tokens"),
-    ({"num_tokens": 64, "num_spec_tokens": 0}, "num_spec_tokens"),
-    ({"num_tokens": 64, "padded_fraction": 2.0}, "padded"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"num_tokens": 30}, "num_tokens"),
+        ({"num_tokens": 64, "num_spec_tokens": 0}, "num_spec_tokens"),
+        ({"num_tokens": 64, "padded_fraction": 2.0}, "padded"),
+    ],
+)
 def test_make_step_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         pf.make_step(**kwargs)
@@ -203,8 +215,10 @@ def test_engine_crashes_on_cpu_without_a_fix_and_the_guard_names_the_line():
     with pytest.raises(IndexError, match="index out of range in self") as plain:
         pf.run_engine_with_fix(None, max_tokens=4)
     assert not isinstance(plain.value, IndexGuardError)
-    with pytest.raises(IndexGuardError, match=r"F.embedding: \d+ of \d+ indices fall outside") as guarded, \
-            check_indices():
+    with (
+        pytest.raises(IndexGuardError, match=r"F.embedding: \d+ of \d+ indices fall outside") as guarded,
+        check_indices(),
+    ):
         pf.run_engine_with_fix(None, max_tokens=4)
     err = guarded.value
     assert err.op == "F.embedding" and set(err.values) == {-1} and "models.py" in err.caller
@@ -248,8 +262,10 @@ def test_engine_correctness_counts_real_drafts_and_placeholder_slots_apart():
 
 
 def _traceback(func, line, source, error):
-    return (f'Traceback (most recent call last):\n  File "/x/specfix/models.py", line {line}, in {func}\n'
-            f"    {source}\n{error}\n")
+    return (
+        f'Traceback (most recent call last):\n  File "/x/specfix/models.py", line {line}, in {func}\n'
+        f"    {source}\n{error}\n"
+    )
 
 
 def test_traceback_frames_take_the_first_error_of_a_chain_and_the_last_chain():
@@ -284,8 +300,10 @@ def test_run_until_asserts_retries_only_a_failure_without_assert_lines():
 def test_child_flushes_c_level_output_before_its_traceback():
     """The device's assert text is C-level stdout, block-buffered in a pipe: the prelude's exception hook
     flushes it before Python prints the traceback, so the transcript reads in the order things happened."""
-    code = (ea.PRELUDE + "import ctypes\nctypes.CDLL(None).printf(b'printed by C\\n')\n"
-            "raise RuntimeError('late')\n")
+    code = (
+        ea.PRELUDE + "import ctypes\nctypes.CDLL(None).printf(b'printed by C\\n')\n"
+        "raise RuntimeError('late')\n"
+    )
     run = ea.run_child(code, label="c output")
     assert run.returncode == 1
     assert 0 <= run.output.index("printed by C") < run.output.index("Traceback") < run.output.index("late")
@@ -307,11 +325,22 @@ def test_chapter2_reads_a_live_transcript_without_assert_lines_and_says_why(caps
 
     transcripts = recorded.load("embedding_assert_transcripts")
     stored = ea.ChildRun.from_json(transcripts["runs"]["pipeline"])
-    lost = ea.ChildRun.from_json(dict(stored.to_json(), attempts=3, output="\n".join(
-        line for line in stored.output.splitlines() if not ea.device_asserts(line))))
+    lost = ea.ChildRun.from_json(
+        dict(
+            stored.to_json(),
+            attempts=3,
+            output="\n".join(line for line in stored.output.splitlines() if not ea.device_asserts(line)),
+        )
+    )
     assert not lost.asserts and stored.asserts
-    namespace = {"ON_GPU": False, "runs": {"pipeline": lost}, "TRANSCRIPTS": transcripts, "ea": ea, "ex": ex,
-                 "recorded": recorded}
+    namespace = {
+        "ON_GPU": False,
+        "runs": {"pipeline": lost},
+        "TRANSCRIPTS": transcripts,
+        "ea": ea,
+        "ex": ex,
+        "recorded": recorded,
+    }
     for source in _chapter2_cells("ch2-16", "ch2-18"):
         exec(source, namespace)
     out = capsys.readouterr().out
@@ -333,8 +362,15 @@ def test_live_op_table_with_a_lost_assert_line_falls_back_to_the_recording():
     live[0]["cuda"] = {"outcome": "device assert, line lost"}
     rows, note = ea.live_or_recorded_ops(live, rec)
     assert rows is rec["rows"] and f"{live[0]['op']} ({live[0]['bad']}" in note and "recording" in note
-    lost = ea.ChildRun("case", "", {}, 0, '@@ {"kind": "raised", "text": "x", "type": "AcceleratorError", '
-                       '"message": "CUDA error: device-side assert triggered"}\n', 0.1)
+    lost = ea.ChildRun(
+        "case",
+        "",
+        {},
+        0,
+        '@@ {"kind": "raised", "text": "x", "type": "AcceleratorError", '
+        '"message": "CUDA error: device-side assert triggered"}\n',
+        0.1,
+    )
     lost.events = [ea.parse_event(lost.output.strip())]
     assert ea.cuda_outcome(lost)["outcome"] == "device assert, line lost"
 
@@ -345,6 +381,7 @@ def test_every_engine_crash_prints_its_assert_lines():
     """On the H200, 7 of 12 such runs once printed no assert line: the child now waits for the device and
     flushes before it exits, so each run (no retries) must hold them."""
     for attempt in range(4):
-        run = ea.run_child(ea.pipeline_crash_code(), label="pipeline", env={"CUDA_LAUNCH_BLOCKING": "0"},
-                           timeout=300)
+        run = ea.run_child(
+            ea.pipeline_crash_code(), label="pipeline", env={"CUDA_LAUNCH_BLOCKING": "0"}, timeout=300
+        )
         assert run.returncode == 1 and run.asserts, f"run {attempt}: no assert line\n{run.output[-3000:]}"

@@ -14,8 +14,14 @@ from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
 from specfix.v1.engine import LLMEngine, SamplingParams, generate, run_demo
 
-PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
-           "the boy cried"]
+PROMPTS = [
+    "the fox saw the crow",
+    "a lion was asleep",
+    "the north wind",
+    "the mice",
+    "an ant went to",
+    "the boy cried",
+]
 MODELS = load_models("cpu")
 
 
@@ -25,7 +31,7 @@ def greedy_reference(prompt_ids, max_tokens):
     seq = list(prompt_ids)
     for _ in range(max_tokens):
         seq.append(int(target.score(seq)[-1].argmax()))
-    return seq[len(prompt_ids):]
+    return seq[len(prompt_ids) :]
 
 
 def holes(trace):
@@ -39,8 +45,13 @@ def holes(trace):
 
 
 def test_generate_gives_readable_text():
-    result = generate(PROMPTS, SamplingParams(temperature=0.8, seed=3, max_tokens=12), models=MODELS,
-                      sampler_backend="torch", remote_prefill=[True, False] * 3)
+    result = generate(
+        PROMPTS,
+        SamplingParams(temperature=0.8, seed=3, max_tokens=12),
+        models=MODELS,
+        sampler_backend="torch",
+        remote_prefill=[True, False] * 3,
+    )
     tok = get_tokenizer()
     for out in result.outputs:
         assert len(out.token_ids) == 12 and all(0 <= t < tok.vocab_size for t in out.token_ids)
@@ -63,8 +74,10 @@ def test_greedy_speculative_equals_plain_greedy(proposer):
 
 def test_triton_kernels_and_torch_reference_agree_in_the_engine():
     params = [SamplingParams(temperature=t, seed=i, max_tokens=10) for i, t in enumerate([0, 0.7, 1.0])]
-    runs = [generate(PROMPTS[:3], params, models=MODELS, sampler_backend=b, remote_prefill=True)
-            for b in ("auto", "torch")]
+    runs = [
+        generate(PROMPTS[:3], params, models=MODELS, sampler_backend=b, remote_prefill=True)
+        for b in ("auto", "torch")
+    ]
     assert [o.token_ids for o in runs[0].outputs] == [o.token_ids for o in runs[1].outputs]
 
 
@@ -116,8 +129,14 @@ def test_demo_command_line():
 def _joining_run(fixes, async_scheduling):
     """Four requests decode (temperature 1) while a prefilled (P/D) request joins at every step: each
     newcomer's first decode is padded with [-1] * 3, right after a decoding request's real draft rows."""
-    engine = LLMEngine(fixes=fixes, models=MODELS, sampler_backend="torch", record=True, max_num_seqs=64,
-                       async_scheduling=async_scheduling)
+    engine = LLMEngine(
+        fixes=fixes,
+        models=MODELS,
+        sampler_backend="torch",
+        record=True,
+        max_num_seqs=64,
+        async_scheduling=async_scheduling,
+    )
     prompts = PROMPTS * 7
     for i in range(4):
         engine.add_request(prompts[i], SamplingParams(temperature=1.0, seed=100 + i, max_tokens=60))
@@ -165,8 +184,9 @@ def test_zero_placeholders_are_accepted_when_the_target_picks_token_zero():
 def test_finished_requests_are_freed_and_their_ids_can_be_used_again():
     engine = LLMEngine(models=MODELS, sampler_backend="torch")
     for i in range(200):
-        engine.add_request(PROMPTS[i % len(PROMPTS)], SamplingParams(temperature=0.0, max_tokens=2),
-                           request_id=f"q{i}")
+        engine.add_request(
+            PROMPTS[i % len(PROMPTS)], SamplingParams(temperature=0.0, max_tokens=2), request_id=f"q{i}"
+        )
     done = {}
     while engine.has_unfinished_requests():
         done.update((o.request_id, o) for o in engine.step())
@@ -196,8 +216,14 @@ def test_automatic_ids_skip_the_ids_in_use():
 
 def _engine_snapshot(engine):
     s = engine.scheduler
-    return copy.deepcopy((s.requests, [r.request_id for r in s.waiting], engine.model_runner.requests,
-                          engine.model_runner.input_batch.token_ids_cpu))
+    return copy.deepcopy(
+        (
+            s.requests,
+            [r.request_id for r in s.waiting],
+            engine.model_runner.requests,
+            engine.model_runner.input_batch.token_ids_cpu,
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -250,8 +276,13 @@ def test_cuda_engine_matches_cpu():
     on_gpu = generate(PROMPTS, greedy, device="cuda", models=load_models("cuda"), **kw)
     on_cpu = generate(PROMPTS, greedy, models=MODELS, **kw)
     assert [o.token_ids for o in on_gpu.outputs] == [o.token_ids for o in on_cpu.outputs]
-    sampled = generate(PROMPTS, SamplingParams(temperature=0.8, seed=1, max_tokens=16), device="cuda",
-                       models=load_models("cuda"), **kw)
+    sampled = generate(
+        PROMPTS,
+        SamplingParams(temperature=0.8, seed=1, max_tokens=16),
+        device="cuda",
+        models=load_models("cuda"),
+        **kw,
+    )
     assert all(len(o.token_ids) == 16 and "<-" not in o.text for o in sampled.outputs)
     assert 0.40 <= on_gpu.stats.acceptance_rate <= 0.90
 

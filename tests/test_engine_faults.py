@@ -91,8 +91,15 @@ FAULTS = {
 
 
 def engine(saboteur=None, **kw):
-    kw = {"num_speculative_tokens": 3, "models": MODELS, "sampler_backend": "torch", "max_num_seqs": 4,
-          "max_num_batched_tokens": 32, "max_model_len": 64, **kw}
+    kw = {
+        "num_speculative_tokens": 3,
+        "models": MODELS,
+        "sampler_backend": "torch",
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 32,
+        "max_model_len": 64,
+        **kw,
+    }
     e = LLMEngine(**kw)
     if saboteur is not None:
         runner = e.model_runner
@@ -108,16 +115,29 @@ def state(e: LLMEngine) -> dict:
     batch = r.input_batch
     drafts = r._draft_token_ids
     return {
-        "requests": {i: (q.prompt_token_ids, q.output_token_ids, q.num_computed_tokens, q.spec_token_ids,
-                         q.status) for i, q in s.requests.items()},
+        "requests": {
+            i: (q.prompt_token_ids, q.output_token_ids, q.num_computed_tokens, q.spec_token_ids, q.status)
+            for i, q in s.requests.items()
+        },
         "queues": ([q.request_id for q in s.waiting], [q.request_id for q in s.running], s.finished_req_ids),
         "stats": copy.deepcopy(vars(s.spec_decoding_stats)),
-        "runner": {i: (q.output_token_ids, q.num_computed_tokens, q.prev_num_draft_len,
-                       None if q.generator is None else q.generator.get_state().tolist())
-                   for i, q in r.requests.items()},
-        "rows": (dict(batch.req_id_to_index), batch.token_ids_cpu.tolist(), batch.num_tokens_no_spec.tolist(),
-                 batch.num_computed_tokens_cpu.tolist(), batch.temperature_cpu.tolist(),
-                 batch.spec_token_ids),
+        "runner": {
+            i: (
+                q.output_token_ids,
+                q.num_computed_tokens,
+                q.prev_num_draft_len,
+                None if q.generator is None else q.generator.get_state().tolist(),
+            )
+            for i, q in r.requests.items()
+        },
+        "rows": (
+            dict(batch.req_id_to_index),
+            batch.token_ids_cpu.tolist(),
+            batch.num_tokens_no_spec.tolist(),
+            batch.num_computed_tokens_cpu.tolist(),
+            batch.temperature_cpu.tolist(),
+            batch.spec_token_ids,
+        ),
         "kv_cache": r.kv_cache.tolist(),
         "pending_drafts": None if drafts is None else (drafts.req_ids, drafts.draft_token_ids),
         "engine": (e._prompts, e._next_id, e.num_steps),
@@ -140,6 +160,7 @@ def add_both(engines, i, prompt, temperature, seed, max_tokens=8, remote=False):
 
 
 # -- single cases, by hand ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -194,21 +215,33 @@ BAD_REQUESTS = [  # (prompt, sampling params as kwargs, add_request kwargs, erro
 
 requests = st.tuples(
     st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
-    st.builds(SamplingParams, temperature=st.sampled_from([0.0, 1e-40, 0.6, 1.0]),
-              seed=st.integers(-(2**63), 2**63 - 1), max_tokens=st.integers(1, 6)),
-    st.booleans())  # (prompt, params, remote prefill)
+    st.builds(
+        SamplingParams,
+        temperature=st.sampled_from([0.0, 1e-40, 0.6, 1.0]),
+        seed=st.integers(-(2**63), 2**63 - 1),
+        max_tokens=st.integers(1, 6),
+    ),
+    st.booleans(),
+)  # (prompt, params, remote prefill)
 
 
 class EngineUnderFaults(RuleBasedStateMachine):
     """A faulty engine and a clean twin, fed the same requests and steps."""
 
-    @initialize(scheduling=st.sampled_from(["sync/draft_model", "sync/ngram", "async/draft_model"]),
-                k=st.integers(1, 4), budget=st.integers(5, 24))
+    @initialize(
+        scheduling=st.sampled_from(["sync/draft_model", "sync/ngram", "async/draft_model"]),
+        k=st.integers(1, 4),
+        budget=st.integers(5, 24),
+    )
     def start(self, scheduling, k, budget):
         self.saboteur = Saboteur()
         mode, proposer = scheduling.split("/")
-        kw = {"num_speculative_tokens": k, "proposer": proposer, "max_num_batched_tokens": budget,
-              "async_scheduling": mode == "async"}
+        kw = {
+            "num_speculative_tokens": k,
+            "proposer": proposer,
+            "max_num_batched_tokens": budget,
+            "async_scheduling": mode == "async",
+        }
         self.faulty, self.clean = engine(self.saboteur, **kw), engine(**kw)
         self.num_added, self.finished_ids = 0, []
 
@@ -290,6 +323,11 @@ class EngineUnderFaults(RuleBasedStateMachine):
 
 
 EngineUnderFaults.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=25, derandomize=True, database=None, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    max_examples=30,
+    stateful_step_count=25,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 TestEngineUnderFaults = EngineUnderFaults.TestCase

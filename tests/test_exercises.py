@@ -69,20 +69,26 @@ def test_notebook_has_its_exercises(path):
         assert "SOLUTIONS = False" in "".join(params[0]["source"]), f"{path.name}: parameters lack SOLUTIONS"
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if MIN_EXERCISES.get(p.name[:2])],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in NOTEBOOKS if MIN_EXERCISES.get(p.name[:2])], ids=lambda p: p.name
+)
 def test_notebook_checks_every_exercise_of_its_chapter(path):
     """With SOLUTIONS = True a checker checks its reference solution, whatever the cell passes it, so a
     chapter run with the solutions reports every exercise solved exactly when its exercise cells call every
     checker of the chapter (this test) and each reference is accepted (test_reference_solution_is_accepted).
     The chapter itself runs once, as a reader runs it, in `make notebooks`."""
-    by_name = {name: made.exercise for module in list(sys.modules.values())
-               if getattr(module, "__name__", "").startswith("specfix.exercises.")
-               for name, made in vars(module).items() if isinstance(made, core.Checker)}
+    by_name = {
+        name: made.exercise
+        for module in list(sys.modules.values())
+        if getattr(module, "__name__", "").startswith("specfix.exercises.")
+        for name, made in vars(module).items()
+        if isinstance(made, core.Checker)
+    }
     nb = json.loads(path.read_text())
     cells = ["".join(c["source"]) for c in nb["cells"] if "exercise" in c.get("metadata", {}).get("tags", [])]
-    called = {by_name[name] for cell in cells for name in re.findall(r"\b(check_\w+)\(", cell)
-              if name in by_name}
+    called = {
+        by_name[name] for cell in cells for name in re.findall(r"\b(check_\w+)\(", cell) if name in by_name
+    }
     chapter = f"ch{int(path.name[:2])}."
     assert called == {name for name in core.CHECKERS if name.startswith(chapter)}, path.name
     assert len(called) >= MIN_EXERCISES[path.name[:2]]

@@ -21,7 +21,7 @@ def _forgets_padding(buffer, idx, n):
 
 def _pads_only_up_to_graph(buffer, idx, n):
     buffer[:n] = idx[:n]
-    buffer[n:CudaGraphDispatcher(len(buffer)).dispatch(n).num_reqs_padded] = -1
+    buffer[n : CudaGraphDispatcher(len(buffer)).dispatch(n).num_reqs_padded] = -1
 
 
 def _new_tensor(buffer, idx, n):
@@ -40,8 +40,8 @@ def _pads_live_rows(buffer, idx, n):
 
 
 def _shifted(buffer, idx, n):
-    buffer[1:n + 1] = idx[:n]
-    buffer[n + 1:] = -1
+    buffer[1 : n + 1] = idx[:n]
+    buffer[n + 1 :] = -1
     buffer[0] = idx[0]
     buffer[n] = -1
 
@@ -57,17 +57,20 @@ def _sorts_input(buffer, idx, n):
     buffer[n:] = -1
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (_fill_zero, "fill_zero"),
-    (_forgets_padding, "stale_tail"),
-    (_pads_only_up_to_graph, "stale_tail"),
-    (_new_tensor, "new_tensor"),
-    (_rebinds, "new_tensor"),
-    (_pads_live_rows, "padded_live"),
-    (_shifted, "live_rows"),
-    (_pads_with_minus_two, "pad_value"),
-    (_sorts_input, "changed_input"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (_fill_zero, "fill_zero"),
+        (_forgets_padding, "stale_tail"),
+        (_pads_only_up_to_graph, "stale_tail"),
+        (_new_tensor, "new_tensor"),
+        (_rebinds, "new_tensor"),
+        (_pads_live_rows, "padded_live"),
+        (_shifted, "live_rows"),
+        (_pads_with_minus_two, "pad_value"),
+        (_sorts_input, "changed_input"),
+    ],
+)
 def test_pad_idx_mapping_hints(answer, hint):
     verdict = ex.check_pad_idx_mapping(answer)
     assert not verdict.solved and verdict.hint_ids == [hint], str(verdict)
@@ -80,15 +83,19 @@ def test_pad_idx_mapping_names_the_buffer_it_saw():
 
 # -- ch3.stale_victims ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer,hint", [
-    (42, "format"),
-    ({"a", "z"}, "unknown"),
-    ({"a", "g", "f"}, "finished"),
-    ({"g"}, "not_written"),
-    ({"a"}, "moved"),
-    ({"a", "g", "b"}, "too_many"),
-    (set(), "moved"),                   # the first padded row that names a live slot is row 6
-])
+
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (42, "format"),
+        ({"a", "z"}, "unknown"),
+        ({"a", "g", "f"}, "finished"),
+        ({"g"}, "not_written"),
+        ({"a"}, "moved"),
+        ({"a", "g", "b"}, "too_many"),
+        (set(), "moved"),  # the first padded row that names a live slot is row 6
+    ],
+)
 def test_stale_victims_hints(answer, hint):
     verdict = ex.check_stale_victims(answer)
     assert not verdict.solved and verdict.hint_ids == [hint], str(verdict)
@@ -101,6 +108,7 @@ def test_stale_victims_accepts_any_spelling_of_the_set(answer):
 
 # -- ch3.find_stale_row --------------------------------------------------------------------------------------
 
+
 def _culprit():
     (found,) = ex._culprits(ex.mystery_batch())
     return found
@@ -112,21 +120,24 @@ def test_the_mystery_has_one_culprit_among_padded_rows_that_name_free_slots():
     padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
     stale = mystery.spec.idx_mapping[n:padded].tolist()
     assert len(ex._culprits(mystery)) == 1
-    assert sum(s not in mystery.owners for s in stale) >= 1      # distractors: writes into free slots
+    assert sum(s not in mystery.owners for s in stale) >= 1  # distractors: writes into free slots
 
 
-@pytest.mark.parametrize("make,hint", [
-    (lambda row, slot: "row 5", "format"),
-    (lambda row, slot: (row, float(slot)), "format"),
-    (lambda row, slot: (slot, row), "swapped"),
-    (lambda row, slot: (0, slot), "live_row"),
-    (lambda row, slot: (8, slot), "beyond_graph"),
-    (lambda row, slot: (row, slot + 1), "not_there"),
-    (lambda row, slot: (7, 0), "free_slot"),
-])
+@pytest.mark.parametrize(
+    "make,hint",
+    [
+        (lambda row, slot: "row 5", "format"),
+        (lambda row, slot: (row, float(slot)), "format"),
+        (lambda row, slot: (slot, row), "swapped"),
+        (lambda row, slot: (0, slot), "live_row"),
+        (lambda row, slot: (8, slot), "beyond_graph"),
+        (lambda row, slot: (row, slot + 1), "not_there"),
+        (lambda row, slot: (7, 0), "free_slot"),
+    ],
+)
 def test_find_stale_row_hints(make, hint):
     row, slot = _culprit()
-    assert (7, 0) != (row, slot) and (slot, row) != (row, slot)   # the wrong answers really are wrong
+    assert (7, 0) != (row, slot) and (slot, row) != (row, slot)  # the wrong answers really are wrong
     verdict = ex.check_find_stale_row(lambda mystery: make(row, slot))
     assert not verdict.solved and verdict.hint_ids == [hint], str(verdict)
 
@@ -142,32 +153,40 @@ KINDS = {events: ex._write_kinds(events) for events in ex._response_cases()}
 def _plus(kind, *but):
     """The reference answer plus the requests of one kind of harmless write (each kind's own mistake), less
     those of the kinds ``but`` (a request can be hit twice, for two reasons)."""
+
     def answer(events, m):
         kinds = KINDS[tuple(events)]
         return solutions.corrupted_responses(events, m) | kinds[kind].difference(*(kinds[b] for b in but))
+
     return answer
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (lambda e, m: 3, "format"),
-    (lambda e, m: {"z"}, "unknown"),
-    (_plus("finished"), "finished"),
-    (_plus("undrafted"), "undrafted"),
-    (_plus("unread", "finished", "undrafted"), "unread"),
-    (lambda e, m: solutions.corrupted_responses(e, m) - KINDS[tuple(e)]["earlier"], "earlier"),
-    (lambda e, m: solutions.corrupted_responses(e, m) & KINDS[tuple(e)]["earlier"], "missed"),
-    (lambda e, m: solutions.corrupted_responses(e, m) | {"d"}, "too_many"),  # d: never named by a row
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (lambda e, m: 3, "format"),
+        (lambda e, m: {"z"}, "unknown"),
+        (_plus("finished"), "finished"),
+        (_plus("undrafted"), "undrafted"),
+        (_plus("unread", "finished", "undrafted"), "unread"),
+        (lambda e, m: solutions.corrupted_responses(e, m) - KINDS[tuple(e)]["earlier"], "earlier"),
+        (lambda e, m: solutions.corrupted_responses(e, m) & KINDS[tuple(e)]["earlier"], "missed"),
+        (lambda e, m: solutions.corrupted_responses(e, m) | {"d"}, "too_many"),  # d: never named by a row
+    ],
+)
 def test_corrupted_responses_names_each_mistake(answer, hint):
     verdict = ex.check_corrupted_responses(answer)
     assert verdict.hint_ids == [hint], str(verdict)
 
 
-@pytest.mark.parametrize("answer", [
-    lambda e, m: {"g"},                                       # the chapter's answer, read off its run
-    lambda e, m: {n for event in e for n in event.split()[1]},  # every request
-    lambda e, m: e,                                            # the input echoed
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda e, m: {"g"},  # the chapter's answer, read off its run
+        lambda e, m: {n for event in e for n in event.split()[1]},  # every request
+        lambda e, m: e,  # the input echoed
+    ],
+)
 def test_corrupted_responses_refuses_lazy_answers(answer):
     verdict = ex.check_corrupted_responses(answer)
     assert not verdict.solved and verdict.hints and verdict.hint_ids != ["raised"], str(verdict)
@@ -181,7 +200,8 @@ def test_corrupted_responses_refuses_running_the_engine():
 @pytest.mark.parametrize("container", [set, list, tuple, "".join, frozenset])
 def test_corrupted_responses_accepts_the_reference_in_any_container(container):
     verdict = ex.check_corrupted_responses(
-        lambda e, m: container(sorted(solutions.corrupted_responses(e, m))))
+        lambda e, m: container(sorted(solutions.corrupted_responses(e, m)))
+    )
     assert verdict.solved, str(verdict)
 
 

@@ -44,27 +44,33 @@ def allocates_a_copy(input_ids, num_tokens, num_input_tokens, draft_token_ids):
     return input_ids[:num_input_tokens].clamp(min=0)
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (whole_buffer, "shape"),
-    (clamps_the_metadata_too, "metadata"),
-    (forgets_to_clamp, "left_negative"),
-    (clamps_only_the_scheduled_tokens, "only_scheduled"),
-    (zeroes_everything, "changed_real"),
-    (allocates_a_copy, "allocates"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (whole_buffer, "shape"),
+        (clamps_the_metadata_too, "metadata"),
+        (forgets_to_clamp, "left_negative"),
+        (clamps_only_the_scheduled_tokens, "only_scheduled"),
+        (zeroes_everything, "changed_real"),
+        (allocates_a_copy, "allocates"),
+    ],
+)
 def test_clamp_mistakes_get_their_hint(answer, hint):
     assert _hints(ex.check_clamp, answer) == [hint]
 
 
 # -- ch2.which_ops ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("answer,hint", [
-    ("F.embedding", "not_ops"),
-    ({"embedding"}, "not_ops"),
-    ({"F.embedding", "torch.index_select", "torch.gather", "w[idx]"}, "wraps"),
-    ({"torch.gather"}, "gather_only"),
-    ({"torch.index_select", "torch.gather"}, "missed_embedding"),
-    ({"F.embedding"}, "incomplete"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        ("F.embedding", "not_ops"),
+        ({"embedding"}, "not_ops"),
+        ({"F.embedding", "torch.index_select", "torch.gather", "w[idx]"}, "wraps"),
+        ({"torch.gather"}, "gather_only"),
+        ({"torch.index_select", "torch.gather"}, "missed_embedding"),
+        ({"F.embedding"}, "incomplete"),
+    ],
+)
 def test_which_ops_mistakes_get_their_hint(answer, hint):
     assert _hints(ex.check_which_ops, answer) == [hint]
 
@@ -77,15 +83,21 @@ def test_which_ops_reads_the_recording():
 
 
 # -- ch2.first_bad_op ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("answer,hint", [
-    (42, "not_a_line"),
-    ("written = slot_mapping >= 0", "traceback_line"),
-    ("hidden = self.model(input_ids, positions, self.slot_mapping.gpu[:num_input_tokens], self.kv_cache)",
-     "not_in_forward"),
-    ("probs = (table(row) + ALPHA * probs) / (totals + ALPHA)[:, None]", "other_embedding"),
-    ('totals = getattr(self, f"totals_{m}")[row]', "indexing"),
-    ("keys = input_ids.long()", "wrong_line"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (42, "not_a_line"),
+        ("written = slot_mapping >= 0", "traceback_line"),
+        (
+            "hidden = self.model(input_ids, positions, "
+            "self.slot_mapping.gpu[:num_input_tokens], self.kv_cache)",
+            "not_in_forward",
+        ),
+        ("probs = (table(row) + ALPHA * probs) / (totals + ALPHA)[:, None]", "other_embedding"),
+        ('totals = getattr(self, f"totals_{m}")[row]', "indexing"),
+        ("keys = input_ids.long()", "wrong_line"),
+    ],
+)
 def test_first_bad_op_mistakes_get_their_hint(answer, hint):
     assert _hints(ex.check_first_bad_op, answer) == [hint]
 

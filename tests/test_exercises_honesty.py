@@ -51,8 +51,12 @@ def _hint(check, answer):
 # -- lazy answers: never accepted, never a crash of the checker ----------------------------------------------
 
 LAZY_VALUES = [0, 1, -1, "", "the", [], {}, set(), 3.5, True, np.int64(0), torch.tensor([1, 2])]
-LAZY_FUNCTIONS = [lambda *a, **k: None, lambda *a, **k: 0, lambda *a, **k: [],
-                  lambda *a, **k: a[0] if a else k]  # the stub's return, constants, the input echoed
+LAZY_FUNCTIONS = [
+    lambda *a, **k: None,
+    lambda *a, **k: 0,
+    lambda *a, **k: [],
+    lambda *a, **k: a[0] if a else k,
+]  # the stub's return, constants, the input echoed
 
 
 @pytest.mark.parametrize("exercise", sorted(core.CHECKERS))
@@ -66,7 +70,7 @@ def test_lazy_answers_are_refused_with_a_hint(exercise):
 
 #: Lazy answers that read a value off the chapter, or call specfix's own version of the exercise.
 READ_OFF = [
-    ("ch3.find_stale_row", lambda mystery: (5, 2)),              # the notebook's mystery, read off its print
+    ("ch3.find_stale_row", lambda mystery: (5, 2)),  # the notebook's mystery, read off its print
     ("ch3.find_stale_row", lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item())),  # first pad
     ("ch3.stale_victims", set()),
     ("ch1.emitted", lambda drafts, choices: choices),
@@ -115,12 +119,15 @@ def _asks_the_dflash_preparation(idx_mapping, num_reqs, k, max_num_reqs):
     return dflash.prepare_dflash_inputs(num_reqs, idx_mapping, table, table, 16, out).sample_idx_mapping
 
 
-@pytest.mark.parametrize("check,answer", [
-    (ch3.check_dflash_padding, _asks_the_dflash_preparation),
-    (ch5.check_replayed_rows, _asks_the_dispatcher),
-    (ch3.check_simulate_idx_mapping, _plays_the_real_speculator),
-    (ch1.check_emitted, _calls_the_rejection_sampler),
-])
+@pytest.mark.parametrize(
+    "check,answer",
+    [
+        (ch3.check_dflash_padding, _asks_the_dflash_preparation),
+        (ch5.check_replayed_rows, _asks_the_dispatcher),
+        (ch3.check_simulate_idx_mapping, _plays_the_real_speculator),
+        (ch1.check_emitted, _calls_the_rejection_sampler),
+    ],
+)
 def test_calling_specfixs_own_version_is_refused(check, answer):
     assert _hint(check, answer) == ["bypass"]
     assert not check(answer).solved and "specfix's own" in str(check(answer))
@@ -140,22 +147,32 @@ def test_a_forbidden_function_is_put_back_after_the_check():
 # -- right answers in any container --------------------------------------------------------------------------
 
 CONTAINED = (
-    [("ch1.metadata", {k: c(v) for k, v in sol1.metadata_answer().items()})
-     for c in (list, tuple, np.array, torch.tensor)]
+    [
+        ("ch1.metadata", {k: c(v) for k, v in sol1.metadata_answer().items()})
+        for c in (list, tuple, np.array, torch.tensor)
+    ]
     + [("ch1.zero_accepts", v) for v in (2, np.int64(2), np.int32(2), torch.tensor(2), torch.tensor([2]))]
-    + [("ch1.clamp_point", {k: c(v) for k, v in sol1.clamp_point.items()})
-       for c in (int, np.int64, torch.tensor)]
+    + [
+        ("ch1.clamp_point", {k: c(v) for k, v in sol1.clamp_point.items()})
+        for c in (int, np.int64, torch.tensor)
+    ]
     + [("ch2.which_ops", c(sorted(sol2.which_ops))) for c in (set, frozenset, list, tuple)]
     + [("ch3.stale_victims", v) for v in ({"a", "g"}, ["g", "a"], ("a", "g"), "ag", np.array(["a", "g"]))]
     + [("ch5.floor", c(sol5.answer_floor_us)) for c in (float, np.float64, np.float32)]
     + [("ch5.which_syncs", c(sol5.which_syncs)) for c in (set, list, tuple)]
-    + [("ch3.find_stale_row", lambda m, c=c: c(list(sol3.find_stale_row(m))))
-       for c in (list, tuple, np.array, torch.tensor)]
+    + [
+        ("ch3.find_stale_row", lambda m, c=c: c(list(sol3.find_stale_row(m))))
+        for c in (list, tuple, np.array, torch.tensor)
+    ]
     + [("ch1.emitted", lambda d, ch, c=c: c(sol1.emitted_tokens(d, ch))) for c in (list, tuple, np.array)]
-    + [("ch3.simulate_idx_mapping", lambda e, m, c=c: c(sol3.simulate_idx_mapping(e, m)))
-       for c in (list, tuple, np.array, torch.tensor)]
-    + [("ch3.dflash_padding", lambda i, n, k, m, c=c: c(sol3.sample_idx_mapping(i, n, k, m).tolist()))
-       for c in (list, tuple, np.array, torch.tensor)]
+    + [
+        ("ch3.simulate_idx_mapping", lambda e, m, c=c: c(sol3.simulate_idx_mapping(e, m)))
+        for c in (list, tuple, np.array, torch.tensor)
+    ]
+    + [
+        ("ch3.dflash_padding", lambda i, n, k, m, c=c: c(sol3.sample_idx_mapping(i, n, k, m).tolist()))
+        for c in (list, tuple, np.array, torch.tensor)
+    ]
     + [("ch2.guard_positions", lambda p, cu, r, c=c: c(sol2.requests_at(p, cu, r))) for c in (list, tuple)]
 )
 
@@ -168,13 +185,15 @@ def test_a_right_answer_passes_in_any_container(exercise, answer):
 
 # -- section 1's defects, one test each ----------------------------------------------------------------------
 
+
 def test_first_bad_op_indexing_hint_gives_the_true_reason():
     message = str(ch2.check_first_bad_op('totals = getattr(self, f"totals_{m}")[row]'))
     assert "torch.where" in message and "never the kernel" not in message
 
 
-@pytest.mark.parametrize("spelling", ["probs=self.embed_tokens(input_ids)",
-                                      "probs =  self.embed_tokens( input_ids )"])
+@pytest.mark.parametrize(
+    "spelling", ["probs=self.embed_tokens(input_ids)", "probs =  self.embed_tokens( input_ids )"]
+)
 def test_first_bad_op_accepts_any_spacing(spelling):
     assert ch2.check_first_bad_op(spelling).solved
 
@@ -212,7 +231,7 @@ def test_find_stale_row_hidden_cases_cover_the_traps():
 
 
 def test_find_stale_row_first_padded_row_gets_the_free_slot_hint():
-    answer = (lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item()))
+    answer = lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item())
     assert _hint(ch3.check_find_stale_row, answer) == ["free_slot"]
 
 
@@ -276,9 +295,11 @@ def test_chapter_1_recap_has_no_garbled_sentence():
 
 # -- ch4: a kernel with one switchable mistake each ----------------------------------------------------------
 
+
 @triton.jit
-def _kernel(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size,
-            BLOCK: tl.constexpr):
+def _kernel(
+    logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size, BLOCK: tl.constexpr
+):
     """ch4.mask_kernel with req_state_idx clamped to 0 and nothing masked: padded rows become slot 0's."""
     row = tl.program_id(0)
     req_state_idx = tl.maximum(tl.load(idx_mapping_ptr + row).to(tl.int64), 0)
@@ -296,9 +317,21 @@ def test_mask_kernel_names_a_clamp_to_slot_0():
 
 
 @triton.jit
-def _noise(logits_ptr, idx_mapping_ptr, temperature_ptr, seeds_ptr, out_ptr, row_seed_ptr, vocab_size,
-           BLOCK: tl.constexpr, MASK_SEED: tl.constexpr, MASK_TEMP: tl.constexpr, BY_ROW: tl.constexpr,
-           SCALE: tl.constexpr, SCALAR_MASK: tl.constexpr):
+def _noise(
+    logits_ptr,
+    idx_mapping_ptr,
+    temperature_ptr,
+    seeds_ptr,
+    out_ptr,
+    row_seed_ptr,
+    vocab_size,
+    BLOCK: tl.constexpr,
+    MASK_SEED: tl.constexpr,
+    MASK_TEMP: tl.constexpr,
+    BY_ROW: tl.constexpr,
+    SCALE: tl.constexpr,
+    SCALAR_MASK: tl.constexpr,
+):
     row = tl.program_id(0)
     req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
     is_valid_req = req_state_idx >= 0
@@ -328,20 +361,31 @@ def _noise_variant(mask_seed=True, mask_temp=True, by_row=False, scale=1.0, scal
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                _noise[grid](*args, **kwargs, MASK_SEED=mask_seed, MASK_TEMP=mask_temp, BY_ROW=by_row,
-                             SCALE=scale, SCALAR_MASK=scalar_mask)
+                _noise[grid](
+                    *args,
+                    **kwargs,
+                    MASK_SEED=mask_seed,
+                    MASK_TEMP=mask_temp,
+                    BY_ROW=by_row,
+                    SCALE=scale,
+                    SCALAR_MASK=scalar_mask,
+                )
+
             return launch
 
     return Variant()
 
 
-@pytest.mark.parametrize("wrong,hint", [
-    (dict(mask_seed=False), "seed_unmasked"),
-    (dict(mask_temp=False, mask_seed=False), "seed_unmasked"),
-    (dict(mask_temp=False), "noise_on_padded"),
-    (dict(by_row=True), "seed_by_row"),
-    (dict(scale=0.5), "wrong_values"),
-])
+@pytest.mark.parametrize(
+    "wrong,hint",
+    [
+        (dict(mask_seed=False), "seed_unmasked"),
+        (dict(mask_temp=False, mask_seed=False), "seed_unmasked"),
+        (dict(mask_temp=False), "noise_on_padded"),
+        (dict(by_row=True), "seed_by_row"),
+        (dict(scale=0.5), "wrong_values"),
+    ],
+)
 def test_mask_seed_names_each_mistake(wrong, hint):
     assert _hint(ch4.check_mask_seed, _noise_variant(**wrong)) == [hint]
 
@@ -358,8 +402,9 @@ def test_mask_seed_explains_the_interpreters_scalar_mask():
 
 # -- the new exercises: every hint earned --------------------------------------------------------------------
 
+
 def _stops_without_bonus(drafts, choices):
-    return sol1.emitted_tokens(drafts, choices)[:len(drafts)]
+    return sol1.emitted_tokens(drafts, choices)[: len(drafts)]
 
 
 def _never_emits_the_recovered_token(drafts, choices):
@@ -406,8 +451,12 @@ def _skips_nothing(positions, cu, req_ids):  # assumes every request has the sam
 
 def _names_empty_requests(positions, cu, req_ids):
     starts = [0] + cu[:-1]  # a request owns its start, even when it holds nothing
-    return [req_ids[next(i for i, s in enumerate(starts) if s >= p) if p in starts
-                    else bisect.bisect_right(cu, p)] for p in positions]
+    return [
+        req_ids[
+            next(i for i, s in enumerate(starts) if s >= p) if p in starts else bisect.bisect_right(cu, p)
+        ]
+        for p in positions
+    ]
 
 
 def _wrong(name):
@@ -440,9 +489,13 @@ NEW_HINTS = [
     (ch3.check_simulate_idx_mapping, _wrong("rows_by_name"), "rows_by_name"),
     (ch3.check_simulate_idx_mapping, lambda e, m: list(range(m)), "wrong"),
     (ch3.check_dflash_padding, lambda i, n, k, m: [0] * (m * k - 1), "format"),
-    (ch3.check_dflash_padding, lambda i, n, k, m: torch.cat([i[:n].long().repeat_interleave(k),
-                                                             torch.zeros((m - n) * k, dtype=torch.long)]),
-     "pads_zero"),
+    (
+        ch3.check_dflash_padding,
+        lambda i, n, k, m: torch.cat(
+            [i[:n].long().repeat_interleave(k), torch.zeros((m - n) * k, dtype=torch.long)]
+        ),
+        "pads_zero",
+    ),
     (ch3.check_dflash_padding, lambda i, n, k, m: i[:n].tolist() + [-1] * (m * k - n), "not_expanded"),
     (ch3.check_dflash_padding, lambda i, n, k, m: i[:n].tolist() * k + [-1] * ((m - n) * k), "interleaved"),
     (ch3.check_dflash_padding, lambda i, n, k, m: i.long().repeat_interleave(k), "stale_rows"),
@@ -455,8 +508,7 @@ NEW_HINTS = [
 ]
 
 
-@pytest.mark.parametrize("check,answer,hint", NEW_HINTS,
-                         ids=[f"{c.exercise}-{h}" for c, _, h in NEW_HINTS])
+@pytest.mark.parametrize("check,answer,hint", NEW_HINTS, ids=[f"{c.exercise}-{h}" for c, _, h in NEW_HINTS])
 def test_new_exercises_name_each_mistake(check, answer, hint):
     assert _hint(check, answer) == [hint]
 
@@ -475,9 +527,10 @@ def test_dflash_padding_truth_is_the_fixed_preparation_and_the_bug_pads_zero():
     idx, num_reqs, k, max_num_reqs = ch3._dflash_cases()[0]
     assert ch3._dflash_truth(idx, num_reqs, k, max_num_reqs) == [2, 2, 2, 0, 0, 0] + [-1] * 6
     out, table = dflash.DFlashInputs.allocate(max_num_reqs, k), torch.arange(max_num_reqs)
-    dflash.prepare_dflash_inputs(num_reqs, torch.tensor(idx, dtype=torch.int32), table, table, 16, out,
-                                 ch3.Fixes(dflash_pad_idx=False))
-    assert out.sample_idx_mapping.tolist()[num_reqs * k:] == [0] * 6
+    dflash.prepare_dflash_inputs(
+        num_reqs, torch.tensor(idx, dtype=torch.int32), table, table, 16, out, ch3.Fixes(dflash_pad_idx=False)
+    )
+    assert out.sample_idx_mapping.tolist()[num_reqs * k :] == [0] * 6
 
 
 def test_simulated_idx_mapping_matches_the_real_speculator_on_random_histories():
@@ -513,6 +566,10 @@ UNTESTABLE = {}
 
 def test_every_hint_is_tested():
     text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_exercises*.py"))
-    missing = [f"{name}:{hint}" for name, check in sorted(core.CHECKERS.items()) for hint in check.hints
-               if f'"{hint}"' not in text and f"{name}:{hint}" not in UNTESTABLE]
+    missing = [
+        f"{name}:{hint}"
+        for name, check in sorted(core.CHECKERS.items())
+        for hint in check.hints
+        if f'"{hint}"' not in text and f"{name}:{hint}" not in UNTESTABLE
+    ]
     assert not missing, missing

@@ -13,9 +13,21 @@ from specfix.runtime import tl, triton
 
 
 @triton.jit
-def _scale(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size,
-           BLOCK: tl.constexpr, MASK_LOAD: tl.constexpr, MASK_STORE: tl.constexpr, STRICT: tl.constexpr,
-           OTHER: tl.constexpr, SCALAR_STORE_MASK: tl.constexpr, ALWAYS_DIVIDE: tl.constexpr):
+def _scale(
+    logits_ptr,
+    idx_mapping_ptr,
+    temperature_ptr,
+    out_ptr,
+    row_temp_ptr,
+    vocab_size,
+    BLOCK: tl.constexpr,
+    MASK_LOAD: tl.constexpr,
+    MASK_STORE: tl.constexpr,
+    STRICT: tl.constexpr,
+    OTHER: tl.constexpr,
+    SCALAR_STORE_MASK: tl.constexpr,
+    ALWAYS_DIVIDE: tl.constexpr,
+):
     row = tl.program_id(0)
     req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -45,8 +57,9 @@ def _scale(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, 
         tl.store(out_ptr + req_state_idx * vocab_size + offs, x, mask=offs < vocab_size)
 
 
-def _variant(mask_load=True, mask_store=True, strict=False, other=0.0, scalar_store_mask=False,
-             always_divide=False):
+def _variant(
+    mask_load=True, mask_store=True, strict=False, other=0.0, scalar_store_mask=False, always_divide=False
+):
     class Variant:
         """Launches ``_scale`` with one mistake switched on, as a reader's kernel would be launched."""
 
@@ -54,21 +67,33 @@ def _variant(mask_load=True, mask_store=True, strict=False, other=0.0, scalar_st
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                _scale[grid](*args, **kwargs, MASK_LOAD=mask_load, MASK_STORE=mask_store, STRICT=strict,
-                             OTHER=other, SCALAR_STORE_MASK=scalar_store_mask, ALWAYS_DIVIDE=always_divide)
+                _scale[grid](
+                    *args,
+                    **kwargs,
+                    MASK_LOAD=mask_load,
+                    MASK_STORE=mask_store,
+                    STRICT=strict,
+                    OTHER=other,
+                    SCALAR_STORE_MASK=scalar_store_mask,
+                    ALWAYS_DIVIDE=always_divide,
+                )
+
             return launch
 
     return Variant()
 
 
-@pytest.mark.parametrize("wrong,hint", [
-    (dict(mask_load=False, mask_store=False), "no_mask"),
-    (dict(mask_load=False), "load_unmasked"),
-    (dict(mask_store=False), "store_unmasked"),
-    (dict(strict=True), "skips_slot_0"),
-    (dict(other=1.0), "other_not_zero"),
-    (dict(always_divide=True), "wrong_values"),
-])
+@pytest.mark.parametrize(
+    "wrong,hint",
+    [
+        (dict(mask_load=False, mask_store=False), "no_mask"),
+        (dict(mask_load=False), "load_unmasked"),
+        (dict(mask_store=False), "store_unmasked"),
+        (dict(strict=True), "skips_slot_0"),
+        (dict(other=1.0), "other_not_zero"),
+        (dict(always_divide=True), "wrong_values"),
+    ],
+)
 def test_mask_kernel_names_each_mistake(wrong, hint):
     verdict = ex.check_mask_kernel(_variant(**wrong))
     assert verdict.hint_ids == [hint], str(verdict)
@@ -104,12 +129,15 @@ def _unmasked_padded_token():
     return int(tokens[4])
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (-1, "minus_one"),
-    ("40", "not_an_int"),
-    (torch.tensor(3.0), "not_an_int"),
-    (True, "not_an_int"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (-1, "minus_one"),
+        ("40", "not_an_int"),
+        (torch.tensor(3.0), "not_an_int"),
+        (True, "not_an_int"),
+    ],
+)
 def test_padded_token_names_each_mistake(answer, hint):
     verdict = ex.check_padded_token(answer)
     assert verdict.hint_ids == [hint], str(verdict)
@@ -125,7 +153,7 @@ def test_padded_token_wants_the_greedy_token():
     verdict = ex.check_padded_token(sol.padded_token + 1)
     assert verdict.hint_ids == ["not_greedy"], str(verdict)
     assert ex.check_padded_token(torch.tensor(sol.padded_token)).solved
-    assert ex.check_padded_token(lambda: sol.padded_token).solved   # a function that returns the answer
+    assert ex.check_padded_token(lambda: sol.padded_token).solved  # a function that returns the answer
 
 
 # -- ch4.find_overwritten ---------------------------------------------------------------------------------
@@ -133,8 +161,13 @@ def test_padded_token_wants_the_greedy_token():
 
 def _divided(table, col, logits, idx_mapping, temperature):
     """vLLM 0.25's convention: the cache holds logits / T (raw logits when greedy)."""
-    return sorted(slot for row, slot in enumerate(idx_mapping.tolist()) if not torch.equal(
-        table[slot, col], logits[row] / temperature[slot] if temperature[slot] != 0 else logits[row]))
+    return sorted(
+        slot
+        for row, slot in enumerate(idx_mapping.tolist())
+        if not torch.equal(
+            table[slot, col], logits[row] / temperature[slot] if temperature[slot] != 0 else logits[row]
+        )
+    )
 
 
 def _greedy_slot(idx_mapping, temperature, **_):
@@ -146,8 +179,9 @@ WRONG_FINDERS = {
     "all_flagged": lambda table, col, logits, idx_mapping, temperature: sorted(idx_mapping.tolist()),
     "divided": _divided,
     "rows_not_slots": lambda **p: [p["idx_mapping"].tolist().index(s) for s in sol.find_overwritten(**p)],
-    "not_live": lambda **p: sorted(sol.find_overwritten(**p)
-                                   + [next(s for s in range(8) if s not in p["idx_mapping"].tolist())]),
+    "not_live": lambda **p: sorted(
+        sol.find_overwritten(**p) + [next(s for s in range(8) if s not in p["idx_mapping"].tolist())]
+    ),
     "own_logits": lambda **p: sorted(sol.find_overwritten(**p) + [_greedy_slot(**p)]),
     "missed": lambda **p: [],
 }

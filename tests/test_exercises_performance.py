@@ -22,26 +22,30 @@ def test_floor_accepts_the_bytes_over_the_read_ceiling():
     assert ex.check_floor(BYTES / (READ * 1e6)).solved
 
 
-@pytest.mark.parametrize("answer,hint", [
-    ("42", "not_a_number"),
-    (True, "not_a_number"),
-    (-1.0, "not_a_number"),
-    (BYTES / (COPY * 1e6), "copy_ceiling"),
-    (ROWS * VOCAB * 2 / (READ * 1e6), "bytes_per_logit"),       # counted bf16's 2 bytes
-    (ROWS * VOCAB / (READ * 1e6), "quarter"),                   # logits, not bytes (or 64 rows)
-    (2 * BYTES / (READ * 1e6), "read_and_write"),
-    (BYTES / (READ * 1e12), "units"),                           # seconds
-    (BYTES / (READ * 1e9), "units"),                            # milliseconds
-    (BYTES / (READ * 1e3), "units"),                            # nanoseconds
-    (1000.0, "off"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        ("42", "not_a_number"),
+        (True, "not_a_number"),
+        (-1.0, "not_a_number"),
+        (BYTES / (COPY * 1e6), "copy_ceiling"),
+        (ROWS * VOCAB * 2 / (READ * 1e6), "bytes_per_logit"),  # counted bf16's 2 bytes
+        (ROWS * VOCAB / (READ * 1e6), "quarter"),  # logits, not bytes (or 64 rows)
+        (2 * BYTES / (READ * 1e6), "read_and_write"),
+        (BYTES / (READ * 1e12), "units"),  # seconds
+        (BYTES / (READ * 1e9), "units"),  # milliseconds
+        (BYTES / (READ * 1e3), "units"),  # nanoseconds
+        (1000.0, "off"),
+    ],
+)
 def test_floor_names_each_wrong_answer(answer, hint):
     assert _hints(ex.check_floor(answer)) == [hint]
 
 
 def test_floor_recognises_the_measured_time():
     judged = bench.frame(REPORT, "gumbel").query(
-        "impl == @bench.JUDGED and rows == @ROWS and vocab == @VOCAB and dtype == 'fp32'")
+        "impl == @bench.JUDGED and rows == @ROWS and vocab == @VOCAB and dtype == 'fp32'"
+    )
     assert _hints(ex.check_floor(float(judged["median_us"].iloc[0]))) == ["measured"]
 
 
@@ -54,15 +58,21 @@ def test_replayed_rows_accepts_the_smallest_fitting_size():
     assert ex.check_replayed_rows(_smallest).solved
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (lambda live, sizes: float(_smallest(live, sizes)), "not_int"),
-    (lambda live, sizes: max([s for s in sizes if s <= live], default=live), "too_few"),   # rounds down
-    (lambda live, sizes: min([s for s in sizes if s > live], default=live), "exact_fit"),  # > instead of >=
-    (lambda live, sizes: max([s for s in sizes if s >= live], default=live), "not_smallest"),
-    (lambda live, sizes: next((s for s in sizes if s >= live), live), "unsorted"),          # first that fits
-    (lambda live, sizes: min(s for s in sizes if s >= live), "eager"),  # raises past the largest size
-    (lambda live, sizes: min([s for s in sizes if s >= live], default=max(sizes)), "eager"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (lambda live, sizes: float(_smallest(live, sizes)), "not_int"),
+        (lambda live, sizes: max([s for s in sizes if s <= live], default=live), "too_few"),  # rounds down
+        (
+            lambda live, sizes: min([s for s in sizes if s > live], default=live),
+            "exact_fit",
+        ),  # > instead of >=
+        (lambda live, sizes: max([s for s in sizes if s >= live], default=live), "not_smallest"),
+        (lambda live, sizes: next((s for s in sizes if s >= live), live), "unsorted"),  # first that fits
+        (lambda live, sizes: min(s for s in sizes if s >= live), "eager"),  # raises past the largest size
+        (lambda live, sizes: min([s for s in sizes if s >= live], default=max(sizes)), "eager"),
+    ],
+)
 def test_replayed_rows_names_each_wrong_answer(answer, hint):
     assert _hints(ex.check_replayed_rows(answer)) == [hint]
 

@@ -11,17 +11,20 @@ from specfix.exercises.solutions import placeholder_lifecycle as solutions
 RIGHT = solutions.metadata_answer()
 
 
-@pytest.mark.parametrize("change,hint", [
-    ({"num_draft_tokens": [3, 0, 0, 1]}, "placeholders_not_counted"),     # only the real drafts
-    ({"num_draft_tokens": [3, 3, 3]}, "missing_request"),                 # the prefill left out
-    ({"num_draft_tokens": [3, 0, 3, 2]}, "num_draft_tokens"),
-    ({"cu_num_draft_tokens": [0, 3, 3, 6]}, "exclusive_cumsum"),          # a leading 0, the last sum dropped
-    ({"cu_num_draft_tokens": [0, 3, 3, 6, 9]}, "exclusive_cumsum"),       # a leading 0
-    ({"cu_num_draft_tokens": [3, 0, 3, 3]}, "cu_num_draft_tokens"),       # the counts again
-    ({"placeholder_indices": [11, 12, 13, 16, 17]}, "input_ids_positions"),  # positions in input_ids
-    ({"placeholder_indices": [3, 4, 5]}, "placeholder_indices"),          # d's grammar tail forgotten
-    ({"placeholder_indices": "3 4 5 7 8"}, "format"),
-])
+@pytest.mark.parametrize(
+    "change,hint",
+    [
+        ({"num_draft_tokens": [3, 0, 0, 1]}, "placeholders_not_counted"),  # only the real drafts
+        ({"num_draft_tokens": [3, 3, 3]}, "missing_request"),  # the prefill left out
+        ({"num_draft_tokens": [3, 0, 3, 2]}, "num_draft_tokens"),
+        ({"cu_num_draft_tokens": [0, 3, 3, 6]}, "exclusive_cumsum"),  # a leading 0, the last sum dropped
+        ({"cu_num_draft_tokens": [0, 3, 3, 6, 9]}, "exclusive_cumsum"),  # a leading 0
+        ({"cu_num_draft_tokens": [3, 0, 3, 3]}, "cu_num_draft_tokens"),  # the counts again
+        ({"placeholder_indices": [11, 12, 13, 16, 17]}, "input_ids_positions"),  # positions in input_ids
+        ({"placeholder_indices": [3, 4, 5]}, "placeholder_indices"),  # d's grammar tail forgotten
+        ({"placeholder_indices": "3 4 5 7 8"}, "format"),
+    ],
+)
 def test_metadata_names_each_mistake(change, hint):
     verdict = ex.check_metadata({**RIGHT, **change})
     assert verdict.hint_ids == [hint], str(verdict)
@@ -58,13 +61,16 @@ def test_zero_batch_truth_counts_the_prompts_whose_next_word_is_the():
     assert accepted == solutions.zero_accepts
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (0, "none"),
-    (len(ex.ZERO_BATCH) * 3, "count"),  # every slot
-    (1, "count"),
-    ("2", "type"),
-    (2.0, "type"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (0, "none"),
+        (len(ex.ZERO_BATCH) * 3, "count"),  # every slot
+        (1, "count"),
+        ("2", "type"),
+        (2.0, "type"),
+    ],
+)
 def test_zero_accepts_names_each_mistake(answer, hint):
     verdict = ex.check_zero_accepts(answer)
     assert verdict.hint_ids == [hint], str(verdict)
@@ -123,16 +129,19 @@ def _tuned_to_six_slots(draft_ids, p, q, u):  # right on the crafted slots, wron
     return accepted & (torch.arange(draft_ids.numel()) < 6)
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (_wraps, "wrapped"),
-    (_clamp_only, "clamp_only"),
-    (_gathers_minus_one, "gather_negative"),
-    (_divides_by_zero_q, "q_zero"),
-    (_ignores_q, "ratio"),
-    (_clamps_in_place, "mutated"),
-    (_returns_a_list, "shape"),
-    (_tuned_to_six_slots, "mismatch"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (_wraps, "wrapped"),
+        (_clamp_only, "clamp_only"),
+        (_gathers_minus_one, "gather_negative"),
+        (_divides_by_zero_q, "q_zero"),
+        (_ignores_q, "ratio"),
+        (_clamps_in_place, "mutated"),
+        (_returns_a_list, "shape"),
+        (_tuned_to_six_slots, "mismatch"),
+    ],
+)
 def test_reject_negative_names_each_mistake(answer, hint):
     verdict = ex.check_reject_negative(answer)
     assert verdict.hint_ids == [hint], str(verdict)
@@ -158,7 +167,7 @@ def test_the_crafted_minus_one_slots_tempt_both_naive_reads():
 
 def _slice_of_first_request(input_ids, rows, targets):  # right ids on a one-request step, but a view
     start = int(rows[0]) + 1
-    return input_ids[start:start + len(targets)]
+    return input_ids[start : start + len(targets)]
 
 
 def _calls_the_runner(input_ids, rows, targets):
@@ -167,40 +176,48 @@ def _calls_the_runner(input_ids, rows, targets):
     return GPUModelRunner._calc_spec_decode_metadata(None, [len(targets)], [len(rows)]).draft_token_ids
 
 
-@pytest.mark.parametrize("answer,hint", [
-    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][None], "format"),   # 2-D
-    (lambda ids, rows, targets: "17 -1 -1", "format"),
-    (lambda ids, rows, targets: ids.clamp_(min=0)[rows.long()][targets.long() + 1], "mutated"),
-    (lambda ids, rows, targets: torch.tensor([-1, -1, -1]), "constant"),                 # the printed value
-    (lambda ids, rows, targets: [17, -1, -1], "constant"),                               # the first step's
-    (lambda ids, rows, targets: ids, "echo"),                                            # the input echoed
-    (lambda ids, rows, targets: ids[:int(rows[-1]) + 1][rows[0]:], "logits_rows"),       # first step: rows
-    (lambda ids, rows, targets: ids[rows.long()], "logits_rows"),
-    (lambda ids, rows, targets: ids[rows.long()][targets.long()], "unshifted"),
-    (lambda ids, rows, targets: ids[targets.long() + 1], "positions"),
-    (_slice_of_first_request, "view"),
-    (lambda ids, rows, targets: ids.numpy()[int(rows[0]) + 1:int(rows[0]) + 1 + len(targets)], "view"),
-    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][:-1], "length"),
-    (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1, "wrong"),
-    (_calls_the_runner, "bypass"),
-])
+@pytest.mark.parametrize(
+    "answer,hint",
+    [
+        (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][None], "format"),  # 2-D
+        (lambda ids, rows, targets: "17 -1 -1", "format"),
+        (lambda ids, rows, targets: ids.clamp_(min=0)[rows.long()][targets.long() + 1], "mutated"),
+        (lambda ids, rows, targets: torch.tensor([-1, -1, -1]), "constant"),  # the printed value
+        (lambda ids, rows, targets: [17, -1, -1], "constant"),  # the first step's
+        (lambda ids, rows, targets: ids, "echo"),  # the input echoed
+        (lambda ids, rows, targets: ids[: int(rows[-1]) + 1][rows[0] :], "logits_rows"),  # first step: rows
+        (lambda ids, rows, targets: ids[rows.long()], "logits_rows"),
+        (lambda ids, rows, targets: ids[rows.long()][targets.long()], "unshifted"),
+        (lambda ids, rows, targets: ids[targets.long() + 1], "positions"),
+        (_slice_of_first_request, "view"),
+        (lambda ids, rows, targets: ids.numpy()[int(rows[0]) + 1 : int(rows[0]) + 1 + len(targets)], "view"),
+        (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1][:-1], "length"),
+        (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1, "wrong"),
+        (_calls_the_runner, "bypass"),
+    ],
+)
 def test_draft_ids_names_each_mistake(answer, hint):
     verdict = ex.check_draft_ids(answer)
     assert verdict.hint_ids == [hint], str(verdict)
 
 
 def test_draft_ids_hints_never_print_the_ids_to_return():
-    for answer in (lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1,
-                   lambda ids, rows, targets: ids[targets.long() + 1]):
+    for answer in (
+        lambda ids, rows, targets: ids[rows.long()][targets.long() + 1] + 1,
+        lambda ids, rows, targets: ids[targets.long() + 1],
+    ):
         text = str(ex.check_draft_ids(answer))
         assert "[17, -1, -1]" not in text and "17, 4, 9, -1" not in text
 
 
-@pytest.mark.parametrize("container", [lambda t: t, lambda t: t.numpy(), lambda t: t.tolist(),
-                                       lambda t: tuple(t.tolist()), lambda t: t.long()])
+@pytest.mark.parametrize(
+    "container",
+    [lambda t: t, lambda t: t.numpy(), lambda t: t.tolist(), lambda t: tuple(t.tolist()), lambda t: t.long()],
+)
 def test_draft_ids_accepts_a_right_copy_in_any_container(container):
-    verdict = ex.check_draft_ids(lambda ids, rows, targets: container(solutions.gather_draft_token_ids(
-        ids, rows, targets)))
+    verdict = ex.check_draft_ids(
+        lambda ids, rows, targets: container(solutions.gather_draft_token_ids(ids, rows, targets))
+    )
     assert verdict.solved, str(verdict)
 
 

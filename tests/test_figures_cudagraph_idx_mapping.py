@@ -23,8 +23,10 @@ def _caption(fig):
 
 
 def test_launch_overhead_draws_both_series_and_reads_the_speedup_from_the_data():
-    rows = [{"size": 1, "eager_us": 1000.0, "graph_us": 100.0},
-            {"size": 8, "eager_us": 1500.0, "graph_us": 100.0}]
+    rows = [
+        {"size": 1, "eager_us": 1000.0, "graph_us": 100.0},
+        {"size": 8, "eager_us": 1500.0, "graph_us": 100.0},
+    ]
     fig = F.launch_overhead(rows, "recorded on a machine with a long description " * 6)
     (ax,) = fig.axes
     seen = style.legibility(fig)  # a long source wraps: the figure keeps the column's width
@@ -40,8 +42,10 @@ def test_padded_buffers_draws_one_arrow_per_padded_write():
     states = [padded_step_scenario(EVENTS, fixes=Fixes(pad_idx_mapping=f)) for f in (False, True)]
     fig = F.padded_buffers(states, ["fix off", "fix on"])
     off, on = fig.axes
-    arrows = lambda ax: [p for p in ax.patches if isinstance(p, FancyArrowPatch)] + [
-        a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
+    arrows = lambda ax: (
+        [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+        + [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
+    )
     assert len(arrows(off)) == len(states[0].writes) == 3 and arrows(on) == []
     assert "overwritten: a, f" in off.get_title() and "overwritten: none" in on.get_title()
     labels = [t.get_text() for t in off.texts]
@@ -53,12 +57,17 @@ def test_padded_buffers_draws_one_arrow_per_padded_write():
 
 
 def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
-    dists = {label: one_step_distribution(60, fixes=Fixes(pad_idx_mapping=fix))
-             for label, fix in (("fix on", True), ("fix off", False))}
+    dists = {
+        label: one_step_distribution(60, fixes=Fixes(pad_idx_mapping=fix))
+        for label, fix in (("fix on", True), ("fix off", False))
+    }
     fig = F.output_distribution(dists)
-    assert [ax.get_title() for ax in fig.axes] == ["position 0 (draft)", "position 1 (draft)",
-                                                    "position 2 (bonus)"]
-    assert len(fig.axes[0].patches) == 2 * 16                   # one bar per token and run
+    assert [ax.get_title() for ax in fig.axes] == [
+        "position 0 (draft)",
+        "position 1 (draft)",
+        "position 2 (bonus)",
+    ]
+    assert len(fig.axes[0].patches) == 2 * 16  # one bar per token and run
     table = F.chi_square_table(dists)
     assert list(table["fix"]) == ["fix on"] * 3 + ["fix off"] * 3
     assert list(table["role"]) == ["draft", "draft", "bonus"] * 2

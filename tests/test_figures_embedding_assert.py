@@ -10,14 +10,18 @@ from specfix.lab import embedding_assert as ea
 from specfix.lab import placeholder_fixes as pf
 from specfix.lab.guard import GuardTiming
 
-ASSERT = ("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], "
-          "thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed.\n")
+ASSERT = (
+    "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], "
+    "thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed.\n"
+)
 
 
 def _run(blocking: bool) -> ea.ChildRun:
     during = "F.embedding(ids, weight)" if blocking else "torch.cuda.synchronize()"
-    events = [{"kind": "start", "blocking": blocking},
-              {"kind": "raised", "during": during, "type": "AcceleratorError"}]
+    events = [
+        {"kind": "start", "blocking": blocking},
+        {"kind": "raised", "during": during, "type": "AcceleratorError"},
+    ]
     if not blocking:
         events.insert(1, {"kind": "returned", "launch_us": 7.0})
     return ea.ChildRun("minimal", "", {}, 1, ASSERT, 1.0, events)
@@ -48,8 +52,13 @@ OUT_OF_RANGE = {"outcome": "raised", "type": "IndexError", "message": "index out
 ROWS = [
     _row("F.embedding", 3, OUT_OF_RANGE, "indexSelectSmallIndex", "srcIndex < srcSelectDimSize"),
     _row("F.embedding", 4096, OUT_OF_RANGE, "vectorized_gather_kernel", "ind >= 0"),
-    _row("torch.gather", 4096, {"outcome": "raised", "type": "RuntimeError", "message": "index -1 is out"},
-         "vectorized_gather_kernel", "ind >= 0"),
+    _row(
+        "torch.gather",
+        4096,
+        {"outcome": "raised", "type": "RuntimeError", "message": "index -1 is out"},
+        "vectorized_gather_kernel",
+        "ind >= 0",
+    ),
     _row("w[idx]", 3, {"outcome": "returned", "wrapped": True}),
 ]
 
@@ -76,8 +85,14 @@ def _costs(busy: bool) -> pd.DataFrame:
     for i, fix in enumerate(pf.FIXES):
         for n in (256, 8192):
             scale = (i + 1) * n / 256
-            row = {"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, "median_us": 10.0 * scale,
-                   "p20_us": 9.0 * scale, "p80_us": 11.0 * scale}
+            row = {
+                "fix": fix,
+                "label": pf.LABELS[fix],
+                "num_tokens": n,
+                "median_us": 10.0 * scale,
+                "p20_us": 9.0 * scale,
+                "p80_us": 11.0 * scale,
+            }
             if busy:
                 row["host_us_behind_busy_gpu"] = 5.0 * (i + 1)
             rows.append(row)
@@ -118,16 +133,24 @@ def test_guard_timing_figure_shows_every_run():
 
 
 def test_acceptance_table_indexes_by_temperature_and_fix():
-    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "acceptance rate, real drafts": 0.12345,
-             "acceptance rate, all slots": 0.05555}]
+    rows = [
+        {
+            "fix": "clamp (a)",
+            "temperature": 0.0,
+            "crashes": "no",
+            "acceptance rate, real drafts": 0.12345,
+            "acceptance rate, all slots": 0.05555,
+        }
+    ]
     frame = fig2.acceptance_table(rows)
     assert frame.loc[(0.0, "clamp (a)"), "acceptance rate, real drafts"] == 0.123
 
 
 def test_acceptance_table_counts_are_whole_numbers_and_blank_for_a_crash():
-    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42,
-             "accepted drafts": 18},
-            {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"}]
+    rows = [
+        {"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42, "accepted drafts": 18},
+        {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"},
+    ]
     frame = fig2.acceptance_table(rows)
     assert str(frame["real drafts"].dtype) == "Int64" and frame.loc[(0.0, "clamp (a)"), "real drafts"] == 42
     assert pd.isna(frame.loc[(0.0, "no fix"), "accepted drafts"])
@@ -148,9 +171,17 @@ def test_short_traceback_names_files_by_package_never_by_this_machines_path():
 
 
 def test_acceptance_view_puts_the_runs_in_columns_and_the_crashes_in_lines():
-    rows = [{"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42,
-             "accepted drafts": 18, "acceptance rate, real drafts": 18 / 42},
-            {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"}]
+    rows = [
+        {
+            "fix": "clamp (a)",
+            "temperature": 0.0,
+            "crashes": "no",
+            "real drafts": 42,
+            "accepted drafts": 18,
+            "acceptance rate, real drafts": 18 / 42,
+        },
+        {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"},
+    ]
     view, crashed = fig2.acceptance_view(rows)
     assert list(view.columns) == [(0.0, "clamp (a)")] and "crashes" not in view.index
     assert view.loc["real drafts", (0.0, "clamp (a)")] == "42"  # a count, not 42.0
@@ -169,8 +200,10 @@ def test_fix_cost_paragraphs_quote_the_bench_recording():
     lo, hi = costs.num_tokens.min(), costs.num_tokens.max()
     at = costs.set_index(["fix", "num_tokens"])
     text = " ".join(fig2.fix_costs_text(costs).split())
-    assert f"from {at.loc[('host_mask', lo), 'median_us']:,.0f} us at {lo:,} tokens to " \
-           f"{at.loc[('host_mask', hi), 'median_us']:,.0f} us at {hi:,}" in text
+    assert (
+        f"from {at.loc[('host_mask', lo), 'median_us']:,.0f} us at {lo:,} tokens to "
+        f"{at.loc[('host_mask', hi), 'median_us']:,.0f} us at {hi:,}" in text
+    )
     clamp = at.loc["clamp", "median_us"]
     assert f"**clamp** costs {clamp.min():,.0f} to {clamp.max():,.0f} us per step" in text
     busy = fig2.busy_gpu_text(costs)
@@ -182,8 +215,11 @@ def test_kernel_name_paragraphs_name_the_recorded_kernels():
     from specfix.tools import recorded
 
     ops = recorded.load("embedding_assert_ops")
-    emb = {r["num_indices"]: r["cuda"]["kernel"] for r in ops["rows"]
-           if r["op"] == "F.embedding" and r["bad"] == "-1" and r["cuda"].get("outcome") == "device assert"}
+    emb = {
+        r["num_indices"]: r["cuda"]["kernel"]
+        for r in ops["rows"]
+        if r["op"] == "F.embedding" and r["bad"] == "-1" and r["cuda"].get("outcome") == "device assert"
+    }
     few, many = emb[min(emb)], emb[max(emb)]
     text = " ".join(fig2.kernel_names_text(ops["rows"], ops["meta"]["torch"]).split())
     assert f"With {min(emb):,} ids `F.embedding` failed in `{few}`" in text and ops["meta"]["torch"] in text
@@ -191,10 +227,14 @@ def test_kernel_name_paragraphs_name_the_recorded_kernels():
     assert f"`{few}` means the `index_select` family" in steps and f"while `{many}`" in steps
 
 
-@pytest.mark.parametrize("plain, guarded, verdict", [
-    ((0.10, 0.11), (0.20, 0.21), "every guarded run was slower than every unguarded one"),
-    ((0.10, 0.20), (0.15, 0.16), "the two spreads overlap"),
-    ((0.30, 0.31), (0.10, 0.11), "the machine's speed drifted")])
+@pytest.mark.parametrize(
+    "plain, guarded, verdict",
+    [
+        ((0.10, 0.11), (0.20, 0.21), "every guarded run was slower than every unguarded one"),
+        ((0.10, 0.20), (0.15, 0.16), "the two spreads overlap"),
+        ((0.30, 0.31), (0.10, 0.11), "the machine's speed drifted"),
+    ],
+)
 def test_guard_cost_paragraph_says_what_the_spreads_show(plain, guarded, verdict):
     text = fig2.guard_cost_text(GuardTiming(plain, guarded, checked=40), steps=4, on_gpu=False)
     assert verdict in text and "40 index tensors per run, 10 per step" in text and "on a CPU" in text

@@ -23,35 +23,66 @@ def _timing(host, gpu, back_to_back):
 
 def _spans(shift=0.0):
     """Two calls, three ops, three launches, three kernels; the GPU busy 5 + 8 + 6 = 19 us of 100."""
-    return ([{"lane": "call", "name": "rejection_sample", "start_us": 0.0, "end_us": 60.0},
-             {"lane": "call", "name": "gumbel_sample", "start_us": 62.0, "end_us": 100.0}]
-            + [{"lane": "op", "name": "aten::empty", "start_us": a, "end_us": a + 4}
-               for a in (5.0, 40.0, 70.0)]
-            + [{"lane": "launch", "name": "cuLaunchKernelEx", "start_us": a, "end_us": a + 3}
-               for a in (25.0, 45.0, 85.0)]
-            + [{"lane": "gpu", "name": "kernel", "start_us": a + shift, "end_us": b + shift}
-               for a, b in ((30.0, 35.0), (50.0, 58.0), (90.0, 96.0))])
+    return (
+        [
+            {"lane": "call", "name": "rejection_sample", "start_us": 0.0, "end_us": 60.0},
+            {"lane": "call", "name": "gumbel_sample", "start_us": 62.0, "end_us": 100.0},
+        ]
+        + [{"lane": "op", "name": "aten::empty", "start_us": a, "end_us": a + 4} for a in (5.0, 40.0, 70.0)]
+        + [
+            {"lane": "launch", "name": "cuLaunchKernelEx", "start_us": a, "end_us": a + 3}
+            for a in (25.0, 45.0, 85.0)
+        ]
+        + [
+            {"lane": "gpu", "name": "kernel", "start_us": a + shift, "end_us": b + shift}
+            for a, b in ((30.0, 35.0), (50.0, 58.0), (90.0, 96.0))
+        ]
+    )
 
 
 def _timeline(impl, batch):
-    return {"impl": impl, "batch": batch, "k": 3, "vocab": 151_936, "step_host_us": 100.0, "spans": _spans(),
-            "kernels": 3, "launches": 3, "gpu_busy_us": 19.0, "gpu_end_us": 96.0}
+    return {
+        "impl": impl,
+        "batch": batch,
+        "k": 3,
+        "vocab": 151_936,
+        "step_host_us": 100.0,
+        "spans": _spans(),
+        "kernels": 3,
+        "launches": 3,
+        "gpu_busy_us": 19.0,
+        "gpu_end_us": 96.0,
+    }
 
 
 GPU = {"specfix": {1: 5, 8: 8, 64: 30, 256: 95, 1024: 300}, PEER: {1: 8, 8: 12, 64: 100, 256: 180, 1024: 600}}
 HOST = {"specfix": 90.0, PEER: 80.0}
 FIXTURE = {
-    "meta": {"device": "NVIDIA H200", "driver": "570.1", "torch": "2.9.0", "triton": "3.5.0",
-             "date": "2026-12-02", "commit": "0123456789abcdef"},
+    "meta": {
+        "device": "NVIDIA H200",
+        "driver": "570.1",
+        "torch": "2.9.0",
+        "triton": "3.5.0",
+        "date": "2026-12-02",
+        "commit": "0123456789abcdef",
+    },
     "impls": ["specfix", PEER],
     "peer": {"version": "0.33.0", "impl": PEER},
     "timelines": [_timeline(i, b) for i in ("specfix", PEER) for b in (1, 8)],
-    "rows": [{"impl": i, "rows": r, **_timing(HOST[i], g, max(HOST[i], g))}
-             for i in ("specfix", PEER) for r, g in GPU[i].items()],
-    "graph": [{"impl": "specfix", "batch": 8, "eager": _timing(150.0, 40.0, 160.0),
-               "graph": _timing(8.0, 38.0, 42.0)},
-              {"impl": PEER, "batch": 8, "eager": _timing(120.0, 45.0, 130.0),
-               "graph_error": "not captured"}],
+    "rows": [
+        {"impl": i, "rows": r, **_timing(HOST[i], g, max(HOST[i], g))}
+        for i in ("specfix", PEER)
+        for r, g in GPU[i].items()
+    ],
+    "graph": [
+        {
+            "impl": "specfix",
+            "batch": 8,
+            "eager": _timing(150.0, 40.0, 160.0),
+            "graph": _timing(8.0, 38.0, 42.0),
+        },
+        {"impl": PEER, "batch": 8, "eager": _timing(120.0, 45.0, 130.0), "graph_error": "not captured"},
+    ],
 }
 
 
@@ -75,14 +106,14 @@ def test_host_rows_and_where_the_host_bound_regime_ends():
     assert not df.query("impl == 'specfix' and rows == 256")["host_bound"].item()
     assert perf.host_bound_until(FIXTURE, "specfix") == 64
     assert perf.host_bound_until(FIXTURE, PEER) == 8
-    assert perf.host_bound_until(_cpu_fixture(), "specfix") is None    # no GPU times: nothing to compare
+    assert perf.host_bound_until(_cpu_fixture(), "specfix") is None  # no GPU times: nothing to compare
 
 
 def test_step_table_puts_specfix_first_and_leaves_an_uncaptured_replay_empty():
     steps = perf.step_table(FIXTURE)
     assert list(steps["impl"]) == ["specfix", PEER]
     assert steps.loc[0, "graph_back_to_back_us"] == 42.0 and steps.loc[0, "eager_host_us"] == 150.0
-    assert steps.loc[1, "graph_back_to_back_us"] != steps.loc[1, "graph_back_to_back_us"]   # NaN
+    assert steps.loc[1, "graph_back_to_back_us"] != steps.loc[1, "graph_back_to_back_us"]  # NaN
 
 
 def test_text_gives_the_recordings_numbers():
@@ -93,15 +124,17 @@ def test_text_gives_the_recordings_numbers():
     assert "1.12x at 1 row (90.0 against 80.0 us); 1.12x at 8 rows" in text
     assert "the step at 8 requests**: 160 us back to back eager, 42 us replayed from one CUDA graph" in text
     assert "the host's work per step 150 us eager, 8 us for a replay; the GPU's 40 and 38 us" in text
-    assert text.count("replayed from one CUDA graph") == 1         # vLLM's step was not captured
+    assert text.count("replayed from one CUDA graph") == 1  # vLLM's step was not captured
     assert "ran without a GPU" not in text
 
 
 def test_text_says_where_the_gpu_went_idle_during_a_host_timing():
     trace = copy.deepcopy(FIXTURE)
     trace["rows"][2]["gpu_busy_throughout_host_timing"] = False
-    assert "ran out of queued work before the host's timing loop ended (specfix at 64 rows)" in \
-        perf.host_trace_text(trace)
+    assert (
+        "ran out of queued work before the host's timing loop ended (specfix at 64 rows)"
+        in perf.host_trace_text(trace)
+    )
     assert "ran out of queued work" not in perf.host_trace_text(FIXTURE)
 
 
@@ -159,18 +192,24 @@ def test_chapter_5_shows_the_host_trace_with_its_label():
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
     (loads,) = [c for c in code if "perf.load_host_trace()" in c]
     assert "print(TRACE_SOURCE)" in loads and "perf.host_timeline_figure(trace, TRACE_SOURCE)" in loads
-    assert any("perf.host_regime_figure(trace, TRACE_SOURCE)" in c and "perf.host_trace_text(trace)" in c
-               for c in code)
+    assert any(
+        "perf.host_regime_figure(trace, TRACE_SOURCE)" in c and "perf.host_trace_text(trace)" in c
+        for c in code
+    )
     titles = [c["source"][0] for c in cells if c["cell_type"] == "markdown" and c["source"]]
-    assert titles.index("## 10. The host side: where a small step spends its time\n") < \
-        titles.index("## The goals, judged\n") < titles.index("## Recap\n")
+    assert (
+        titles.index("## 10. The host side: where a small step spends its time\n")
+        < titles.index("## The goals, judged\n")
+        < titles.index("## Recap\n")
+    )
 
 
 def _script():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("record_host_trace",
-                                                  recorded.ROOT / "scripts" / "record_host_trace.py")
+    spec = importlib.util.spec_from_file_location(
+        "record_host_trace", recorded.ROOT / "scripts" / "record_host_trace.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -180,25 +219,42 @@ def test_the_recorder_reduces_a_profiler_trace_to_the_steps_spans():
     """A Chrome trace as torch.profiler writes it on a GPU: the last step's annotation sets time 0; nested
     torch ops and events outside that step are dropped; launches and kernels kept; the GPU's busy time is a
     union."""
-    x = lambda cat, name, ts, dur, tid=1: {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
-                                           "tid": tid}
-    trace = {"traceEvents": [
-        x("user_annotation", "step", 500, 300), x("cpu_op", "aten::lt", 520, 200),   # an earlier step
-        x("kernel", "lt_kernel", 790, 3, tid=7),
-        x("user_annotation", "step", 1000, 100),
-        x("user_annotation", "gumbel_sample", 1002, 90),
-        x("cpu_op", "aten::empty", 990, 5),                       # before the step: dropped
-        x("cpu_op", "aten::softmax", 1010, 20), x("cpu_op", "aten::_softmax", 1012, 10),   # nested: dropped
-        x("cuda_runtime", "cudaLaunchKernel", 1025, 4), x("cuda_runtime", "cudaGetDevice", 1030, 1),
-        x("cuda_driver", "cuLaunchKernelEx", 1060, 5),
-        x("kernel", "softmax_kernel", 1040, 10, tid=7), x("kernel", "_gumbel_sample_kernel", 1045, 20, tid=7),
-        x("cuda_runtime", "cudaDeviceSynchronize", 1101, 50),    # after the step: dropped
-        {"ph": "i", "cat": "instant", "name": "x", "ts": 1050},
-    ]}
+    x = lambda cat, name, ts, dur, tid=1: {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "tid": tid,
+    }
+    trace = {
+        "traceEvents": [
+            x("user_annotation", "step", 500, 300),
+            x("cpu_op", "aten::lt", 520, 200),  # an earlier step
+            x("kernel", "lt_kernel", 790, 3, tid=7),
+            x("user_annotation", "step", 1000, 100),
+            x("user_annotation", "gumbel_sample", 1002, 90),
+            x("cpu_op", "aten::empty", 990, 5),  # before the step: dropped
+            x("cpu_op", "aten::softmax", 1010, 20),
+            x("cpu_op", "aten::_softmax", 1012, 10),  # nested: dropped
+            x("cuda_runtime", "cudaLaunchKernel", 1025, 4),
+            x("cuda_runtime", "cudaGetDevice", 1030, 1),
+            x("cuda_driver", "cuLaunchKernelEx", 1060, 5),
+            x("kernel", "softmax_kernel", 1040, 10, tid=7),
+            x("kernel", "_gumbel_sample_kernel", 1045, 20, tid=7),
+            x("cuda_runtime", "cudaDeviceSynchronize", 1101, 50),  # after the step: dropped
+            {"ph": "i", "cat": "instant", "name": "x", "ts": 1050},
+        ]
+    }
     got = _script().reduce_trace(trace)
     spans = [(s["lane"], s["name"], s["start_us"], s["end_us"]) for s in got["spans"]]
-    assert spans == [("call", "gumbel_sample", 2, 92), ("op", "aten::softmax", 10, 30),
-                     ("launch", "cudaLaunchKernel", 25, 29), ("launch", "cuLaunchKernelEx", 60, 65),
-                     ("gpu", "softmax_kernel", 40, 50), ("gpu", "_gumbel_sample_kernel", 45, 65)]
+    assert spans == [
+        ("call", "gumbel_sample", 2, 92),
+        ("op", "aten::softmax", 10, 30),
+        ("launch", "cudaLaunchKernel", 25, 29),
+        ("launch", "cuLaunchKernelEx", 60, 65),
+        ("gpu", "softmax_kernel", 40, 50),
+        ("gpu", "_gumbel_sample_kernel", 45, 65),
+    ]
     assert got["step_host_us"] == 100 and got["kernels"] == 2 and got["launches"] == 2
     assert got["gpu_busy_us"] == 25 and got["gpu_end_us"] == 65

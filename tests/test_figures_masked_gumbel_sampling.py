@@ -49,7 +49,7 @@ def test_gumbel_tail_marks_the_naive_overflow_instead_of_clipping_it():
     triangles = [line for line in ax.get_lines() if line.get_marker() == "^"]
     assert len(triangles) == 1 and len(triangles[0].get_xdata()) == len(range(0, overflow, 8))
     naive_line = next(line for line in ax.get_lines() if line.get_label().startswith("naive -log"))
-    assert np.isnan(naive_line.get_ydata()).sum() == overflow      # +inf is not drawn as a clipped value
+    assert np.isnan(naive_line.get_ydata()).sum() == overflow  # +inf is not drawn as a clipped value
     assert "+inf" in _caption(fig)
 
 
@@ -73,8 +73,8 @@ def test_tile_winners_marks_one_maximum_per_tile_and_names_the_winner():
 def test_draft_logits_cells_tell_live_writes_from_stray_ones():
     sentinel = -1.0
     buf = np.full((4, 2, 3), sentinel)
-    buf[1, 1] = 7.0      # a live slot
-    buf[0, 1, 2] = 7.0   # one value in the guard row
+    buf[1, 1] = 7.0  # a live slot
+    buf[0, 1, 2] = 7.0  # one value in the guard row
     cells = figs.draft_logits_cells(buf, sentinel, [(1, 1), (2, 1)])
     assert cells.tolist() == [[0, 2], [0, 1], [0, 0], [0, 0]]
 
@@ -85,15 +85,16 @@ def test_padded_rows_buffers_draws_one_panel_per_variant_with_readable_text():
     clean[1, 1] = 0.0
     dirty = clean.copy()
     dirty[0, 1] = 3.0
-    fig = figs.padded_rows_buffers({"masked": clean, "unmasked": dirty}, sentinel, [(1, 1)],
-                                   ["guard", "slot 0", "guard"])
+    fig = figs.padded_rows_buffers(
+        {"masked": clean, "unmasked": dirty}, sentinel, [(1, 1)], ["guard", "slot 0", "guard"]
+    )
     assert [ax.get_title() for ax in fig.axes] == ["masked", "unmasked"]
     words = [[t.get_text() for t in ax.texts] for ax in fig.axes]
     assert words[0].count("stray write") == 0 and words[1].count("stray write") == 1
     for ax in fig.axes:
         for text in ax.texts:
             if text.get_text() != "sentinel":
-                assert text.get_color() == "white"   # white on the dark fills
+                assert text.get_color() == "white"  # white on the dark fills
 
 
 def test_draws_at_temperature_reports_the_test_in_its_caption():
@@ -106,20 +107,49 @@ def test_draws_at_temperature_reports_the_test_in_its_caption():
 
 def _bench():
     def gumbel(impl, rows, vocab, dtype, us):
-        return {"case": "gumbel", "impl": impl, "params": {"vocab": vocab, "rows": rows, "dtype": dtype},
-                "median_us": us, "metrics": {"G_logits_per_s": rows * vocab / us / 1e3}}
+        return {
+            "case": "gumbel",
+            "impl": impl,
+            "params": {"vocab": vocab, "rows": rows, "dtype": dtype},
+            "median_us": us,
+            "metrics": {"G_logits_per_s": rows * vocab / us / 1e3},
+        }
 
-    results = [gumbel(impl, rows, 1000, dtype, us)
-               for impl, us in (("specfix_fast", 1.0), ("specfix_exact", 2.0), ("torch_gumbel_max", 4.0),
-                                ("torch_softmax_multinomial", 8.0))
-               for rows in (1, 256, 1024) for dtype in ("fp32", "bf16")]
-    results += [{"case": "gumbel_graph", "impl": impl, "params": {"vocab": 1000, "rows": 1}, "median_us": us,
-                 "metrics": {}} for impl, us in (("specfix_fast", 3.0), ("specfix_exact", 4.0))]
-    results += [{"case": "gumbel_mask", "impl": impl, "params": {"vocab": 1000, "rows": 256,
-                 "store_processed_logits": store}, "median_us": us, "metrics": metrics}
-                for store, masked_us, unmasked_us in ((False, 10.0, 10.0), (True, 9.0, 10.0))
-                for impl, us, metrics in (("masked", masked_us, {"overhead": masked_us / unmasked_us - 1}),
-                                          ("unmasked", unmasked_us, {}))]
+    results = [
+        gumbel(impl, rows, 1000, dtype, us)
+        for impl, us in (
+            ("specfix_fast", 1.0),
+            ("specfix_exact", 2.0),
+            ("torch_gumbel_max", 4.0),
+            ("torch_softmax_multinomial", 8.0),
+        )
+        for rows in (1, 256, 1024)
+        for dtype in ("fp32", "bf16")
+    ]
+    results += [
+        {
+            "case": "gumbel_graph",
+            "impl": impl,
+            "params": {"vocab": 1000, "rows": 1},
+            "median_us": us,
+            "metrics": {},
+        }
+        for impl, us in (("specfix_fast", 3.0), ("specfix_exact", 4.0))
+    ]
+    results += [
+        {
+            "case": "gumbel_mask",
+            "impl": impl,
+            "params": {"vocab": 1000, "rows": 256, "store_processed_logits": store},
+            "median_us": us,
+            "metrics": metrics,
+        }
+        for store, masked_us, unmasked_us in ((False, 10.0, 10.0), (True, 9.0, 10.0))
+        for impl, us, metrics in (
+            ("masked", masked_us, {"overhead": masked_us / unmasked_us - 1}),
+            ("unmasked", unmasked_us, {}),
+        )
+    ]
     goals = [{"case": "gumbel", "unit": "G logits/s", "target": 500.0}]
     return {"results": results, "goals": goals}
 
@@ -133,7 +163,7 @@ def test_bench_speed_draws_four_lines_the_goal_and_four_bars():
     assert len(goal) == 1 and goal[0].get_ydata()[0] == 500.0
     widths = [p.get_width() for p in right.patches]
     assert widths == pytest.approx([8.0, 4.0, 2.0, 1.0])
-    assert "256 to 1024 G logits/s" in _caption(fig)   # rows x 1000 logits in 1 us
+    assert "256 to 1024 G logits/s" in _caption(fig)  # rows x 1000 logits in 1 us
 
 
 def test_bench_tables_read_the_recording():
@@ -148,8 +178,12 @@ def test_bench_tables_read_the_recording():
 
 
 def test_drafter_store_table_subtracts_the_two_timings():
-    perf = {"graph_one_row": [{"vocab": 10, "noise": "fast", "drafter_store": False, "us_per_call": 3.0},
-                              {"vocab": 10, "noise": "fast", "drafter_store": True, "us_per_call": 3.5}]}
+    perf = {
+        "graph_one_row": [
+            {"vocab": 10, "noise": "fast", "drafter_store": False, "us_per_call": 3.0},
+            {"vocab": 10, "noise": "fast", "drafter_store": True, "us_per_call": 3.5},
+        ]
+    }
     table = figs.drafter_store_table(perf)
     assert table.loc[(10, "fast"), "store adds (us)"] == pytest.approx(0.5)
 
@@ -164,13 +198,16 @@ def test_every_figure_is_drawn_for_the_books_column():
     probs, u = np.array([0.2, 0.3, 0.5] * 8) / 8, np.logspace(-9, -0.1, 60)
     g = -np.log(-np.log1p(-u))
     clean = np.full((3, 4, 4), -1.0)
-    made = [figs.draws_vs_softmax(probs, {"numpy toy": np.arange(24), "Triton kernel": np.arange(24)}, 0.8),
-            figs.gumbel_tail(u, g, g, np.where(u < 1e-7, np.inf, g)),
-            figs.tile_winners(np.sin(np.arange(300.0)), 64),
-            figs.padded_rows_buffers({"masked": clean, "unmasked": clean}, -1.0, [(1, 1)],
-                                     ["guard", "slot 0", "guard"]),
-            figs.draws_at_temperature(probs, np.arange(24), 0.5, 1.25, 11.0),
-            figs.bench_speed(_bench(), vocab=1000, rows_at=256)]
+    made = [
+        figs.draws_vs_softmax(probs, {"numpy toy": np.arange(24), "Triton kernel": np.arange(24)}, 0.8),
+        figs.gumbel_tail(u, g, g, np.where(u < 1e-7, np.inf, g)),
+        figs.tile_winners(np.sin(np.arange(300.0)), 64),
+        figs.padded_rows_buffers(
+            {"masked": clean, "unmasked": clean}, -1.0, [(1, 1)], ["guard", "slot 0", "guard"]
+        ),
+        figs.draws_at_temperature(probs, np.arange(24), 0.5, 1.25, 11.0),
+        figs.bench_speed(_bench(), vocab=1000, rows_at=256),
+    ]
     for fig in made:
         seen = style.legibility(fig)
         assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen

@@ -76,9 +76,12 @@ def test_sampler_output_has_one_row_per_request_and_a_bonus_column(step):
 @pytest.fixture(scope="module")
 def two_runs():
     prompts = ["the fox saw the crow", "a lion was asleep"]
-    return {"greedy": generate(prompts, GREEDY, num_speculative_tokens=3).stats,
-            "T = 0.7": generate(prompts, SamplingParams(temperature=0.7, seed=1, max_tokens=6),
-                                num_speculative_tokens=3).stats}
+    return {
+        "greedy": generate(prompts, GREEDY, num_speculative_tokens=3).stats,
+        "T = 0.7": generate(
+            prompts, SamplingParams(temperature=0.7, seed=1, max_tokens=6), num_speculative_tokens=3
+        ).stats,
+    }
 
 
 def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_data(two_runs):
@@ -94,9 +97,12 @@ def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_d
 
 
 def test_the_grids_and_plots_are_drawn_for_the_books_column(step, two_runs):
-    for fig in (figs.token_table(step, VOCAB), figs.step_stages(step, VOCAB),
-                figs.sampler_output(step, VOCAB),
-                figs.acceptance(two_runs)):
+    for fig in (
+        figs.token_table(step, VOCAB),
+        figs.step_stages(step, VOCAB),
+        figs.sampler_output(step, VOCAB),
+        figs.acceptance(two_runs),
+    ):
         seen = style.legibility(fig)
         assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
 
@@ -109,8 +115,10 @@ def test_acceptance_refuses_no_runs():
 def test_figures_use_the_suite_colours(step):
     fig = figs.step_stages(step, VOCAB)
     fills = [p.get_facecolor() for p in fig.legends[0].get_patches()]
-    assert any(np.allclose(f[:3], np.array([int(style.PLACEHOLDER[i:i + 2], 16) for i in (1, 3, 5)]) / 255)
-               for f in fills)
+    assert any(
+        np.allclose(f[:3], np.array([int(style.PLACEHOLDER[i : i + 2], 16) for i in (1, 3, 5)]) / 255)
+        for f in fills
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +126,11 @@ def designs():
     prompts = ["the fox saw the crow", "a lion was asleep", "the north wind"]
     work = dict(num_speculative_tokens=3, proposer="ngram", remote_prefill=True, record=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
-    return (generate(prompts, greedy, placeholder_policy="zero", **work), generate(prompts, greedy, **work),
-            generate(prompts, greedy, num_speculative_tokens=None))
+    return (
+        generate(prompts, greedy, placeholder_policy="zero", **work),
+        generate(prompts, greedy, **work),
+        generate(prompts, greedy, num_speculative_tokens=None),
+    )
 
 
 def test_design_table_counts_drafts_and_placeholder_slots_apart(designs):
@@ -139,8 +150,16 @@ def test_design_table_counts_drafts_and_placeholder_slots_apart(designs):
 
 
 def test_comparison_table_names_the_runs_and_the_word():
-    summary = {group: {"verifications": i, "drafts": 2 * i, "accepted in a": i, "accepted in b": 0,
-                       "after token_id": i} for i, group in enumerate(["both", "only a", "only b"])}
+    summary = {
+        group: {
+            "verifications": i,
+            "drafts": 2 * i,
+            "accepted in a": i,
+            "accepted in b": 0,
+            "after token_id": i,
+        }
+        for i, group in enumerate(["both", "only a", "only b"])
+    }
     table = figs.comparison_table(summary, "zero", "clamp", "the")
     assert list(table.index) == ["verified by both runs", "only by the zero run", "only by the clamp run"]
     assert table.loc["only by the clamp run", "real drafts"] == 4
@@ -150,13 +169,23 @@ def test_comparison_table_names_the_runs_and_the_word():
 def test_the_runner_paths_table_and_text_read_the_rows():
     from specfix.lab import placeholder_lifecycle as lab
 
-    rows = {name: {"cached tokens": 16, "scheduler sends": [-1, -1], "embedding reads": [0, 0],
-                   "verification sees": [-1, -1], "emitted": [5], "placeholders accepted": 0, "error": None}
-            for name in lab.RUNNER_PATHS}
+    rows = {
+        name: {
+            "cached tokens": 16,
+            "scheduler sends": [-1, -1],
+            "embedding reads": [0, 0],
+            "verification sees": [-1, -1],
+            "emitted": [5],
+            "placeholders accepted": 0,
+            "error": None,
+        }
+        for name in lab.RUNNER_PATHS
+    }
     names = list(lab.RUNNER_PATHS)
     rows[names[1]] = {"error": "IndexError: index out of range in self"}
-    rows[names[3]] = dict(rows[names[2]], **{"verification sees": [0, 0], "emitted": [0, 7],
-                                             "placeholders accepted": 1})
+    rows[names[3]] = dict(
+        rows[names[2]], **{"verification sees": [0, 0], "emitted": [0, 7], "placeholders accepted": 1}
+    )
     table = figs.runner_paths_table(rows, VOCAB)
     assert table.loc[names[1], "embedding reads"] == "IndexError: index out of range in self"
     assert table.loc[names[3], "verification sees"] == f"0 ({VOCAB[0]}) 0 ({VOCAB[0]})"
@@ -168,22 +197,36 @@ def test_the_runner_paths_table_and_text_read_the_rows():
 
 
 def test_the_sources_table_adds_the_share():
-    table = figs.sources_table({"a": {"draft slots": 8, "-1 slots": 2},
-                                "b": {"draft slots": 0, "-1 slots": 0}})
+    table = figs.sources_table(
+        {"a": {"draft slots": 8, "-1 slots": 2}, "b": {"draft slots": 0, "-1 slots": 0}}
+    )
     assert table.loc["a", "share of -1"] == 0.25 and math.isnan(table.loc["b", "share of -1"])
-    text = figs.sources_text({"a": {"draft slots": 8, "-1 slots": 2}, "b": {"draft slots": 5, "-1 slots": 0},
-                              "c": {"draft slots": 4, "-1 slots": 4}})
-    assert text == ("*a*: 2 of 8 of its draft slots left the scheduler as `-1`. *b*: none of its draft slots "
-                    "left the scheduler as `-1`. *c*: all of its draft slots left the scheduler as `-1`.")
+    text = figs.sources_text(
+        {
+            "a": {"draft slots": 8, "-1 slots": 2},
+            "b": {"draft slots": 5, "-1 slots": 0},
+            "c": {"draft slots": 4, "-1 slots": 4},
+        }
+    )
+    assert text == (
+        "*a*: 2 of 8 of its draft slots left the scheduler as `-1`. *b*: none of its draft slots "
+        "left the scheduler as `-1`. *c*: all of its draft slots left the scheduler as `-1`."
+    )
 
 
 def test_counting_and_negative_draft_paragraphs_quote_their_tables():
     import pandas as pd
 
-    table = pd.DataFrame({"placeholders recognisable by id (< 0)": [0, 24], "placeholder slots": [24, 24],
-                          "placeholder slots accepted": [7, 0], "rate over all slots": [0.41, 0.35],
-                          "rate over real drafts": [0.52, 0.5]},
-                         index=["(b) zero in the scheduler", "(c) clamp in _preprocess"])
+    table = pd.DataFrame(
+        {
+            "placeholders recognisable by id (< 0)": [0, 24],
+            "placeholder slots": [24, 24],
+            "placeholder slots accepted": [7, 0],
+            "rate over all slots": [0.41, 0.35],
+            "rate over real drafts": [0.52, 0.5],
+        },
+        index=["(b) zero in the scheduler", "(c) clamp in _preprocess"],
+    )
     text = " ".join(figs.counting_text(table).split())  # the paragraph's own line breaks left out
     assert "(24 of 24 are negative)" in text and "(0 of 24)" in text and "and 7 of them were accepted" in text
     assert "0.41 for (b), 0.35 for (c)" in text

@@ -29,8 +29,12 @@ def test_slot_timeline_marks_the_prefilled_requests_first_decode_in_both_modes(r
     prefilled = [i for i, remote in enumerate(lab.WORKLOADS["decode node"].remote_prefill) if remote]
     for ax, ordinary in ((sync, lab.SCHEDULER_DRAFTS), (asyn, lab.FILLED)):
         grid = _grid(ax)
-        orange = [(row, col) for row, cells in enumerate(grid) for col, kind in enumerate(cells)
-                  if kind == lab.REACHES_EMBEDDING]
+        orange = [
+            (row, col)
+            for row, cells in enumerate(grid)
+            for col, kind in enumerate(cells)
+            if kind == lab.REACHES_EMBEDDING
+        ]
         assert orange == [(row, 0) for row in prefilled]
         later = {kind for cells in grid for kind in cells[1:]}
         assert later <= {ordinary, lab.NOT_SCHEDULED} and ordinary in later
@@ -52,19 +56,26 @@ def test_slot_timeline_shows_the_waiting_request_reach_the_embedding_in_async_mo
     assert not any(lab.REACHES_EMBEDDING in cells for cells in sync)
     waiting = asyn[2]  # the third request: prefilled in step 1, then left out while two others decode
     first = waiting.index(lab.REACHES_EMBEDDING)
-    assert waiting[first - 1] == lab.NOT_SCHEDULED and lab.FILLED in waiting[first + 1:]
+    assert waiting[first - 1] == lab.NOT_SCHEDULED and lab.FILLED in waiting[first + 1 :]
     assert sum(cells.count(lab.REACHES_EMBEDDING) for cells in asyn) == 1
 
 
 def test_placeholder_table_accounts_for_every_minus_one(runs):
     table = figs.placeholder_table({f"{name}, async={a}": r for (name, a), r in runs.items()})
-    assert list(table.columns) == ["batches", "draft slots verified", "-1 written by the scheduler",
-                                   "-1 overwritten by the runner", "-1 reaching the embedding"]
+    assert list(table.columns) == [
+        "batches",
+        "draft slots verified",
+        "-1 written by the scheduler",
+        "-1 overwritten by the runner",
+        "-1 reaching the embedding",
+    ]
     for (name, a), result in runs.items():
         row = table.loc[f"{name}, async={a}"]
         assert row["batches"] == len(result.trace)
-        assert row["-1 written by the scheduler"] == row["-1 overwritten by the runner"] + \
-            row["-1 reaching the embedding"]
+        assert (
+            row["-1 written by the scheduler"]
+            == row["-1 overwritten by the runner"] + row["-1 reaching the embedding"]
+        )
         if not a:
             assert row["-1 overwritten by the runner"] == 0
     k = 3

@@ -56,9 +56,15 @@ def test_watch_figures_outside_ipython_does_nothing():
 def test_tidy_writes_counts_without_decimals_and_missing_values_as_a_dash():
     import pandas as pd
 
-    frame = pd.DataFrame({"count": [95.0, 1200.0, None], "rate": [0.5, 0.12345, 1.0],
-                          "ids": pd.array([1, None, 3], dtype="Int64"), "name": ["a", None, "c"],
-                          "ok": [True, False, True]})
+    frame = pd.DataFrame(
+        {
+            "count": [95.0, 1200.0, None],
+            "rate": [0.5, 0.12345, 1.0],
+            "ids": pd.array([1, None, 3], dtype="Int64"),
+            "name": ["a", None, "c"],
+            "ok": [True, False, True],
+        }
+    )
     shown = style.tidy(frame, digits=2)
     assert shown["count"].tolist() == ["95", "1,200", "-"]
     assert shown["rate"].tolist() == ["0.50", "0.12", "1.00"]

@@ -17,12 +17,15 @@ def _box_texts(fig):
     return [t.get_text() for t in ax.texts]
 
 
-@pytest.mark.parametrize("drafts,choices,expected", [
-    ([1, 2, 3], [1, 2, 3, 4], ["accept", "accept", "accept", "bonus"]),
-    ([1, 9, 3], [1, 2, 3, 4], ["accept", "recover"]),
-    ([-1, -1], [5, 6, 7], ["recover"]),
-    ([], [5], ["bonus"]),
-])
+@pytest.mark.parametrize(
+    "drafts,choices,expected",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], ["accept", "accept", "accept", "bonus"]),
+        ([1, 9, 3], [1, 2, 3, 4], ["accept", "recover"]),
+        ([-1, -1], [5, 6, 7], ["recover"]),
+        ([], [5], ["bonus"]),
+    ],
+)
 def test_step_outcomes_follow_greedy_verification(drafts, choices, expected):
     assert tour.step_outcomes(drafts, choices) == expected
 
@@ -67,11 +70,14 @@ def _notebook(path, first_cell):
     return path
 
 
-@pytest.mark.parametrize("heading,title", [
-    ("# Chapter 3 \u2014 Stale rows", "Stale rows"),
-    ("# 3. Stale rows", "Stale rows"),
-    ("# Stale rows", "Stale rows"),
-])
+@pytest.mark.parametrize(
+    "heading,title",
+    [
+        ("# Chapter 3 \u2014 Stale rows", "Stale rows"),
+        ("# 3. Stale rows", "Stale rows"),
+        ("# Stale rows", "Stale rows"),
+    ],
+)
 def test_chapter_header_reads_the_title_without_its_number(tmp_path, heading, title):
     text = f"{heading}\n\nIntro.\n\n**Time.** About 9 s to run.\nSecond line.\n"
     path = _notebook(tmp_path / "x.ipynb", text)
@@ -118,9 +124,14 @@ def test_module_map_shows_each_role_with_its_mirrors():
 def test_release_table_has_one_column_per_release_and_one_row_per_fact():
     table = tour.release_table()
     assert list(table.columns) == ["0.24.0", "0.25.0", "0.33.0"]
-    assert list(table.index) == ["default model runner", "where -1 placeholders come from",
-                                 "what keeps them from the embedding", "#47066 masks", "noise",
-                                 "draft cache holds"]
+    assert list(table.index) == [
+        "default model runner",
+        "where -1 placeholders come from",
+        "what keeps them from the embedding",
+        "#47066 masks",
+        "noise",
+        "draft cache holds",
+    ]
 
 
 def test_module_map_text_lists_every_module_without_docstring_markup():

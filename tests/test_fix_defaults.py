@@ -25,8 +25,9 @@ from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 def test_clamp_placeholders_by_default():
     """A prefilled request's first decode carries -1 drafts; the default engine clamps them away."""
     engine = LLMEngine(num_speculative_tokens=3, sampler_backend="torch", record=True)
-    engine.add_request("the fox saw the crow", SamplingParams(temperature=0.0, max_tokens=4),
-                       remote_prefill=True)
+    engine.add_request(
+        "the fox saw the crow", SamplingParams(temperature=0.0, max_tokens=4), remote_prefill=True
+    )
     engine.step()  # with the clamp off this raises IndexError in the embedding
     step = engine.model_runner.trace[0]
     assert PLACEHOLDER_TOKEN_ID in step.input_ids_before_clamp.tolist()
@@ -60,13 +61,20 @@ def test_mask_invalid_reqs_by_default():
 def test_pad_idx_mapping_by_default():
     """After a batch of 5, a batch of 2: rows 2.. of idx_mapping name no request (-1), not stale slots."""
     table = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
-    spec = DraftModelSpeculator(TableDraft(table), max_num_reqs=8, num_speculative_steps=2, vocab_size=16,
-                                context_len=1)
+    spec = DraftModelSpeculator(
+        TableDraft(table), max_num_reqs=8, num_speculative_steps=2, vocab_size=16, context_len=1
+    )
     temperature, seeds = torch.linspace(0.5, 1.5, 8), torch.arange(8) * 101 + 7
     for slots in ([4, 0, 6, 2, 7], [3, 5]):
         n = len(slots)
-        spec.propose(n, torch.tensor(slots, dtype=torch.int32), temperature, seeds,
-                     torch.arange(n)[:, None] % 16, torch.arange(n) + 3)
+        spec.propose(
+            n,
+            torch.tensor(slots, dtype=torch.int32),
+            temperature,
+            seeds,
+            torch.arange(n)[:, None] % 16,
+            torch.arange(n) + 3,
+        )
     assert spec.idx_mapping[:2].tolist() == [3, 5]
     assert spec.idx_mapping[2:].tolist() == [-1] * 6
 
@@ -86,8 +94,9 @@ def test_dflash_pad_idx_by_default():
 def test_mark_placeholder_drafts_by_default():
     """Model Runner V2's zeroed draft slots of a prefilled request reach verification as -1, not as 0."""
     engine = LLMEngine(num_speculative_tokens=3, sampler_backend="torch", record=True, model_runner="v2")
-    engine.add_request("the fox saw the crow and", SamplingParams(temperature=0.0, max_tokens=4),
-                       remote_prefill=True)
+    engine.add_request(
+        "the fox saw the crow and", SamplingParams(temperature=0.0, max_tokens=4), remote_prefill=True
+    )
     engine.step()
     step = engine.model_runner.trace[0]
     assert step.embedding_input[1:4].tolist() == [0, 0, 0]

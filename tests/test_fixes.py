@@ -41,8 +41,12 @@ def test_the_switch_itself_is_read_on_a_marked_line():
 
 
 def test_every_marker_in_the_package_sits_in_a_registered_site():
-    shown = {(site_path, first + i) for name in Fixes.names()
-             for _, site_path, first, lines in show_fix(name).sites for i in range(len(lines))}
+    shown = {
+        (site_path, first + i)
+        for name in Fixes.names()
+        for _, site_path, first, lines in show_fix(name).sites
+        for i in range(len(lines))
+    }
     for path in PACKAGE.rglob("*.py"):
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if line.rstrip().endswith(("# [fix]", "# [no fix]")):

@@ -15,8 +15,12 @@ spec.loader.exec_module(gc)
 
 
 def _report(run, results, commit="abc"):
-    return {"schema": gc.SCHEMA, "run": run, "results": results,
-            "meta": {"device": "NVIDIA H200", "commit": commit, "source_hash": {"scripts/gpu_check.py": "1"}}}
+    return {
+        "schema": gc.SCHEMA,
+        "run": run,
+        "results": results,
+        "meta": {"device": "NVIDIA H200", "commit": commit, "source_hash": {"scripts/gpu_check.py": "1"}},
+    }
 
 
 def _result(part, name, ok=True, error=""):
@@ -25,11 +29,15 @@ def _result(part, name, ok=True, error=""):
 
 def _whole_run(run, failing=None):
     """A run split as the lead splits it: the tests and the bench, then the chapters, then the solutions."""
-    every = [("tests", "cuda tests"), ("bench", "specfix bench --scale ci")] + [
-        ("chapters", p.stem) for p in gc.NOTEBOOKS] + [
-        ("solutions", p.stem) for p in gc.NOTEBOOKS if not p.name.startswith("00")]
-    results = [_result(part, name, ok=(part, name) != failing, error="boom" * ((part, name) == failing))
-               for part, name in every]
+    every = (
+        [("tests", "cuda tests"), ("bench", "specfix bench --scale ci")]
+        + [("chapters", p.stem) for p in gc.NOTEBOOKS]
+        + [("solutions", p.stem) for p in gc.NOTEBOOKS if not p.name.startswith("00")]
+    )
+    results = [
+        _result(part, name, ok=(part, name) != failing, error="boom" * ((part, name) == failing))
+        for part, name in every
+    ]
     return [_report(run, results[:2]), _report(run, results[2:8]), _report(run, results[8:])]
 
 
@@ -37,8 +45,9 @@ def test_three_consecutive_green_runs_are_counted_and_a_failure_or_a_gap_breaks_
     rec = gc.aggregate(_whole_run("1") + _whole_run("2") + _whole_run("3"))
     assert [r["green"] for r in rec["runs"]] == [True] * 3 and rec["consecutive_green_runs"] == 3
     assert rec["meta"]["commit"] == "abc"
-    failed = gc.aggregate(_whole_run("1") + _whole_run("2", failing=("chapters", gc.NOTEBOOKS[2].stem))
-                          + _whole_run("3"))
+    failed = gc.aggregate(
+        _whole_run("1") + _whole_run("2", failing=("chapters", gc.NOTEBOOKS[2].stem)) + _whole_run("3")
+    )
     assert [r["green"] for r in failed["runs"]] == [True, False, True]
     assert failed["consecutive_green_runs"] == 1
     gap = gc.aggregate(_whole_run("1")[:2])
@@ -52,9 +61,13 @@ def test_three_consecutive_green_runs_are_counted_and_a_failure_or_a_gap_breaks_
 
 
 def test_a_failing_cell_is_reported_with_its_id_and_error(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("SOLUTIONS = False", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("x = 1", id="fine"), nbformat.v4.new_code_cell("1 / 0", id="bad")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("SOLUTIONS = False", metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell("x = 1", id="fine"),
+            nbformat.v4.new_code_cell("1 / 0", id="bad"),
+        ]
+    )
     path = tmp_path / "07_toy.ipynb"
     nbformat.write(nb, path)
     got = gc.run_notebook(path, solutions=False, deadline=float("inf"))
@@ -99,6 +112,7 @@ def test_jobs_share_the_gpu_but_a_chapter_that_times_it_runs_alone_after_them(mo
             with lock:
                 spans[name(args)] = (t0, time.monotonic())
             return {"ok": True, "error": ""}
+
         return job
 
     monkeypatch.setattr(gc, "environment", lambda: {"device": "fake"})
@@ -106,10 +120,14 @@ def test_jobs_share_the_gpu_but_a_chapter_that_times_it_runs_alone_after_them(mo
     monkeypatch.setattr(gc, "run_bench", fake(lambda a: "bench"))
     monkeypatch.setattr(gc, "run_notebook", fake(lambda a: f"{a[0].stem}:{a[1]}"))
     timed = gc.NOTEBOOKS[-1].stem
-    report = gc.check(["tests", "chapters", "bench"], gc.NOTEBOOKS, "r", 60.0, jobs=8,
-                      alone=frozenset({timed}))
+    report = gc.check(
+        ["tests", "chapters", "bench"], gc.NOTEBOOKS, "r", 60.0, jobs=8, alone=frozenset({timed})
+    )
     assert report["ok"] and [r["name"] for r in report["results"]] == [
-        "cuda tests", *[p.stem for p in gc.NOTEBOOKS], "specfix bench --scale ci"]
+        "cuda tests",
+        *[p.stem for p in gc.NOTEBOOKS],
+        "specfix bench --scale ci",
+    ]
     others = {k: v for k, v in spans.items() if k != f"{timed}:False"}
     assert max(start for start, _ in others.values()) < min(end for _, end in others.values())  # overlapped
     assert spans[f"{timed}:False"][0] >= max(end for _, end in others.values())  # and the timed one alone

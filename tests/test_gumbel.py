@@ -46,18 +46,43 @@ def _recorder():
 def batch(rows, vocab, *, num_reqs=None, temps=None, dtype=torch.float32, seed=0, scale=3.0):
     """Random logits and request tables (the one builder); row i is request i % num_reqs at position
     i // num_reqs + 17."""
-    return gumbel_batch(rows, vocab, num_reqs=num_reqs, temperature=1.0 if temps is None else temps,
-                        dtype=dtype, seed=seed, scale=scale, first_pos=17, device=DEVICE)
+    return gumbel_batch(
+        rows,
+        vocab,
+        num_reqs=num_reqs,
+        temperature=1.0 if temps is None else temps,
+        dtype=dtype,
+        seed=seed,
+        scale=scale,
+        first_pos=17,
+        device=DEVICE,
+    )
 
 
 def sample(b, apply_temperature=True, is_drafting=False, **kwargs):
-    return gumbel.gumbel_sample(b["logits"], b["expanded_idx_mapping"], b["temperature"], b["seed"], b["pos"],
-                                apply_temperature, is_drafting, **kwargs)
+    return gumbel.gumbel_sample(
+        b["logits"],
+        b["expanded_idx_mapping"],
+        b["temperature"],
+        b["seed"],
+        b["pos"],
+        apply_temperature,
+        is_drafting,
+        **kwargs,
+    )
 
 
 def reference(b, apply_temperature=True, is_drafting=False, **kwargs):
-    return ref.gumbel_sample_reference(b["logits"], b["expanded_idx_mapping"], b["temperature"], b["seed"],
-                                       b["pos"], apply_temperature, is_drafting, **kwargs)
+    return ref.gumbel_sample_reference(
+        b["logits"],
+        b["expanded_idx_mapping"],
+        b["temperature"],
+        b["seed"],
+        b["pos"],
+        apply_temperature,
+        is_drafting,
+        **kwargs,
+    )
 
 
 def chi_square_ok(samples: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:
@@ -72,6 +97,7 @@ def softmax64(logits_row: torch.Tensor, temperature: float) -> np.ndarray:
 
 
 # ---- the noise and the kernel against the reference, bit for bit
+
 
 def test_noise_kernel_matches_reference_bitwise():
     seed = torch.tensor([0, 1, -1, 2**62 + 17, -(2**40)]).to(DEVICE)
@@ -111,8 +137,9 @@ def test_tokens_match_reference_and_the_cache_holds_logits_before_temperature(dt
     got_buf = torch.full((6, 2, 1537), SENTINEL, dtype=dtype, device=DEVICE)
     want_buf = torch.full((6, 2, 1537), SENTINEL, dtype=dtype)
     got = sample(b, apply_temperature, logits_cache=got_buf, logits_cache_col=1)
-    want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, logits_cache=want_buf,
-                     logits_cache_col=1)
+    want = reference(
+        {k: v.cpu() for k, v in b.items()}, apply_temperature, logits_cache=want_buf, logits_cache_col=1
+    )
     assert torch.equal(got.cpu(), want)
     assert torch.equal(got_buf.cpu(), want_buf)
     assert torch.equal(got_buf[:, 1].cpu(), b["logits"].cpu()) and (got_buf[:, 0] == SENTINEL).all()
@@ -135,8 +162,14 @@ def test_the_cache_takes_its_source_and_refuses_another_dtype():
 
 
 @settings(max_examples=8, deadline=None)
-@given(rows=st.integers(1, 5), vocab=st.integers(1, 2500), tiles=st.sampled_from([1, 2, 5]),
-       per_program=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31 - 1), greedy=st.booleans())
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.integers(1, 2500),
+    tiles=st.sampled_from([1, 2, 5]),
+    per_program=st.sampled_from([1, 2, 3]),
+    seed=st.integers(0, 2**31 - 1),
+    greedy=st.booleans(),
+)
 def test_any_vocab_and_tiling_matches_reference(rows, vocab, tiles, per_program, seed, greedy):
     """Any vocabulary size, in 1, 2 or 5+ tiles (the last one partial), walked 1, 2 or 3 tiles per program
     (so some rows need the second-stage kernel and some programs end on a partial or empty tile), picks the
@@ -176,16 +209,16 @@ def test_strided_rows_and_per_token_columns():
     got_buf = torch.full((2, 2, 700), SENTINEL, device=DEVICE)
     want_buf = torch.full((2, 2, 700), SENTINEL)
     got = sample(b, logits_cache=got_buf, logits_cache_col=cols)
-    want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf,
-                     logits_cache_col=cols.cpu())
+    want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf, logits_cache_col=cols.cpu())
     assert torch.equal(got.cpu(), want) and torch.equal(got_buf.cpu(), want_buf)
 
 
 # ---- vLLM 0.33's noise (noise="vllm")
 
+
 def _words(data: bytes) -> list[torch.Tensor]:
     """A key of whole 32-bit little-endian words, as murmur3_x86_32 takes it."""
-    return [torch.tensor([int.from_bytes(data[i:i + 4], "little")]) for i in range(0, len(data), 4)]
+    return [torch.tensor([int.from_bytes(data[i : i + 4], "little")]) for i in range(0, len(data), 4)]
 
 
 # Published MurmurHash3_x86_32 values, for keys of whole 32-bit words (the only keys vLLM hashes):
@@ -201,7 +234,7 @@ MURMUR3_VECTORS = [
     ((0).to_bytes(8, "little", signed=True), 0, 1669671676),
     ((-42).to_bytes(8, "little", signed=True), 0, -846261623),
     ((42).to_bytes(8, "little", signed=True), 0, 1871679806),
-    ((-2**63).to_bytes(8, "little", signed=True), 0, 1366273829),
+    ((-(2**63)).to_bytes(8, "little", signed=True), 0, 1366273829),
     ((2**63 - 1).to_bytes(8, "little", signed=True), 0, -2106506049),
     ("hell".encode("utf-16-le"), 0, 0x5A0CB7C3),
     ("http://www.google.com/".encode("utf-16-le"), 0, 0x73564D8C),  # 44 bytes: 11 words
@@ -245,8 +278,9 @@ def test_vllm_noise_kernel_matches_reference():
     torch.testing.assert_close(gumbel.gumbel_noise(seed, pos, 3001, "vllm").cpu(), want, rtol=1e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("apply_temperature,is_drafting,col", [(True, True, 1), (False, False, None),
-                                                              (True, False, "per token")])
+@pytest.mark.parametrize(
+    "apply_temperature,is_drafting,col", [(True, True, 1), (False, False, None), (True, False, "per token")]
+)
 def test_vllm_mode_tokens_and_stores_match_reference(apply_temperature, is_drafting, col):
     b = batch(8, 2500, num_reqs=4, temps=[1.0, 0.0, 0.5, 2.0], seed=5)
     b["expanded_idx_mapping"][-1] = -1
@@ -255,10 +289,16 @@ def test_vllm_mode_tokens_and_stores_match_reference(apply_temperature, is_draft
     want_buf = torch.full((4, 2, 2500), SENTINEL)
     store = {} if col is None else dict(logits_cache=got_buf, logits_cache_col=cols)
     got = sample(b, apply_temperature, noise="vllm", is_drafting=is_drafting, **store)
-    store = {} if col is None else dict(logits_cache=want_buf, logits_cache_col=(
-        cols.cpu() if isinstance(cols, torch.Tensor) else cols))
-    want = reference({k: v.cpu() for k, v in b.items()}, apply_temperature, noise="vllm",
-                     is_drafting=is_drafting, **store)
+    store = (
+        {}
+        if col is None
+        else dict(
+            logits_cache=want_buf, logits_cache_col=(cols.cpu() if isinstance(cols, torch.Tensor) else cols)
+        )
+    )
+    want = reference(
+        {k: v.cpu() for k, v in b.items()}, apply_temperature, noise="vllm", is_drafting=is_drafting, **store
+    )
     assert torch.equal(got.cpu(), want)
     assert torch.equal(got_buf.cpu(), want_buf) and (got_whole[[0, -1]] == SENTINEL).all()
     exact = reference({k: v.cpu() for k, v in b.items()}, apply_temperature)
@@ -282,8 +322,10 @@ def test_vllm_mode_mixes_the_drafter_column_into_the_seed():
     assert not torch.equal(cached, sample(b, noise="vllm"))
 
 
-@pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter's comparison; on a GPU "
-                    "scripts/compare_vllm_noise.py makes it")
+@pytest.mark.skipif(
+    DEVICE.type != "cpu",
+    reason="the interpreter's comparison; on a GPU scripts/compare_vllm_noise.py makes it",
+)
 def test_same_tokens_and_cache_as_vllms_own_kernel_in_the_interpreter(vllm_gumbel):
     """vLLM 0.33's gumbel_sample (fetched into .peer/) and noise="vllm", both in Triton's interpreter, on
     the comparison scripts/compare_vllm_noise.py makes on the GPU: every temperature of TEMPERATURES (0 to
@@ -292,19 +334,28 @@ def test_same_tokens_and_cache_as_vllms_own_kernel_in_the_interpreter(vllm_gumbe
     compare = _script("compare_vllm_noise")
     rows = sampled = cached = 0
     for i, case in enumerate(compare.cases((1100,), compare.DTYPES)):
-        b = compare.make_batch(9, case["vocab"], compare.DTYPES[case["dtype"]], seed=i, device="cpu",
-                               rows_per_request=1)  # 8 requests, one per temperature, and a padded row
+        b = compare.make_batch(
+            9, case["vocab"], compare.DTYPES[case["dtype"]], seed=i, device="cpu", rows_per_request=1
+        )  # 8 requests, one per temperature, and a padded row
         live = b["temperature"][b["expanded_idx_mapping"][:-1]]
         assert torch.equal(live.sort().values, torch.tensor(compare.TEMPERATURES).sort().values)
-        got = compare.compare(vllm_gumbel, b, apply_temperature=case["apply_temperature"],
-                              is_drafting=case["is_drafting"], cache=case["cache"])
+        got = compare.compare(
+            vllm_gumbel,
+            b,
+            apply_temperature=case["apply_temperature"],
+            is_drafting=case["is_drafting"],
+            cache=case["cache"],
+        )
         assert got["mismatches"] == 0 and got["cache_mismatches"] == 0 and not got["stored_outside"], (
-            case, got["first_mismatches"])
+            case,
+            got["first_mismatches"],
+        )
         rows, sampled, cached = rows + got["rows"], sampled + got["not_argmax"], cached + bool(case["cache"])
     assert rows == 36 * 9 and cached == 24 and sampled > rows // 5  # the noise decided many tokens
 
 
 # ---- statistics
+
 
 def test_temperature_zero_is_argmax_with_ties_to_the_lowest_id():
     b = batch(3, 1000, temps=[0.0, 0.0, 0.0])
@@ -343,9 +394,11 @@ def alternatives(logits: np.ndarray, temperature: float) -> dict[str, np.ndarray
     """Three samplers that are slightly wrong: one whose temperature is 5% high, and two that add 0.05 to
     the logits of even (or odd) token ids (their probabilities x1.05 before renormalising)."""
     even = np.arange(len(logits)) % 2 == 0
-    return {"temperature 5% high": softmax64(torch.from_numpy(logits), temperature * 1.05),
-            "logit bias 0.05 on even ids": softmax64(torch.from_numpy(logits + 0.05 * even), temperature),
-            "logit bias 0.05 on odd ids": softmax64(torch.from_numpy(logits + 0.05 * ~even), temperature)}
+    return {
+        "temperature 5% high": softmax64(torch.from_numpy(logits), temperature * 1.05),
+        "logit bias 0.05 on even ids": softmax64(torch.from_numpy(logits + 0.05 * even), temperature),
+        "logit bias 0.05 on odd ids": softmax64(torch.from_numpy(logits + 0.05 * ~even), temperature),
+    }
 
 
 def assert_follows_softmax(tokens: np.ndarray, logits: np.ndarray, temperature: float) -> None:
@@ -395,15 +448,17 @@ def test_fast_noise_follows_softmax_with_stated_power():
     """The fast mode's noise as this device draws it (in the interpreter its log2 stands in for the GPU's
     lg2.approx): n draws of a vocabulary of 10, each from its own stretch of token ids of one long noise row,
     with the power stated above."""
-    (vocab, temperature, scale), = POWER_CASES[:1]
+    ((vocab, temperature, scale),) = POWER_CASES[:1]
     logits, _, n = power_case(vocab, temperature, scale)
-    g = gumbel.gumbel_noise(torch.tensor([77], device=DEVICE), torch.tensor([3], device=DEVICE), n * vocab,
-                            "fast").cpu()
+    g = gumbel.gumbel_noise(
+        torch.tensor([77], device=DEVICE), torch.tensor([3], device=DEVICE), n * vocab, "fast"
+    ).cpu()
     x = torch.from_numpy(logits).float() / temperature * ref.LOG2E  # the fast mode's scores: log2 units
     assert_follows_softmax((x + g.view(n, vocab)).argmax(-1).numpy(), logits, temperature)
 
 
 # ---- the edges: NaN logits, temperatures next to zero, tiny vocabularies
+
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max of an all-NaN tile
 @pytest.mark.parametrize("noise", ["exact", "vllm"])
@@ -458,6 +513,7 @@ def test_tiny_vocabularies_work(vocab):
 
 # ---- CPU equals GPU: golden outputs recorded on the H200
 
+
 def test_golden_outputs_recorded_on_the_gpu_are_reproduced_bitwise():
     """Here, on this machine's device (Triton's interpreter on a CPU)."""
     _check_golden(DEVICE)
@@ -472,8 +528,9 @@ def test_golden_outputs_are_reproduced_by_the_compiled_kernel():
 
 def _check_golden(device):
     if not GOLDEN.exists():
-        pytest.fail(f"{GOLDEN.relative_to(ROOT)} is not recorded yet: "
-                    "run scripts/record_gumbel_golden.py on a GPU")
+        pytest.fail(
+            f"{GOLDEN.relative_to(ROOT)} is not recorded yet: run scripts/record_gumbel_golden.py on a GPU"
+        )
     golden = torch.load(GOLDEN, weights_only=True)
     recorder = _recorder()
     for case in recorder.golden_cases():
@@ -505,8 +562,9 @@ def guarded(b: dict) -> tuple[dict, torch.Tensor, dict[str, torch.Tensor]]:
     """``b`` with its temperature and seed tables, and a draft-logits cache, each inside one allocation
     with a guard row before and after it (the pre-fix kernel's row -1 is the guard in front, holding
     temperature 10 and seed 12345): ``(b, buffer, whole allocations by table)``."""
-    temperature, temp_whole = gumbel.guarded_table((4,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE,
-                                                   device=DEVICE)
+    temperature, temp_whole = gumbel.guarded_table(
+        (4,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE, device=DEVICE
+    )
     temperature.copy_(b["temperature"])
     seed, seed_whole = gumbel.guarded_table((4,), 0, torch.int64, guard_fill=GUARD_SEED, device=DEVICE)
     seed.copy_(b["seed"])
@@ -518,9 +576,12 @@ def guarded(b: dict) -> tuple[dict, torch.Tensor, dict[str, torch.Tensor]]:
 def as_if_reading_the_guard(b: dict, seed: int = GUARD_SEED) -> dict:
     """``b`` as a kernel that read row -1 would see every row: the guard's temperature, and its seed (or
     ``seed``: what a kernel that masked only the seed load would use)."""
-    return dict(b, expanded_idx_mapping=torch.zeros(6, dtype=torch.int64, device=DEVICE),
-                temperature=torch.tensor([GUARD_TEMPERATURE], device=DEVICE),
-                seed=torch.tensor([seed], device=DEVICE))
+    return dict(
+        b,
+        expanded_idx_mapping=torch.zeros(6, dtype=torch.int64, device=DEVICE),
+        temperature=torch.tensor([GUARD_TEMPERATURE], device=DEVICE),
+        seed=torch.tensor([seed], device=DEVICE),
+    )
 
 
 def test_masked_kernel_skips_padded_rows():
@@ -592,8 +653,11 @@ def touches_a_guard(addresses: list[np.ndarray], whole: torch.Tensor) -> bool:
     return bool((in_front | ((hit >= end - row_bytes) & (hit < end))).any())
 
 
-@pytest.mark.skipif(not runtime.INTERPRET, reason="records the interpreter's memory accesses; on a GPU "
-                    "scripts/sanitize_gumbel.py records compute-sanitizer's view")
+@pytest.mark.skipif(
+    not runtime.INTERPRET,
+    reason="records the interpreter's memory accesses; on a GPU "
+    "scripts/sanitize_gumbel.py records compute-sanitizer's view",
+)
 def test_masked_kernel_never_touches_row_minus_one(monkeypatch):
     """Every address the interpreted kernel loads or stores, recorded: with the fix, none lies in a guard
     row of the temperature, seed or draft-logits table, so each masked line is needed on its own, the
@@ -614,26 +678,38 @@ def test_masked_kernel_never_touches_row_minus_one(monkeypatch):
 
 # ---- bad input
 
+
 def _bad(**changes):
     b = batch(3, 100, num_reqs=2)
     b.update(changes)
     return b
 
 
-@pytest.mark.parametrize("changes,error,words", [
-    ({"expanded_idx_mapping": torch.tensor([0, 1, 0], dtype=torch.uint8)}, TypeError, "expanded_idx_mapping"),
-    ({"expanded_idx_mapping": torch.tensor([0.0, 1.0, -1.0])}, TypeError, "expanded_idx_mapping"),
-    ({"expanded_idx_mapping": torch.tensor([0, 1], dtype=torch.int32)}, ValueError, "expanded_idx_mapping"),
-    ({"seed": torch.tensor([1, 2], dtype=torch.int32)}, TypeError, "seed"),
-    ({"seed": torch.tensor([1.0, 2.0])}, TypeError, "seed"),
-    ({"temperature": torch.tensor([1.0, 0.5], dtype=torch.float64)}, TypeError, "temperature"),
-    ({"temperature": torch.tensor([1.0, 0.5, 0.2])}, ValueError, "temperature and seed"),
-    ({"pos": torch.tensor([1, 2, 3, 4])}, ValueError, "pos"),
-    ({"pos": torch.tensor([1.0, 2.0, 3.0])}, TypeError, "pos"),
-    ({"logits": torch.randn(3, 100, dtype=torch.float64)}, TypeError, "logits"),
-    ({"logits": torch.randn(100, 3).t()}, ValueError, "logits rows must be contiguous"),
-    ({"logits": torch.randn(3, 0)}, ValueError, "vocab"),
-])
+@pytest.mark.parametrize(
+    "changes,error,words",
+    [
+        (
+            {"expanded_idx_mapping": torch.tensor([0, 1, 0], dtype=torch.uint8)},
+            TypeError,
+            "expanded_idx_mapping",
+        ),
+        ({"expanded_idx_mapping": torch.tensor([0.0, 1.0, -1.0])}, TypeError, "expanded_idx_mapping"),
+        (
+            {"expanded_idx_mapping": torch.tensor([0, 1], dtype=torch.int32)},
+            ValueError,
+            "expanded_idx_mapping",
+        ),
+        ({"seed": torch.tensor([1, 2], dtype=torch.int32)}, TypeError, "seed"),
+        ({"seed": torch.tensor([1.0, 2.0])}, TypeError, "seed"),
+        ({"temperature": torch.tensor([1.0, 0.5], dtype=torch.float64)}, TypeError, "temperature"),
+        ({"temperature": torch.tensor([1.0, 0.5, 0.2])}, ValueError, "temperature and seed"),
+        ({"pos": torch.tensor([1, 2, 3, 4])}, ValueError, "pos"),
+        ({"pos": torch.tensor([1.0, 2.0, 3.0])}, TypeError, "pos"),
+        ({"logits": torch.randn(3, 100, dtype=torch.float64)}, TypeError, "logits"),
+        ({"logits": torch.randn(100, 3).t()}, ValueError, "logits rows must be contiguous"),
+        ({"logits": torch.randn(3, 0)}, ValueError, "vocab"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_argument(changes, error, words):
     b = _bad(**{k: v.to(DEVICE) for k, v in changes.items()})
     with pytest.raises(error, match=words):
@@ -647,25 +723,44 @@ def test_a_list_for_a_tensor_is_refused_naming_the_argument():
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="value checks would need a host sync on the GPU")
-@pytest.mark.parametrize("changes,words", [
-    ({"temperature": torch.tensor([1.0, -0.5])}, "temperature must be >= 0"),
-    ({"temperature": torch.tensor([1.0, float("nan")])}, "temperature must be >= 0"),
-    ({"expanded_idx_mapping": torch.tensor([0, 1, 2], dtype=torch.int32)}, "beyond the 2 request-state rows"),
-])
+@pytest.mark.parametrize(
+    "changes,words",
+    [
+        ({"temperature": torch.tensor([1.0, -0.5])}, "temperature must be >= 0"),
+        ({"temperature": torch.tensor([1.0, float("nan")])}, "temperature must be >= 0"),
+        (
+            {"expanded_idx_mapping": torch.tensor([0, 1, 2], dtype=torch.int32)},
+            "beyond the 2 request-state rows",
+        ),
+    ],
+)
 def test_bad_values_are_refused_on_cpu(changes, words):
     with pytest.raises(ValueError, match=words):
         sample(_bad(**changes))
 
 
-@pytest.mark.parametrize("buf,col,error,words", [
-    (lambda: torch.zeros(2, 2, 99), 0, ValueError, r"must have shape \[max_num_reqs, num_cols, >= 100\]"),
-    (lambda: torch.zeros(3, 2, 100), 0, ValueError, "logits_cache has 3 request rows"),
-    (lambda: torch.zeros(2, 2, 100, dtype=torch.int32), 0, TypeError, "logits_cache .* must have the dtype"),
-    (lambda: torch.zeros(2, 2, 100), 2, ValueError, r"logits_cache_col=2 outside \[0, 2\)"),
-    (lambda: torch.zeros(2, 2, 100), 1.0, TypeError, "logits_cache_col must be an int"),
-    (lambda: torch.zeros(2, 2, 100), torch.tensor([0, 2, 1]), ValueError, r"logits_cache_col must lie in"),
-    (lambda: None, 1, ValueError, "logits_cache_col and logits_cache_source need logits_cache"),
-])
+@pytest.mark.parametrize(
+    "buf,col,error,words",
+    [
+        (lambda: torch.zeros(2, 2, 99), 0, ValueError, r"must have shape \[max_num_reqs, num_cols, >= 100\]"),
+        (lambda: torch.zeros(3, 2, 100), 0, ValueError, "logits_cache has 3 request rows"),
+        (
+            lambda: torch.zeros(2, 2, 100, dtype=torch.int32),
+            0,
+            TypeError,
+            "logits_cache .* must have the dtype",
+        ),
+        (lambda: torch.zeros(2, 2, 100), 2, ValueError, r"logits_cache_col=2 outside \[0, 2\)"),
+        (lambda: torch.zeros(2, 2, 100), 1.0, TypeError, "logits_cache_col must be an int"),
+        (
+            lambda: torch.zeros(2, 2, 100),
+            torch.tensor([0, 2, 1]),
+            ValueError,
+            r"logits_cache_col must lie in",
+        ),
+        (lambda: None, 1, ValueError, "logits_cache_col and logits_cache_source need logits_cache"),
+    ],
+)
 def test_bad_output_buffer_is_refused(buf, col, error, words):
     b = _bad()
     buffer = buf()
@@ -683,6 +778,7 @@ def test_bad_settings_are_refused():
 
 
 # ---- the GPU machine only
+
 
 @pytest.mark.cuda
 @cuda
@@ -711,8 +807,7 @@ def test_capturable_in_a_cuda_graph():
         buf.fill_(SENTINEL)
         graph.replay()
         want_buf = torch.full((4, 2, 777), SENTINEL)
-        want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf,
-                         logits_cache_col=1)
+        want = reference({k: v.cpu() for k, v in b.items()}, logits_cache=want_buf, logits_cache_col=1)
         assert torch.equal(out.cpu(), want), step
         assert torch.equal(buf.cpu(), want_buf), step
 
@@ -743,8 +838,18 @@ if gumbel.HAS_TRITON:
     from specfix.runtime import tl, triton
 
     @triton.jit
-    def _tile_argmax_kernel(logits_ptr, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, value_ptr,
-                            index_ptr, DEPTH: tl.constexpr, LANES: tl.constexpr, ONE_D: tl.constexpr):
+    def _tile_argmax_kernel(
+        logits_ptr,
+        idx_mapping_ptr,
+        temperature_ptr,
+        seed_ptr,
+        pos_ptr,
+        value_ptr,
+        index_ptr,
+        DEPTH: tl.constexpr,
+        LANES: tl.constexpr,
+        ONE_D: tl.constexpr,
+    ):
         """Row r's one tile through gumbel_block_argmax, greedy (no noise): its max and index per column."""
         row = tl.program_id(0)
         if ONE_D:
@@ -753,8 +858,29 @@ if gumbel.HAS_TRITON:
             block = tl.arange(0, DEPTH)[:, None] * LANES + tl.arange(0, LANES)[None, :]
         x = tl.load(logits_ptr + row * DEPTH * LANES + block)
         value, index = gumbel.gumbel_block_argmax(
-            x, block, block >= 0, row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, None, 0, 0, None,
-            None, 0, 0, 0, False, False, False, True, 0, False)
+            x,
+            block,
+            block >= 0,
+            row,
+            idx_mapping_ptr,
+            temperature_ptr,
+            seed_ptr,
+            pos_ptr,
+            None,
+            0,
+            0,
+            None,
+            None,
+            0,
+            0,
+            0,
+            False,
+            False,
+            False,
+            True,
+            0,
+            False,
+        )
         out = tl.arange(0, LANES)
         if ONE_D:
             tl.store(value_ptr + row * LANES + out, tl.zeros([LANES], tl.float32) + value, mask=out < 1)
@@ -772,27 +898,36 @@ def test_the_tile_helper_returns_the_first_max_along_the_first_axis(one_d):
     a 2-D tile, per column). Ties go to the lower index; a NaN never wins over a number."""
     depth, lanes = (1, 64) if one_d else (8, 16)
     gen = torch.Generator().manual_seed(3)
-    tiles = torch.randint(-3, 3, (5, depth, lanes), generator=gen).float()   # many ties
-    tiles[1] = 2.0                                                             # every entry ties
-    tiles[2, 0] = float("nan")                                                 # NaN at the first index
+    tiles = torch.randint(-3, 3, (5, depth, lanes), generator=gen).float()  # many ties
+    tiles[1] = 2.0  # every entry ties
+    tiles[2, 0] = float("nan")  # NaN at the first index
     tiles[3] = float("nan")
-    tiles[3, -1] = -1.0                                                        # one number among NaNs
+    tiles[3, -1] = -1.0  # one number among NaNs
     tiles[4, :, ::2] = float("-inf")
     rows = tiles.shape[0]
     value = torch.full((rows, lanes), SENTINEL)
     index = torch.full((rows, lanes), -1, dtype=torch.int32)
-    args = [t.to(DEVICE) for t in (tiles.reshape(rows, -1).contiguous(), torch.zeros(rows, dtype=torch.int32),
-                                   torch.zeros(1), torch.zeros(1, dtype=torch.int64),
-                                   torch.zeros(rows, dtype=torch.int64), value, index)]
+    args = [
+        t.to(DEVICE)
+        for t in (
+            tiles.reshape(rows, -1).contiguous(),
+            torch.zeros(rows, dtype=torch.int32),
+            torch.zeros(1),
+            torch.zeros(1, dtype=torch.int64),
+            torch.zeros(rows, dtype=torch.int64),
+            value,
+            index,
+        )
+    ]
     _tile_argmax_kernel[(rows,)](*args, DEPTH=depth, LANES=lanes, ONE_D=one_d)
     value, index = args[-2].cpu(), args[-1].cpu()
-    flat = tiles.reshape(rows, -1) if one_d else tiles                        # reduce the first axis
+    flat = tiles.reshape(rows, -1) if one_d else tiles  # reduce the first axis
     numbers = torch.where(flat.isnan(), float("-inf"), flat)
     want_value = numbers.amax(dim=1 if one_d else 1)
-    first = (numbers == want_value.unsqueeze(1)).int().argmax(dim=1)          # the first index at the max
+    first = (numbers == want_value.unsqueeze(1)).int().argmax(dim=1)  # the first index at the max
     if one_d:
         value, index = value[:, 0], index[:, 0]
-    keep = ~(flat.isnan().all(dim=1))                                         # an all-NaN column: no number
+    keep = ~(flat.isnan().all(dim=1))  # an all-NaN column: no number
     assert torch.equal(index[keep], first[keep].int())
     assert torch.equal(value[keep], want_value[keep])
 

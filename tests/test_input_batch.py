@@ -16,8 +16,9 @@ def _batch_with_one_request():
     """The source document's set-up: max 1 request, max model length 8; prompt [10, 11], output [12],
     3 computed tokens."""
     batch = InputBatch(max_num_reqs=1, max_model_len=8, vocab_size=VOCAB)
-    req = CachedRequestState("req", [10, 11], SamplingParams(), None, output_token_ids=[12],
-                             num_computed_tokens=3)
+    req = CachedRequestState(
+        "req", [10, 11], SamplingParams(), None, output_token_ids=[12], num_computed_tokens=3
+    )
     batch.add_request(req)
     return batch, req
 
@@ -60,9 +61,13 @@ def test_rows_are_reused_after_removal():
 
 
 def _snapshot(batch):
-    return (batch.token_ids_cpu.copy(), batch.num_tokens_no_spec.copy(),
-            copy.deepcopy(batch.spec_token_ids),
-            dict(batch.req_id_to_index), batch.num_computed_tokens_cpu.copy())
+    return (
+        batch.token_ids_cpu.copy(),
+        batch.num_tokens_no_spec.copy(),
+        copy.deepcopy(batch.spec_token_ids),
+        dict(batch.req_id_to_index),
+        batch.num_computed_tokens_cpu.copy(),
+    )
 
 
 def _same(a, b):

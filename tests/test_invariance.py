@@ -39,22 +39,31 @@ def _toy(pad_with_minus_one):
 def test_toy_scatter(safe):
     step, bufs = _toy(safe)
     before = {n: t.clone() for n, t in bufs.items()}
-    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
-                                      live={"table": [3, 1, 4, 0, 2]}, bounds={"idx": (-1, N)})
+    report = check_padding_invariance(
+        step,
+        bufs,
+        padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
+        live={"table": [3, 1, 4, 0, 2]},
+        bounds={"idx": (-1, N)},
+    )
     assert report.ok == safe, str(report)
     if not safe:
         assert report.buffers == ["table"] and set(report.differences[0].rows) <= {0, 1, 2, 3, 4}
         assert "table" in str(report)
-    for n, t in bufs.items():                       # the check leaves the buffers as it found them
+    for n, t in bufs.items():  # the check leaves the buffers as it found them
         assert torch.equal(t, before[n]), n
 
 
 def test_a_fault_under_garbage_is_reported():
     data = torch.zeros(4, dtype=torch.int64)
     table = torch.zeros(4)
-    report = check_padding_invariance(lambda: table[data].sum(), {"data": data, "table": table},
-                                      padded={"data": slice(2, None)}, live={"table": slice(None)})
-    assert not report.ok and report.errors          # "huge" ids without bounds index out of range
+    report = check_padding_invariance(
+        lambda: table[data].sum(),
+        {"data": data, "table": table},
+        padded={"data": slice(2, None)},
+        live={"table": slice(None)},
+    )
+    assert not report.ok and report.errors  # "huge" ids without bounds index out of range
 
 
 def test_bad_arguments():
@@ -70,14 +79,27 @@ def test_bad_arguments():
 
 def _speculator(fix, device="cpu"):
     table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
-    return DraftModelSpeculator(TableDraft(table).to(device), max_num_reqs=8, num_speculative_steps=2,
-                                vocab_size=16, context_len=1, device=device, fixes=Fixes(pad_idx_mapping=fix))
+    return DraftModelSpeculator(
+        TableDraft(table).to(device),
+        max_num_reqs=8,
+        num_speculative_steps=2,
+        vocab_size=16,
+        context_len=1,
+        device=device,
+        fixes=Fixes(pad_idx_mapping=fix),
+    )
 
 
 def _speculator_args(device="cpu"):
     idx = torch.tensor([5, 3, 0], dtype=torch.int32, device=device)
-    return (3, idx, torch.ones(8, device=device), torch.arange(8, device=device) * 11,
-            torch.arange(3, device=device)[:, None], torch.arange(3, device=device) + 4)
+    return (
+        3,
+        idx,
+        torch.ones(8, device=device),
+        torch.arange(8, device=device) * 11,
+        torch.arange(3, device=device)[:, None],
+        torch.arange(3, device=device) + 4,
+    )
 
 
 def _earlier_larger_batch(spec, device="cpu"):
@@ -85,8 +107,9 @@ def _earlier_larger_batch(spec, device="cpu"):
     so padded row 3 still names slot 1, whose request is live but sits the step out (its cached draft
     logits wait for its next verification). Row 3 is slot 1's only writer: no race with a live row."""
     ar, idx = torch.arange(4, device=device), torch.tensor([5, 3, 0, 1], dtype=torch.int32, device=device)
-    spec.propose(4, idx, torch.ones(8, device=device), torch.arange(8, device=device) * 11, ar[:, None] + 7,
-                 ar + 4)
+    spec.propose(
+        4, idx, torch.ones(8, device=device), torch.arange(8, device=device) * 11, ar[:, None] + 7, ar + 4
+    )
     return [1]
 
 
@@ -117,8 +140,9 @@ def test_unscheduled_slots_are_checked():
 
 @pytest.mark.parametrize("fix", [True, False])
 def test_finds_the_dflash_bug(fix):
-    drafter = DFlashDrafter(ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=3,
-                            fixes=Fixes(dflash_pad_idx=fix))
+    drafter = DFlashDrafter(
+        ToyDFlashModel(16), max_num_reqs=4, num_speculative_steps=3, fixes=Fixes(dflash_pad_idx=fix)
+    )
     idx = torch.tensor([2, 0], dtype=torch.int32)
     report = check_dflash(drafter, 2, idx, torch.arange(4), torch.arange(4) + 5)
     assert report.ok == fix, str(report)
@@ -147,8 +171,13 @@ def test_real_cuda_graphs(fix):
     assert report.ok == fix, str(report)
     if not fix:
         assert report.rows("draft_logits", "reference") == report.rows("draft_logits", "minus_one") == [1]
-    drafter = DFlashDrafter(ToyDFlashModel(16).cuda(), max_num_reqs=4, num_speculative_steps=3, device="cuda",
-                            fixes=Fixes(dflash_pad_idx=fix))
+    drafter = DFlashDrafter(
+        ToyDFlashModel(16).cuda(),
+        max_num_reqs=4,
+        num_speculative_steps=3,
+        device="cuda",
+        fixes=Fixes(dflash_pad_idx=fix),
+    )
     drafter.capture_cuda_graph()
     idx = torch.tensor([2, 0], dtype=torch.int32, device="cuda")
     report = check_dflash(drafter, 2, idx, torch.arange(4, device="cuda"), torch.arange(4, device="cuda") + 5)
@@ -157,20 +186,31 @@ def test_real_cuda_graphs(fix):
 
 def test_the_stale_run_comes_first_and_names_what_the_padding_corrupts_now():
     step, bufs = _toy(False)
-    bufs["idx"][LIVE:] = torch.tensor([1, 7, 6])     # as an earlier step left it: row 5 names live slot 1
-    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
-                                      live={"table": [3, 1, 4, 0, 2]}, bounds={"idx": (-1, N)},
-                                      reference=lambda: None)
+    bufs["idx"][LIVE:] = torch.tensor([1, 7, 6])  # as an earlier step left it: row 5 names live slot 1
+    report = check_padding_invariance(
+        step,
+        bufs,
+        padded={"idx": slice(LIVE, None), "x": slice(LIVE, None)},
+        live={"table": [3, 1, 4, 0, 2]},
+        bounds={"idx": (-1, N)},
+        reference=lambda: None,
+    )
     assert report.runs[0] == STALE_RUN and report.runs[-1] == "reference"
     assert {d.run_a for d in report.differences} == {STALE_RUN}
-    assert report.rows("table", "minus_one") == [1]       # -1 padding writes nothing: only row 5's harm shows
+    assert report.rows("table", "minus_one") == [1]  # -1 padding writes nothing: only row 5's harm shows
     with pytest.raises(ValueError, match="run must be one of"):
         report.rows("table", "zeros")
 
 
 def test_without_the_stale_run_the_first_pattern_is_the_baseline():
     step, bufs = _toy(False)
-    report = check_padding_invariance(step, bufs, padded={"idx": slice(LIVE, None)}, live={"table": [3, 1]},
-                                      bounds={"idx": (-1, N)}, stale=False)
+    report = check_padding_invariance(
+        step,
+        bufs,
+        padded={"idx": slice(LIVE, None)},
+        live={"table": [3, 1]},
+        bounds={"idx": (-1, N)},
+        stale=False,
+    )
     assert report.runs == list(GARBAGE_PATTERNS)
     assert {d.run_a for d in report.differences} <= {GARBAGE_PATTERNS[0]}

@@ -19,10 +19,13 @@ def test_repeated_rows_assigns_requests_round_robin():
     assert len(set(b["seed"].tolist())) == 4
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(rows=0), r"rows, vocab and num_reqs must be >= 1, got 0, 3 and 8"),
-    (dict(logits=torch.zeros(2, 3)), r"logits must be one row \[vocab\], got shape \(2, 3\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(rows=0), r"rows, vocab and num_reqs must be >= 1, got 0, 3 and 8"),
+        (dict(logits=torch.zeros(2, 3)), r"logits must be one row \[vocab\], got shape \(2, 3\)"),
+    ],
+)
 def test_repeated_rows_refuses_bad_sizes(kwargs, match):
     args = dict(rows=4, logits=torch.zeros(3), temperature=1.0) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -36,7 +39,7 @@ def test_the_crowd_holds_the_same_requests():
         assert torch.equal(crowd["logits"][row], alone["logits"][i])
         assert crowd["seed"][slot] == alone["seed"][i] and crowd["pos"][row] == alone["pos"][i]
         assert crowd["temperature"][slot] == alone["temperature"][i]
-    assert sorted(int(crowd["expanded_idx_mapping"][r]) for r in rows) != [0, 1, 2, 3]   # moved slots
+    assert sorted(int(crowd["expanded_idx_mapping"][r]) for r in rows) != [0, 1, 2, 3]  # moved slots
 
 
 def test_sample_matches_the_reference_for_the_crowd():
@@ -62,8 +65,8 @@ def test_padded_drafter_step_without_the_mask_writes_the_guard_row():
     step = lab.padded_drafter_step(vocab_size=64)
     _, buffers = lab.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=DEVICE)
     guard = buffers["draft_logits"][0, step.col]
-    assert torch.equal(guard, step.logits[5])                    # its logits, before temperature
-    assert buffers["temperature"][0] == step.guard_temperature   # the guard itself is read, never written
+    assert torch.equal(guard, step.logits[5])  # its logits, before temperature
+    assert buffers["temperature"][0] == step.guard_temperature  # the guard itself is read, never written
 
 
 def test_padded_drafter_step_refuses_a_tiny_vocabulary():
@@ -75,8 +78,10 @@ def test_padded_drafter_step_refuses_a_tiny_vocabulary():
 def test_stale_padding_step_overwrites_exactly_the_reported_slot(seed):
     puzzle, overwritten = lab.stale_padding_step(seed, device=DEVICE)
     table, col, temps = puzzle["table"], puzzle["col"], puzzle["temperature"]
-    own = {slot: torch.equal(table[slot, col], puzzle["logits"][row])  # cached before temperature
-           for row, slot in enumerate(puzzle["idx_mapping"].tolist())}
+    own = {
+        slot: torch.equal(table[slot, col], puzzle["logits"][row])  # cached before temperature
+        for row, slot in enumerate(puzzle["idx_mapping"].tolist())
+    }
     assert [slot for slot, ok in own.items() if not ok] == overwritten and len(overwritten) == 1
     assert (temps[puzzle["idx_mapping"].long()] == 0).sum() == 1 and not (temps == 1).any()
 

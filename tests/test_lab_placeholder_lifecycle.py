@@ -50,8 +50,10 @@ def test_a_shared_verification_is_judged_alike_under_both_placeholder_policies(r
     both = summary["both"]
     assert both["verifications"] > 0 and both["accepted in a"] == both["accepted in b"]
     assert summary["only a"]["accepted in b"] == 0 and summary["only b"]["accepted in a"] == 0
-    total = {name: sum(g["drafts"] for key, g in summary.items() if key != other)
-             for name, other in [("a", "only b"), ("b", "only a")]}
+    total = {
+        name: sum(g["drafts"] for key, g in summary.items() if key != other)
+        for name, other in [("a", "only b"), ("b", "only a")]
+    }
     assert total == {"a": zero.stats.num_draft_tokens, "b": clamp.stats.num_draft_tokens}
 
 
@@ -80,6 +82,7 @@ def test_negative_draft_run_needs_k(models):
 
 
 # -- a -1 from the prefix cache, on both runners -----------------------------------------------------------
+
 
 def test_the_repeated_prompt_is_one_token_longer_than_a_block():
     from specfix.tokenizer import get_tokenizer

@@ -43,9 +43,11 @@ def test_only_async_scheduling_runs_steps_for_requests_already_finished():
 def test_a_workload_describes_itself_from_its_fields():
     assert lab.Workload(("a", "b", "c"), (True, False, True), 16).description == (
         "3 requests; requests 0 and 2 arrive with their prompts prefilled elsewhere (P/D); "
-        "a token budget of 16 tokens per step")
+        "a token budget of 16 tokens per step"
+    )
     assert lab.Workload(("a",), (False,), 8).description == (
-        "1 request; no request arrives prefilled; a token budget of 8 tokens per step")
+        "1 request; no request arrives prefilled; a token budget of 8 tokens per step"
+    )
     assert "request 1 arrives with its prompt" in lab.Workload(("a", "b"), (False, True), 8).description
 
 

@@ -78,20 +78,28 @@ def test_each_release_row_is_what_that_releases_source_says(release):
     assert ("or not model_config.is_moe" in config) == release.v2_for_dense_models
     sched = read("v1/core/sched/scheduler.py")
     assert bool(re.search(r"\[\s*-1\s*\]\s*\*\s*self\.num_spec_tokens", sched)) == release.sync_scheduler_pads
-    assert ("input_ids.gpu[:num_input_tokens].clamp_(min=0)" in read("v1/worker/gpu_model_runner.py")) \
-        == release.v1_clamp
+    assert (
+        "input_ids.gpu[:num_input_tokens].clamp_(min=0)" in read("v1/worker/gpu_model_runner.py")
+    ) == release.v1_clamp
     gpu = "v1/worker/gpu/"
     marks = "is_placeholder" in read(gpu + "spec_decode/rejection_sampler.py")
     assert marks == release.mrv2_marks_placeholders
     gumbel, spec = read(gpu + "sample/gumbel.py"), read(gpu + "spec_decode/speculator.py")
     dflash = read(gpu + "spec_decode/dflash/speculator.py")
-    masks = ("req_state_idx >= 0" in gumbel, "self.idx_mapping[num_reqs:].fill_(-1)" in spec,
-             "tl.store(out_sample_idx_mapping_ptr + block, -1" in dflash)
+    masks = (
+        "req_state_idx >= 0" in gumbel,
+        "self.idx_mapping[num_reqs:].fill_(-1)" in spec,
+        "tl.store(out_sample_idx_mapping_ptr + block, -1" in dflash,
+    )
     assert masks == (release.masks_47066,) * 3
-    assert ("if dummy_run:\n            self.idx_mapping.fill_(-1)" in spec
-            and "self.sample_idx_mapping.fill_(-1)" in dflash) == release.dummy_runs_minus_one
+    assert (
+        "if dummy_run:\n            self.idx_mapping.fill_(-1)" in spec
+        and "self.sample_idx_mapping.fill_(-1)" in dflash
+    ) == release.dummy_runs_minus_one
     assert ("murmur3_uniform32(" in gumbel, "tl.randint(seed, pos)" in gumbel) == (
-        release.murmur3_noise, not release.murmur3_noise)
+        release.murmur3_noise,
+        not release.murmur3_noise,
+    )
     assert ("logits_cache_source" in gumbel) == release.cache_before_temperature
 
 

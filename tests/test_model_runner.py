@@ -26,7 +26,13 @@ def _runner(models, k=3, fixes=None, **kw):
 def test_default_capture_sizes_are_vllm_0_33s_v1_rule(models):
     # 4 requests, k = 2, 64 batched tokens: multiples of 1 + k up to min(4 * 3 * 2, 512) = 24
     assert _runner(models, k=2, max_num_reqs=4, max_num_batched_tokens=64).cudagraph_capture_sizes == [
-        3, 6, 9, 12, 18, 24]
+        3,
+        6,
+        9,
+        12,
+        18,
+        24,
+    ]
     no_spec = _runner(models, k=0, max_num_reqs=4, max_num_batched_tokens=64)
     assert no_spec.cudagraph_capture_sizes == [1, 2, 4, 8]
 
@@ -70,8 +76,9 @@ def test_worked_example_2_padded_new_decode(models):
     assert md.draft_token_ids.tolist() == [-1, -1, -1, 11, 12, 13]
 
 
-@pytest.mark.parametrize("clamp, spec, expect_clamped", [(True, True, True), (False, True, False),
-                                                         (True, False, False)])
+@pytest.mark.parametrize(
+    "clamp, spec, expect_clamped", [(True, True, True), (False, True, False), (True, False, False)]
+)
 def test_preprocess_clamps_input_ids_only(models, clamp, spec, expect_clamped):
     runner = _runner(models, k=3 if spec else None, fixes=Fixes(clamp_placeholders=clamp))
     ids = [42, -1, -1, -1, 77, 11, 12, 13]
@@ -103,8 +110,9 @@ def test_bad_metadata_inputs_are_refused(models, num_draft, cu, error, word):
     runner = _runner(models)
     before = runner.input_ids.gpu.clone()
     with pytest.raises(error, match=word):
-        as_array = (lambda x: x if isinstance(x, np.ndarray) else np.array(x, dtype=np.asarray(x).dtype
-                    if len(x) else np.int64))
+        as_array = lambda x: (
+            x if isinstance(x, np.ndarray) else np.array(x, dtype=np.asarray(x).dtype if len(x) else np.int64)
+        )
         runner._calc_spec_decode_metadata(as_array(num_draft), as_array(cu))
     assert torch.equal(before, runner.input_ids.gpu)
 
@@ -115,8 +123,9 @@ def test_one_step_through_scheduler_runner_and_sampler(models):
     runner = _runner(models, record=True, max_model_len=64)
     sched = Scheduler(vocab_size=target.vocab_size, num_spec_tokens=3, max_model_len=64)
     prompt = [4, 0, 17, 30]
-    sched.add_request(Request("a", prompt, SamplingParams(temperature=0.0, max_tokens=8),
-                                num_computed_tokens=3))
+    sched.add_request(
+        Request("a", prompt, SamplingParams(temperature=0.0, max_tokens=8), num_computed_tokens=3)
+    )
     out = sched.schedule()
     result = runner.execute_model(out)
     trace = runner.trace[-1]
@@ -165,8 +174,9 @@ def test_a_bad_draft_in_one_request_leaves_the_runner_unchanged(models):
     runner = _runner(models, max_model_len=64)
     sched = Scheduler(vocab_size=target.vocab_size, num_spec_tokens=3, max_model_len=64)
     for req_id in ("a", "b"):
-        sched.add_request(Request(req_id, [4, 0, 17, 30], SamplingParams(max_tokens=8),
-                                  num_computed_tokens=3))
+        sched.add_request(
+            Request(req_id, [4, 0, 17, 30], SamplingParams(max_tokens=8), num_computed_tokens=3)
+        )
     out = sched.schedule()
     out.scheduled_spec_decode_tokens["b"] = [5, target.vocab_size, -1]
     tokens_before = runner.input_batch.token_ids_cpu.copy()

@@ -67,7 +67,7 @@ def _reference_prob(ids, context, nxt, order, vocab_size):
         ctx = tuple(context[-m:])
         if len(ctx) < m:
             break
-        follow = Counter(ids[i + m] for i in range(len(ids) - m) if tuple(ids[i:i + m]) == ctx)
+        follow = Counter(ids[i + m] for i in range(len(ids) - m) if tuple(ids[i : i + m]) == ctx)
         weight = BETA if m == 1 else ALPHA
         if m == 1 or follow:
             p = (follow[nxt] + weight * p) / (sum(follow.values()) + weight)
@@ -101,8 +101,8 @@ def test_flat_batch_matches_one_sequence_at_a_time(models):
     logits = target(ids, positions, slots, cache)
     assert torch.equal(logits[:5], target.score(a))
     assert torch.equal(logits[5:8], target.score(b))
-    assert cache[:5].tolist() == a and cache[max_len:max_len + 3].tolist() == b
-    assert cache[5:max_len].eq(0).all() and cache[max_len + 3:-1].eq(0).all()  # padding wrote nothing real
+    assert cache[:5].tolist() == a and cache[max_len : max_len + 3].tolist() == b
+    assert cache[5:max_len].eq(0).all() and cache[max_len + 3 : -1].eq(0).all()  # padding wrote nothing real
 
 
 def test_decode_continues_from_the_kv_cache(models):
@@ -137,8 +137,16 @@ def test_score_refuses_what_is_not_a_token_sequence(models):
         target.score([-1, 3])
 
 
-PROMPTS = ["the fox saw the crow", "a lion was asleep", "the north wind", "the mice", "an ant went to",
-           "the boy cried", "the tortoise said", "once a hungry fox"]
+PROMPTS = [
+    "the fox saw the crow",
+    "a lion was asleep",
+    "the north wind",
+    "the mice",
+    "an ant went to",
+    "the boy cried",
+    "the tortoise said",
+    "once a hungry fox",
+]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -26,7 +26,7 @@ from specfix.lab.padding_bench import (
 from specfix.models import load_models
 from specfix.tools.stats import chi_square, chi_square_power
 
-KW = dict(max_batch=3, max_num_reqs=4, max_tokens=(8, 14), device="cpu")   # batches of 3 replay size 4
+KW = dict(max_batch=3, max_num_reqs=4, max_tokens=(8, 14), device="cpu")  # batches of 3 replay size 4
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def benches():
 def test_fixed_batched_equals_solo(benches):
     on, _ = benches
     assert on.differing == []
-    assert any(s.num_reqs_padded > len(s.req_ids) for s in on.batched.steps)   # padding really happened
+    assert any(s.num_reqs_padded > len(s.req_ids) for s in on.batched.steps)  # padding really happened
     assert all(s.writes == [] for s in on.batched.steps)
     assert on.summary()["writes_landed"] == 0
 
@@ -54,8 +54,8 @@ def test_unfixed_corrupts_and_is_traced_to_a_padded_row(benches):
     slot = record.slots[record.req_ids.index(req)]
     assert writes and all(w.slot == slot and w.row >= len(record.req_ids) for w in writes)
     assert any(w.overwritten_cols for w in writes)
-    assert off.summary()["writes_landed"] >= len(off.differing)     # each differing response had one
-    assert off.write_origins()[ORIGIN_FRESH] > 0       # the zeros idx_mapping starts with point at slot 0
+    assert off.summary()["writes_landed"] >= len(off.differing)  # each differing response had one
+    assert off.write_origins()[ORIGIN_FRESH] > 0  # the zeros idx_mapping starts with point at slot 0
 
 
 @pytest.mark.parametrize("fix", [True, False])
@@ -104,9 +104,11 @@ def test_bad_input():
 def test_the_drafters_torch_twin_gives_the_benchs_kernel_outputs():
     models = load_models("cpu")
     kw = dict(max_batch=3, max_num_reqs=4, max_tokens=(4, 6), device="cpu", models=models)
-    runs = {s: run_padding_bench(3, fixes=Fixes(pad_idx_mapping=False), sampler=s, **kw)
-            for s in ("kernel", "reference")}
-    assert any(s.writes for s in runs["kernel"].batched.steps)          # the padded rows did write
+    runs = {
+        s: run_padding_bench(3, fixes=Fixes(pad_idx_mapping=False), sampler=s, **kw)
+        for s in ("kernel", "reference")
+    }
+    assert any(s.writes for s in runs["kernel"].batched.steps)  # the padded rows did write
     assert runs["kernel"].batched.outputs == runs["reference"].batched.outputs
     assert runs["kernel"].solo.outputs == runs["reference"].solo.outputs
 
@@ -147,23 +149,32 @@ def test_total_variation():
 UNFIXED = Fixes(pad_idx_mapping=False)
 
 
-@pytest.mark.parametrize("events,origins", [
-    (["step abc"], {3: (0, "a", ORIGIN_FRESH)}),
-    (["step abcdef", "finish c", "step abdef"],
-     {5: (5, "f", ORIGIN_EARLIER), 6: (0, "a", ORIGIN_FRESH), 7: (0, "a", ORIGIN_FRESH)}),
-    (["step abcdef", "finish f", "arrive g", "finish e", "step gabcd"],
-     {5: (5, "g", ORIGIN_REUSED), 6: (0, "a", ORIGIN_FRESH), 7: (0, "a", ORIGIN_FRESH)}),
-    (["step abcdefg", "finish cf", "step abdeg"],
-     {5: (5, None, ORIGIN_FREE), 6: (6, "g", ORIGIN_EARLIER), 7: (0, "a", ORIGIN_FRESH)}),
-])
+@pytest.mark.parametrize(
+    "events,origins",
+    [
+        (["step abc"], {3: (0, "a", ORIGIN_FRESH)}),
+        (
+            ["step abcdef", "finish c", "step abdef"],
+            {5: (5, "f", ORIGIN_EARLIER), 6: (0, "a", ORIGIN_FRESH), 7: (0, "a", ORIGIN_FRESH)},
+        ),
+        (
+            ["step abcdef", "finish f", "arrive g", "finish e", "step gabcd"],
+            {5: (5, "g", ORIGIN_REUSED), 6: (0, "a", ORIGIN_FRESH), 7: (0, "a", ORIGIN_FRESH)},
+        ),
+        (
+            ["step abcdefg", "finish cf", "step abdeg"],
+            {5: (5, None, ORIGIN_FREE), 6: (6, "g", ORIGIN_EARLIER), 7: (0, "a", ORIGIN_FRESH)},
+        ),
+    ],
+)
 def test_scenario_traces_every_source_of_stale_values(events, origins):
     state = padded_step_scenario(events, fixes=UNFIXED)
     assert {w.row: (w.slot, w.victim, w.origin) for w in state.writes} == origins
     assert all(state.idx_mapping[row] == slot for row, (slot, _, _) in origins.items())
     assert state.victims == sorted({v for _, v, _ in origins.values() if v is not None})
     fixed = padded_step_scenario(events)
-    assert fixed.writes == () and set(fixed.idx_mapping[fixed.num_reqs:]) == {-1}
-    assert fixed.idx_mapping[:fixed.num_reqs] == state.idx_mapping[:state.num_reqs]
+    assert fixed.writes == () and set(fixed.idx_mapping[fixed.num_reqs :]) == {-1}
+    assert fixed.idx_mapping[: fixed.num_reqs] == state.idx_mapping[: state.num_reqs]
 
 
 def test_scenario_slots_and_batch():
@@ -173,18 +184,21 @@ def test_scenario_slots_and_batch():
     assert state.idx_mapping[:5] == (5, 0, 1, 2, 3)
 
 
-@pytest.mark.parametrize("events,match", [
-    ("step abc", "non-empty list"),
-    ([], "non-empty list"),
-    (["walk abc"], "events\\[0\\]"),
-    (["step aab"], "events\\[0\\]"),
-    (["step aB"], "events\\[0\\]"),
-    (["step abc", "finish d"], "events\\[1\\].*not live"),
-    (["step abc", "arrive a"], "events\\[1\\].*already live"),
-    (["step abc", "finish a", "step a"], "events\\[2\\].*already finished"),
-    (["step abcdefghi"], "max_num_reqs"),
-    (["step abc", "finish a"], "last event must be a 'step'"),
-])
+@pytest.mark.parametrize(
+    "events,match",
+    [
+        ("step abc", "non-empty list"),
+        ([], "non-empty list"),
+        (["walk abc"], "events\\[0\\]"),
+        (["step aab"], "events\\[0\\]"),
+        (["step aB"], "events\\[0\\]"),
+        (["step abc", "finish d"], "events\\[1\\].*not live"),
+        (["step abc", "arrive a"], "events\\[1\\].*already live"),
+        (["step abc", "finish a", "step a"], "events\\[2\\].*already finished"),
+        (["step abcdefghi"], "max_num_reqs"),
+        (["step abc", "finish a"], "last event must be a 'step'"),
+    ],
+)
 def test_scenario_refuses_bad_histories_before_running_any(events, match):
     with pytest.raises(ValueError, match=match):
         padded_step_scenario(events, max_num_reqs=8)
@@ -202,9 +216,9 @@ def test_a_refused_history_leaves_the_scenario_as_it_was():
 
 def test_two_step_events():
     assert two_step_events(6, 5) == ["step abcdef", "finish c", "step abdef"]
-    assert two_step_events(2, 2) == ["step ab", "step ab"]                   # nobody called c: nobody ends
+    assert two_step_events(2, 2) == ["step ab", "step ab"]  # nobody called c: nobody ends
     assert two_step_events(4, 6) == ["step abcd", "finish c", "step abdefg"]  # newcomers after survivors
     assert two_step_events(6, 3) == ["step abcdef", "finish c", "step abd"]  # e and f wait
-    padded_step_scenario(two_step_events(16, 16))                            # the slider's far corner runs
+    padded_step_scenario(two_step_events(16, 16))  # the slider's far corner runs
     with pytest.raises(ValueError, match="second_batch"):
         two_step_events(3, 17)

@@ -39,7 +39,8 @@ class EmbeddingWatch:
     def __enter__(self):
         self.seen = []
         self.handle = MODELS[0].embed_tokens.register_forward_pre_hook(
-            lambda module, args: self.seen.append(args[0].detach().clone()))
+            lambda module, args: self.seen.append(args[0].detach().clone())
+        )
         return self
 
     def __exit__(self, *exc):
@@ -51,23 +52,37 @@ class EmbeddingWatch:
 
 
 def _run(s, temperatures, fixes=None):
-    params = [SamplingParams(temperature=t, seed=i, max_tokens=m)
-              for i, (t, m) in enumerate(zip(temperatures, s["max_tokens"], strict=True))]
-    return generate(s["prompts"], params, num_speculative_tokens=s["k"], proposer=s["proposer"],
-                    remote_prefill=s["remote_prefill"], max_num_batched_tokens=s["max_num_batched_tokens"],
-                    fixes=fixes or Fixes(), models=MODELS, sampler_backend="torch", record=True)
+    params = [
+        SamplingParams(temperature=t, seed=i, max_tokens=m)
+        for i, (t, m) in enumerate(zip(temperatures, s["max_tokens"], strict=True))
+    ]
+    return generate(
+        s["prompts"],
+        params,
+        num_speculative_tokens=s["k"],
+        proposer=s["proposer"],
+        remote_prefill=s["remote_prefill"],
+        max_num_batched_tokens=s["max_num_batched_tokens"],
+        fixes=fixes or Fixes(),
+        models=MODELS,
+        sampler_backend="torch",
+        record=True,
+    )
 
 
 def _reference(prompt, max_tokens):
     seq = list(prompt)
     for _ in range(max_tokens):
         seq.append(int(MODELS[0].score(seq)[-1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def _placeholders_scheduled(result):
-    return any(-1 in spec for step in result.trace
-               for spec in step.scheduler_output.scheduled_spec_decode_tokens.values())
+    return any(
+        -1 in spec
+        for step in result.trace
+        for spec in step.scheduler_output.scheduled_spec_decode_tokens.values()
+    )
 
 
 @SETTINGS
@@ -111,6 +126,12 @@ def test_without_the_clamp_every_scheduled_placeholder_crashes(s):
 
 def test_some_schedules_do_carry_placeholders():
     """Guards the property tests against a generator that never produces a -1."""
-    s = dict(prompts=[[4, 0, 17]], remote_prefill=[True], max_tokens=[3], k=2, proposer="ngram",
-             max_num_batched_tokens=8)
+    s = dict(
+        prompts=[[4, 0, 17]],
+        remote_prefill=[True],
+        max_tokens=[3],
+        k=2,
+        proposer="ngram",
+        max_num_batched_tokens=8,
+    )
     assert _placeholders_scheduled(_run(s, [0.0]))

@@ -37,7 +37,7 @@ def test_ngram_defaults_are_vllms_and_max_model_len_caps_the_drafts():
     assert NgramProposer(3).propose(history) == [9, 8, 1]
     assert NgramProposer(3, max_model_len=14).propose(history) == [9, 8]  # 12 tokens + 2 drafts = 14
     assert NgramProposer(3, max_model_len=12).propose(history) == []
-    assert NgramProposer(3).propose(history[5:]) == []                      # no earlier 5-gram
+    assert NgramProposer(3).propose(history[5:]) == []  # no earlier 5-gram
 
 
 def _vllm_ngram(version: str):
@@ -47,8 +47,11 @@ def _vllm_ngram(version: str):
     if not path.exists():
         return None
     tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
-              and n.name == "_find_longest_matched_ngram_and_propose_tokens")
+    fn = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name == "_find_longest_matched_ngram_and_propose_tokens"
+    )
     fn.decorator_list = []
     scope = {"np": np}
     exec(compile(ast.Module([fn], []), str(path), "exec"), scope)

@@ -50,48 +50,70 @@ def _chapter0() -> dict[str, str]:
     spec = generate(space["PROMPTS"], greedy, num_speculative_tokens=space["K"], device="cpu")
     plain = generate(space["PROMPTS"], greedy, num_speculative_tokens=None, device="cpu")
     same = all(a.token_ids == b.token_ids for a, b in zip(spec.outputs, plain.outputs, strict=True))
-    return {"c0_prompts": WORDS[len(space["PROMPTS"])], "c0_k": str(space["K"]),
-            "c0_same": "exactly" if same else "NOT",
-            "c0_spec": str(spec.num_steps), "c0_plain": str(plain.num_steps),
-            "c0_rate": f"{spec.stats.acceptance_rate:.0%}",
-            "c0_length": f"{spec.stats.mean_acceptance_length:.2f}"}
+    return {
+        "c0_prompts": WORDS[len(space["PROMPTS"])],
+        "c0_k": str(space["K"]),
+        "c0_same": "exactly" if same else "NOT",
+        "c0_spec": str(spec.num_steps),
+        "c0_plain": str(plain.num_steps),
+        "c0_rate": f"{spec.stats.acceptance_rate:.0%}",
+        "c0_length": f"{spec.stats.mean_acceptance_length:.2f}",
+    }
 
 
 def _chapter2() -> dict[str, str]:
     ops = recorded.load("embedding_assert_ops")["rows"]
-    emb = sorted((r["num_indices"], r["cuda"]["kernel"]) for r in ops
-                 if r["op"] == "F.embedding" and r["bad"] == "-1" and r["cuda"]["outcome"] == "device assert")
+    emb = sorted(
+        (r["num_indices"], r["cuda"]["kernel"])
+        for r in ops
+        if r["op"] == "F.embedding" and r["bad"] == "-1" and r["cuda"]["outcome"] == "device assert"
+    )
     costs = fix_costs()
     clamp, mask = costs[costs["fix"] == "clamp"], costs[costs["fix"] == "host_mask"]
     largest = mask.loc[mask["num_tokens"].idxmax()]
-    return {"c2_small_kernel": emb[0][1], "c2_small_n": _n(emb[0][0]),
-            "c2_large_kernel": emb[-1][1], "c2_large_n": _n(emb[-1][0]),
-            "c2_clamp_lo": _n(clamp["median_us"].min()), "c2_clamp_hi": _n(clamp["median_us"].max()),
-            "c2_clamp_never": "never" if clamp["host_syncs_per_step"].max() == 0 else "sometimes",
-            "c2_mask_syncs": WORDS[int(mask["host_syncs_per_step"].max())],
-            "c2_mask_us": _n(largest["median_us"]), "c2_mask_tokens": _n(largest["num_tokens"])}
+    return {
+        "c2_small_kernel": emb[0][1],
+        "c2_small_n": _n(emb[0][0]),
+        "c2_large_kernel": emb[-1][1],
+        "c2_large_n": _n(emb[-1][0]),
+        "c2_clamp_lo": _n(clamp["median_us"].min()),
+        "c2_clamp_hi": _n(clamp["median_us"].max()),
+        "c2_clamp_never": "never" if clamp["host_syncs_per_step"].max() == 0 else "sometimes",
+        "c2_mask_syncs": WORDS[int(mask["host_syncs_per_step"].max())],
+        "c2_mask_us": _n(largest["median_us"]),
+        "c2_mask_tokens": _n(largest["num_tokens"]),
+    }
 
 
 def _chapter3() -> dict[str, str]:
     rec = recorded.load("cudagraph_h200")
     off, on = rec["bench"]["fix_off"], rec["bench"]["fix_on"]
     chi_off, chi_on = rec["chi_square"]["False"]["positions"][0], rec["chi_square"]["True"]["positions"][0]
-    return {"c3_requests": str(off["num_requests"]),
-            "c3_off": str(off["differing"]), "c3_on": str(on["differing"]),
-            "c3_trials": _n(chi_off["trials"]), "c3_chi_off": _n(chi_off["chi2"]),
-            "c3_threshold": _n(chi_off["threshold"], 1), "c3_chi_on": _n(chi_on["chi2"], 1)}
+    return {
+        "c3_requests": str(off["num_requests"]),
+        "c3_off": str(off["differing"]),
+        "c3_on": str(on["differing"]),
+        "c3_trials": _n(chi_off["trials"]),
+        "c3_chi_off": _n(chi_off["chi2"]),
+        "c3_threshold": _n(chi_off["threshold"], 1),
+        "c3_chi_on": _n(chi_on["chi2"], 1),
+    }
 
 
 def _chapter4() -> dict[str, str]:
     variants = recorded.load("gumbel_sanitizer")["variants"]
-    (kind, seen), = variants["unmasked"]["kinds"].items()
+    ((kind, seen),) = variants["unmasked"]["kinds"].items()
     size = re.search(r"read of size (\d+) bytes", kind)
     noise = recorded.load("vllm_noise_comparison")
-    return {"c4_masked": str(variants["masked"]["errors"]), "c4_reads": _n(seen["count"]),
-            "c4_bytes": size.group(1) if size else "(not a read)",
-            "c4_noise_version": noise["vllm_version"], "c4_noise_rows": _n(noise["rows"]),
-            "c4_noise_same": "the same token" if noise["mismatches"] == 0 else "NOT always the same token",
-            "c4_noise_differ": _n(noise["mismatches"])}
+    return {
+        "c4_masked": str(variants["masked"]["errors"]),
+        "c4_reads": _n(seen["count"]),
+        "c4_bytes": size.group(1) if size else "(not a read)",
+        "c4_noise_version": noise["vllm_version"],
+        "c4_noise_rows": _n(noise["rows"]),
+        "c4_noise_same": "the same token" if noise["mismatches"] == 0 else "NOT always the same token",
+        "c4_noise_differ": _n(noise["mismatches"]),
+    }
 
 
 def _chapter5() -> dict[str, str]:
@@ -118,33 +140,56 @@ def _chapter5() -> dict[str, str]:
     overheads = mask_overhead(report)["overhead"]
     price = padding_price(report)
     speedups = price.groupby("model")["speedup"].median()
-    return {"c5_lo": _n(big["G_logits_per_s"].min()), "c5_hi": _n(big["G_logits_per_s"].max()),
-            "c5_rows": " and ".join(_n(r) for r in rows),
-            "c5_vocab_lo": _n(big["vocab"].min()), "c5_vocab_hi": _n(big["vocab"].max()),
-            "c5_missed": str(len(missed)), "c5_rate_goals": str(len(rates)),
-            "c5_goal_lo": _n(min(g["target"] for g in rates)),
-            "c5_goal_hi": _n(max(g["target"] for g in rates)),
-            "c5_worst": f"{1 - worst['measured'] / worst['target']:.1%}", "c5_worst_shape": worst_shape,
-            "c5_graph_us": _n(graph["median_us"], 2), "c5_graph_vocab": _n(graph["vocab"]),
-            "c5_graph_goal": f"{graph_goal['target']:g}",
-            "c5_graph_status": "missed" if graph_goal["status"] == "miss" else "met",
-            "c5_speedup": _n(speed_goal["measured"], 1), "c5_speedup_shape": "256 x 151,936",
-            "c5_peer": peer, "c5_peer_lo": _n(eager.min(), 2), "c5_peer_hi": _n(eager.max(), 2),
-            "c5_peer_shapes": _n(len(eager)),
-            "c5_peer_graph_lo": _n(in_graph.min(), 2), "c5_peer_graph_hi": _n(in_graph.max(), 2),
-            "c5_host_lo": _n(host.min(), 2), "c5_host_hi": _n(host.max(), 2),
-            "c5_greedy_lo": _n(greedy.min(), 2), "c5_greedy_hi": _n(greedy.max(), 2),
-            "c5_random_lo": _n(rand.min(), 2), "c5_random_hi": _n(rand.max(), 2),
-            "c5_tables": "identical" if identical else "DIFFERENT",
-            "c5_mask_max": f"{overheads.max():+.1%}",
-            "c5_graph_ngram": _n(speedups["ngram_draft"], 1), "c5_graph_mlp": _n(speedups["standin_mlp"], 1),
-            "c5_batch_lo": str(price["live_batch"].min()), "c5_batch_hi": str(price["live_batch"].max())}
+    return {
+        "c5_lo": _n(big["G_logits_per_s"].min()),
+        "c5_hi": _n(big["G_logits_per_s"].max()),
+        "c5_rows": " and ".join(_n(r) for r in rows),
+        "c5_vocab_lo": _n(big["vocab"].min()),
+        "c5_vocab_hi": _n(big["vocab"].max()),
+        "c5_missed": str(len(missed)),
+        "c5_rate_goals": str(len(rates)),
+        "c5_goal_lo": _n(min(g["target"] for g in rates)),
+        "c5_goal_hi": _n(max(g["target"] for g in rates)),
+        "c5_worst": f"{1 - worst['measured'] / worst['target']:.1%}",
+        "c5_worst_shape": worst_shape,
+        "c5_graph_us": _n(graph["median_us"], 2),
+        "c5_graph_vocab": _n(graph["vocab"]),
+        "c5_graph_goal": f"{graph_goal['target']:g}",
+        "c5_graph_status": "missed" if graph_goal["status"] == "miss" else "met",
+        "c5_speedup": _n(speed_goal["measured"], 1),
+        "c5_speedup_shape": "256 x 151,936",
+        "c5_peer": peer,
+        "c5_peer_lo": _n(eager.min(), 2),
+        "c5_peer_hi": _n(eager.max(), 2),
+        "c5_peer_shapes": _n(len(eager)),
+        "c5_peer_graph_lo": _n(in_graph.min(), 2),
+        "c5_peer_graph_hi": _n(in_graph.max(), 2),
+        "c5_host_lo": _n(host.min(), 2),
+        "c5_host_hi": _n(host.max(), 2),
+        "c5_greedy_lo": _n(greedy.min(), 2),
+        "c5_greedy_hi": _n(greedy.max(), 2),
+        "c5_random_lo": _n(rand.min(), 2),
+        "c5_random_hi": _n(rand.max(), 2),
+        "c5_tables": "identical" if identical else "DIFFERENT",
+        "c5_mask_max": f"{overheads.max():+.1%}",
+        "c5_graph_ngram": _n(speedups["ngram_draft"], 1),
+        "c5_graph_mlp": _n(speedups["standin_mlp"], 1),
+        "c5_batch_lo": str(price["live_batch"].min()),
+        "c5_batch_hi": str(price["live_batch"].max()),
+    }
 
 
 #: The recordings the README's labelling sentence dates together, by the name of the date it gives them.
-DATED = {"date_ops": ("embedding_assert_ops", "gumbel_sanitizer", "cudagraph_h200",
-                      "embedding_assert_transcripts", "vllm_noise_comparison"),
-         "date_runs": ("bench_h200",)}
+DATED = {
+    "date_ops": (
+        "embedding_assert_ops",
+        "gumbel_sanitizer",
+        "cudagraph_h200",
+        "embedding_assert_transcripts",
+        "vllm_noise_comparison",
+    ),
+    "date_runs": ("bench_h200",),
+}
 
 
 def _labels() -> dict[str, str]:
@@ -165,53 +210,73 @@ def expected() -> dict[str, str]:
 
 #: Each claim of "What you will see" (whitespace collapsed), its figures as named groups.
 CLAIMS = {
-    "recordings": (r"all made on an NVIDIA (?P<device>\w+): the embedding op table, the sanitizer run, the "
-                   r"CUDA-graph run, the assert transcripts and the vLLM noise comparison on "
-                   r"(?P<date_ops>[\d-]+); the bench on (?P<date_runs>[\d-]+)\."),
-    "chapter 0": (r"On its (?P<c0_prompts>\w+) prompts at k = (?P<c0_k>\d+), greedy, speculative "
-                  r"decoding writes (?P<c0_same>\w+) the text plain greedy decoding writes, in "
-                  r"(?P<c0_spec>\d+) target passes instead of (?P<c0_plain>\d+): (?P<c0_rate>\d+%) of the "
-                  r"drafts are accepted, and a "
-                  r"verification step emits (?P<c0_length>[\d.]+) tokens on average"),
-    "chapter 2 ops": (r"asserts in `(?P<c2_small_kernel>\w+)` with (?P<c2_small_n>[\d,]+) indices and in "
-                      r"`(?P<c2_large_kernel>\w+)` with (?P<c2_large_n>[\d,]+)\."),
-    "chapter 2 costs": (r"The clamp takes (?P<c2_clamp_lo>[\d,]+) to (?P<c2_clamp_hi>[\d,]+) us a step, "
-                        r"launch included, and (?P<c2_clamp_never>\w+) synchronises; the first version's "
-                        r"host-built mask makes (?P<c2_mask_syncs>\w+) blocking copy per step and takes "
-                        r"(?P<c2_mask_us>[\d,]+) us at (?P<c2_mask_tokens>[\d,]+) tokens"),
-    "chapter 3": (r"(?P<c3_requests>\d+) seeded requests batched under real CUDA-graph replays on the H200: "
-                  r"(?P<c3_off>\d+) responses differ from their solo runs with the stale `idx_mapping` rows, "
-                  r"(?P<c3_on>\d+) with the fix\. In a worst case built for the test \(every live slot "
-                  r"overwritten, (?P<c3_trials>[\d,]+) trials\), the first output position scores a "
-                  r"chi-square of (?P<c3_chi_off>[\d,]+) against a threshold of (?P<c3_threshold>[\d.]+) "
-                  r"without the fix, and (?P<c3_chi_on>[\d.]+) with it"),
-    "chapter 4": (r"compute-sanitizer finds (?P<c4_masked>\d+) errors with the mask and "
-                  r"(?P<c4_reads>[\d,]+) invalid (?P<c4_bytes>\d+)-byte reads"),
-    "chapter 4 noise": (r"With vLLM's noise, it picks (?P<c4_noise_same>[\w ]+) as vLLM "
-                        r"(?P<c4_noise_version>[\d.]+)'s own kernel in all (?P<c4_noise_rows>[\d,]+) rows "
-                        r"compared on the H200 \((?P<c4_noise_differ>[\d,]+) differ\)"),
-    "chapter 5": (r"The fast sampler reaches (?P<c5_lo>[\d,]+) to (?P<c5_hi>[\d,]+) G logits/s at "
-                  r"(?P<c5_rows>[\d,]+ and [\d,]+) rows of (?P<c5_vocab_lo>[\d,]+) to "
-                  r"(?P<c5_vocab_hi>[\d,]+) logits; (?P<c5_missed>\d+) of its (?P<c5_rate_goals>\d+) "
-                  r"throughput goals \((?P<c5_goal_lo>[\d,]+) to (?P<c5_goal_hi>[\d,]+) G logits/s\) miss, "
-                  r"by up to (?P<c5_worst>[\d.]+%) at (?P<c5_worst_shape>\d+ x [\d,]+)\. It takes "
-                  r"(?P<c5_graph_us>[\d.]+) us for one row of (?P<c5_graph_vocab>[\d,]+) inside a CUDA graph "
-                  r"\(goal (?P<c5_graph_goal>[\d.]+): (?P<c5_graph_status>\w+)\), and is "
-                  r"(?P<c5_speedup>[\d.]+) times faster than softmax \+ `torch.multinomial` at "
-                  r"(?P<c5_speedup_shape>\d+ x [\d,]+)\."),
-    "chapter 5 peer": (r"Beside vLLM (?P<c5_peer>[\d.]+) on the same H200 it is (?P<c5_peer_lo>[\d.]+) to "
-                       r"(?P<c5_peer_hi>[\d.]+) times faster per call at all (?P<c5_peer_shapes>\d+) shapes, "
-                       r"and (?P<c5_peer_graph_lo>[\d.]+) to (?P<c5_peer_graph_hi>[\d.]+) times faster "
-                       r"inside a CUDA graph; its host cost per call is (?P<c5_host_lo>[\d.]+) to "
-                       r"(?P<c5_host_hi>[\d.]+) times vLLM's, and its greedy rejection core takes "
-                       r"(?P<c5_greedy_lo>[\d.]+) to (?P<c5_greedy_hi>[\d.]+) times vLLM's GPU time "
-                       r"\(random: (?P<c5_random_lo>[\d.]+) to (?P<c5_random_hi>[\d.]+)\), "
-                       r"with (?P<c5_tables>\w+) output tables"),
+    "recordings": (
+        r"all made on an NVIDIA (?P<device>\w+): the embedding op table, the sanitizer run, the "
+        r"CUDA-graph run, the assert transcripts and the vLLM noise comparison on "
+        r"(?P<date_ops>[\d-]+); the bench on (?P<date_runs>[\d-]+)\."
+    ),
+    "chapter 0": (
+        r"On its (?P<c0_prompts>\w+) prompts at k = (?P<c0_k>\d+), greedy, speculative "
+        r"decoding writes (?P<c0_same>\w+) the text plain greedy decoding writes, in "
+        r"(?P<c0_spec>\d+) target passes instead of (?P<c0_plain>\d+): (?P<c0_rate>\d+%) of the "
+        r"drafts are accepted, and a "
+        r"verification step emits (?P<c0_length>[\d.]+) tokens on average"
+    ),
+    "chapter 2 ops": (
+        r"asserts in `(?P<c2_small_kernel>\w+)` with (?P<c2_small_n>[\d,]+) indices and in "
+        r"`(?P<c2_large_kernel>\w+)` with (?P<c2_large_n>[\d,]+)\."
+    ),
+    "chapter 2 costs": (
+        r"The clamp takes (?P<c2_clamp_lo>[\d,]+) to (?P<c2_clamp_hi>[\d,]+) us a step, "
+        r"launch included, and (?P<c2_clamp_never>\w+) synchronises; the first version's "
+        r"host-built mask makes (?P<c2_mask_syncs>\w+) blocking copy per step and takes "
+        r"(?P<c2_mask_us>[\d,]+) us at (?P<c2_mask_tokens>[\d,]+) tokens"
+    ),
+    "chapter 3": (
+        r"(?P<c3_requests>\d+) seeded requests batched under real CUDA-graph replays on the H200: "
+        r"(?P<c3_off>\d+) responses differ from their solo runs with the stale `idx_mapping` rows, "
+        r"(?P<c3_on>\d+) with the fix\. In a worst case built for the test \(every live slot "
+        r"overwritten, (?P<c3_trials>[\d,]+) trials\), the first output position scores a "
+        r"chi-square of (?P<c3_chi_off>[\d,]+) against a threshold of (?P<c3_threshold>[\d.]+) "
+        r"without the fix, and (?P<c3_chi_on>[\d.]+) with it"
+    ),
+    "chapter 4": (
+        r"compute-sanitizer finds (?P<c4_masked>\d+) errors with the mask and "
+        r"(?P<c4_reads>[\d,]+) invalid (?P<c4_bytes>\d+)-byte reads"
+    ),
+    "chapter 4 noise": (
+        r"With vLLM's noise, it picks (?P<c4_noise_same>[\w ]+) as vLLM "
+        r"(?P<c4_noise_version>[\d.]+)'s own kernel in all (?P<c4_noise_rows>[\d,]+) rows "
+        r"compared on the H200 \((?P<c4_noise_differ>[\d,]+) differ\)"
+    ),
+    "chapter 5": (
+        r"The fast sampler reaches (?P<c5_lo>[\d,]+) to (?P<c5_hi>[\d,]+) G logits/s at "
+        r"(?P<c5_rows>[\d,]+ and [\d,]+) rows of (?P<c5_vocab_lo>[\d,]+) to "
+        r"(?P<c5_vocab_hi>[\d,]+) logits; (?P<c5_missed>\d+) of its (?P<c5_rate_goals>\d+) "
+        r"throughput goals \((?P<c5_goal_lo>[\d,]+) to (?P<c5_goal_hi>[\d,]+) G logits/s\) miss, "
+        r"by up to (?P<c5_worst>[\d.]+%) at (?P<c5_worst_shape>\d+ x [\d,]+)\. It takes "
+        r"(?P<c5_graph_us>[\d.]+) us for one row of (?P<c5_graph_vocab>[\d,]+) inside a CUDA graph "
+        r"\(goal (?P<c5_graph_goal>[\d.]+): (?P<c5_graph_status>\w+)\), and is "
+        r"(?P<c5_speedup>[\d.]+) times faster than softmax \+ `torch.multinomial` at "
+        r"(?P<c5_speedup_shape>\d+ x [\d,]+)\."
+    ),
+    "chapter 5 peer": (
+        r"Beside vLLM (?P<c5_peer>[\d.]+) on the same H200 it is (?P<c5_peer_lo>[\d.]+) to "
+        r"(?P<c5_peer_hi>[\d.]+) times faster per call at all (?P<c5_peer_shapes>\d+) shapes, "
+        r"and (?P<c5_peer_graph_lo>[\d.]+) to (?P<c5_peer_graph_hi>[\d.]+) times faster "
+        r"inside a CUDA graph; its host cost per call is (?P<c5_host_lo>[\d.]+) to "
+        r"(?P<c5_host_hi>[\d.]+) times vLLM's, and its greedy rejection core takes "
+        r"(?P<c5_greedy_lo>[\d.]+) to (?P<c5_greedy_hi>[\d.]+) times vLLM's GPU time "
+        r"\(random: (?P<c5_random_lo>[\d.]+) to (?P<c5_random_hi>[\d.]+)\), "
+        r"with (?P<c5_tables>\w+) output tables"
+    ),
     "chapter 5 mask": (r"The mask costs at most (?P<c5_mask_max>[+\d.]+%) of the kernel's time\."),
-    "chapter 5 drafter": (r"A CUDA-graph replay makes the drafter step (?P<c5_graph_ngram>[\d.]+) times "
-                          r"faster than eager launches with the n-gram drafter and "
-                          r"(?P<c5_graph_mlp>[\d.]+) times with a stand-in two-layer MLP drafter "
-                          r"\(medians over live batches (?P<c5_batch_lo>\d+) to (?P<c5_batch_hi>\d+)\)"),
+    "chapter 5 drafter": (
+        r"A CUDA-graph replay makes the drafter step (?P<c5_graph_ngram>[\d.]+) times "
+        r"faster than eager launches with the n-gram drafter and "
+        r"(?P<c5_graph_mlp>[\d.]+) times with a stand-in two-layer MLP drafter "
+        r"\(medians over live batches (?P<c5_batch_lo>\d+) to (?P<c5_batch_hi>\d+)\)"
+    ),
 }
 
 
@@ -237,8 +302,9 @@ def test_every_number_in_the_section_is_checked():
 
 def test_every_recording_label_in_the_readme_matches_the_recordings():
     metas = [recorded.load(name)["meta"] for names in DATED.values() for name in names]
-    labels = re.findall(r"\(driver ([\w.]+), torch ([\w.+]+),\s+triton ([\w.]+)\) on ([\d-]+) and ([\d-]+);",
-                        README)
+    labels = re.findall(
+        r"\(driver ([\w.]+), torch ([\w.+]+),\s+triton ([\w.]+)\) on ([\d-]+) and ([\d-]+);", README
+    )
     assert labels, "the README names the versions its recordings were made with"
     versions = {(m["driver"], m["torch"], m["triton"]) for m in metas}
     dates = sorted({m["date"] for m in metas})
@@ -248,8 +314,10 @@ def test_every_recording_label_in_the_readme_matches_the_recordings():
 
 # -- every figure with a unit, in the README and in the chapters' markdown ---------------------------------
 #: A number with a unit: a time, a rate, a size, a share, a multiple, a count of SMs.
-UNIT = re.compile(r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?(%|x\b|×|us\b|µs|ms\b|s\b|seconds?\b|minutes?\b|"
-                  r"G logits/s|[GT]B/s|[GMK]i?B\b|bytes?\b|times\b|SMs?\b|GHz|MHz)")
+UNIT = re.compile(
+    r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?(%|x\b|×|us\b|µs|ms\b|s\b|seconds?\b|minutes?\b|"
+    r"G logits/s|[GT]B/s|[GMK]i?B\b|bytes?\b|times\b|SMs?\b|GHz|MHz)"
+)
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -303,12 +371,18 @@ FIGURES = {
     ("04", "132 SMs", "keeps one of the H200's"): H200_SMS,
     ("04", "4 bytes", "a pointer offset of -1 is the"): lambda: _itemsize("float32"),
     ("04", "8 bytes", "the row reads the"): lambda: _itemsize("int64"),
-    ("00", "20 s", "**Time.**"): CPU_RUN, ("01", "35 s", "**Time.**"): CPU_RUN,
-    ("03", "30 s", "**Time.**"): CPU_RUN, ("03", "37 s", "**Time.**"): CPU_RUN,
-    ("04", "12 s", "**Time.**"): CPU_RUN, ("05", "20 s", "**Time.**"): CPU_RUN,
-    ("README", "80 s", "the build takes about"): CPU_RUN, ("README", "20 s", "the check about"): CPU_RUN,
-    **{("README", figure, "timed by the book build"): CPU_RUN
-       for figure in ("8 s", "27 s", "108 s", "20 s", "85 s", "340 s", "130 s", "320 s")},
+    ("00", "20 s", "**Time.**"): CPU_RUN,
+    ("01", "35 s", "**Time.**"): CPU_RUN,
+    ("03", "30 s", "**Time.**"): CPU_RUN,
+    ("03", "37 s", "**Time.**"): CPU_RUN,
+    ("04", "12 s", "**Time.**"): CPU_RUN,
+    ("05", "20 s", "**Time.**"): CPU_RUN,
+    ("README", "80 s", "the build takes about"): CPU_RUN,
+    ("README", "20 s", "the check about"): CPU_RUN,
+    **{
+        ("README", figure, "timed by the book build"): CPU_RUN
+        for figure in ("8 s", "27 s", "108 s", "20 s", "85 s", "340 s", "130 s", "320 s")
+    },
     **{("README", figure, "make lab-check"): CPU_RUN for figure in ("130 s", "28 s")},
 }
 
@@ -331,13 +405,16 @@ def test_every_figure_in_the_readme_and_the_chapters_markdown_has_a_source():
             figure = " ".join(m.group(0).split())
             source = _source_of(where, figure, m.group(2), paragraph)
             if source is None:
-                unlisted.append(f"{where}: {figure!r} in ...{paragraph[max(0, m.start() - 60):m.end() + 20]}")
+                unlisted.append(
+                    f"{where}: {figure!r} in ...{paragraph[max(0, m.start() - 60) : m.end() + 20]}"
+                )
                 continue
             used.update(k for k, v in FIGURES.items() if v is source and k[0] == where and k[1] == figure)
             if callable(source) and source() != figure:
                 wrong.append(f"{where}: the prose says {figure!r}, its source gives {source()!r}")
-    assert not unlisted, "figures with no source (render them from data, or list them in FIGURES):\n" + \
-        "\n".join(unlisted)
+    assert not unlisted, (
+        "figures with no source (render them from data, or list them in FIGURES):\n" + "\n".join(unlisted)
+    )
     assert not wrong, "\n".join(wrong)
     assert not set(FIGURES) - used, f"FIGURES lists figures the text no longer has: {set(FIGURES) - used}"
 
@@ -366,8 +443,10 @@ def _docs_and_comments(path: Path):
 
 #: What a measurement is stated in: a time, a rate, a share, a multiple (a size or an SM count is the
 #: hardware's specification).
-MEASURED = re.compile(r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?"
-                      r"(%|x\b|×|us\b|µs|ms\b|G logits/s|[GT]B/s|times\b)")
+MEASURED = re.compile(
+    r"(?<![\w.#/-])(\d[\d,]*(?:\.\d+)?)\s?"
+    r"(%|x\b|×|us\b|µs|ms\b|G logits/s|[GT]B/s|times\b)"
+)
 
 
 def test_no_h200_measurement_is_typed_into_a_docstring_or_a_comment():

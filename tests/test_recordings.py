@@ -7,8 +7,11 @@ import torch
 
 from specfix.tools import recorded
 
-FILES = sorted(recorded.RECORDED_DIR.glob("*.json")) + sorted(recorded.GOLDEN_DIR.glob("*.json")) \
+FILES = (
+    sorted(recorded.RECORDED_DIR.glob("*.json"))
+    + sorted(recorded.GOLDEN_DIR.glob("*.json"))
     + sorted(recorded.GOLDEN_DIR.glob("*.pt"))
+)
 
 
 def _meta(path):
@@ -37,8 +40,10 @@ def test_recording_vouches_only_for_the_code_it_measured(path):
         assert meta["stale"] in recorded.label(meta)
         return
     changed = recorded.changed_sources(path.stem, meta)
-    assert not changed, (f"{path.name} was recorded from other versions of {changed}: re-record it on a GPU "
-                         f"(scripts named in recorded.SOURCES[{path.stem!r}]) or mark it stale")
+    assert not changed, (
+        f"{path.name} was recorded from other versions of {changed}: re-record it on a GPU "
+        f"(scripts named in recorded.SOURCES[{path.stem!r}]) or mark it stale"
+    )
     assert meta.get("commit"), f"{path.name} does not name the commit it was made at"
 
 
@@ -63,13 +68,22 @@ def test_recorders_say_what_is_missing_instead_of_failing_later(tmp_path):
     import sys
 
     script = recorded.ROOT / "scripts" / "record_all_gpu.sh"
-    done = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHON=str(tmp_path / "no-such-python")))
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHON=str(tmp_path / "no-such-python")),
+    )
     assert done.returncode == 2 and "cannot import torch and triton; set PYTHON" in done.stderr
     bare = {k: v for k, v in os.environ.items() if k != "PATH"}
-    done = subprocess.run([sys.executable, str(recorded.ROOT / "scripts" / "sanitize_gumbel.py"), "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env=dict(bare, PATH=str(tmp_path)))
+    done = subprocess.run(
+        [sys.executable, str(recorded.ROOT / "scripts" / "sanitize_gumbel.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(bare, PATH=str(tmp_path)),
+    )
     assert done.returncode == 1 and "compute-sanitizer is not on PATH" in done.stderr
     assert not list(tmp_path.glob("*.json"))
 

@@ -18,8 +18,9 @@ def _draw(backend, ks, vocab, drafts, target, draft_probs, seeded):
     meta = SamplingMetadata.from_requests([1.0] * len(ks), seeds)
     cu = torch.tensor(ks).cumsum(0).to(torch.int32)
     torch.manual_seed(3)
-    return rs.sample_recovered_tokens(max(ks), ks, cu, drafts, draft_probs, target, meta, "cpu",
-                                      backend=backend)
+    return rs.sample_recovered_tokens(
+        max(ks), ks, cu, drafts, draft_probs, target, meta, "cpu", backend=backend
+    )
 
 
 @needs_triton
@@ -31,7 +32,7 @@ def test_kernel_draws_the_torch_twins_tokens(vocab, ks, with_draft_probs, seeded
     gen = torch.Generator().manual_seed(vocab * 7 + len(ks))
     total = sum(ks)
     drafts = torch.randint(0, vocab, (total,), generator=gen, dtype=torch.int32)
-    drafts[::3] = -1                                            # placeholders zero nothing
+    drafts[::3] = -1  # placeholders zero nothing
     target = torch.softmax(torch.randn(total, vocab, generator=gen) * 4, dim=-1)
     draft_probs = None
     if with_draft_probs:
@@ -53,7 +54,7 @@ def test_ties_go_to_the_first_column(monkeypatch):
     noise = torch.ones(1, 64)
     drafts = torch.tensor([0, 5], dtype=torch.int32)
     ref = rs.sample_recovered_tokens_ref(cu, drafts, None, target, noise)
-    assert ref.tolist() == [1, 0]   # row 0 zeroed its draft (column 0), so column 1 is the first maximum
+    assert ref.tolist() == [1, 0]  # row 0 zeroed its draft (column 0), so column 1 is the first maximum
     monkeypatch.setattr(recovered_tokens, "_exponential_noise", lambda *args: noise)
     meta = SamplingMetadata.from_requests([1.0], [None])
     out = rs.sample_recovered_tokens(2, [2], cu, drafts, None, target, meta, "cpu", backend="triton")
@@ -70,8 +71,9 @@ def test_rows_split_over_programs_draw_the_same_tokens(monkeypatch, splits, with
     drafts = torch.randint(0, vocab, (sum(ks),), generator=gen, dtype=torch.int32)
     drafts[1] = -1
     target = torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1)
-    draft_probs = torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1) if with_draft_probs \
-        else None
+    draft_probs = (
+        torch.softmax(torch.randn(sum(ks), vocab, generator=gen) * 4, dim=-1) if with_draft_probs else None
+    )
     ref = _draw("torch", ks, vocab, drafts, target, draft_probs, seeded=True)
     monkeypatch.setattr(recovered_tokens, "recovered_launch", lambda programs, v: (128, splits))
     assert torch.equal(_draw("triton", ks, vocab, drafts, target, draft_probs, seeded=True), ref)
@@ -90,7 +92,7 @@ def test_ties_across_splits_go_to_the_first_column(monkeypatch):
         return rs.sample_recovered_tokens(1, [1], cu, drafts, None, target, meta, "cpu", backend="triton")
 
     assert draw().tolist() == [0]
-    target[0, 300] = 2 / 512                                # a strict best in the third split wins
+    target[0, 300] = 2 / 512  # a strict best in the third split wins
     assert draw().tolist() == [300]
 
 
@@ -98,9 +100,9 @@ def test_recovered_launch_fills_the_gpu_at_small_batches(monkeypatch):
     monkeypatch.setattr(recovered_tokens.runtime, "INTERPRET", False)
     block, one = rs.recovered_launch(1, 151_936)
     assert one == rs.MAX_RECOVERED_SPLITS and block * one <= 151_936
-    assert rs.recovered_launch(1280, 151_936)[1] == 1      # enough tokens: one program each, as vLLM
+    assert rs.recovered_launch(1280, 151_936)[1] == 1  # enough tokens: one program each, as vLLM
     assert rs.recovered_launch(64, 151_936)[1] * 64 >= rs.RECOVERED_PROGRAMS
-    assert rs.recovered_launch(1, 3000)[1] == 2            # never more splits than tiles
+    assert rs.recovered_launch(1, 3000)[1] == 2  # never more splits than tiles
 
 
 @needs_triton
@@ -120,7 +122,7 @@ def test_whole_random_step_same_tables_on_both_backends():
 
 def test_device_checks_switch_scopes_and_cpu_is_always_checked():
     cpu = torch.zeros(2)
-    assert device_checks.wanted(cpu, None)         # a CPU tensor costs no sync: always checked
+    assert device_checks.wanted(cpu, None)  # a CPU tensor costs no sync: always checked
     assert device_checks.on() is False
     with device_checks.enabled():
         assert device_checks.on()
@@ -136,9 +138,15 @@ def test_cpu_values_are_still_checked():
         SamplingMetadata(temperature=torch.tensor([-1.0]), all_greedy=False, all_random=True, generators={})
     meta = SpecDecodeMetadata.make_dummy([[1, 2]])
     with pytest.raises(ValueError, match="cu_num_draft_tokens must be the inclusive cumsum"):
-        SpecDecodeMetadata(meta.draft_token_ids, [2], torch.tensor([3], dtype=torch.int32),
-                           meta.cu_num_sampled_tokens, meta.target_logits_indices, meta.bonus_logits_indices,
-                           meta.logits_indices)
+        SpecDecodeMetadata(
+            meta.draft_token_ids,
+            [2],
+            torch.tensor([3], dtype=torch.int32),
+            meta.cu_num_sampled_tokens,
+            meta.target_logits_indices,
+            meta.bonus_logits_indices,
+            meta.logits_indices,
+        )
 
 
 @pytest.mark.cuda
@@ -153,7 +161,7 @@ def test_step_path_makes_no_host_sync_on_a_gpu():
     logits = torch.randn(10, 1000, device=dev)
     probs = torch.softmax(torch.randn(7, 1000, device=dev), -1)
     sampler = rs.RejectionSampler(backend="triton")
-    sampler(meta, probs, logits, sm)                         # compile first
+    sampler(meta, probs, logits, sm)  # compile first
     assert sync_warnings(lambda: SpecDecodeMetadata.make_dummy(drafts, device=dev)) == []
     assert sync_warnings(lambda: SamplingMetadata.from_requests([1.0], [2], device=dev)) == []
     assert sync_warnings(lambda: sampler(meta, probs, logits, sm)) == []

@@ -4,7 +4,6 @@ Expected values come from hand computation, from an independent numpy softmax, o
 statistical tests use chi-square with bins of expected count < 5 merged and threshold df + 10 sqrt(2 df).
 """
 
-
 import numpy as np
 import pytest
 import torch
@@ -584,8 +583,8 @@ def test_triton_kernels_equal_torch_references(case):
     greedy = greedy.to(DEVICE).bool()
     random_rows = ~greedy if case["is_greedy"] is not None else torch.ones_like(greedy)
     for out, rows in ((outs["triton"][0], random_rows), (outs["triton"][1], greedy)):
-        assert not bool((out[rows] == garbage).any())      # written whole: tokens, then placeholders
-        assert bool((out[~rows] == garbage).all())         # the other sampler's rows are left alone
+        assert not bool((out[rows] == garbage).any())  # written whole: tokens, then placeholders
+        assert bool((out[~rows] == garbage).all())  # the other sampler's rows are left alone
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="no triton")
@@ -748,10 +747,16 @@ def test_core_refuses_bad_caller_randomness():
 
 def _caller_args(**change):
     """``rejection_sample``'s arguments for two random requests with one draft each (V = 4), changed."""
-    args = dict(draft_token_ids=torch.tensor([1, 2], dtype=torch.int32), num_draft_tokens=[1, 1],
-                max_spec_len=1, cu_num_draft_tokens=torch.tensor([1, 2], dtype=torch.int32), draft_probs=None,
-                target_logits=torch.randn(2, 4), bonus_token_ids=torch.tensor([0, 3], dtype=torch.int32),
-                sampling_metadata=SamplingMetadata.from_requests([1.0, 1.0], [None, None]))
+    args = dict(
+        draft_token_ids=torch.tensor([1, 2], dtype=torch.int32),
+        num_draft_tokens=[1, 1],
+        max_spec_len=1,
+        cu_num_draft_tokens=torch.tensor([1, 2], dtype=torch.int32),
+        draft_probs=None,
+        target_logits=torch.randn(2, 4),
+        bonus_token_ids=torch.tensor([0, 3], dtype=torch.int32),
+        sampling_metadata=SamplingMetadata.from_requests([1.0, 1.0], [None, None]),
+    )
     return {**args, **change}
 
 
@@ -790,8 +795,10 @@ def test_value_checks_on_a_gpu_run_only_under_device_checks(monkeypatch):
     """On a GPU a value check is a host sync, so a step makes none unless ``device_checks`` is on: here the
     tensors are declared GPU tensors to ``device_checks.wanted`` (the test runs anywhere)."""
     monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
-    bad = _caller_args(bonus_token_ids=torch.tensor([0, 9], dtype=torch.int32),
-                       cu_num_draft_tokens=torch.tensor([1, 1], dtype=torch.int32))
+    bad = _caller_args(
+        bonus_token_ids=torch.tensor([0, 9], dtype=torch.int32),
+        cu_num_draft_tokens=torch.tensor([1, 1], dtype=torch.int32),
+    )
     with device_checks.enabled(False):
         rejection_sample(**bad)  # not read back: nothing refuses it
     with device_checks.enabled(), pytest.raises(ValueError, match="bonus_token_ids must lie in"):
@@ -881,7 +888,7 @@ def test_the_whole_verification_step_replays_from_one_cuda_graph(mode):
     check_output_contract(replayed, md.num_draft_tokens, vocab_size)
     greedy = torch.tensor(temps, device="cuda") == 0.0
     assert torch.equal(replayed[greedy], eager[greedy])
-    whole = (drafts >= 0).all(dim=1) & ~greedy           # random rows without a placeholder: all accepted
+    whole = (drafts >= 0).all(dim=1) & ~greedy  # random rows without a placeholder: all accepted
     assert torch.equal(replayed[whole, :k], drafts[whole].to(torch.int32))
 
 
@@ -914,8 +921,10 @@ def test_recovery_noise_skips_requests_without_drafts_and_greedy_batches_draw_no
 # beside vLLM 0.33's own rejection sampler
 
 
-@pytest.mark.skipif(DEVICE.type != "cpu", reason="compares in Triton's interpreter; on a GPU the bench "
-                    "(--peer) compares the tables")
+@pytest.mark.skipif(
+    DEVICE.type != "cpu",
+    reason="compares in Triton's interpreter; on a GPU the bench (--peer) compares the tables",
+)
 @pytest.mark.parametrize("mode", ["greedy", "random"])
 def test_same_tables_as_vllms_own_rejection_sample(vllm_rejection, mode):
     """vLLM 0.33's ``rejection_sample`` (``vllm/v1/sample/rejection_sampler.py``, fetched into .peer/) and
@@ -934,8 +943,11 @@ def test_same_tables_as_vllms_own_rejection_sample(vllm_rejection, mode):
     args = (md.draft_token_ids, md.num_draft_tokens, md.max_spec_len, md.cu_num_draft_tokens, probs, target)
     generators = {i: torch.Generator().manual_seed(s) for i, s in enumerate(seeds)}
     theirs_meta = vllm_rejection.SamplingMetadata(
-        temperature=None if mode == "greedy" else torch.ones(batch), all_greedy=mode == "greedy",
-        all_random=mode == "random", generators=generators)
+        temperature=None if mode == "greedy" else torch.ones(batch),
+        all_greedy=mode == "greedy",
+        all_random=mode == "random",
+        generators=generators,
+    )
     torch.manual_seed(0)
     theirs = vllm_rejection.rejection_sample(*args, bonus.view(-1, 1), theirs_meta)
     torch.manual_seed(0)

@@ -71,8 +71,10 @@ def _run(code, **env):
 
 
 def test_runtime_turns_on_the_interpreter_on_cpu():
-    out = _run("import specfix, os; print(specfix.runtime.INTERPRET, os.environ.get('TRITON_INTERPRET'))",
-               SPECFIX_DEVICE="cpu")
+    out = _run(
+        "import specfix, os; print(specfix.runtime.INTERPRET, os.environ.get('TRITON_INTERPRET'))",
+        SPECFIX_DEVICE="cpu",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "1"]
 
@@ -144,8 +146,9 @@ def _reader_texts():
 
 
 def test_no_reader_facing_text_speaks_of_our_tracker():
-    found = [f"{where}: {match.group(0)!r}"
-             for where, text in _reader_texts() for match in _TRACKER.finditer(text)]
+    found = [
+        f"{where}: {match.group(0)!r}" for where, text in _reader_texts() for match in _TRACKER.finditer(text)
+    ]
     assert not found, "readers have no tracker; name the goal or the fact itself: " + "; ".join(found)
 
 
@@ -179,8 +182,10 @@ def _needs_gpu(node) -> bool:
                 return True
             if name in ("torch.device", "device") and sub.args and ast.unparse(sub.args[0]) in ("'cuda'",):
                 return True
-            if any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
-                   for k in sub.keywords):
+            if any(
+                k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+                for k in sub.keywords
+            ):
                 return True
     return False
 
@@ -200,17 +205,27 @@ def test_every_test_that_needs_a_gpu_carries_the_cuda_mark():
     unmarked = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text())
-        module_marked = any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark"
-                            and "pytest.mark.cuda" in ast.unparse(n.value) for n in tree.body)
-        gpu_names = {t.id for n in tree.body if isinstance(n, ast.Assign) and _needs_gpu(n.value)
-                     for t in n.targets if isinstance(t, ast.Name)}
+        module_marked = any(
+            isinstance(n, ast.Assign)
+            and ast.unparse(n.targets[0]) == "pytestmark"
+            and "pytest.mark.cuda" in ast.unparse(n.value)
+            for n in tree.body
+        )
+        gpu_names = {
+            t.id
+            for n in tree.body
+            if isinstance(n, ast.Assign) and _needs_gpu(n.value)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         classes = {f: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test"):
                 continue
             decorators = fn.decorator_list + getattr(classes.get(fn), "decorator_list", [])
-            needs = _needs_gpu(fn) or any(isinstance(n, ast.Name) and n.id in gpu_names
-                                          for d in decorators for n in ast.walk(d))
+            needs = _needs_gpu(fn) or any(
+                isinstance(n, ast.Name) and n.id in gpu_names for d in decorators for n in ast.walk(d)
+            )
             if needs and not (module_marked or _marked_cuda(decorators)):
                 unmarked.append(f"{path.name}::{fn.name}")
     assert not unmarked, f"these tests need a GPU but lack @pytest.mark.cuda: {unmarked}"

@@ -197,8 +197,14 @@ def test_stats_keep_placeholders_apart():
 
 
 def _snapshot(sched):
-    return copy.deepcopy((sched.requests, [r.request_id for r in sched.waiting],
-                          [r.request_id for r in sched.running], sched.spec_decoding_stats))
+    return copy.deepcopy(
+        (
+            sched.requests,
+            [r.request_id for r in sched.waiting],
+            [r.request_id for r in sched.running],
+            sched.spec_decoding_stats,
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,10 +218,16 @@ def _snapshot(sched):
         (lambda: Request("b", [], SamplingParams()), ValueError, "prompt_token_ids is empty"),
         (lambda: Request("a", [1], SamplingParams()), ValueError, "request_id 'a' is already in the sched"),
         (lambda: Request("b", [1] * 250, SamplingParams(max_tokens=10)), ValueError, "exceeds max_model_len"),
-        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2), ValueError,
-         r"num_computed_tokens must lie in \[0, 2\)"),
-        (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=1.5), TypeError,
-         "num_computed_tokens must be an int, got 1.5"),
+        (
+            lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=2),
+            ValueError,
+            r"num_computed_tokens must lie in \[0, 2\)",
+        ),
+        (
+            lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=1.5),
+            TypeError,
+            "num_computed_tokens must be an int, got 1.5",
+        ),
         (lambda: Request("b", [1, 2], SamplingParams(), num_computed_tokens=True), TypeError, "got True"),
         (lambda: Request(5, [1, 2], SamplingParams()), TypeError, "request_id must be a non-empty str, got"),
         (lambda: Request("", [1, 2], SamplingParams()), TypeError, "request_id must be a non-empty str"),
@@ -248,24 +260,28 @@ def test_bad_drafts_leave_the_scheduler_unchanged():
     assert _snapshot(sched) == before
 
 
-@pytest.mark.parametrize("k, error", [(0, ValueError), (MAX_SPEC_LEN + 1, ValueError), (2.0, TypeError),
-                                      (True, TypeError)])
+@pytest.mark.parametrize(
+    "k, error", [(0, ValueError), (MAX_SPEC_LEN + 1, ValueError), (2.0, TypeError), (True, TypeError)]
+)
 def test_bad_k_is_refused(k, error):
     with pytest.raises(error, match="num_speculative_tokens"):
         _sched(k=k)
 
 
-@pytest.mark.parametrize("kwargs, error, word", [
-    (dict(temperature=-0.5), ValueError, "temperature must be >= 0"),
-    (dict(temperature=float("nan")), TypeError, "temperature must be a finite number"),
-    (dict(temperature=float("inf")), TypeError, "temperature must be a finite number"),
-    (dict(max_tokens=0), ValueError, "max_tokens"),
-    (dict(seed=1.5), TypeError, "seed must be an int"),
-    (dict(seed=2**64), ValueError, r"seed must fit in an int64.*got 18446744073709551616"),
-    (dict(seed=2**63), ValueError, "seed must fit in an int64"),
-    (dict(seed=2**70), ValueError, "seed must fit in an int64"),
-    (dict(seed=-(2**63) - 1), ValueError, "seed must fit in an int64"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, word",
+    [
+        (dict(temperature=-0.5), ValueError, "temperature must be >= 0"),
+        (dict(temperature=float("nan")), TypeError, "temperature must be a finite number"),
+        (dict(temperature=float("inf")), TypeError, "temperature must be a finite number"),
+        (dict(max_tokens=0), ValueError, "max_tokens"),
+        (dict(seed=1.5), TypeError, "seed must be an int"),
+        (dict(seed=2**64), ValueError, r"seed must fit in an int64.*got 18446744073709551616"),
+        (dict(seed=2**63), ValueError, "seed must fit in an int64"),
+        (dict(seed=2**70), ValueError, "seed must fit in an int64"),
+        (dict(seed=-(2**63) - 1), ValueError, "seed must fit in an int64"),
+    ],
+)
 def test_bad_sampling_params_are_refused_by_name(kwargs, error, word):
     with pytest.raises(error, match=word):
         SamplingParams(**kwargs)
@@ -303,7 +319,7 @@ def test_a_bad_sampled_id_leaves_every_request_unchanged():
     out = sched.schedule()
     before = _snapshot(sched)
     with pytest.raises(ValueError, match="sampled_token_ids of 'b'"):
-        _run(sched, out, {"a": [8], "b": [VOCAB]})      # "a" is fine, "b" is out of range
+        _run(sched, out, {"a": [8], "b": [VOCAB]})  # "a" is fine, "b" is out of range
     assert _snapshot(sched) == before
 
 
@@ -332,6 +348,7 @@ def test_an_output_that_does_not_match_the_step_is_refused_and_changes_nothing(c
 
 # -- prefix caching: where a single node makes placeholders ------------------------------------------------
 
+
 def _finish(sched, req_id, prompt, block_size=4):
     """Run ``req_id`` (prompt then one sampled token) to the end, so its blocks are cached."""
     sched.add_request(Request(req_id, prompt, SamplingParams(max_tokens=1)))
@@ -339,11 +356,18 @@ def _finish(sched, req_id, prompt, block_size=4):
     _run(sched, out, {req_id: [7]})
 
 
-@pytest.mark.parametrize("length, cached, padded", [
-    (9, 8, True),    # one more than two blocks of 4: the cache holds all but the last token
-    (10, 8, False),  # two tokens left: a prefill, not a decode
-    (8, 4, False),   # a whole number of blocks: the last block holds the last token, which must be computed
-])
+@pytest.mark.parametrize(
+    "length, cached, padded",
+    [
+        (9, 8, True),  # one more than two blocks of 4: the cache holds all but the last token
+        (10, 8, False),  # two tokens left: a prefill, not a decode
+        (
+            8,
+            4,
+            False,
+        ),  # a whole number of blocks: the last block holds the last token, which must be computed
+    ],
+)
 def test_a_repeated_prompt_starts_from_its_cached_blocks(length, cached, padded):
     sched = _sched(enable_prefix_caching=True, block_size=4)
     prompt = list(range(20, 20 + length))

@@ -18,8 +18,16 @@ V, M, K = 16, 8, 2
 
 def _spec(fix=True, sampler=gumbel_sample, table=None, noise="exact"):
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(1)) if table is None else table
-    return DraftModelSpeculator(TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V,
-                                context_len=1, fixes=Fixes(pad_idx_mapping=fix), sampler=sampler, noise=noise)
+    return DraftModelSpeculator(
+        TableDraft(table),
+        max_num_reqs=M,
+        num_speculative_steps=K,
+        vocab_size=V,
+        context_len=1,
+        fixes=Fixes(pad_idx_mapping=fix),
+        sampler=sampler,
+        noise=noise,
+    )
 
 
 TEMP = torch.linspace(0.5, 1.5, M)
@@ -39,7 +47,7 @@ def _propose(spec, slots, ctx=None, **kw):
 @pytest.mark.parametrize("fix", [True, False])
 def test_copy_request_inputs(fix):
     spec = _spec(fix)
-    spec.idx_mapping.copy_(torch.arange(M, dtype=torch.int32) + 10)     # stale values from "earlier"
+    spec.idx_mapping.copy_(torch.arange(M, dtype=torch.int32) + 10)  # stale values from "earlier"
     spec._copy_request_inputs(3, torch.tensor([5, 2, 7], dtype=torch.int32), TEMP, SEEDS)
     assert spec.idx_mapping[:3].tolist() == [5, 2, 7]
     assert spec.idx_mapping[3:].tolist() == ([-1] * 5 if fix else [13, 14, 15, 16, 17])
@@ -49,28 +57,60 @@ def test_copy_request_inputs(fix):
 @pytest.mark.parametrize("fix", [True, False])
 def test_a_dummy_run_names_no_request_and_writes_no_draft_logits(fix):
     spec = _spec(fix)
-    assert spec.idx_mapping.dtype == torch.int64                        # vLLM 0.33's dtype
+    assert spec.idx_mapping.dtype == torch.int64  # vLLM 0.33's dtype
     spec.draft_logits.fill_(7.0)
-    _propose(spec, [0, 1, 2], dummy_run=True)   # vLLM 0.33's warm-up batch: an arange over stale slots
+    _propose(spec, [0, 1, 2], dummy_run=True)  # vLLM 0.33's warm-up batch: an arange over stale slots
     assert spec.idx_mapping.tolist() == [-1] * M
     assert bool((spec.draft_logits == 7.0).all())
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda s: s._copy_request_inputs(M + 1, torch.arange(M + 1, dtype=torch.int32), TEMP, SEEDS),
-     ValueError, "num_reqs"),
-    (lambda s: s._copy_request_inputs(2, _idx(0, 1, dtype=torch.uint8), TEMP, SEEDS), TypeError, "signed"),
-    (lambda s: s._copy_request_inputs(2, _idx(1, 1), TEMP, SEEDS), ValueError, "distinct"),
-    (lambda s: s._copy_request_inputs(2, _idx(0, M), TEMP, SEEDS), ValueError, "idx_mapping"),
-    (lambda s: s._copy_request_inputs(2, _idx(0, 1), TEMP[:4], SEEDS),
-     ValueError, "temperature"),
-    (lambda s: s.propose(2, _idx(0, 1), -TEMP, SEEDS, torch.zeros(2, 1).long(), torch.arange(2)),
-     ValueError, "temperature must be >= 0"),
-    (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.tensor([[0], [V]]),
-                         torch.arange(2)), ValueError, "context_ids"),
-    (lambda s: s.propose(2, torch.tensor([0, 1], dtype=torch.int32), TEMP, SEEDS, torch.zeros(2, 3).long(),
-                         torch.arange(2)), ValueError, "context_ids"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (
+            lambda s: s._copy_request_inputs(M + 1, torch.arange(M + 1, dtype=torch.int32), TEMP, SEEDS),
+            ValueError,
+            "num_reqs",
+        ),
+        (
+            lambda s: s._copy_request_inputs(2, _idx(0, 1, dtype=torch.uint8), TEMP, SEEDS),
+            TypeError,
+            "signed",
+        ),
+        (lambda s: s._copy_request_inputs(2, _idx(1, 1), TEMP, SEEDS), ValueError, "distinct"),
+        (lambda s: s._copy_request_inputs(2, _idx(0, M), TEMP, SEEDS), ValueError, "idx_mapping"),
+        (lambda s: s._copy_request_inputs(2, _idx(0, 1), TEMP[:4], SEEDS), ValueError, "temperature"),
+        (
+            lambda s: s.propose(2, _idx(0, 1), -TEMP, SEEDS, torch.zeros(2, 1).long(), torch.arange(2)),
+            ValueError,
+            "temperature must be >= 0",
+        ),
+        (
+            lambda s: s.propose(
+                2,
+                torch.tensor([0, 1], dtype=torch.int32),
+                TEMP,
+                SEEDS,
+                torch.tensor([[0], [V]]),
+                torch.arange(2),
+            ),
+            ValueError,
+            "context_ids",
+        ),
+        (
+            lambda s: s.propose(
+                2,
+                torch.tensor([0, 1], dtype=torch.int32),
+                TEMP,
+                SEEDS,
+                torch.zeros(2, 3).long(),
+                torch.arange(2),
+            ),
+            ValueError,
+            "context_ids",
+        ),
+    ],
+)
 def test_bad_input_leaves_buffers_unchanged(call, exc, match):
     spec = _spec()
     before = {n: t.clone() for n, t in spec.buffers().items()}
@@ -92,7 +132,7 @@ def _expected_logits(spec, slot, ctx_token, drafts):
 
 def test_fixed_step_padded_equals_exact_and_stores_the_right_logits():
     spec = _spec(True)
-    _propose(spec, [0, 1, 2, 3, 4, 5])                                   # an earlier, larger batch
+    _propose(spec, [0, 1, 2, 3, 4, 5])  # an earlier, larger batch
     padded = _propose(spec, [5, 3, 0], trace=True)
     assert padded.batch.num_reqs_padded == 4 and padded.ran == "eager (padded size)"
     assert padded.padded_writes == []
@@ -107,12 +147,12 @@ def test_fixed_step_padded_equals_exact_and_stores_the_right_logits():
 
 def test_unfixed_step_overwrites_a_live_slot_from_a_stale_row():
     spec = _spec(False)
-    _propose(spec, [0, 1, 2, 3, 4, 5])                                   # rows 3.. hold slots 3, 4, 5
+    _propose(spec, [0, 1, 2, 3, 4, 5])  # rows 3.. hold slots 3, 4, 5
     stale = spec.idx_mapping[3].item()
-    p = _propose(spec, [5, 3, 0], trace=True)                            # padded to 4: row 3 is stale
-    assert p.padded_writes == [(3, stale)] and stale == 3               # slot 3 is live at batch row 1
+    p = _propose(spec, [5, 3, 0], trace=True)  # padded to 4: row 3 is stale
+    assert p.padded_writes == [(3, stale)] and stale == 3  # slot 3 is live at batch row 1
     good = _expected_logits(spec, 3, 1, p.draft_tokens[1])
-    assert not torch.allclose(spec.draft_logits[3], good)               # the live request's q is gone
+    assert not torch.allclose(spec.draft_logits[3], good)  # the live request's q is gone
     torch.testing.assert_close(spec.draft_logits[5], _expected_logits(spec, 5, 0, p.draft_tokens[0]))
 
 
@@ -156,9 +196,10 @@ def test_verification_is_batch_invariant():
     pos = torch.tensor([7, 9, 11])
     batched, nb = rejection_sample_mrv2(target, drafts, draft_logits, idx, TEMP, SEEDS, pos)
     for i in range(3):
-        rows = target[i * (K + 1):(i + 1) * (K + 1)]
-        alone, na = rejection_sample_mrv2(rows, drafts[i:i + 1], draft_logits, idx[i:i + 1], TEMP, SEEDS,
-                                          pos[i:i + 1])
+        rows = target[i * (K + 1) : (i + 1) * (K + 1)]
+        alone, na = rejection_sample_mrv2(
+            rows, drafts[i : i + 1], draft_logits, idx[i : i + 1], TEMP, SEEDS, pos[i : i + 1]
+        )
         assert torch.equal(alone[0], batched[i]) and na.item() == nb[i].item()
     assert ((nb >= 1) & (nb <= K + 1)).all()
 
@@ -171,10 +212,11 @@ def test_verification_divides_the_cached_logits_by_the_temperature():
     n, slots, temps = 4, [6, 2, 5, 0], torch.full((M,), 0.4)
     target, _, draft_logits, idx = _verify_inputs(n, slots)
     for i, slot in enumerate(slots):
-        draft_logits[slot] = target[i * (K + 1):i * (K + 1) + K]
+        draft_logits[slot] = target[i * (K + 1) : i * (K + 1) + K]
     drafts = draft_logits[slots].argmin(-1)
-    sampled, num_sampled = rejection_sample_mrv2(target, drafts, draft_logits, idx, temps, SEEDS,
-                                                 torch.arange(n) * 5)
+    sampled, num_sampled = rejection_sample_mrv2(
+        target, drafts, draft_logits, idx, temps, SEEDS, torch.arange(n) * 5
+    )
     assert num_sampled.tolist() == [K + 1] * n and torch.equal(sampled[:, :K], drafts.to(sampled.dtype))
 
 
@@ -196,22 +238,41 @@ def test_cuda_graph_replay_matches_eager_padded_step(fix):
     results = []
     for graphs in (True, False):
         table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-        spec = DraftModelSpeculator(TableDraft(table).cuda(),
-                                    max_num_reqs=M, num_speculative_steps=K, vocab_size=V, context_len=1,
-                                    device="cuda", fixes=Fixes(pad_idx_mapping=fix))
+        spec = DraftModelSpeculator(
+            TableDraft(table).cuda(),
+            max_num_reqs=M,
+            num_speculative_steps=K,
+            vocab_size=V,
+            context_len=1,
+            device="cuda",
+            fixes=Fixes(pad_idx_mapping=fix),
+        )
         if graphs:
             spec.capture_cuda_graphs()
         spec.draft_logits.zero_()
         spec.idx_mapping.zero_()
         temp, seeds = TEMP.cuda(), SEEDS.cuda()
-        spec.propose(6, torch.arange(6, dtype=torch.int32, device="cuda"), temp, seeds,
-                     torch.arange(6, device="cuda")[:, None], torch.arange(6, device="cuda"))
-        p = spec.propose(3, torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda"), temp, seeds,
-                         torch.arange(3, device="cuda")[:, None], torch.arange(3, device="cuda"), trace=True)
+        spec.propose(
+            6,
+            torch.arange(6, dtype=torch.int32, device="cuda"),
+            temp,
+            seeds,
+            torch.arange(6, device="cuda")[:, None],
+            torch.arange(6, device="cuda"),
+        )
+        p = spec.propose(
+            3,
+            torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda"),
+            temp,
+            seeds,
+            torch.arange(3, device="cuda")[:, None],
+            torch.arange(3, device="cuda"),
+            trace=True,
+        )
         assert p.ran == ("cuda graph replay" if graphs else "eager (padded size)")
         results.append((p.draft_tokens.cpu(), spec.draft_logits[[5, 0]].cpu(), p.padded_writes))
     assert torch.equal(results[0][0], results[1][0])
-    assert torch.equal(results[0][1], results[1][1])       # slots 5, 0: no stale row points there
+    assert torch.equal(results[0][1], results[1][1])  # slots 5, 0: no stale row points there
     assert results[0][2] == results[1][2] == ([] if fix else [(3, 3)])
 
 
@@ -225,28 +286,48 @@ def test_bad_sizes_are_refused_by_name(name, value):
 
 def test_vocab_size_is_checked_against_the_model_at_construction():
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-    with pytest.raises(ValueError, match=rf"vocab_size={V + 1} does not match the draft model, whose logits "
-                                         rf"have shape \(1, {V}\)"):
-        DraftModelSpeculator(TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V + 1,
-                             context_len=1)
+    with pytest.raises(
+        ValueError,
+        match=rf"vocab_size={V + 1} does not match the draft model, whose logits "
+        rf"have shape \(1, {V}\)",
+    ):
+        DraftModelSpeculator(
+            TableDraft(table), max_num_reqs=M, num_speculative_steps=K, vocab_size=V + 1, context_len=1
+        )
 
 
 def test_bad_noise_mode_is_refused():
     with pytest.raises(ValueError, match="noise must be one of"):
-        DraftModelSpeculator(TableDraft(torch.zeros(V, V)), max_num_reqs=M, num_speculative_steps=K,
-                             vocab_size=V, context_len=1, noise="philox")
+        DraftModelSpeculator(
+            TableDraft(torch.zeros(V, V)),
+            max_num_reqs=M,
+            num_speculative_steps=K,
+            vocab_size=V,
+            context_len=1,
+            noise="philox",
+        )
 
 
-def _expected_drafts(spec, slots, ctx, positions, sampler, seeds=SEEDS, step_seed=False, is_drafting=False,
-                     cache=None, **kw):
+def _expected_drafts(
+    spec, slots, ctx, positions, sampler, seeds=SEEDS, step_seed=False, is_drafting=False, cache=None, **kw
+):
     """Each step's draw, called directly: step j samples table[last token] keyed by positions + j (and, with
     a ``cache``, stores into its column j, given as vLLM's draft-model speculator gives it: a 0-d tensor)."""
     idx, last, out = _idx(*slots, dtype=torch.int64), ctx[:, -1], []
     for step in range(K):
         seed = seeds ^ (step << 32) if step_seed else seeds
         store = () if cache is None else (cache, torch.tensor(step))
-        last = sampler(spec.model.table[last].contiguous(), idx, TEMP, seed, positions + step, True,
-                       is_drafting, *store, **kw)
+        last = sampler(
+            spec.model.table[last].contiguous(),
+            idx,
+            TEMP,
+            seed,
+            positions + step,
+            True,
+            is_drafting,
+            *store,
+            **kw,
+        )
         out.append(last)
     return torch.stack(out, dim=1)
 
@@ -260,8 +341,9 @@ def test_step_j_is_keyed_by_positions_plus_j_as_a_drafters_draw(noise):
     slots, ctx, positions = [5, 3, 0], torch.tensor([[1], [7], [12]]), torch.tensor([40, 2**33, 7])
     got = spec.propose(3, _idx(*slots), TEMP, SEEDS, ctx, positions, padded=False).draft_tokens
     mixed = noise == "vllm"
-    want = _expected_drafts(spec, slots, ctx, positions, gumbel_sample, step_seed=mixed, is_drafting=True,
-                            noise=noise)
+    want = _expected_drafts(
+        spec, slots, ctx, positions, gumbel_sample, step_seed=mixed, is_drafting=True, noise=noise
+    )
     assert torch.equal(got, want)
     unsalted = _expected_drafts(spec, slots, ctx, positions, gumbel_sample, step_seed=mixed, noise=noise)
     assert not torch.equal(got, unsalted)
@@ -276,8 +358,9 @@ def test_vllm_mode_drafts_and_caches_what_vllms_own_kernel_does(vllm_gumbel):
     slots, ctx, positions = [2, 6, 1, 4], torch.tensor([[3], [3], [9], [15]]), torch.tensor([0, 11, 2**31, 5])
     got = spec.propose(4, _idx(*slots), TEMP, SEEDS, ctx, positions, padded=False).draft_tokens
     cache = torch.zeros_like(spec.draft_logits)
-    theirs = _expected_drafts(spec, slots, ctx, positions, vllm_gumbel.gumbel_sample, is_drafting=True,
-                              cache=cache)
+    theirs = _expected_drafts(
+        spec, slots, ctx, positions, vllm_gumbel.gumbel_sample, is_drafting=True, cache=cache
+    )
     assert torch.equal(got, theirs) and torch.equal(spec.draft_logits, cache)
     assert cache[slots].abs().sum() > 0 and not cache[[0, 3, 5, 7]].any()
 
@@ -318,8 +401,14 @@ def test_the_whole_drafting_step_is_one_graph_without_host_syncs_and_replays_as_
     from specfix.tools.syncs import count_host_syncs
 
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-    make = lambda: DraftModelSpeculator(TableDraft(table).cuda(), max_num_reqs=M, num_speculative_steps=K,
-                                        vocab_size=V, context_len=1, device="cuda")
+    make = lambda: DraftModelSpeculator(
+        TableDraft(table).cuda(),
+        max_num_reqs=M,
+        num_speculative_steps=K,
+        vocab_size=V,
+        context_len=1,
+        device="cuda",
+    )
     n, idx = 3, torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda")
     temp, seeds = TEMP.cuda(), SEEDS.cuda()
     ctx, pos = torch.tensor([[1], [4], [9]], device="cuda"), torch.tensor([3, 8, 2], device="cuda")

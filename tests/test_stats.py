@@ -14,11 +14,11 @@ def test_perfect_fit_scores_zero():
 def test_hand_worked_statistic_and_threshold():
     # expected 50, 50; (60-50)^2/50 + (40-50)^2/50 = 4; df 1, threshold 1 + 10 * sqrt(2)
     r = chi_square([60, 40], [0.5, 0.5])
-    assert r["chi2"] == pytest.approx(4.0) and r["threshold"] == pytest.approx(1 + 10 * 2 ** 0.5)
+    assert r["chi2"] == pytest.approx(4.0) and r["threshold"] == pytest.approx(1 + 10 * 2**0.5)
 
 
 def test_unequal_expectations_by_hand():
-    r = chi_square([50, 50], [0.3, 0.7])      # expected 30, 70
+    r = chi_square([50, 50], [0.3, 0.7])  # expected 30, 70
     assert r["chi2"] == pytest.approx(20**2 / 30 + 20**2 / 70)
 
 

@@ -31,7 +31,7 @@ def test_garbage_from_earlier_work_is_not_charged():
     with torch.cuda.graph(graph):
         y = x * 2
     cycle = [graph, y]
-    cycle.append(cycle)          # only the cyclic collector can free it
+    cycle.append(cycle)  # only the cyclic collector can free it
     del graph, y, cycle
     assert count_host_syncs(lambda: x + 1, x.device) == 0
     gc.collect()

@@ -85,5 +85,7 @@ def test_every_cited_vllm_file_exists_in_its_version(version):
             continue
         (missing if path.split("/")[1] in unpacked else unchecked).append(f"{where}: {path}")
     assert not missing, f"not in vLLM {version}:\n" + "\n".join(sorted(set(missing)))
-    assert not unchecked, (f"outside what .peer/src/{version} holds; check in the wheel and list in "
-                           "CHECKED_IN_WHEEL:\n" + "\n".join(sorted(set(unchecked))))
+    assert not unchecked, (
+        f"outside what .peer/src/{version} holds; check in the wheel and list in "
+        "CHECKED_IN_WHEEL:\n" + "\n".join(sorted(set(unchecked)))
+    )

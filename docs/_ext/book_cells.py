@@ -11,11 +11,21 @@
 """
 
 SOLUTION_PROMPTS = {"code_prompt_show": "Show the solution", "code_prompt_hide": "Hide the solution"}
-ANSWER_PROMPTS = {"code_prompt_show": "Show the output (it answers the exercise: predict first)",
-                  "code_prompt_hide": "Hide the output"}
+ANSWER_PROMPTS = {
+    "code_prompt_show": "Show the output (it answers the exercise: predict first)",
+    "code_prompt_hide": "Hide the output",
+}
 # A cell carrying one of these tags has chosen how it is shown; the book leaves it as it is.
-SHOW_TAGS = {"exercise", "hide-cell", "hide-input", "hide-output", "remove-cell", "remove-input",
-             "remove_cell", "remove_input"}
+SHOW_TAGS = {
+    "exercise",
+    "hide-cell",
+    "hide-input",
+    "hide-output",
+    "remove-cell",
+    "remove-input",
+    "remove_cell",
+    "remove_input",
+}
 
 
 def _text(source):
@@ -38,9 +48,11 @@ def prepare_notebook(nb: dict, collapse_lines: int) -> dict:
                 tags.append("hide-cell")
                 metadata.setdefault("mystnb", {}).update(SOLUTION_PROMPTS)
             elif cell["cell_type"] == "markdown":
-                cell["source"] = (f'<details class="specfix-solution">\n'
-                                  f'<summary>{SOLUTION_PROMPTS["code_prompt_show"]}</summary>\n\n'
-                                  f'{_text(cell["source"])}\n\n</details>\n')
+                cell["source"] = (
+                    f'<details class="specfix-solution">\n'
+                    f"<summary>{SOLUTION_PROMPTS['code_prompt_show']}</summary>\n\n"
+                    f"{_text(cell['source'])}\n\n</details>\n"
+                )
         elif cell["cell_type"] == "code" and "answer" in tags:
             tags.append("hide-output")
             metadata.setdefault("mystnb", {}).update(ANSWER_PROMPTS)
@@ -49,5 +61,6 @@ def prepare_notebook(nb: dict, collapse_lines: int) -> dict:
             if lines > collapse_lines:
                 tags.append("hide-input")
                 metadata.setdefault("mystnb", {}).update(
-                    code_prompt_show=f"Show the code ({lines} lines)", code_prompt_hide="Hide the code")
+                    code_prompt_show=f"Show the code ({lines} lines)", code_prompt_hide="Hide the code"
+                )
     return nb

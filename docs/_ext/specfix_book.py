@@ -32,8 +32,10 @@ def _add_mathjax(app, config):
     spec = importlib.util.find_spec(MATHJAX_PACKAGE)
     static = Path(spec.submodule_search_locations[0], "static") if spec else None
     if static is None or not (static / "mathjax" / "tex-chtml.js").is_file():
-        raise ExtensionError(f"the book serves MathJax from the {MATHJAX_PACKAGE!r} package, which is not "
-                             "installed: pip install -e '.[book]' (make book does it)")
+        raise ExtensionError(
+            f"the book serves MathJax from the {MATHJAX_PACKAGE!r} package, which is not "
+            "installed: pip install -e '.[book]' (make book does it)"
+        )
     config.html_static_path.append(str(static))
 
 
@@ -51,8 +53,11 @@ def _fail_on_failed_chapters(app, env):
     in a temporary file (under `-j`, not even the chapter's name); with it off, MyST-NB logs each failing
     cell and its traceback as a warning, and this handler turns any failure into an error.
     """
-    failed = sorted(docname for docname, data in getattr(env, "nb_metadata", {}).items()
-                    if (data.get("exec_data") or {}).get("succeeded") is False)
+    failed = sorted(
+        docname
+        for docname, data in getattr(env, "nb_metadata", {}).items()
+        if (data.get("exec_data") or {}).get("succeeded") is False
+    )
     if failed:
         raise ExtensionError(f"a cell raised in {', '.join(failed)} (the cell and its traceback are above)")
 

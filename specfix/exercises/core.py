@@ -76,11 +76,15 @@ class Verdict:
 
     def _repr_html_(self) -> str:
         if self.solved:
-            return (f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
-                    f"<code>{self.exercise}</code> is correct.</div>")
+            return (
+                f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
+                f"<code>{self.exercise}</code> is correct.</div>"
+            )
         items = "".join(f"<li>{_code_spans(html.escape(message))}</li>" for _, message in self.hints)
-        return (f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
-                f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>")
+        return (
+            f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
+            f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>"
+        )
 
 
 def _code_spans(text: str) -> str:
@@ -116,6 +120,7 @@ class Checker:
 
                     def refuse(*_, _name=path, **__):
                         raise _Bypass(_name)
+
                     setattr(owner, attr, refuse)
                 return answer(*args, **kwargs)
             finally:
@@ -124,6 +129,7 @@ class Checker:
                         delattr(owner, attr)
                     else:
                         setattr(owner, attr, original)
+
         return guarded
 
     def reference(self):
@@ -144,8 +150,13 @@ class Checker:
             except _Stop:
                 verdict.checked = True
             except _Bypass as called:
-                verdict.hints.append(("bypass", f"your answer calls specfix's own {called}: that is what "
-                                                "this exercise asks you to work out yourself."))
+                verdict.hints.append(
+                    (
+                        "bypass",
+                        f"your answer calls specfix's own {called}: that is what "
+                        "this exercise asks you to work out yourself.",
+                    )
+                )
                 verdict.checked = True
             except NotImplementedError:
                 verdict.hints.append(("todo", self.todo))
@@ -183,11 +194,13 @@ def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], f
     """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``; a function answer that
     calls one of ``forbid`` (``"module:Class.attr"``, specfix's own version of the exercise) gets the
     ``bypass`` hint."""
+
     def wrap(body: Callable) -> Checker:
         made = Checker(exercise, solution, todo, dict(hints), body, tuple(forbid))
         functools.update_wrapper(made, body)
         CHECKERS[exercise] = made
         return made
+
     return wrap
 
 
@@ -226,12 +239,18 @@ def show_solution(exercise: str) -> Source:
     import ast
 
     text = inspect.getsource(module)
-    node = next((n for n in ast.parse(text).body if isinstance(n, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)), None)
+    node = next(
+        (
+            n
+            for n in ast.parse(text).body
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        ),
+        None,
+    )
     if node is None:
         return Source(f"{name} = {answer!r}")
     lines = text.splitlines()
     start = node.lineno - 1  # the comment lines right above the value explain it: they belong to the solution
     while start > 0 and lines[start - 1].startswith("#"):
         start -= 1
-    return Source("\n".join(lines[start:node.end_lineno]))
+    return Source("\n".join(lines[start : node.end_lineno]))

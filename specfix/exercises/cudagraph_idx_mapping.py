@@ -49,30 +49,31 @@ UNFIXED = Fixes(pad_idx_mapping=False)
 
 # -- ch3.pad_idx_mapping ------------------------------------------------------------------------------------
 
+
 @checker(
     "ch3.pad_idx_mapping",
     solution="cudagraph_idx_mapping:pad_idx_mapping",
     todo="write pad_idx_mapping(buffer, idx_mapping, num_reqs): copy the batch into buffer[:num_reqs] and "
-         "write -1 into every row after it, in place",
+    "write -1 into every row after it, in place",
     hints={
         "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the "
-                      "name `buffer`) instead of writing into it. A captured CUDA graph reads the "
-                      "buffer's address, fixed at capture: a new tensor is one the replay never sees. "
-                      "Write in place (buffer[...] = ..., .copy_(), .fill_()).",
+        "name `buffer`) instead of writing into it. A captured CUDA graph reads the "
+        "buffer's address, fixed at capture: a new tensor is one the replay never sees. "
+        "Write in place (buffer[...] = ..., .copy_(), .fill_()).",
         "padded_live": "the live rows came out -1 too: the -1 must go only after the batch "
-                       "(buffer[num_reqs:]), or the live requests themselves are skipped by the sampler.",
+        "(buffer[num_reqs:]), or the live requests themselves are skipped by the sampler.",
         "live_rows": "the live rows must hold this step's idx_mapping in batch order: "
-                     "buffer[:num_reqs] = idx_mapping[:num_reqs].",
+        "buffer[:num_reqs] = idx_mapping[:num_reqs].",
         "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would "
-                     "write its garbage logits into draft_logits[0], the request in slot 0. The sampler "
-                     "skips -1 only.",
+        "write its garbage logits into draft_logits[0], the request in slot 0. The sampler "
+        "skips -1 only.",
         "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there. "
-                      "The copy is told only num_reqs, not which captured size the step will replay (that "
-                      "is picked afterwards), so every row after the batch must be -1: fill all of "
-                      "buffer[num_reqs:].",
+        "The copy is told only num_reqs, not which captured size the step will replay (that "
+        "is picked afterwards), so every row after the batch must be -1: fill all of "
+        "buffer[num_reqs:].",
         "pad_value": "the padded rows must be -1, the value the sampler's req_state_idx >= 0 mask skips.",
         "changed_input": "you changed the idx_mapping argument: it is the batch's own table, read again by "
-                         "verification; write only the persistent buffer.",
+        "verification; write only the persistent buffer.",
     },
 )
 def check_pad_idx_mapping(answer, verdict):
@@ -96,6 +97,7 @@ def check_pad_idx_mapping(answer, verdict):
 
 # -- ch3.stale_victims --------------------------------------------------------------------------------------
 
+
 def _names(answer) -> set[str] | None:
     """A set of request names from a set, list or string of letters; None if it is none of those."""
     if hasattr(answer, "tolist") and not isinstance(answer, str):  # a numpy array of names
@@ -115,11 +117,11 @@ def _names(answer) -> set[str] | None:
         "format": "answer with a set of request names (letters), e.g. {'a', 'b'}.",
         "unknown": "name only requests of the history.",
         "finished": "a finished request has no draft logits to lose: its slot is free, and a padded row "
-                    "writing a free slot harms nobody (until a new request takes that slot).",
+        "writing a free slot harms nobody (until a new request takes that slot).",
         "not_written": "you missed a victim of a padded row that no step ever wrote: such a row still holds "
-                       "what the buffer was created with, and that value can name a live slot.",
+        "what the buffer was created with, and that value can name a live slot.",
         "moved": "you missed a victim of a row a request left: a request that moved to an earlier row "
-                 "keeps its slot, and the row it left still names that slot.",
+        "keeps its slot, and the row it left still names that slot.",
         "too_many": "a live request is overwritten only if some padded row names its slot.",
     },
 )
@@ -161,8 +163,15 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
     depend on the history; without it, a response changes where a verification read draft logits that a
     padded row had overwritten."""
     target, draft = load_models("cpu")
-    engine = SpecDecodeEngine(target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K,
-                              device="cpu", fixes=fixes, cuda_graphs=False)
+    engine = SpecDecodeEngine(
+        target,
+        draft,
+        max_num_reqs=max_num_reqs,
+        num_speculative_steps=_K,
+        device="cpu",
+        fixes=fixes,
+        cuda_graphs=False,
+    )
     states, spec, width = engine.states, engine.spec, engine.spec.context_ids.shape[1]
     requests = {chr(ord("a") + i): r for i, r in enumerate(make_requests(26, seed=3, max_tokens=(1, 1)))}
     tokens, responses, drafts = {}, {}, {}
@@ -176,8 +185,12 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
             slot = states.add_request(name, 1.0, requests[name].seed)
             tokens[name], responses[name] = list(requests[name].prompt), []
             positions = torch.arange(len(tokens[name]))
-            target(torch.tensor(tokens[name]), positions, slot * engine.max_model_len + positions,
-                   engine.kv_cache)
+            target(
+                torch.tensor(tokens[name]),
+                positions,
+                slot * engine.max_model_len + positions,
+                engine.kv_cache,
+            )
         if verb == "arrive":
             continue
         verify = [n for n in names if n in drafts]  # a request's first step has nothing to verify
@@ -188,17 +201,27 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
             positions = pos[:, None] + torch.arange(_K + 1)
             last = torch.tensor([tokens[n][-1] for n in verify])
             slot_mapping = idx.long()[:, None] * engine.max_model_len + positions
-            logits = target(torch.cat([last[:, None], proposed], dim=1).flatten(), positions.flatten(),
-                            slot_mapping.flatten(), engine.kv_cache)
-            sampled, num_sampled = rejection_sample_mrv2(logits, proposed, spec.draft_logits, idx,
-                                                         states.temperature, states.seeds, pos, fixes)
+            logits = target(
+                torch.cat([last[:, None], proposed], dim=1).flatten(),
+                positions.flatten(),
+                slot_mapping.flatten(),
+                engine.kv_cache,
+            )
+            sampled, num_sampled = rejection_sample_mrv2(
+                logits, proposed, spec.draft_logits, idx, states.temperature, states.seeds, pos, fixes
+            )
             for name, row, count in zip(verify, sampled.tolist(), num_sampled.tolist(), strict=True):
                 tokens[name] += row[:count]
                 responses[name] += row[:count]
         idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
-        proposal = spec.propose(len(names), idx, states.temperature, states.seeds,
-                                torch.tensor([tokens[n][-width:] for n in names]),
-                                torch.tensor([len(tokens[n]) - 1 for n in names]))
+        proposal = spec.propose(
+            len(names),
+            idx,
+            states.temperature,
+            states.seeds,
+            torch.tensor([tokens[n][-width:] for n in names]),
+            torch.tensor([len(tokens[n]) - 1 for n in names]),
+        )
         drafts.update((n, d.clone()) for n, d in zip(names, proposal.draft_tokens, strict=True))
     return responses
 
@@ -238,8 +261,15 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
             continue
         drafted = any(w.victim in names for j, names in ran if j < i)
         later = any(w.victim in names for j, names in ran if j > i)
-        kind = ("in_batch" if w.victim in events[i].split()[1] else "undrafted" if not drafted else
-                "unread" if not later else "victim")
+        kind = (
+            "in_batch"
+            if w.victim in events[i].split()[1]
+            else "undrafted"
+            if not drafted
+            else "unread"
+            if not later
+            else "victim"
+        )
         kinds[kind].add(w.victim)
         if kind == "victim" and i != last:
             kinds["earlier"].add(w.victim)
@@ -271,18 +301,18 @@ def _random_schedule(rng: random.Random) -> tuple[str, ...]:
     """Requests arrive, a first step runs 4 or 8 of them, some finish, then one or two steps at sizes that
     pad (3 of 4 rows, 5 to 7 of 8), each leaving out the live requests its padded rows name, then a step of
     every live request."""
-    names = string.ascii_lowercase[:rng.randint(5, 8)]
+    names = string.ascii_lowercase[: rng.randint(5, 8)]
     first = rng.sample(names, rng.choice((4, 8)) if len(names) == 8 else 4)
     events, live, buffer = [f"arrive {names}", f"step {''.join(first)}"], list(names), [0] * 8
     slots = {n: i for i, n in enumerate(names)}
-    buffer[:len(first)] = [slots[n] for n in first]
+    buffer[: len(first)] = [slots[n] for n in first]
     if rng.random() < 0.5:
         gone = rng.sample(first, rng.randint(1, 2))
         events.append(f"finish {''.join(gone)}")
         live = [n for n in live if n not in gone]
     for _ in range(rng.randint(1, 2)):
         size = rng.choice([m for m in (3, 5, 6, 7) if m < len(live)] or [1])
-        named = set(buffer[size:4 if size == 3 else 8])  # no padded row may name a slot of the batch
+        named = set(buffer[size : 4 if size == 3 else 8])  # no padded row may name a slot of the batch
         free = [n for n in live if slots[n] not in named]
         batch = rng.sample(free, min(size, len(free)))
         if len(batch) == size:
@@ -295,26 +325,28 @@ def _random_schedule(rng: random.Random) -> tuple[str, ...]:
     "ch3.corrupted_responses",
     solution="cudagraph_idx_mapping:corrupted_responses",
     todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the "
-         "unfixed engine corrupts",
+    "unfixed engine corrupts",
     hints={
         "format": "return a set of request names (letters), e.g. {'a', 'b'}.",
         "unknown": "name only requests of the history.",
         "finished": "a padded row that names the slot of a finished request writes a free slot: that "
-                    "request's response is complete, and a later owner of the slot writes its own draft "
-                    "logits before anything reads them.",
+        "request's response is complete, and a later owner of the slot writes its own draft "
+        "logits before anything reads them.",
         "undrafted": "a waiting request that has not run yet has no cached draft logits to lose: its first "
-                     "step drafts, and writes its own, before any verification reads them.",
+        "step drafts, and writes its own, before any verification reads them.",
         "unread": "overwritten draft logits corrupt a response only when a verification reads them: that "
-                  "request never runs again after the padded step that hit its slot.",
+        "request never runs again after the padded step that hit its slot.",
         "earlier": "you missed a victim of an earlier padded step: every padded step can hit a waiting "
-                   "request's cache, and the damage waits for its next verification.",
+        "request's cache, and the damage waits for its next verification.",
         "missed": "you missed a request whose cached draft logits a padded row overwrote while it waited.",
         "too_many": "a response comes out corrupted only if a padded row named the request's slot while it "
-                    "waited with drafts, and a later step verified them.",
+        "waited with drafts, and a later step verified them.",
     },
-    forbid=("specfix.exercises.cudagraph_idx_mapping:run_schedule",
-            "specfix.lab.padding_bench:StaleRowScenario.play",
-            "specfix.mrv2.speculator:DraftModelSpeculator.propose"),
+    forbid=(
+        "specfix.exercises.cudagraph_idx_mapping:run_schedule",
+        "specfix.lab.padding_bench:StaleRowScenario.play",
+        "specfix.mrv2.speculator:DraftModelSpeculator.propose",
+    ),
 )
 def check_corrupted_responses(answer, verdict):
     for events in _response_cases():
@@ -377,14 +409,14 @@ def _random_history(seed: int) -> tuple[list[str], str]:
     order, has at least one culprit row."""
     rng = random.Random(seed)
     while True:
-        first = string.ascii_lowercase[:rng.randint(2, 8)]
+        first = string.ascii_lowercase[: rng.randint(2, 8)]
         events = [f"step {first}"]
         if rng.random() < 0.5:
             events.append("step " + "".join(rng.sample(first, len(first))))
         gone = sorted(rng.sample(first, rng.randint(1, len(first) - 1)))
         events.append(f"finish {''.join(gone)}")
         live = [c for c in first if c not in gone]
-        newcomers = string.ascii_lowercase[len(first):len(first) + rng.randint(0, 8 - len(live))]
+        newcomers = string.ascii_lowercase[len(first) : len(first) + rng.randint(0, 8 - len(live))]
         if newcomers:
             events.append(f"arrive {newcomers}")
         pool = live + list(newcomers)
@@ -398,14 +430,16 @@ def _random_history(seed: int) -> tuple[list[str], str]:
 def _hidden_seeds() -> tuple[int, ...]:
     """The checker's hidden cases: the first seeds whose first padded row names a free slot, and whose
     culprit is a row never written (it names slot 0 from the buffer's zeros), then one more of the family."""
+
     def first_padded_free(m):
         return m.spec.idx_mapping[len(m.batch)].item() not in m.owners
 
     def fresh_zeros(m):
         return any(m.scenario.row_writer[row] is None for row, _ in _culprits(m))
 
-    found = [next(s for s in range(100) if test(mystery_batch(s)))
-             for test in (first_padded_free, fresh_zeros)]
+    found = [
+        next(s for s in range(100) if test(mystery_batch(s))) for test in (first_padded_free, fresh_zeros)
+    ]
     return (*found, 1000 + sum(found))
 
 
@@ -421,17 +455,17 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
     "ch3.find_stale_row",
     solution="cudagraph_idx_mapping:find_stale_row",
     todo="write find_stale_row(mystery) -> (row, slot): the padded row whose stale idx_mapping entry "
-         "corrupts a live request, and the slot it names (run check_speculator on it first)",
+    "corrupts a live request, and the slot it names (run check_speculator on it first)",
     hints={
         "format": "return a pair of ints: (padded row, request-state slot).",
         "swapped": "row and slot are swapped: the row is the position in idx_mapping, the slot is the value "
-                   "stored there.",
+        "stored there.",
         "live_row": "that row is a live row (a request of this batch sits there); the culprit is a "
-                    "padded row, at or past num_reqs.",
+        "padded row, at or past num_reqs.",
         "beyond_graph": "that row lies beyond the graph this batch replays: the replay never reads it.",
         "not_there": "that row does not hold that slot: the slot is idx_mapping[row].",
         "free_slot": "that padded row names a free slot: its write harms nobody. The report's draft_logits "
-                     "rows are the live slots that changed; find the padded row naming one of them.",
+        "rows are the live slots that changed; find the padded row naming one of them.",
     },
 )
 def check_find_stale_row(answer, verdict):
@@ -447,8 +481,11 @@ def _check_stale_row(answer, mystery, verdict):
     n, idx = len(mystery.batch), mystery.spec.idx_mapping.tolist()
     padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
     verdict.require((slot, row) not in truth or (row, slot) in truth, "swapped")
-    verdict.require(not 0 <= row < n, "live_row", f"(row {row} holds request {mystery.batch[row]})"
-                    if 0 <= row < n else "")
+    verdict.require(
+        not 0 <= row < n,
+        "live_row",
+        f"(row {row} holds request {mystery.batch[row]})" if 0 <= row < n else "",
+    )
     verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
     verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
     verdict.require((row, slot) in truth, "free_slot")
@@ -456,10 +493,14 @@ def _check_stale_row(answer, mystery, verdict):
 
 # -- ch3.simulate_idx_mapping -------------------------------------------------------------------------------
 
+
 def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], int]]:
     """(events, max_num_reqs): the chapter's two histories, then a seeded family of random ones."""
-    cases = [(list(PREDICT_EVENTS), 8), (list(_MYSTERY_HISTORY) + [f"step {MYSTERY_BATCH}"], 8),
-             (["step abcde", "finish bd", "arrive f", "step eafg"], 8)]  # f and g reuse b's and d's slots
+    cases = [
+        (list(PREDICT_EVENTS), 8),
+        (list(_MYSTERY_HISTORY) + [f"step {MYSTERY_BATCH}"], 8),
+        (["step abcde", "finish bd", "arrive f", "step eafg"], 8),
+    ]  # f and g reuse b's and d's slots
     rng = random.Random(seed)
     for _ in range(count):
         events, live, used, max_num_reqs = [], [], 0, rng.choice((4, 8))
@@ -469,7 +510,7 @@ def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], in
                 events.append(f"finish {''.join(gone)}")
                 live = [c for c in live if c not in gone]
                 continue
-            newcomers = list(string.ascii_lowercase[used:used + rng.randint(0, max_num_reqs - len(live))])
+            newcomers = list(string.ascii_lowercase[used : used + rng.randint(0, max_num_reqs - len(live))])
             used += len(newcomers)
             if newcomers and rng.random() < 0.5:
                 events.append(f"arrive {''.join(newcomers)}")
@@ -493,22 +534,24 @@ def _played(events: list[str], max_num_reqs: int) -> list[int]:
     "ch3.simulate_idx_mapping",
     solution="cudagraph_idx_mapping:simulate_idx_mapping",
     todo="write simulate_idx_mapping(events, max_num_reqs) -> the unfixed idx_mapping buffer (a list of "
-         "max_num_reqs ints) after the history",
+    "max_num_reqs ints) after the history",
     hints={
         "format": "return the whole buffer: a list of max_num_reqs ints.",
         "starts_minus_one": "the buffer is created as zeros, not -1: a row no step ever wrote names slot 0.",
         "pads_minus_one": "you wrote -1 after each batch: that is the fix. Without it a step writes only "
-                          "its own rows, and every row after them keeps what an earlier step left there.",
+        "its own rows, and every row after them keeps what an earlier step left there.",
         "finish_clears": "finishing a request frees its slot but writes nothing into idx_mapping: the rows "
-                         "that named it keep naming it.",
+        "that named it keep naming it.",
         "slot_not_reused": "a new request takes the lowest free slot, and a finished request's slot is free "
-                           "again: slots are reused, they do not keep counting up.",
+        "again: slots are reused, they do not keep counting up.",
         "rows_by_name": "a request's row is its position in this step's batch, not a place of its own: the "
-                        "same request can sit at a different row in every step.",
+        "same request can sit at a different row in every step.",
         "wrong": "not the buffer the unfixed speculator ends with.",
     },
-    forbid=("specfix.lab.padding_bench:StaleRowScenario.play",
-            "specfix.mrv2.speculator:DraftModelSpeculator.propose"),
+    forbid=(
+        "specfix.lab.padding_bench:StaleRowScenario.play",
+        "specfix.mrv2.speculator:DraftModelSpeculator.propose",
+    ),
 )
 def check_simulate_idx_mapping(answer, verdict):
     for events, max_num_reqs in _simulation_cases():
@@ -526,6 +569,7 @@ def check_simulate_idx_mapping(answer, verdict):
 
 def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[int]]:
     """The buffer each typical slip gives (the hint of that slip names it)."""
+
     def simulate(start=0, pad=False, clear=False, reuse=True, by_name=False):
         buffer, slots, next_new = [start] * max_num_reqs, {}, 0
         for event in events:
@@ -545,15 +589,20 @@ def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[i
                 for row, n in enumerate(names):
                     buffer[slots[n] if by_name else row] = slots[n]
                 if pad:
-                    buffer[len(names):] = [-1] * (max_num_reqs - len(names))
+                    buffer[len(names) :] = [-1] * (max_num_reqs - len(names))
         return buffer
 
-    return {"starts_minus_one": simulate(start=-1), "pads_minus_one": simulate(pad=True),
-            "finish_clears": simulate(clear=True), "slot_not_reused": simulate(reuse=False),
-            "rows_by_name": simulate(by_name=True)}
+    return {
+        "starts_minus_one": simulate(start=-1),
+        "pads_minus_one": simulate(pad=True),
+        "finish_clears": simulate(clear=True),
+        "slot_not_reused": simulate(reuse=False),
+        "rows_by_name": simulate(by_name=True),
+    }
 
 
 # -- ch3.dflash_padding --------------------------------------------------------------------------------------
+
 
 def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, int, int]]:
     """(idx_mapping buffer, num_reqs, k, max_num_reqs): the chapter's DFlash step (2 of 4 requests, k = 3),
@@ -562,8 +611,9 @@ def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, i
     rng = random.Random(seed)
     for _ in range(count):
         max_num_reqs, k = rng.choice((4, 8)), rng.randint(1, 4)
-        cases.append((rng.sample(range(max_num_reqs), max_num_reqs), rng.randint(1, max_num_reqs - 1), k,
-                      max_num_reqs))
+        cases.append(
+            (rng.sample(range(max_num_reqs), max_num_reqs), rng.randint(1, max_num_reqs - 1), k, max_num_reqs)
+        )
     return cases
 
 
@@ -573,8 +623,16 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
     out = dflash.DFlashInputs.allocate(max_num_reqs, k)
     out.sample_idx_mapping.fill_(99)  # what an earlier step left: the preparation must write every entry
     table = torch.arange(max_num_reqs)
-    dflash.prepare_dflash_inputs(num_reqs, torch.tensor(idx_mapping, dtype=torch.int32), table, table + 5, 16,
-                                 out, Fixes(), use_triton=False)
+    dflash.prepare_dflash_inputs(
+        num_reqs,
+        torch.tensor(idx_mapping, dtype=torch.int32),
+        table,
+        table + 5,
+        16,
+        out,
+        Fixes(),
+        use_triton=False,
+    )
     return out.sample_idx_mapping.tolist()
 
 
@@ -582,16 +640,16 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
     "ch3.dflash_padding",
     solution="cudagraph_idx_mapping:sample_idx_mapping",
     todo="write sample_idx_mapping(idx_mapping, num_reqs, k, max_num_reqs) -> the max_num_reqs * k entries "
-         "DFlash's sampler reads, padded with the fix",
+    "DFlash's sampler reads, padded with the fix",
     hints={
         "format": "return max_num_reqs * k ints: one entry per drafted token the graph samples.",
         "pads_zero": "you padded with 0, request-state slot 0: that is the bug. Every padded entry would "
-                     "write its logits into slot 0's draft logits; pad with -1, which the sampler skips.",
+        "write its logits into slot 0's draft logits; pad with -1, which the sampler skips.",
         "not_expanded": "each request drafts k tokens, so it has k entries in a row, all naming its slot.",
         "interleaved": "the entries are request by request: all k of the first request, then all k of the "
-                       "next (repeat each slot k times, do not repeat the list k times).",
+        "next (repeat each slot k times, do not repeat the list k times).",
         "stale_rows": "the rows of idx_mapping past num_reqs are stale slots from earlier steps: they are "
-                      "padding, not requests.",
+        "padding, not requests.",
         "wrong": "not the sample_idx_mapping the fixed preparation writes.",
     },
     forbid=("specfix.mrv2.dflash:prepare_dflash_inputs", "specfix.mrv2.dflash:_prepare_reference"),
@@ -603,11 +661,11 @@ def check_dflash_padding(answer, verdict):
         want = _dflash_truth(idx, num_reqs, k, max_num_reqs)
         if got == want:
             continue
-        live, pad = want[:num_reqs * k], [-1] * ((max_num_reqs - num_reqs) * k)
+        live, pad = want[: num_reqs * k], [-1] * ((max_num_reqs - num_reqs) * k)
         said = f"(idx_mapping {idx}, num_reqs {num_reqs}, k {k}: you returned {got})"
         verdict.require(got != live + [0] * len(pad), "pads_zero", said)
         verdict.require(got != idx[:num_reqs] * k + pad or num_reqs == 1 or k == 1, "interleaved", said)
         verdict.require(got[:num_reqs] != idx[:num_reqs] or k == 1, "not_expanded", said)
         stale = [s for s in idx[num_reqs:] for _ in range(k)]
-        verdict.require(got[num_reqs * k:] != stale, "stale_rows", said)
+        verdict.require(got[num_reqs * k :] != stale, "stale_rows", said)
         verdict.require(False, "wrong", said)

@@ -39,27 +39,27 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
     "ch2.clamp",
     solution="embedding_assert:preprocess",
     todo="write preprocess(input_ids, num_tokens, num_input_tokens, draft_token_ids): return what the "
-         "embedding reads, with no id below 0, while draft_token_ids keeps its -1",
+    "embedding reads, with no id below 0, while draft_token_ids keeps its -1",
     hints={
         "shape": "return what the embedding reads: the first num_input_tokens rows of input_ids (the "
-                 "scheduled tokens and the CUDA-graph padding after them), as a view of the buffer.",
+        "scheduled tokens and the CUDA-graph padding after them), as a view of the buffer.",
         "metadata": "your clamp also rewrote draft_token_ids: the rejection sampler can no longer see the "
-                    "placeholder, and would verify a real token (0) in that slot. Clamp input_ids only.",
+        "placeholder, and would verify a real token (0) in that slot. Clamp input_ids only.",
         "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU that is the "
-                         "device-side assert of this chapter.",
+        "device-side assert of this chapter.",
         "only_scheduled": "you clamped only the scheduled tokens [:num_tokens], but the embedding reads "
-                          "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] "
-                          "holds whatever an earlier step left there, a -1 included. Clamp all that the "
-                          "embedding reads.",
+        "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] "
+        "holds whatever an earlier step left there, a -1 included. Clamp all that the "
+        "embedding reads.",
         "changed_real": "you changed real token ids: only the -1 placeholders may change (clamp(min=0) "
-                        "leaves every id >= 0 as it is).",
+        "leaves every id >= 0 as it is).",
         "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a masked copy): "
-                     "it allocates on every step, and a CUDA graph captured on the persistent input_ids "
-                     "buffer still reads the -1 there. Clamp the buffer in place and return a view of it.",
+        "it allocates on every step, and a CUDA graph captured on the persistent input_ids "
+        "buffer still reads the -1 there. Clamp the buffer in place and return a view of it.",
         "syncs": "your preprocess reads tensor values on the host (an `if` on a tensor, .item(), .tolist(), "
-                 "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and "
-                 "a CUDA graph cannot capture it. The fix must not branch on the data: clamp "
-                 "unconditionally.",
+        "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and "
+        "a CUDA graph cannot capture it. The fix must not branch on the data: clamp "
+        "unconditionally.",
     },
 )
 def check_clamp(answer, verdict):
@@ -67,8 +67,11 @@ def check_clamp(answer, verdict):
     drafts = torch.tensor(_DRAFTS, dtype=torch.int32)
     before = buffer.clone()
     out, synced = host_reads(lambda: answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts))
-    verdict.require(isinstance(out, torch.Tensor) and tuple(out.shape) == (_NUM_INPUT_TOKENS,), "shape",
-                    f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})")
+    verdict.require(
+        isinstance(out, torch.Tensor) and tuple(out.shape) == (_NUM_INPUT_TOKENS,),
+        "shape",
+        f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})",
+    )
     verdict.require(drafts.tolist() == _DRAFTS, "metadata", f"(draft_token_ids became {drafts.tolist()})")
     reads = f"(the embedding reads {out.tolist()})"
     verdict.require(bool((out[:_NUM_TOKENS] >= 0).all()), "left_negative", reads)
@@ -96,34 +99,41 @@ def assert_line(kernel: str = KERNEL) -> str:
     for row in rows:
         for a in ea.device_asserts(row.get("transcript", "")):
             if a.kernel == kernel:
-                return (f"{a.where}: {a.kernel}: block: [{a.block}], thread: [{a.thread}] "
-                        f"Assertion `{a.condition}` failed.")
+                return (
+                    f"{a.where}: {a.kernel}: block: [{a.block}], thread: [{a.thread}] "
+                    f"Assertion `{a.condition}` failed."
+                )
     raise LookupError(f"no assert line of {kernel!r} in the recorded op table")
 
 
 def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
     """The ops whose CUDA run, with a -1 among the indices, asserted in ``kernel`` (at any recorded index
     count)."""
-    return {row["op"] for row in _ops_rows() if row["bad"] == "-1"
-            and row["cuda"].get("outcome") == "device assert" and row["cuda"]["kernel"] == kernel}
+    return {
+        row["op"]
+        for row in _ops_rows()
+        if row["bad"] == "-1"
+        and row["cuda"].get("outcome") == "device assert"
+        and row["cuda"]["kernel"] == kernel
+    }
 
 
 @checker(
     "ch2.which_ops",
     solution="embedding_assert:which_ops",
     todo=f"set which_ops to the set of ops (names from the op table) that can print this {KERNEL} line "
-         "when the bad index is -1",
+    "when the bad index is -1",
     hints={
         "not_ops": "answer with a set of op names as the op table writes them, e.g. {'torch.gather'}.",
         "wraps": "w[idx] and torch.take accept -1 (Python's wrap-around rule): they return the last row and "
-                 "assert nothing. Only an index equal to the size makes w[idx] assert.",
+        "assert nothing. Only an index equal to the size makes w[idx] assert.",
         "gather_only": "the kernel's name says gather, but with the larger index count F.embedding and "
-                       "torch.index_select end in this kernel too: the name does not tell these ops apart.",
+        "torch.index_select end in this kernel too: the name does not tell these ops apart.",
         "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup runs "
-                            "this kernel. That is the batch size of a serving engine.",
+        "this kernel. That is the batch size of a serving engine.",
         "family_only": "you kept to the embedding's own family (F.embedding, index_select), as for the "
-                       "kernel of a few ids; at the larger index count this kernel is shared with an op "
-                       "outside that family.",
+        "kernel of a few ids; at the larger index count this kernel is shared with an op "
+        "outside that family.",
         "incomplete": "not the set the recorded table shows: compare each op's -1 row at both index counts.",
     },
 )
@@ -141,6 +151,7 @@ def check_which_ops(answer, verdict):
 
 
 # -- ch2.first_bad_op -----------------------------------------------------------------------------------
+
 
 def _transcripts() -> dict:
     return recorded.load("embedding_assert_transcripts")["runs"]
@@ -167,18 +178,18 @@ def forward_lines() -> list[str]:
     "ch2.first_bad_op",
     solution="embedding_assert:first_bad_op",
     todo="set first_bad_op to the line of NgramLM.forward (copied from forward_lines()) whose kernel "
-         "asserted",
+    "asserted",
     hints={
         "not_a_line": "answer with one line of NgramLM.forward, as a string copied from forward_lines().",
         "traceback_line": "that is the line where the traceback ends: where Python heard of the error, the "
-                          "first CUDA call after the kernel had trapped. The failing kernel ran earlier.",
+        "first CUDA call after the kernel had trapped. The failing kernel ran earlier.",
         "not_in_forward": "that is not a line of NgramLM.forward: copy one from forward_lines().",
         "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come "
-                           "from searchsorted and torch.where and never go below 0: which lookup gets the "
-                           "raw input_ids?",
+        "from searchsorted and torch.where and never go below 0: which lookup gets the "
+        "raw input_ids?",
         "indexing": "that line indexes with x[idx], whose kernel can assert too, but its indices cannot be "
-                    "negative: they pass through torch.where(..., scratch) or come from a clamped "
-                    "searchsorted. Which lookup is fed ids straight from the batch?",
+        "negative: they pass through torch.where(..., scratch) or come from a clamped "
+        "searchsorted. Which lookup is fed ids straight from the batch?",
         "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
     },
 )
@@ -198,6 +209,7 @@ def check_first_bad_op(answer, verdict):
 
 
 # -- ch2.guard_positions ----------------------------------------------------------------------------------
+
 
 @dataclass
 class GuardReport:
@@ -220,8 +232,9 @@ def guard_report() -> GuardReport:
 
     engine = LLMEngine(num_speculative_tokens=3, fixes=Fixes(clamp_placeholders=False), device="cpu")
     for prompt, remote in zip(DEMO_PROMPTS, (True, False, True, False), strict=True):
-        engine.add_request(prompt, SamplingParams(temperature=0.7, seed=0, max_tokens=24),
-                           remote_prefill=remote)
+        engine.add_request(
+            prompt, SamplingParams(temperature=0.7, seed=0, max_tokens=24), remote_prefill=remote
+        )
     layout, prepare = {}, engine.model_runner._prepare_inputs
 
     def recording_prepare(scheduler_output):  # the step's batch order and cu_num_scheduled_tokens
@@ -248,8 +261,10 @@ def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], lis
         counts = torch.randint(0, 5, (int(torch.randint(2, 7, (1,), generator=gen)),), generator=gen).tolist()
         counts[int(torch.randint(0, len(counts), (1,), generator=gen))] += 1  # at least one token
         cu = [int(c) for c in torch.tensor(counts).cumsum(0)]
-        positions = sorted(set(c for c in cu[:-1] if c < cu[-1]) | set(
-            torch.randint(0, cu[-1], (4,), generator=gen).tolist()))
+        positions = sorted(
+            set(c for c in cu[:-1] if c < cu[-1])
+            | set(torch.randint(0, cu[-1], (4,), generator=gen).tolist())
+        )
         cases.append((positions, cu, [f"req-{i}" for i in range(len(counts))]))
     return cases
 
@@ -266,10 +281,10 @@ def _owner(position: int, cu: list[int]) -> int:
         "format": "return a list with one request id (a string from req_ids) per position.",
         "indices": "those are batch indices: give the request ids themselves (req_ids[i]).",
         "boundary": "a position equal to cu_num_tokens[i] is not request i's: cu[i] is where request i's "
-                    "tokens end (exclusive), so that position is the first of a later request.",
+        "tokens end (exclusive), so that position is the first of a later request.",
         "exclusive": "cu_num_tokens has no leading 0: entry i is where request i ends, not where it starts.",
         "empty_request": "you gave a position to a request that holds no token at all (its count is 0, so "
-                         "its cu entry equals the one before it).",
+        "its cu entry equals the one before it).",
         "wrong": "a position was mapped to the wrong request.",
     },
 )

@@ -36,8 +36,9 @@ def _kernel_tables(device):
     rows, slots = len(KERNEL_IDX_MAPPING), len(KERNEL_TEMPERATURE)
     logits = (torch.randn(rows, KERNEL_VOCAB, generator=gen) * 3).to(device)
     idx = torch.tensor(KERNEL_IDX_MAPPING, dtype=torch.int32, device=device)
-    temperature, temp_whole = gumbel.guarded_table((slots,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE,
-                                                   device=device)
+    temperature, temp_whole = gumbel.guarded_table(
+        (slots,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE, device=device
+    )
     temperature.copy_(torch.tensor(KERNEL_TEMPERATURE))
     out, out_whole = gumbel.guarded_table((slots, KERNEL_VOCAB), OUT_SENTINEL, torch.float32, device=device)
     row_temp = torch.full((rows,), float("nan"), device=device)
@@ -48,31 +49,31 @@ def _kernel_tables(device):
     "ch4.mask_kernel",
     solution="masked_gumbel_sampling:scale_rows_kernel",
     todo="write the @triton.jit kernel scale_rows(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, "
-         "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
+    "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
     hints={
         "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
         "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats the "
-                       "scalar as int32 and refuses the mask): make the condition per lane, e.g. "
-                       "`offs * 0 + req_state_idx >= 0`, or "
-                       "`tl.where(is_valid_req, offs < vocab_size, False)`.",
+        "scalar as int32 and refuses the mask): make the condition per lane, e.g. "
+        "`offs * 0 + req_state_idx >= 0`, or "
+        "`tl.where(is_valid_req, offs < vocab_size, False)`.",
         "no_mask": "neither the loads nor the store are masked: the padded rows read temperature[-1] (the "
-                   "guard row's 4.0 here) and wrote out[-1], the row before the table.",
+        "guard row's 4.0 here) and wrote out[-1], the row before the table.",
         "load_unmasked": "you masked the store but not the loads: the padded row still reads temperature[-1] "
-                         "(here the guard row's 4.0; in an engine, whatever lies before the table).",
+        "(here the guard row's 4.0; in an engine, whatever lies before the table).",
         "store_unmasked": "you masked the loads but not the store: the padded row overwrote out[-1], the row "
-                          "before the table (here the guard row; in an engine, another request's draft "
-                          "logits).",
+        "before the table (here the guard row; in an engine, another request's draft "
+        "logits).",
         "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read temperature "
-                        "0.0 and stored nothing). Slot 0 is a real request; only negative entries are "
-                        "padding.",
+        "0.0 and stored nothing). Slot 0 is a real request; only negative entries are "
+        "padding.",
         "padded_wrote_live": "a padded row wrote its values into a live request's row: mapping -1 onto a "
-                             "real slot (clamping req_state_idx to 0) makes the padding overwrite that "
-                             "request's logits. Keep the -1 and let the mask skip the padded row's loads "
-                             "and store.",
+        "real slot (clamping req_state_idx to 0) makes the padding overwrite that "
+        "request's logits. Keep the -1 and let the mask skip the padded row's loads "
+        "and store.",
         "other_not_zero": "a padded row must come out greedy: give the masked temperature load other=0.0 "
-                          "(then the real kernel needs no seed and adds no noise for it).",
+        "(then the real kernel needs no seed and adds no noise for it).",
         "wrong_values": "a live row stored the wrong values: out[req_state_idx] must hold the row's logits "
-                        "divided by its temperature (the raw logits when the temperature is 0).",
+        "divided by its temperature (the raw logits when the temperature is 0).",
     },
 )
 def check_mask_kernel(answer, verdict):
@@ -80,8 +81,9 @@ def check_mask_kernel(answer, verdict):
     verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
     logits, idx, temperature, out, out_whole, row_temp = _kernel_tables(runtime.DEVICE)
     try:
-        kernel[(len(KERNEL_IDX_MAPPING),)](logits, idx, temperature, out, row_temp, KERNEL_VOCAB,
-                                           BLOCK=KERNEL_BLOCK)
+        kernel[(len(KERNEL_IDX_MAPPING),)](
+            logits, idx, temperature, out, row_temp, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK
+        )
     except Exception as error:
         verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
         raise
@@ -95,18 +97,31 @@ def check_mask_kernel(answer, verdict):
     slot0_row = KERNEL_IDX_MAPPING.index(0)
     verdict.require(bool((out_whole[1] != OUT_SENTINEL).any()) and row_temp[slot0_row] != 0.0, "skips_slot_0")
     live_out = [out_whole[slot + 1] for slot in KERNEL_IDX_MAPPING if slot >= 0]
-    verdict.require(not any(torch.allclose(stored, logits[row] / t) for stored in live_out
-                            for row in torch.nonzero(padded).flatten().tolist()
-                            for t in (*KERNEL_TEMPERATURE, 1.0) if t != 0.0), "padded_wrote_live")
-    verdict.require(bool((row_temp[padded] == 0.0).all()), "other_not_zero",
-                    f"(the padded rows ran with {row_temp[padded].tolist()})")
+    verdict.require(
+        not any(
+            torch.allclose(stored, logits[row] / t)
+            for stored in live_out
+            for row in torch.nonzero(padded).flatten().tolist()
+            for t in (*KERNEL_TEMPERATURE, 1.0)
+            if t != 0.0
+        ),
+        "padded_wrote_live",
+    )
+    verdict.require(
+        bool((row_temp[padded] == 0.0).all()),
+        "other_not_zero",
+        f"(the padded rows ran with {row_temp[padded].tolist()})",
+    )
     for row, slot in enumerate(KERNEL_IDX_MAPPING):
         if slot < 0:
             continue
         temp = KERNEL_TEMPERATURE[slot]
         want = logits[row] / temp if temp != 0.0 else logits[row]
-        verdict.require(torch.allclose(out_whole[slot + 1], want) and row_temp[row] == temp, "wrong_values",
-                        f"(row {row}, slot {slot}, temperature {temp})")
+        verdict.require(
+            torch.allclose(out_whole[slot + 1], want) and row_temp[row] == temp,
+            "wrong_values",
+            f"(row {row}, slot {slot}, temperature {temp})",
+        )
 
 
 def _padded_row_tokens():
@@ -122,16 +137,16 @@ def _padded_row_tokens():
     "ch4.padded_token",
     solution="masked_gumbel_sampling:padded_token",
     todo="set padded_token to the token id that the masked kernel returns for row 4 of the step (an int, "
-         "or an expression over step.logits), then run the cell",
+    "or an expression over step.logits), then run the cell",
     hints={
         "not_an_int": "give one token id: an int, or a one-element tensor.",
         "minus_one": "-1 is the row's expanded_idx_mapping entry, not a token: the kernel samples every row "
-                     "it is given and returns a token for the padded row too (the engine throws it away).",
+        "it is given and returns a token for the padded row too (the engine throws it away).",
         "guard_draw": "that is the token the UNMASKED kernel draws, with the temperature 2.0 and seed 12345 "
-                      "it reads from row -1 (the guard). With the mask the temperature load returns its "
-                      "other=0.0.",
+        "it reads from row -1 (the guard). With the mask the temperature load returns its "
+        "other=0.0.",
         "not_greedy": "with the mask the padded row runs with temperature 0.0 (the load's other): a greedy "
-                      "row, no noise. Its token is the argmax of its own logits.",
+        "row, no noise. Its token is the argmax of its own logits.",
     },
 )
 def check_padded_token(answer, verdict):
@@ -154,23 +169,23 @@ DEBUG_SEEDS = (0, 1, 2, 3)
     "ch4.find_overwritten",
     solution="masked_gumbel_sampling:find_overwritten",
     todo="write find_overwritten(table, col, logits, idx_mapping, temperature) returning the sorted list of "
-         "request slots whose table[slot, col] is not what their own live row stored",
+    "request slots whose table[slot, col] is not what their own live row stored",
     hints={
         "not_a_list": "return a list of ints (request-state slots), sorted.",
         "all_flagged": "every live slot is flagged: read column col of each slot (table[slot, col]) and "
-                       "compare it with what the kernel stores there: its own row's logits, before "
-                       "temperature.",
+        "compare it with what the kernel stores there: its own row's logits, before "
+        "temperature.",
         "divided": "you compared with logits / temperature, what vLLM 0.25's cache held. vLLM 0.33 (and "
-                   "specfix) caches the logits before temperature, in the cache's dtype; the verifier "
-                   "divides when it reads them.",
+        "specfix) caches the logits before temperature, in the cache's dtype; the verifier "
+        "divides when it reads them.",
         "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at "
-                          "slot idx_mapping[i].",
+        "slot idx_mapping[i].",
         "not_live": "a slot with no live row in this step has nothing to compare with: its column holds "
-                    "older data. Look only at the slots in idx_mapping.",
+        "older data. Look only at the slots in idx_mapping.",
         "own_logits": "a slot you flagged holds exactly its own row's logits: the cache keeps them as they "
-                      "are, whatever the request's temperature (0 included).",
+        "are, whatever the request's temperature (0 included).",
         "missed": "an overwritten slot is missing from your answer: compare the whole column, not one "
-                  "value or the argmax.",
+        "value or the argmax.",
     },
 )
 def check_find_overwritten(answer, verdict):
@@ -179,16 +194,22 @@ def check_find_overwritten(answer, verdict):
         got = answer(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in puzzle.items()})
         if isinstance(got, torch.Tensor):
             got = got.tolist()
-        verdict.require(isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got),
-                        "not_a_list")
+        verdict.require(
+            isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got), "not_a_list"
+        )
         got = sorted(got)
         if got == truth:
             continue
         live = puzzle["idx_mapping"].tolist()
         temps = puzzle["temperature"]
-        as_in_025 = sorted(s for row, s in enumerate(live) if not torch.equal(
-            puzzle["table"][s, puzzle["col"]], puzzle["logits"][row] / temps[s] if temps[s] != 0.0
-            else puzzle["logits"][row]))
+        as_in_025 = sorted(
+            s
+            for row, s in enumerate(live)
+            if not torch.equal(
+                puzzle["table"][s, puzzle["col"]],
+                puzzle["logits"][row] / temps[s] if temps[s] != 0.0 else puzzle["logits"][row],
+            )
+        )
         verdict.require(got != sorted(live), "all_flagged")
         verdict.require(got != as_in_025, "divided")
         verdict.require(got != sorted(live.index(s) for s in truth), "rows_not_slots")
@@ -207,8 +228,9 @@ GUARD_SEED = 777
 def _noise_tables(device):
     """Inputs and guarded seed table of the seed kernel (its temperature table is the write-it one)."""
     logits, idx, temperature, _, _, _ = _kernel_tables(device)
-    seeds, _ = gumbel.guarded_table((len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED,
-                                    device=device)
+    seeds, _ = gumbel.guarded_table(
+        (len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device
+    )
     seeds.copy_(torch.tensor(KERNEL_SEEDS))
     out = torch.full((len(KERNEL_IDX_MAPPING), KERNEL_VOCAB), OUT_SENTINEL, device=device)
     row_seed = torch.full((len(KERNEL_IDX_MAPPING),), -1, dtype=torch.int64, device=device)
@@ -228,17 +250,17 @@ def _run_noise_kernel(kernel, device):
     hints={
         "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
         "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask: make the "
-                       "condition per lane (`offs * 0 + req_state_idx >= 0`).",
+        "condition per lane (`offs * 0 + req_state_idx >= 0`).",
         "seed_unmasked": "the padded row still read seeds[-1], the row before the table (here the guard "
-                         "row's seed; in an engine, memory that is not the table's, which compute-sanitizer "
-                         "reports). Its value is never used, but the read itself is the bug: mask it as the "
-                         "temperature load is masked.",
+        "row's seed; in an engine, memory that is not the table's, which compute-sanitizer "
+        "reports). Its value is never used, but the read itself is the bug: mask it as the "
+        "temperature load is masked.",
         "noise_on_padded": "a padded row came out with noise: it must run greedy (temperature 0.0 from the "
-                           "masked load), so its row is its logits unchanged.",
+        "masked load), so its row is its logits unchanged.",
         "seed_by_row": "a live row drew its noise with another request's seed: the seeds table is indexed by "
-                       "request slot (req_state_idx), like the temperature, not by batch row.",
+        "request slot (req_state_idx), like the temperature, not by batch row.",
         "wrong_values": "a live row's noisy logits are not the ones the kernel should write: keep the noise "
-                        "as given (x / temp plus Gumbel noise from tl.rand(seed, offs)).",
+        "as given (x / temp plus Gumbel noise from tl.rand(seed, offs)).",
     },
 )
 def check_mask_seed(answer, verdict):
@@ -250,12 +272,21 @@ def check_mask_seed(answer, verdict):
         verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
         raise
     padded = idx < 0
-    verdict.require(not bool((row_seed[padded] == GUARD_SEED).any()), "seed_unmasked",
-                    f"(the padded rows read the seeds {row_seed[padded].tolist()})")
+    verdict.require(
+        not bool((row_seed[padded] == GUARD_SEED).any()),
+        "seed_unmasked",
+        f"(the padded rows read the seeds {row_seed[padded].tolist()})",
+    )
     verdict.require(torch.equal(out[padded], logits[padded]), "noise_on_padded")
-    verdict.require(all(int(row_seed[row]) == KERNEL_SEEDS[slot]
-                        for row, slot in enumerate(KERNEL_IDX_MAPPING) if slot >= 0), "seed_by_row",
-                    f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})")
+    verdict.require(
+        all(
+            int(row_seed[row]) == KERNEL_SEEDS[slot]
+            for row, slot in enumerate(KERNEL_IDX_MAPPING)
+            if slot >= 0
+        ),
+        "seed_by_row",
+        f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})",
+    )
     from specfix.exercises.solutions.masked_gumbel_sampling import add_noise_kernel
 
     want = _run_noise_kernel(add_noise_kernel(), runtime.DEVICE)[4]

@@ -33,28 +33,31 @@ def _close(value: float, target: float) -> bool:
     "ch5.floor",
     solution="performance:answer_floor_us",
     todo="set answer to the floor time, in microseconds, of sampling 256 rows of 151,936 fp32 logits on the "
-         "H200: the bytes the sampler must read over the read ceiling of the recorded run",
+    "H200: the bytes the sampler must read over the read ceiling of the recorded run",
     hints={
         "not_a_number": "answer must be a number of microseconds (e.g. answer = 12.5).",
         "copy_ceiling": "you divided by the copy bandwidth: a copy's TB/s counts bytes read and bytes "
-                        "written, while a sampler only reads its logits. Use the read ceiling (fp32 argmax).",
+        "written, while a sampler only reads its logits. Use the read ceiling (fp32 argmax).",
         "bytes_per_logit": "your bytes per logit are off: an fp32 logit is 4 bytes.",
         "quarter": "a quarter of the floor: either each logit counted as one byte, or a quarter of the rows "
-                   "(64, the drafter's batch, is not this sampler's 256 rows).",
+        "(64, the drafter's batch, is not this sampler's 256 rows).",
         "read_and_write": "you counted the logits twice, as if they were read and written: a sampler reads "
-                          "them once and writes only one token id per row.",
+        "them once and writes only one token id per row.",
         "units": "your answer is off by a power of ten: bytes / (TB/s x 1e12) gives seconds; the answer is "
-                 "in microseconds (x 1e6).",
+        "in microseconds (x 1e6).",
         "measured": "that is the kernel's measured time, not its floor: the floor is the time a kernel that "
-                    "did nothing but read the logits would take.",
+        "did nothing but read the logits would take.",
         "off": "not within 2% of the floor: which bytes must the sampler read at the least, and how fast "
-               "can the H200 read them? Mind the units.",
+        "can the H200 read them? Mind the units.",
     },
 )
 def check_floor(answer, verdict):
     answer = answer() if callable(answer) else answer  # a number, or a function that returns one
-    verdict.require(isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0,
-                    "not_a_number", f"Got {answer!r}.")
+    verdict.require(
+        isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0,
+        "not_a_number",
+        f"Got {answer!r}.",
+    )
     report = _h200()
     rows, vocab, dtype = FLOOR_SHAPE
     limits = ceilings(report)
@@ -64,12 +67,13 @@ def check_floor(answer, verdict):
         return
     logits_over_read = rows * vocab / (limits["read"] * 1e6)
     measured = bench.frame(report, "gumbel").query(
-        "impl == @bench.JUDGED and rows == @rows and vocab == @vocab and dtype == @dtype")["median_us"]
+        "impl == @bench.JUDGED and rows == @rows and vocab == @vocab and dtype == @dtype"
+    )["median_us"]
     verdict.require(not _close(answer, floor_us(rows, vocab, dtype, limits["copy"])), "copy_ceiling")
     verdict.require(not _close(answer, logits_over_read), "quarter")  # 1 byte per logit = 64 rows of 4
     verdict.require(not _close(answer, 2 * logits_over_read), "bytes_per_logit")
     verdict.require(not _close(answer, 2 * floor), "read_and_write")
-    verdict.require(not any(_close(answer, floor * 10.0 ** e) for e in (-9, -6, -3, 3, 6, 9)), "units")
+    verdict.require(not any(_close(answer, floor * 10.0**e) for e in (-9, -6, -3, 3, 6, 9)), "units")
     verdict.require(not any(_close(answer, m) for m in measured), "measured")
     verdict.require(False, "off", f"You said {answer:,.4g} us.")
 
@@ -82,21 +86,21 @@ MAX_NUM_REQS = 64
     "ch5.replayed_rows",
     solution="performance:replayed_rows",
     todo="write replayed_rows(live_batch, capture_sizes): the number of rows a drafter step processes for "
-         "live_batch requests, given the batch sizes that have a CUDA graph (in any order)",
+    "live_batch requests, given the batch sizes that have a CUDA graph (in any order)",
     hints={
         "not_int": "replayed_rows must return an int, the number of rows the step processes.",
         "too_few": "you replayed fewer rows than there are live requests: those requests would drop out of "
-                   "the step. A graph can only serve a batch it holds: take a captured size >= the batch.",
+        "the step. A graph can only serve a batch it holds: take a captured size >= the batch.",
         "exact_fit": "a batch that equals a captured size fits that graph exactly, yet you padded it to a "
-                     "larger one: compare with >=, not >.",
+        "larger one: compare with >=, not >.",
         "no_padding": "you returned the batch itself: a batch that a captured graph holds replays that "
-                      "graph, padding rows included, and the graph's size is what the step processes.",
+        "graph, padding rows included, and the graph's size is what the step processes.",
         "not_smallest": "you replayed a graph larger than needed: every extra row is padding the GPU "
-                        "computes for nothing. Take the smallest captured size that holds the batch.",
+        "computes for nothing. Take the smallest captured size that holds the batch.",
         "unsorted": "with the capture sizes listed largest first you picked the wrong one: the list need "
-                    "not be sorted, so take the smallest fitting size, not the first.",
+        "not be sorted, so take the smallest fitting size, not the first.",
         "eager": "a batch larger than every captured size has no graph: it runs eagerly at its exact size, "
-                 "so return the batch itself.",
+        "so return the batch itself.",
     },
     forbid=("specfix.mrv2.cudagraph:CudaGraphDispatcher.dispatch",),
 )
@@ -105,19 +109,26 @@ def check_replayed_rows(answer, verdict):
     runs = bench.frame(_h200(), "drafter_graph")[["live_batch", "padded_batch"]].drop_duplicates()
     for live, padded in sorted(runs.itertuples(index=False)):
         got = answer(int(live), list(sizes))
-        verdict.require(isinstance(got, numbers.Integral) and not isinstance(got, bool), "not_int",
-                        f"For a live batch of {live} it returned {got!r}.")
+        verdict.require(
+            isinstance(got, numbers.Integral) and not isinstance(got, bool),
+            "not_int",
+            f"For a live batch of {live} it returned {got!r}.",
+        )
         said = f"A live batch of {live} got {got} rows."
         verdict.require(got >= live, "too_few", said)
         next_up = min((s for s in sizes if s > live), default=None)
         verdict.require(not (live in sizes and got == next_up), "exact_fit", said)
         verdict.require(got != live or live == padded, "no_padding", said)
-        verdict.require(got == padded, "not_smallest",
-                        f"A live batch of {live} got {got} rows; the H200 run replayed {padded}.")
+        verdict.require(
+            got == padded,
+            "not_smallest",
+            f"A live batch of {live} got {got} rows; the H200 run replayed {padded}.",
+        )
     live = sizes[2] + 1
     got = answer(live, sorted(sizes, reverse=True))
-    verdict.require(got == min(s for s in sizes if s >= live), "unsorted",
-                    f"A live batch of {live} got {got} rows.")
+    verdict.require(
+        got == min(s for s in sizes if s >= live), "unsorted", f"A live batch of {live} got {got} rows."
+    )
     live = max(sizes) + 6
     try:
         got = answer(live, list(sizes))
@@ -125,11 +136,13 @@ def check_replayed_rows(answer, verdict):
         raise
     except Exception as error:  # e.g. min() of no fitting size
         got = f"{type(error).__name__}: {error}"
-    verdict.require(got == live, "eager", f"A live batch of {live} got {got!r}; the largest graph holds "
-                                          f"{max(sizes)}.")
+    verdict.require(
+        got == live, "eager", f"A live batch of {live} got {got!r}; the largest graph holds {max(sizes)}."
+    )
 
 
 # -- ch5.which_syncs --------------------------------------------------------------------------------------
+
 
 def _fix_names() -> dict[str, str]:
     """Every way the chapter names a fix (its key, its label, its letter) -> its key."""
@@ -154,17 +167,17 @@ def syncing_fixes() -> set[str]:
     "ch5.which_syncs",
     solution="performance:which_syncs",
     todo="set which_syncs to the set of fixes (a, b, b', c, or their names) whose step makes the host wait "
-         "for the GPU",
+    "for the GPU",
     hints={
         "format": "answer with a set of fixes, by letter ('a', \"b'\") or by name ('clamp', 'host_mask').",
         "clamp": "clamp_ is a kernel the host queues and leaves: nothing in it needs a value back from the "
-                 "GPU.",
+        "GPU.",
         "scheduler": "scheduler_zero works on the host's own lists, before the step's GPU work: there is "
-                     "nothing on the GPU to wait for.",
+        "nothing on the GPU to wait for.",
         "pinned": "a copy from pinned memory with non_blocking=True is queued like a kernel, and the host "
-                  "moves on: it costs host time to build the mask, not a wait.",
+        "moves on: it costs host time to build the mask, not a wait.",
         "pageable": "a host tensor built with torch.tensor(..., device=...) is copied from pageable memory, "
-                    "and that copy makes the host wait for the GPU's queue.",
+        "and that copy makes the host wait for the GPU's queue.",
     },
 )
 def check_which_syncs(answer, verdict):

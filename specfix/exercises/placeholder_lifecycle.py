@@ -44,8 +44,11 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 def _value(answer):
     """The answer itself, or what a function-valued answer returns; ``...`` inside means not yet answered."""
     value = answer() if callable(answer) else answer
-    if value is None or value is Ellipsis or (isinstance(value, dict)
-                                               and any(v is Ellipsis for v in value.values())):
+    if (
+        value is None
+        or value is Ellipsis
+        or (isinstance(value, dict) and any(v is Ellipsis for v in value.values()))
+    ):
         raise NotImplementedError
     return value
 
@@ -71,10 +74,14 @@ def metadata_scheduler_output(batch=METADATA_BATCH) -> SchedulerOutput:
     new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in batch]
     scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in batch}
     return SchedulerOutput(
-        scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData(), num_scheduled_tokens=scheduled,
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=CachedRequestData(),
+        num_scheduled_tokens=scheduled,
         total_num_scheduled_tokens=sum(scheduled.values()),
         scheduled_spec_decode_tokens={r: list(d) for r, _, _, d in batch if d},
-        num_placeholder_spec_tokens={}, finished_req_ids=set())
+        num_placeholder_spec_tokens={},
+        finished_req_ids=set(),
+    )
 
 
 def _prepared(batch=METADATA_BATCH):
@@ -91,10 +98,12 @@ def _metadata_truth() -> dict[str, list[int]]:
     """What the model runner builds from :func:`metadata_scheduler_output`, plus where its ``-1``s sit."""
     runner, cu_num_scheduled, metadata = _prepared()
     drafts = metadata.draft_token_ids.cpu()
-    return {"num_draft_tokens": list(metadata.num_draft_tokens),
-            "cu_num_draft_tokens": metadata.cu_num_draft_tokens.cpu().tolist(),
-            "placeholder_indices": torch.nonzero(drafts == -1).flatten().tolist(),
-            "input_ids": runner.input_ids.cpu[: int(cu_num_scheduled[-1])].tolist()}
+    return {
+        "num_draft_tokens": list(metadata.num_draft_tokens),
+        "cu_num_draft_tokens": metadata.cu_num_draft_tokens.cpu().tolist(),
+        "placeholder_indices": torch.nonzero(drafts == -1).flatten().tolist(),
+        "input_ids": runner.input_ids.cpu[: int(cu_num_scheduled[-1])].tolist(),
+    }
 
 
 def metadata_table():
@@ -102,10 +111,18 @@ def metadata_table():
     import pandas as pd
 
     output = metadata_scheduler_output()
-    return pd.DataFrame([{"request": r, "prompt tokens": len(prompt), "already computed": computed,
-                          "num_scheduled_tokens": output.num_scheduled_tokens[r],
-                          "scheduled_spec_decode_tokens": output.scheduled_spec_decode_tokens.get(r, [])}
-                         for r, prompt, computed, _ in METADATA_BATCH]).set_index("request")
+    return pd.DataFrame(
+        [
+            {
+                "request": r,
+                "prompt tokens": len(prompt),
+                "already computed": computed,
+                "num_scheduled_tokens": output.num_scheduled_tokens[r],
+                "scheduled_spec_decode_tokens": output.scheduled_spec_decode_tokens.get(r, []),
+            }
+            for r, prompt, computed, _ in METADATA_BATCH
+        ]
+    ).set_index("request")
 
 
 @checker(
@@ -114,23 +131,23 @@ def metadata_table():
     todo="fill in the three lists of `answer` for the scheduler output shown above",
     hints={
         "format": "answer must be a dict with the keys num_draft_tokens, cu_num_draft_tokens and "
-                  "placeholder_indices, each a list of ints.",
+        "placeholder_indices, each a list of ints.",
         "missing_request": "every request in the batch has an entry, 0 for a request without drafts (the "
-                           "prefill 'b'): the per-request tensors have one entry per request.",
+        "prefill 'b'): the per-request tensors have one entry per request.",
         "placeholders_not_counted": "placeholders count as drafts: num_draft_tokens[i] is "
-                                    "len(scheduled_spec_decode_tokens[req]), -1s included. The sampler needs "
-                                    "a slot for each -1 to reject it.",
+        "len(scheduled_spec_decode_tokens[req]), -1s included. The sampler needs "
+        "a slot for each -1 to reject it.",
         "num_draft_tokens": "num_draft_tokens is not right yet: one entry per request in batch order, the "
-                            "number of draft slots it verifies.",
+        "number of draft slots it verifies.",
         "exclusive_cumsum": "cu_num_draft_tokens is an inclusive running sum with no leading 0: entry i is "
-                            "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the "
-                            "start).",
+        "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the "
+        "start).",
         "cu_num_draft_tokens": "cu_num_draft_tokens is not right yet: it is the running sum of "
-                               "num_draft_tokens.",
+        "num_draft_tokens.",
         "input_ids_positions": "those are positions in input_ids; draft_token_ids holds only the draft "
-                               "slots, request after request, without the last tokens or the prefill.",
+        "slots, request after request, without the last tokens or the prefill.",
         "placeholder_indices": "placeholder_indices is not right yet: list every i with "
-                               "draft_token_ids[i] == -1 (flattened drafts, request after request).",
+        "draft_token_ids[i] == -1 (flattened drafts, request after request).",
     },
 )
 def check_metadata(answer, verdict):
@@ -141,8 +158,11 @@ def check_metadata(answer, verdict):
     truth = _metadata_truth()
     real = [len([t for t in d if t >= 0]) for *_, d in METADATA_BATCH]
     num = got["num_draft_tokens"]
-    verdict.require(len(num) == len(METADATA_BATCH), "missing_request",
-                    f"(you gave {len(num)} entries for {len(METADATA_BATCH)} requests)")
+    verdict.require(
+        len(num) == len(METADATA_BATCH),
+        "missing_request",
+        f"(you gave {len(num)} entries for {len(METADATA_BATCH)} requests)",
+    )
     verdict.require(num != real, "placeholders_not_counted")
     verdict.require(num == truth["num_draft_tokens"], "num_draft_tokens")
     cu, want = got["cu_num_draft_tokens"], truth["cu_num_draft_tokens"]
@@ -154,6 +174,7 @@ def check_metadata(answer, verdict):
 
 
 # -- ch1.draft_ids ---------------------------------------------------------------------------------------
+
 
 def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
     """Steps to build ``draft_token_ids`` for, as (request, prompt, tokens computed, drafts) rows: one request
@@ -182,33 +203,35 @@ def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
     "ch1.draft_ids",
     solution="placeholder_lifecycle:gather_draft_token_ids",
     todo="write gather_draft_token_ids(input_ids, logits_indices, target_logits_indices) -> the step's "
-         "draft_token_ids, a tensor of its own",
+    "draft_token_ids, a tensor of its own",
     hints={
         "format": "return a 1-D sequence of token ids (a tensor, array or list of ints), one per draft slot.",
         "mutated": "your function changed input_ids: that buffer is what the embedding reads next, and "
-                   "only _preprocess edits it, after the metadata is built. Read it, do not write it.",
+        "only _preprocess edits it, after the metadata is built. Read it, do not write it.",
         "constant": "your answer is the same for every step the checker runs (the draft_token_ids printed "
-                    "above belong to the chapter's step alone): build it from the arguments.",
+        "above belong to the chapter's step alone): build it from the arguments.",
         "echo": "you returned the flat token stream itself: draft_token_ids holds only the draft slots, "
-                "request after request; a prefill's prompt and each request's last real token are no drafts.",
+        "request after request; a prefill's prompt and each request's last real token are no drafts.",
         "logits_rows": "you returned the token at every logits row: k + 1 per request, and each request's "
-                       "first row reads its last real token, which is no draft.",
+        "first row reads its last real token, which is no draft.",
         "unshifted": "you read the token at each verifying row's own position. The logits of a position "
-                     "predict the token that comes after it, so the token sitting at a verifying row's "
-                     "position is not the draft that row verifies.",
+        "predict the token that comes after it, so the token sitting at a verifying row's "
+        "position is not the draft that row verifies.",
         "positions": "target_logits_indices number rows of the compact logits, not positions in input_ids: "
-                     "the two agree only while no request schedules tokens that get no logits row (a "
-                     "prefill's prompt does).",
+        "the two agree only while no request schedules tokens that get no logits row (a "
+        "prefill's prompt does).",
         "view": "your answer shares memory with input_ids (a view, such as a slice): when _preprocess clamps "
-                "input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
-                "judges the placeholder as a draft of token 0. Return a tensor of its own.",
+        "input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
+        "judges the placeholder as a draft of token 0. Return a tensor of its own.",
         "length": "draft_token_ids has one entry per draft slot of the step (as many as "
-                  "target_logits_indices has).",
+        "target_logits_indices has).",
         "wrong": "not the draft ids of this step.",
     },
-    forbid=("specfix.v1.model_runner:GPUModelRunner._calc_spec_decode_metadata",
-            "specfix.v1.model_runner:GPUModelRunner._prepare_inputs",
-            "specfix.mrv2.draft_slots:gather_draft_sampled"),
+    forbid=(
+        "specfix.v1.model_runner:GPUModelRunner._calc_spec_decode_metadata",
+        "specfix.v1.model_runner:GPUModelRunner._prepare_inputs",
+        "specfix.mrv2.draft_slots:gather_draft_sampled",
+    ),
 )
 def check_draft_ids(answer, verdict):
     seen = []
@@ -221,8 +244,10 @@ def check_draft_ids(answer, verdict):
         got = as_int_list(returned)
         verdict.require(torch.equal(input_ids, before), "mutated")
         verdict.require(got is not None, "format", f"(you returned {type(returned).__name__})")
-        shares = isinstance(returned, torch.Tensor) and \
-            returned.untyped_storage().data_ptr() == input_ids.untyped_storage().data_ptr()
+        shares = (
+            isinstance(returned, torch.Tensor)
+            and returned.untyped_storage().data_ptr() == input_ids.untyped_storage().data_ptr()
+        )
         input_ids.clamp_(min=0)  # what _preprocess does next, in place
         seen.append((got, as_int_list(returned), shares, metadata, before, cu_num_scheduled))
     truths = [m.draft_token_ids.tolist() for *_, m, _, _ in seen]
@@ -234,7 +259,7 @@ def check_draft_ids(answer, verdict):
             continue
         rows, targets = metadata.logits_indices.long(), metadata.target_logits_indices.long()
         verdict.require(got != before[rows].tolist(), "logits_rows", said)
-        stream = before[:int(cu_num_scheduled[-1])].tolist()
+        stream = before[: int(cu_num_scheduled[-1])].tolist()
         verdict.require(got not in (before.tolist(), stream), "echo", said)
         verdict.require(got != before[rows][targets].tolist(), "unshifted", said)
         verdict.require(got != before[targets + 1].tolist(), "positions", said)
@@ -245,14 +270,23 @@ def check_draft_ids(answer, verdict):
 # -- ch1.zero_accepts ------------------------------------------------------------------------------------
 
 #: The prediction exercise's batch: every request arrives prefilled, so its first decode is padded.
-ZERO_BATCH = ("the hare ran as fast as", "a lion was asleep", "the crow sat in", "the lion was caught in",
-              "the north wind")
+ZERO_BATCH = (
+    "the hare ran as fast as",
+    "a lion was asleep",
+    "the crow sat in",
+    "the lion was caught in",
+    "the north wind",
+)
 
 
 def zero_batch_continuations(num_words: int = 3) -> list[list[str]]:
     """The first ``num_words`` words plain greedy decoding (no speculation) writes after each prompt."""
-    result = generate(list(ZERO_BATCH), SamplingParams(temperature=0.0, max_tokens=num_words),
-                      num_speculative_tokens=None, device="cpu")
+    result = generate(
+        list(ZERO_BATCH),
+        SamplingParams(temperature=0.0, max_tokens=num_words),
+        num_speculative_tokens=None,
+        device="cpu",
+    )
     vocab = get_tokenizer().vocab
     return [[vocab[t] for t in out.token_ids] for out in result.outputs]
 
@@ -262,8 +296,10 @@ def zero_batch_table():
     import pandas as pd
 
     words = [" ".join(w) for w in zero_batch_continuations()]
-    return pd.DataFrame({"prompt": list(ZERO_BATCH), "plain greedy decoding continues": words},
-                        index=[f"r{i}" for i in range(len(ZERO_BATCH))])
+    return pd.DataFrame(
+        {"prompt": list(ZERO_BATCH), "plain greedy decoding continues": words},
+        index=[f"r{i}" for i in range(len(ZERO_BATCH))],
+    )
 
 
 def run_zero_batch() -> StepTrace:
@@ -282,11 +318,11 @@ def run_zero_batch() -> StepTrace:
     hints={
         "type": "answer must be a whole number of slots (an int).",
         "none": "a zeroed slot is a draft of token 0, 'the': greedy verification accepts it wherever the "
-                "target's own next token is 'the'.",
+        "target's own next token is 'the'.",
         "every_the": "you counted every 'the' in the continuations: slot 2 is verified only if slot 1 was "
-                     "accepted, and a request whose next word is not 'the' rejects slot 1 already.",
+        "accepted, and a request whose next word is not 'the' rejects slot 1 already.",
         "count": "not the count the engine gets: for each request, ask what the target's greedy token is at "
-                 "each draft slot, and remember that a request's slots are verified in order.",
+        "each draft slot, and remember that a request's slots are verified in order.",
     },
 )
 def check_zero_accepts(answer, verdict):
@@ -305,18 +341,26 @@ def check_zero_accepts(answer, verdict):
 
 def _crafted_rows():
     """Six slots over a vocabulary of 5, each built to catch one slip (see the comments)."""
-    p = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.1],       # 0: d=2, p/q = 2 beats u = 0.9 (p alone does not)
-                      [0.3, 0.2, 0.2, 0.2, 0.1],       # 1: d=1, p/q = 0.4 beats u = 0.3
-                      [0.9, 0.025, 0.025, 0.025, 0.025],  # 2: d=-1, column 0 would pass (0.9 / 0.3)
-                      [0.01, 0.01, 0.01, 0.07, 0.9],   # 3: d=-1, the last column would pass (0.9 / 0.1)
-                      [0.1, 0.1, 0.1, 0.6, 0.1],       # 4: d=3, but the drafter gave it q = 0
-                      [0.2, 0.2, 0.2, 0.2, 0.2]])      # 5: d=0, p/q = 0.25 loses to u = 0.5
-    q = torch.tensor([[0.25, 0.25, 0.25, 0.15, 0.1],
-                      [0.1, 0.5, 0.2, 0.1, 0.1],
-                      [0.3, 0.2, 0.2, 0.2, 0.1],
-                      [0.5, 0.2, 0.1, 0.1, 0.1],
-                      [0.4, 0.3, 0.3, 0.0, 0.0],
-                      [0.8, 0.05, 0.05, 0.05, 0.05]])
+    p = torch.tensor(
+        [
+            [0.1, 0.1, 0.5, 0.2, 0.1],  # 0: d=2, p/q = 2 beats u = 0.9 (p alone does not)
+            [0.3, 0.2, 0.2, 0.2, 0.1],  # 1: d=1, p/q = 0.4 beats u = 0.3
+            [0.9, 0.025, 0.025, 0.025, 0.025],  # 2: d=-1, column 0 would pass (0.9 / 0.3)
+            [0.01, 0.01, 0.01, 0.07, 0.9],  # 3: d=-1, the last column would pass (0.9 / 0.1)
+            [0.1, 0.1, 0.1, 0.6, 0.1],  # 4: d=3, but the drafter gave it q = 0
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+        ]
+    )  # 5: d=0, p/q = 0.25 loses to u = 0.5
+    q = torch.tensor(
+        [
+            [0.25, 0.25, 0.25, 0.15, 0.1],
+            [0.1, 0.5, 0.2, 0.1, 0.1],
+            [0.3, 0.2, 0.2, 0.2, 0.1],
+            [0.5, 0.2, 0.1, 0.1, 0.1],
+            [0.4, 0.3, 0.3, 0.0, 0.0],
+            [0.8, 0.05, 0.05, 0.05, 0.05],
+        ]
+    )
     drafts = torch.tensor([2, 1, -1, -1, 3, 0])
     uniforms = torch.tensor([0.9, 0.3, 0.5, 0.5, 0.1, 0.5], dtype=torch.float64)
     return drafts, p, q, uniforms
@@ -338,9 +382,20 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
     num_slots = drafts.numel()
     output = torch.full((num_slots, 2), -1, dtype=torch.int32)
     rejected_marker = torch.full((num_slots,), -2)  # "recovered token" no draft can equal
-    rejection_random_sample(output, torch.arange(1, num_slots + 1, dtype=torch.int32), drafts, draft_probs,
-                            target_probs, torch.zeros(num_slots, dtype=torch.int32), rejected_marker,
-                            uniforms, None, 1, reject_negative_drafts=True, backend="torch")
+    rejection_random_sample(
+        output,
+        torch.arange(1, num_slots + 1, dtype=torch.int32),
+        drafts,
+        draft_probs,
+        target_probs,
+        torch.zeros(num_slots, dtype=torch.int32),
+        rejected_marker,
+        uniforms,
+        None,
+        1,
+        reject_negative_drafts=True,
+        backend="torch",
+    )
     return output[:, 0] != -2
 
 
@@ -351,17 +406,17 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
     hints={
         "shape": "return a bool tensor with one entry per slot ([T]).",
         "gather_negative": "the -1 draft reached an index op (gather, index_select), which refuses it: "
-                           "read a safe column for negative drafts and reject those slots outright.",
+        "read a safe column for negative drafts and reject those slots outright.",
         "mutated": "your function changed its inputs in place: the caller's draft_ids (with its -1) or a "
-                   "probability table is no longer what the next stage expects.",
+        "probability table is no longer what the next stage expects.",
         "wrapped": "you indexed the probabilities with the -1 draft: torch wraps it to the last column (the "
-                   "old kernel's flat offset read the previous row's last entry), so a placeholder is judged "
-                   "by another token's p/q. Masking the slot afterwards does not undo the read: never index "
-                   "with -1, read a safe column instead.",
+        "old kernel's flat offset read the previous row's last entry), so a placeholder is judged "
+        "by another token's p/q. Masking the slot afterwards does not undo the read: never index "
+        "with -1, read a safe column instead.",
         "clamp_only": "you read column 0 for the -1 draft (a clamp) but never rejected the slot: p/q of "
-                      "token 0 beat the uniform, and the placeholder was accepted as token 0.",
+        "token 0 beat the uniform, and the placeholder was accepted as token 0.",
         "q_zero": "a draft the drafter gave probability q = 0 was accepted: p / 0 is inf, which beats every "
-                  "uniform; require q > 0.",
+        "uniform; require q > 0.",
         "ratio": "a real draft was judged wrongly: accept d iff q(d) > 0 and p(d) / q(d) >= u.",
         "mismatch": "your answer disagrees with specfix's rejection sampler on a random batch.",
     },
@@ -374,12 +429,16 @@ def check_reject_negative(answer, verdict):
                 got = answer(*inputs)
         except IndexGuardError as error:
             wraps = error.op in ("Tensor.__getitem__", "take")
-            verdict.require(False, "wrapped" if wraps else "gather_negative",
-                            f"({error.op} read {error.values})")
-        verdict.require(isinstance(got, torch.Tensor) and got.dtype == torch.bool
-                        and tuple(got.shape) == (rows[0].numel(),), "shape",
-                        f"(got {type(got).__name__} {getattr(got, 'dtype', '')} "
-                        f"{tuple(getattr(got, 'shape', ()))})")
+            verdict.require(
+                False, "wrapped" if wraps else "gather_negative", f"({error.op} read {error.values})"
+            )
+        verdict.require(
+            isinstance(got, torch.Tensor)
+            and got.dtype == torch.bool
+            and tuple(got.shape) == (rows[0].numel(),),
+            "shape",
+            f"(got {type(got).__name__} {getattr(got, 'dtype', '')} {tuple(getattr(got, 'shape', ()))})",
+        )
         verdict.require(all(torch.equal(a, b) for a, b in zip(inputs, rows, strict=True)), "mutated")
         want = expected_acceptance(*rows)
         if crafted:
@@ -387,27 +446,36 @@ def check_reject_negative(answer, verdict):
             verdict.require(not got[2], "clamp_only")
             verdict.require(not got[4], "q_zero")
         wrong = torch.nonzero(got != want).flatten().tolist()
-        verdict.require(not wrong, "ratio" if crafted else "mismatch",
-                        f"(slot {wrong[0]}: draft {int(rows[0][wrong[0]])}, you said "
-                        f"{bool(got[wrong[0]])})" if wrong else "")
+        verdict.require(
+            not wrong,
+            "ratio" if crafted else "mismatch",
+            f"(slot {wrong[0]}: draft {int(rows[0][wrong[0]])}, you said {bool(got[wrong[0]])})"
+            if wrong
+            else "",
+        )
 
 
 # -- ch1.emitted (warm-up: needs only chapter 0) ----------------------------------------------------------
 
+
 def _emitted_cases(seed: int = 0, count: int = 24) -> list[tuple[list[int], list[int]]]:
     """(drafts, the target's greedy choices at the k + 1 positions): crafted cases, then a seeded family."""
-    crafted = [([5, 7, 2], [5, 7, 2, 9]),        # all accepted: the bonus token too
-               ([5, 7, 2], [5, 3, 2, 9]),        # a mismatch in the middle, a match after it
-               ([5, 7, 2], [4, 7, 2, 9]),        # rejected at once: one token, the recovered one
-               ([-1, -1, -1], [0, 6, 1, 2]),     # placeholders: never equal to a token id
-               ([8, -1, -1], [8, 0, 3, 3]),      # a real draft, then placeholders
-               ([], [4])]                        # no drafts: one plain decode step
+    crafted = [
+        ([5, 7, 2], [5, 7, 2, 9]),  # all accepted: the bonus token too
+        ([5, 7, 2], [5, 3, 2, 9]),  # a mismatch in the middle, a match after it
+        ([5, 7, 2], [4, 7, 2, 9]),  # rejected at once: one token, the recovered one
+        ([-1, -1, -1], [0, 6, 1, 2]),  # placeholders: never equal to a token id
+        ([8, -1, -1], [8, 0, 3, 3]),  # a real draft, then placeholders
+        ([], [4]),
+    ]  # no drafts: one plain decode step
     gen = torch.Generator().manual_seed(seed)
     for _ in range(count):
         k = int(torch.randint(0, 5, (1,), generator=gen))
         choices = torch.randint(0, 4, (k + 1,), generator=gen).tolist()
-        drafts = [c if bool(torch.rand(1, generator=gen) < 0.7)
-                  else int(torch.randint(-1, 4, (1,), generator=gen)) for c in choices[:k]]
+        drafts = [
+            c if bool(torch.rand(1, generator=gen) < 0.7) else int(torch.randint(-1, 4, (1,), generator=gen))
+            for c in choices[:k]
+        ]
         crafted.append((drafts, choices))
     return crafted
 
@@ -417,7 +485,7 @@ def emitted_reference(drafts: list[int], choices: list[int]) -> list[int]:
     n = 0
     while n < len(drafts) and drafts[n] == choices[n]:
         n += 1
-    return list(choices[:n + 1])
+    return list(choices[: n + 1])
 
 
 @checker(
@@ -427,12 +495,12 @@ def emitted_reference(drafts: list[int], choices: list[int]) -> list[int]:
     hints={
         "format": "return a list of token ids (ints).",
         "no_bonus": "every draft was accepted, yet you emitted no token after them: the target's choice "
-                    "after the last draft (the bonus token) comes for free with the same forward pass.",
+        "after the last draft (the bonus token) comes for free with the same forward pass.",
         "no_recovered": "at the first mismatch the step still emits a token: the target's own choice there.",
         "emits_draft": "at the first mismatch you emitted the draft; the step emits the target's choice "
-                       "there, since that is what plain greedy decoding would write.",
+        "there, since that is what plain greedy decoding would write.",
         "not_prefix": "you kept verifying after a mismatch: once a draft is rejected, every later draft was "
-                      "drafted after a wrong token, so they are all thrown away.",
+        "drafted after a wrong token, so they are all thrown away.",
         "placeholder": "a -1 placeholder was accepted: it never equals a token the target chooses.",
         "wrong": "not what greedy verification emits.",
     },
@@ -469,9 +537,13 @@ def step_with_clamp_at(point: str) -> StepTrace:
         raise ValueError(f"point must be one of {CLAMP_POINTS}, got {point!r}")
     from specfix.fixes import Fixes
 
-    engine = LLMEngine(num_speculative_tokens=3, device="cpu", record=True,
-                       fixes=Fixes(clamp_placeholders=point == "preprocess"),
-                       placeholder_policy="zero" if point == "scheduler" else "minus_one")
+    engine = LLMEngine(
+        num_speculative_tokens=3,
+        device="cpu",
+        record=True,
+        fixes=Fixes(clamp_placeholders=point == "preprocess"),
+        placeholder_policy="zero" if point == "scheduler" else "minus_one",
+    )
     runner = engine.model_runner
     if point == "before_metadata":
         calc = runner._calc_spec_decode_metadata
@@ -479,6 +551,7 @@ def step_with_clamp_at(point: str) -> StepTrace:
         def clamp_then_calc(*args):
             runner.input_ids.gpu.clamp_(min=0)
             return calc(*args)
+
         runner._calc_spec_decode_metadata = clamp_then_calc
     engine.add_request("the crow sat in", _GREEDY, request_id="pd", remote_prefill=True)
     engine.add_request("a lion was asleep", _GREEDY, request_id="fresh")
@@ -497,15 +570,15 @@ def sampler_sees(point: str) -> int:
     "ch1.clamp_point",
     solution="placeholder_lifecycle:clamp_point",
     todo="set clamp_point to a dict: for each of CLAMP_POINTS, the draft id (0 or -1) the rejection sampler "
-         "gets in a placeholder slot when the clamp sits there",
+    "gets in a placeholder slot when the clamp sits there",
     hints={
         "format": "answer with a dict whose keys are CLAMP_POINTS and whose values are 0 or -1.",
         "scheduler": "a scheduler that writes 0 writes it into the request's own draft list: token_ids_cpu, "
-                     "input_ids and the metadata all copy that 0 from there.",
+        "input_ids and the metadata all copy that 0 from there.",
         "before_metadata": "_calc_spec_decode_metadata builds draft_token_ids by gathering from input_ids: "
-                           "clamp input_ids before it, and the gather copies the 0s.",
+        "clamp input_ids before it, and the gather copies the 0s.",
         "preprocess": "by the time _preprocess clamps input_ids in place, draft_token_ids has already been "
-                      "gathered into a tensor of its own: the clamp cannot reach it.",
+        "gathered into a tensor of its own: the clamp cannot reach it.",
     },
 )
 def check_clamp_point(answer, verdict):

@@ -41,18 +41,32 @@ def launch_overhead(rows: Sequence[dict], source: str):
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
-        ax.set(xscale="log", yscale="log", xlabel="batch rows", ylabel="µs per drafter step",
-               title=f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="batch rows",
+            ylabel="µs per drafter step",
+            title=f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}",
+        )
         ax.title.set_fontsize(9)
         _log_axis(ax.xaxis, df["size"])
         times = df[["eager_us", "graph_us"]].to_numpy()
-        _log_axis(ax.yaxis, [v for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000)
-                             if times.min() / 1.5 <= v <= times.max() * 1.5])
+        _log_axis(
+            ax.yaxis,
+            [
+                v
+                for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000)
+                if times.min() / 1.5 <= v <= times.max() * 1.5
+            ],
+        )
         style.legend_below(fig, ax)
         speedup = df["eager_us"] / df["graph_us"]
-        style.caption(fig, f"The replay costs about the same at every size, eager launches "
-                           f"{speedup.min():.0f} to {speedup.max():.0f} times more: at these batch sizes the "
-                           "host's launches, not the GPU's work, set the step time.")
+        style.caption(
+            fig,
+            f"The replay costs about the same at every size, eager launches "
+            f"{speedup.min():.0f} to {speedup.max():.0f} times more: at these batch sizes the "
+            "host's launches, not the GPU's work, set the step time.",
+        )
     return fig
 
 
@@ -68,21 +82,58 @@ def _draw_buffer(ax, state: BufferState, title: str) -> None:
             fill, label = style.PADDING, f"row {r}: {slot}  padded"
         else:
             fill, label = "white", f"row {r}: {slot}"
-        ax.add_patch(Rectangle((0, -r), 1.6, 0.85, facecolor=fill, alpha=0.3 if fill != "white" else 1,
-                               edgecolor="#bbbbbb", lw=0.5))
-        ax.text(0.8, -r + 0.42, label, ha="center", va="center", fontsize=style.SMALLEST_PT,
-                color="black" if r < state.num_reqs_padded else "#888888")
+        ax.add_patch(
+            Rectangle(
+                (0, -r),
+                1.6,
+                0.85,
+                facecolor=fill,
+                alpha=0.3 if fill != "white" else 1,
+                edgecolor="#bbbbbb",
+                lw=0.5,
+            )
+        )
+        ax.text(
+            0.8,
+            -r + 0.42,
+            label,
+            ha="center",
+            va="center",
+            fontsize=style.SMALLEST_PT,
+            color="black" if r < state.num_reqs_padded else "#888888",
+        )
     for s in range(rows):
         owner = state.owners.get(s)
-        ax.add_patch(Rectangle((3.4, -s), 1.6, 0.85, facecolor=style.NEUTRAL if s in live_slots else "white",
-                               alpha=0.3 if s in live_slots else 1, edgecolor="#bbbbbb", lw=0.5))
-        ax.text(4.2, -s + 0.42, f"slot {s}: {owner}" if owner else f"slot {s}: free", ha="center",
-                va="center", fontsize=style.SMALLEST_PT, color="black" if owner else "#888888")
+        ax.add_patch(
+            Rectangle(
+                (3.4, -s),
+                1.6,
+                0.85,
+                facecolor=style.NEUTRAL if s in live_slots else "white",
+                alpha=0.3 if s in live_slots else 1,
+                edgecolor="#bbbbbb",
+                lw=0.5,
+            )
+        )
+        ax.text(
+            4.2,
+            -s + 0.42,
+            f"slot {s}: {owner}" if owner else f"slot {s}: free",
+            ha="center",
+            va="center",
+            fontsize=style.SMALLEST_PT,
+            color="black" if owner else "#888888",
+        )
     for w in state.writes:
         hit = w.victim is not None
-        ax.annotate("", xy=(3.4, -w.slot + 0.42), xytext=(1.6, -w.row + 0.42),
-                    arrowprops=dict(arrowstyle="->", color=style.BUGGY if hit else style.PADDING,
-                                    lw=1.6 if hit else 1.0))
+        ax.annotate(
+            "",
+            xy=(3.4, -w.slot + 0.42),
+            xytext=(1.6, -w.row + 0.42),
+            arrowprops=dict(
+                arrowstyle="->", color=style.BUGGY if hit else style.PADDING, lw=1.6 if hit else 1.0
+            ),
+        )
     ax.set_xlim(-0.1, 5.1)
     ax.set_ylim(-rows + 0.6, 1.4)
     ax.axis("off")
@@ -100,13 +151,20 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
         fig, axes = plt.subplots(1, len(states), figsize=(style.WIDTH_IN, 0.3 * rows + 1.2), squeeze=False)
         for ax, state, title in zip(axes[0], states, titles, strict=True):
             victims = ", ".join(state.victims) or "none"
-            _draw_buffer(ax, state, f"{title}\n{state.num_reqs} live rows, graph of {state.num_reqs_padded}; "
-                                    f"overwritten: {victims}")
+            _draw_buffer(
+                ax,
+                state,
+                f"{title}\n{state.num_reqs} live rows, graph of {state.num_reqs_padded}; "
+                f"overwritten: {victims}",
+            )
         fig.tight_layout()
-        style.caption(fig, "Blue rows are live, grey rows are padding that the graph processes anyway, "
-                           "white rows lie beyond it. A magenta arrow is a padded row whose stale entry "
-                           "names a live request's slot: its sampler overwrites that request's cached draft "
-                           "logits.")
+        style.caption(
+            fig,
+            "Blue rows are live, grey rows are padding that the graph processes anyway, "
+            "white rows lie beyond it. A magenta arrow is a padded row whose stale entry "
+            "names a live request's slot: its sampler overwrites that request's cached draft "
+            "logits.",
+        )
     return fig
 
 
@@ -129,11 +187,19 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
         for r in dist["positions"]:
             counts = np.asarray(r["counts"], dtype=float)
             freq = counts / max(counts.sum(), 1.0)
-            rows.append({"fix": label, "position": r["position"],
-                         "role": "bonus" if r["position"] == last else "draft", "trials": r["trials"],
-                         "chi2": round(r["chi2"], 1), "threshold": round(r["threshold"], 1),
-                         "passed": r["passed"], "TV to p": round(total_variation(freq, p), 3),
-                         "TV to q": round(total_variation(freq, q), 3)})
+            rows.append(
+                {
+                    "fix": label,
+                    "position": r["position"],
+                    "role": "bonus" if r["position"] == last else "draft",
+                    "trials": r["trials"],
+                    "chi2": round(r["chi2"], 1),
+                    "threshold": round(r["threshold"], 1),
+                    "passed": r["passed"],
+                    "TV to p": round(total_variation(freq, p), 3),
+                    "TV to q": round(total_variation(freq, q), 3),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -151,19 +217,28 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
     cols = min(len(positions), 2)  # two panels a row: the figure keeps the column's width
     rows = -(-len(positions) // cols)
     with style.apply():
-        fig, grid = plt.subplots(rows, cols, figsize=(style.WIDTH_IN, 0.4 + 2.7 * rows), sharey=True,
-                                 squeeze=False)
+        fig, grid = plt.subplots(
+            rows, cols, figsize=(style.WIDTH_IN, 0.4 + 2.7 * rows), sharey=True, squeeze=False
+        )
         axes = grid.ravel()
-        for j, ax in enumerate(axes[:len(positions)]):
+        for j, ax in enumerate(axes[: len(positions)]):
             for i, (label, dist) in enumerate(dists.items()):
                 counts = np.array(dist["positions"][j]["counts"])
-                ax.bar(x + (i - (len(dists) - 1) / 2) * width, counts / max(counts.sum(), 1), width=width,
-                       color=colours.get(label, style.PADDING), alpha=0.85, label=f"output, {label}")
+                ax.bar(
+                    x + (i - (len(dists) - 1) / 2) * width,
+                    counts / max(counts.sum(), 1),
+                    width=width,
+                    color=colours.get(label, style.PADDING),
+                    alpha=0.85,
+                    label=f"output, {label}",
+                )
             ax.plot(x, p, "_", color="black", ms=9, mew=2, label="target p")
             ax.plot(x, q, "x", color=style.NEUTRAL, ms=5, label="draft q")
             role = positions[j].get("role", "")
-            ax.set(title=f"position {positions[j]['position']}" + (f" ({role})" if role else ""),
-                   xlabel="token id")
+            ax.set(
+                title=f"position {positions[j]['position']}" + (f" ({role})" if role else ""),
+                xlabel="token id",
+            )
             style.integer_ticks(ax.xaxis)
         for ax in grid[:, 0]:
             ax.set_ylabel("frequency")
@@ -174,13 +249,20 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
             fig.tight_layout()
             spare = axes[-1].get_position()
             fig.delaxes(axes[-1])
-            fig.legend(handles, labels, loc="center", bbox_to_anchor=(spare.x0 + spare.width / 2,
-                                                                      spare.y0 + spare.height / 2))
+            fig.legend(
+                handles,
+                labels,
+                loc="center",
+                bbox_to_anchor=(spare.x0 + spare.width / 2, spare.y0 + spare.height / 2),
+            )
         else:
             fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
             fig.legend(handles, labels, loc="lower center", ncol=len(labels))
-        style.caption(fig, "Without the fix the bars at the drafted positions follow the draft's crosses, "
-                           "not the target's black marks; the bonus position follows the target either way.")
+        style.caption(
+            fig,
+            "Without the fix the bars at the drafted positions follow the draft's crosses, "
+            "not the target's black marks; the bonus position follows the target either way.",
+        )
     return fig
 
 
@@ -193,41 +275,53 @@ def padded_writes_text(state: BufferState) -> str:
     def where(name):
         return f"live at row {state.batch.index(name)}" if name in state.batch else "live, waiting"
 
-    lines = [f"- padded row {w.row} still holds **{w.slot}** (source: {w.origin}); "
-             + (f"slot {w.slot} belongs to **{w.victim}**, {where(w.victim)}" if w.victim else "a free slot")
-             for w in state.writes]
-    return (f"Without the fix, the step runs {state.num_reqs} live rows on the graph of "
-            f"{state.num_reqs_padded}, so rows {state.num_reqs} to {state.num_reqs_padded - 1} are "
-            "padding:\n\n"
-            + "\n".join(lines) + "\n\nWith the fix every row past the batch is -1, which the sampler skips: "
-            "no arrow.")
+    lines = [
+        f"- padded row {w.row} still holds **{w.slot}** (source: {w.origin}); "
+        + (f"slot {w.slot} belongs to **{w.victim}**, {where(w.victim)}" if w.victim else "a free slot")
+        for w in state.writes
+    ]
+    return (
+        f"Without the fix, the step runs {state.num_reqs} live rows on the graph of "
+        f"{state.num_reqs_padded}, so rows {state.num_reqs} to {state.num_reqs_padded - 1} are "
+        "padding:\n\n"
+        + "\n".join(lines)
+        + "\n\nWith the fix every row past the batch is -1, which the sampler skips: "
+        "no arrow."
+    )
 
 
 def bench_text(bench_on, bench_off, sampler: str, num_requests: int) -> str:
     """The padding bench's shapes, sampler and verdict (`bench_on`/`bench_off`: its runs with the fix on and
     off; `sampler`: ``"kernel"`` or the torch twin's name)."""
     shapes = sorted({(len(s.req_ids), s.num_reqs_padded) for s in bench_off.batched.steps})
-    how = ("the Triton kernel" if sampler == "kernel" else
-           "the Triton kernel's torch twin (the same tokens and stores, tied to the kernel by "
-           "tests/test_speculator.py and tests/test_padding_bench.py; the kernel itself runs in section 6)")
-    return (f"{num_requests} requests; the batched steps had (live rows, graph rows) of {shapes} and ran as "
-            f"{', '.join(bench_off.summary()['ran'])}, the drafter sampling with {how}. With the fix, "
-            f"batched and solo runs differ in {len(bench_on.differing)} of {num_requests} responses; without "
-            f"it, in **{len(bench_off.differing)} of {num_requests}**.")
+    how = (
+        "the Triton kernel"
+        if sampler == "kernel"
+        else "the Triton kernel's torch twin (the same tokens and stores, tied to the kernel by "
+        "tests/test_speculator.py and tests/test_padding_bench.py; the kernel itself runs in section 6)"
+    )
+    return (
+        f"{num_requests} requests; the batched steps had (live rows, graph rows) of {shapes} and ran as "
+        f"{', '.join(bench_off.summary()['ran'])}, the drafter sampling with {how}. With the fix, "
+        f"batched and solo runs differ in {len(bench_on.differing)} of {num_requests} responses; without "
+        f"it, in **{len(bench_off.differing)} of {num_requests}**."
+    )
 
 
 def distribution_text(dists: dict[str, dict]) -> str:
     """Why the unfixed drafted positions follow q: the stale q′ and the acceptance it causes."""
     on, off = dists["fix on"], dists["fix off"]
     stale, first = off["stale_token"], off["positions"][0]
-    return (f"**Without the fix, the drafted positions follow q instead of p.** At position 0 the output is "
-            f"{first['tv_to_draft']:.3f} from q and {first['tv_to_target']:.3f} from p (with the fix: "
-            f"{on['positions'][0]['tv_to_target']:.3f} from p). Why: the stale q′ puts "
-            f"{off['stale_probs'][stale]:.6f} on token {stale} and {min(off['stale_probs']):.1e} on each "
-            f"other token, so for a draft d ≠ {stale} the ratio p(d)/q′(d) is far above 1 and the draft is "
-            f"accepted whatever u is: {off['acceptance_rate']:.0%} of drafts accepted, against "
-            f"{on['acceptance_rate']:.0%} with the fix. A draft that is always accepted is simply a sample "
-            "of q.")
+    return (
+        f"**Without the fix, the drafted positions follow q instead of p.** At position 0 the output is "
+        f"{first['tv_to_draft']:.3f} from q and {first['tv_to_target']:.3f} from p (with the fix: "
+        f"{on['positions'][0]['tv_to_target']:.3f} from p). Why: the stale q′ puts "
+        f"{off['stale_probs'][stale]:.6f} on token {stale} and {min(off['stale_probs']):.1e} on each "
+        f"other token, so for a draft d ≠ {stale} the ratio p(d)/q′(d) is far above 1 and the draft is "
+        f"accepted whatever u is: {off['acceptance_rate']:.0%} of drafts accepted, against "
+        f"{on['acceptance_rate']:.0%} with the fix. A draft that is always accepted is simply a sample "
+        "of q."
+    )
 
 
 def bonus_text(dists: dict[str, dict], trials: int) -> str:
@@ -235,13 +329,15 @@ def bonus_text(dists: dict[str, dict], trials: int) -> str:
     on, off = dists["fix on"], dists["fix off"]
     k = len(off["positions"]) - 1
     bonus = off["positions"][k]
-    return (f"**Position {k} passes the test even without the fix** (chi² {bonus['chi2']:.1f} < "
-            f"{bonus['threshold']:.1f}) because it is the *bonus* token: emitted only when all k = {k} "
-            "drafts were accepted, and `rejection_sample_mrv2` draws it from the target's own distribution p "
-            "at that position, with noise of its own (keyed by seed and position, apart from the accept "
-            "tests' uniforms). q never enters that draw, so a stale q changes how often the bonus is reached "
-            f"({bonus['trials']} of {trials} trials without the fix, {on['positions'][k]['trials']} with "
-            "it), not which token it is.")
+    return (
+        f"**Position {k} passes the test even without the fix** (chi² {bonus['chi2']:.1f} < "
+        f"{bonus['threshold']:.1f}) because it is the *bonus* token: emitted only when all k = {k} "
+        "drafts were accepted, and `rejection_sample_mrv2` draws it from the target's own distribution p "
+        "at that position, with noise of its own (keyed by seed and position, apart from the accept "
+        "tests' uniforms). q never enters that draw, so a stale q changes how often the bonus is reached "
+        f"({bonus['trials']} of {trials} trials without the fix, {on['positions'][k]['trials']} with "
+        "it), not which token it is."
+    )
 
 
 def recorded_text(recording: dict) -> str:
@@ -249,8 +345,10 @@ def recorded_text(recording: dict) -> str:
     the fix."""
     b, chi = recording["bench"], recording["chi_square"]
     p0_off, p0_on = chi["False"]["positions"][0], chi["True"]["positions"][0]
-    return (f"At full scale with real graph replays, **{b['fix_off']['differing']} of "
-            f"{b['fix_off']['num_requests']}** responses differ from their solo runs without the fix and "
-            f"{b['fix_on']['differing']} with it; over {p0_off['trials']:,} trials the first output position "
-            f"scores chi² {p0_off['chi2']:,.0f} against a threshold of {p0_off['threshold']:.1f} without the "
-            f"fix, {p0_on['chi2']:.1f} with it.")
+    return (
+        f"At full scale with real graph replays, **{b['fix_off']['differing']} of "
+        f"{b['fix_off']['num_requests']}** responses differ from their solo runs without the fix and "
+        f"{b['fix_on']['differing']} with it; over {p0_off['trials']:,} trials the first output position "
+        f"scores chi² {p0_off['chi2']:,.0f} against a threshold of {p0_off['threshold']:.1f} without the "
+        f"fix, {p0_on['chi2']:.1f} with it."
+    )

@@ -53,23 +53,39 @@ def _timeline(run: ea.ChildRun, ax) -> None:
     kernel = run.asserts[0].kernel if run.asserts else "the kernel"
     raises = f"raises\n{raised.get('type', '?')}"
     if late:
-        host = [(0, 1, "launch\nF.embedding", "host"), (1, 1, "returns", "host"),
-                (2, 1.2, "more Python", "host"), (3.2, 1, "synchronize()\nwaits", "wait"),
-                (4.2, 1.4, raises, "error")]
+        host = [
+            (0, 1, "launch\nF.embedding", "host"),
+            (1, 1, "returns", "host"),
+            (2, 1.2, "more Python", "host"),
+            (3.2, 1, "synchronize()\nwaits", "wait"),
+            (4.2, 1.4, raises, "error"),
+        ]
     else:
-        host = [(0, 1, "launch\nF.embedding", "host"), (1, 1.3, "launch waits\n(blocking)", "wait"),
-                (2.3, 1.4, raises, "error")]
+        host = [
+            (0, 1, "launch\nF.embedding", "host"),
+            (1, 1.3, "launch waits\n(blocking)", "wait"),
+            (2.3, 1.4, raises, "error"),
+        ]
     end = 7.2 if late else 5.2
-    gpu = [(0.7, 1.6, f"{kernel}:\na thread asserts", "error"),
-           (2.3, end - 2.3, "context poisoned: every later CUDA call fails", "error")]
+    gpu = [
+        (0.7, 1.6, f"{kernel}:\na thread asserts", "error"),
+        (2.3, end - 2.3, "context poisoned: every later CUDA call fails", "error"),
+    ]
     for lane, bars in ((1, host), (0, gpu)):
         for start, width, text, kind in bars:
             ax.barh(lane, width, left=start, color=_LIGHT[kind], edgecolor=style.CEILING, height=0.6)
             ax.text(start + width / 2, lane, text, ha="center", va="center", fontsize=8)
-    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, end),
-           xlabel="time (schematic)")
-    ax.set_title(f"CUDA_LAUNCH_BLOCKING={int(blocking)}: the error reaches Python at "
-                 f"{raised.get('during', '?')}", loc="left")
+    ax.set(
+        yticks=[0, 1],
+        yticklabels=["GPU", "host (Python)"],
+        xticks=[],
+        xlim=(0, end),
+        xlabel="time (schematic)",
+    )
+    ax.set_title(
+        f"CUDA_LAUNCH_BLOCKING={int(blocking)}: the error reaches Python at {raised.get('during', '?')}",
+        loc="left",
+    )
     ax.grid(False)
 
 
@@ -79,13 +95,17 @@ def crash_timeline(async_run: ea.ChildRun, blocking_run: ea.ChildRun):
         fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), layout="constrained")
         _timeline(async_run, axes[0])
         _timeline(blocking_run, axes[1])
-        style.caption(fig, "Top: the launch returns at once and the failure reaches Python later, at the "
-                           "first call that waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every "
-                           "launch waits, so the error is raised by F.embedding itself.")
+        style.caption(
+            fig,
+            "Top: the launch returns at once and the failure reaches Python later, at the "
+            "first call that waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every "
+            "launch waits, so the error is raised by F.embedding itself.",
+        )
     return fig
 
 
 # -- 2. which operations assert, and how ----------------------------------------------------------------
+
 
 def _cuda_cell(c: dict) -> str:
     if c.get("outcome") == "device assert":
@@ -144,17 +164,25 @@ def kernel_table(rows: list[dict]) -> pd.DataFrame:
     """What an assert line's kernel name tells you: for each kernel, the ops (and bad index) that failed in
     it, at each recorded index count ("-" where none did)."""
     counts = sorted({row["num_indices"] for row in rows})
-    conditions = {row["cuda"]["kernel"]: row["cuda"]["condition"] for row in rows
-                  if row["cuda"].get("outcome") == "device assert"}
-    table = {kernel: {"condition": conditions[kernel],
-                      **{f"{n:,} indices": _cases(by_count.get(n, [])) or "-" for n in counts}}
-             for kernel, by_count in ops_by_kernel(rows).items()}
+    conditions = {
+        row["cuda"]["kernel"]: row["cuda"]["condition"]
+        for row in rows
+        if row["cuda"].get("outcome") == "device assert"
+    }
+    table = {
+        kernel: {
+            "condition": conditions[kernel],
+            **{f"{n:,} indices": _cases(by_count.get(n, [])) or "-" for n in counts},
+        }
+        for kernel, by_count in ops_by_kernel(rows).items()
+    }
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "kernel in the assert line"
     return frame
 
 
 # -- 3. what each fix costs -----------------------------------------------------------------------------
+
 
 def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
     """The fixes timed live on this CPU (host time only: no kernel launch, copy or sync here), in the columns
@@ -163,21 +191,34 @@ def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
     for n in num_tokens:
         for fix in pf.FIXES:
             t = pf.time_fix(fix, pf.make_step(n), repeats=repeats, warmup=3)
-            rows.append({"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, "median_us": t["host_us"],
-                         "p20_us": t["host_p20_us"], "p80_us": t["host_p80_us"]})
+            rows.append(
+                {
+                    "fix": fix,
+                    "label": pf.LABELS[fix],
+                    "num_tokens": n,
+                    "median_us": t["host_us"],
+                    "p20_us": t["host_p20_us"],
+                    "p80_us": t["host_p80_us"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def fix_cost_facts(costs: pd.DataFrame) -> dict:
     """The numbers the chapter's prose quotes: ``{fix: {num_tokens: row}}``, and ``sizes`` measured."""
-    facts = {fix: {int(r["num_tokens"]): r for r in rows.to_dict("records")}
-             for fix, rows in costs.groupby("fix")}
+    facts = {
+        fix: {int(r["num_tokens"]): r for r in rows.to_dict("records")} for fix, rows in costs.groupby("fix")
+    }
     return {"sizes": sorted(int(n) for n in costs["num_tokens"].unique()), **facts}
 
 
 #: Colour, marker and line of each fix: the colours of chapter 5's figure of the same recording.
-_LOOK = {"clamp": (style.FIXED, "o", "-"), "host_mask": (style.BUGGY, "s", "-"),
-         "host_mask_async": (style.PLACEHOLDER, "D", "--"), "scheduler_zero": (style.PADDING, "^", ":")}
+_LOOK = {
+    "clamp": (style.FIXED, "o", "-"),
+    "host_mask": (style.BUGGY, "s", "-"),
+    "host_mask_async": (style.PLACEHOLDER, "D", "--"),
+    "scheduler_zero": (style.PADDING, "^", ":"),
+}
 
 
 def _log_axes(ax, token_counts: list[int]) -> None:
@@ -199,8 +240,14 @@ def _draw_fixes(ax, costs: pd.DataFrame, key: str, spread: bool) -> None:
         rows = costs[costs["fix"] == fix].sort_values("num_tokens")
         nudge = 1.09 ** (i - (len(fixes) - 1) / 2)  # side by side on the log axis, so no line hides another
         colour, marker, line = _LOOK[fix]
-        kwargs = {"color": colour, "marker": marker, "linestyle": line, "label": pf.LABELS[fix],
-                  "markersize": 6, "markerfacecolor": "white" if line == "--" else colour}
+        kwargs = {
+            "color": colour,
+            "marker": marker,
+            "linestyle": line,
+            "label": pf.LABELS[fix],
+            "markersize": 6,
+            "markerfacecolor": "white" if line == "--" else colour,
+        }
         x, y = rows["num_tokens"] * nudge, rows[key]
         if spread:
             ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, **kwargs)
@@ -215,48 +262,72 @@ def fix_costs_figure(costs: pd.DataFrame, where: str):
     busy = "host_us_behind_busy_gpu" in costs and costs["host_us_behind_busy_gpu"].notna().any()
     counts = sorted(int(n) for n in costs["num_tokens"].unique())
     with style.apply():
-        fig, axes = plt.subplots(2 if busy else 1, 1, figsize=(style.WIDTH_IN, 7.0 if busy else 4.2),
-                                 squeeze=False, layout="constrained")
+        fig, axes = plt.subplots(
+            2 if busy else 1,
+            1,
+            figsize=(style.WIDTH_IN, 7.0 if busy else 4.2),
+            squeeze=False,
+            layout="constrained",
+        )
         left = axes[0][0]
         _draw_fixes(left, costs, "median_us", spread=True)
         _log_axes(left, counts)
-        left.set(xlabel="tokens in the step", ylabel="cost per step (us)",
-                 title=f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step")
+        left.set(
+            xlabel="tokens in the step",
+            ylabel="cost per step (us)",
+            title=f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step",
+        )
         if busy:
             right = axes[1][0]  # under the first panel: the figure keeps the column's width
             _draw_fixes(right, costs, "host_us_behind_busy_gpu", spread=False)
             _log_axes(right, counts)
-            right.set(xlabel="tokens in the step", ylabel="host time of the call (us)",
-                      title=f"{where}: earlier GPU work still queued")
+            right.set(
+                xlabel="tokens in the step",
+                ylabel="host time of the call (us)",
+                title=f"{where}: earlier GPU work still queued",
+            )
         fig.legend(*left.get_legend_handles_labels(), loc="outside upper center", ncols=2)
-        style.caption(fig, "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with "
-                           "the magenta host mask and see how each line grows with the step; the points of "
-                           "one size sit side by side on purpose, so that no line hides another.")
+        style.caption(
+            fig,
+            "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with "
+            "the magenta host mask and see how each line grows with the step; the points of "
+            "one size sit side by side on purpose, so that no line hides another.",
+        )
     return fig
 
 
 # -- 4. the guard's cost --------------------------------------------------------------------------------
 
+
 def guard_timing(timing: GuardTiming, what: str):
     """Every timed run, unguarded and guarded, with the medians: the spread the conclusion rests on."""
     with style.apply():
         fig, ax = plt.subplots(figsize=(6.4, 2.6), layout="constrained")
-        for lane, (label, samples, colour) in enumerate((("unguarded", timing.plain_s, style.NEUTRAL),
-                                                         ("guarded", timing.guarded_s, style.ACCENT))):
+        for lane, (label, samples, colour) in enumerate(
+            (("unguarded", timing.plain_s, style.NEUTRAL), ("guarded", timing.guarded_s, style.ACCENT))
+        ):
             ms = [s * 1e3 for s in samples]
             ax.plot(ms, [lane] * len(ms), "o", color=colour, alpha=0.6, label=label)
             median = statistics.median(ms)
             ax.plot([median, median], [lane - 0.25, lane + 0.25], color=colour, linewidth=2.5)
-        ax.set(yticks=[0, 1], yticklabels=["unguarded", "guarded"], ylim=(-0.6, 1.6),
-               xlabel=f"wall time of {what} (ms)")
+        ax.set(
+            yticks=[0, 1],
+            yticklabels=["unguarded", "guarded"],
+            ylim=(-0.6, 1.6),
+            xlabel=f"wall time of {what} (ms)",
+        )
         ax.grid(True, axis="x")
-        style.caption(fig, f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the "
-                           "median. If the two clouds overlap, this machine cannot tell the guard's cost "
-                           "from the noise.")
+        style.caption(
+            fig,
+            f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the "
+            "median. If the two clouds overlap, this machine cannot tell the guard's cost "
+            "from the noise.",
+        )
     return fig
 
 
 # -- 5. what the engine counts under each fix -----------------------------------------------------------
+
 
 def acceptance_table(rows: list[dict]) -> pd.DataFrame:
     """The engine runs of :func:`specfix.lab.placeholder_fixes.engine_correctness`, one row per (fix,
@@ -281,29 +352,41 @@ def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
 
 # -- the sentences that read the chapter's recordings and tables, built from their values (Markdown) -------
 
-_SET_UP = ("one-time set-up (with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at "
-           "its first launch)")
+_SET_UP = (
+    "one-time set-up (with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at "
+    "its first launch)"
+)
 
 
 def launch_text(run: ea.ChildRun) -> str:
     """How long the call with the ``-1`` took to return, and what its time holds."""
     launch = run.first("returned")["launch_us"]
-    text = (f"The call with the `-1` returned after **{launch:,.0f} us** of host time: the time to *launch* "
-            "the kernel, which had not even started when Python moved on. It measures host work only "
-            "(argument checks, allocating `out`, queuing the kernel), never the kernel itself.")
+    text = (
+        f"The call with the `-1` returned after **{launch:,.0f} us** of host time: the time to *launch* "
+        "the kernel, which had not even started when Python moved on. It measures host work only "
+        "(argument checks, allocating `out`, queuing the kernel), never the kernel itself."
+    )
     warmup = run.first("warmup")
     if warmup:
-        return text + (f" The warm-up call before it took {warmup['first_launch_us']:,.0f} us: a kernel's "
-                       f"first launch in a process pays {_SET_UP}, which the warm-up takes out of the timed "
-                       "call.")
-    return text + (" This recording has no warm-up call: the timed call was the kernel's first launch in the "
-                   f"process, so its time also holds {_SET_UP}, and the recording cannot separate the two.")
+        return text + (
+            f" The warm-up call before it took {warmup['first_launch_us']:,.0f} us: a kernel's "
+            f"first launch in a process pays {_SET_UP}, which the warm-up takes out of the timed "
+            "call."
+        )
+    return text + (
+        " This recording has no warm-up call: the timed call was the kernel's first launch in the "
+        f"process, so its time also holds {_SET_UP}, and the recording cannot separate the two."
+    )
 
 
 def embedding_kernels(rows: list[dict]) -> dict[int, str]:
     """Index count -> the kernel in which ``F.embedding`` asserted on a ``-1`` at that count."""
-    return {n: kernel for kernel, by_n in ops_by_kernel(rows).items() for n, cases in by_n.items()
-            if ("F.embedding", "-1") in cases}
+    return {
+        n: kernel
+        for kernel, by_n in ops_by_kernel(rows).items()
+        for n, cases in by_n.items()
+        if ("F.embedding", "-1") in cases
+    }
 
 
 def kernel_names_text(rows: list[dict], torch_version: str) -> str:
@@ -379,23 +462,26 @@ def fix_costs_text(costs: pd.DataFrame) -> str:
         return max(_cost(f, fix, n, "host_syncs_per_step") for n in f["sizes"])
 
     clamp = [c("clamp", n) for n in f["sizes"]]
-    slower = (f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
-              "host_mask does, plus a copy into pinned (page-locked) host memory every step."
-              if c("host_mask_async", lo) > c("host_mask", lo) else "")
+    slower = (
+        f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
+        "host_mask does, plus a copy into pinned (page-locked) host memory every step."
+        if c("host_mask_async", lo) > c("host_mask", lo)
+        else ""
+    )
     return f"""What the recording says, one fix at a time:
 
 * **clamp** costs {min(clamp):,.0f} to {max(clamp):,.0f} us per step at every size measured, without growing
-  with the step, and makes {syncs('clamp'):g} host synchronisations per step. Since the events span the
+  with the step, and makes {syncs("clamp"):g} host synchronisations per step. Since the events span the
   call's host work, its GPU time is smaller still.
-* **host_mask** grows with the step, from {c('host_mask', lo):,.0f} us at {lo:,} tokens to
-  {c('host_mask', hi):,.0f} us at {hi:,}: Python walks every draft list, then
+* **host_mask** grows with the step, from {c("host_mask", lo):,.0f} us at {lo:,} tokens to
+  {c("host_mask", hi):,.0f} us at {hi:,}: Python walks every draft list, then
   `torch.tensor(list, device=...)` copies from pageable host memory, which PyTorch does as a *blocking* copy,
-  {syncs('host_mask'):g} host synchronisation per step.
-* **host_mask_async** makes {syncs('host_mask_async'):g} synchronisations but keeps the host work:
-  {c('host_mask_async', lo):,.0f} us at {lo:,} tokens and {c('host_mask_async', hi):,.0f} us at {hi:,},
-  against host_mask's {c('host_mask', lo):,.0f} and {c('host_mask', hi):,.0f}.{slower}
+  {syncs("host_mask"):g} host synchronisation per step.
+* **host_mask_async** makes {syncs("host_mask_async"):g} synchronisations but keeps the host work:
+  {c("host_mask_async", lo):,.0f} us at {lo:,} tokens and {c("host_mask_async", hi):,.0f} us at {hi:,},
+  against host_mask's {c("host_mask", lo):,.0f} and {c("host_mask", hi):,.0f}.{slower}
 * **scheduler_zero** does no GPU work at all, but its host work in the scheduler grows with the step, from
-  {c('scheduler_zero', lo):,.0f} to {c('scheduler_zero', hi):,.0f} us; and it is wrong, as the next table
+  {c("scheduler_zero", lo):,.0f} to {c("scheduler_zero", hi):,.0f} us; and it is wrong, as the next table
   shows."""
 
 
@@ -409,16 +495,22 @@ def busy_gpu_text(costs: pd.DataFrame) -> str:
 
     wait = {n: busy("host_mask", n) - _cost(f, "host_mask", n) for n in f["sizes"]}
     n_wait = max(wait, key=wait.get)
-    tail = (f"At {hi:,} tokens the call took {busy('host_mask', hi):,.0f} us against "
-            f"{_cost(f, 'host_mask', hi):,.0f} idle: its own host work outlasts the queued work, so by the "
-            "time it copies there is nothing left to wait for." if abs(wait[hi]) < wait[n_wait] / 2 else "")
-    return (f"**The synchronisation's price is the queue, not the copy.** Behind a busy GPU (lower panel) "
-            f"host_mask's call took {busy('host_mask', n_wait):,.0f} us at {n_wait:,} tokens, "
-            f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
-            "the queued work, and so did the host, which could not prepare the next step meanwhile. "
-            f"{tail} The clamp's call took {busy('clamp', lo):,.0f} to "
-            f"{max(busy('clamp', n) for n in f['sizes']):,.0f} us behind the same queue: it waits for "
-            "nothing.")
+    tail = (
+        f"At {hi:,} tokens the call took {busy('host_mask', hi):,.0f} us against "
+        f"{_cost(f, 'host_mask', hi):,.0f} idle: its own host work outlasts the queued work, so by the "
+        "time it copies there is nothing left to wait for."
+        if abs(wait[hi]) < wait[n_wait] / 2
+        else ""
+    )
+    return (
+        f"**The synchronisation's price is the queue, not the copy.** Behind a busy GPU (lower panel) "
+        f"host_mask's call took {busy('host_mask', n_wait):,.0f} us at {n_wait:,} tokens, "
+        f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
+        "the queued work, and so did the host, which could not prepare the next step meanwhile. "
+        f"{tail} The clamp's call took {busy('clamp', lo):,.0f} to "
+        f"{max(busy('clamp', n) for n in f['sizes']):,.0f} us behind the same queue: it waits for "
+        "nothing."
+    )
 
 
 _REAL, _ACC, _VER = "real drafts", "accepted drafts", "verifications"
@@ -436,10 +528,13 @@ def zeroing_greedy_text(rows: list[dict]) -> str:
 
     zero_word = get_tokenizer().vocab[0]
     a, z = _clamp_and_zero(rows, 0.0)
-    same = (f"both runs accepted {a[_ACC]} real drafts, and the clamp's run verified {a[_REAL] - z[_REAL]} "
-            "more, every one of them rejected" if a[_ACC] == z[_ACC] else
-            f"the clamp's run verified {a[_REAL] - z[_REAL]:+} real drafts and accepted "
-            f"{a[_ACC] - z[_ACC]:+}")
+    same = (
+        f"both runs accepted {a[_ACC]} real drafts, and the clamp's run verified {a[_REAL] - z[_REAL]} "
+        "more, every one of them rejected"
+        if a[_ACC] == z[_ACC]
+        else f"the clamp's run verified {a[_REAL] - z[_REAL]:+} real drafts and accepted "
+        f"{a[_ACC] - z[_ACC]:+}"
+    )
     rate, all_slots = "acceptance rate, real drafts", "acceptance rate, all slots"
     return (
         "**Zeroing does not make drafts better.** At temperature 0, scheduler_zero shows an acceptance rate "
@@ -451,7 +546,8 @@ def zeroing_greedy_text(rows: list[dict]) -> str:
         "slots, as a counter that cannot tell them apart would, the rates are "
         f"{z[all_slots]:.3f} for zeroing and {a[all_slots]:.3f} for the clamp, and zeroing's "
         f"{z['placeholders accepted']} accepted placeholders count as accepted drafts there. Zeroing's "
-        f"greedy text is {'the same as' if z['same tokens as the clamp'] else 'different from'} the clamp's.")
+        f"greedy text is {'the same as' if z['same tokens as the clamp'] else 'different from'} the clamp's."
+    )
 
 
 def zeroing_sampled_text(rows: list[dict]) -> str:
@@ -459,14 +555,24 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
     t = max(r["temperature"] for r in rows)
     a, z = _clamp_and_zero(rows, t)
     scarce = a[_ACC] + z[_ACC] < 10
-    return (f"At temperature {t}: {a[_ACC]} of {a[_REAL]} real drafts accepted with the clamp, {z[_ACC]} of "
-            f"{z[_REAL]} with zeroing"
-            + (f"; with {a[_ACC] + z[_ACC]} accepted draft(s) in both runs together, the rates say nothing "
-               "either way. " if scarce else ". ")
-            + f"Zeroing still accepted {z['placeholders accepted']} placeholder slots, and its text is "
-            + ("the same as the clamp's." if z["same tokens as the clamp"] else
-               "different from the clamp's: an accepted placeholder emits a token, so the sampled run draws "
-               "its random numbers at other points."))
+    return (
+        f"At temperature {t}: {a[_ACC]} of {a[_REAL]} real drafts accepted with the clamp, {z[_ACC]} of "
+        f"{z[_REAL]} with zeroing"
+        + (
+            f"; with {a[_ACC] + z[_ACC]} accepted draft(s) in both runs together, the rates say nothing "
+            "either way. "
+            if scarce
+            else ". "
+        )
+        + f"Zeroing still accepted {z['placeholders accepted']} placeholder slots, and its text is "
+        + (
+            "the same as the clamp's."
+            if z["same tokens as the clamp"]
+            else "different from the clamp's: an accepted placeholder emits a token, so the sampled run "
+            "draws "
+            "its random numbers at other points."
+        )
+    )
 
 
 def guard_cost_text(timing: GuardTiming, steps: int, on_gpu: bool) -> str:
@@ -476,18 +582,28 @@ def guard_cost_text(timing: GuardTiming, steps: int, on_gpu: bool) -> str:
         return f"median {statistics.median(s) * 1e3:,.0f} ms ({min(s) * 1e3:,.0f} to {max(s) * 1e3:,.0f})"
 
     if timing.separated:
-        verdict = ("every guarded run was slower than every unguarded one: the guard costs about "
-                   f"{timing.ratio - 1:.0%} here")
+        verdict = (
+            "every guarded run was slower than every unguarded one: the guard costs about "
+            f"{timing.ratio - 1:.0%} here"
+        )
     elif max(timing.guarded_s) < min(timing.plain_s):
-        verdict = ("every guarded run was faster, which says the machine's speed drifted, not that the guard "
-                   "helps")
+        verdict = (
+            "every guarded run was faster, which says the machine's speed drifted, not that the guard helps"
+        )
     else:
-        verdict = ("the two spreads overlap: on this machine, at this size, the guard's cost is lost in the "
-                   "noise between runs")
-    return (f"Over {len(timing.plain_s)} runs each: unguarded {ms(timing.plain_s)}, guarded "
-            f"{ms(timing.guarded_s)}; {verdict}. The guard checked {timing.checked} index tensors per run, "
-            f"{timing.checked / steps:,.0f} per step"
-            + (", each one a synchronisation on this GPU." if on_gpu else
-               "; on a CPU each check reads memory the host already has, on a GPU each one is a "
-               "synchronisation.")
-            + " Either way the guard is for finding the bug, not for serving.")
+        verdict = (
+            "the two spreads overlap: on this machine, at this size, the guard's cost is lost in the "
+            "noise between runs"
+        )
+    return (
+        f"Over {len(timing.plain_s)} runs each: unguarded {ms(timing.plain_s)}, guarded "
+        f"{ms(timing.guarded_s)}; {verdict}. The guard checked {timing.checked} index tensors per run, "
+        f"{timing.checked / steps:,.0f} per step"
+        + (
+            ", each one a synchronisation on this GPU."
+            if on_gpu
+            else "; on a CPU each check reads memory the host already has, on a GPU each one is a "
+            "synchronisation."
+        )
+        + " Either way the guard is for finding the bug, not for serving."
+    )

@@ -27,22 +27,34 @@ def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
     ``draws`` maps a label to an int array of token ids."""
     vocab = len(probs)
     series = [("softmax(logits / T)", np.asarray(probs))]
-    series += [(f"{name} ({len(s):,} draws)", np.bincount(s, minlength=vocab) / len(s))
-               for name, s in draws.items()]
+    series += [
+        (f"{name} ({len(s):,} draws)", np.bincount(s, minlength=vocab) / len(s)) for name, s in draws.items()
+    ]
     width = 0.8 / len(series)
     colours = [style.CEILING, style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER]
     with style.apply():
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         x = np.arange(vocab)
         for i, (label, freq) in enumerate(series):
-            ax.bar(x + (i - (len(series) - 1) / 2) * width, freq, width, label=label,
-                   color=colours[i % len(colours)])
+            ax.bar(
+                x + (i - (len(series) - 1) / 2) * width,
+                freq,
+                width,
+                label=label,
+                color=colours[i % len(colours)],
+            )
         style.integer_ticks(ax.xaxis)
-        ax.set(xlabel="token id", ylabel="frequency",
-               title=f"Gumbel-max draws against softmax, T = {temperature}")
+        ax.set(
+            xlabel="token id",
+            ylabel="frequency",
+            title=f"Gumbel-max draws against softmax, T = {temperature}",
+        )
         style.legend_below(fig, ax)
-        style.caption(fig, "Every sampler's bars sit on the black softmax bar of the same token: "
-                           "argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).")
+        style.caption(
+            fig,
+            "Every sampler's bars sit on the black softmax bar of the same token: "
+            "argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).",
+        )
     return fig
 
 
@@ -60,14 +72,23 @@ def gumbel_tail(u, exact, careful, naive):
         top = np.nanmax(exact) * 1.12
         if overflow.any():
             ax.axvspan(u[overflow].min(), u[overflow].max(), color=style.BUGGY, alpha=0.08)
-            ax.plot(u[overflow][::8], np.full(len(u[overflow][::8]), top), "^", color=style.BUGGY, ms=5,
-                    label="naive = +inf (1 - u rounds to 1)")
+            ax.plot(
+                u[overflow][::8],
+                np.full(len(u[overflow][::8]), top),
+                "^",
+                color=style.BUGGY,
+                ms=5,
+                label="naive = +inf (1 - u rounds to 1)",
+            )
         ax.set_ylim(top=top * 1.06)
         ax.set(xlabel="u", ylabel="Gumbel noise g", title="The winners' noise lives at small u")
         style.legend_below(fig, ax)
-        style.caption(fig, "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in "
-                           "float32. Just right of it, it is a staircase. The careful form follows the exact "
-                           "curve everywhere.")
+        style.caption(
+            fig,
+            "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in "
+            "float32. Just right of it, it is a staircase. The careful form follows the exact "
+            "curve everywhere.",
+        )
     return fig
 
 
@@ -77,8 +98,8 @@ def tile_winners(noisy, block: int):
     noisy = np.asarray(noisy, dtype=np.float64)
     vocab = len(noisy)
     starts = range(0, vocab, block)
-    maxima = [noisy[s:s + block].max() for s in starts]
-    winners = [s + int(noisy[s:s + block].argmax()) for s in starts]
+    maxima = [noisy[s : s + block].max() for s in starts]
+    winners = [s + int(noisy[s : s + block].argmax()) for s in starts]
     best = int(np.argmax(maxima))
     with style.apply():
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
@@ -87,15 +108,29 @@ def tile_winners(noisy, block: int):
             if t % 2:
                 ax.axvspan(s, min(s + block, vocab), color=style.PADDING, alpha=0.12, lw=0)
         ax.plot(winners, maxima, "o", color=style.NEUTRAL, label="each tile's max (stage 1)")
-        ax.plot([winners[best]], [maxima[best]], "o", ms=11, mfc="none", mec=style.FIXED, mew=2,
-                label="best of the tiles (stage 2)")
+        ax.plot(
+            [winners[best]],
+            [maxima[best]],
+            "o",
+            ms=11,
+            mfc="none",
+            mec=style.FIXED,
+            mew=2,
+            label="best of the tiles (stage 2)",
+        )
         ax.set_ylim(top=maxima[best] + 0.15 * (maxima[best] - noisy.min()))
         style.integer_ticks(ax.xaxis)
-        ax.set(xlabel="token id", ylabel="logit + noise",
-               title=f"{len(maxima)} tiles of {block} (the last one partial)")
+        ax.set(
+            xlabel="token id",
+            ylabel="logit + noise",
+            title=f"{len(maxima)} tiles of {block} (the last one partial)",
+        )
         style.legend_below(fig, ax)
-        style.caption(fig, f"Each tile keeps only its maximum and its token id; the row's token is the best "
-                           f"tile's winner, token {winners[best]}, whatever the tile size.")
+        style.caption(
+            fig,
+            f"Each tile keeps only its maximum and its token id; the row's token is the best "
+            f"tile's winner, token {winners[best]}, whatever the tile size.",
+        )
     return fig
 
 
@@ -126,13 +161,20 @@ def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_sl
             ax.imshow(cells, cmap=cmap, vmin=0, vmax=len(_CELL_FILLS) - 1, aspect="auto")
             for (r, c), kind in np.ndenumerate(cells):
                 ax.text(c, r, _CELL_WORDS[kind], ha="center", va="center", fontsize=8, color=_CELL_TEXT[kind])
-            ax.set(title=title, xticks=range(cells.shape[1]),
-                   xticklabels=[f"col {c}" for c in range(cells.shape[1])],
-                   yticks=range(len(row_labels)), yticklabels=row_labels)
+            ax.set(
+                title=title,
+                xticks=range(cells.shape[1]),
+                xticklabels=[f"col {c}" for c in range(cells.shape[1])],
+                yticks=range(len(row_labels)),
+                yticklabels=row_labels,
+            )
             ax.grid(False)
-        style.caption(fig, "Grey: still the sentinel. Blue: written by a live row into its own slot. "
-                           "Magenta: written where no live row belongs, here the guard row just before the "
-                           "table.")
+        style.caption(
+            fig,
+            "Grey: still the sentinel. Blue: written by a live row into its own slot. "
+            "Magenta: written where no live row belongs, here the guard row just before the "
+            "table.",
+        )
     return fig
 
 
@@ -143,24 +185,37 @@ def draws_at_temperature(probs, samples, temperature: float, chi2: float, thresh
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
         x = np.arange(vocab)
         ax.bar(x - 0.2, probs, 0.4, color=style.CEILING, label="softmax(logits / T)")
-        ax.bar(x + 0.2, np.bincount(samples, minlength=vocab) / len(samples), 0.4, color=style.NEUTRAL,
-               label=f"{len(samples):,} Gumbel-max draws")
+        ax.bar(
+            x + 0.2,
+            np.bincount(samples, minlength=vocab) / len(samples),
+            0.4,
+            color=style.NEUTRAL,
+            label=f"{len(samples):,} Gumbel-max draws",
+        )
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="frequency", title=f"T = {temperature:g}, vocabulary {vocab}")
         style.legend_below(fig, ax)
         verdict = "passes" if chi2 < threshold else "fails"
-        style.caption(fig, f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
-                           f"{verdict} the test. Lower T piles the draws onto the top tokens; higher T "
-                           "flattens them.")
+        style.caption(
+            fig,
+            f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
+            f"{verdict} the test. Lower T piles the draws onto the top tokens; higher T "
+            "flattens them.",
+        )
     return fig
 
 
 # -- the H200 bench recording ---------------------------------------------------------------------------
 
+
 def bench_frame(bench: dict) -> pd.DataFrame:
     """One row per recorded measurement: case, impl, its parameters, the median in us and its metrics."""
-    frame = pd.DataFrame([{"case": r["case"], "impl": r["impl"], **r["params"], "us": r["median_us"],
-                           **r["metrics"]} for r in bench["results"]])
+    frame = pd.DataFrame(
+        [
+            {"case": r["case"], "impl": r["impl"], **r["params"], "us": r["median_us"], **r["metrics"]}
+            for r in bench["results"]
+        ]
+    )
     for column in ("vocab", "rows"):
         if column in frame:
             frame[column] = frame[column].astype("Int64")
@@ -195,22 +250,39 @@ def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
             for dtype, line in (("fp32", "-"), ("bf16", "--")):
                 sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype) & (gumbel.vocab == vocab)]
                 sel = sel.sort_values("rows")
-                axes[0].plot(sel.rows.astype(float), sel.G_logits_per_s, line, marker="o", color=colour,
-                             label=f"{impl.removeprefix('specfix_')} noise, {dtype}")
-        axes[0].axhline(goal["target"], color=style.CEILING, lw=1, ls=":",
-                        label=f"goal: {goal['target']:.0f} G/s at >= 256 rows")
+                axes[0].plot(
+                    sel.rows.astype(float),
+                    sel.G_logits_per_s,
+                    line,
+                    marker="o",
+                    color=colour,
+                    label=f"{impl.removeprefix('specfix_')} noise, {dtype}",
+                )
+        axes[0].axhline(
+            goal["target"],
+            color=style.CEILING,
+            lw=1,
+            ls=":",
+            label=f"goal: {goal['target']:.0f} G/s at >= 256 rows",
+        )
         axes[0].set_xscale("log", base=2)
         axes[0].set(xlabel="rows", ylabel="G logits / s", title=f"vocabulary {vocab:,}")
         axes[0].legend(loc="upper left", fontsize=8)
-        axes[1].barh([n.replace("_", " ") for n in names], [at[n] for n in names],
-                     color=[style.PADDING, style.PADDING, style.ACCENT, style.FIXED])
+        axes[1].barh(
+            [n.replace("_", " ") for n in names],
+            [at[n] for n in names],
+            color=[style.PADDING, style.PADDING, style.ACCENT, style.FIXED],
+        )
         axes[1].set(xlabel="us per call (median)", title=f"{rows_at} x {vocab:,}, fp32")
         fig.tight_layout()
         big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.vocab == vocab) & (gumbel.rows >= 256)]
         low, high = big.G_logits_per_s.min(), big.G_logits_per_s.max()
-        style.caption(fig, f"Above: from 256 rows on, where the goal applies, the fast noise runs at "
-                           f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Below: both "
-                           "noise modes against the textbook samplers at one shape (shorter is faster).")
+        style.caption(
+            fig,
+            f"Above: from 256 rows on, where the goal applies, the fast noise runs at "
+            f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Below: both "
+            "noise modes against the textbook samplers at one shape (shorter is faster).",
+        )
     return fig
 
 
@@ -227,8 +299,13 @@ def mask_table(bench: dict) -> pd.DataFrame:
     mask = frame[frame.case == "gumbel_mask"]
     masked = mask[mask.impl == "masked"].set_index("store_processed_logits")
     unmasked = mask[mask.impl == "unmasked"].set_index("store_processed_logits")
-    table = pd.DataFrame({"masked us": masked.us.round(1), "unmasked us": unmasked.us.round(1),
-                          "overhead %": (100 * masked.overhead).round(2)})
+    table = pd.DataFrame(
+        {
+            "masked us": masked.us.round(1),
+            "unmasked us": unmasked.us.round(1),
+            "overhead %": (100 * masked.overhead).round(2),
+        }
+    )
     table.index = table.index.map({False: "without", True: "with"})
     return table.rename_axis("processed-logits store")
 
@@ -247,13 +324,15 @@ def drafter_store_table(perf: dict) -> pd.DataFrame:
 
 def samplers_text(tests: pd.DataFrame, draws: dict[str, np.ndarray]) -> str:
     """How many samplers pass the chi-square test (`tests`: one row per sampler of `draws`)."""
-    return (f"{int(tests.passed.sum())} of {len(draws)} samplers pass the chi-square test (statistic under "
-            "the threshold: degrees of freedom + 10 standard deviations, after merging sparse bins). The "
-            f"kernel drew {len(draws['Triton kernel']):,} samples (on a CPU it runs in Triton's interpreter, "
-            "one program at a time, so CI scale keeps it small); the torch reference drew "
-            f"{len(draws['torch reference']):,}, and it picks **the kernel's tokens bit for bit** (checked "
-            "in `tests/test_gumbel.py`, on the CPU and on the H200). Temperature 0 means plain argmax: no "
-            "noise at all.")
+    return (
+        f"{int(tests.passed.sum())} of {len(draws)} samplers pass the chi-square test (statistic under "
+        "the threshold: degrees of freedom + 10 standard deviations, after merging sparse bins). The "
+        f"kernel drew {len(draws['Triton kernel']):,} samples (on a CPU it runs in Triton's interpreter, "
+        "one program at a time, so CI scale keeps it small); the torch reference drew "
+        f"{len(draws['torch reference']):,}, and it picks **the kernel's tokens bit for bit** (checked "
+        "in `tests/test_gumbel.py`, on the CPU and on the H200). Temperature 0 means plain argmax: no "
+        "noise at all."
+    )
 
 
 def tail_text(u, exact, careful, naive) -> str:
@@ -262,17 +341,26 @@ def tail_text(u, exact, careful, naive) -> str:
     overflow = ~np.isfinite(np.asarray(naive))
     worst = np.max(np.abs(np.asarray(careful, dtype=np.float64) - exact) / np.abs(exact))
     u = np.asarray(u)
-    return (f"The naive form is `+inf` at {int(overflow.sum())} of these {len(u)} points, every u up to "
-            f"{u[overflow].max():.2e} (at u = 1e-8, where the exact noise is "
-            f"{-np.log(-np.log1p(-1e-8)):.2f}). The careful form's largest relative error over the whole "
-            f"range is {worst:.1e}.")
+    return (
+        f"The naive form is `+inf` at {int(overflow.sum())} of these {len(u)} points, every u up to "
+        f"{u[overflow].max():.2e} (at u = 1e-8, where the exact noise is "
+        f"{-np.log(-np.log1p(-1e-8)):.2f}). The careful form's largest relative error over the whole "
+        f"range is {worst:.1e}."
+    )
 
 
 def invariance_table(alone: dict, t_alone, t_crowd, t_moved) -> pd.DataFrame:
     """Each request's token alone, in another batch, and one position on (`alone`: the requests' batch)."""
-    return pd.DataFrame({"seed": alone["seed"], "pos": alone["pos"], "alone": t_alone,
-                         "in another batch": t_crowd, "position + 1": t_moved},
-                        index=[f"request {i}" for i in range(len(t_alone))])
+    return pd.DataFrame(
+        {
+            "seed": alone["seed"],
+            "pos": alone["pos"],
+            "alone": t_alone,
+            "in another batch": t_crowd,
+            "position + 1": t_moved,
+        },
+        index=[f"request {i}" for i in range(len(t_alone))],
+    )
 
 
 def invariance_text(table: pd.DataFrame) -> str:
@@ -280,11 +368,13 @@ def invariance_text(table: pd.DataFrame) -> str:
     same = int((table["alone"] == table["in another batch"]).sum())
     changed = [name for name in table.index if table.loc[name, "position + 1"] != table.loc[name, "alone"]]
     kept = [name for name in table.index if name not in changed]
-    return (f"Same (seed, position), same token: {same} of {len(table)} requests pick the same token in "
-            "another batch, at other slots, with another tile size. A new position is a new draw: fresh, "
-            f"independent noise, so the token may change or stay: here it changed for "
-            f"{', '.join(changed) or 'no request'} and stayed for {', '.join(kept) or 'no request'} (a "
-            "likely token is often drawn again).")
+    return (
+        f"Same (seed, position), same token: {same} of {len(table)} requests pick the same token in "
+        "another batch, at other slots, with another tile size. A new position is a new draw: fresh, "
+        f"independent noise, so the token may change or stay: here it changed for "
+        f"{', '.join(changed) or 'no request'} and stayed for {', '.join(kept) or 'no request'} (a "
+        "likely token is often drawn again)."
+    )
 
 
 def agreement_text(match: pd.DataFrame, source: str) -> str:
@@ -292,11 +382,13 @@ def agreement_text(match: pd.DataFrame, source: str) -> str:
     same, exact_same = match["same token as vLLM's noise"].sum(), match["same token as specfix exact"].sum()
     cached = "in both runs" if match["same cached logits"].all() else "NOT in every run"
     greedy = int(match["greedy row agrees"].sum())
-    return (f"The `vllm` mode picks the same token as {source} on {same} of {match.rows.sum()} rows, with "
-            "and without the drafting salt, and its draft-logits cache holds the same values "
-            f"({cached}). Against specfix's `exact` mode, a different generator, it agrees on {exact_same} "
-            f"rows; the greedy row (temperature 0, no noise) agrees in {greedy} of {len(match)} runs. Both "
-            "modes are correct samplers: their tokens are different draws from the same distribution.")
+    return (
+        f"The `vllm` mode picks the same token as {source} on {same} of {match.rows.sum()} rows, with "
+        "and without the drafting salt, and its draft-logits cache holds the same values "
+        f"({cached}). Against specfix's `exact` mode, a different generator, it agrees on {exact_same} "
+        f"rows; the greedy row (temperature 0, no noise) agrees in {greedy} of {len(match)} runs. Both "
+        "modes are correct samplers: their tokens are different draws from the same distribution."
+    )
 
 
 def _first_report(san: dict, variant: str, prefix: str = "before the nearest allocation"):
@@ -309,24 +401,33 @@ def sanitizer_text(san: dict) -> str:
     """What compute-sanitizer reported for the masked kernel and the two unmasked variants."""
     read_kind, read_count, read_where = _first_report(san, "unmasked")
     write_kind, write_count, write_where = _first_report(san, "unmasked_guarded_tables")
-    return (f"{san['variants']['masked']['errors']} errors with the mask. Without it: {read_count:,} reports "
-            f"of *{read_kind.lower()}*, the padded rows' threads reading `temperature[-1]` "
-            f"(\"{read_where}\"); memcheck then stops the kernel. With the tables inside larger allocations: "
-            f"{write_count:,} reports of *{write_kind.lower()}* (\"{write_where}\"): `draft_logits[-1, 1, "
-            ":]`. Each summary counts one error more than its reports: the launch failure that stopping the "
-            "kernel causes, seen at the next CUDA call.")
+    return (
+        f"{san['variants']['masked']['errors']} errors with the mask. Without it: {read_count:,} reports "
+        f"of *{read_kind.lower()}*, the padded rows' threads reading `temperature[-1]` "
+        f'("{read_where}"); memcheck then stops the kernel. With the tables inside larger allocations: '
+        f'{write_count:,} reports of *{write_kind.lower()}* ("{write_where}"): `draft_logits[-1, 1, '
+        ":]`. Each summary counts one error more than its reports: the launch failure that stopping the "
+        "kernel causes, seen at the next CUDA call."
+    )
 
 
 def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
     """The two noise modes against softmax + multinomial at one fp32 shape of the bench recording."""
     frame = bench_frame(bench)
-    at = frame[(frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab)
-               & (frame.dtype == "fp32")].set_index("impl").us
+    at = (
+        frame[
+            (frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab) & (frame.dtype == "fp32")
+        ]
+        .set_index("impl")
+        .us
+    )
     fast, exact, slow = at["specfix_fast"], at["specfix_exact"], at["torch_softmax_multinomial"]
-    return (f"At {rows} x {vocab:,} fp32 the fast noise takes {fast:.0f} us and the exact noise {exact:.0f} "
-            "us: exact pays for bit-for-bit reproducibility with its own polynomial logarithm, compiled "
-            f"without FMA contraction. Softmax + `torch.multinomial` takes {slow:.0f} us, {slow / fast:.1f}x "
-            f"the fast kernel's time and {slow / exact:.1f}x the exact kernel's.")
+    return (
+        f"At {rows} x {vocab:,} fp32 the fast noise takes {fast:.0f} us and the exact noise {exact:.0f} "
+        "us: exact pays for bit-for-bit reproducibility with its own polynomial logarithm, compiled "
+        f"without FMA contraction. Softmax + `torch.multinomial` takes {slow:.0f} us, {slow / fast:.1f}x "
+        f"the fast kernel's time and {slow / exact:.1f}x the exact kernel's."
+    )
 
 
 def graph_text(bench: dict, store: pd.DataFrame) -> str:
@@ -336,20 +437,24 @@ def graph_text(bench: dict, store: pd.DataFrame) -> str:
     calls = sorted({r["params"]["calls_per_graph"] for r in bench["results"] if r["case"] == "gumbel_graph"})
     goal = bench_goal(bench, "gumbel_graph", "us")
     adds = store["store adds (us)"]
-    return (f"{', '.join(map(str, calls))} calls per graph. One row of {graph.index.max():,} logits with the "
-            f"fast noise: {graph['specfix_fast'].max():.2f} us per call (goal: at most {goal['target']:.0f} "
-            f"us, {goal['status']}). Storing the draft logits on the way adds {adds.min():.2f} to "
-            f"{adds.max():.2f} us per call.")
+    return (
+        f"{', '.join(map(str, calls))} calls per graph. One row of {graph.index.max():,} logits with the "
+        f"fast noise: {graph['specfix_fast'].max():.2f} us per call (goal: at most {goal['target']:.0f} "
+        f"us, {goal['status']}). Storing the draft logits on the way adds {adds.min():.2f} to "
+        f"{adds.max():.2f} us per call."
+    )
 
 
 def mask_text(mask: pd.DataFrame) -> str:
     """What :func:`mask_table` shows: the mask's overhead, within the noise of two timed kernels."""
-    return (f"The mask's overhead is {mask.loc['without', 'overhead %']:+.2f}% without the store and "
-            f"{mask.loc['with', 'overhead %']:+.2f}% with it. A negative overhead means the masked kernel "
-            "was the faster of the two in this run. The mask adds one compare per tile, so a difference of a "
-            "few percent either way is not the mask's cost but the difference between two separately "
-            "compiled, separately timed kernels: what the run shows is that the mask costs nothing "
-            "measurable.")
+    return (
+        f"The mask's overhead is {mask.loc['without', 'overhead %']:+.2f}% without the store and "
+        f"{mask.loc['with', 'overhead %']:+.2f}% with it. A negative overhead means the masked kernel "
+        "was the faster of the two in this run. The mask adds one compare per tile, so a difference of a "
+        "few percent either way is not the mask's cost but the difference between two separately "
+        "compiled, separately timed kernels: what the run shows is that the mask costs nothing "
+        "measurable."
+    )
 
 
 def noise_comparison_table(rec: dict) -> pd.DataFrame:

@@ -26,14 +26,19 @@ from specfix.v1.scheduler import SpecDecodingStats
 
 ORDINARY, PLACEHOLDER, WAS_PLACEHOLDER, UNUSED, PADDING = range(5)
 _FILL = [
-    "#eeeeee",                                           # an ordinary token id
-    style.PLACEHOLDER,                                   # a -1 placeholder
+    "#eeeeee",  # an ordinary token id
+    style.PLACEHOLDER,  # a -1 placeholder
     colors.to_hex(0.3 * np.array(colors.to_rgb(style.FIXED)) + 0.7),  # was -1, clamped: light green
-    "#ffffff",                                           # a cell nothing was written to
+    "#ffffff",  # a cell nothing was written to
     colors.to_hex(0.35 * np.array(colors.to_rgb(style.PADDING)) + 0.65),  # CUDA-graph padding
 ]
-_KIND_LABELS = ["token id", "-1 (PLACEHOLDER_TOKEN_ID)", "was -1, clamped to 0", "unused",
-                "CUDA-graph padding"]
+_KIND_LABELS = [
+    "token id",
+    "-1 (PLACEHOLDER_TOKEN_ID)",
+    "was -1, clamped to 0",
+    "unused",
+    "CUDA-graph padding",
+]
 
 
 def _draw_ids(ax, ids, vocab: Sequence[str], kinds, col_labels=None, row_labels=None, title=""):
@@ -44,8 +49,11 @@ def _draw_ids(ax, ids, vocab: Sequence[str], kinds, col_labels=None, row_labels=
         if kinds[r, c] != UNUSED:
             word = vocab[t] if 0 <= t < len(vocab) else ""
             ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=style.SMALLEST_PT, color="black")
-    ax.set_xticks(range(ids.shape[1]), col_labels if col_labels is not None else range(ids.shape[1]),
-                  fontsize=style.SMALLEST_PT)
+    ax.set_xticks(
+        range(ids.shape[1]),
+        col_labels if col_labels is not None else range(ids.shape[1]),
+        fontsize=style.SMALLEST_PT,
+    )
     if row_labels is None:
         ax.set_yticks([])
     else:
@@ -61,10 +69,18 @@ def _kind_legend(fig: Figure, kinds_shown: set[int]) -> None:
     """Lay the grids out over the figure, then name the colours shown in a strip under them (the figure keeps
     the column's width; the figures give it LEGEND_IN of their height)."""
     fig.tight_layout(rect=(0, LEGEND_IN / fig.get_figheight(), 1, 1))
-    handles = [Patch(facecolor=_FILL[k], edgecolor="#888888", label=_KIND_LABELS[k])
-               for k in sorted(kinds_shown)]
-    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 0.0), ncol=3,
-               fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5)
+    handles = [
+        Patch(facecolor=_FILL[k], edgecolor="#888888", label=_KIND_LABELS[k]) for k in sorted(kinds_shown)
+    ]
+    fig.legend(
+        handles=handles,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 0.0),
+        ncol=3,
+        fontsize=style.SMALLEST_PT,
+        columnspacing=1.2,
+        handlelength=1.5,
+    )
 
 
 def _filled_lengths(step: StepTrace) -> list[int]:
@@ -74,12 +90,15 @@ def _filled_lengths(step: StepTrace) -> list[int]:
     cached = out.scheduled_cached_reqs
     start.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     prompt = {new.req_id: len(new.prompt_token_ids) for new in out.scheduled_new_reqs}
-    return [max(prompt.get(r, 0), start[r] + n)
-            for r, n in zip(step.req_ids, step.num_scheduled_tokens, strict=True)]
+    return [
+        max(prompt.get(r, 0), start[r] + n)
+        for r, n in zip(step.req_ids, step.num_scheduled_tokens, strict=True)
+    ]
 
 
-def token_table(step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | None = None,
-                width: int = 10) -> Figure:
+def token_table(
+    step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | None = None, width: int = 10
+) -> Figure:
     """``InputBatch.token_ids_cpu`` after ``update_req_spec_token_ids``: the drafts sit verbatim after each
     request's committed tokens. ``rows``: the requests' rows in the persistent batch (default 0, 1, ...)."""
     rows = list(range(len(step.req_ids))) if rows is None else list(rows)
@@ -91,12 +110,21 @@ def token_table(step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | Non
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 0.6 + 0.55 * len(rows) + LEGEND_IN))
         ax = fig.subplots()
-        _draw_ids(ax, table, vocab, kinds, row_labels=step.req_ids, title="InputBatch.token_ids_cpu, "
-                  f"first {width} positions, after update_req_spec_token_ids")
+        _draw_ids(
+            ax,
+            table,
+            vocab,
+            kinds,
+            row_labels=step.req_ids,
+            title=f"InputBatch.token_ids_cpu, first {width} positions, after update_req_spec_token_ids",
+        )
         ax.set_xlabel("position in the request")
         _kind_legend(fig, set(np.unique(kinds)))
-        style.caption(fig, "The scheduler's drafts, -1 included, are written right after each request's "
-                      "committed tokens: the -1 is still only a value in a CPU table.")
+        style.caption(
+            fig,
+            "The scheduler's drafts, -1 included, are written right after each request's "
+            "committed tokens: the -1 is still only a value in a CPU table.",
+        )
     plt.close(fig)
     return fig
 
@@ -133,13 +161,28 @@ def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
         fig = plt.figure(figsize=(style.WIDTH_IN, 3.9 + LEGEND_IN))
         axes = fig.subplots(3, 1)
         _draw_ids(axes[0], before, vocab, kinds_before, labels, title="input_ids after _prepare_inputs")
-        _draw_ids(axes[1], drafts, vocab, kinds_drafts, labels,
-                  title="SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions")
-        _draw_ids(axes[2], after, vocab, kinds_after, labels,
-                  title="input_ids after _preprocess: what nn.Embedding receives")
+        _draw_ids(
+            axes[1],
+            drafts,
+            vocab,
+            kinds_drafts,
+            labels,
+            title="SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions",
+        )
+        _draw_ids(
+            axes[2],
+            after,
+            vocab,
+            kinds_after,
+            labels,
+            title="input_ids after _preprocess: what nn.Embedding receives",
+        )
         _kind_legend(fig, set(np.unique(np.concatenate([kinds_before, kinds_drafts, kinds_after]))))
-        style.caption(fig, "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has "
-                      "it clamped to 0 (green). Column labels name the request each token belongs to.")
+        style.caption(
+            fig,
+            "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has "
+            "it clamped to 0 (green). Column labels name the request each token belongs to.",
+        )
     plt.close(fig)
     return fig
 
@@ -152,11 +195,21 @@ def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 0.7 + 0.45 * out.shape[0] + LEGEND_IN))
         ax = fig.subplots()
-        _draw_ids(ax, out, vocab, kinds, col_labels=[f"column {j}" for j in range(width)],
-                  row_labels=step.req_ids, title="RejectionSampler output [B, max_spec_len + 1]")
+        _draw_ids(
+            ax,
+            out,
+            vocab,
+            kinds,
+            col_labels=[f"column {j}" for j in range(width)],
+            row_labels=step.req_ids,
+            title="RejectionSampler output [B, max_spec_len + 1]",
+        )
         _kind_legend(fig, set(np.unique(kinds)))
-        style.caption(fig, "Each row holds the tokens its request produced, left to right, then -1. A "
-                      "request with k drafts has its bonus column at k: column 0 for one without drafts.")
+        style.caption(
+            fig,
+            "Each row holds the tokens its request produced, left to right, then -1. A "
+            "request with k drafts has its bonus column at k: column 0 for one without drafts.",
+        )
     plt.close(fig)
     return fig
 
@@ -175,15 +228,28 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
             ax1.bar(np.arange(k) + offset, s.acceptance_rate_per_pos, width, label=name)
             lengths = np.bincount(s.acceptance_lengths, minlength=k + 2)[1:]
             ax2.bar(np.arange(1, k + 2) + offset, lengths / max(lengths.sum(), 1), width)
-        ax1.set(xticks=range(k), xticklabels=[f"draft {j + 1}" for j in range(k)], ylim=(0, 1),
-                ylabel="accepted / drafted", title="acceptance rate per position")
-        ax2.set(xticks=range(1, k + 2), xlabel="tokens per target pass (1 + accepted)", ylabel="fraction",
-                title="acceptance length")
-        fig.legend(*ax1.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 1.0),
-                   ncol=len(stats))
+        ax1.set(
+            xticks=range(k),
+            xticklabels=[f"draft {j + 1}" for j in range(k)],
+            ylim=(0, 1),
+            ylabel="accepted / drafted",
+            title="acceptance rate per position",
+        )
+        ax2.set(
+            xticks=range(1, k + 2),
+            xlabel="tokens per target pass (1 + accepted)",
+            ylabel="fraction",
+            title="acceptance length",
+        )
+        fig.legend(
+            *ax1.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(stats)
+        )
         fig.subplots_adjust(top=0.78, wspace=0.3)
-        style.caption(fig, "Left: each later draft is accepted less often, because it is only verified when "
-                      "every draft before it was accepted. Right: how many tokens one target pass yields.")
+        style.caption(
+            fig,
+            "Left: each later draft is accepted less often, because it is only verified when "
+            "every draft before it was accepted. Right: how many tokens one target pass yields.",
+        )
     plt.close(fig)
     return fig
 
@@ -211,15 +277,23 @@ def design_table(designs: Mapping[str, GenerateResult | BaseException], plain: G
         pads = [t for v in found for t in v.placeholders]
         accepted_pads = sum(v.accepted_placeholders for v in found)
         accepted_drafts = sum(v.accepted_drafts for v in found)
-        rows.append({
-            "design": name, "outcome": "ran", "slots verified": slots, "placeholder slots": len(pads),
-            "placeholders recognisable by id (< 0)": sum(t < 0 for t in pads), "real drafts": drafts,
-            "placeholder slots accepted": accepted_pads, "real drafts accepted": accepted_drafts,
-            "rate over all slots": _rate(accepted_drafts + accepted_pads, slots),
-            "rate over real drafts": _rate(accepted_drafts, drafts),
-            "text == plain greedy": all(a.token_ids == b.token_ids
-                                        for a, b in zip(result.outputs, plain.outputs, strict=True)),
-        })
+        rows.append(
+            {
+                "design": name,
+                "outcome": "ran",
+                "slots verified": slots,
+                "placeholder slots": len(pads),
+                "placeholders recognisable by id (< 0)": sum(t < 0 for t in pads),
+                "real drafts": drafts,
+                "placeholder slots accepted": accepted_pads,
+                "real drafts accepted": accepted_drafts,
+                "rate over all slots": _rate(accepted_drafts + accepted_pads, slots),
+                "rate over real drafts": _rate(accepted_drafts, drafts),
+                "text == plain greedy": all(
+                    a.token_ids == b.token_ids for a, b in zip(result.outputs, plain.outputs, strict=True)
+                ),
+            }
+        )
     table = pd.DataFrame(rows).set_index("design")
     counts = [c for c in table.columns if c not in ("outcome", "text == plain greedy") and "rate" not in c]
     return table.astype({c: "Int64" for c in counts})
@@ -229,13 +303,21 @@ def comparison_table(summary: Mapping[str, Mapping[str, int]], name_a: str, name
     """:func:`specfix.lab.placeholder_lifecycle.compare_runs`'s groups as a table, the runs named."""
     import pandas as pd
 
-    index = {"both": "verified by both runs", "only a": f"only by the {name_a} run",
-             "only b": f"only by the {name_b} run"}
-    rows = {index[group]: {"verifications": g["verifications"], "real drafts": g["drafts"],
-                           f"accepted ({name_a} run)": g["accepted in a"],
-                           f"accepted ({name_b} run)": g["accepted in b"],
-                           f"right after {word!r}": g["after token_id"]}
-            for group, g in summary.items()}
+    index = {
+        "both": "verified by both runs",
+        "only a": f"only by the {name_a} run",
+        "only b": f"only by the {name_b} run",
+    }
+    rows = {
+        index[group]: {
+            "verifications": g["verifications"],
+            "real drafts": g["drafts"],
+            f"accepted ({name_a} run)": g["accepted in a"],
+            f"accepted ({name_b} run)": g["accepted in b"],
+            f"right after {word!r}": g["after token_id"],
+        }
+        for group, g in summary.items()
+    }
     return pd.DataFrame(rows).T
 
 
@@ -251,14 +333,21 @@ def runner_paths_table(rows: Mapping[str, Mapping[str, object]], vocab: Sequence
     table = {}
     for name, row in rows.items():
         if row["error"]:
-            table[name] = {"scheduler sends": "", "embedding reads": row["error"], "verification sees": "",
-                           "step emits": "", "placeholders accepted": ""}
+            table[name] = {
+                "scheduler sends": "",
+                "embedding reads": row["error"],
+                "verification sees": "",
+                "step emits": "",
+                "placeholders accepted": "",
+            }
             continue
-        table[name] = {"scheduler sends": str(row["scheduler sends"]),
-                       "embedding reads": _words(row["embedding reads"], vocab),
-                       "verification sees": _words(row["verification sees"], vocab),
-                       "step emits": _words(row["emitted"], vocab),
-                       "placeholders accepted": row["placeholders accepted"]}
+        table[name] = {
+            "scheduler sends": str(row["scheduler sends"]),
+            "embedding reads": _words(row["embedding reads"], vocab),
+            "verification sees": _words(row["verification sees"], vocab),
+            "step emits": _words(row["emitted"], vocab),
+            "placeholders accepted": row["placeholders accepted"],
+        }
     return pd.DataFrame(table).T
 
 
@@ -277,8 +366,11 @@ def runner_paths_text(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[
         f"`gather_draft_sampled` turned them back into `{v2['verification sees']}` before verification, so "
         f"the step emitted {_words(v2['emitted'], vocab)} and accepted {v2['placeholders accepted']} "
         "placeholder slots"
-        + (", as the V1 runner did. " if same
-           else f"; the V1 runner emitted {_words(v1['emitted'], vocab)}. ")
+        + (
+            ", as the V1 runner did. "
+            if same
+            else f"; the V1 runner emitted {_words(v1['emitted'], vocab)}. "
+        )
         + f"Without that marking, verification saw `{v2_off['verification sees']}`: "
         f"{v2_off['placeholders accepted']} of the {k} zero slots passed as a draft of {vocab[0]!r} and the "
         f"step emitted {_words(v2_off['emitted'], vocab)}."
@@ -312,9 +404,11 @@ def drafts_written_text(step: StepTrace, input_batch, req_id: str = "pd") -> str
     where = np.flatnonzero(step.token_ids_cpu[input_batch.req_id_to_index[req_id]] == -1)
     if not len(where):
         raise ValueError(f"row {req_id!r} of token_ids_cpu holds no -1 in this step")
-    return (f"`update_req_spec_token_ids` wrote the drafts **verbatim** right after the committed "
-            f"tokens (positions {where[0]} to {where[-1]} of row `\"{req_id}\"`). `num_tokens_no_spec` did "
-            "not move, because drafts are tentative: the next step overwrites whatever was not accepted.")
+    return (
+        f"`update_req_spec_token_ids` wrote the drafts **verbatim** right after the committed "
+        f'tokens (positions {where[0]} to {where[-1]} of row `"{req_id}"`). `num_tokens_no_spec` did '
+        "not move, because drafts are tentative: the next step overwrites whatever was not accepted."
+    )
 
 
 def padding_text(step: StepTrace, capture_sizes: Sequence[int]) -> str:
@@ -324,11 +418,15 @@ def padding_text(step: StepTrace, capture_sizes: Sequence[int]) -> str:
     if num_input == num_scheduled:
         padding = f"{num_scheduled} is already one of them, so this step runs without padding"
     else:
-        padding = (f"so the step runs as {num_input} tokens: its {num_input - num_scheduled} padded slots "
-                   "hold stale ids from earlier steps and write nothing to the KV cache")
-    order = ", then ".join(f"`\"{r}\"`'s" for r in step.req_ids)
-    return (f"This step schedules {num_scheduled} tokens ({order}). `_prepare_inputs` pads "
-            f"`num_input_tokens` up to the next CUDA-graph capture size ({sizes}, ...); {padding}.")
+        padding = (
+            f"so the step runs as {num_input} tokens: its {num_input - num_scheduled} padded slots "
+            "hold stale ids from earlier steps and write nothing to the KV cache"
+        )
+    order = ", then ".join(f'`"{r}"`\'s' for r in step.req_ids)
+    return (
+        f"This step schedules {num_scheduled} tokens ({order}). `_prepare_inputs` pads "
+        f"`num_input_tokens` up to the next CUDA-graph capture size ({sizes}, ...); {padding}."
+    )
 
 
 def rollback_text(step: StepTrace, request, req_id: str = "pd") -> str:
@@ -338,10 +436,12 @@ def rollback_text(step: StepTrace, request, req_id: str = "pd") -> str:
     start = next(new.num_computed_tokens for new in so.scheduled_new_reqs if new.req_id == req_id)
     k = len(so.scheduled_spec_decode_tokens[req_id])
     accepted = len(step.sampled_token_ids[step.req_ids.index(req_id)]) - 1
-    return (f"`\"{req_id}\"` was scheduled from position {start} with 1 + {k} tokens and accepted {accepted} "
-            f"drafts, so `update_from_output` rolled `num_computed_tokens` back to "
-            f"{request.num_computed_tokens} (its {request.num_tokens} tokens, minus the newest, whose KV is "
-            "computed next step).")
+    return (
+        f'`"{req_id}"` was scheduled from position {start} with 1 + {k} tokens and accepted {accepted} '
+        f"drafts, so `update_from_output` rolled `num_computed_tokens` back to "
+        f"{request.num_computed_tokens} (its {request.num_tokens} tokens, minus the newest, whose KV is "
+        "computed next step)."
+    )
 
 
 _ZERO, _CLAMP = "(b) zero in the scheduler", "(c) clamp in _preprocess"
@@ -356,14 +456,14 @@ def counting_text(table) -> str:
     return f"""
 **What is counted.** A *slot* is one entry of `scheduled_spec_decode_tokens`; a *real draft* is a token the
 drafter proposed; the other slots are placeholders. Under (c) every placeholder is recognisable by its id
-({c[neg]} of {c['placeholder slots']} are negative), so any stage that sees the ids can leave them out. Under
-(b) none is ({b[neg]} of {b['placeholder slots']}): a zeroed slot is a draft of "the", and
-{b['placeholder slots accepted']} of them were accepted as such.
+({c[neg]} of {c["placeholder slots"]} are negative), so any stage that sees the ids can leave them out. Under
+(b) none is ({b[neg]} of {b["placeholder slots"]}): a zeroed slot is a draft of "the", and
+{b["placeholder slots accepted"]} of them were accepted as such.
 
 * **Rate over all slots** counts every slot as a draft, which is all a stage that sees only zeros can do:
-  {b['rate over all slots']} for (b), {c['rate over all slots']} for (c). Padding drags it down.
-* **Rate over real drafts** is what specfix's `SpecDecodingStats` reports: {b['rate over real drafts']} for
-  (b), {c['rate over real drafts']} for (c). It knows which slots are padding from
+  {b["rate over all slots"]} for (b), {c["rate over all slots"]} for (c). Padding drags it down.
+* **Rate over real drafts** is what specfix's `SpecDecodingStats` reports: {b["rate over real drafts"]} for
+  (b), {c["rate over real drafts"]} for (c). It knows which slots are padding from
   `num_placeholder_spec_tokens`, a field of specfix's `SchedulerOutput` that vLLM does not have (vLLM's
   nearest is `num_invalid_spec_tokens`, which keeps grammar-invalid slots out of its acceptance counts).
   Under (b) nothing in the ids could tell them apart.
@@ -381,13 +481,18 @@ def placeholder_origin_text(result: GenerateResult, k: int) -> str:
     where = f"All {pads} sit" if at_first == pads else f"{at_first} sit ({pads - at_first} elsewhere)"
     each = f" ({k} each, padded as vLLM pads them)" if at_first == n_requests * k else ""
     short = sum(0 < len(v.drafts) < k for v in found)
-    bare = sum(n == 1 and r not in s.scheduler_output.scheduled_spec_decode_tokens
-               for s in result.trace for r, n in s.scheduler_output.num_scheduled_tokens.items())
-    return (f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
-            f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
-            f"{short} later verifications, and {bare} decode steps had no drafts at all; there the scheduler "
-            "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
-            "not exist rather than hold a `-1`.")
+    bare = sum(
+        n == 1 and r not in s.scheduler_output.scheduled_spec_decode_tokens
+        for s in result.trace
+        for r, n in s.scheduler_output.num_scheduled_tokens.items()
+    )
+    return (
+        f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
+        f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
+        f"{short} later verifications, and {bare} decode steps had no drafts at all; there the scheduler "
+        "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
+        "not exist rather than hold a `-1`."
+    )
 
 
 def zeroing_text(compared: Mapping[str, Mapping[str, int]], table) -> str:
@@ -395,33 +500,42 @@ def zeroing_text(compared: Mapping[str, Mapping[str, int]], table) -> str:
     both, only_zero, only_clamp = compared["both"], compared["only a"], compared["only b"]
     b, c = table.loc[_ZERO], table.loc[_CLAMP]
     apart = only_zero["verifications"] + only_clamp["verifications"]
-    where = ("Every verification with real drafts sat at the same request and position in both runs, so the "
-             "two rates over real drafts agree" if apart == 0 else
-             f"The runs verified at different places {apart} times ({only_clamp['verifications']} only the "
-             f"clamp run, {only_zero['verifications']} only the zero run): an accepted zero slot carries the "
-             "zero run one token further within a step, so from there on the drafter is consulted at other "
-             "positions, and only these verifications can make the two rates over real drafts differ")
-    return (f"Where both runs verified the same request at the same position ({both['verifications']} "
-            f"verifications, {both['drafts']} real drafts), the drafter proposed the same tokens and both "
-            f"runs accepted exactly as many: {both['accepted in a']} and {both['accepted in b']}. "
-            f"**Zeroing does not change how a draft is judged.** {where} "
-            f"({b['rate over real drafts']} for (b), {c['rate over real drafts']} for (c)).")
+    where = (
+        "Every verification with real drafts sat at the same request and position in both runs, so the "
+        "two rates over real drafts agree"
+        if apart == 0
+        else f"The runs verified at different places {apart} times ({only_clamp['verifications']} only the "
+        f"clamp run, {only_zero['verifications']} only the zero run): an accepted zero slot carries the "
+        "zero run one token further within a step, so from there on the drafter is consulted at other "
+        "positions, and only these verifications can make the two rates over real drafts differ"
+    )
+    return (
+        f"Where both runs verified the same request at the same position ({both['verifications']} "
+        f"verifications, {both['drafts']} real drafts), the drafter proposed the same tokens and both "
+        f"runs accepted exactly as many: {both['accepted in a']} and {both['accepted in b']}. "
+        f"**Zeroing does not change how a draft is judged.** {where} "
+        f"({b['rate over real drafts']} for (b), {c['rate over real drafts']} for (c))."
+    )
 
 
 def negative_drafts_text(off: Mapping[str, int], on: Mapping[str, int]) -> str:
     """Sampler rows holding an accepted ``-1`` with ``reject_negative_drafts`` off and on."""
-    return (f"With the check off, {off['rows with an accepted -1']} sampler rows hold a `-1` *inside* "
-            "their accepted prefix: `parse_output` silently drops it, and the tokens after it were verified "
-            f"against a context that never existed. With the check on, {on['rows with an accepted -1']} "
-            "do. (The property tests in `tests/test_properties.py` check, over random schedules, that with "
-            "every fix on no negative id reaches the embedding, no `-1` reaches an output, and greedy "
-            "speculative decoding equals plain greedy decoding.)")
+    return (
+        f"With the check off, {off['rows with an accepted -1']} sampler rows hold a `-1` *inside* "
+        "their accepted prefix: `parse_output` silently drops it, and the tokens after it were verified "
+        f"against a context that never existed. With the check on, {on['rows with an accepted -1']} "
+        "do. (The property tests in `tests/test_properties.py` check, over random schedules, that with "
+        "every fix on no negative id reaches the embedding, no `-1` reaches an output, and greedy "
+        "speculative decoding equals plain greedy decoding.)"
+    )
 
 
 def acceptance_text(stats: Mapping[str, SpecDecodingStats], expected: tuple[float, float]) -> str:
     """The runs' acceptance rates beside the range the chapter asserts and a rate vLLM measured."""
     rates = ", ".join(f"{s.acceptance_rate:.0%} ({name})" for name, s in stats.items())
-    return (f"Our tiny pair accepts {rates}, inside the range {expected[0]:.0%} to {expected[1]:.0%} "
-            "asserted above. For comparison, a vLLM pull request measured 49% for DeepSeek-V4-Flash's MTP "
-            "drafter with probabilistic proposals (PR #41044). Acceptance falls with the draft position, "
-            "as it must: draft 2 is only verified if draft 1 was accepted.")
+    return (
+        f"Our tiny pair accepts {rates}, inside the range {expected[0]:.0%} to {expected[1]:.0%} "
+        "asserted above. For comparison, a vLLM pull request measured 49% for DeepSeek-V4-Flash's MTP "
+        "drafter with probabilistic proposals (PR #41044). Acceptance falls with the draft position, "
+        "as it must: draft 2 is only verified if draft 1 was accepted."
+    )

@@ -50,8 +50,9 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
     width = max(len(r.trace) for r in runs.values())
     height = sum(len(r.outputs) for r in runs.values())
     with style.apply():
-        fig = plt.figure(figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN),
-                                  1.0 + 0.42 * height + 0.5 * len(runs)))
+        fig = plt.figure(
+            figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN), 1.0 + 0.42 * height + 0.5 * len(runs))
+        )
         axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
         for ax, (name, result) in zip(axes, runs.items(), strict=True):
             kinds = slot_kinds(result)
@@ -59,8 +60,9 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
             for row, values in enumerate(kinds.values()):
                 grid[row, : len(values)] = values
             shown = np.where(grid < 0, 0, grid)
-            ax.imshow(shown, cmap=colors.ListedColormap(KIND_FILLS), vmin=0, vmax=len(KIND_FILLS) - 1,
-                      aspect="auto")
+            ax.imshow(
+                shown, cmap=colors.ListedColormap(KIND_FILLS), vmin=0, vmax=len(KIND_FILLS) - 1, aspect="auto"
+            )
             for step, trace in enumerate(result.trace):
                 spec = trace.scheduler_output.scheduled_spec_decode_tokens
                 for row, req_id in enumerate(kinds):
@@ -71,11 +73,19 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
             ax.set_xlabel("engine step")
             ax.set_title(name, loc="left")
             ax.grid(False)
-        style.key_below(fig, [Patch(facecolor=f, edgecolor="#888888", label=k)
-                              for f, k in zip(KIND_FILLS, SLOT_KINDS, strict=True)])
-        style.caption(fig, "Each number is a request's draft slots in that step. Orange: a -1 the embedding "
-                      "reads, which only the clamp makes safe; green: a -1 the runner overwrote with the "
-                      "drafter's previous proposals before the forward.")
+        style.key_below(
+            fig,
+            [
+                Patch(facecolor=f, edgecolor="#888888", label=k)
+                for f, k in zip(KIND_FILLS, SLOT_KINDS, strict=True)
+            ],
+        )
+        style.caption(
+            fig,
+            "Each number is a request's draft slots in that step. Orange: a -1 the embedding "
+            "reads, which only the clamp makes safe; green: a -1 the runner overwrote with the "
+            "drafter's previous proposals before the forward.",
+        )
     plt.close(fig)
     return fig
 
@@ -94,8 +104,12 @@ def placeholder_table(runs: Mapping[str, GenerateResult]):
 
 #: Fills of :func:`follow_placeholder`: an ordinary id, a -1, a real draft written over a -1, a clamped -1.
 _STAGE_FILLS = ("#eeeeee", style.PLACEHOLDER, _light(style.FIXED), _light(style.FIXED, 0.8))
-_STAGE_LABELS = ("token id", "-1 (PLACEHOLDER_TOKEN_ID)", "real draft written over a -1",
-                 "was -1, clamped to 0")
+_STAGE_LABELS = (
+    "token id",
+    "-1 (PLACEHOLDER_TOKEN_ID)",
+    "real draft written over a -1",
+    "was -1, clamped to 0",
+)
 
 
 def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Figure:
@@ -107,21 +121,24 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
         raise ValueError(f"request {req_id!r} has no draft slots in this step")
     sent = np.array(spec[req_id])
     end = int(np.cumsum(step.num_scheduled_tokens)[step.req_ids.index(req_id)])
-    device = step.input_ids_before_clamp[end - len(sent): end].numpy()
-    embedded = step.embedding_input[end - len(sent): end].numpy()
+    device = step.input_ids_before_clamp[end - len(sent) : end].numpy()
+    embedded = step.embedding_input[end - len(sent) : end].numpy()
     ids = np.stack([sent, device, embedded])
     kinds = np.where(ids == -1, 1, 0)
     overwritten = (sent == -1) & (device != -1)  # the runner wrote a real draft over the -1 on the device
     kinds[1:, overwritten] = 2
     kinds[2, (device == -1) & (embedded != -1)] = 3
-    names = ["SchedulerOutput.scheduled_spec_decode_tokens\n(= token_ids_cpu, verbatim)",
-             "input_ids on the device,\nafter _prepare_input_ids",
-             "input_ids after _preprocess:\nwhat nn.Embedding reads"]
+    names = [
+        "SchedulerOutput.scheduled_spec_decode_tokens\n(= token_ids_cpu, verbatim)",
+        "input_ids on the device,\nafter _prepare_input_ids",
+        "input_ids after _preprocess:\nwhat nn.Embedding reads",
+    ]
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 2.6))
         ax = fig.subplots()
-        ax.imshow(kinds, cmap=colors.ListedColormap(_STAGE_FILLS), vmin=0, vmax=len(_STAGE_FILLS) - 1,
-                  aspect="auto")
+        ax.imshow(
+            kinds, cmap=colors.ListedColormap(_STAGE_FILLS), vmin=0, vmax=len(_STAGE_FILLS) - 1, aspect="auto"
+        )
         for (r, c), t in np.ndenumerate(ids):
             word = vocab[t] if 0 <= t < len(vocab) else ""
             ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=8)
@@ -129,11 +146,19 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
         ax.set_xticks(range(len(sent)), [f"draft slot {j + 1}" for j in range(len(sent))], fontsize=8)
         ax.grid(False)
         ax.set_title(f"request {req_id}: its draft slots in one step", loc="left")
-        style.key_below(fig, [Patch(facecolor=_STAGE_FILLS[i], edgecolor="#888888", label=_STAGE_LABELS[i])
-                              for i in sorted(set(np.unique(kinds)))])
-        style.caption(fig, "The scheduler's -1 reaches the device as it is; it becomes a real draft only "
-                      "where the runner has proposals for the request from the step before, and is "
-                      "otherwise clamped to 0 for the embedding.")
+        style.key_below(
+            fig,
+            [
+                Patch(facecolor=_STAGE_FILLS[i], edgecolor="#888888", label=_STAGE_LABELS[i])
+                for i in sorted(set(np.unique(kinds)))
+            ],
+        )
+        style.caption(
+            fig,
+            "The scheduler's -1 reaches the device as it is; it becomes a real draft only "
+            "where the runner has proposals for the request from the step before, and is "
+            "otherwise clamped to 0 for the embedding.",
+        )
     plt.close(fig)
     return fig
 
@@ -150,15 +175,20 @@ def workloads_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
         return [out.token_ids for out in result.outputs]
 
     same = all(tokens(runs[name, "sync"]) == tokens(runs[name, "async"]) for name in WORKLOADS)
-    return ("\n".join(f"* **{name}**: {w.description}." for name, w in WORKLOADS.items())
-            + f"\n\nBoth modes write {'the same' if same else 'different'} text on both workloads.")
+    return (
+        "\n".join(f"* **{name}**: {w.description}." for name, w in WORKLOADS.items())
+        + f"\n\nBoth modes write {'the same' if same else 'different'} text on both workloads."
+    )
 
 
 def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """Where the decode node's ``-1`` slots went, in each mode."""
     s, a = (placeholder_counts(runs["decode node", mode]) for mode in ("sync", "async"))
-    every = (" (one for every draft slot of the run)"
-             if a["-1 written by the scheduler"] == a["draft slots verified"] else "")
+    every = (
+        " (one for every draft slot of the run)"
+        if a["-1 written by the scheduler"] == a["draft slots verified"]
+        else ""
+    )
     return (
         f"Synchronous: the scheduler wrote {s['-1 written by the scheduler']} `-1` slots, in the first "
         f"decode of the prefilled requests, and {s['-1 reaching the embedding']} reached the embedding; "
@@ -166,7 +196,8 @@ def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
         f"Async: the scheduler wrote {a['-1 written by the scheduler']} `-1` slots{every}; the runner "
         f"overwrote {a['-1 overwritten by the runner']} of them with real drafts before the forward, and "
         f"{a['-1 reaching the embedding']} reached the embedding: the prefilled requests' first decode "
-        "again, because the runner had no proposals for requests it had never run.")
+        "again, because the runner had no proposals for requests it had never run."
+    )
 
 
 def waiting_request(result: GenerateResult) -> tuple[str, int]:
@@ -196,7 +227,8 @@ def waiting_text(result: GenerateResult) -> str:
         "there) and sends them when it returns. Async scheduling sends the placeholders it gave the request "
         f"when it last ran, and at step {back} the runner has no proposals for it: the drafter's last step "
         f"did not include it. Its {k} `-1` reach the embedding, clamped to token 0 there, and the rejection "
-        f"sampler accepts {accepted} of them. Its draft slots in that step and in the next, stage by stage:")
+        f"sampler accepts {accepted} of them. Its draft slots in that step and in the next, stage by stage:"
+    )
 
 
 def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
@@ -212,7 +244,8 @@ def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
         "step in flight finishes the request, and skips the request only when even a step that rejects "
         "every draft would reach `max_tokens` (vLLM's check in `Scheduler.schedule`). The output of such a "
         "step is dropped. The waiting request's placeholder step also emits fewer tokens than a step with "
-        "real drafts may.")
+        "real drafts may."
+    )
 
 
 def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str:
@@ -224,19 +257,29 @@ def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str
         at = crashes.loc[name, mode]
         return "finishes" if pd.isna(at) else f"crashes at step {int(at)}"
 
-    rest = all(c["-1 written by the scheduler"] == c["-1 overwritten by the runner"]
-               + c["-1 reaching the embedding"]
-               for (name, mode), result in runs.items() if mode == "async"
-               for c in [placeholder_counts(result)])
+    rest = all(
+        c["-1 written by the scheduler"] == c["-1 overwritten by the runner"] + c["-1 reaching the embedding"]
+        for (name, mode), result in runs.items()
+        if mode == "async"
+        for c in [placeholder_counts(result)]
+    )
     node = crashes.loc["decode node"]
-    node = (f"both modes crash at step {int(node['sync'])}" if node["sync"] == node["async"] else
-            f"synchronous scheduling {said('decode node', 'sync')} and async scheduling "
-            f"{said('decode node', 'async')}")
+    node = (
+        f"both modes crash at step {int(node['sync'])}"
+        if node["sync"] == node["async"]
+        else f"synchronous scheduling {said('decode node', 'sync')} and async scheduling "
+        f"{said('decode node', 'async')}"
+    )
     return (
         f"On the decode node {node}: the prefilled requests' first decode, the path a P/D decode node "
         f"takes. With the tight budget, synchronous scheduling {said('tight budget', 'sync')}, having "
         f"written no `-1`; async scheduling {said('tight budget', 'async')}, where the waiting request "
         "returns with placeholders the runner cannot fill. "
-        + ("Every other `-1` of these async runs was overwritten before the forward (in the table above, "
-           "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
-           "only where a request meets the runner without proposals from the step before." if rest else ""))
+        + (
+            "Every other `-1` of these async runs was overwritten before the forward (in the table above, "
+            "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
+            "only where a request meets the runner without proposals from the step before."
+            if rest
+            else ""
+        )
+    )

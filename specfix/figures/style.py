@@ -12,13 +12,13 @@ import contextlib
 
 import matplotlib as mpl
 
-FIXED = "#1b7837"        # green: the fixed code path
-BUGGY = "#c51b7d"        # magenta: the buggy path (readable with black or white text)
+FIXED = "#1b7837"  # green: the fixed code path
+BUGGY = "#c51b7d"  # magenta: the buggy path (readable with black or white text)
 PLACEHOLDER = "#f1a340"  # orange: a -1 placeholder slot
-PADDING = "#9e9e9e"      # grey: a padded row or slot
-NEUTRAL = "#2166ac"      # blue: anything else (target, reference, a measured value)
-ACCENT = "#762a83"       # purple: a second series beside NEUTRAL
-CEILING = "#444444"      # dark grey: a hardware ceiling or a threshold line
+PADDING = "#9e9e9e"  # grey: a padded row or slot
+NEUTRAL = "#2166ac"  # blue: anything else (target, reference, a measured value)
+ACCENT = "#762a83"  # purple: a second series beside NEUTRAL
+CEILING = "#444444"  # dark grey: a hardware ceiling or a threshold line
 
 #: The width, in CSS px, of the book's text column (sphinx-book-theme at 1280 px); JupyterLab's output area
 #: is a little wider. A figure drawn wider is scaled down to it, and its text with it.
@@ -105,7 +105,8 @@ def _fail_on_undisplayed(result) -> None:
     if result.success:
         error = UndisplayedFigureError(
             f"this cell left {len(left)} figure(s) undisplayed ({'; '.join(titles)}): show each figure "
-            "(plt.show()) or make it the cell's value")
+            "(plt.show()) or make it the cell's value"
+        )
         result.error_in_exec = error
         from IPython import get_ipython
 
@@ -114,8 +115,17 @@ def _fail_on_undisplayed(result) -> None:
 
 def caption(fig, text: str) -> None:
     """Write ``text`` under the figure: what to look at, in one or two sentences."""
-    fig.text(0.01, -0.02, text, ha="left", va="top", wrap=True, fontsize=9, style="italic",
-             transform=fig.transFigure)
+    fig.text(
+        0.01,
+        -0.02,
+        text,
+        ha="left",
+        va="top",
+        wrap=True,
+        fontsize=9,
+        style="italic",
+        transform=fig.transFigure,
+    )
 
 
 def legend_below(fig, ax, ncol: int = 2, handles=None) -> None:
@@ -128,8 +138,14 @@ def legend_below(fig, ax, ncol: int = 2, handles=None) -> None:
     strip = 0.15 + 0.2 * -(-len(labels) // ncol)
     fig.set_figheight(fig.get_figheight() + strip)
     fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
-    ax.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
-              ncol=ncol)
+    ax.legend(
+        handles,
+        labels,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=fig.transFigure,
+        ncol=ncol,
+    )
 
 
 def key_below(fig, handles, ncol: int = 2) -> None:
@@ -176,8 +192,11 @@ def legibility(fig) -> dict:
     natural = float(re.search(rb'<svg[^>]* width="([0-9.]+)pt"', svg.getvalue()).group(1)) * 96 / 72
     sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
     smallest = min(sizes, default=SMALLEST_PT)
-    return {"natural_px": round(natural), "smallest_pt": smallest,
-            "text_px": round(text_px(natural, min(natural, COLUMN_PX), smallest), 1)}
+    return {
+        "natural_px": round(natural),
+        "smallest_pt": smallest,
+        "text_px": round(text_px(natural, min(natural, COLUMN_PX), smallest), 1),
+    }
 
 
 def tidy(frame, digits: int = 1):

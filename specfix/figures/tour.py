@@ -25,16 +25,30 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 #: The course in order: each chapter's notebook and, in one line, what it teaches.
 COURSE = (
-    ("00_tour", "speculative decoding step by step, the two kinds of padding, the map of the package, the "
-                "glossary"),
-    ("01_placeholder_lifecycle", "one `-1` placeholder through every stage of the V1 pipeline: where it must "
-                                 "stay `-1`, where it must not, and what zeroing it instead breaks"),
-    ("02_embedding_assert", "the device-side assert a `-1` causes in the embedding: why the traceback "
-                            "points at the wrong line, how to find the real one, the clamp that fixes it"),
-    ("03_cudagraph_idx_mapping", "CUDA-graph padding: stale `idx_mapping` rows overwrite live requests' "
-                                 "draft logits and corrupt their text; the `-1` fill that stops it"),
-    ("04_masked_gumbel_sampling", "the Triton Gumbel-max sampler of Model Runner V2, proven against softmax, "
-                                  "and the `req_state_idx >= 0` mask that skips padded rows"),
+    (
+        "00_tour",
+        "speculative decoding step by step, the two kinds of padding, the map of the package, the glossary",
+    ),
+    (
+        "01_placeholder_lifecycle",
+        "one `-1` placeholder through every stage of the V1 pipeline: where it must "
+        "stay `-1`, where it must not, and what zeroing it instead breaks",
+    ),
+    (
+        "02_embedding_assert",
+        "the device-side assert a `-1` causes in the embedding: why the traceback "
+        "points at the wrong line, how to find the real one, the clamp that fixes it",
+    ),
+    (
+        "03_cudagraph_idx_mapping",
+        "CUDA-graph padding: stale `idx_mapping` rows overwrite live requests' "
+        "draft logits and corrupt their text; the `-1` fill that stops it",
+    ),
+    (
+        "04_masked_gumbel_sampling",
+        "the Triton Gumbel-max sampler of Model Runner V2, proven against softmax, "
+        "and the `req_state_idx >= 0` mask that skips padded rows",
+    ),
     ("05_performance", "what each fix costs and how close the kernels come to the H200's limits"),
 )
 
@@ -43,8 +57,12 @@ MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")
 
 # Box fills: light tints, so the black words on them stay readable.
 _TINT = 0.3
-_DRAFT_FILL = {"accept": style.FIXED, "reject": style.BUGGY, "placeholder": style.PLACEHOLDER,
-               "unreached": style.PADDING}
+_DRAFT_FILL = {
+    "accept": style.FIXED,
+    "reject": style.BUGGY,
+    "placeholder": style.PLACEHOLDER,
+    "unreached": style.PADDING,
+}
 #: Context words drawn before the drafts (the last ones; the figure says how many it leaves out).
 _CONTEXT_WORDS = 4
 _TARGET_FILL = {"accept": style.FIXED, "recover": style.NEUTRAL, "bonus": style.ACCENT}
@@ -55,8 +73,9 @@ def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
     ``recover`` (the target's token replaces the first mismatch) and nothing after it; ``bonus`` after the
     last draft when every draft was accepted. ``choices`` has one entry more than ``drafts``."""
     if len(choices) != len(drafts) + 1:
-        raise ValueError(f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, "
-                         f"got {len(choices)}")
+        raise ValueError(
+            f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, got {len(choices)}"
+        )
     out = []
     for draft, choice in zip(drafts, choices, strict=False):
         out.append("accept" if draft == choice else "recover")
@@ -76,8 +95,13 @@ def _box(ax, x, y, text, fill):
     ax.text(x + 0.45, y + 0.3, text, ha="center", va="center", fontsize=9, color="black")
 
 
-def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence[int],
-                word: Callable[[int], str], title: str):
+def step_figure(
+    context: Sequence[int],
+    drafts: Sequence[int],
+    choices: Sequence[int],
+    word: Callable[[int], str],
+    title: str,
+):
     """One speculative step: the last context words, then one column per draft slot with the draft on top
     and what the target emits below it (accepted, recovered or bonus), and nothing past the first mismatch.
 
@@ -98,8 +122,15 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
             x += 1.0
         for slot in range(len(drafts) + 1):
             if slot < len(drafts):
-                kind = ("placeholder" if drafts[slot] < 0 else "unreached" if slot >= len(outcomes)
-                        else "accept" if outcomes[slot] == "accept" else "reject")
+                kind = (
+                    "placeholder"
+                    if drafts[slot] < 0
+                    else "unreached"
+                    if slot >= len(outcomes)
+                    else "accept"
+                    if outcomes[slot] == "accept"
+                    else "reject"
+                )
                 _box(ax, x, 1.0, name(drafts[slot]), _DRAFT_FILL[kind])
             if slot < len(outcomes):
                 _box(ax, x, 0.1, name(choices[slot]), _TARGET_FILL[outcomes[slot]])
@@ -108,19 +139,34 @@ def step_figure(context: Sequence[int], drafts: Sequence[int], choices: Sequence
         ax.text(-0.2, 1.3, "draft", ha="right", va="center")
         ax.text(-0.2, 0.4, "target", ha="right", va="center")
         ax.set(xlim=(-1.2, x + 0.2), ylim=(-0.4, 1.8))
-        kinds = [("context", style.PADDING), ("draft accepted", style.FIXED), ("draft rejected", style.BUGGY),
-                 ("placeholder -1", style.PLACEHOLDER), ("recovered", style.NEUTRAL), ("bonus", style.ACCENT)]
-        style.legend_below(fig, ax, ncol=3,
-                           handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds])
-        left_out = (f" The context shows its last {len(shown)} words ('...' marks the "
-                    f"{len(context) - len(shown)} before them)." if len(context) > len(shown) else "")
-        style.caption(fig, "Read each column top to bottom: the target keeps a draft it would have chosen "
-                           "itself, replaces the first one it would not, and stops there; if it keeps all of "
-                           "them it adds its own next token, the bonus." + left_out)
+        kinds = [
+            ("context", style.PADDING),
+            ("draft accepted", style.FIXED),
+            ("draft rejected", style.BUGGY),
+            ("placeholder -1", style.PLACEHOLDER),
+            ("recovered", style.NEUTRAL),
+            ("bonus", style.ACCENT),
+        ]
+        style.legend_below(
+            fig, ax, ncol=3, handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds]
+        )
+        left_out = (
+            f" The context shows its last {len(shown)} words ('...' marks the "
+            f"{len(context) - len(shown)} before them)."
+            if len(context) > len(shown)
+            else ""
+        )
+        style.caption(
+            fig,
+            "Read each column top to bottom: the target keeps a draft it would have chosen "
+            "itself, replaces the first one it would not, and stops there; if it keeps all of "
+            "them it adds its own next token, the bonus." + left_out,
+        )
     return fig
 
 
 # --------------------------------------------------------------------------------------------- the course
+
 
 def chapter_header(path: Path | str) -> dict[str, str]:
     """A chapter's title (its first heading, without the chapter number) and its **Time** paragraph."""
@@ -179,8 +225,11 @@ def module_map_text() -> str:
         parts.append(f"{head}: {titles[role]}\n")
         for module, row in table.iterrows():
             files = [f.strip() for f in row["mirrors"].split(",")]
-            mirrors = "" if row["mirrors"] == "(specfix's own)" else \
-                " (mirrors " + ", ".join(f"`{f}`" for f in files) + ")"
+            mirrors = (
+                ""
+                if row["mirrors"] == "(specfix's own)"
+                else " (mirrors " + ", ".join(f"`{f}`" for f in files) + ")"
+            )
             parts.append(f"- `{module}`{mirrors}: {docstring_markdown(row['summary'])}")
         parts.append("")
     return "\n".join(parts)

@@ -49,11 +49,13 @@ def _short_path(match: re.Match) -> str:
 
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
 def parse_event(line: str) -> dict:
     """The event a ``@@ {json}`` line carries. A line that is not a JSON object (the child died mid-line,
     or printed ``@@`` itself) is kept as data too: ``{"kind": "malformed", "text": <the line>}``."""
     try:
-        event = json.loads(line[len(EVENT_PREFIX):])
+        event = json.loads(line[len(EVENT_PREFIX) :])
     except json.JSONDecodeError:
         event = None
     if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
@@ -99,8 +101,10 @@ class ChildRun:
         for line in self.output.splitlines():
             line = _FILE_PATH.sub(_short_path, line)
             if line.startswith(_CHAINED_NOTE):
-                lines.append("[the engine's rollback then failed as well, on the same poisoned CUDA context: "
-                             "its traceback is left out]")
+                lines.append(
+                    "[the engine's rollback then failed as well, on the same poisoned CUDA context: "
+                    "its traceback is left out]"
+                )
                 break
             if line.startswith(EVENT_PREFIX):
                 lines.append("[child] " + str(parse_event(line).get("text", "")))
@@ -122,8 +126,9 @@ class ChildRun:
         return cls(**data)
 
 
-def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
-              timeout: float = 180.0) -> ChildRun:
+def run_child(
+    code: str, *, label: str = "", env: dict[str, str] | None = None, timeout: float = 180.0
+) -> ChildRun:
     """Run ``code`` in a fresh ``sys.executable`` with ``env`` added; the child's failure is data.
 
     The code is written to a temporary ``<label>.py`` so that tracebacks show source lines.
@@ -141,8 +146,14 @@ def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
         script = Path(tmp) / f"{re.sub(r'[^A-Za-z0-9_]+', '_', label) or 'child'}.py"
         script.write_text(code)
         try:
-            done = subprocess.run([sys.executable, "-u", str(script)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, env=full_env, timeout=timeout, cwd=PACKAGE_ROOT)
+            done = subprocess.run(
+                [sys.executable, "-u", str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                timeout=timeout,
+                cwd=PACKAGE_ROOT,
+            )
             returncode, raw = done.returncode, done.stdout
         except subprocess.TimeoutExpired as expired:
             returncode, raw = None, expired.stdout or b""
@@ -158,8 +169,14 @@ def run_child(code: str, *, label: str = "", env: dict[str, str] | None = None,
 # output before it exits (``PRELUDE``), this re-runs a child that failed without an assert line a bounded
 # number of times, and :func:`with_assert_lines` lets a chapter fall back to a recorded transcript, saying
 # so, when a live run still has none.
-def run_until_asserts(code: str, *, label: str = "", env: dict[str, str] | None = None,
-                      timeout: float = 180.0, attempts: int = 3) -> ChildRun:
+def run_until_asserts(
+    code: str,
+    *,
+    label: str = "",
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+    attempts: int = 3,
+) -> ChildRun:
     """:func:`run_child`, run again (at most ``attempts`` runs in all) while the child fails without printing
     an assert line; ``attempts`` of the returned run says how many runs it took. A child that succeeds, prints
     asserts, or times out is returned at once."""
@@ -188,16 +205,20 @@ def with_assert_lines(live: ChildRun, recording: dict, name: str) -> tuple[Child
 
     if live.asserts:
         return live, ""
-    why = (f"This run exited with status {live.returncode} but printed no assert line"
-           + (f" in {live.attempts} attempts" if live.attempts > 1 else "")
-           + ": the device's assert text reaches the host only when the host waits for the GPU, and a "
-             "process that dies at a mere launch can exit before that.")
+    why = (
+        f"This run exited with status {live.returncode} but printed no assert line"
+        + (f" in {live.attempts} attempts" if live.attempts > 1 else "")
+        + ": the device's assert text reaches the host only when the host waits for the GPU, and a "
+        "process that dies at a mere launch can exit before that."
+    )
     stored = recording.get("runs", {}).get(name)
     if stored is not None:
         fallback = ChildRun.from_json(stored)
         if fallback.asserts:
-            return fallback, (f"{why} Shown instead: the recorded transcript of the same run, "
-                              f"{recorded.label(recording['meta'])}.")
+            return fallback, (
+                f"{why} Shown instead: the recorded transcript of the same run, "
+                f"{recorded.label(recording['meta'])}."
+            )
     return live, f"{why} No recorded transcript with assert lines stands in for it."
 
 
@@ -283,7 +304,7 @@ def minimal_crash_code(ids: tuple[int, ...] = (5, -1, 7), vocab: int = 32, hidde
     launch carries no one-time set-up), then the bad launch, its return, synchronize, and probes."""
     if not ids or not all(isinstance(i, int) for i in ids):
         raise ValueError(f"ids must be a non-empty tuple of ints, got {ids!r}")
-    body = f'''
+    body = f"""
 ids_list = {list(ids)!r}
 weight = torch.randn({vocab}, {hidden}, device="cuda")
 ids = torch.tensor(ids_list, device="cuda")
@@ -319,7 +340,7 @@ except Exception as exc:
 probe_context(weight)
 event("exit", "exiting with status 1")
 sys.exit(1)
-'''
+"""
     return PRELUDE + textwrap.dedent(body)
 
 
@@ -331,8 +352,12 @@ ROWS, COLS = 1000, 64
 OPS: dict[str, tuple[str, str, str, str]] = {
     "F.embedding": ("F.embedding(idx, w)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
     "torch.index_select": ("torch.index_select(w, 0, idx)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
-    "torch.gather": ("torch.gather(w, 0, idx[:, None].expand(-1, w.shape[1]))", "w.shape[0]", "out[1]",
-                     "w[bad % w.shape[0]]"),
+    "torch.gather": (
+        "torch.gather(w, 0, idx[:, None].expand(-1, w.shape[1]))",
+        "w.shape[0]",
+        "out[1]",
+        "w[bad % w.shape[0]]",
+    ),
     "w[idx]": ("w[idx]", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
     "torch.take": ("torch.take(w, idx)", "w.numel()", "out[1]", "w.flatten()[bad % w.numel()]"),
 }
@@ -348,7 +373,7 @@ def _case_source(op: str, bad: str, num_indices: int) -> str:
     if not isinstance(num_indices, int) or num_indices < 3:
         raise ValueError(f"num_indices must be an int >= 3, got {num_indices!r}")
     expr, size, slot, wrapped = OPS[op]
-    return f'''
+    return f"""
 w = torch.arange({ROWS} * {COLS}, dtype=torch.float32, device=DEVICE).reshape({ROWS}, {COLS})
 size = {size}
 bad = -1 if {bad!r} == "-1" else size
@@ -358,12 +383,15 @@ out = {expr}
 if DEVICE == "cuda":
     torch.cuda.synchronize()
 got, wrapped = ({slot}).tolist(), ({wrapped}).tolist()
-'''
+"""
 
 
 def _describe_return(wrapped: bool) -> str:
-    return "returned; slot 1 holds the last element: -1 wrapped around" if wrapped else \
-        "returned; slot 1 holds something other than the wrapped-around element"
+    return (
+        "returned; slot 1 holds the last element: -1 wrapped around"
+        if wrapped
+        else "returned; slot 1 holds something other than the wrapped-around element"
+    )
 
 
 def op_case_code(op: str, bad: str, num_indices: int = 3, device: str = "cuda") -> str:
@@ -371,7 +399,7 @@ def op_case_code(op: str, bad: str, num_indices: int = 3, device: str = "cuda") 
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     case = _case_source(op, bad, num_indices)
-    body = f'''
+    body = f"""
 DEVICE = {device!r}
 event("start", {f"{op} on {device}, index {bad} among {num_indices} indices"!r})
 try:
@@ -379,7 +407,7 @@ try:
     event("result", "the call returned", outcome="returned", wrapped=got == wrapped)
 except Exception as exc:
     report({op!r}, exc)
-'''
+"""
     return PRELUDE + textwrap.dedent(body)
 
 
@@ -421,7 +449,7 @@ def pipeline_crash_code(steps: int = 4) -> str | None:
 
     if importlib.util.find_spec("specfix.v1.engine") is None:
         return None
-    body = f'''
+    body = f"""
 from torch import nn
 from specfix import Fixes
 from specfix.v1.engine import run_demo
@@ -440,7 +468,7 @@ event("start", f"run_demo(Fixes(clamp_placeholders=False), device='cuda', steps=
       f"CUDA_LAUNCH_BLOCKING={{int(blocking)}}", blocking=blocking)
 run_demo(Fixes(clamp_placeholders=False), device="cuda", steps={steps})
 event("end", "run_demo returned without an error")
-'''
+"""
     return PRELUDE + textwrap.dedent(body)
 
 
@@ -455,21 +483,30 @@ def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
     return f"{Path(f['file']).name}:{f['line']} in {f['func']}: {f['source']}"
 
 
-def op_table_rows(index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, on_gpu: bool = True,
-                  progress=None) -> list[dict]:
+def op_table_rows(
+    index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, on_gpu: bool = True, progress=None
+) -> list[dict]:
     """Every (op, bad index, index count) case: CUDA in its own child (if ``on_gpu``), the CPU in-process."""
     rows = []
     for op in OPS:
         for bad in BAD_VALUES:
             for num_indices in index_counts:
-                row = {"op": op, "bad": bad, "num_indices": num_indices,
-                       "cpu": cpu_outcome(op, bad, num_indices), "cuda": {"outcome": "not run"}}
+                row = {
+                    "op": op,
+                    "bad": bad,
+                    "num_indices": num_indices,
+                    "cpu": cpu_outcome(op, bad, num_indices),
+                    "cuda": {"outcome": "not run"},
+                }
                 if on_gpu:
                     if progress:
                         progress(f"{op} bad={bad} n={num_indices}")
-                    run = run_until_asserts(op_case_code(op, bad, num_indices),
-                                            label=f"{op} {bad} {num_indices}",
-                                            env={"CUDA_LAUNCH_BLOCKING": "0"}, timeout=timeout)
+                    run = run_until_asserts(
+                        op_case_code(op, bad, num_indices),
+                        label=f"{op} {bad} {num_indices}",
+                        env={"CUDA_LAUNCH_BLOCKING": "0"},
+                        timeout=timeout,
+                    )
                     row["cuda"] = dict(cuda_outcome(run), attempts=run.attempts)
                     row["transcript"] = run.transcript(max_asserts=1)[-3000:]
                 rows.append(row)
@@ -480,10 +517,15 @@ def live_or_recorded_ops(live_rows: list[dict], recording: dict) -> tuple[list[d
     """The op table's rows and a note: ``live_rows`` if every case that asserted left its assert line, else
     the rows of ``recording`` (``embedding_assert_ops``), since the kernel names are what the table is read
     for, with a note naming the lost cases and the recording."""
-    lost = [f"{r['op']} ({r['bad']}, {r['num_indices']:,} indices)" for r in live_rows
-            if r["cuda"].get("outcome") == "device assert, line lost"]
+    lost = [
+        f"{r['op']} ({r['bad']}, {r['num_indices']:,} indices)"
+        for r in live_rows
+        if r["cuda"].get("outcome") == "device assert, line lost"
+    ]
     if not lost:
         return live_rows, ""
-    return recording["rows"], (f"Live, {len(lost)} case(s) asserted but printed no assert line after "
-                               f"retries: {', '.join(lost)}. The table shows the recording instead, "
-                               f"{recorded.label(recording['meta'])}.")
+    return recording["rows"], (
+        f"Live, {len(lost)} case(s) asserted but printed no assert line after "
+        f"retries: {', '.join(lost)}. The table shows the recording instead, "
+        f"{recorded.label(recording['meta'])}."
+    )

@@ -33,14 +33,28 @@ MAX_LISTED = 8
 class IndexGuardError(IndexError):
     """An index tensor holds values outside the indexed dimension (found before any kernel ran)."""
 
-    def __init__(self, op: str, values: list[int], positions: list[tuple[int, ...]], num_bad: int,
-                 low: int, high: int, shape: tuple[int, ...], dim: int | None, index_shape: tuple[int, ...],
-                 device: str, caller: str = ""):
+    def __init__(
+        self,
+        op: str,
+        values: list[int],
+        positions: list[tuple[int, ...]],
+        num_bad: int,
+        low: int,
+        high: int,
+        shape: tuple[int, ...],
+        dim: int | None,
+        index_shape: tuple[int, ...],
+        device: str,
+        caller: str = "",
+    ):
         self.op, self.values, self.positions, self.num_bad = op, values, positions, num_bad
         self.valid_range, self.shape, self.dim = (low, high), shape, dim
         self.index_shape, self.device, self.caller = index_shape, device, caller
-        extent = ("the number of elements of the indexed tensor (take indexes it flattened)" if dim is None
-                  else f"the size of dim {dim} of the indexed tensor")
+        extent = (
+            "the number of elements of the indexed tensor (take indexes it flattened)"
+            if dim is None
+            else f"the size of dim {dim} of the indexed tensor"
+        )
         listed = ", ".join(f"{v} at {p}" for v, p in zip(values, positions, strict=True))
         more = f", and {num_bad - len(values)} more" if num_bad > len(values) else ""
         lines = [
@@ -99,8 +113,15 @@ def _embedding(args, kwargs):  # F.embedding(input, weight, ...)
 
 
 def _torch_embedding(args, kwargs):  # torch.embedding(weight, indices, ...)
-    return [_Lookup("torch.embedding", _arg(args, kwargs, 0, "weight"), 0,
-                    _arg(args, kwargs, 1, "indices", "input"), False)]
+    return [
+        _Lookup(
+            "torch.embedding",
+            _arg(args, kwargs, 0, "weight"),
+            0,
+            _arg(args, kwargs, 1, "indices", "input"),
+            False,
+        )
+    ]
 
 
 def _along_dim(name: str) -> Callable:
@@ -110,6 +131,7 @@ def _along_dim(name: str) -> Callable:
         if not isinstance(dim, int):  # named dimensions: leave them to torch
             return []
         return [_Lookup(name, source, _dim(source, dim), _arg(args, kwargs, 2, "index"), False)]
+
     return extract
 
 
@@ -122,6 +144,7 @@ def _subscript(name: str) -> Callable:
     def extract(args, kwargs):  # x[key] / x[key] = value
         source, key = args[0], args[1]
         return [_Lookup(name, source, dim, index, True) for dim, index in _integer_indices(source, key)]
+
     return extract
 
 
@@ -147,8 +170,12 @@ def _integer_indices(source: torch.Tensor, key) -> list[tuple[int, torch.Tensor]
             continue
         if isinstance(k, list | range) and k and all(type(v) is int for v in k):
             k = torch.tensor(list(k), dtype=torch.long)
-        if isinstance(k, torch.Tensor) and not k.dtype.is_floating_point and k.dtype not in _MASK_DTYPES \
-                and dim < source.dim():
+        if (
+            isinstance(k, torch.Tensor)
+            and not k.dtype.is_floating_point
+            and k.dtype not in _MASK_DTYPES
+            and dim < source.dim()
+        ):
             found.append((dim, k))
         dim += width(k)
     return found
@@ -212,9 +239,17 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
             coords = torch.stack(torch.unravel_index(flat, index.shape), dim=1)
             positions = [tuple(p) for p in coords.tolist()]
         raise IndexGuardError(
-            op=lookup.op, values=values, positions=positions, num_bad=int(bad.sum()), low=low, high=size,
-            shape=tuple(lookup.source.shape), dim=lookup.dim,
-            index_shape=tuple(index.shape), device=str(index.device), caller=_caller(),
+            op=lookup.op,
+            values=values,
+            positions=positions,
+            num_bad=int(bad.sum()),
+            low=low,
+            high=size,
+            shape=tuple(lookup.source.shape),
+            dim=lookup.dim,
+            index_shape=tuple(index.shape),
+            device=str(index.device),
+            caller=_caller(),
         )
 
 

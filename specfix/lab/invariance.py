@@ -42,8 +42,10 @@ class Difference:
 
     def __str__(self) -> str:
         shown = self.rows[:8] + (["..."] if len(self.rows) > 8 else [])
-        return (f"{self.buffer}: rows {shown} differ between {self.run_a!r} and {self.run_b!r} "
-                f"(max |diff| {self.max_abs_diff:.3g})")
+        return (
+            f"{self.buffer}: rows {shown} differ between {self.run_a!r} and {self.run_b!r} "
+            f"(max |diff| {self.max_abs_diff:.3g})"
+        )
 
 
 @dataclass
@@ -100,8 +102,11 @@ def _garbage(pattern: str, like: torch.Tensor, bound: tuple[int, int] | None, ge
             values = torch.full(shape, {"nan": float("nan"), "minus_one": -1.0, "huge": big}[pattern])
         return values.to(dtype)
     if dtype == torch.bool:
-        return (torch.rand(shape, generator=gen) < 0.5) if pattern == "random" else torch.full(
-            shape, pattern == "huge")
+        return (
+            (torch.rand(shape, generator=gen) < 0.5)
+            if pattern == "random"
+            else torch.full(shape, pattern == "huge")
+        )
     info = torch.iinfo(dtype)
     low, high = bound if bound is not None else (info.min, info.max)
     if pattern == "random":
@@ -176,8 +181,11 @@ def check_padding_invariance(
         call()
         return {n: buffers[n].index_select(0, rows).clone() for n, rows in live_rows.items()}
 
-    runs = ([(STALE_RUN, None, step)] if stale else []) + [(p, p, step) for p in patterns] + (
-        [("reference", None, reference)] if reference is not None else [])
+    runs = (
+        ([(STALE_RUN, None, step)] if stale else [])
+        + [(p, p, step) for p in patterns]
+        + ([("reference", None, reference)] if reference is not None else [])
+    )
     report = InvarianceReport(runs=[name for name, _, _ in runs])
     results: dict[str, dict[str, torch.Tensor]] = {}
     try:
@@ -218,9 +226,17 @@ def _differences(results: dict[str, dict[str, torch.Tensor]], live_rows: dict[st
     return found
 
 
-def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                     seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor,
-                     reference: bool = True, unscheduled: Sequence[int] = ()) -> InvarianceReport:
+def check_speculator(
+    spec,
+    num_reqs: int,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    context_ids: torch.Tensor,
+    positions: torch.Tensor,
+    reference: bool = True,
+    unscheduled: Sequence[int] = (),
+) -> InvarianceReport:
     """:func:`check_padding_invariance` for one ``DraftModelSpeculator.propose`` call.
 
     Padding: rows ``num_reqs..`` of the batch-row buffers and the free slots of ``draft_logits``. Watched:
@@ -235,26 +251,39 @@ def check_speculator(spec, num_reqs: int, idx_mapping: torch.Tensor, temperature
     """
     slots = idx_mapping[:num_reqs].tolist()
     waiting = list(unscheduled)
-    if any(not is_int(s) or not 0 <= s < spec.max_num_reqs or s in slots for s in waiting) \
-            or len(set(waiting)) != len(waiting):
-        raise ValueError(f"unscheduled must be distinct slots in [0, {spec.max_num_reqs}) outside this "
-                         f"step's {slots}, got {waiting}")
+    if any(not is_int(s) or not 0 <= s < spec.max_num_reqs or s in slots for s in waiting) or len(
+        set(waiting)
+    ) != len(waiting):
+        raise ValueError(
+            f"unscheduled must be distinct slots in [0, {spec.max_num_reqs}) outside this "
+            f"step's {slots}, got {waiting}"
+        )
     free = [s for s in range(spec.max_num_reqs) if s not in slots + waiting]
     tail = slice(num_reqs, None)
     args = (num_reqs, idx_mapping, temperature, seeds, context_ids, positions)
     return check_padding_invariance(
-        lambda: spec.propose(*args), spec.buffers(),
-        padded={"idx_mapping": tail, "context_ids": tail, "positions": tail, "draft_tokens": tail,
-                "draft_logits": free},
+        lambda: spec.propose(*args),
+        spec.buffers(),
+        padded={
+            "idx_mapping": tail,
+            "context_ids": tail,
+            "positions": tail,
+            "draft_tokens": tail,
+            "draft_logits": free,
+        },
         live={"draft_tokens": range(num_reqs), "draft_logits": slots + waiting},
-        bounds={"idx_mapping": (-1, spec.max_num_reqs), "context_ids": (0, spec.vocab_size),
-                "positions": (0, 2**40)},
+        bounds={
+            "idx_mapping": (-1, spec.max_num_reqs),
+            "context_ids": (0, spec.vocab_size),
+            "positions": (0, 2**40),
+        },
         reference=(lambda: spec.propose(*args, padded=False)) if reference else None,
     )
 
 
-def check_dflash(drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
-                 num_computed: torch.Tensor) -> InvarianceReport:
+def check_dflash(
+    drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor, num_computed: torch.Tensor
+) -> InvarianceReport:
     """:func:`check_padding_invariance` for one ``DFlashDrafter.propose`` call, with the eager
     exact-size step as the reference (the DFlash bug writes a *fixed* wrong value: see the comment above
     :func:`check_padding_invariance`)."""
@@ -263,12 +292,24 @@ def check_dflash(drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled
     queries, samples = slice(num_reqs * (k + 1), None), slice(num_reqs * k, None)
     args = (num_reqs, idx_mapping, last_sampled, num_computed)
     return check_padding_invariance(
-        lambda: drafter.propose(*args), drafter.buffers(),
-        padded={"input_ids": queries, "positions": queries, "sample_indices": samples, "sample_pos": samples,
-                "sample_idx_mapping": samples, "draft_tokens": samples,
-                "draft_logits": [s for s in range(m) if s not in slots]},
+        lambda: drafter.propose(*args),
+        drafter.buffers(),
+        padded={
+            "input_ids": queries,
+            "positions": queries,
+            "sample_indices": samples,
+            "sample_pos": samples,
+            "sample_idx_mapping": samples,
+            "draft_tokens": samples,
+            "draft_logits": [s for s in range(m) if s not in slots],
+        },
         live={"draft_logits": slots, "draft_tokens": range(num_reqs * k)},
-        bounds={"input_ids": (0, drafter.model.vocab_size + 1), "sample_idx_mapping": (-1, m),
-                "sample_indices": (0, m * (k + 1)), "positions": (0, 2**40), "sample_pos": (0, 2**40)},
+        bounds={
+            "input_ids": (0, drafter.model.vocab_size + 1),
+            "sample_idx_mapping": (-1, m),
+            "sample_indices": (0, m * (k + 1)),
+            "positions": (0, 2**40),
+            "sample_pos": (0, 2**40),
+        },
         reference=lambda: drafter.propose(*args, padded=False),
     )

@@ -61,8 +61,14 @@ class BenchRequest:
     seed: int
 
 
-def make_requests(num_requests: int, *, seed: int = 0, prompt_words: tuple[int, int] = (3, 6),
-                  max_tokens: tuple[int, int] = (16, 32), temperature: float = 1.0) -> list[BenchRequest]:
+def make_requests(
+    num_requests: int,
+    *,
+    seed: int = 0,
+    prompt_words: tuple[int, int] = (3, 6),
+    max_tokens: tuple[int, int] = (16, 32),
+    temperature: float = 1.0,
+) -> list[BenchRequest]:
     """Seeded requests whose prompts are the opening words of sentences from the fables."""
     if not is_int(num_requests) or num_requests < 1:
         raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
@@ -72,8 +78,15 @@ def make_requests(num_requests: int, *, seed: int = 0, prompt_words: tuple[int, 
     requests = []
     for i in range(num_requests):
         words = rng.choice(sentences).split()[: rng.randint(*prompt_words)]
-        requests.append(BenchRequest(i, tuple(tok.encode(" ".join(words))), rng.randint(*max_tokens),
-                                     temperature, rng.randrange(2**31)))
+        requests.append(
+            BenchRequest(
+                i,
+                tuple(tok.encode(" ".join(words))),
+                rng.randint(*max_tokens),
+                temperature,
+                rng.randrange(2**31),
+            )
+        )
     return requests
 
 
@@ -83,7 +96,7 @@ class PaddedWrite:
 
     row: int
     slot: int
-    victim: object | None       # the live request that owns ``slot`` (None: free)
+    victim: object | None  # the live request that owns ``slot`` (None: free)
     origin: str
     overwritten_cols: tuple[int, ...] = ()  # draft steps whose cached logits no longer match the victim's
 
@@ -91,8 +104,8 @@ class PaddedWrite:
 @dataclass
 class StepRecord:
     step: int
-    req_ids: list[int]          # batch order
-    slots: list[int]            # idx_mapping[:num_reqs]
+    req_ids: list[int]  # batch order
+    slots: list[int]  # idx_mapping[:num_reqs]
     num_reqs_padded: int
     ran: str
     writes: list[PaddedWrite] = field(default_factory=list)
@@ -152,10 +165,20 @@ def resolve_sampler(sampler: str, device: torch.device, fixes: Fixes) -> str:
 class SpecDecodeEngine:
     """Drafter (padded, graph-replayed on a GPU) + target verification, one step per loop iteration."""
 
-    def __init__(self, target, draft, *, max_num_reqs: int = 8, num_speculative_steps: int = 3,
-                 max_model_len: int = 128, device: torch.device | str | None = None,
-                 fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
-                 cuda_graphs: bool | None = None, sampler: str = "auto"):
+    def __init__(
+        self,
+        target,
+        draft,
+        *,
+        max_num_reqs: int = 8,
+        num_speculative_steps: int = 3,
+        max_model_len: int = 128,
+        device: torch.device | str | None = None,
+        fixes: Fixes | None = None,
+        capture_sizes: list[int] | None = None,
+        cuda_graphs: bool | None = None,
+        sampler: str = "auto",
+    ):
         self.device = torch.device(device or runtime.DEVICE)
         self.fixes = fixes or Fixes()
         self.sampler = resolve_sampler(sampler, self.device, self.fixes)
@@ -163,10 +186,17 @@ class SpecDecodeEngine:
         self.k = num_speculative_steps
         self.max_model_len = max_model_len
         self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
-        self.spec = DraftModelSpeculator(draft, max_num_reqs=max_num_reqs, num_speculative_steps=self.k,
-                                         vocab_size=target.vocab_size, context_len=draft.order - 1,
-                                         device=self.device, fixes=self.fixes, capture_sizes=capture_sizes,
-                                         sampler=SAMPLERS[self.sampler])
+        self.spec = DraftModelSpeculator(
+            draft,
+            max_num_reqs=max_num_reqs,
+            num_speculative_steps=self.k,
+            vocab_size=target.vocab_size,
+            context_len=draft.order - 1,
+            device=self.device,
+            fixes=self.fixes,
+            capture_sizes=capture_sizes,
+            sampler=SAMPLERS[self.sampler],
+        )
         self.kv_cache = target.make_kv_cache(max_num_reqs * max_model_len, self.device)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
@@ -177,8 +207,12 @@ class SpecDecodeEngine:
     def _prefill(self, live: _Live) -> None:
         n = len(live.tokens)
         positions = torch.arange(n, device=self.device)
-        self.target(torch.tensor(live.tokens, device=self.device), positions,
-                    live.slot * self.max_model_len + positions, self.kv_cache)
+        self.target(
+            torch.tensor(live.tokens, device=self.device),
+            positions,
+            live.slot * self.max_model_len + positions,
+            self.kv_cache,
+        )
 
     def _padded_write(self, row: int, slot: int, req_ids: list[int], context, drafts) -> PaddedWrite:
         """Padded ``row`` wrote ``draft_logits[slot]``: the victim, the stale value's origin, steps hit."""
@@ -195,7 +229,7 @@ class SpecDecodeEngine:
             expected = self.draft.next_token_logits(ctx)[0]  # cached before temperature (vLLM 0.33)
             if not torch.allclose(self.spec.draft_logits[slot, j], expected, rtol=1e-5, atol=1e-5):
                 cols.append(j)
-            ctx = torch.cat([ctx[:, 1:], drafts[None, j:j + 1]], dim=1)
+            ctx = torch.cat([ctx[:, 1:], drafts[None, j : j + 1]], dim=1)
         return tuple(cols)
 
     @torch.no_grad()
@@ -215,30 +249,46 @@ class SpecDecodeEngine:
         while waiting or live:
             while waiting and len(live) < max_batch:
                 req = waiting.popleft()
-                entry = _Live(req, self.states.add_request(req.req_id, req.temperature, req.seed),
-                              list(req.prompt))
+                entry = _Live(
+                    req, self.states.add_request(req.req_id, req.temperature, req.seed), list(req.prompt)
+                )
                 self._prefill(entry)
                 live.append(entry)
             n = len(live)
             idx = torch.tensor([e.slot for e in live], dtype=torch.int32, device=dev)
             context = torch.tensor([e.tokens[-width:] for e in live], device=dev)
             pos = torch.tensor([len(e.tokens) - 1 for e in live], device=dev)
-            proposal = self.spec.propose(n, idx, self.states.temperature, self.states.seeds, context, pos,
-                                         trace=trace)
+            proposal = self.spec.propose(
+                n, idx, self.states.temperature, self.states.seeds, context, pos, trace=trace
+            )
             drafts = proposal.draft_tokens
-            record = StepRecord(step, [e.req.req_id for e in live], idx.tolist(),
-                                proposal.batch.num_reqs_padded, proposal.ran)
-            record.writes = [self._padded_write(row, slot, record.req_ids, context, drafts)
-                             for row, slot in proposal.padded_writes]
+            record = StepRecord(
+                step, [e.req.req_id for e in live], idx.tolist(), proposal.batch.num_reqs_padded, proposal.ran
+            )
+            record.writes = [
+                self._padded_write(row, slot, record.req_ids, context, drafts)
+                for row, slot in proposal.padded_writes
+            ]
             steps.append(record)
             last = torch.tensor([e.tokens[-1] for e in live], device=dev)
             positions = pos[:, None] + torch.arange(k + 1, device=dev)
             slot_mapping = idx.long()[:, None] * self.max_model_len + positions
-            logits = self.target(torch.cat([last[:, None], drafts], dim=1).flatten(), positions.flatten(),
-                                 slot_mapping.flatten(), self.kv_cache)
-            sampled, num_sampled = rejection_sample_mrv2(logits, drafts, self.spec.draft_logits, idx,
-                                                         self.states.temperature, self.states.seeds, pos,
-                                                         self.fixes)
+            logits = self.target(
+                torch.cat([last[:, None], drafts], dim=1).flatten(),
+                positions.flatten(),
+                slot_mapping.flatten(),
+                self.kv_cache,
+            )
+            sampled, num_sampled = rejection_sample_mrv2(
+                logits,
+                drafts,
+                self.spec.draft_logits,
+                idx,
+                self.states.temperature,
+                self.states.seeds,
+                pos,
+                self.fixes,
+            )
             for e, row, count in zip(live, sampled.tolist(), num_sampled.tolist(), strict=True):
                 new = row[:count][: e.req.max_tokens - len(e.out)]
                 emissions[e.req.req_id].append((step, len(e.out), len(new)))
@@ -328,12 +378,22 @@ class PaddingBench:
         }
 
 
-def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batch: int = 6,
-                      max_num_reqs: int = 8, num_speculative_steps: int = 3, seed: int = 0,
-                      max_tokens: tuple[int, int] = (16, 32),
-                      device: torch.device | str | None = None, capture_sizes: list[int] | None = None,
-                      cuda_graphs: bool | None = None, models=None,
-                      solo: RunResult | None = None, sampler: str = "auto") -> PaddingBench:
+def run_padding_bench(
+    num_requests: int,
+    *,
+    fixes: Fixes | None = None,
+    max_batch: int = 6,
+    max_num_reqs: int = 8,
+    num_speculative_steps: int = 3,
+    seed: int = 0,
+    max_tokens: tuple[int, int] = (16, 32),
+    device: torch.device | str | None = None,
+    capture_sizes: list[int] | None = None,
+    cuda_graphs: bool | None = None,
+    models=None,
+    solo: RunResult | None = None,
+    sampler: str = "auto",
+) -> PaddingBench:
     """Run ``num_requests`` seeded requests batched (``max_batch`` at a time) and each alone.
 
     A batch of one has no padded rows, so the solo outputs do not depend on the fixes: pass ``solo``
@@ -343,8 +403,15 @@ def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batc
     device = torch.device(device or runtime.DEVICE)
     target, draft = models or load_models(device)
     requests = make_requests(num_requests, seed=seed, max_tokens=max_tokens)
-    kw = dict(max_num_reqs=max_num_reqs, num_speculative_steps=num_speculative_steps, device=device,
-              fixes=fixes, capture_sizes=capture_sizes, cuda_graphs=cuda_graphs, sampler=sampler)
+    kw = dict(
+        max_num_reqs=max_num_reqs,
+        num_speculative_steps=num_speculative_steps,
+        device=device,
+        fixes=fixes,
+        capture_sizes=capture_sizes,
+        cuda_graphs=cuda_graphs,
+        sampler=sampler,
+    )
     batched = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=max_batch)
     if solo is None:
         solo = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=1)
@@ -355,14 +422,15 @@ def run_padding_bench(num_requests: int, *, fixes: Fixes | None = None, max_batc
 
 # -- a named history on one speculator: where each padded row's stale value points --------------------
 
+
 @dataclass(frozen=True)
 class BufferState:
     """The drafter's ``idx_mapping`` as one padded step's replay reads it, and what its padded rows write."""
 
-    idx_mapping: tuple[int, ...]     # the whole persistent buffer (max_num_reqs rows)
-    batch: tuple[str, ...]           # the live request in each batch row
-    num_reqs_padded: int             # rows the step processes (the captured size it dispatched to)
-    owners: dict[int, str]           # request-state slot -> live request (scheduled this step or not)
+    idx_mapping: tuple[int, ...]  # the whole persistent buffer (max_num_reqs rows)
+    batch: tuple[str, ...]  # the live request in each batch row
+    num_reqs_padded: int  # rows the step processes (the captured size it dispatched to)
+    owners: dict[int, str]  # request-state slot -> live request (scheduled this step or not)
     writes: tuple[PaddedWrite, ...]  # padded rows whose entry is a slot: each writes draft_logits[slot]
     fixes: Fixes
 
@@ -386,27 +454,36 @@ def _parse_events(events, live: set[str], finished: set[str], max_num_reqs: int)
     live, finished, parsed = set(live), set(finished), []
     for i, event in enumerate(events):
         parts = event.split() if isinstance(event, str) else []
-        if len(parts) != 2 or parts[0] not in _VERBS or not (parts[1].isascii() and parts[1].isalpha()
-                                                            and parts[1].islower()) \
-                or len(set(parts[1])) != len(parts[1]):
-            raise ValueError(f"events[{i}] must be '<verb> <names>' with a verb of {_VERBS} and distinct "
-                             f"lowercase letters as names, got {event!r}")
+        if (
+            len(parts) != 2
+            or parts[0] not in _VERBS
+            or not (parts[1].isascii() and parts[1].isalpha() and parts[1].islower())
+            or len(set(parts[1])) != len(parts[1])
+        ):
+            raise ValueError(
+                f"events[{i}] must be '<verb> <names>' with a verb of {_VERBS} and distinct "
+                f"lowercase letters as names, got {event!r}"
+            )
         verb, names = parts
         if verb == "finish" and not set(names) <= live:
             raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) - live)} not live")
         if verb == "arrive" and set(names) & live:
             raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) & live)} already live")
         if set(names) & finished:
-            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) & finished)} already finished "
-                             "(a name is used once)")
+            raise ValueError(
+                f"events[{i}] {event!r}: {sorted(set(names) & finished)} already finished "
+                "(a name is used once)"
+            )
         if verb == "finish":
             live -= set(names)
             finished |= set(names)
         else:
             live |= set(names)
         if len(live) > max_num_reqs:
-            raise ValueError(f"events[{i}] {event!r}: {len(live)} live requests, more than "
-                             f"max_num_reqs={max_num_reqs} slots")
+            raise ValueError(
+                f"events[{i}] {event!r}: {len(live)} live requests, more than "
+                f"max_num_reqs={max_num_reqs} slots"
+            )
         parsed.append((verb, names))
     return parsed
 
@@ -422,17 +499,30 @@ class StaleRowScenario:
     context (its letter and step), so a padded row's logits differ from its victim's.
     """
 
-    def __init__(self, *, fixes: Fixes | None = None, max_num_reqs: int = 16, num_speculative_steps: int = 1,
-                 vocab_size: int = 32, device: torch.device | str | None = None, sampler: str = "auto"):
+    def __init__(
+        self,
+        *,
+        fixes: Fixes | None = None,
+        max_num_reqs: int = 16,
+        num_speculative_steps: int = 1,
+        vocab_size: int = 32,
+        device: torch.device | str | None = None,
+        sampler: str = "auto",
+    ):
         self.device = torch.device(device or runtime.DEVICE)
         self.fixes = fixes or Fixes()
         table = torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
         self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
         self.spec = DraftModelSpeculator(
-            TableDraft(table).to(self.device), max_num_reqs=max_num_reqs,
-            num_speculative_steps=num_speculative_steps, vocab_size=vocab_size, context_len=1,
-            device=self.device, fixes=self.fixes,
-            sampler=SAMPLERS[resolve_sampler(sampler, self.device, self.fixes)])
+            TableDraft(table).to(self.device),
+            max_num_reqs=max_num_reqs,
+            num_speculative_steps=num_speculative_steps,
+            vocab_size=vocab_size,
+            context_len=1,
+            device=self.device,
+            fixes=self.fixes,
+            sampler=SAMPLERS[resolve_sampler(sampler, self.device, self.fixes)],
+        )
         self.row_writer: list[str | None] = [None] * max_num_reqs
         self.finished: set[str] = set()
         self.steps_run = 0
@@ -474,11 +564,18 @@ class StaleRowScenario:
         owners = {slot: name for name, slot in self.states.req_id_to_index.items()}
         writes = tuple(
             PaddedWrite(row, slot, owners.get(slot), _origin(self.row_writer[row], owners.get(slot)))
-            for row, slot in proposal.padded_writes)
-        self.row_writer[:len(names)] = list(names)
+            for row, slot in proposal.padded_writes
+        )
+        self.row_writer[: len(names)] = list(names)
         self.steps_run += 1
-        return BufferState(tuple(self.spec.idx_mapping.tolist()), tuple(names),
-                           proposal.batch.num_reqs_padded, owners, writes, self.fixes)
+        return BufferState(
+            tuple(self.spec.idx_mapping.tolist()),
+            tuple(names),
+            proposal.batch.num_reqs_padded,
+            owners,
+            writes,
+            self.fixes,
+        )
 
 
 def padded_step_scenario(events, **kwargs) -> BufferState:
@@ -503,12 +600,15 @@ def two_step_events(first_batch: int, second_batch: int, finished: str = "c") ->
     first = string.ascii_lowercase[:first_batch]
     gone = "".join(c for c in first if c in finished)
     survivors = [c for c in first if c not in gone]
-    newcomers = list(string.ascii_lowercase[first_batch:first_batch + max(0, second_batch - len(survivors))])
+    newcomers = list(
+        string.ascii_lowercase[first_batch : first_batch + max(0, second_batch - len(survivors))]
+    )
     events = [f"step {first}"] + ([f"finish {gone}"] if gone else [])
     return events + [f"step {''.join((survivors + newcomers)[:second_batch])}"]
 
 
 # -- the statistics: many trials of one step, every live slot overwritten -------------------------------
+
 
 class TableDraft(torch.nn.Module):
     """A toy draft model for the controlled setup: logits of the next token = ``table[last token]``."""
@@ -523,9 +623,16 @@ class TableDraft(torch.nn.Module):
         return self.table[context_ids[:, -1]]
 
 
-def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_size: int = 16,
-                          num_speculative_steps: int = 2, seed: int = 0,
-                          device: torch.device | str | None = None, sampler: str = "auto") -> dict:
+def one_step_distribution(
+    num_trials: int,
+    *,
+    fixes: Fixes | None = None,
+    vocab_size: int = 16,
+    num_speculative_steps: int = 2,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    sampler: str = "auto",
+) -> dict:
     """Many independent trials of one speculative step, with every live slot exposed to a stale row.
 
     Setup: a context-free target p (so every output position should follow p exactly), a draft q that
@@ -543,35 +650,58 @@ def one_step_distribution(num_trials: int, *, fixes: Fixes | None = None, vocab_
     g = torch.Generator().manual_seed(seed)
     v, k, t = vocab_size, num_speculative_steps, num_trials
     p_logits = torch.randn(v, generator=g)
-    table = torch.randn(v, generator=g).repeat(v, 1)          # the draft ignores its context: q
+    table = torch.randn(v, generator=g).repeat(v, 1)  # the draft ignores its context: q
     stale = v - 1
     table[stale] = torch.full((v,), -8.0).index_fill_(0, torch.tensor([stale]), 8.0)
-    spec = DraftModelSpeculator(TableDraft(table).to(device), max_num_reqs=2 * t, num_speculative_steps=k,
-                                vocab_size=v, context_len=1, device=device, fixes=fixes,
-                                capture_sizes=[2 * t], sampler=SAMPLERS[sampler])
+    spec = DraftModelSpeculator(
+        TableDraft(table).to(device),
+        max_num_reqs=2 * t,
+        num_speculative_steps=k,
+        vocab_size=v,
+        context_len=1,
+        device=device,
+        fixes=fixes,
+        capture_sizes=[2 * t],
+        sampler=SAMPLERS[sampler],
+    )
     temperature = torch.ones(2 * t, device=device)
     seeds = torch.randint(0, 2**31, (2 * t,), generator=g).to(device)
     # The earlier, larger batch: rows t.. hold the trial slots 0..t-1 with the stale token as context.
     earlier = torch.cat([torch.arange(t, 2 * t), torch.arange(t)]).to(torch.int32).to(device)
     context = torch.cat([torch.zeros(t, 1), torch.full((t, 1), stale)]).long().to(device)
-    spec.propose(2 * t, earlier, temperature, seeds, context, torch.zeros(2 * t, dtype=torch.long,
-                                                                           device=device))
+    spec.propose(
+        2 * t, earlier, temperature, seeds, context, torch.zeros(2 * t, dtype=torch.long, device=device)
+    )
     # The trials: t live rows in slots 0..t-1, context token 0, replayed at 2t rows.
     idx = torch.arange(t, dtype=torch.int32, device=device)
     pos = torch.full((t,), 5, dtype=torch.long, device=device)
     trial_context = torch.zeros(t, 1, dtype=torch.long, device=device)
     proposal = spec.propose(t, idx, temperature, seeds, trial_context, pos)
-    sampled, num_sampled = rejection_sample_mrv2(p_logits.to(device).repeat(t * (k + 1), 1),
-                                                 proposal.draft_tokens, spec.draft_logits, idx, temperature,
-                                                 seeds, pos, fixes)
+    sampled, num_sampled = rejection_sample_mrv2(
+        p_logits.to(device).repeat(t * (k + 1), 1),
+        proposal.draft_tokens,
+        spec.draft_logits,
+        idx,
+        temperature,
+        seeds,
+        pos,
+        fixes,
+    )
     p = torch.softmax(p_logits, dim=0).double().numpy()
     q = torch.softmax(table[0], 0).double().numpy()
     positions = _positions(sampled.cpu().numpy(), num_sampled.cpu().numpy(), p, q)
     mean_accepted = float((num_sampled.cpu().numpy() - 1).mean())
-    return {"sampler": sampler, "target_probs": p.tolist(), "draft_probs": q.tolist(),
-            "stale_probs": torch.softmax(table[stale], 0).tolist(), "stale_token": stale,
-            "positions": positions, "passed": all(r["passed"] for r in positions),
-            "mean_accepted": mean_accepted, "acceptance_rate": mean_accepted / k}
+    return {
+        "sampler": sampler,
+        "target_probs": p.tolist(),
+        "draft_probs": q.tolist(),
+        "stale_probs": torch.softmax(table[stale], 0).tolist(),
+        "stale_token": stale,
+        "positions": positions,
+        "passed": all(r["passed"] for r in positions),
+        "mean_accepted": mean_accepted,
+        "acceptance_rate": mean_accepted / k,
+    }
 
 
 def _positions(sampled: np.ndarray, num_sampled: np.ndarray, p: np.ndarray, q: np.ndarray) -> list[dict]:
@@ -583,9 +713,17 @@ def _positions(sampled: np.ndarray, num_sampled: np.ndarray, p: np.ndarray, q: n
         reached = num_sampled > j
         counts = np.bincount(sampled[reached, j], minlength=len(p)).astype(float)
         freq = counts / max(counts.sum(), 1.0)
-        rows.append({"position": j, "role": "bonus" if j == k else "draft", "trials": int(reached.sum()),
-                     "counts": counts.tolist(), "tv_to_target": total_variation(freq, p),
-                     "tv_to_draft": total_variation(freq, q), **chi_square(counts, p)})
+        rows.append(
+            {
+                "position": j,
+                "role": "bonus" if j == k else "draft",
+                "trials": int(reached.sum()),
+                "counts": counts.tolist(),
+                "tv_to_target": total_variation(freq, p),
+                "tv_to_draft": total_variation(freq, q),
+                **chi_square(counts, p),
+            }
+        )
     return rows
 
 

@@ -28,8 +28,16 @@ from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams, generat
 from specfix.v1.model_runner import StepTrace
 
 #: Story openings from the fables; chapter 1 cycles through them to build a batch.
-STORY_STARTS = ("the fox saw the crow", "a lion was asleep", "the north wind", "the mice",
-                "an ant went to", "the boy cried", "the tortoise said", "once a hungry fox")
+STORY_STARTS = (
+    "the fox saw the crow",
+    "a lion was asleep",
+    "the north wind",
+    "the mice",
+    "an ant went to",
+    "the boy cried",
+    "the tortoise said",
+    "once a hungry fox",
+)
 
 
 def story_prompts(num_prompts: int) -> list[str]:
@@ -78,16 +86,20 @@ def verifications(result: GenerateResult) -> list[Verification]:
     for step in result.trace:
         out = step.scheduler_output
         start = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-        start.update(zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens,
-                         strict=True))
+        start.update(
+            zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens, strict=True)
+        )
         for req_id, sampled in zip(step.req_ids, step.sampled_token_ids, strict=True):
             slots = out.scheduled_spec_decode_tokens.get(req_id, [])
             if not slots or not sampled:
                 continue
             num_pad = out.num_placeholder_spec_tokens.get(req_id, 0)
             real = len(slots) - num_pad
-            found.append(Verification(req_id, start[req_id], tuple(slots[:real]), tuple(slots[real:]),
-                                      len(sampled) - 1))
+            found.append(
+                Verification(
+                    req_id, start[req_id], tuple(slots[:real]), tuple(slots[real:]), len(sampled) - 1
+                )
+            )
     return found
 
 
@@ -115,8 +127,11 @@ def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dic
     differ = [key for key in in_a.keys() & in_b.keys() if in_a[key].drafts != in_b[key].drafts]
     if differ:
         raise ValueError(f"shared verifications with different drafts at (request, position) {differ[:3]}")
-    groups = {"both": in_a.keys() & in_b.keys(), "only a": in_a.keys() - in_b.keys(),
-              "only b": in_b.keys() - in_a.keys()}
+    groups = {
+        "both": in_a.keys() & in_b.keys(),
+        "only a": in_a.keys() - in_b.keys(),
+        "only b": in_b.keys() - in_a.keys(),
+    }
     summary = {}
     for name, keys in groups.items():
         either = [in_a.get(key) or in_b[key] for key in keys]
@@ -130,8 +145,15 @@ def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dic
     return summary
 
 
-def negative_draft_run(fixes: Fixes, prompts: Sequence[str], models: tuple[NgramLM, NgramLM], *, k: int = 3,
-                       max_tokens: int = 32, device: torch.device | str = "cpu") -> dict[str, int]:
+def negative_draft_run(
+    fixes: Fixes,
+    prompts: Sequence[str],
+    models: tuple[NgramLM, NgramLM],
+    *,
+    k: int = 3,
+    max_tokens: int = 32,
+    device: torch.device | str = "cpu",
+) -> dict[str, int]:
     """Sample (temperature 1, one seed per request) while requests keep arriving from a prefill node: the
     ``prompts`` decode for ``max_tokens`` tokens, and at every step one more prompt (cycling) joins with
     its KV already computed (P/D disaggregation), so its first decode is padded with ``[-1] * k`` right
@@ -139,22 +161,34 @@ def negative_draft_run(fixes: Fixes, prompts: Sequence[str], models: tuple[Ngram
     rows that accepted a placeholder slot."""
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
-    engine = LLMEngine(num_speculative_tokens=k, fixes=fixes, device=device, models=models, record=True,
-                       max_num_seqs=len(prompts) + 16)
-    decoding = [engine.add_request(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens))
-                for seed, prompt in enumerate(prompts)]
+    engine = LLMEngine(
+        num_speculative_tokens=k,
+        fixes=fixes,
+        device=device,
+        models=models,
+        record=True,
+        max_num_seqs=len(prompts) + 16,
+    )
+    decoding = [
+        engine.add_request(prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens))
+        for seed, prompt in enumerate(prompts)
+    ]
     joined = 0
     while engine.has_unfinished_requests():
         if any(r in engine.scheduler.requests for r in decoding):
-            engine.add_request(prompts[joined % len(prompts)], remote_prefill=True,
-                               sampling_params=SamplingParams(temperature=1.0, seed=len(prompts) + joined,
-                                                              max_tokens=1))
+            engine.add_request(
+                prompts[joined % len(prompts)],
+                remote_prefill=True,
+                sampling_params=SamplingParams(temperature=1.0, seed=len(prompts) + joined, max_tokens=1),
+            )
             joined += 1
         engine.step()
     rows = [row for step in engine.model_runner.trace for row in step.sampler_output.tolist()]
-    accepted = sum(any(t != -1 for t in row[row.index(-1):]) for row in rows if -1 in row)
-    return {"verifications": engine.scheduler.spec_decoding_stats.num_drafts,
-            "rows with an accepted -1": accepted}
+    accepted = sum(any(t != -1 for t in row[row.index(-1) :]) for row in rows if -1 in row)
+    return {
+        "verifications": engine.scheduler.spec_decoding_stats.num_drafts,
+        "rows with an accepted -1": accepted,
+    }
 
 
 # -- a -1 on a single node, and on both runners -------------------------------------------------------------
@@ -174,14 +208,27 @@ RUNNER_PATHS = {
 }
 
 
-def repeated_prompt_engine(*, k: int = 3, model_runner: str = "v1", fixes: Fixes = _DEFAULT_FIXES,
-                           models: tuple[NgramLM, NgramLM] | None = None,
-                           device: torch.device | str = "cpu") -> LLMEngine:
+def repeated_prompt_engine(
+    *,
+    k: int = 3,
+    model_runner: str = "v1",
+    fixes: Fixes = _DEFAULT_FIXES,
+    models: tuple[NgramLM, NgramLM] | None = None,
+    device: torch.device | str = "cpu",
+) -> LLMEngine:
     """One node with prefix caching on (vLLM's default): :data:`REPEATED_PROMPT` runs to the end as request
     ``"first"``, then arrives again as ``"repeat"``. Returns the engine after the repeat's first step, which
     is ``engine.model_runner.trace[-1]``; an error in that step propagates."""
-    engine = LLMEngine(num_speculative_tokens=k, enable_prefix_caching=True, record=True, models=models,
-                       device=device, model_runner=model_runner, fixes=fixes, sampler_backend="torch")
+    engine = LLMEngine(
+        num_speculative_tokens=k,
+        enable_prefix_caching=True,
+        record=True,
+        models=models,
+        device=device,
+        model_runner=model_runner,
+        fixes=fixes,
+        sampler_backend="torch",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=8)
     engine.add_request(REPEATED_PROMPT, params, request_id="first")
     while engine.has_unfinished_requests():
@@ -195,11 +242,12 @@ def _draft_slots(step: StepTrace, req_id: str, ids: torch.Tensor) -> list[int]:
     """``ids`` (one per scheduled token) at ``req_id``'s draft slots: the last ``k`` tokens of its span."""
     num_drafts = len(step.scheduler_output.scheduled_spec_decode_tokens[req_id])
     end = sum(step.num_scheduled_tokens[: step.req_ids.index(req_id) + 1])
-    return ids[end - num_drafts: end].tolist()
+    return ids[end - num_drafts : end].tolist()
 
 
-def runner_paths(*, k: int = 3,
-                 models: tuple[NgramLM, NgramLM] | None = None) -> dict[str, dict[str, object]]:
+def runner_paths(
+    *, k: int = 3, models: tuple[NgramLM, NgramLM] | None = None
+) -> dict[str, dict[str, object]]:
     """The repeat's first step (:func:`repeated_prompt_engine`) on each of :data:`RUNNER_PATHS`: the ids of
     its draft slots as the scheduler sent them, as the embedding read them and as verification saw them, the
     tokens the step emitted and how many placeholder slots were accepted; ``"error"`` names what the step
@@ -219,7 +267,7 @@ def runner_paths(*, k: int = 3,
             "cached tokens": step.scheduler_output.scheduled_new_reqs[0].num_computed_tokens,
             "scheduler sends": step.scheduler_output.scheduled_spec_decode_tokens["repeat"],
             "embedding reads": _draft_slots(step, "repeat", step.embedding_input),
-            "verification sees": metadata.draft_token_ids[first: first + k].tolist(),
+            "verification sees": metadata.draft_token_ids[first : first + k].tolist(),
             "emitted": step.sampled_token_ids[start],
             "placeholders accepted": engine.scheduler.spec_decoding_stats.num_placeholders_accepted,
             "error": None,
@@ -227,26 +275,38 @@ def runner_paths(*, k: int = 3,
     return rows
 
 
-def placeholder_sources(*, k: int = 3, num_prompts: int = 4, max_tokens: int = 12,
-                        models: tuple[NgramLM, NgramLM] | None = None,
-                        device: torch.device | str = "cpu") -> dict[str, dict[str, int]]:
+def placeholder_sources(
+    *,
+    k: int = 3,
+    num_prompts: int = 4,
+    max_tokens: int = 12,
+    models: tuple[NgramLM, NgramLM] | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, dict[str, int]]:
     """Four everyday deployments, run live: how many draft slots each verified and how many of them the
     scheduler wrote as placeholders (``-1``). New prompts on one node; a prompt sent twice with prefix caching
     on; a P/D decode node (every prompt prefilled elsewhere); one node with async scheduling."""
     prompts = story_prompts(num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    common = dict(num_speculative_tokens=k, models=models, device=device, record=True,
-                  sampler_backend="torch")
+    common = dict(
+        num_speculative_tokens=k, models=models, device=device, record=True, sampler_backend="torch"
+    )
     runs = {
         "one node, new prompts": generate(prompts, params, enable_prefix_caching=True, **common).trace,
-        "one node, a prompt sent again (prefix cache)":
-            repeated_prompt_engine(k=k, models=models, device=device).model_runner.trace,
+        "one node, a prompt sent again (prefix cache)": repeated_prompt_engine(
+            k=k, models=models, device=device
+        ).model_runner.trace,
         "P/D decode node": generate(prompts, params, remote_prefill=True, **common).trace,
         "one node, async scheduling": generate(prompts, params, async_scheduling=True, **common).trace,
     }
-    return {name: {"draft slots": sum(len(d) for step in trace
-                                      for d in step.scheduler_output.scheduled_spec_decode_tokens.values()),
-                   "-1 slots": sum(sum(step.scheduler_output.num_placeholder_spec_tokens.values())
-                                   for step in trace)}
-            for name, trace in runs.items()}
-
+    return {
+        name: {
+            "draft slots": sum(
+                len(d) for step in trace for d in step.scheduler_output.scheduled_spec_decode_tokens.values()
+            ),
+            "-1 slots": sum(
+                sum(step.scheduler_output.num_placeholder_spec_tokens.values()) for step in trace
+            ),
+        }
+        for name, trace in runs.items()
+    }

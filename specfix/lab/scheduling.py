@@ -39,21 +39,31 @@ class Workload:
         elif len(remote) == 1:
             arrive = f"request {remote[0]} arrives with its prompt prefilled elsewhere (P/D)"
         else:
-            arrive = (f"requests {', '.join(remote[:-1])} and {remote[-1]} arrive with their prompts "
-                      "prefilled elsewhere (P/D)")
+            arrive = (
+                f"requests {', '.join(remote[:-1])} and {remote[-1]} arrive with their prompts "
+                "prefilled elsewhere (P/D)"
+            )
         count = f"{len(self.prompts)} request{'s' if len(self.prompts) > 1 else ''}"
         return f"{count}; {arrive}; a token budget of {self.max_num_batched_tokens} tokens per step"
 
 
 WORKLOADS = {
     "decode node": Workload(DEMO_PROMPTS, (True, False, True, False), 256),
-    "tight budget": Workload(("the fox saw the crow", "a lion was asleep", "the north wind"), (False,) * 3,
-                             max_num_batched_tokens=8),
+    "tight budget": Workload(
+        ("the fox saw the crow", "a lion was asleep", "the north wind"),
+        (False,) * 3,
+        max_num_batched_tokens=8,
+    ),
 }
 
 #: What a request's draft slots held in one engine step, as :func:`slot_kinds` reports it.
-SLOT_KINDS = ("not scheduled", "no draft slots", "drafts from the scheduler", "-1 overwritten by the runner",
-              "-1 reaches the embedding")
+SLOT_KINDS = (
+    "not scheduled",
+    "no draft slots",
+    "drafts from the scheduler",
+    "-1 overwritten by the runner",
+    "-1 reaches the embedding",
+)
 NOT_SCHEDULED, NO_SLOTS, SCHEDULER_DRAFTS, FILLED, REACHES_EMBEDDING = range(len(SLOT_KINDS))
 
 
@@ -67,13 +77,28 @@ def _params(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
 
-def run(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: int = 12, fixes: Fixes = _DEFAULT_FIXES,
-        device: torch.device | str = "cpu") -> GenerateResult:
+def run(
+    name: str,
+    async_scheduling: bool,
+    *,
+    k: int = 3,
+    max_tokens: int = 12,
+    fixes: Fixes = _DEFAULT_FIXES,
+    device: torch.device | str = "cpu",
+) -> GenerateResult:
     """The workload ``name`` decoded greedily with the draft model, recorded step by step."""
     w = _workload(name)
-    return generate(list(w.prompts), _params(max_tokens), num_speculative_tokens=k,
-                    remote_prefill=list(w.remote_prefill), max_num_batched_tokens=w.max_num_batched_tokens,
-                    async_scheduling=async_scheduling, fixes=fixes, device=device, record=True)
+    return generate(
+        list(w.prompts),
+        _params(max_tokens),
+        num_speculative_tokens=k,
+        remote_prefill=list(w.remote_prefill),
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        fixes=fixes,
+        device=device,
+        record=True,
+    )
 
 
 def _draft_slots(step: StepTrace) -> dict[str, list[int]]:
@@ -81,8 +106,11 @@ def _draft_slots(step: StepTrace) -> dict[str, list[int]]:
     spec = step.scheduler_output.scheduled_spec_decode_tokens
     ends = np.cumsum(step.num_scheduled_tokens)
     ids = step.input_ids_before_clamp
-    return {r: ids[end - len(spec[r]): end].tolist()
-            for r, end in zip(step.req_ids, ends.tolist(), strict=True) if r in spec}
+    return {
+        r: ids[end - len(spec[r]) : end].tolist()
+        for r, end in zip(step.req_ids, ends.tolist(), strict=True)
+        if r in spec
+    }
 
 
 def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
@@ -127,9 +155,13 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
             written += placeholders.get(req_id, 0)
             filled += step.num_filled_spec_tokens.get(req_id, 0)
             reaching += ids.count(-1)
-    return {"batches": len(result.trace), "draft slots verified": slots,
-            "-1 written by the scheduler": written, "-1 overwritten by the runner": filled,
-            "-1 reaching the embedding": reaching}
+    return {
+        "batches": len(result.trace),
+        "draft slots verified": slots,
+        "-1 written by the scheduler": written,
+        "-1 overwritten by the runner": filled,
+        "-1 reaching the embedding": reaching,
+    }
 
 
 def wasted_steps(result: GenerateResult) -> int:
@@ -150,8 +182,13 @@ def first_crash(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: in
     assert would poison the process): the 0-based engine step whose embedding raised ``IndexError``, or
     None if the run finished."""
     w = _workload(name)
-    engine = LLMEngine(num_speculative_tokens=k, fixes=Fixes(clamp_placeholders=False), device="cpu",
-                       max_num_batched_tokens=w.max_num_batched_tokens, async_scheduling=async_scheduling)
+    engine = LLMEngine(
+        num_speculative_tokens=k,
+        fixes=Fixes(clamp_placeholders=False),
+        device="cpu",
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+    )
     for prompt, remote in zip(w.prompts, w.remote_prefill, strict=True):
         engine.add_request(prompt, _params(max_tokens), remote_prefill=remote)
     while engine.has_unfinished_requests():

@@ -33,18 +33,26 @@ def cudagraph_capture_sizes(max_capture_size: int = MAX_CAPTURE_SIZE) -> list[in
     return [s for s in sizes if s <= max_capture_size]
 
 
-def default_max_capture_size(max_num_seqs: int, num_speculative_tokens: int,
-                             max_num_batched_tokens: int | None = None) -> int:
+def default_max_capture_size(
+    max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int | None = None
+) -> int:
     """vLLM's rule: ``min(max_num_seqs * (1 + k) * 2, 512)``, capped by ``max_num_batched_tokens``."""
     if max_num_seqs < 1 or num_speculative_tokens < 0:
-        raise ValueError(f"need max_num_seqs >= 1 and num_speculative_tokens >= 0, got "
-                         f"{max_num_seqs}, {num_speculative_tokens}")
+        raise ValueError(
+            f"need max_num_seqs >= 1 and num_speculative_tokens >= 0, got "
+            f"{max_num_seqs}, {num_speculative_tokens}"
+        )
     size = min(max_num_seqs * (1 + num_speculative_tokens) * 2, MAX_CAPTURE_SIZE)
     return size if max_num_batched_tokens is None else min(size, max_num_batched_tokens)
 
 
-def capture_sizes(max_num_seqs: int, num_speculative_tokens: int = 0, max_num_batched_tokens: int = 8192,
-                  *, v1_runner: bool = False) -> list[int]:
+def capture_sizes(
+    max_num_seqs: int,
+    num_speculative_tokens: int = 0,
+    max_num_batched_tokens: int = 8192,
+    *,
+    v1_runner: bool = False,
+) -> list[int]:
     """vLLM 0.33.0's default capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``, balanced mode,
     ceiling 512): the grid up to :func:`default_max_capture_size`, ``max_num_batched_tokens`` if it fits,
     and every uniform decode size ``n * (1 + k)`` for ``n`` on a request-count grid up to ``max_num_seqs``.
@@ -53,9 +61,11 @@ def capture_sizes(max_num_seqs: int, num_speculative_tokens: int = 0, max_num_ba
     largest, as the V1 runner does under FULL decode graphs (``adjust_cudagraph_sizes_for_spec_decode`` in
     vLLM 0.33.0's ``vllm/config/compilation.py``); MRV2 skips that step (vLLM PR #45953).
     """
-    for name, value, low in (("max_num_seqs", max_num_seqs, 1),
-                             ("num_speculative_tokens", num_speculative_tokens, 0),
-                             ("max_num_batched_tokens", max_num_batched_tokens, 1)):
+    for name, value, low in (
+        ("max_num_seqs", max_num_seqs, 1),
+        ("num_speculative_tokens", num_speculative_tokens, 0),
+        ("max_num_batched_tokens", max_num_batched_tokens, 1),
+    ):
         if not is_int(value) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     q = 1 + num_speculative_tokens
@@ -134,8 +144,9 @@ class CapturedStep:
     largest size first, all graphs sharing one memory pool.
     """
 
-    def __init__(self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str,
-                 warmup: int = 2):
+    def __init__(
+        self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str, warmup: int = 2
+    ):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
@@ -162,8 +173,13 @@ class CapturedStep:
         self.graphs[size].replay()
 
 
-def time_eager_vs_graph(step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str,
-                        iters: int = 200, repeats: int = 5) -> list[dict[str, float]]:
+def time_eager_vs_graph(
+    step: Callable[[int], None],
+    sizes: Sequence[int],
+    device: torch.device | str,
+    iters: int = 200,
+    repeats: int = 5,
+) -> list[dict[str, float]]:
     """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only).
 
     Host wall time around ``iters`` back-to-back calls followed by one synchronize: what a serving loop

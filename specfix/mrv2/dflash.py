@@ -37,24 +37,32 @@ PAD_BLOCK = 256
 class DFlashInputs:
     """Persistent input buffers of a DFlash drafter, sized for ``max_num_reqs`` (addresses never change)."""
 
-    input_ids: torch.Tensor           # [max_num_reqs * (1 + k)] int64
-    positions: torch.Tensor           # [max_num_reqs * (1 + k)] int64
-    query_start_loc: torch.Tensor     # [max_num_reqs + 1] int32
-    seq_lens: torch.Tensor            # [max_num_reqs] int32
-    sample_indices: torch.Tensor      # [max_num_reqs * k] int64: query row of each drafted token
-    sample_pos: torch.Tensor          # [max_num_reqs * k] int64: its position
+    input_ids: torch.Tensor  # [max_num_reqs * (1 + k)] int64
+    positions: torch.Tensor  # [max_num_reqs * (1 + k)] int64
+    query_start_loc: torch.Tensor  # [max_num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [max_num_reqs] int32
+    sample_indices: torch.Tensor  # [max_num_reqs * k] int64: query row of each drafted token
+    sample_pos: torch.Tensor  # [max_num_reqs * k] int64: its position
     sample_idx_mapping: torch.Tensor  # [max_num_reqs * k] int64: its req_state_idx, -1 = none
 
     @classmethod
     def allocate(cls, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
         if max_num_reqs < 1 or num_speculative_steps < 1:
-            raise ValueError(f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
-                             f"{max_num_reqs}, {num_speculative_steps}")
+            raise ValueError(
+                f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
+                f"{max_num_reqs}, {num_speculative_steps}"
+            )
         q, s = max_num_reqs * (1 + num_speculative_steps), max_num_reqs * num_speculative_steps
         z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
-        return cls(z(q, torch.int64), z(q, torch.int64), z(max_num_reqs + 1, torch.int32),
-                   z(max_num_reqs, torch.int32), z(s, torch.int64), z(s, torch.int64),
-                   torch.full((s,), -1, dtype=torch.int64, device=device))
+        return cls(
+            z(q, torch.int64),
+            z(q, torch.int64),
+            z(max_num_reqs + 1, torch.int32),
+            z(max_num_reqs, torch.int32),
+            z(s, torch.int64),
+            z(s, torch.int64),
+            torch.full((s,), -1, dtype=torch.int64, device=device),
+        )
 
     @property
     def max_num_reqs(self) -> int:
@@ -68,49 +76,66 @@ class DFlashInputs:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _validate(num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id,
-              vocab_size):
+def _validate(
+    num_reqs, idx_mapping, last_sampled, num_computed, out: DFlashInputs, mask_token_id, vocab_size
+):
     """Every check ``prepare_dflash_inputs`` makes, all before its first write."""
     check_num_reqs(num_reqs, out.max_num_reqs)
     check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
     for name, t in (("last_sampled", last_sampled), ("num_computed", num_computed)):
         if not isinstance(t, torch.Tensor) or t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
-            raise ValueError(f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
-                             f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+            raise ValueError(
+                f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
+                f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+            )
     device = out.sample_idx_mapping.device
     tables = (("idx_mapping", idx_mapping), ("last_sampled", last_sampled), ("num_computed", num_computed))
     for name, t in tables:
         check_device(name, t, device, "out")
     if not is_int(mask_token_id) or mask_token_id < 0:
         raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
-    if vocab_size is not None and (not is_int(vocab_size)
-                                   or vocab_size < 1):
+    if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
         raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
     if not device_checks.wanted(idx_mapping, last_sampled, num_computed):
         return  # reading GPU values back is a host sync: checked only under device_checks
     live = idx_mapping[:num_reqs].long().cpu()
     if bool(((live < 0) | (live >= out.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
-        raise ValueError(f"idx_mapping[:num_reqs] must be distinct slots in [0, {out.max_num_reqs}), "
-                         f"got {live.tolist()}")
+        raise ValueError(
+            f"idx_mapping[:num_reqs] must be distinct slots in [0, {out.max_num_reqs}), got {live.tolist()}"
+        )
     anchors, positions = last_sampled.cpu()[live], num_computed.cpu()[live]
     high = vocab_size if vocab_size is not None else torch.iinfo(torch.int64).max
     if bool(((anchors < 0) | (anchors >= high)).any()):
         bound = f"[0, vocab_size={vocab_size})" if vocab_size is not None else ">= 0 (a -1 is no token)"
-        raise ValueError(f"last_sampled of the live slots {live.tolist()} must lie in {bound}, "
-                         f"got {anchors.tolist()}")
+        raise ValueError(
+            f"last_sampled of the live slots {live.tolist()} must lie in {bound}, got {anchors.tolist()}"
+        )
     if bool((positions < 0).any()):
-        raise ValueError(f"num_computed of the live slots {live.tolist()} must be >= 0, "
-                         f"got {positions.tolist()}")
+        raise ValueError(
+            f"num_computed of the live slots {live.tolist()} must be >= 0, got {positions.tolist()}"
+        )
 
 
 @triton.jit
 def _prepare_dflash_inputs_kernel(
-    idx_mapping_ptr, last_sampled_ptr, num_computed_ptr,
-    input_ids_ptr, positions_ptr, query_start_loc_ptr, seq_lens_ptr,
-    sample_indices_ptr, sample_pos_ptr, sample_idx_mapping_ptr,
-    num_reqs, mask_token_id, pad_sample_idx,
-    MAX_NUM_REQS: tl.constexpr, NUM_SPEC: tl.constexpr, Q_LEN: tl.constexpr,
-    BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr,
+    idx_mapping_ptr,
+    last_sampled_ptr,
+    num_computed_ptr,
+    input_ids_ptr,
+    positions_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    sample_indices_ptr,
+    sample_pos_ptr,
+    sample_idx_mapping_ptr,
+    num_reqs,
+    mask_token_id,
+    pad_sample_idx,
+    MAX_NUM_REQS: tl.constexpr,
+    NUM_SPEC: tl.constexpr,
+    Q_LEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAD_BLOCK: tl.constexpr,
 ):
     batch_idx = tl.program_id(0)
     req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
@@ -133,8 +158,9 @@ def _prepare_dflash_inputs_kernel(
     s_start = batch_idx * NUM_SPEC
     tl.store(sample_indices_ptr + s_start + offs, (q_start + 1 + offs).to(tl.int64), mask=is_sample)
     tl.store(sample_pos_ptr + s_start + offs, anchor_pos + 1 + offs, mask=is_sample)
-    tl.store(sample_idx_mapping_ptr + s_start + offs,
-             tl.zeros([BLOCK], tl.int64) + req_state_idx, mask=is_sample)
+    tl.store(
+        sample_idx_mapping_ptr + s_start + offs, tl.zeros([BLOCK], tl.int64) + req_state_idx, mask=is_sample
+    )
 
     if batch_idx == num_reqs - 1:
         # The last request's program pads every array up to max_num_reqs for the graph replay, looping
@@ -159,10 +185,18 @@ def _prepare_dflash_inputs_kernel(
             tl.store(sample_idx_mapping_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + pad_sample_idx, mask=m)
 
 
-def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
-                          num_computed: torch.Tensor, mask_token_id: int, out: DFlashInputs,
-                          fixes: Fixes | None = None, use_triton: bool = HAS_TRITON, *,
-                          vocab_size: int | None = None) -> DFlashInputs:
+def prepare_dflash_inputs(
+    num_reqs: int,
+    idx_mapping: torch.Tensor,
+    last_sampled: torch.Tensor,
+    num_computed: torch.Tensor,
+    mask_token_id: int,
+    out: DFlashInputs,
+    fixes: Fixes | None = None,
+    use_triton: bool = HAS_TRITON,
+    *,
+    vocab_size: int | None = None,
+) -> DFlashInputs:
     """Fill ``out`` for a batch of ``num_reqs`` requests and pad it up to ``out.max_num_reqs``.
 
     ``last_sampled`` and ``num_computed`` are request-state tables (indexed by ``req_state_idx``): each
@@ -178,21 +212,33 @@ def prepare_dflash_inputs(num_reqs: int, idx_mapping: torch.Tensor, last_sampled
         pad_sample_idx = 0  # [no fix]
     k = out.num_speculative_steps
     if not use_triton:
-        return _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
-                                  pad_sample_idx)
+        return _prepare_reference(
+            num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out, pad_sample_idx
+        )
     _prepare_dflash_inputs_kernel[(num_reqs,)](
-        idx_mapping, last_sampled, num_computed,
-        out.input_ids, out.positions, out.query_start_loc, out.seq_lens,
-        out.sample_indices, out.sample_pos, out.sample_idx_mapping,
-        num_reqs, mask_token_id, pad_sample_idx,
-        MAX_NUM_REQS=out.max_num_reqs, NUM_SPEC=k, Q_LEN=k + 1,
-        BLOCK=triton.next_power_of_2(k + 1), PAD_BLOCK=PAD_BLOCK,
+        idx_mapping,
+        last_sampled,
+        num_computed,
+        out.input_ids,
+        out.positions,
+        out.query_start_loc,
+        out.seq_lens,
+        out.sample_indices,
+        out.sample_pos,
+        out.sample_idx_mapping,
+        num_reqs,
+        mask_token_id,
+        pad_sample_idx,
+        MAX_NUM_REQS=out.max_num_reqs,
+        NUM_SPEC=k,
+        Q_LEN=k + 1,
+        BLOCK=triton.next_power_of_2(k + 1),
+        PAD_BLOCK=PAD_BLOCK,
     )
     return out
 
 
-def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out,
-                       pad_sample_idx):
+def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out, pad_sample_idx):
     """The kernel's contract in plain torch (the tests tie the two together)."""
     k = out.num_speculative_steps
     q_len = 1 + k
@@ -207,7 +253,7 @@ def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_t
     out.input_ids[n_live:] = PAD_TOKEN_ID
     out.positions[n_live:] = 0
     out.query_start_loc[: num_reqs + 1] = (torch.arange(num_reqs + 1, device=slots.device) * q_len).int()
-    out.query_start_loc[num_reqs + 1:] = n_live
+    out.query_start_loc[num_reqs + 1 :] = n_live
     out.seq_lens[:num_reqs] = (anchor_pos + q_len).int()
     out.seq_lens[num_reqs:] = 0
     rows = torch.arange(num_reqs, device=slots.device)[:, None] * q_len + 1 + offs[:k]
@@ -254,8 +300,16 @@ class DFlashDrafter:
     each draw by ``sample_pos - 1`` with ``is_drafting=True`` (vLLM 0.33's DFlash ``_generate_draft``).
     """
 
-    def __init__(self, model: ToyDFlashModel, *, max_num_reqs: int, num_speculative_steps: int,
-                 device: torch.device | str = "cpu", fixes: Fixes | None = None, sampler=None):
+    def __init__(
+        self,
+        model: ToyDFlashModel,
+        *,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str = "cpu",
+        fixes: Fixes | None = None,
+        sampler=None,
+    ):
         from specfix.mrv2.gumbel import gumbel_sample
 
         self.model, self.fixes = model, fixes or Fixes()
@@ -271,18 +325,32 @@ class DFlashDrafter:
         self.graph = None
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        return {"draft_logits": self.draft_logits, "draft_tokens": self.draft_tokens,
-                "temperature": self.temperature, "seeds": self.seeds, **self.inputs.as_dict()}
+        return {
+            "draft_logits": self.draft_logits,
+            "draft_tokens": self.draft_tokens,
+            "temperature": self.temperature,
+            "seeds": self.seeds,
+            **self.inputs.as_dict(),
+        }
 
     def _sample(self, num_samples: int) -> None:
         """The half a FULL graph captures: no host sync, fixed buffers."""
         logits = self.model(self.inputs.input_ids, self.inputs.positions)
         rows = self.inputs.sample_indices[:num_samples]
-        self.draft_tokens[:num_samples].copy_(self.sampler(
-            logits[rows].contiguous(), self.inputs.sample_idx_mapping[:num_samples], self.temperature,
-            self.seeds, self.inputs.sample_pos[:num_samples] - 1, True,
-            logits_cache=self.draft_logits, logits_cache_col=self.columns[:num_samples],
-            is_drafting=True, fixes=self.fixes))
+        self.draft_tokens[:num_samples].copy_(
+            self.sampler(
+                logits[rows].contiguous(),
+                self.inputs.sample_idx_mapping[:num_samples],
+                self.temperature,
+                self.seeds,
+                self.inputs.sample_pos[:num_samples] - 1,
+                True,
+                logits_cache=self.draft_logits,
+                logits_cache_col=self.columns[:num_samples],
+                is_drafting=True,
+                fixes=self.fixes,
+            )
+        )
 
     def reset_for_capture(self) -> None:
         """Before capture, as vLLM 0.33: sample rows 0 and ``sample_idx_mapping`` -1 (no request's slot)."""
@@ -297,12 +365,27 @@ class DFlashDrafter:
         self.reset_for_capture()
         self.graph = CapturedStep(lambda _: self._sample(full), [full], self.device)
 
-    def propose(self, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor,
-                num_computed: torch.Tensor, *, padded: bool = True) -> torch.Tensor:
+    def propose(
+        self,
+        num_reqs: int,
+        idx_mapping: torch.Tensor,
+        last_sampled: torch.Tensor,
+        num_computed: torch.Tensor,
+        *,
+        padded: bool = True,
+    ) -> torch.Tensor:
         """Draft k tokens for each of the ``num_reqs`` requests; returns ``[num_reqs, k]``."""
         k = self.inputs.num_speculative_steps
-        prepare_dflash_inputs(num_reqs, idx_mapping, last_sampled, num_computed, self.model.mask_token_id,
-                              self.inputs, self.fixes, vocab_size=self.model.vocab_size)
+        prepare_dflash_inputs(
+            num_reqs,
+            idx_mapping,
+            last_sampled,
+            num_computed,
+            self.model.mask_token_id,
+            self.inputs,
+            self.fixes,
+            vocab_size=self.model.vocab_size,
+        )
         full = self.inputs.max_num_reqs * k
         if padded and self.graph is not None:
             self.graph.replay(full)

@@ -96,8 +96,9 @@ class GPUModelRunnerV2(GPUModelRunner):
     #
     # Under async scheduling the table is what makes the scheduler's ``-1`` harmless too: MRV2 never scatters
     # the scheduler's ids into ``input_ids``, so a request the drafter has not seen yet reads its zeroed row.
-    def _prepare_input_ids(self, scheduler_output: SchedulerOutput, req_ids: list[str],
-                           cu_num_scheduled: np.ndarray) -> dict[str, int]:
+    def _prepare_input_ids(
+        self, scheduler_output: SchedulerOutput, req_ids: list[str], cu_num_scheduled: np.ndarray
+    ) -> dict[str, int]:
         """``combine_sampled_and_draft_tokens``: each request's draft slots get its ``draft_tokens`` row,
         whatever the scheduler wrote there. Returns, per request, the scheduler's placeholders that the row
         fills with real proposals (async scheduling)."""
@@ -108,7 +109,7 @@ class GPUModelRunnerV2(GPUModelRunner):
             num_drafts = len(spec.get(req_id, ()))
             if num_drafts:
                 row = self.input_batch.req_id_to_index[req_id]
-                self.input_ids.gpu[end - num_drafts: end] = self.draft_tokens[row, :num_drafts]
+                self.input_ids.gpu[end - num_drafts : end] = self.draft_tokens[row, :num_drafts]
                 if req_id in self._has_drafts and scheduler_output.num_placeholder_spec_tokens.get(req_id):
                     filled[req_id] = scheduler_output.num_placeholder_spec_tokens[req_id]
         return filled
@@ -122,8 +123,15 @@ class GPUModelRunnerV2(GPUModelRunner):
             idx = torch.tensor(np.repeat(rows, span), device=self.device)
             local_pos = torch.from_numpy(np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span))
             local_pos = local_pos.to(self.device)
-            draft_sampled, _ = gather_draft_sampled(self.input_ids.gpu, self.positions.gpu, logits_indices,
-                                                    idx, local_pos, self.prefill_len, fixes=self.fixes)
+            draft_sampled, _ = gather_draft_sampled(
+                self.input_ids.gpu,
+                self.positions.gpu,
+                logits_indices,
+                idx,
+                local_pos,
+                self.prefill_len,
+                fixes=self.fixes,
+            )
             metadata.draft_token_ids = draft_sampled[local_pos > 0].to(torch.int32)
         return req_ids, cu_num_scheduled, logits_indices, metadata
 

@@ -54,8 +54,20 @@ _DEFAULT_FIXES = Fixes()
 # -- validation: said once, before anything is launched -------------------------------------------------
 
 
-def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, source, use_fp64=False,
-              noise="exact", block_size=None, tiles_per_program=None):
+def _validate(
+    logits,
+    expanded_idx_mapping,
+    temperature,
+    seed,
+    pos,
+    cache,
+    col,
+    source,
+    use_fp64=False,
+    noise="exact",
+    block_size=None,
+    tiles_per_program=None,
+):
     """Refuse bad input before launching anything. Dtypes, shapes and devices live on the host and are always
     checked; values (a host sync on a GPU, impossible inside a CUDA graph) only where ``device_checks``
     wants them: on CPU tensors, or on a GPU with the debug switch on."""
@@ -66,8 +78,12 @@ def _validate(logits, expanded_idx_mapping, temperature, seed, pos, cache, col, 
     _check_overrides(block_size, tiles_per_program)
     num_tokens = _check_logits(logits)
     _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens)
-    tensors = [("expanded_idx_mapping", expanded_idx_mapping), ("temperature", temperature), ("seed", seed),
-               ("pos", pos)]
+    tensors = [
+        ("expanded_idx_mapping", expanded_idx_mapping),
+        ("temperature", temperature),
+        ("seed", seed),
+        ("pos", pos),
+    ]
     if cache is not None:
         tensors += _check_cache(cache, col, source, logits, temperature.shape[0])
     elif col is not None or source is not None:
@@ -118,8 +134,10 @@ def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, t
         raise TypeError(f"logits_cache must be a torch.Tensor, got {type(cache).__name__}")
     vocab_size = logits.shape[1]
     if cache.dim() != 3 or cache.shape[2] < vocab_size:
-        raise ValueError(f"logits_cache must have shape [max_num_reqs, num_cols, >= {vocab_size}]; "
-                         f"got {tuple(cache.shape)}")
+        raise ValueError(
+            f"logits_cache must have shape [max_num_reqs, num_cols, >= {vocab_size}]; "
+            f"got {tuple(cache.shape)}"
+        )
     if cache.shape[0] != num_reqs:
         raise ValueError(f"logits_cache has {cache.shape[0]} request rows but temperature has {num_reqs}")
     if cache.stride(2) != 1:
@@ -127,17 +145,22 @@ def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, t
     tensors = [("logits_cache", cache)]
     if source is not None:
         if not isinstance(source, torch.Tensor) or source.shape != logits.shape or source.stride(1) != 1:
-            raise ValueError("logits_cache_source must be a tensor of logits' shape "
-                             f"{tuple(logits.shape)} with last stride 1")
+            raise ValueError(
+                "logits_cache_source must be a tensor of logits' shape "
+                f"{tuple(logits.shape)} with last stride 1"
+            )
         tensors.append(("logits_cache_source", source))
     src_dtype = logits.dtype if source is None else source.dtype
     if cache.dtype != src_dtype:  # the cache holds the source's values as they are (vLLM 0.33)
-        raise TypeError(f"logits_cache ({cache.dtype}) must have the dtype of the logits it caches, "
-                        f"{'logits_cache_source' if source is not None else 'logits'} ({src_dtype})")
+        raise TypeError(
+            f"logits_cache ({cache.dtype}) must have the dtype of the logits it caches, "
+            f"{'logits_cache_source' if source is not None else 'logits'} ({src_dtype})"
+        )
     if isinstance(col, torch.Tensor):
         length = None if col.dim() == 0 else logits.shape[0]
-        check_vector("logits_cache_col", col.view(1) if length is None else col, _INDEX_DTYPES, length,
-                     contiguous=True)
+        check_vector(
+            "logits_cache_col", col.view(1) if length is None else col, _INDEX_DTYPES, length, contiguous=True
+        )
         tensors.append(("logits_cache_col", col))
     elif col is not None:
         if not is_int(col):
@@ -221,8 +244,9 @@ def gumbel_block_argmax(
         else:
             col = logits_cache_col.to(tl.int64)
         if logits_cache_source_ptr is not None:
-            cached = tl.load(logits_cache_source_ptr + token_idx * logits_cache_source_stride + block,
-                             mask=mask)
+            cached = tl.load(
+                logits_cache_source_ptr + token_idx * logits_cache_source_stride + block, mask=mask
+            )
         else:
             cached = logits
         cached = cached.to(logits_cache_ptr.dtype.element_ty)
@@ -252,7 +276,8 @@ def gumbel_block_argmax(
             scores = scores + _vllm_gumbel(row_state, block)
         elif NOISE == K.FAST:
             scores = scores * K.LOG2E + _fast_gumbel_log2(
-                _uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM)
+                _uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
+            )
         else:
             scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
         scores = tl.where(mask, scores, float("-inf"))
@@ -262,6 +287,7 @@ def gumbel_block_argmax(
     else:  # vLLM's 1-D tile, reduced across threads: a maxnum, then the lowest index holding it
         value = tl.max(scores, axis=0)
         return value, tl.min(tl.where(scores == value, index, scores.shape[0]), axis=0)
+
 
 @triton.jit
 def _first_max(value_a, index_a, value_b, index_b):
@@ -273,6 +299,7 @@ def _first_max(value_a, index_a, value_b, index_b):
     value = tl.maximum(value_a, value_b)
     return value, tl.where(value_a != value, index_b, index_a)
 
+
 @triton.jit
 def _keep_best(best, best_token, tile_max, tile_argmax, tile_start, lanes, LANES: tl.constexpr):
     """Each column's running best over the tiles: a strict ``>``, so an earlier tile keeps a tie."""
@@ -281,14 +308,21 @@ def _keep_best(best, best_token, tile_max, tile_argmax, tile_start, lanes, LANES
     return tl.where(better, tile_max, best), tl.where(better, token, best_token)
 
 
-
 # vLLM 0.33 hands gumbel_block_argmax 1-D tiles of 1,024 logits, one per program, and reduces the
 # programs' results with two torch ops. specfix hands it 2-D tiles laid out so that each thread holds
 # whole columns (tile_shape): the tile's reduction stays in registers, with no shuffle or barrier per
 # tile, and a row is split over several programs whose results the kernel combines itself.
 # Sizes are plain runtime values: one compiled kernel serves every vocabulary and batch shape.
-@triton.jit(do_not_specialize=["col_scalar", "vocab_size", "num_tiles", "num_full_tiles",
-                               "tiles_per_program", "num_splits"])
+@triton.jit(
+    do_not_specialize=[
+        "col_scalar",
+        "vocab_size",
+        "num_tiles",
+        "num_full_tiles",
+        "tiles_per_program",
+        "num_splits",
+    ]
+)
 def _gumbel_sample_kernel(
     out_ptr,
     split_best_ptr,
@@ -354,41 +388,120 @@ def _gumbel_sample_kernel(
             if tile < full_end:
                 block = tile * BLOCK + offsets
                 value, idx = gumbel_block_argmax(
-                    tl.load(logits_row_ptr + block).to(tl.float32), block, in_vocab, row, idx_mapping_ptr,
-                    temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1,
-                    col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
-                    APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                    tl.load(logits_row_ptr + block).to(tl.float32),
+                    block,
+                    in_vocab,
+                    row,
+                    idx_mapping_ptr,
+                    temperature_ptr,
+                    seed_ptr,
+                    pos_ptr,
+                    cache_ptr,
+                    cache_stride0,
+                    cache_stride1,
+                    col_ptr,
+                    source_ptr,
+                    source_stride,
+                    col_scalar,
+                    col_stride,
+                    IS_DRAFTING,
+                    APPLY_TEMPERATURE,
+                    PER_TOKEN_COL,
+                    MASK_INVALID,
+                    NOISE,
+                    USE_ASM,
+                )
                 best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
     else:
         # Two tiles per turn, each loaded one tile ahead of its use (its latency hides behind the other
         # tile's noise) into its own registers. A tile index past the program's last full tile is
         # clamped to it: in bounds, a cache hit, and a repeat of a tile already seen changes nothing.
-        x_even = tl.load(logits_row_ptr + first_tile * BLOCK + offsets,
-                         mask=first_tile * BLOCK + offsets < full_end * BLOCK, other=0.0)
+        x_even = tl.load(
+            logits_row_ptr + first_tile * BLOCK + offsets,
+            mask=first_tile * BLOCK + offsets < full_end * BLOCK,
+            other=0.0,
+        )
         for tile in range(first_tile, full_end, 2):
             odd = tl.minimum(tile + 1, full_end - 1)
             x_odd = tl.load(logits_row_ptr + odd * BLOCK + offsets)
             value, idx = gumbel_block_argmax(
-                x_even.to(tl.float32), tile * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
-                source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
-                PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                x_even.to(tl.float32),
+                tile * BLOCK + offsets,
+                in_vocab,
+                row,
+                idx_mapping_ptr,
+                temperature_ptr,
+                seed_ptr,
+                pos_ptr,
+                cache_ptr,
+                cache_stride0,
+                cache_stride1,
+                col_ptr,
+                source_ptr,
+                source_stride,
+                col_scalar,
+                col_stride,
+                IS_DRAFTING,
+                APPLY_TEMPERATURE,
+                PER_TOKEN_COL,
+                MASK_INVALID,
+                NOISE,
+                USE_ASM,
+            )
             best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
             x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
             value, idx = gumbel_block_argmax(
-                x_odd.to(tl.float32), odd * BLOCK + offsets, in_vocab, row, idx_mapping_ptr,
-                temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0, cache_stride1, col_ptr,
-                source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING, APPLY_TEMPERATURE,
-                PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+                x_odd.to(tl.float32),
+                odd * BLOCK + offsets,
+                in_vocab,
+                row,
+                idx_mapping_ptr,
+                temperature_ptr,
+                seed_ptr,
+                pos_ptr,
+                cache_ptr,
+                cache_stride0,
+                cache_stride1,
+                col_ptr,
+                source_ptr,
+                source_stride,
+                col_scalar,
+                col_stride,
+                IS_DRAFTING,
+                APPLY_TEMPERATURE,
+                PER_TOKEN_COL,
+                MASK_INVALID,
+                NOISE,
+                USE_ASM,
+            )
             best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
     if end_tile > num_full_tiles:  # this program owns the partial last tile
         block = num_full_tiles * BLOCK + offsets
         mask = block < vocab_size
         value, idx = gumbel_block_argmax(
-            tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32), block, mask,
-            row, idx_mapping_ptr, temperature_ptr, seed_ptr, pos_ptr, cache_ptr, cache_stride0,
-            cache_stride1, col_ptr, source_ptr, source_stride, col_scalar, col_stride, IS_DRAFTING,
-            APPLY_TEMPERATURE, PER_TOKEN_COL, MASK_INVALID, NOISE, USE_ASM)
+            tl.load(logits_row_ptr + block, mask=mask, other=float("-inf")).to(tl.float32),
+            block,
+            mask,
+            row,
+            idx_mapping_ptr,
+            temperature_ptr,
+            seed_ptr,
+            pos_ptr,
+            cache_ptr,
+            cache_stride0,
+            cache_stride1,
+            col_ptr,
+            source_ptr,
+            source_stride,
+            col_scalar,
+            col_stride,
+            IS_DRAFTING,
+            APPLY_TEMPERATURE,
+            PER_TOKEN_COL,
+            MASK_INVALID,
+            NOISE,
+            USE_ASM,
+        )
         best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
     value = tl.max(best, axis=0)
     token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
@@ -408,13 +521,19 @@ def _gumbel_sample_kernel(
                 _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS)
                 tl.store(arrivals_ptr + row, 0)
 
+
 @triton.jit
 def _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS: tl.constexpr):
     """The token of the row's largest split key."""
     s = tl.arange(0, SPLITS)
-    keys = tl.load(split_best_ptr + row * num_splits + s, mask=s < num_splits,
-                   other=-9223372036854775807, cache_modifier=".cg")
+    keys = tl.load(
+        split_best_ptr + row * num_splits + s,
+        mask=s < num_splits,
+        other=-9223372036854775807,
+        cache_modifier=".cg",
+    )
     tl.store(out_ptr + row, 2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF))
+
 
 @triton.jit
 def _gumbel_reduce_kernel(out_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
@@ -454,12 +573,35 @@ def gumbel_sample(
     override the launch. A NaN score never wins; a row of only NaN or -inf gives token 0.
     """
     fixes = _DEFAULT_FIXES if fixes is None else fixes
-    _validate(logits, expanded_idx_mapping, temperature, seed, pos, logits_cache, logits_cache_col,
-              logits_cache_source, use_fp64, noise, block_size, tiles_per_program)
+    _validate(
+        logits,
+        expanded_idx_mapping,
+        temperature,
+        seed,
+        pos,
+        logits_cache,
+        logits_cache_col,
+        logits_cache_source,
+        use_fp64,
+        noise,
+        block_size,
+        tiles_per_program,
+    )
     if not HAS_TRITON:
-        return _sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature,
-                                 is_drafting, logits_cache, logits_cache_col, logits_cache_source, fixes,
-                                 noise)
+        return _sample_reference(
+            logits,
+            expanded_idx_mapping,
+            temperature,
+            seed,
+            pos,
+            apply_temperature,
+            is_drafting,
+            logits_cache,
+            logits_cache_col,
+            logits_cache_source,
+            fixes,
+            noise,
+        )
     num_tokens, vocab_size = logits.shape
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
@@ -470,29 +612,76 @@ def gumbel_sample(
     split_best, arrivals = _split_buffers(out, plan, two_kernels)
     strides = (0, 0) if logits_cache is None else (logits_cache.stride(0), logits_cache.stride(1))
     _gumbel_sample_kernel[plan.grid](
-        out, split_best, arrivals, logits, logits.stride(0), expanded_idx_mapping, temperature, seed, pos,
-        logits_cache, *strides, col_tensor, source, 0 if source is None else source.stride(0), col_scalar,
-        0 if col_tensor is None else col_tensor.stride(0), vocab_size, plan.num_tiles, plan.num_full_tiles,
-        plan.tiles_per_program, plan.num_splits,
-        **_constexprs(plan, noise, bool(is_drafting), bool(apply_temperature), col_tensor is not None,
-                      fixes.mask_invalid_reqs, not two_kernels),
+        out,
+        split_best,
+        arrivals,
+        logits,
+        logits.stride(0),
+        expanded_idx_mapping,
+        temperature,
+        seed,
+        pos,
+        logits_cache,
+        *strides,
+        col_tensor,
+        source,
+        0 if source is None else source.stride(0),
+        col_scalar,
+        0 if col_tensor is None else col_tensor.stride(0),
+        vocab_size,
+        plan.num_tiles,
+        plan.num_full_tiles,
+        plan.tiles_per_program,
+        plan.num_splits,
+        **_constexprs(
+            plan,
+            noise,
+            bool(is_drafting),
+            bool(apply_temperature),
+            col_tensor is not None,
+            fixes.mask_invalid_reqs,
+            not two_kernels,
+        ),
     )
     if two_kernels:
-        _gumbel_reduce_kernel[(num_tokens,)](out, split_best, plan.num_splits, SPLITS=plan.splits_bound,
-                                             num_warps=1)
+        _gumbel_reduce_kernel[(num_tokens,)](
+            out, split_best, plan.num_splits, SPLITS=plan.splits_bound, num_warps=1
+        )
     return out
 
 
-def _sample_reference(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting,
-                      cache, col, source, fixes, noise):
+def _sample_reference(
+    logits,
+    expanded_idx_mapping,
+    temperature,
+    seed,
+    pos,
+    apply_temperature,
+    is_drafting,
+    cache,
+    col,
+    source,
+    fixes,
+    noise,
+):
     """Without triton: the torch reference, which is the fixed kernel in the exact and vllm modes."""
     if not fixes.mask_invalid_reqs:
         raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
     if noise == "fast":
         raise RuntimeError("the fast noise needs triton")
-    return ref.gumbel_sample_reference(logits, expanded_idx_mapping, temperature, seed, pos,
-                                       apply_temperature, is_drafting, cache, col,
-                                       logits_cache_source=source, noise=noise)
+    return ref.gumbel_sample_reference(
+        logits,
+        expanded_idx_mapping,
+        temperature,
+        seed,
+        pos,
+        apply_temperature,
+        is_drafting,
+        cache,
+        col,
+        logits_cache_source=source,
+        noise=noise,
+    )
 
 
 def _cache_args(logits, col, source):
@@ -515,14 +704,20 @@ def _split_buffers(out: torch.Tensor, plan: _Plan, two_kernels: bool) -> tuple[t
     if plan.num_splits == 1:
         return out, out.view(torch.int32)
     if two_kernels:
-        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), \
-            out.view(torch.int32)
+        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out.view(
+            torch.int32
+        )
     arrivals, keys = _split_scratch(out.device, plan.grid[0], plan.num_splits)
     return keys, arrivals
 
 
-def guarded_table(shape: tuple[int, ...], fill: float, dtype: torch.dtype, guard_fill: float | None = None,
-                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def guarded_table(
+    shape: tuple[int, ...],
+    fill: float,
+    dtype: torch.dtype,
+    guard_fill: float | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A request-state table with one guard row on each side, in one allocation: ``(table, whole)``.
 
     ``table = whole[1:-1]`` is what the kernel is given. The unmasked (pre-fix) kernel indexes row -1 of

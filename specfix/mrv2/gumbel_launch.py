@@ -96,22 +96,47 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, block_size, num_warps
     warps = num_warps or default_warps
     depth, lanes = tile_shape(block, warps, itemsize)
     splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
-    return _Plan((num_tokens, num_splits), num_tiles, vocab_size // block, tiles_per_program, num_splits,
-                 warps, depth, lanes, splits_bound)
+    return _Plan(
+        (num_tokens, num_splits),
+        num_tiles,
+        vocab_size // block,
+        tiles_per_program,
+        num_splits,
+        warps,
+        depth,
+        lanes,
+        splits_bound,
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _constexprs(plan: _Plan, noise: str, is_drafting: bool, apply_temperature: bool, per_token_col: bool,
-                mask_invalid: bool, arrive: bool) -> dict:
+def _constexprs(
+    plan: _Plan,
+    noise: str,
+    is_drafting: bool,
+    apply_temperature: bool,
+    per_token_col: bool,
+    mask_invalid: bool,
+    arrive: bool,
+) -> dict:
     """The kernel's switches and compile options for one launch (kept: building them costs host time)."""
     # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
     # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     return dict(
-        IS_DRAFTING=is_drafting, APPLY_TEMPERATURE=apply_temperature, PER_TOKEN_COL=per_token_col,
-        MASK_INVALID=mask_invalid, NOISE=NOISE_MODES.index(noise), USE_ASM=not INTERPRET, LANES=plan.lanes,
-        DEPTH=plan.depth, SPLITS=plan.splits_bound, ARRIVE=arrive,
-        STATIC_TILES=plan.tiles_per_program if INTERPRET else 0, num_warps=plan.num_warps, **fusion,
+        IS_DRAFTING=is_drafting,
+        APPLY_TEMPERATURE=apply_temperature,
+        PER_TOKEN_COL=per_token_col,
+        MASK_INVALID=mask_invalid,
+        NOISE=NOISE_MODES.index(noise),
+        USE_ASM=not INTERPRET,
+        LANES=plan.lanes,
+        DEPTH=plan.depth,
+        SPLITS=plan.splits_bound,
+        ARRIVE=arrive,
+        STATIC_TILES=plan.tiles_per_program if INTERPRET else 0,
+        num_warps=plan.num_warps,
+        **fusion,
         **_REGISTER_CAP,
     )
 
@@ -144,6 +169,8 @@ def _split_scratch(device: torch.device, rows: int, splits: int) -> tuple[torch.
     cached = _SPLIT_SCRATCH.get(key)
     if cached is None or cached[0].numel() < rows or cached[1].numel() < rows * splits:
         rows, keys = max(rows, 1024), max(rows * splits, 16 * 1024)
-        cached = _SPLIT_SCRATCH[key] = (torch.zeros(rows, dtype=torch.int32, device=device),
-                                        torch.empty(keys, dtype=torch.int64, device=device))
+        cached = _SPLIT_SCRATCH[key] = (
+            torch.zeros(rows, dtype=torch.int32, device=device),
+            torch.empty(keys, dtype=torch.int64, device=device),
+        )
     return cached

@@ -34,8 +34,14 @@ LOG2E = 1.4426950216293335
 #: ln(1 + f) = f + f**2 * P(f) on f in [sqrt(1/2) - 1, sqrt(2) - 1]; P's power-basis coefficients
 #: (a weighted Chebyshev fit, rounded to float32: max relative error 1.4e-7 in float32 Horner).
 LN1P_POLY = (
-    -0.5000000596046448, 0.33333829045295715, -0.250003457069397, 0.19966205954551697,
-    -0.1660885214805603, 0.14910957217216492, -0.14012959599494934, 0.08381369709968567,
+    -0.5000000596046448,
+    0.33333829045295715,
+    -0.250003457069397,
+    0.19966205954551697,
+    -0.1660885214805603,
+    0.14910957217216492,
+    -0.14012959599494934,
+    0.08381369709968567,
 )
 
 
@@ -258,8 +264,9 @@ def gumbel_sample_reference(
         col = 0 if logits_cache_col is None else logits_cache_col
         cols = torch.as_tensor(col, dtype=torch.int64, device=idx.device).expand(num_tokens)
         slot = (idx * logits_cache.shape[1] + cols).clamp(min=0)
-        last = torch.full((logits_cache.shape[0] * logits_cache.shape[1],), -1, dtype=torch.int64,
-                          device=idx.device)
+        last = torch.full(
+            (logits_cache.shape[0] * logits_cache.shape[1],), -1, dtype=torch.int64, device=idx.device
+        )
         rows = torch.arange(num_tokens, device=idx.device)
         last.scatter_reduce_(0, slot[valid], rows[valid], reduce="amax")
         keep = valid & (last[slot] == rows)

@@ -38,6 +38,7 @@ def _fmix32(x):
     x = x * K.C2
     return x ^ (x >> 16)
 
+
 @triton.jit
 def _row_key(seed, pos):
     """32-bit key of (seed, pos): both int64 scalars."""
@@ -45,6 +46,7 @@ def _row_key(seed, pos):
     key = _fmix32(key ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     key = _fmix32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
     return _fmix32(key ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+
 
 @triton.jit
 def _uniform(key_mixed, token_mult):
@@ -61,6 +63,7 @@ def _uniform(key_mixed, token_mult):
     bits = x ^ (x >> 16)
     return tl.minimum(bits.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10, K.U_MAX)
 
+
 @triton.jit
 def _careful_log(x):
     """ln(x) from float32 adds and multiplies (see gumbel_reference.careful_log)."""
@@ -76,11 +79,13 @@ def _careful_log(x):
     p = K.P0 + f * p
     return exponent.to(tl.float32) * K.LN2 + (f + (f * f) * p)
 
+
 @triton.jit
 def _exact_gumbel(u):
     """-log(-log1p(-u)); log1p(-u) = ln(w) + ((1 - w) - u) with w = 1 - u rounded."""
     w = 1.0 - u
     return -_careful_log(-(_careful_log(w) + ((1.0 - w) - u)))
+
 
 @triton.jit
 def _approx_log2(x, USE_ASM: tl.constexpr):
@@ -93,6 +98,7 @@ def _approx_log2(x, USE_ASM: tl.constexpr):
     else:
         return tl.log2(x)
 
+
 @triton.jit
 def _fast_gumbel_log2(u, USE_ASM: tl.constexpr):
     """The Gumbel noise divided by ln 2, up to a constant: -log2(-log2(1 - u)).
@@ -103,15 +109,18 @@ def _fast_gumbel_log2(u, USE_ASM: tl.constexpr):
     e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
     return -_approx_log2(e2, USE_ASM)
 
+
 @triton.jit
 def _rotl32(x, r: tl.constexpr):
     return (x << r) | (x >> (32 - r))
+
 
 @triton.jit
 def _murmur3_mix(h, k):
     """MurmurHash3_x86_32's update of its state ``h`` by one 32-bit block ``k`` (uint32)."""
     k = _rotl32(k * K.M_C1, K.M_R1) * K.M_C2
     return _rotl32(h ^ k, K.M_R2) * 5 + K.M_N
+
 
 @triton.jit
 def _vllm_row_state(seed, pos):
@@ -120,6 +129,7 @@ def _vllm_row_state(seed, pos):
     h = _murmur3_mix(seed_lo ^ seed_lo, seed_lo)  # MurmurHash3 seed 0
     h = _murmur3_mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     return _murmur3_mix(h, (pos & 0xFFFFFFFF).to(tl.uint32))
+
 
 @triton.jit
 def _vllm_gumbel(row_state, token_ids):
@@ -137,8 +147,9 @@ def _vllm_gumbel(row_state, token_ids):
 
 
 @triton.jit
-def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr,
-                         USE_ASM: tl.constexpr, BLOCK: tl.constexpr):
+def _gumbel_noise_kernel(
+    out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.constexpr, USE_ASM: tl.constexpr, BLOCK: tl.constexpr
+):
     """The noise itself, [rows, vocab] (exact and vllm modes: natural log; fast mode: log2 units)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -156,8 +167,9 @@ def _gumbel_noise_kernel(out_ptr, seed_ptr, pos_ptr, vocab_size, NOISE: tl.const
     tl.store(out_ptr + row * vocab_size + offs, g, mask=offs < vocab_size)
 
 
-def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
-                 noise: str = "exact") -> torch.Tensor:
+def gumbel_noise(
+    seed: torch.Tensor, pos: torch.Tensor, vocab_size: int, noise: str = "exact"
+) -> torch.Tensor:
     """``[rows, vocab_size]`` float32 noise exactly as the sampling kernel draws it (for teaching and tests).
 
     ``"exact"``: Gumbel noise in natural-log units, bitwise equal to ``gumbel_reference.gumbel_noise``.
@@ -175,7 +187,13 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int,
     block = min(triton.next_power_of_2(vocab_size), 1 << 16 if INTERPRET else 4096)
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_noise_kernel[(seed.shape[0], triton.cdiv(vocab_size, block))](
-        out, seed, pos, vocab_size, NOISE=NOISE_MODES.index(noise), USE_ASM=not INTERPRET, BLOCK=block,
+        out,
+        seed,
+        pos,
+        vocab_size,
+        NOISE=NOISE_MODES.index(noise),
+        USE_ASM=not INTERPRET,
+        BLOCK=block,
         **fusion,
     )
     return out

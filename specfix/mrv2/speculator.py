@@ -47,8 +47,10 @@ class RequestStates:
 
     def __init__(self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
         if max_num_reqs < 1 or num_speculative_steps < 1:
-            raise ValueError(f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
-                             f"{max_num_reqs}, {num_speculative_steps}")
+            raise ValueError(
+                f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
+                f"{max_num_reqs}, {num_speculative_steps}"
+            )
         self.max_num_reqs = max_num_reqs
         self.temperature = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.seeds = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
@@ -59,8 +61,10 @@ class RequestStates:
         if req_id in self.req_id_to_index:
             raise ValueError(f"request {req_id!r} is already live in slot {self.req_id_to_index[req_id]}")
         if not temperature >= SAMPLING_EPS:  # NaN too
-            raise ValueError(f"temperature must be >= SAMPLING_EPS ({SAMPLING_EPS}) for probabilistic "
-                             f"drafting (below it a request is greedy), got {temperature}")
+            raise ValueError(
+                f"temperature must be >= SAMPLING_EPS ({SAMPLING_EPS}) for probabilistic "
+                f"drafting (below it a request is greedy), got {temperature}"
+            )
         if not is_int(seed):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         used = set(self.req_id_to_index.values())
@@ -88,9 +92,9 @@ class RequestStates:
 class DraftProposal:
     """What one ``propose`` call did: the drafts of the live rows and how the step ran."""
 
-    draft_tokens: torch.Tensor          # [num_reqs, k] int64
+    draft_tokens: torch.Tensor  # [num_reqs, k] int64
     batch: BatchDescriptor
-    ran: str                            # "cuda graph replay", "eager (padded size)" or "eager (exact size)"
+    ran: str  # "cuda graph replay", "eager (padded size)" or "eager (exact size)"
     #: (padded row, req_state_idx) for every padded row whose idx_mapping entry is a real slot, i.e. a
     #: row whose sampling will write draft_logits[req_state_idx]; filled only when ``trace=True``.
     padded_writes: list[tuple[int, int]] = field(default_factory=list)
@@ -131,12 +135,26 @@ class DraftModelSpeculator:
     ``spec_step_seed`` does; the exact and fast modes key by (seed, position) alone.
     """
 
-    def __init__(self, model: torch.nn.Module, *, max_num_reqs: int, num_speculative_steps: int,
-                 vocab_size: int, context_len: int, device: torch.device | str = "cpu",
-                 fixes: Fixes | None = None, capture_sizes: list[int] | None = None,
-                 sampler: Callable[..., torch.Tensor] = gumbel_sample, noise: str = "exact"):
-        for name, value in (("max_num_reqs", max_num_reqs), ("num_speculative_steps", num_speculative_steps),
-                            ("vocab_size", vocab_size), ("context_len", context_len)):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        vocab_size: int,
+        context_len: int,
+        device: torch.device | str = "cpu",
+        fixes: Fixes | None = None,
+        capture_sizes: list[int] | None = None,
+        sampler: Callable[..., torch.Tensor] = gumbel_sample,
+        noise: str = "exact",
+    ):
+        for name, value in (
+            ("max_num_reqs", max_num_reqs),
+            ("num_speculative_steps", num_speculative_steps),
+            ("vocab_size", vocab_size),
+            ("context_len", context_len),
+        ):
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if noise not in NOISE_MODES:
@@ -144,8 +162,10 @@ class DraftModelSpeculator:
         with torch.no_grad():  # one row of token 0: what vocabulary does the model's output cover?
             probe = model.next_token_logits(torch.zeros(1, context_len, dtype=torch.int64, device=device))
         if probe.dim() != 2 or probe.shape[1] != vocab_size:
-            raise ValueError(f"vocab_size={vocab_size} does not match the draft model, whose logits have "
-                             f"shape {tuple(probe.shape)} for one row (expected (1, {vocab_size}))")
+            raise ValueError(
+                f"vocab_size={vocab_size} does not match the draft model, whose logits have "
+                f"shape {tuple(probe.shape)} for one row (expected (1, {vocab_size}))"
+            )
         self.model = model
         self.noise = noise
         self.sampler = sampler
@@ -167,14 +187,27 @@ class DraftModelSpeculator:
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent buffer the step reads or writes, by name."""
-        names = ("idx_mapping", "temperature", "seeds", "context_ids", "positions", "draft_tokens",
-                 "draft_logits")
+        names = (
+            "idx_mapping",
+            "temperature",
+            "seeds",
+            "context_ids",
+            "positions",
+            "draft_tokens",
+            "draft_logits",
+        )
         return {n: getattr(self, n) for n in names}
 
     # -- the step that a graph captures ------------------------------------------------------------
 
-    def _copy_request_inputs(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                             seeds: torch.Tensor, dummy_run: bool = False) -> None:
+    def _copy_request_inputs(
+        self,
+        num_reqs: int,
+        idx_mapping: torch.Tensor,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        dummy_run: bool = False,
+    ) -> None:
         """Copy this step's request inputs into the persistent buffers (outside the graph).
 
         The whole temperature and seed tables are copied (rows are addressed by ``req_state_idx``), and
@@ -187,9 +220,11 @@ class DraftModelSpeculator:
         check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
         for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
             if not isinstance(t, torch.Tensor) or t.shape != (self.max_num_reqs,) or t.dtype != dtype:
-                raise ValueError(f"{name} must be the {dtype} request-state table of shape "
-                                 f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
-                                 f"{tuple(getattr(t, 'shape', ()))}")
+                raise ValueError(
+                    f"{name} must be the {dtype} request-state table of shape "
+                    f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
+                    f"{tuple(getattr(t, 'shape', ()))}"
+                )
         # Value checks read the tensors back: free on a CPU, a host sync on a GPU (there only under
         # specfix.v1.device_checks, so that a drafting step never stalls the host).
         if device_checks.wanted(temperature, idx_mapping):
@@ -197,8 +232,10 @@ class DraftModelSpeculator:
                 raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
             live = idx_mapping[:num_reqs].to("cpu")
             if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
-                raise ValueError("idx_mapping[:num_reqs] must be distinct slots in "
-                                 f"[0, {self.max_num_reqs}), got {live.tolist()}")
+                raise ValueError(
+                    "idx_mapping[:num_reqs] must be distinct slots in "
+                    f"[0, {self.max_num_reqs}), got {live.tolist()}"
+                )
         self.temperature.copy_(temperature)
         self.seeds.copy_(seeds)
         if dummy_run:
@@ -214,9 +251,17 @@ class DraftModelSpeculator:
         for step in range(self.num_speculative_steps):
             logits = self.model.next_token_logits(context)
             tokens = self.sampler(
-                logits, self.idx_mapping[:num_rows], self.temperature, self.seeds,
-                self.positions[:num_rows] + step, True, is_drafting=True, logits_cache=self.draft_logits,
-                logits_cache_col=step, fixes=self.fixes, noise=self.noise,
+                logits,
+                self.idx_mapping[:num_rows],
+                self.temperature,
+                self.seeds,
+                self.positions[:num_rows] + step,
+                True,
+                is_drafting=True,
+                logits_cache=self.draft_logits,
+                logits_cache_col=step,
+                fixes=self.fixes,
+                noise=self.noise,
             )
             self.draft_tokens[:num_rows, step].copy_(tokens)
             context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
@@ -232,9 +277,19 @@ class DraftModelSpeculator:
 
     # -- one drafting step ----------------------------------------------------------------------------
 
-    def propose(self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                seeds: torch.Tensor, context_ids: torch.Tensor, positions: torch.Tensor, *,
-                padded: bool = True, trace: bool = False, dummy_run: bool = False) -> DraftProposal:
+    def propose(
+        self,
+        num_reqs: int,
+        idx_mapping: torch.Tensor,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        context_ids: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        padded: bool = True,
+        trace: bool = False,
+        dummy_run: bool = False,
+    ) -> DraftProposal:
         """Draft k tokens for the ``num_reqs`` batch rows.
 
         ``context_ids`` [num_reqs, context_len]: each row's last tokens; ``positions`` [num_reqs]: the
@@ -245,11 +300,18 @@ class DraftModelSpeculator:
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("positions", positions, min_length=num_reqs)
         width = self.context_ids.shape[1]
-        if not isinstance(context_ids, torch.Tensor) or context_ids.dtype not in ID_DTYPES or \
-                context_ids.dim() != 2 or context_ids.shape[1] != width or context_ids.shape[0] < num_reqs:
-            raise ValueError(f"context_ids must be a signed integer [num_reqs, {width}] tensor, got "
-                             f"{getattr(context_ids, 'dtype', type(context_ids))} "
-                             f"{tuple(getattr(context_ids, 'shape', ()))}")
+        if (
+            not isinstance(context_ids, torch.Tensor)
+            or context_ids.dtype not in ID_DTYPES
+            or context_ids.dim() != 2
+            or context_ids.shape[1] != width
+            or context_ids.shape[0] < num_reqs
+        ):
+            raise ValueError(
+                f"context_ids must be a signed integer [num_reqs, {width}] tensor, got "
+                f"{getattr(context_ids, 'dtype', type(context_ids))} "
+                f"{tuple(getattr(context_ids, 'shape', ()))}"
+            )
         tokens = context_ids[:num_reqs]
         if device_checks.wanted(tokens) and bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
             raise ValueError(f"context_ids must lie in [0, {self.vocab_size}), got {tokens.tolist()}")
@@ -259,7 +321,7 @@ class DraftModelSpeculator:
         batch = self.dispatcher.dispatch(num_reqs) if padded else BatchDescriptor(num_reqs, num_reqs, "NONE")
         writes = []
         if trace:
-            stale = self.idx_mapping[num_reqs:batch.num_reqs_padded].tolist()
+            stale = self.idx_mapping[num_reqs : batch.num_reqs_padded].tolist()
             writes = [(num_reqs + i, s) for i, s in enumerate(stale) if s >= 0]
         if batch.cg_mode == "FULL" and self.graphs is not None:
             self.graphs.replay(batch.num_reqs_padded)
@@ -271,6 +333,7 @@ class DraftModelSpeculator:
 
 
 # -- verification: MRV2 reads the cached draft distribution by req_state_idx ---------------------------
+
 
 def keyed_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
     """A generator that depends only on (request seed, position): batch composition cannot change it."""
@@ -287,10 +350,16 @@ def keyed_generator(seed: int, position: int, device: torch.device | str) -> tor
 # no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
 # tokens do not depend on the rest of the batch: the bench compares every batched response with its run
 # alone.
-def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
-                          draft_logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                          seeds: torch.Tensor, positions: torch.Tensor,
-                          fixes: Fixes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample_mrv2(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    fixes: Fixes | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify each row's k drafts against the target, reading q from ``draft_logits`` by req_state_idx.
 
     Args:
@@ -311,21 +380,27 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
     num_reqs, k = draft_token_ids.shape
     check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
     if draft_logits.dim() != 3 or draft_logits.shape[1] != k:
-        raise ValueError(f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
-                         f"got shape {tuple(draft_logits.shape)}")
+        raise ValueError(
+            f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
+            f"got shape {tuple(draft_logits.shape)}"
+        )
     vocab_size = draft_logits.shape[2]
     if target_logits.shape != (num_reqs * (k + 1), vocab_size):
-        raise ValueError(f"target_logits must be [num_reqs * (k + 1), V] = "
-                         f"{(num_reqs * (k + 1), vocab_size)}, got {tuple(target_logits.shape)}")
+        raise ValueError(
+            f"target_logits must be [num_reqs * (k + 1), V] = "
+            f"{(num_reqs * (k + 1), vocab_size)}, got {tuple(target_logits.shape)}"
+        )
     slots = idx_mapping[:num_reqs].long()
     if bool(((slots < 0) | (slots >= draft_logits.shape[0])).any()):
         raise ValueError(f"idx_mapping must lie in [0, {draft_logits.shape[0]}), got {slots.tolist()}")
     device = target_logits.device
     temp = temperature[slots].float()
     if not bool((temp >= SAMPLING_EPS).all()):
-        raise ValueError(f"probabilistic verification needs temperature >= SAMPLING_EPS ({SAMPLING_EPS}) for "
-                         f"every row, got {temp.tolist()}")
-    scaled = (target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None])
+        raise ValueError(
+            f"probabilistic verification needs temperature >= SAMPLING_EPS ({SAMPLING_EPS}) for "
+            f"every row, got {temp.tolist()}"
+        )
+    scaled = target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None]
     verify_logits = scaled[:, :k].reshape(num_reqs * k, vocab_size).contiguous()
     bonus_probs = torch.softmax(scaled[:, k], dim=-1)
     draft_scaled = draft_logits[slots].float() / temp[:, None, None]  # the cache holds logits before T
@@ -337,13 +412,25 @@ def rejection_sample_mrv2(target_logits: torch.Tensor, draft_token_ids: torch.Te
     cu = (torch.arange(1, num_reqs + 1, device=device) * k).to(torch.int32)
     flat_drafts = draft_token_ids.reshape(-1).to(torch.int32)
     uniform = generate_uniform_probs(num_reqs * k, num_draft, gens, device)
-    recovered = sample_recovered_tokens(k, num_draft, cu, flat_drafts, draft_probs,
-                                        torch.softmax(verify_logits, dim=-1), meta, device)
-    noise = torch.stack([torch.empty(vocab_size, device=device).exponential_(generator=gens[i])
-                         for i in range(num_reqs)])
+    recovered = sample_recovered_tokens(
+        k, num_draft, cu, flat_drafts, draft_probs, torch.softmax(verify_logits, dim=-1), meta, device
+    )
+    noise = torch.stack(
+        [torch.empty(vocab_size, device=device).exponential_(generator=gens[i]) for i in range(num_reqs)]
+    )
     bonus = (bonus_probs / noise).argmax(dim=-1).to(torch.int32)
-    sampled = rejection_sample(flat_drafts, num_draft, k, cu, draft_probs, verify_logits, bonus, meta,
-                               uniform_probs=uniform, recovered_token_ids=recovered,
-                               reject_negative_drafts=fixes.reject_negative_drafts)
+    sampled = rejection_sample(
+        flat_drafts,
+        num_draft,
+        k,
+        cu,
+        draft_probs,
+        verify_logits,
+        bonus,
+        meta,
+        uniform_probs=uniform,
+        recovered_token_ids=recovered,
+        reject_negative_drafts=fixes.reject_negative_drafts,
+    )
     num_sampled = (sampled != PLACEHOLDER_TOKEN_ID).sum(dim=1)
     return sampled, num_sampled

@@ -44,12 +44,14 @@ def vllm_map() -> list[dict[str, str]]:
             continue
         doc = importlib.import_module(info.name).__doc__ or ""
         files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
-        rows.append({
-            "module": info.name,
-            "role": role_of(info.name),
-            "mirrors": ", ".join(files) if files else "(specfix's own)",
-            "summary": doc.strip().splitlines()[0] if doc.strip() else "",
-        })
+        rows.append(
+            {
+                "module": info.name,
+                "role": role_of(info.name),
+                "mirrors": ", ".join(files) if files else "(specfix's own)",
+                "summary": doc.strip().splitlines()[0] if doc.strip() else "",
+            }
+        )
     return rows
 
 
@@ -67,6 +69,7 @@ def roles() -> dict[str, str]:
 
 # -- what changed between the vLLM releases the course compares ------------------------------------------
 
+
 @dataclass(frozen=True)
 class Release:
     """One vLLM release's placeholder-relevant facts, each read from its source (``tests/test_mirrors.py``
@@ -75,22 +78,50 @@ class Release:
     version: str
     #: Model Runner V2 is the default only for these architectures (None: for every model it supports).
     v2_architectures: frozenset[str] | None
-    v2_for_dense_models: bool      # ... and for every dense (non-MoE) model
-    sync_scheduler_pads: bool      # the synchronous scheduler pads a new decode with [-1] * k (PR #45237)
-    v1_clamp: bool                 # the V1 runner's _preprocess clamps input_ids to >= 0 (PR #47029)
+    v2_for_dense_models: bool  # ... and for every dense (non-MoE) model
+    sync_scheduler_pads: bool  # the synchronous scheduler pads a new decode with [-1] * k (PR #45237)
+    v1_clamp: bool  # the V1 runner's _preprocess clamps input_ids to >= 0 (PR #47029)
     mrv2_marks_placeholders: bool  # MRV2's rejection sampler marks placeholder slots -1 again
-    masks_47066: bool              # gumbel masks req_state_idx < 0; padded idx_mapping and DFlash rows get -1
-    dummy_runs_minus_one: bool     # dummy runs and DFlash graph capture name no request (-1) as well
-    murmur3_noise: bool            # Gumbel noise from a murmur3 hash (else Philox: tl.randint, tl.rand)
+    masks_47066: bool  # gumbel masks req_state_idx < 0; padded idx_mapping and DFlash rows get -1
+    dummy_runs_minus_one: bool  # dummy runs and DFlash graph capture name no request (-1) as well
+    murmur3_noise: bool  # Gumbel noise from a murmur3 hash (else Philox: tl.randint, tl.rand)
     cache_before_temperature: bool  # the draft cache holds logits before temperature (else logits / T, fp32)
 
 
 RELEASES = (
-    Release("0.24.0", frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-                                 "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
-            False, False, False, False, False, False, False, False),
-    Release("0.25.0", frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
-            True, True, True, False, True, False, False, False),
+    Release(
+        "0.24.0",
+        frozenset(
+            {
+                "LlamaForCausalLM",
+                "MistralForCausalLM",
+                "Qwen3ForCausalLM",
+                "DeepseekV2ForCausalLM",
+                "Qwen2MoeForCausalLM",
+                "GraniteMoeForCausalLM",
+            }
+        ),
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ),
+    Release(
+        "0.25.0",
+        frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+        True,
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ),
     Release("0.33.0", None, False, True, True, True, True, True, True, True),
 )
 
@@ -108,19 +139,34 @@ def release_rows() -> list[dict[str, str]]:
         born = "async scheduling: every decode's drafts until the runner fills them"
         if r.sync_scheduler_pads:
             born = "a new decode with one token left (P/D first decode, full prefix-cache hit); " + born
-        v1 = ("V1: `_preprocess` clamps to 0" if r.v1_clamp
-              else "V1: no clamp (under async scheduling the runner writes real drafts over them)")
+        v1 = (
+            "V1: `_preprocess` clamps to 0"
+            if r.v1_clamp
+            else "V1: no clamp (under async scheduling the runner writes real drafts over them)"
+        )
         mrv2 = "MRV2: its own draft table, zeroed per request" + (
-            ", slots marked -1 again before verification" if r.mrv2_marks_placeholders else "")
+            ", slots marked -1 again before verification" if r.mrv2_marks_placeholders else ""
+        )
         masks = "none: padded rows write slot 0 or stale slots"
         if r.masks_47066:
             masks = "kernel skips `req_state_idx < 0`; padded rows get -1" + (
-                ", dummy runs and DFlash capture too" if r.dummy_runs_minus_one else "")
-        rows.append({
-            "vLLM": r.version, "default model runner": runner, "where -1 placeholders come from": born,
-            "what keeps them from the embedding": f"{v1}; {mrv2}", "#47066 masks": masks,
-            "noise": "murmur3 hash, drafting salt" if r.murmur3_noise else "Philox (`tl.randint`, `tl.rand`)",
-            "draft cache holds": ("logits before temperature, head dtype" if r.cache_before_temperature
-                                  else "logits / T, float32"),
-        })
+                ", dummy runs and DFlash capture too" if r.dummy_runs_minus_one else ""
+            )
+        rows.append(
+            {
+                "vLLM": r.version,
+                "default model runner": runner,
+                "where -1 placeholders come from": born,
+                "what keeps them from the embedding": f"{v1}; {mrv2}",
+                "#47066 masks": masks,
+                "noise": "murmur3 hash, drafting salt"
+                if r.murmur3_noise
+                else "Philox (`tl.randint`, `tl.rand`)",
+                "draft cache holds": (
+                    "logits before temperature, head dtype"
+                    if r.cache_before_temperature
+                    else "logits / T, float32"
+                ),
+            }
+        )
     return rows

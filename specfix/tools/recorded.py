@@ -22,26 +22,51 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = ROOT / "specfix" / "recorded"
 GOLDEN_DIR = ROOT / "tests" / "golden"
 
-_GUMBEL = ("specfix/mrv2/gumbel.py", "specfix/mrv2/gumbel_launch.py", "specfix/mrv2/noise.py",
-           "specfix/mrv2/gumbel_constants.py")
-_REJECTION = ("specfix/v1/rejection_sampler.py", "specfix/v1/rejection_kernels.py",
-              "specfix/v1/recovered_tokens.py")
-_BENCH = tuple(f"specfix/tools/bench/{m}.py" for m in ("__init__", "timing", "report", "peer", "gumbel_cases",
-                                                       "rejection_cases", "step_cases"))
+_GUMBEL = (
+    "specfix/mrv2/gumbel.py",
+    "specfix/mrv2/gumbel_launch.py",
+    "specfix/mrv2/noise.py",
+    "specfix/mrv2/gumbel_constants.py",
+)
+_REJECTION = (
+    "specfix/v1/rejection_sampler.py",
+    "specfix/v1/rejection_kernels.py",
+    "specfix/v1/recovered_tokens.py",
+)
+_BENCH = tuple(
+    f"specfix/tools/bench/{m}.py"
+    for m in ("__init__", "timing", "report", "peer", "gumbel_cases", "rejection_cases", "step_cases")
+)
 #: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
 #: code it measured: the script that records it and the modules that script runs.
 SOURCES: dict[str, tuple[str, ...]] = {
-    "bench_h200": (*_BENCH, *_GUMBEL, "specfix/lab/placeholder_fixes.py", "specfix/lab/masked_gumbel.py",
-                   "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", *_REJECTION),
-    "cudagraph_h200": ("scripts/record_cudagraph.py", "specfix/mrv2/cudagraph.py",
-                       "specfix/mrv2/speculator.py", "specfix/mrv2/dflash.py", "specfix/lab/padding_bench.py",
-                       "specfix/lab/invariance.py", *_GUMBEL),
+    "bench_h200": (
+        *_BENCH,
+        *_GUMBEL,
+        "specfix/lab/placeholder_fixes.py",
+        "specfix/lab/masked_gumbel.py",
+        "specfix/mrv2/speculator.py",
+        "specfix/mrv2/dflash.py",
+        *_REJECTION,
+    ),
+    "cudagraph_h200": (
+        "scripts/record_cudagraph.py",
+        "specfix/mrv2/cudagraph.py",
+        "specfix/mrv2/speculator.py",
+        "specfix/mrv2/dflash.py",
+        "specfix/lab/padding_bench.py",
+        "specfix/lab/invariance.py",
+        *_GUMBEL,
+    ),
     "embedding_assert_ops": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py"),
-    "embedding_assert_transcripts": ("scripts/record_embedding_assert.py", "specfix/lab/embedding_assert.py",
-                                     "specfix/models.py", "specfix/v1/engine.py",
-                                     "specfix/v1/model_runner.py"),
-    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, *_REJECTION,
-                        "specfix/checks.py"),
+    "embedding_assert_transcripts": (
+        "scripts/record_embedding_assert.py",
+        "specfix/lab/embedding_assert.py",
+        "specfix/models.py",
+        "specfix/v1/engine.py",
+        "specfix/v1/model_runner.py",
+    ),
+    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, *_REJECTION, "specfix/checks.py"),
     "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", *_GUMBEL),
     "gumbel_perf": ("scripts/time_gumbel.py", *_GUMBEL),
     "gumbel_sanitizer": ("scripts/sanitize_gumbel.py", *_GUMBEL),
@@ -88,8 +113,11 @@ _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
-    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
-            and isinstance(statement.value.value, str))
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 def source_hashes(name: str) -> dict[str, str]:
@@ -105,10 +133,16 @@ def _commit() -> str | None:
     if os.environ.get("SPECFIX_COMMIT"):
         return os.environ["SPECFIX_COMMIT"]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=30)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         head = dirty = None
     if head is not None and head.returncode == 0 and head.stdout.strip():
@@ -130,10 +164,16 @@ def gpu_meta(name: str | None = None) -> dict:
 
     meta = dict(runtime.describe())
     try:
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
-        ).stdout.strip().splitlines()
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         meta["driver"] = driver[0] if driver else "unknown"
     except (OSError, subprocess.SubprocessError):
         meta["driver"] = "unknown"

@@ -39,8 +39,13 @@ def chi_square(counts, probs) -> dict:
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     df = len(exp) - 1
     threshold = df + 10 * math.sqrt(2 * df)
-    return {"chi2": chi2, "df": df, "threshold": threshold, "passed": bool(chi2 <= threshold),
-            "p_value": float(stats.chi2.sf(chi2, df)) if df else 1.0}
+    return {
+        "chi2": chi2,
+        "df": df,
+        "threshold": threshold,
+        "passed": bool(chi2 <= threshold),
+        "p_value": float(stats.chi2.sf(chi2, df)) if df else 1.0,
+    }
 
 
 def chi_square_samples(samples, probs) -> dict:

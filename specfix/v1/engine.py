@@ -72,8 +72,11 @@ class _StepUndo:
     request draws from them)."""
 
     def __init__(self, engine: LLMEngine):
-        self.parts = [engine.scheduler.snapshot(), engine.model_runner.snapshot(),
-                      Snapshot(engine, skip=("scheduler", "model_runner", "tokenizer"))]
+        self.parts = [
+            engine.scheduler.snapshot(),
+            engine.model_runner.snapshot(),
+            Snapshot(engine, skip=("scheduler", "model_runner", "tokenizer")),
+        ]
         self.cpu_rng = torch.get_rng_state()
         device = engine.model_runner.device
         self.cuda = (device, torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
@@ -138,31 +141,48 @@ class LLMEngine:
         if not isinstance(async_scheduling, bool):
             raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
         if async_scheduling and num_speculative_tokens is not None and proposer == "ngram":
-            raise ValueError("async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
-                             "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
-                             "scheduling with it too")
+            raise ValueError(
+                "async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
+                "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
+                "scheduling with it too"
+            )
         self.tokenizer: Tokenizer = get_tokenizer()
         target, draft = models if models is not None else load_models(device)
         if target.embed_tokens.weight.device.type != torch.device(device).type:
             raise ValueError(f"models live on {target.embed_tokens.weight.device}, but device={device!r}")
         drafter = None
         if num_speculative_tokens is not None:
-            drafter = (DraftModelProposer(draft, num_speculative_tokens) if proposer == "draft_model"
-                       else NgramProposer(num_speculative_tokens, max_model_len=max_model_len))
+            drafter = (
+                DraftModelProposer(draft, num_speculative_tokens)
+                if proposer == "draft_model"
+                else NgramProposer(num_speculative_tokens, max_model_len=max_model_len)
+            )
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = scheduler_cls(
-            vocab_size=target.vocab_size, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            num_spec_tokens=num_speculative_tokens, placeholder_policy=placeholder_policy,
-            enable_prefix_caching=enable_prefix_caching)
+            vocab_size=target.vocab_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            num_spec_tokens=num_speculative_tokens,
+            placeholder_policy=placeholder_policy,
+            enable_prefix_caching=enable_prefix_caching,
+        )
         runner_cls = GPUModelRunner
         if model_runner == "v2":
             from specfix.mrv2.draft_slots import GPUModelRunnerV2 as runner_cls
         self.model_runner = runner_cls(
-            target, drafter=drafter, fixes=fixes, device=device, max_num_reqs=max_num_seqs,
-            max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-            cudagraph_capture_sizes=cudagraph_capture_sizes, sampler_backend=sampler_backend, record=record,
-            async_scheduling=async_scheduling)
+            target,
+            drafter=drafter,
+            fixes=fixes,
+            device=device,
+            max_num_reqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            cudagraph_capture_sizes=cudagraph_capture_sizes,
+            sampler_backend=sampler_backend,
+            record=record,
+            async_scheduling=async_scheduling,
+        )
         self.async_scheduling = async_scheduling
         # Async scheduling: batches run but not yet handed to the scheduler, newest first (vLLM's batch_queue)
         self._batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
@@ -171,8 +191,12 @@ class LLMEngine:
         self.num_steps = 0
 
     def add_request(
-        self, prompt: str | Sequence[int], sampling_params: SamplingParams, *,
-        request_id: str | None = None, remote_prefill: bool = False,
+        self,
+        prompt: str | Sequence[int],
+        sampling_params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        remote_prefill: bool = False,
     ) -> str:
         """Queue a prompt (text, or token ids). ``remote_prefill``: the prompt was prefilled elsewhere
         (P/D disaggregation), so only its last token is left: the first step pads it with placeholders."""
@@ -189,8 +213,12 @@ class LLMEngine:
             while self.scheduler.is_request_id_in_use(str(next_id)):
                 next_id += 1
             req_id, next_id = str(next_id), next_id + 1
-        request = Request(req_id, token_ids, sampling_params,
-                          num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0)
+        request = Request(
+            req_id,
+            token_ids,
+            sampling_params,
+            num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0,
+        )
         self.scheduler.add_request(request)  # checks the rest (sampling_params too) before anything changes
         self._next_id = next_id
         self._prompts[req_id] = prompt if isinstance(prompt, str) else self.tokenizer.decode(token_ids)
@@ -216,8 +244,10 @@ class LLMEngine:
                 undo.restore()
             except Exception as failed:  # e.g. after a device-side assert no CUDA call works in this process
                 if hasattr(error, "add_note"):  # Python >= 3.11
-                    error.add_note(f"the engine could not be put back as it was ({type(failed).__name__}: "
-                                   f"{failed}); start anew (after a device-side assert: a new process)")
+                    error.add_note(
+                        f"the engine could not be put back as it was ({type(failed).__name__}: "
+                        f"{failed}); start anew (after a device-side assert: a new process)"
+                    )
             raise
         return outputs
 
@@ -257,9 +287,14 @@ class LLMEngine:
         return self._output(request)
 
     def _output(self, request: Request) -> RequestOutput:
-        return RequestOutput(request.request_id, self._prompts[request.request_id],
-                             list(request.prompt_token_ids), list(request.output_token_ids),
-                             self.tokenizer.decode(request.output_token_ids), request.is_finished)
+        return RequestOutput(
+            request.request_id,
+            self._prompts[request.request_id],
+            list(request.prompt_token_ids),
+            list(request.output_token_ids),
+            self.tokenizer.decode(request.output_token_ids),
+            request.is_finished,
+        )
 
 
 def generate(
@@ -291,14 +326,16 @@ def generate(
     if bad:
         raise TypeError(f"sampling_params must be SamplingParams, got {type(bad[0]).__name__}")
     engine = LLMEngine(num_speculative_tokens=num_speculative_tokens, **engine_kwargs)
-    req_ids = [engine.add_request(p, sp, remote_prefill=r)
-               for p, sp, r in zip(prompts, params, remote, strict=True)]
+    req_ids = [
+        engine.add_request(p, sp, remote_prefill=r) for p, sp, r in zip(prompts, params, remote, strict=True)
+    ]
     done: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests() and (max_steps is None or engine.num_steps < max_steps):
         done.update((out.request_id, out) for out in engine.step())
     outputs = [done[r] if r in done else engine.get_output(r) for r in req_ids]
-    return GenerateResult(outputs, engine.scheduler.spec_decoding_stats, engine.num_steps,
-                          engine.model_runner.trace)
+    return GenerateResult(
+        outputs, engine.scheduler.spec_decoding_stats, engine.num_steps, engine.model_runner.trace
+    )
 
 
 #: Four openings that stop mid-sentence, where the target's next word is often *the* (token 0): the
@@ -312,16 +349,30 @@ DEMO_PROMPTS = ("the fox saw the crow and", "a lion was asleep in", "the north w
 #     python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
 #
 # or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
-def run_demo(fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None,
-             k: int = 3, proposer: str = "draft_model", async_scheduling: bool = False) -> GenerateResult:
+def run_demo(
+    fixes: Fixes = _DEFAULT_FIXES,
+    device: torch.device | str = "cpu",
+    steps: int | None = None,
+    k: int = 3,
+    proposer: str = "draft_model",
+    async_scheduling: bool = False,
+) -> GenerateResult:
     """A batch of four whose first step carries ``-1`` placeholders: two requests arrive prefilled
     (P/D disaggregation, as in the seed's DeepSeek MTP reproduction), so the scheduler pads their first
     decode with ``[-1] * k``; no runner has proposals for them yet, in either scheduling mode. With
     ``fixes.clamp_placeholders`` off this fails in the first step's embedding: IndexError on CPU, a
     device-side assert on CUDA."""
-    return generate(list(DEMO_PROMPTS), SamplingParams(temperature=0.7, seed=0, max_tokens=24),
-                    num_speculative_tokens=k, remote_prefill=[True, False, True, False], proposer=proposer,
-                    fixes=fixes, device=device, max_steps=steps, async_scheduling=async_scheduling)
+    return generate(
+        list(DEMO_PROMPTS),
+        SamplingParams(temperature=0.7, seed=0, max_tokens=24),
+        num_speculative_tokens=k,
+        remote_prefill=[True, False, True, False],
+        proposer=proposer,
+        fixes=fixes,
+        device=device,
+        max_steps=steps,
+        async_scheduling=async_scheduling,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,18 +384,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--proposer", default="draft_model", choices=list(PROPOSERS))
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM's AsyncScheduler")
     args = parser.parse_args(argv)
-    off = [name for name, flag in [("clamp_placeholders", args.no_clamp),
-                                   ("reject_negative_drafts", args.no_reject)] if flag]
-    result = run_demo(Fixes().without(*off), device=args.device, steps=args.steps, proposer=args.proposer,
-                      async_scheduling=args.async_scheduling)
+    off = [
+        name
+        for name, flag in [("clamp_placeholders", args.no_clamp), ("reject_negative_drafts", args.no_reject)]
+        if flag
+    ]
+    result = run_demo(
+        Fixes().without(*off),
+        device=args.device,
+        steps=args.steps,
+        proposer=args.proposer,
+        async_scheduling=args.async_scheduling,
+    )
     if args.device == "cuda":
         torch.cuda.synchronize()
     for out in result.outputs:
         print(f"[{out.request_id}] {out.prompt!r} -> {out.text!r}")
     s = result.stats
-    print(f"steps={result.num_steps} drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
-          f"acceptance_rate={s.acceptance_rate:.3f} mean_acceptance_length={s.mean_acceptance_length:.3f} "
-          f"placeholder_slots={s.num_placeholder_slots}")
+    print(
+        f"steps={result.num_steps} drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
+        f"acceptance_rate={s.acceptance_rate:.3f} mean_acceptance_length={s.mean_acceptance_length:.3f} "
+        f"placeholder_slots={s.num_placeholder_slots}"
+    )
     return 0
 
 

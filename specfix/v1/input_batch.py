@@ -44,8 +44,11 @@ class InputBatch:
     """Rows of per-request state, sized for ``max_num_reqs`` requests of up to ``max_model_len`` tokens."""
 
     def __init__(self, max_num_reqs: int, max_model_len: int, vocab_size: int):
-        for name, value in [("max_num_reqs", max_num_reqs), ("max_model_len", max_model_len),
-                            ("vocab_size", vocab_size)]:
+        for name, value in [
+            ("max_num_reqs", max_num_reqs),
+            ("max_model_len", max_model_len),
+            ("vocab_size", vocab_size),
+        ]:
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.max_num_reqs = max_num_reqs
@@ -78,8 +81,9 @@ class InputBatch:
         if not isinstance(request.req_id, str):
             raise TypeError(f"req_id must be a str, got {request.req_id!r}")
         if not isinstance(request.sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got "
-                            f"{type(request.sampling_params).__name__}")
+            raise TypeError(
+                f"sampling_params must be a SamplingParams, got {type(request.sampling_params).__name__}"
+            )
         if request.req_id in self.req_id_to_index:
             raise ValueError(f"request {request.req_id!r} is already in the batch")
         if None not in self._req_ids:
@@ -125,9 +129,12 @@ class InputBatch:
         index = self.req_id_to_index.get(request.req_id)
         if index is None:
             raise ValueError(f"request {request.req_id!r} is not in the batch")
-        spec = check_token_ids(f"scheduled_spec_tokens[{request.req_id!r}]",
-                               scheduled_spec_tokens.get(request.req_id, []), self.vocab_size,
-                               allow_placeholder=True)
+        spec = check_token_ids(
+            f"scheduled_spec_tokens[{request.req_id!r}]",
+            scheduled_spec_tokens.get(request.req_id, []),
+            self.vocab_size,
+            allow_placeholder=True,
+        )
         start = int(self.num_tokens_no_spec[index])
         if start + len(spec) > self.max_model_len:
             raise ValueError(
@@ -149,8 +156,8 @@ class InputBatch:
         start = int(self.num_tokens_no_spec[index])
         end = start + len(token_ids)
         if end > self.max_model_len:
-            raise ValueError(f"{len(token_ids)} sampled tokens after {start} overflow "
-                             f"max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"{len(token_ids)} sampled tokens after {start} overflow max_model_len={self.max_model_len}"
+            )
         self.token_ids_cpu[index, start:end] = token_ids
         self.num_tokens_no_spec[index] = end
-

@@ -129,8 +129,9 @@ class GPUModelRunner:
             method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
             self.speculative_config = SpeculativeConfig(drafter.k, method)
         if cudagraph_capture_sizes is None:  # token counts a FULL graph is captured for, by vLLM 0.33's rule
-            cudagraph_capture_sizes = capture_sizes(max_num_reqs, drafter.k if drafter else 0,
-                                                    max_num_batched_tokens, v1_runner=True)
+            cudagraph_capture_sizes = capture_sizes(
+                max_num_reqs, drafter.k if drafter else 0, max_num_batched_tokens, v1_runner=True
+            )
         self.max_num_tokens = max(max_num_batched_tokens, max(cudagraph_capture_sizes, default=0))
         self.cudagraph_capture_sizes = sorted(cudagraph_capture_sizes)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, self.vocab_size)
@@ -161,8 +162,9 @@ class GPUModelRunner:
         for new in scheduler_output.scheduled_new_reqs:
             check_token_ids(f"prompt_token_ids of {new.req_id!r}", new.prompt_token_ids, self.vocab_size)
         for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
-            check_token_ids(f"scheduled_spec_decode_tokens[{req_id!r}]", spec, self.vocab_size,
-                            allow_placeholder=True)
+            check_token_ids(
+                f"scheduled_spec_decode_tokens[{req_id!r}]", spec, self.vocab_size, allow_placeholder=True
+            )
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)
@@ -172,8 +174,13 @@ class GPUModelRunner:
             generator = None
             if params.seed is not None and not params.is_greedy:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed)
-            state = CachedRequestState(new.req_id, list(new.prompt_token_ids), params, generator,
-                                       num_computed_tokens=new.num_computed_tokens)
+            state = CachedRequestState(
+                new.req_id,
+                list(new.prompt_token_ids),
+                params,
+                generator,
+                num_computed_tokens=new.num_computed_tokens,
+            )
             self.requests[new.req_id] = state
             row = self.input_batch.add_request(state)
             if new.num_computed_tokens:
@@ -185,7 +192,8 @@ class GPUModelRunner:
             self.input_batch.num_computed_tokens_cpu[self.input_batch.req_id_to_index[req_id]] = num_computed
         for req_id in scheduler_output.num_scheduled_tokens:
             self.input_batch.update_req_spec_token_ids(
-                self.requests[req_id], scheduler_output.scheduled_spec_decode_tokens)
+                self.requests[req_id], scheduler_output.scheduled_spec_decode_tokens
+            )
 
     def _rejected_in_previous_step(self, req_id: str) -> int:
         """Async scheduling: the drafts ``req_id`` had rejected in the previous step, which the scheduler
@@ -199,7 +207,7 @@ class GPUModelRunner:
     def _receive_kv(self, row: int, token_ids: list[int]) -> None:
         """A request whose prompt was prefilled elsewhere (P/D disaggregation): its KV arrives."""
         start = row * self.max_model_len
-        self.kv_cache[start: start + len(token_ids)] = torch.tensor(token_ids, device=self.device)
+        self.kv_cache[start : start + len(token_ids)] = torch.tensor(token_ids, device=self.device)
 
     # -- 2. inputs --------------------------------------------------------------------------------
 
@@ -221,8 +229,12 @@ class GPUModelRunner:
         token_indices = req_indices * self.max_model_len + positions
         if positions.max() >= self.max_model_len:
             raise ValueError(f"a scheduled position reaches max_model_len={self.max_model_len}")
-        torch.index_select(self.input_batch.token_ids_cpu_tensor.flatten(), 0,
-                           torch.from_numpy(token_indices), out=self.input_ids.cpu[:total])
+        torch.index_select(
+            self.input_batch.token_ids_cpu_tensor.flatten(),
+            0,
+            torch.from_numpy(token_indices),
+            out=self.input_ids.cpu[:total],
+        )
         self.positions.np[:total] = positions
         self.slot_mapping.np[:total] = token_indices  # KV slot = row * max_model_len + position
         self._num_filled_spec_tokens = self._prepare_input_ids(scheduler_output, req_ids, cu_num_scheduled)
@@ -237,8 +249,9 @@ class GPUModelRunner:
         metadata = self._calc_spec_decode_metadata(num_draft_tokens, cu_num_scheduled)
         return req_ids, cu_num_scheduled, metadata.logits_indices, metadata
 
-    def _prepare_input_ids(self, scheduler_output: SchedulerOutput, req_ids: list[str],
-                           cu_num_scheduled: np.ndarray) -> dict[str, int]:
+    def _prepare_input_ids(
+        self, scheduler_output: SchedulerOutput, req_ids: list[str], cu_num_scheduled: np.ndarray
+    ) -> dict[str, int]:
         """Copy ``input_ids`` to the device; under async scheduling, write the previous step's proposals
         over the placeholder drafts of every request that ran in it. Returns the drafts filled per request.
 
@@ -279,8 +292,10 @@ class GPUModelRunner:
         """
         num_draft_tokens = np.asarray(num_draft_tokens)
         cu_num_scheduled_tokens = np.asarray(cu_num_scheduled_tokens)
-        for name, arr in [("num_draft_tokens", num_draft_tokens),
-                          ("cu_num_scheduled_tokens", cu_num_scheduled_tokens)]:
+        for name, arr in [
+            ("num_draft_tokens", num_draft_tokens),
+            ("cu_num_scheduled_tokens", cu_num_scheduled_tokens),
+        ]:
             if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.signedinteger):
                 raise TypeError(f"{name} must be a 1-D array of signed integers, got {arr.dtype} {arr.shape}")
         if len(num_draft_tokens) == 0:
@@ -293,7 +308,8 @@ class GPUModelRunner:
         num_scheduled = np.diff(cu_num_scheduled_tokens, prepend=0)
         if (num_draft_tokens < 0).any() or (num_draft_tokens > MAX_SPEC_LEN).any():
             raise ValueError(
-                f"num_draft_tokens must lie in [0, {MAX_SPEC_LEN}], got {num_draft_tokens.tolist()}")
+                f"num_draft_tokens must lie in [0, {MAX_SPEC_LEN}], got {num_draft_tokens.tolist()}"
+            )
         if (num_scheduled < num_draft_tokens + 1).any():
             raise ValueError(
                 "each request must schedule at least its drafts + 1 tokens: cu_num_scheduled_tokens "
@@ -346,8 +362,11 @@ class GPUModelRunner:
         params = [self.requests[r].sampling_params for r in req_ids]
         temps = [GREEDY_TEMPERATURE if p.is_greedy else p.temperature for p in params]
         all_greedy = all(p.is_greedy for p in params)
-        generators = {i: self.requests[r].generator for i, r in enumerate(req_ids)
-                      if self.requests[r].generator is not None}
+        generators = {
+            i: self.requests[r].generator
+            for i, r in enumerate(req_ids)
+            if self.requests[r].generator is not None
+        }
         return SamplingMetadata(
             temperature=None if all_greedy else torch.tensor(temps, dtype=torch.float32, device=self.device),
             all_greedy=all_greedy,
@@ -406,7 +425,8 @@ class GPUModelRunner:
         metadata = spec_metadata or SpecDecodeMetadata.make_dummy([[] for _ in req_ids], self.device)
         sampler_output = self.rejection_sampler(metadata, None, logits, self._sampling_metadata(req_ids))
         partial_prefill = [
-            i for i, r in enumerate(req_ids)
+            i
+            for i, r in enumerate(req_ids)
             if self.requests[r].num_computed_tokens + scheduler_output.num_scheduled_tokens[r]
             < self.requests[r].num_tokens
         ]
@@ -416,21 +436,34 @@ class GPUModelRunner:
             self.requests[req_id].output_token_ids.extend(tokens)
             self.input_batch.append_sampled(req_id, tokens)
         if self.record:
-            self.trace.append(StepTrace(
-                req_ids=req_ids, token_ids_cpu=token_table,
-                input_ids_before_clamp=before_clamp, embedding_input=input_ids.to("cpu", copy=True),
-                num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
-                spec_decode_metadata=spec_metadata, logits=logits.cpu(),
-                sampler_output=sampler_output.to("cpu", copy=True), sampled_token_ids=sampled,
-                scheduler_output=scheduler_output, num_filled_spec_tokens=dict(self._num_filled_spec_tokens)))
+            self.trace.append(
+                StepTrace(
+                    req_ids=req_ids,
+                    token_ids_cpu=token_table,
+                    input_ids_before_clamp=before_clamp,
+                    embedding_input=input_ids.to("cpu", copy=True),
+                    num_scheduled_tokens=np.diff(cu_num_scheduled, prepend=0).tolist(),
+                    spec_decode_metadata=spec_metadata,
+                    logits=logits.cpu(),
+                    sampler_output=sampler_output.to("cpu", copy=True),
+                    sampled_token_ids=sampled,
+                    scheduler_output=scheduler_output,
+                    num_filled_spec_tokens=dict(self._num_filled_spec_tokens),
+                )
+            )
         self._draft_token_ids = self.propose_draft_token_ids(req_ids, sampled)
         if self.use_async_scheduling:
             self._keep_proposals_on_device(self._draft_token_ids, req_ids, sampled)
-        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled,
-                                 num_filled_spec_tokens=self._num_filled_spec_tokens)
+        return ModelRunnerOutput(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            sampled,
+            num_filled_spec_tokens=self._num_filled_spec_tokens,
+        )
 
-    def _keep_proposals_on_device(self, drafts: DraftTokenIds | None, req_ids: list[str],
-                                  sampled: list[list[int]]) -> None:
+    def _keep_proposals_on_device(
+        self, drafts: DraftTokenIds | None, req_ids: list[str], sampled: list[list[int]]
+    ) -> None:
         """Async scheduling: this step's proposals stay with the runner (on the device) for the next
         step's ``_prepare_input_ids``; the scheduler never sees them."""
         num_sampled = dict(zip(req_ids, map(len, sampled), strict=True))
@@ -443,9 +476,11 @@ class GPUModelRunner:
             raise ValueError(
                 f"async scheduling needs exactly k = {k} proposals per request, got another count for "
                 f"{short[:3]} (vLLM's V1 runner refuses async scheduling with drafters that may propose "
-                "fewer, such as the CPU n-gram drafter)")
-        self._prev_draft_token_ids = torch.tensor(drafts.draft_token_ids, dtype=torch.int32,
-                                                  device=self.device)
+                "fewer, such as the CPU n-gram drafter)"
+            )
+        self._prev_draft_token_ids = torch.tensor(
+            drafts.draft_token_ids, dtype=torch.int32, device=self.device
+        )
         self.prev_req_id_to_index = {r: i for i, r in enumerate(drafts.req_ids)}
         self._prev_num_sampled = [num_sampled[r] for r in drafts.req_ids]
 
@@ -460,7 +495,8 @@ class GPUModelRunner:
                 raise RuntimeError(
                     f"request {req_id!r}: the runner has {state.num_tokens} tokens but "
                     f"num_computed_tokens={state.num_computed_tokens} after the async correction "
-                    f"({len(drafts)} drafts scheduled)")
+                    f"({len(drafts)} drafts scheduled)"
+                )
 
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
         """Next step's drafts for every request that produced a token this step.
@@ -477,11 +513,13 @@ class GPUModelRunner:
             histories.append(self.input_batch.token_ids_cpu[row, : self.input_batch.num_tokens_no_spec[row]])
         proposals = self.drafter.propose_batch(histories)
         if not isinstance(proposals, list) or len(proposals) != len(ready):
-            raise ValueError(f"the drafter must return one draft list per request ({len(ready)}), got "
-                             f"{proposals!r}")
+            raise ValueError(
+                f"the drafter must return one draft list per request ({len(ready)}), got {proposals!r}"
+            )
         k = self.speculative_config.num_speculative_tokens
-        checked = [check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size)
-                   for i, d in enumerate(proposals)]
+        checked = [
+            check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size) for i, d in enumerate(proposals)
+        ]
         too_long = [i for i, d in enumerate(checked) if len(d) > k]
         if too_long:
             i = too_long[0]
@@ -510,4 +548,4 @@ class RunnerSnapshot:
 
     def restore(self) -> None:
         self._state.restore()
-        del self._runner.trace[self._trace_len:]
+        del self._runner.trace[self._trace_len :]

@@ -32,21 +32,30 @@ def _history(name: str, token_ids: object) -> np.ndarray:
         raise TypeError(f"{name} must be a sequence of token ids, got {type(token_ids).__name__}")
     ids = np.asarray(token_ids)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise TypeError(f"{name} must be a 1-D sequence of int token ids, got dtype {ids.dtype} "
-                        f"shape {ids.shape}")
+        raise TypeError(
+            f"{name} must be a 1-D sequence of int token ids, got dtype {ids.dtype} shape {ids.shape}"
+        )
     if ids.size and ids.min() < 0:
-        raise ValueError(f"{name} must hold token ids >= 0 (committed tokens are never placeholders), "
-                         f"got {int(ids.min())}")
+        raise ValueError(
+            f"{name} must hold token ids >= 0 (committed tokens are never placeholders), got {int(ids.min())}"
+        )
     return ids.astype(np.int64)
 
 
 class NgramProposer:
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 5, prompt_lookup_max: int = 5,
-                 max_model_len: int | None = None):
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        prompt_lookup_min: int = 5,
+        prompt_lookup_max: int = 5,
+        max_model_len: int | None = None,
+    ):
         check_num_spec_tokens(num_speculative_tokens)
-        for name, value in (("prompt_lookup_min", prompt_lookup_min),
-                            ("prompt_lookup_max", prompt_lookup_max),
-                            ("max_model_len", 1 if max_model_len is None else max_model_len)):
+        for name, value in (
+            ("prompt_lookup_min", prompt_lookup_min),
+            ("prompt_lookup_max", prompt_lookup_max),
+            ("max_model_len", 1 if max_model_len is None else max_model_len),
+        ):
             if not is_int(value):
                 raise TypeError(f"{name} must be an int, got {value!r}")
         if max_model_len is not None and max_model_len < 1:
@@ -68,12 +77,12 @@ class NgramProposer:
         if k <= 0:  # no draft may reach past max_model_len
             return []
         for n in range(min(self.prompt_lookup_max, len(ids) - 1), self.prompt_lookup_min - 1, -1):
-            suffix = ids[len(ids) - n:]
+            suffix = ids[len(ids) - n :]
             windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
             hits = np.flatnonzero((windows == suffix).all(axis=1))
             if hits.size:
                 start = int(hits[0]) + n  # the earliest occurrence, as vLLM's
-                return ids[start: start + k].tolist()
+                return ids[start : start + k].tolist()
         return []
 
     def propose_batch(self, token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -94,8 +103,10 @@ class DraftModelProposer:
         for i, ids in enumerate(token_ids):
             history = _history(f"token_ids[{i}]", ids)
             if history.size == 0 or history.max() >= self.model.vocab_size:
-                raise ValueError(f"token_ids[{i}] must be a non-empty history of ids in "
-                                 f"[0, vocab_size={self.model.vocab_size})")
+                raise ValueError(
+                    f"token_ids[{i}] must be a non-empty history of ids in "
+                    f"[0, vocab_size={self.model.vocab_size})"
+                )
         drafts: list[list[int]] = [[] for _ in token_ids]
         widths = [min(self.model.order - 1, len(ids)) for ids in token_ids]
         for width in sorted(set(widths)):  # rows of one context width run together
@@ -110,5 +121,5 @@ class DraftModelProposer:
         for _ in range(self.k):
             token = self.model.next_token_logits(context).argmax(dim=-1, keepdim=True)
             drafts.append(token)
-            context = torch.cat([context, token], dim=1)[:, -(self.model.order - 1):]
+            context = torch.cat([context, token], dim=1)[:, -(self.model.order - 1) :]
         return torch.cat(drafts, dim=1).tolist()

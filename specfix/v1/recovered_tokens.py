@@ -124,6 +124,7 @@ def sample_recovered_tokens_kernel(
             key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
             tl.store(split_best_ptr + token_idx * num_splits + split, key)
 
+
 @triton.jit
 def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
     """Grid (T,): each token's largest split key gives its recovered token."""
@@ -157,8 +158,9 @@ def sample_recovered_tokens(
     ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
     """
     num_tokens, vocab_size = target_probs.shape
-    noise = _exponential_noise(len(num_draft_tokens), vocab_size, sampling_metadata.generators,
-                               num_draft_tokens, device)
+    noise = _exponential_noise(
+        len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device
+    )
     if not _use_triton(backend, target_probs.device):
         return sample_recovered_tokens_ref(
             cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
@@ -169,8 +171,11 @@ def sample_recovered_tokens(
     block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
     split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
     splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
-    split_best = out if splits == 1 else torch.empty(
-        (num_tokens, splits), dtype=torch.int64, device=target_probs.device)
+    split_best = (
+        out
+        if splits == 1
+        else torch.empty((num_tokens, splits), dtype=torch.int64, device=target_probs.device)
+    )
     target_probs = target_probs.to(torch.float32).contiguous()
     sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
         out,
@@ -189,7 +194,8 @@ def sample_recovered_tokens(
     )
     if splits > 1:
         _recovered_tokens_reduce_kernel[(num_tokens,)](
-            out, split_best, splits, SPLITS=triton.next_power_of_2(splits))
+            out, split_best, splits, SPLITS=triton.next_power_of_2(splits)
+        )
     return out
 
 

@@ -46,6 +46,7 @@ def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
     cols = tl.arange(0, ROW)
     tl.store(row_ptr + cols, tl.full([ROW], -1, tl.int32), mask=(cols > last) & (cols <= max_spec_len))
 
+
 @triton.jit(do_not_specialize=["max_spec_len"])
 def rejection_greedy_sample_kernel(
     output_token_ids_ptr,  # [B, max_spec_len + 1] int32
@@ -127,7 +128,6 @@ def rejection_greedy_sample(
 def _check_row_block(max_spec_len: int) -> None:
     if not 0 <= max_spec_len < _ROW_BLOCK:
         raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
-
 
 
 @triton.jit(do_not_specialize=["max_spec_len"])

@@ -137,8 +137,12 @@ class RejectionSampler(torch.nn.Module):
     ) -> list[list[int]]:
         """Per-request token lists: drop ``PLACEHOLDER_TOKEN_ID`` and ids >= ``vocab_size``; requests in
         ``discard_req_indices`` (e.g. partial prefills whose sample is thrown away) get ``[]``."""
-        if (not isinstance(output_token_ids, torch.Tensor) or output_token_ids.dim() != 2
-                or output_token_ids.dtype.is_floating_point or output_token_ids.dtype == torch.bool):
+        if (
+            not isinstance(output_token_ids, torch.Tensor)
+            or output_token_ids.dim() != 2
+            or output_token_ids.dtype.is_floating_point
+            or output_token_ids.dtype == torch.bool
+        ):
             raise TypeError("output_token_ids must be a 2-D integer tensor [B, max_spec_len + 1]")
         if not is_int(vocab_size) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -194,8 +198,9 @@ def _check_logits(name: str, logits: object) -> None:
         )
 
 
-def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device: torch.device | None = None
-                             ) -> None:
+def _check_sampling_metadata(
+    sampling_metadata: object, batch_size: int, device: torch.device | None = None
+) -> None:
     if not isinstance(sampling_metadata, SamplingMetadata):
         raise TypeError(
             f"sampling_metadata must be a SamplingMetadata, got {type(sampling_metadata).__name__}"
@@ -211,7 +216,8 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device:
 
 
 def _check_values(
-    ranges: dict[str, tuple[torch.Tensor, float, float]], scores: dict[str, torch.Tensor | None],
+    ranges: dict[str, tuple[torch.Tensor, float, float]],
+    scores: dict[str, torch.Tensor | None],
     cumsums: dict[str, tuple[torch.Tensor, list[int]]] | None = None,
 ) -> None:
     """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)`` (NaN does not);
@@ -220,8 +226,11 @@ def _check_values(
     [0, 1]; each ``cumsums`` tensor is the inclusive cumulative sum of its counts.
     On GPU tensors these checks run only under ``device_checks`` (the step path makes no host sync)."""
     cumsums = cumsums or {}
-    tensors = ([t for t, _, _ in ranges.values()] + [t for t in scores.values() if t is not None]
-               + [t for t, _ in cumsums.values()])
+    tensors = (
+        [t for t, _, _ in ranges.values()]
+        + [t for t in scores.values() if t is not None]
+        + [t for t, _ in cumsums.values()]
+    )
     if not device_checks.wanted(*tensors):
         return
     named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
@@ -242,19 +251,24 @@ def _check_values(
     for (name, t, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
         if not lo <= smallest <= largest < hi:  # False for NaN too
             show = (lambda x: f"{x:g}") if t.dtype.is_floating_point else int
-            raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}), got min {show(smallest)}, "
-                             f"max {show(largest)}")
+            raise ValueError(
+                f"{name} must lie in [{lo:g}, {hi:g}), got min {show(smallest)}, max {show(largest)}"
+            )
     for (name, (_, counts)), (num_bad, first_bad) in zip(
-            cumsums.items(), values[len(named): len(named) + len(cumsums)], strict=True):
+        cumsums.items(), values[len(named) : len(named) + len(cumsums)], strict=True
+    ):
         if num_bad:
-            raise ValueError(f"{name} must be the inclusive cumulative sum of num_draft_tokens "
-                             f"{list(counts)}; {int(num_bad)} entries are not, the first is entry "
-                             f"{int(first_bad)}")
-    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named) + len(cumsums):], strict=True):
+            raise ValueError(
+                f"{name} must be the inclusive cumulative sum of num_draft_tokens "
+                f"{list(counts)}; {int(num_bad)} entries are not, the first is entry "
+                f"{int(first_bad)}"
+            )
+    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named) + len(cumsums) :], strict=True):
         if num_bad:
             rule = "in [0, 1]" if name == "draft_probs" else "free of NaN, +inf and all -inf rows"
-            raise ValueError(f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row "
-                             f"{int(first_bad)}")
+            raise ValueError(
+                f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row {int(first_bad)}"
+            )
 
 
 def _check_rejection_inputs(
@@ -342,7 +356,10 @@ def expand_batch_to_tokens(
 
 
 def apply_sampling_constraints(
-    logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata, *,
+    logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    *,
     temperature: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Divide each token's logits by its request's temperature, in place (greedy rows, with a temperature
@@ -378,8 +395,9 @@ def _divisors(is_greedy: torch.Tensor, sampling_metadata: SamplingMetadata) -> t
     return torch.where(is_greedy, 1.0, sampling_metadata.temperature)
 
 
-def _sample_bonus_tokens(logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None,
-                         temperature=None) -> torch.Tensor:
+def _sample_bonus_tokens(
+    logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None, temperature=None
+) -> torch.Tensor:
     """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones
     (``is_greedy``, ``temperature``: the step's mask and divisors, computed here if not given)."""
     argmax = logits.argmax(dim=-1)
@@ -495,15 +513,41 @@ def _rejection_sample(
         )
         if sampling_metadata.all_greedy:
             return output_token_ids
-    _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, is_greedy,
-                       uniform_probs, recovered_token_ids, reject_negative_drafts, backend)
+    _write_random_rows(
+        output_token_ids,
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        is_greedy,
+        uniform_probs,
+        recovered_token_ids,
+        reject_negative_drafts,
+        backend,
+    )
     return output_token_ids
 
 
-def _write_random_rows(output_token_ids, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                       draft_probs, target_logits, bonus_token_ids, sampling_metadata, is_greedy,
-                       uniform_probs, recovered_token_ids, reject_negative_drafts, backend) -> None:
+def _write_random_rows(
+    output_token_ids,
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_logits,
+    bonus_token_ids,
+    sampling_metadata,
+    is_greedy,
+    uniform_probs,
+    recovered_token_ids,
+    reject_negative_drafts,
+    backend,
+) -> None:
     """The random half of ``_rejection_sample``: draw what the caller did not pass, then verify."""
     device = target_logits.device
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)

@@ -113,8 +113,9 @@ class SamplingMetadata:
         all_greedy = all(greedy)
         stored = [GREEDY_TEMPERATURE if g else t for t, g in zip(temperatures, greedy, strict=True)]
         return cls(
-            temperature=None if all_greedy else device_checks.to_device(
-                torch.tensor(stored, dtype=torch.float32), device),
+            temperature=None
+            if all_greedy
+            else device_checks.to_device(torch.tensor(stored, dtype=torch.float32), device),
             all_greedy=all_greedy,
             all_random=not any(greedy),
             generators=generators,

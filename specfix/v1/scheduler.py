@@ -45,8 +45,10 @@ def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
     if not is_int(num_spec_tokens):
         raise TypeError(f"num_speculative_tokens must be an int or None, got {num_spec_tokens!r}")
     if not 1 <= num_spec_tokens <= MAX_SPEC_LEN:
-        raise ValueError(f"num_speculative_tokens must lie in [1, MAX_SPEC_LEN={MAX_SPEC_LEN}], got "
-                         f"{num_spec_tokens} (use None to switch speculative decoding off)")
+        raise ValueError(
+            f"num_speculative_tokens must lie in [1, MAX_SPEC_LEN={MAX_SPEC_LEN}], got "
+            f"{num_spec_tokens} (use None to switch speculative decoding off)"
+        )
 
 
 def check_token_ids(
@@ -62,7 +64,8 @@ def check_token_ids(
         token_ids = token_ids.tolist()
     if not isinstance(token_ids, (list, tuple)):
         raise TypeError(
-            f"{name} must be a list of ints or a 1-D integer tensor, got {type(token_ids).__name__}")
+            f"{name} must be a list of ints or a 1-D integer tensor, got {type(token_ids).__name__}"
+        )
     bad_type = [t for t in token_ids if not is_int(t)]
     if bad_type:
         raise TypeError(f"{name} must hold ints, got {bad_type[0]!r}")
@@ -93,8 +96,11 @@ class SamplingParams:
         if t > MAX_TEMPERATURE:
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], as in vLLM 0.33, got {t}")
         if 0 < t < MAX_TEMP:
-            warnings.warn(f"temperature {t} is below {MAX_TEMP} and risks inf or NaN logits; raised to "
-                          f"{MAX_TEMP}, as vLLM 0.33 does", stacklevel=3)
+            warnings.warn(
+                f"temperature {t} is below {MAX_TEMP} and risks inf or NaN logits; raised to "
+                f"{MAX_TEMP}, as vLLM 0.33 does",
+                stacklevel=3,
+            )
             object.__setattr__(self, "temperature", MAX_TEMP)
         if self.seed == -1:  # vLLM's "no seed"
             object.__setattr__(self, "seed", None)
@@ -235,8 +241,10 @@ class SpecDecodingStats:
 
     @property
     def acceptance_rate_per_pos(self) -> list[float]:
-        return [a / d if d else math.nan
-                for a, d in zip(self.num_accepted_tokens_per_pos, self.num_draft_tokens_per_pos, strict=True)]
+        return [
+            a / d if d else math.nan
+            for a, d in zip(self.num_accepted_tokens_per_pos, self.num_draft_tokens_per_pos, strict=True)
+        ]
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -265,17 +273,24 @@ class Scheduler:
         check_num_spec_tokens(num_spec_tokens)
         if not isinstance(enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}")
-        for name, value in [("vocab_size", vocab_size), ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("max_model_len", max_model_len), ("block_size", block_size)]:
+        for name, value in [
+            ("vocab_size", vocab_size),
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+            ("block_size", block_size),
+        ]:
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if placeholder_policy not in PLACEHOLDER_POLICIES:
             raise ValueError(
-                f"placeholder_policy must be one of {PLACEHOLDER_POLICIES}, got {placeholder_policy!r}")
+                f"placeholder_policy must be one of {PLACEHOLDER_POLICIES}, got {placeholder_policy!r}"
+            )
         if num_spec_tokens is not None and max_num_batched_tokens < 1 + num_spec_tokens:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one decode of "
-                             f"1 + k = {1 + num_spec_tokens} tokens")
+            raise ValueError(
+                f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one decode of "
+                f"1 + k = {1 + num_spec_tokens} tokens"
+            )
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -310,30 +325,43 @@ class Scheduler:
         if not isinstance(request.request_id, str) or not request.request_id:
             raise TypeError(f"request_id must be a non-empty str, got {request.request_id!r}")
         if not isinstance(request.sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got "
-                            f"{type(request.sampling_params).__name__}")
-        if (request.output_token_ids or request.spec_token_ids or request.num_output_placeholders
-                or request.status != RequestStatus.WAITING):
-            raise ValueError(f"request {request.request_id!r} is not new: it has output or draft tokens, "
-                             f"or status {request.status.name}")
+            raise TypeError(
+                f"sampling_params must be a SamplingParams, got {type(request.sampling_params).__name__}"
+            )
+        if (
+            request.output_token_ids
+            or request.spec_token_ids
+            or request.num_output_placeholders
+            or request.status != RequestStatus.WAITING
+        ):
+            raise ValueError(
+                f"request {request.request_id!r} is not new: it has output or draft tokens, "
+                f"or status {request.status.name}"
+            )
         computed = request.num_computed_tokens
         if not is_int(computed):
             raise TypeError(f"num_computed_tokens must be an int, got {computed!r}")
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         if self.is_request_id_in_use(request.request_id):
-            raise ValueError(f"request_id {request.request_id!r} finished, but a step that carries it is "
-                             "still in flight (async scheduling): use another id or step once more")
+            raise ValueError(
+                f"request_id {request.request_id!r} finished, but a step that carries it is "
+                "still in flight (async scheduling): use another id or step once more"
+            )
         prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         if not prompt:
             raise ValueError("prompt_token_ids is empty: a request needs at least one prompt token")
         if not 0 <= request.num_computed_tokens < len(prompt):
-            raise ValueError(f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
-                             f"got {request.num_computed_tokens}")
+            raise ValueError(
+                f"num_computed_tokens must lie in [0, {len(prompt)}) for a new request, "
+                f"got {request.num_computed_tokens}"
+            )
         max_tokens, k = request.sampling_params.max_tokens, self.num_spec_tokens
         if len(prompt) + max_tokens + k > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) + k ({k}) = "
-                             f"{len(prompt) + max_tokens + k} exceeds max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) + k ({k}) = "
+                f"{len(prompt) + max_tokens + k} exceeds max_model_len={self.max_model_len}"
+            )
         request.prompt_token_ids = prompt
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -349,17 +377,20 @@ class Scheduler:
 
     def _schedule_running(self, request: Request, budget: int) -> tuple[int, list[int]]:
         """Tokens and drafts for a running request (vLLM's running loop); 0 tokens: skip it this step."""
-        if (request.num_output_placeholders > 0
-                and request.num_computed_tokens + 2 - request.num_output_placeholders
-                >= request.num_prompt_tokens + request.sampling_params.max_tokens):
+        if (
+            request.num_output_placeholders > 0
+            and request.num_computed_tokens + 2 - request.num_output_placeholders
+            >= request.num_prompt_tokens + request.sampling_params.max_tokens
+        ):
             # Async: even if every draft in flight is rejected, the step in flight reaches max_tokens.
             return 0, []
         num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
         num_new = min(num_new, budget, self.max_model_len - request.num_computed_tokens - 1)
         if num_new <= 0:
             return 0, []
-        num_spec = (num_new + request.num_computed_tokens - request.num_tokens
-                    - request.num_output_placeholders)
+        num_spec = (
+            num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
+        )
         drafts = request.spec_token_ids[:num_spec] if num_spec > 0 else []
         return num_new, drafts
 
@@ -376,12 +407,15 @@ class Scheduler:
     # waiting loop stops rather than schedule it unpadded. (vLLM also checks that ``1 + k + 1`` positions fit
     # in ``max_model_len``; ``add_request`` reserves room for k drafts, so that always holds.) A running
     # request gets ``1 + len(drafts)`` tokens, never padded: a drafter that proposed fewer gets fewer slots.
-    def _pads_new_decode(self, request: Request, num_computed_tokens: int, running_scheduled: bool,
-                         prefill_scheduled: bool) -> bool:
-        return (self.num_spec_tokens > 0
-                and request.num_tokens - num_computed_tokens == 1
-                and not prefill_scheduled
-                and (running_scheduled or num_computed_tokens > 0))
+    def _pads_new_decode(
+        self, request: Request, num_computed_tokens: int, running_scheduled: bool, prefill_scheduled: bool
+    ) -> bool:
+        return (
+            self.num_spec_tokens > 0
+            and request.num_tokens - num_computed_tokens == 1
+            and not prefill_scheduled
+            and (running_scheduled or num_computed_tokens > 0)
+        )
 
     # Prefix caching (on by default in vLLM 0.33, ``vllm/config/cache.py``; off here): every full block's
     # KV is kept under a hash chained over the prefix (``vllm/v1/core/kv_cache_utils.py``);
@@ -394,7 +428,7 @@ class Scheduler:
         are), so a block matches only behind the same prefix."""
         hashes, parent = [], None
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            parent = hash((parent, tuple(token_ids[start: start + self.block_size])))
+            parent = hash((parent, tuple(token_ids[start : start + self.block_size])))
             hashes.append(parent)
         return hashes
 
@@ -412,8 +446,17 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then waiting ones, within the budgets; then count the
         scheduled tokens as computed (``_update_after_schedule``)."""
-        output = SchedulerOutput([], CachedRequestData(), {}, 0, {}, {}, self.finished_req_ids,
-                                 num_spec_tokens_to_schedule=self.num_spec_tokens, step_id=self._num_steps)
+        output = SchedulerOutput(
+            [],
+            CachedRequestData(),
+            {},
+            0,
+            {},
+            {},
+            self.finished_req_ids,
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+            step_id=self._num_steps,
+        )
         budget, prefill_scheduled = self.max_num_batched_tokens, False
         for request in self.running:
             if budget <= 0:
@@ -452,8 +495,11 @@ class Scheduler:
             request.num_computed_tokens = computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            output.scheduled_new_reqs.append(NewRequestData(
-                request.request_id, list(request.prompt_token_ids), request.sampling_params, computed))
+            output.scheduled_new_reqs.append(
+                NewRequestData(
+                    request.request_id, list(request.prompt_token_ids), request.sampling_params, computed
+                )
+            )
             drafts = [self.placeholder_token_id] * self.num_spec_tokens if padded else []
             self._add(output, request, n, drafts, len(drafts))
             budget -= n
@@ -472,12 +518,16 @@ class Scheduler:
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
-            request.is_prefill_chunk = (request.num_computed_tokens
-                                        < request.num_tokens + request.num_output_placeholders)
+            request.is_prefill_chunk = (
+                request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            )
             self._num_steps_in_flight[req_id] = self._num_steps_in_flight.get(req_id, 0) + 1
             if self.enable_prefix_caching:  # vLLM's allocate_slots caches min(computed, num_tokens) (~621)
-                self.cached_block_hashes.update(self.block_hashes(
-                    request.all_token_ids[: min(request.num_computed_tokens, request.num_tokens)]))
+                self.cached_block_hashes.update(
+                    self.block_hashes(
+                        request.all_token_ids[: min(request.num_computed_tokens, request.num_tokens)]
+                    )
+                )
         self.finished_req_ids = set()
 
     # -- after the model ran ----------------------------------------------------------------------
@@ -526,12 +576,13 @@ class Scheduler:
         step in flight (not delivered before), a result for every request, at most ``1 + drafts`` ids."""
         if not isinstance(scheduler_output, SchedulerOutput):
             raise TypeError(
-                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}")
-        if (scheduler_output.num_scheduled_tokens
-                and scheduler_output.step_id not in self._step_ids_in_flight):
+                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
+            )
+        if scheduler_output.num_scheduled_tokens and scheduler_output.step_id not in self._step_ids_in_flight:
             raise ValueError(
                 f"scheduler_output (step_id {scheduler_output.step_id}) is not a step of this scheduler "
-                "still in flight: its output was delivered already, or another scheduler made it")
+                "still in flight: its output was delivered already, or another scheduler made it"
+            )
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         missing = [r for r in scheduler_output.num_scheduled_tokens if r not in index]
@@ -543,8 +594,10 @@ class Scheduler:
             generated = check_token_ids(name, list(sampled[index[req_id]]), self.vocab_size)
             most = 1 + len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
             if len(generated) > most:
-                raise ValueError(f"{name} has {len(generated)} ids, but the step verified "
-                                 f"{most - 1} drafts: at most 1 + {most - 1} = {most}")
+                raise ValueError(
+                    f"{name} has {len(generated)} ids, but the step verified "
+                    f"{most - 1} drafts: at most 1 + {most - 1} = {most}"
+                )
             generated_by_req[req_id] = generated
         return generated_by_req
 
@@ -584,16 +637,19 @@ class AsyncScheduler(Scheduler):
         raise RuntimeError(
             "AsyncScheduler takes no drafts: under async scheduling the model runner writes its own "
             "proposals over the placeholders (vLLM's engine core calls update_draft_token_ids only when "
-            "scheduling is synchronous)")
+            "scheduling is synchronous)"
+        )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         super()._update_after_schedule(scheduler_output)
-        self._spec_token_placeholders = ([self.placeholder_token_id]
-                                         * scheduler_output.num_spec_tokens_to_schedule)
+        self._spec_token_placeholders = [
+            self.placeholder_token_id
+        ] * scheduler_output.num_spec_tokens_to_schedule
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.is_prefill_chunk:
                 continue
             request.num_output_placeholders += 1 + len(
-                scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+                scheduler_output.scheduled_spec_decode_tokens.get(req_id, ())
+            )
             request.spec_token_ids = self._spec_token_placeholders

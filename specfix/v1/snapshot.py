@@ -20,8 +20,14 @@ import numpy as np
 import torch
 
 _LEAVES = (torch.Tensor, np.ndarray, torch.Generator)
-_SHARED = (torch.nn.Module, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
-           type)
+_SHARED = (
+    torch.nn.Module,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+    type,
+)
 _ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.device, torch.dtype)
 
 

@@ -77,7 +77,7 @@ def corrupted_responses(events, max_num_reqs):
             buffer[row] = slots[name]
         owner = {slot: name for name, slot in slots.items()}
         padded = graphs.dispatch(len(names)).num_reqs_padded
-        waiting = {owner.get(slot) for slot in buffer[len(names):padded]} - set(names)
+        waiting = {owner.get(slot) for slot in buffer[len(names) : padded]} - set(names)
         hit |= waiting & drafted  # a request that never drafted has no cache to lose yet (None: a free slot)
         drafted |= set(names)
     return corrupted

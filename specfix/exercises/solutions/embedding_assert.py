@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def preprocess(input_ids: torch.Tensor, num_tokens: int, num_input_tokens: int,
-               draft_token_ids: torch.Tensor) -> torch.Tensor:
+def preprocess(
+    input_ids: torch.Tensor, num_tokens: int, num_input_tokens: int, draft_token_ids: torch.Tensor
+) -> torch.Tensor:
     # Clamp everything the embedding reads (the CUDA-graph padding after num_tokens included), in place on the
     # persistent buffer: no allocation, and a captured graph reads this very memory. draft_token_ids is a copy
     # made before this point and keeps its -1, so the rejection sampler still rejects the placeholder.

@@ -12,18 +12,19 @@ def scale_rows_kernel():
     """The write-it kernel with the is_valid_req mask (built in a function so that its source displays)."""
 
     @triton.jit
-    def scale_rows(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size,
-                   BLOCK: tl.constexpr):
+    def scale_rows(
+        logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, row_temp_ptr, vocab_size, BLOCK: tl.constexpr
+    ):
         row = tl.program_id(0)
         req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
-        is_valid_req = req_state_idx >= 0                       # -1 marks a padded row; slot 0 is real
+        is_valid_req = req_state_idx >= 0  # -1 marks a padded row; slot 0 is real
         temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)  # padded: greedy
         tl.store(row_temp_ptr + row, temp)
         offs = tl.arange(0, BLOCK)
         x = tl.load(logits_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=0.0)
         if temp != 0.0:
             x = x / temp
-        valid = offs * 0 + req_state_idx >= 0         # per lane: the interpreter needs a tensor mask
+        valid = offs * 0 + req_state_idx >= 0  # per lane: the interpreter needs a tensor mask
         tl.store(out_ptr + req_state_idx * vocab_size + offs, x, mask=(offs < vocab_size) & valid)
 
     return scale_rows
@@ -43,8 +44,16 @@ def add_noise_kernel():
     """The seed exercise's kernel with both request-table loads masked by is_valid_req."""
 
     @triton.jit
-    def add_noise(logits_ptr, idx_mapping_ptr, temperature_ptr, seeds_ptr, out_ptr, row_seed_ptr, vocab_size,
-                  BLOCK: tl.constexpr):
+    def add_noise(
+        logits_ptr,
+        idx_mapping_ptr,
+        temperature_ptr,
+        seeds_ptr,
+        out_ptr,
+        row_seed_ptr,
+        vocab_size,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0)
         req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
         is_valid_req = req_state_idx >= 0

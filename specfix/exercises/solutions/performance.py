@@ -11,5 +11,6 @@ def replayed_rows(live_batch: int, capture_sizes: list[int]) -> int:
     fitting = [size for size in capture_sizes if size >= live_batch]
     return min(fitting) if fitting else live_batch
 
+
 # torch.tensor(..., device=...) copies from pageable memory and waits; a pinned non-blocking copy does not.
 which_syncs = {"host_mask"}

@@ -35,7 +35,7 @@ def accept_drafts(draft_ids, target_probs, draft_probs, uniforms):
 
 def emitted_tokens(drafts, choices):
     emitted = []
-    for draft, choice in zip(drafts, choices[:len(drafts)], strict=True):  # the last choice: the bonus
+    for draft, choice in zip(drafts, choices[: len(drafts)], strict=True):  # the last choice: the bonus
         emitted.append(choice)  # the target's token: the draft itself when they agree
         if draft != choice:  # a -1 never equals a token id: a placeholder is always rejected
             return emitted
