@@ -15,10 +15,11 @@ writes a JSON report (commit, device, driver, versions, each part's time and out
 
 It runs with whichever Python runs it (one with torch, nbclient, ipykernel and pytest: the venv on a GPU
 box, or ``python3`` with ``PYTHONPATH`` as README.md's GPU section says for a machine without network).
-With ``--jobs N`` the parts run N at a time, each in its own process on the one GPU, except the chapters
-named by ``--alone`` (chapter 5, which times the GPU), which run by themselves after the rest; each chapter
-reports its slowest cells. A part not started before ``--deadline-s`` is reported as not run, so that a
-report is always written within a command time limit. A long check can be split over several invocations with
+With ``--jobs N`` the parts run N at a time, each in its own process on the one GPU, except the cuda tests,
+which run by themselves first, and the chapters named by ``--alone`` (chapter 5, which times the GPU),
+which run by themselves after the rest; each chapter reports its slowest cells. A part not started
+before ``--deadline-s`` is reported as not run, so that a report is always written within a command time
+limit. A long check can be split over several invocations with
 ``--only`` and ``--chapters``, given the same ``--run``; ``--aggregate`` merges the reports of each run and
 writes the recording (the runs in order, each green or not), and ``--show`` prints a recording's table.
 """
@@ -298,9 +299,10 @@ def check(
     jobs: int = 1,
     alone: frozenset[str] = frozenset(),
 ) -> dict:
-    """Run the jobs, ``jobs`` at a time (each chapter is its own kernel process, the tests and the bench
-    their own child processes, so they share the GPU as several users would); chapters named in ``alone``
-    (those that time the GPU) run by themselves after the others, so that nothing else loads the GPU."""
+    """Run the jobs: the cuda tests first, by themselves (they time the GPU and count its syncs); then the
+    rest ``jobs`` at a time (each chapter is its own kernel process, the bench its own child process, so
+    they share the GPU as several users would); chapters named in ``alone`` (those that time the GPU) run
+    by themselves after the others, so that nothing else loads the GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
@@ -318,11 +320,13 @@ def check(
         "results": [],
     }
     planned = plan(parts, chapters, solutions_scale)
-    shared = [j for j in planned if not (j[0] == "chapters" and j[1] in alone)]
-    by_itself = [j for j in planned if j not in shared]
+    first = [j for j in planned if j[0] == "tests"]  # they time the GPU and count its syncs: by themselves
+    last = [j for j in planned if j[0] == "chapters" and j[1] in alone]
+    shared = [j for j in planned if j not in first and j not in last]
+    results = [run_job(*j, deadline=deadline) for j in first]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(lambda j: run_job(*j, deadline=deadline), shared))
-    results += [run_job(*j, deadline=deadline) for j in by_itself]
+        results += list(pool.map(lambda j: run_job(*j, deadline=deadline), shared))
+    results += [run_job(*j, deadline=deadline) for j in last]
     order = {(j[0], j[1]): i for i, j in enumerate(planned)}
     report["results"] = sorted(results, key=lambda r: order[(r["part"], r["name"])])
     report["ok"] = bool(report["results"]) and all(r["ok"] for r in report["results"])

@@ -53,7 +53,7 @@ def parse_args(argv=None):
 
 ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None:
-    os.environ["SPECFIX_DEVICE"] = ARGS.device      # before specfix picks its device (and the interpreter)
+    os.environ["SPECFIX_DEVICE"] = ARGS.device  # before specfix picks its device (and the interpreter)
 
 import torch  # noqa: E402
 
@@ -68,13 +68,28 @@ from specfix.v1.spec_decode_metadata import SpecDecodeMetadata  # noqa: E402
 
 def sizes(device: torch.device) -> dict:
     if device.type == "cuda":
-        return {"vocab": 151_936, "k": 3, "trace_batches": [1, 8], "rows": [2**i for i in range(11)],
-                "calls": 50, "repeats": 7, "gpu_repeats": 15}
-    return {"vocab": 256, "k": 2, "trace_batches": [1, 2], "rows": [1, 4], "calls": 2, "repeats": 2,
-            "gpu_repeats": 0}
+        return {
+            "vocab": 151_936,
+            "k": 3,
+            "trace_batches": [1, 8],
+            "rows": [2**i for i in range(11)],
+            "calls": 50,
+            "repeats": 7,
+            "gpu_repeats": 15,
+        }
+    return {
+        "vocab": 256,
+        "k": 2,
+        "trace_batches": [1, 2],
+        "rows": [1, 4],
+        "calls": 2,
+        "repeats": 2,
+        "gpu_repeats": 0,
+    }
 
 
 # ---- inputs and the two steps
+
 
 def gumbel_inputs(rows: int, vocab: int, device) -> dict:
     """vLLM 0.33's layout (int64 indices): one request per row, temperature 1, distinct seeds."""
@@ -90,13 +105,22 @@ def gumbel_inputs(rows: int, vocab: int, device) -> dict:
 
 def specfix_gumbel(inp: dict):
     """specfix's serving path: the fast noise, the target's draw (temperature already applied)."""
-    return lambda: gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"],
-                                 inp["pos"], False, False, noise="fast")
+    return lambda: gumbel_sample(
+        inp["logits"],
+        inp["expanded_idx_mapping"],
+        inp["temperature"],
+        inp["seed"],
+        inp["pos"],
+        False,
+        False,
+        noise="fast",
+    )
 
 
 def peer_gumbel(module, inp: dict):
-    return lambda: module.gumbel_sample(inp["logits"], inp["expanded_idx_mapping"], inp["temperature"],
-                                        inp["seed"], inp["pos"], False, False)
+    return lambda: module.gumbel_sample(
+        inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"], inp["pos"], False, False
+    )
 
 
 def step_inputs(batch: int, k: int, vocab: int, device) -> dict:
@@ -106,25 +130,32 @@ def step_inputs(batch: int, k: int, vocab: int, device) -> dict:
     meta = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=device)
     return {
         "draw": gumbel_inputs(batch, vocab, device),
-        "core": (meta.draft_token_ids, meta.num_draft_tokens, meta.max_spec_len, meta.cu_num_draft_tokens,
-                 torch.softmax(torch.randn(batch * k, vocab, generator=gen, device=device), dim=-1),
-                 torch.randn(batch * k, vocab, generator=gen, device=device).mul_(3),
-                 torch.randint(0, vocab, (batch,), dtype=torch.int32, generator=gen, device=device)),
+        "core": (
+            meta.draft_token_ids,
+            meta.num_draft_tokens,
+            meta.max_spec_len,
+            meta.cu_num_draft_tokens,
+            torch.softmax(torch.randn(batch * k, vocab, generator=gen, device=device), dim=-1),
+            torch.randn(batch * k, vocab, generator=gen, device=device).mul_(3),
+            torch.randint(0, vocab, (batch,), dtype=torch.int32, generator=gen, device=device),
+        ),
         "batch": batch,
     }
 
 
 def specfix_step(inp: dict, annotate: bool = False):
-    sampling = SamplingMetadata.from_requests([1.0] * inp["batch"], [None] * inp["batch"],
-                                              device=inp["core"][5].device)
+    sampling = SamplingMetadata.from_requests(
+        [1.0] * inp["batch"], [None] * inp["batch"], device=inp["core"][5].device
+    )
     draw = specfix_gumbel(inp["draw"])
     return _step(lambda: rs.rejection_sample(*inp["core"], sampling), draw, annotate)
 
 
 def peer_step(module, rejection, inp: dict, annotate: bool = False):
     device = inp["core"][5].device
-    sampling = rejection.SamplingMetadata(temperature=torch.ones(inp["batch"], device=device),
-                                          all_greedy=False, all_random=True, generators={})
+    sampling = rejection.SamplingMetadata(
+        temperature=torch.ones(inp["batch"], device=device), all_greedy=False, all_random=True, generators={}
+    )
     *head, bonus = inp["core"]
     draw = peer_gumbel(module, inp["draw"])
     return _step(lambda: rejection.rejection_sample(*head, bonus.view(-1, 1), sampling), draw, annotate)
@@ -139,10 +170,12 @@ def _step(verify, draw, annotate: bool):
             verify()
         with torch.profiler.record_function("gumbel_sample"):
             draw()
+
     return step
 
 
 # ---- timers
+
 
 class Timer:
     def __init__(self, device: torch.device, calls: int, repeats: int, gpu_repeats: int):
@@ -179,7 +212,7 @@ class Timer:
             once.append((time.perf_counter() - t0) * 1e6)
         if self.cuda:
             torch.cuda.synchronize()
-        return min(min(once), 5000.0)    # sizes the spin kernels: never minutes of them
+        return min(min(once), 5000.0)  # sizes the spin kernels: never minutes of them
 
     def host(self, fn, estimate_us: float) -> tuple[list[float], bool]:
         """Host wall time per call with the GPU still busy with earlier work (nothing waits on it), and
@@ -232,8 +265,11 @@ class Timer:
     def measure(self, fn) -> dict:
         estimate = self.warm(fn)
         host, busy = self.host(fn, estimate)
-        out = {"host": summary(host), "gpu": summary(self.gpu(fn, estimate)),
-               "back_to_back": summary(self.back_to_back(fn))}
+        out = {
+            "host": summary(host),
+            "gpu": summary(self.gpu(fn, estimate)),
+            "back_to_back": summary(self.back_to_back(fn)),
+        }
         if self.cuda:
             out["gpu_busy_throughout_host_timing"] = busy
         return out
@@ -294,8 +330,10 @@ def reduce_trace(trace: dict) -> dict:
     times from the start of the last ``step`` annotation (the GPU idle when it began); host spans nested in
     another of their lane are dropped (the op lane keeps top-level torch ops only)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    step = max((e for e in events if e.get("cat") == "user_annotation" and e["name"] == "step"),
-               key=lambda e: float(e["ts"]))
+    step = max(
+        (e for e in events if e.get("cat") == "user_annotation" and e["name"] == "step"),
+        key=lambda e: float(e["ts"]),
+    )
     t0, t1 = float(step["ts"]), float(step["ts"]) + float(step["dur"])
     spans = []
     for e in events:
@@ -312,22 +350,42 @@ def reduce_trace(trace: dict) -> dict:
             continue
         if ts < t0 or (lane != "gpu" and ts > t1):
             continue
-        spans.append({"lane": lane, "name": name[:120], "start_us": ts - t0, "end_us": ts + dur - t0,
-                      "tid": e.get("tid")})
+        spans.append(
+            {
+                "lane": lane,
+                "name": name[:120],
+                "start_us": ts - t0,
+                "end_us": ts + dur - t0,
+                "tid": e.get("tid"),
+            }
+        )
     spans.sort(key=lambda s: (LANES.index(s["lane"]), s["start_us"], -s["end_us"]))
     kept = []
     for s in spans:
-        outer = next((o for o in reversed(kept) if o["lane"] == s["lane"] and o["tid"] == s["tid"]
-                      and o["start_us"] <= s["start_us"] and s["end_us"] <= o["end_us"]), None)
+        outer = next(
+            (
+                o
+                for o in reversed(kept)
+                if o["lane"] == s["lane"]
+                and o["tid"] == s["tid"]
+                and o["start_us"] <= s["start_us"]
+                and s["end_us"] <= o["end_us"]
+            ),
+            None,
+        )
         if outer is None or s["lane"] == "gpu":
             kept.append(s)
     for s in kept:
         del s["tid"]
     gpu = [s for s in kept if s["lane"] == "gpu"]
-    return {"step_host_us": t1 - t0, "spans": kept, "kernels": len(gpu),
-            "launches": sum(s["lane"] == "launch" for s in kept),
-            "gpu_busy_us": _union([(s["start_us"], s["end_us"]) for s in gpu]),
-            "gpu_end_us": max((s["end_us"] for s in gpu), default=None)}
+    return {
+        "step_host_us": t1 - t0,
+        "spans": kept,
+        "kernels": len(gpu),
+        "launches": sum(s["lane"] == "launch" for s in kept),
+        "gpu_busy_us": _union([(s["start_us"], s["end_us"]) for s in gpu]),
+        "gpu_end_us": max((s["end_us"] for s in gpu), default=None),
+    }
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -340,6 +398,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 # ---- the sections
+
 
 def peer_modules(args):
     gumbel = load_vllm_sampler(args.version, args.peer, kind="gumbel")
@@ -363,17 +422,35 @@ def main(args) -> int:
     peer = f"vllm_{args.version}"
     impls = ["specfix"] + ([peer] if gumbel_peer is not None else [])
     data = {
-        "what": ("one speculative step: rejection_sample (random mode, k drafts per request) then "
-                 "gumbel_sample (one fp32 row per request, temperature 1, specfix's fast noise); "
-                 "gumbel_sample alone by rows"),
-        "settings": {**s, "dtype": "fp32", "cycles_per_us": timer.cycles_per_us, "timing": (
-            "host: wall time per call over a loop of calls, the GPU kept busy by a spin kernel queued first; "
-            "gpu: CUDA events around one call queued behind a spin kernel (L2 warm); back_to_back: wall time "
-            "per call of a loop of calls, synchronised at the end; timelines: torch.profiler (which adds its "
-            "own host time) over one step")},
-        "peer": {"version": args.version, "impl": peer, "files_sha256_16": peer_files,
-                 "loaded": gumbel_peer is not None, "rejection_loaded": rejection_peer is not None},
-        "impls": impls, "timelines": [], "rows": [], "graph": [], "errors": [], "skipped": [],
+        "what": (
+            "one speculative step: rejection_sample (random mode, k drafts per request) then "
+            "gumbel_sample (one fp32 row per request, temperature 1, specfix's fast noise); "
+            "gumbel_sample alone by rows"
+        ),
+        "settings": {
+            **s,
+            "dtype": "fp32",
+            "cycles_per_us": timer.cycles_per_us,
+            "timing": (
+                "host: wall time per call over a loop of calls, the GPU kept busy by a spin kernel "
+                "queued first; gpu: CUDA events around one call queued behind a spin kernel (L2 warm); "
+                "back_to_back: wall time per call of a loop of calls, synchronised at the end; "
+                "timelines: torch.profiler (which adds its own host time) over one step"
+            ),
+        },
+        "peer": {
+            "version": args.version,
+            "impl": peer,
+            "files_sha256_16": peer_files,
+            "loaded": gumbel_peer is not None,
+            "rejection_loaded": rejection_peer is not None,
+        },
+        "impls": impls,
+        "timelines": [],
+        "rows": [],
+        "graph": [],
+        "errors": [],
+        "skipped": [],
     }
 
     def attempt(section: str, fn):
@@ -392,9 +469,18 @@ def main(args) -> int:
 
     for batch, made in steps.items():
         for impl, make in made.items():
+
             def one(batch=batch, impl=impl, make=make):
-                data["timelines"].append({"impl": impl, "batch": batch, "k": s["k"], "vocab": s["vocab"],
-                                          **trace_step(make(True), cuda)})
+                data["timelines"].append(
+                    {
+                        "impl": impl,
+                        "batch": batch,
+                        "k": s["k"],
+                        "vocab": s["vocab"],
+                        **trace_step(make(True), cuda),
+                    }
+                )
+
             attempt(f"timeline {impl} batch {batch}", one)
             print(f"timeline {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
@@ -405,14 +491,20 @@ def main(args) -> int:
             continue
 
         def one(batch=batch, impl=impl, make=steps[batch][impl]):
-            row = {"impl": impl, "batch": batch, "k": s["k"], "vocab": s["vocab"],
-                   "eager": timer.measure(make(False))}
+            row = {
+                "impl": impl,
+                "batch": batch,
+                "k": s["k"],
+                "vocab": s["vocab"],
+                "eager": timer.measure(make(False)),
+            }
             if cuda:
                 try:
                     row["graph"] = timer.measure(capture(make(False)).replay)
                 except Exception as exc:  # noqa: BLE001  (a step that cannot be captured says why)
                     row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
             data["graph"].append(row)
+
         attempt(f"graph {impl} batch {batch}", one)
         print(f"graph {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
@@ -425,16 +517,22 @@ def main(args) -> int:
         if gumbel_peer is not None:
             calls[peer] = peer_gumbel(gumbel_peer, inp)
         for impl, call in calls.items():
-            attempt(f"rows {impl} {rows}", lambda impl=impl, call=call, rows=rows: data["rows"].append(
-                {"impl": impl, "rows": rows, "vocab": s["vocab"], **timer.measure(call)}))
+            attempt(
+                f"rows {impl} {rows}",
+                lambda impl=impl, call=call, rows=rows: data["rows"].append(
+                    {"impl": impl, "rows": rows, "vocab": s["vocab"], **timer.measure(call)}
+                ),
+            )
         print(f"rows {rows} done ({time.perf_counter() - started:.0f} s)", flush=True)
         del inp, calls
 
     data["seconds"] = time.perf_counter() - started
     out = args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="host_trace_")
     path = recorded.save(NAME, data, out)
-    print(f"wrote {path} in {data['seconds']:.0f} s; errors: {len(data['errors'])}, "
-          f"skipped: {len(data['skipped'])}")
+    print(
+        f"wrote {path} in {data['seconds']:.0f} s; errors: {len(data['errors'])}, "
+        f"skipped: {len(data['skipped'])}"
+    )
     for err in data["errors"]:
         print("ERROR", err, file=sys.stderr)
     return 1 if data["errors"] else 0

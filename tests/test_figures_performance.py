@@ -13,13 +13,28 @@ from specfix.tools import bench, recorded
 
 H200 = recorded.load("bench_h200")
 SOURCE = "test source label"
-FIGURES = ["bandwidth_figure", "throughput_figure", "speedup_figure", "graph_call_figure", "mask_figure",
-           "fix_costs_figure", "drafter_figure", "padding_price_figure", "rejection_figure", "peer_figure"]
+FIGURES = [
+    "bandwidth_figure",
+    "throughput_figure",
+    "speedup_figure",
+    "graph_call_figure",
+    "mask_figure",
+    "fix_costs_figure",
+    "drafter_figure",
+    "padding_price_figure",
+    "rejection_figure",
+    "peer_figure",
+]
 
 
 def _report(results, device="cuda", goals=()):
-    return {"config": {"device": device}, "results": results, "goals": list(goals), "unavailable": [],
-            "errors": []}
+    return {
+        "config": {"device": device},
+        "results": results,
+        "goals": list(goals),
+        "unavailable": [],
+        "errors": [],
+    }
 
 
 def _result(case, impl, median, **params_and_metrics):
@@ -40,8 +55,9 @@ def _assert_legends_outside_the_axes(fig):
     renderer = fig.canvas.get_renderer()
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
     for legend, ax in itertools.product(legends, [ax for ax in fig.axes if ax.axison]):
-        assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)), \
+        assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)), (
             f"legend over the data of {ax.get_title()!r}"
+        )
 
 
 def _inside(box, area, axis_name):
@@ -56,8 +72,11 @@ def _assert_tick_labels_apart(fig):
     for ax in [ax for ax in fig.axes if ax.axison]:
         area = ax.get_window_extent(fig.canvas.get_renderer())
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            labels = [t for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)
-                      if t.get_visible() and t.get_text()]
+            labels = [
+                t
+                for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)
+                if t.get_visible() and t.get_text()
+            ]
             boxes = [b for b in _boxes(fig, labels) if _inside(b, area, name)]
             for a, b in itertools.combinations(boxes, 2):
                 assert not a.overlaps(b), f"tick labels collide on {ax.get_ylabel() or ax.get_xlabel()!r}"
@@ -95,8 +114,11 @@ def test_each_figure_says_what_an_empty_report_lacks(name):
 
 def test_fix_costs_reads_the_bench_recording_with_the_chapters_names():
     costs = perf.fix_costs()
-    raw = [r for r in json.loads((recorded.RECORDED_DIR / "bench_h200.json").read_text())["results"]
-           if r["case"] == "placeholder_fixes"]
+    raw = [
+        r
+        for r in json.loads((recorded.RECORDED_DIR / "bench_h200.json").read_text())["results"]
+        if r["case"] == "placeholder_fixes"
+    ]
     assert len(costs) == len(raw)
     assert list(dict.fromkeys(costs["fix"])) == [f for f in FIXES if f in set(costs["fix"])]
     assert (costs["label"] == costs["fix"].map(LABELS)).all()
@@ -113,7 +135,7 @@ def test_fix_costs_refuses_a_fix_it_cannot_name():
 
 
 def test_floor_is_bytes_over_the_read_ceiling():
-    assert perf.floor_us(1, 1_000_000, "fp32", 4.0) == pytest.approx(1.0)     # 4 MB at 4 MB/us
+    assert perf.floor_us(1, 1_000_000, "fp32", 4.0) == pytest.approx(1.0)  # 4 MB at 4 MB/us
     assert perf.floor_us(2, 1_000_000, "bf16", 4.0) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="dtype"):
         perf.floor_us(1, 10, "fp64", 4.0)
@@ -123,11 +145,14 @@ def test_floor_is_bytes_over_the_read_ceiling():
 
 def test_mask_overhead_says_whether_the_spreads_overlap():
     params = {"vocab": 8, "rows": 2, "dtype": "fp32"}
-    report = _report([
-        _result("gumbel_mask", "masked", 100.0, store_processed_logits=False, overhead=0.01, **params),
-        _result("gumbel_mask", "unmasked", 99.0, store_processed_logits=False, **params),
-        _result("gumbel_mask", "masked", 50.0, store_processed_logits=True, overhead=-0.5, **params),
-        _result("gumbel_mask", "unmasked", 100.0, store_processed_logits=True, **params)])
+    report = _report(
+        [
+            _result("gumbel_mask", "masked", 100.0, store_processed_logits=False, overhead=0.01, **params),
+            _result("gumbel_mask", "unmasked", 99.0, store_processed_logits=False, **params),
+            _result("gumbel_mask", "masked", 50.0, store_processed_logits=True, overhead=-0.5, **params),
+            _result("gumbel_mask", "unmasked", 100.0, store_processed_logits=True, **params),
+        ]
+    )
     table = perf.mask_overhead(report).set_index("store_processed_logits")
     assert table.loc[False, "spreads_overlap"] and not table.loc[True, "spreads_overlap"]
     assert table.loc[True, "overhead"] == -0.5
@@ -148,9 +173,11 @@ def test_mask_figure_draws_the_goal_as_an_upper_bound():
 
 
 def test_padding_price_counts_the_padded_rows():
-    rows = [_result("drafter_graph", "graph", 10.0, live_batch=5, padded_batch=8, model="m", speedup=3.0),
-            _result("drafter_graph", "graph", 10.0, live_batch=8, padded_batch=8, model="m", speedup=2.0),
-            _result("drafter_graph", "eager", 30.0, live_batch=5, padded_batch=8, model="m")]
+    rows = [
+        _result("drafter_graph", "graph", 10.0, live_batch=5, padded_batch=8, model="m", speedup=3.0),
+        _result("drafter_graph", "graph", 10.0, live_batch=8, padded_batch=8, model="m", speedup=2.0),
+        _result("drafter_graph", "eager", 30.0, live_batch=5, padded_batch=8, model="m"),
+    ]
     price = perf.padding_price(_report(rows))
     assert price[["live_batch", "padded_rows"]].values.tolist() == [[5, 3], [8, 0]]
     assert price["padded_fraction"].tolist() == [3 / 8, 0.0]
@@ -172,8 +199,9 @@ def test_peer_table_puts_each_vllm_version_beside_the_judged_kernel_at_every_sha
     assert perf.peer_versions(H200) and len(table) == len(raw)
     for r in raw:
         p = r["params"]
-        row = table[(table["rows"] == p["rows"]) & (table["vocab"] == p["vocab"])
-                    & (table["dtype"] == p["dtype"])]
+        row = table[
+            (table["rows"] == p["rows"]) & (table["vocab"] == p["vocab"]) & (table["dtype"] == p["dtype"])
+        ]
         assert row[bench.JUDGED].item() == r["median_us"]
         for v in perf.peer_versions(H200):
             assert row[f"speedup_vs_{v}"].item() == pytest.approx(r["metrics"][bench.speedup_key(v)])
@@ -185,8 +213,9 @@ def test_peer_figure_draws_every_version_and_the_read_ceiling_in_each_panel():
         versions = perf.peer_versions(H200)
         for ax in fig.axes:
             labels = [line.get_label() for line in ax.get_lines()]
-            assert [lab for lab in labels if lab.startswith("vLLM")] == [f"vLLM {v} gumbel_sample"
-                                                                          for v in reversed(versions)]
+            assert [lab for lab in labels if lab.startswith("vLLM")] == [
+                f"vLLM {v} gumbel_sample" for v in reversed(versions)
+            ]
             assert sum(lab.startswith("read ceiling") for lab in labels) == 1
         assert all(f"vLLM {v}" in fig._suptitle.get_text() for v in versions)
     finally:
@@ -201,16 +230,32 @@ def test_peer_table_is_empty_without_a_vllm_sampler():
 def test_goal_families_cut_the_shape_and_keep_the_worst_margin():
     def g(goal, status, margin):
         return {"case": "c", "goal": goal, "status": status, "margin": margin}
-    report = _report([], goals=[
-        g("fast >= 700 G logits/s at 256 x 151,936 fp32", "miss", "-21.0% vs target"),
-        g("fast >= 700 G logits/s at 1,024 x 151,936 bf16", "pass", "+9.6% vs target"),
-        g("rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, greedy", "miss", "-10.8% vs target"),
-        g("rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, random", "pass", "+0.1% vs target"),
-        g("the clamp makes no host synchronisation (any token count)", "pass", "+0 syncs/step vs target")])
+
+    report = _report(
+        [],
+        goals=[
+            g("fast >= 700 G logits/s at 256 x 151,936 fp32", "miss", "-21.0% vs target"),
+            g("fast >= 700 G logits/s at 1,024 x 151,936 bf16", "pass", "+9.6% vs target"),
+            g(
+                "rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, greedy",
+                "miss",
+                "-10.8% vs target",
+            ),
+            g(
+                "rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, random",
+                "pass",
+                "+0.1% vs target",
+            ),
+            g("the clamp makes no host synchronisation (any token count)", "pass", "+0 syncs/step vs target"),
+        ],
+    )
     table = perf.goal_families(report).set_index("family")
-    assert list(table.index) == ["fast >= 700 G logits/s", "rejection core <= 1.0x vLLM's GPU time (greedy)",
-                                 "rejection core <= 1.0x vLLM's GPU time (random)",
-                                 "the clamp makes no host synchronisation (any token count)"]
+    assert list(table.index) == [
+        "fast >= 700 G logits/s",
+        "rejection core <= 1.0x vLLM's GPU time (greedy)",
+        "rejection core <= 1.0x vLLM's GPU time (random)",
+        "the clamp makes no host synchronisation (any token count)",
+    ]
     first = table.loc["fast >= 700 G logits/s"]
     assert (first["goals"], first["passed"], first["missed"], first["worst_margin_pct"]) == (2, 1, 1, -21.0)
     assert first["worst_goal"].endswith("256 x 151,936 fp32")
@@ -219,18 +264,28 @@ def test_goal_families_cut_the_shape_and_keep_the_worst_margin():
 
 def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
     row = {"rows": 256, "vocab": 32_000, "dtype": "fp32"}
-    sweep = {"configs": [{**row, "config": "before: old", "us": 20.0},
-                         {**row, "config": "before: head", "us": 30.0},
-                         {**row, "config": "default", "us": 25.0},
-                         {**row, "config": "row per program b2048 w8", "us": 90.0}]}
+    sweep = {
+        "configs": [
+            {**row, "config": "before: old", "us": 20.0},
+            {**row, "config": "before: head", "us": 30.0},
+            {**row, "config": "default", "us": 25.0},
+            {**row, "config": "row per program b2048 w8", "us": 90.0},
+        ]
+    }
     (only,) = perf.before_after(sweep).to_dict("records")
     assert (only["multi_tile_us"], only["first_per_tile_us"], only["now_us"]) == (20.0, 30.0, 25.0)
     assert only["slower"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="no 'before: old' rows"):
         perf.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
     with pytest.raises(ValueError, match="no 'default' rows"):
-        perf.before_after({"configs": [{**row, "config": "before: old", "us": 25.0},
-                                       {**row, "config": "before: head", "us": 25.0}]})
+        perf.before_after(
+            {
+                "configs": [
+                    {**row, "config": "before: old", "us": 25.0},
+                    {**row, "config": "before: head", "us": 25.0},
+                ]
+            }
+        )
 
 
 def test_profile_table_reads_both_runs_of_the_recorded_profile():
@@ -239,8 +294,8 @@ def test_profile_table_reads_both_runs_of_the_recorded_profile():
     assert len(table) == len(profile["kernels"]) + len(profile["before_register_cap"])
     assert set(table["run"]) == {"final", "before the register cap"}
     final = table[(table.run == "final") & (table.kernel == "today")]
-    assert (final["registers_per_thread"] <= final["register_cap"]).all()   # the cap held in the final run
-    assert (table["time_us"] > 1).all() and (table["time_us"] < 1e4).all()   # microseconds, not ns
+    assert (final["registers_per_thread"] <= final["register_cap"]).all()  # the cap held in the final run
+    assert (table["time_us"] > 1).all() and (table["time_us"] < 1e4).all()  # microseconds, not ns
     with pytest.raises(ValueError, match="lacks"):
         perf.profile_table({"kernels": [{"kernel": "today"}]})
 
@@ -253,7 +308,7 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     assert f"{today.grid_size:,.0f} programs" in text and f"{today.waves_per_sm:.2f} of one wave" in text
     masked = perf.mask_profile_text(profile)
     uncapped = table[(table.run != "final") & table.store & table.masked].iloc[0]
-    assert masked.count("- ") == 2                                    # before the cap, then capped
+    assert masked.count("- ") == 2  # before the cap, then capped
     assert f"{uncapped.registers_per_thread:.0f} registers" in masked.split("\n")[0]
     no_history = dict(profile, before_register_cap=[])
     assert perf.mask_profile_text(no_history).count("- ") == 1
@@ -274,8 +329,10 @@ def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
     g = bench.frame(H200, "gumbel")
     wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
     caption = perf.speedup_caption(H200)
-    for ref, name in (("torch_softmax_multinomial", "softmax + multinomial"),
-                      ("torch_gumbel_max", "torch's Gumbel-max")):
+    for ref, name in (
+        ("torch_softmax_multinomial", "softmax + multinomial"),
+        ("torch_gumbel_max", "torch's Gumbel-max"),
+    ):
         by_rows = (wide[ref] / wide[bench.JUDGED]).groupby(wide["rows"]).median()
         first, last = by_rows.iloc[0], by_rows.iloc[-1]
         verb = "grows" if last > first * 1.1 else "falls" if last < first / 1.1 else "stays about the same"
@@ -293,8 +350,12 @@ def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
 
 def test_chapter_5_paragraphs_are_rendered_from_the_report():
     floors = perf.floor_table(H200)
-    s = floors[(floors.impl == bench.JUDGED) & (floors.rows == 256) & (floors.vocab == 151_936)
-               & (floors.dtype == "fp32")].iloc[0]
+    s = floors[
+        (floors.impl == bench.JUDGED)
+        & (floors.rows == 256)
+        & (floors.vocab == 151_936)
+        & (floors.dtype == "fp32")
+    ].iloc[0]
     assert f"the floor is **{s.floor_us:.1f} us**" in perf.floor_text(H200)
     assert perf.floor_text({**H200, "results": []}) == ""
     mask = perf.mask_overhead(H200)
@@ -332,3 +393,20 @@ def test_profile_summary_shows_the_columns_the_text_reads_formatted():
     assert {"time (us)", "registers per thread", "occupancy %"} <= set(shown.columns)
     registers = shown["registers per thread"].tolist()
     assert registers == [f"{n:,.0f}" for n in full["registers_per_thread"]]  # counts: 95, not 95.0
+
+
+def test_the_drafter_figure_gives_each_drafter_its_own_colour():
+    """The bench times three drafters (two toy draft models and DFlash's): each gets a colour of its own."""
+    models = ("toy_dflash", "toy_draft", "toy_draft_small")
+    rows = [
+        _result("drafter_graph", impl, 10.0 * (1 + i), live_batch=b, padded_batch=8, model=m)
+        for i, m in enumerate(models)
+        for impl in ("graph", "eager")
+        for b in (4, 8)
+    ]
+    fig = perf.drafter_figure(_report(rows), SOURCE)
+    lines = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("toy")]
+    assert len(lines) == 6
+    colours = {line.get_label().split(":")[0]: line.get_color() for line in lines}
+    assert set(colours) == set(models) and len(set(colours.values())) == 3
+    plt.close(fig)

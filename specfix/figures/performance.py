@@ -35,6 +35,7 @@ _MARKERS = {"fp32": "o-", "bf16": "s--"}
 
 # --------------------------------------------------------------------------------------------- tables
 
+
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
     """The report chapter 5 plots and the line that says where it comes from: a live run on this GPU when
     ``live``, else the H200 recording (or, if none ships, a CPU smoke run whose timings mean nothing)."""
@@ -46,8 +47,10 @@ def load_report(live: bool, scale: str) -> tuple[dict, str]:
         return report, "RECORDED ON THE H200, not on this machine: " + recorded.label(report["meta"])
     except FileNotFoundError:
         report = bench.run("cpu", "ci", progress=False)
-        return report, ("NO H200 RECORDING SHIPPED: a CPU SMOKE RUN through Triton's interpreter, whose "
-                        "timings mean NOTHING about GPU speed")
+        return report, (
+            "NO H200 RECORDING SHIPPED: a CPU SMOKE RUN through Triton's interpreter, whose "
+            "timings mean NOTHING about GPU speed"
+        )
 
 
 def fix_costs(report: dict | None = None) -> pd.DataFrame:
@@ -118,12 +121,20 @@ def mask_overhead(report: dict) -> pd.DataFrame:
     key = ["store_processed_logits"]
     masked = gm[gm["impl"] == "masked"].set_index(key)
     plain = gm[gm["impl"] == "unmasked"].set_index(key)
-    out = pd.DataFrame({
-        "masked_us": masked["median_us"], "masked_p20": masked["p20_us"], "masked_p80": masked["p80_us"],
-        "unmasked_us": plain["median_us"], "unmasked_p20": plain["p20_us"], "unmasked_p80": plain["p80_us"],
-        "overhead": masked["overhead"]})
-    out["spreads_overlap"] = ((out["masked_p20"] <= out["unmasked_p80"])
-                              & (out["unmasked_p20"] <= out["masked_p80"]))
+    out = pd.DataFrame(
+        {
+            "masked_us": masked["median_us"],
+            "masked_p20": masked["p20_us"],
+            "masked_p80": masked["p80_us"],
+            "unmasked_us": plain["median_us"],
+            "unmasked_p20": plain["p20_us"],
+            "unmasked_p80": plain["p80_us"],
+            "overhead": masked["overhead"],
+        }
+    )
+    out["spreads_overlap"] = (out["masked_p20"] <= out["unmasked_p80"]) & (
+        out["unmasked_p20"] <= out["masked_p80"]
+    )
     return out.reset_index()
 
 
@@ -132,8 +143,9 @@ def padding_price(report: dict) -> pd.DataFrame:
     the replay over eager launches, per draft model."""
     dg = bench.frame(report, "drafter_graph")
     if dg.empty or "speedup" not in dg:
-        return pd.DataFrame(columns=["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction",
-                                     "speedup"])
+        return pd.DataFrame(
+            columns=["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction", "speedup"]
+        )
     g = dg[dg["impl"] == "graph"].copy()
     g["padded_rows"] = g["padded_batch"] - g["live_batch"]
     g["padded_fraction"] = g["padded_rows"] / g["padded_batch"]
@@ -143,8 +155,11 @@ def padding_price(report: dict) -> pd.DataFrame:
 
 def peer_versions(report: dict) -> list[str]:
     """The vLLM versions whose Gumbel sampler the report timed beside specfix's, oldest first."""
-    found = {impl.removeprefix("vllm_") for impl in bench.frame(report, "gumbel").get("impl", [])
-             if impl.startswith("vllm_")}
+    found = {
+        impl.removeprefix("vllm_")
+        for impl in bench.frame(report, "gumbel").get("impl", [])
+        if impl.startswith("vllm_")
+    }
     return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
@@ -167,8 +182,10 @@ def peer_table(report: dict) -> pd.DataFrame:
 
 #: A goal's shape, cut from its text to name its family ("at 256 x 32,000 fp32", "at B=1, k=1, V=32,000,
 #: greedy"); a rejection goal keeps its mode.
-_GOAL_SHAPE = (r" at (?:(?:[\d,]+ x )?[\d,]+(?: (?:fp32|bf16))?|B=\d+, k=\d+, V=[\d,]+, (?P<mode>\w+))"
-               r"(?P<rest>.*)$")
+_GOAL_SHAPE = (
+    r" at (?:(?:[\d,]+ x )?[\d,]+(?: (?:fp32|bf16))?|B=\d+, k=\d+, V=[\d,]+, (?P<mode>\w+))"
+    r"(?P<rest>.*)$"
+)
 
 
 def goal_families(report: dict) -> pd.DataFrame:
@@ -180,16 +197,27 @@ def goal_families(report: dict) -> pd.DataFrame:
         family = re.sub(_GOAL_SHAPE, lambda m: f" ({m['mode']})" if m["mode"] else m["rest"], g["goal"])
         family = family.replace(", (", " (")
         margin = re.match(r"([+-][\d.]+)%", g["margin"])
-        rows.append({"family": family, "case": g["case"], "status": g["status"], "goal": g["goal"],
-                     "margin_pct": float(margin.group(1)) if margin else math.nan})
+        rows.append(
+            {
+                "family": family,
+                "case": g["case"],
+                "status": g["status"],
+                "goal": g["goal"],
+                "margin_pct": float(margin.group(1)) if margin else math.nan,
+            }
+        )
     if not rows:
-        return pd.DataFrame(columns=["family", "case", "goals", "passed", "missed", "worst_margin_pct",
-                                     "worst_goal"])
+        return pd.DataFrame(
+            columns=["family", "case", "goals", "passed", "missed", "worst_margin_pct", "worst_goal"]
+        )
     df = pd.DataFrame(rows)
     worst = df.sort_values("margin_pct", kind="stable").groupby("family", sort=False).first()
-    out = df.groupby("family", sort=False).agg(case=("case", "first"), goals=("goal", "size"),
-                                              passed=("status", lambda s: int((s == "pass").sum())),
-                                              missed=("status", lambda s: int((s == "miss").sum())))
+    out = df.groupby("family", sort=False).agg(
+        case=("case", "first"),
+        goals=("goal", "size"),
+        passed=("status", lambda s: int((s == "pass").sum())),
+        missed=("status", lambda s: int((s == "miss").sum())),
+    )
     out["worst_margin_pct"] = worst["margin_pct"]
     out["worst_goal"] = worst["goal"]
     return out.reset_index()
@@ -208,8 +236,10 @@ def before_after(sweep: dict) -> pd.DataFrame:
     df = df[df["config"].isin(list(SWEEP_KERNELS))]
     for config in SWEEP_KERNELS:
         if not (df["config"] == config).any():
-            raise ValueError(f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
-                             "--before old=PATH --before head=PATH")
+            raise ValueError(
+                f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
+                "--before old=PATH --before head=PATH"
+            )
     wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
     wide = wide.rename(columns=SWEEP_KERNELS)
     wide["slower"] = wide["now_us"] / wide["multi_tile_us"] - 1
@@ -217,9 +247,23 @@ def before_after(sweep: dict) -> pd.DataFrame:
 
 
 #: Columns of ``profile_table``: what ncu measured per kernel, in the order the chapter reads them.
-PROFILE_COLUMNS = ("kernel", "shape", "store", "masked", "register_cap", "time_us", "dram_pct_of_peak",
-                   "issue_active_pct", "instructions_per_logit", "registers_per_thread", "grid_size",
-                   "block_size", "waves_per_sm", "achieved_occupancy_pct", "stall_long_scoreboard")
+PROFILE_COLUMNS = (
+    "kernel",
+    "shape",
+    "store",
+    "masked",
+    "register_cap",
+    "time_us",
+    "dram_pct_of_peak",
+    "issue_active_pct",
+    "instructions_per_logit",
+    "registers_per_thread",
+    "grid_size",
+    "block_size",
+    "waves_per_sm",
+    "achieved_occupancy_pct",
+    "stall_long_scoreboard",
+)
 
 
 def profile_table(profile: dict) -> pd.DataFrame:
@@ -235,10 +279,17 @@ def profile_table(profile: dict) -> pd.DataFrame:
     return df
 
 
-_PROFILE_SHOWN = {"kernel": "kernel", "shape": "shape", "store": "store", "run": "run",
-                  "time_us": "time (us)", "dram_pct_of_peak": "DRAM % of peak",
-                  "instructions_per_logit": "instructions per logit",
-                  "registers_per_thread": "registers per thread", "achieved_occupancy_pct": "occupancy %"}
+_PROFILE_SHOWN = {
+    "kernel": "kernel",
+    "shape": "shape",
+    "store": "store",
+    "run": "run",
+    "time_us": "time (us)",
+    "dram_pct_of_peak": "DRAM % of peak",
+    "instructions_per_logit": "instructions per logit",
+    "registers_per_thread": "registers per thread",
+    "achieved_occupancy_pct": "occupancy %",
+}
 
 
 def profile_summary(profile: dict) -> pd.DataFrame:
@@ -249,13 +300,26 @@ def profile_summary(profile: dict) -> pd.DataFrame:
     return style.tidy(table[shown].rename(columns=_PROFILE_SHOWN), digits=2)
 
 
-def _profiled(prof: pd.DataFrame, shape: str, kernel: str = "today", store: bool = False,
-              masked: bool = True, run: str = "final") -> pd.Series:
-    rows = prof[(prof.kernel == kernel) & (prof["shape"] == shape) & (prof.store == store)
-                & (prof.masked == masked) & (prof.run == run)]
+def _profiled(
+    prof: pd.DataFrame,
+    shape: str,
+    kernel: str = "today",
+    store: bool = False,
+    masked: bool = True,
+    run: str = "final",
+) -> pd.Series:
+    rows = prof[
+        (prof.kernel == kernel)
+        & (prof["shape"] == shape)
+        & (prof.store == store)
+        & (prof.masked == masked)
+        & (prof.run == run)
+    ]
     if rows.empty:
-        raise ValueError(f"the profile has no {kernel!r} kernel at {shape} (store={store}, masked={masked}, "
-                         f"run {run!r}): record it with scripts/profile_gumbel.py --before old=PATH")
+        raise ValueError(
+            f"the profile has no {kernel!r} kernel at {shape} (store={store}, masked={masked}, "
+            f"run {run!r}): record it with scripts/profile_gumbel.py --before old=PATH"
+        )
     return rows.iloc[0]
 
 
@@ -268,8 +332,12 @@ def profile_text(profile: dict, sweep: dict) -> str:
     old_small = {d: _profiled(prof, f"256 x 32,000 {d}", "before: old").time_us for d in ("fp32", "bf16")}
     goal_us = 256 * 151_936 / 700e3  # 700 G logits/s
     configs = pd.DataFrame(sweep["configs"])
-    tried = configs[(configs.rows == 256) & (configs.vocab == 32_000) & (configs.dtype == "fp32")
-                    & ~configs.config.str.startswith("before")].set_index("config")["us"]
+    tried = configs[
+        (configs.rows == 256)
+        & (configs.vocab == 32_000)
+        & (configs.dtype == "fp32")
+        & ~configs.config.str.startswith("before")
+    ].set_index("config")["us"]
     small_bf16 = _profiled(prof, "256 x 32,000 bf16").time_us
     return (
         f"- **256 x 32,000: too little work in flight.** {small.grid_size:,.0f} programs of "
@@ -296,7 +364,8 @@ def profile_text(profile: dict, sweep: dict) -> str:
         f"and today's is {'faster' if big.time_us < old.time_us else 'slower'} there "
         f"({big.time_us:.1f} us against {old.time_us:.1f}) with "
         f"{big.achieved_occupancy_pct:.0f}% occupancy and {big.issue_active_pct:.0f}% issue against "
-        f"{old.achieved_occupancy_pct:.0f}% and {old.issue_active_pct:.0f}%.")
+        f"{old.achieved_occupancy_pct:.0f}% and {old.issue_active_pct:.0f}%."
+    )
 
 
 def _instructions_head(new: pd.Series, old: pd.Series) -> str:
@@ -304,8 +373,10 @@ def _instructions_head(new: pd.Series, old: pd.Series) -> str:
     fewer, faster = new.instructions_per_logit < old.instructions_per_logit, new.time_us < old.time_us
     if fewer == faster:
         return f"{'Fewer' if fewer else 'More'} instructions, {'less' if faster else 'more'} time"
-    return (f"{'Fewer' if fewer else 'More'} instructions, yet {'less' if faster else 'more'} time: the "
-            "count alone does not decide, how many cycles issue does too")
+    return (
+        f"{'Fewer' if fewer else 'More'} instructions, yet {'less' if faster else 'more'} time: the "
+        "count alone does not decide, how many cycles issue does too"
+    )
 
 
 def mask_profile_text(profile: dict) -> str:
@@ -314,15 +385,19 @@ def mask_profile_text(profile: dict) -> str:
     lines = []
     for run in [r for r in ("before the register cap", "final") if (prof.run == r).any()]:
         m, u = (_profiled(prof, "256 x 151,936 fp32", store=True, masked=x, run=run) for x in (True, False))
-        lines.append(f"- {run}: masked {m.time_us:.1f} us with {m.registers_per_thread:.0f} registers and "
-                     f"{m.achieved_occupancy_pct:.0f}% occupancy; unmasked {u.time_us:.1f} us with "
-                     f"{u.registers_per_thread:.0f} registers and {u.achieved_occupancy_pct:.0f}% occupancy: "
-                     f"{m.time_us / u.time_us - 1:+.1%}")
+        lines.append(
+            f"- {run}: masked {m.time_us:.1f} us with {m.registers_per_thread:.0f} registers and "
+            f"{m.achieved_occupancy_pct:.0f}% occupancy; unmasked {u.time_us:.1f} us with "
+            f"{u.registers_per_thread:.0f} registers and {u.achieved_occupancy_pct:.0f}% occupancy: "
+            f"{m.time_us / u.time_us - 1:+.1%}"
+        )
     if (prof.run == "before the register cap").any():
         capped = _profiled(prof, "256 x 151,936 fp32")
         uncapped = _profiled(prof, "256 x 151,936 fp32", run="before the register cap")
-        lines.append(f"\nThe cap helped the kernel without the store too: {uncapped.time_us:.1f} us before, "
-                     f"{capped.time_us:.1f} us after at 256 x 151,936 fp32.")
+        lines.append(
+            f"\nThe cap helped the kernel without the store too: {uncapped.time_us:.1f} us before, "
+            f"{capped.time_us:.1f} us after at 256 x 151,936 fp32."
+        )
     return "\n".join(lines)
 
 
@@ -333,18 +408,22 @@ def sweep_text(sweep: dict, report: dict) -> str:
     first = big.first_per_tile_us / big.multi_tile_us - 1
     now_graph = bench.frame(report, "gumbel_graph")
     if len(now_graph):
-        now_graph = now_graph[(now_graph.impl == bench.JUDGED) & (now_graph.rows == 1)
-                              & (now_graph.vocab == 248_320)]["median_us"]
-    per_dtype = "; ".join(f"{d} {x.slower.min():+.1%} to {x.slower.max():+.1%}"
-                          for d, x in big.groupby("dtype"))
+        now_graph = now_graph[
+            (now_graph.impl == bench.JUDGED) & (now_graph.rows == 1) & (now_graph.vocab == 248_320)
+        ]["median_us"]
+    per_dtype = "; ".join(
+        f"{d} {x.slower.min():+.1%} to {x.slower.max():+.1%}" for d, x in big.groupby("dtype")
+    )
     now = now_graph.iloc[0] if len(now_graph) else float("nan")
-    return (f"At 256 rows and more today's kernel takes {per_dtype} of the multi-tile kernel's time "
-            f"(faster at {(big.slower < 0).sum()} of {len(big)} shapes; at {(ba.slower < 0).sum()} of all "
-            f"{len(ba)}), where the first per-tile kernel took {first.min():+.0%} to {first.max():+.0%}. "
-            f"One row of 248,320 in a graph: {graph['before: old']:.2f} us (multi-tile), "
-            f"{graph['before: head']:.2f} us (first per-tile), {graph['256 programs b512 w1']:.2f} us with "
-            f"today's launch for up to 4 rows "
-            f"(one-warp programs; the bench above: {now:.2f} us).")
+    return (
+        f"At 256 rows and more today's kernel takes {per_dtype} of the multi-tile kernel's time "
+        f"(faster at {(big.slower < 0).sum()} of {len(big)} shapes; at {(ba.slower < 0).sum()} of all "
+        f"{len(ba)}), where the first per-tile kernel took {first.min():+.0%} to {first.max():+.0%}. "
+        f"One row of 248,320 in a graph: {graph['before: old']:.2f} us (multi-tile), "
+        f"{graph['before: head']:.2f} us (first per-tile), {graph['256 programs b512 w1']:.2f} us with "
+        f"today's launch for up to 4 rows "
+        f"(one-warp programs; the bench above: {now:.2f} us)."
+    )
 
 
 def rejection_graph_text(report: dict) -> str:
@@ -354,22 +433,27 @@ def rejection_graph_text(report: dict) -> str:
     if rj.empty or "specfix_triton_graph" not in set(rj["impl"]) or not captured:
         return "This report has no captured verification step (the bench captures it on a GPU only)."
     steps = rj[rj.impl.isin(["specfix_triton", "specfix_triton_graph"])].pivot_table(
-        index=["mode", "k", "vocab", "batch"], columns="impl", values="median_us")
+        index=["mode", "k", "vocab", "batch"], columns="impl", values="median_us"
+    )
     replay = steps["specfix_triton_graph"]
     ratio = (replay / steps["specfix_triton"]).groupby("mode").median()
     shapes = sorted({key[1:3] for key in replay.index})
     (k_lo, v_lo), (k_hi, v_hi) = shapes[0], shapes[-1]
 
     def say(k, v):
-        return ", ".join(f"{replay[(m, k, v, 1)]:.0f} us at 1 request and {replay[(m, k, v, 16)]:.0f} at 16 "
-                         f"({m})" for m in ("greedy", "random"))
+        return ", ".join(
+            f"{replay[(m, k, v, 1)]:.0f} us at 1 request and {replay[(m, k, v, 16)]:.0f} at 16 ({m})"
+            for m in ("greedy", "random")
+        )
 
-    return (f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
-            f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits: a fixed cost per "
-            f"call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows with the batch: "
-            f"{say(k_hi, v_hi)}. In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
-            f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
-            "longer, its events counted a wait for the host (the figure above).")
+    return (
+        f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
+        f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits: a fixed cost per "
+        f"call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows with the batch: "
+        f"{say(k_hi, v_hi)}. In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
+        f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
+        "longer, its events counted a wait for the host (the figure above)."
+    )
 
 
 def floor_text(report: dict) -> str:
@@ -382,17 +466,19 @@ def floor_text(report: dict) -> str:
     if not len(shape):
         return ""
     s = shape.iloc[0]
-    return (f"At 256 x 151,936 fp32 the floor is **{s.floor_us:.1f} us**; `{bench.JUDGED}` takes "
-            f"**{s.median_us:.1f} us**, {s.median_us / s.floor_us:.1f} times its floor "
-            f"({s.of_read_ceiling:.0%} of the read ceiling).\n\n"
-            f"**What it means for a serving engine.** The sampler runs after every forward pass, and with "
-            f"speculative decoding on k + 1 rows per sequence. At 151,936 logits a row, 256 rows are "
-            f"{256 * 151_936 * 4 / 1e6:.0f} MB of fp32 logits, a floor of {s.floor_us:.0f} us: small next to "
-            f"a large model's forward pass, but not next to a small drafter's, and paid every step. The fast "
-            f"kernel takes {s.median_us / s.floor_us:.1f} times its floor; the rest is the time it spends "
-            "making the Gumbel noise (a hash and two logarithms per logit), which is why that noise has to "
-            "be cheap to make. bf16 logits halve the bytes, so the same kernel shows fewer TB/s while "
-            "consuming more logits per second.")
+    return (
+        f"At 256 x 151,936 fp32 the floor is **{s.floor_us:.1f} us**; `{bench.JUDGED}` takes "
+        f"**{s.median_us:.1f} us**, {s.median_us / s.floor_us:.1f} times its floor "
+        f"({s.of_read_ceiling:.0%} of the read ceiling).\n\n"
+        f"**What it means for a serving engine.** The sampler runs after every forward pass, and with "
+        f"speculative decoding on k + 1 rows per sequence. At 151,936 logits a row, 256 rows are "
+        f"{256 * 151_936 * 4 / 1e6:.0f} MB of fp32 logits, a floor of {s.floor_us:.0f} us: small next to "
+        f"a large model's forward pass, but not next to a small drafter's, and paid every step. The fast "
+        f"kernel takes {s.median_us / s.floor_us:.1f} times its floor; the rest is the time it spends "
+        "making the Gumbel noise (a hash and two logarithms per logit), which is why that noise has to "
+        "be cheap to make. bf16 logits halve the bytes, so the same kernel shows fewer TB/s while "
+        "consuming more logits per second."
+    )
 
 
 def mask_text(report: dict) -> str:
@@ -400,13 +486,18 @@ def mask_text(report: dict) -> str:
     mask, mask_goal = mask_overhead(report), goal(report, "gumbel_mask", "%")
     if not len(mask) or not mask_goal:
         return ""
-    lines = [f"- {'with the processed-logits store' if r.store_processed_logits else 'sampling only'}: "
-             f"masked {r.masked_us:.1f} us (p20-p80 {r.masked_p20:.1f}-{r.masked_p80:.1f}), unmasked "
-             f"{r.unmasked_us:.1f} us ({r.unmasked_p20:.1f}-{r.unmasked_p80:.1f}): "
-             f"overhead {r.overhead:+.1%}; "
-             f"the spreads {'overlap' if r.spreads_overlap else 'do not overlap'}" for r in mask.itertuples()]
-    return (f"Goal: *{mask_goal['goal']}*. It judges the largest overhead, {mask_goal['measured']:+.2f}%: "
-            f"**{mask_goal['status']}**.\n\n" + "\n".join(lines))
+    lines = [
+        f"- {'with the processed-logits store' if r.store_processed_logits else 'sampling only'}: "
+        f"masked {r.masked_us:.1f} us (p20-p80 {r.masked_p20:.1f}-{r.masked_p80:.1f}), unmasked "
+        f"{r.unmasked_us:.1f} us ({r.unmasked_p20:.1f}-{r.unmasked_p80:.1f}): "
+        f"overhead {r.overhead:+.1%}; "
+        f"the spreads {'overlap' if r.spreads_overlap else 'do not overlap'}"
+        for r in mask.itertuples()
+    ]
+    return (
+        f"Goal: *{mask_goal['goal']}*. It judges the largest overhead, {mask_goal['measured']:+.2f}%: "
+        f"**{mask_goal['status']}**.\n\n" + "\n".join(lines)
+    )
 
 
 def padding_price_text(report: dict) -> str:
@@ -415,13 +506,16 @@ def padding_price_text(report: dict) -> str:
     if not len(price):
         return ""
     worst = price.loc[price["padded_fraction"].idxmax()]
-    there = ", ".join(f"{r.speedup:.1f}x ({r.model})"
-                      for r in price[price.live_batch == worst.live_batch].itertuples())
-    return (f"From live batch {price.live_batch.min()} to {price.live_batch.max()} the replay is "
-            f"{price.speedup.min():.1f} to {price.speedup.max():.1f} times faster than eager launches. "
-            f"The worst padding is at a live batch of {worst.live_batch}: {worst.padded_rows} of the "
-            f"{worst.padded_batch} replayed rows ({worst.padded_fraction:.0%}) are padding, and the "
-            f"replay there is still {there} faster.")
+    there = ", ".join(
+        f"{r.speedup:.1f}x ({r.model})" for r in price[price.live_batch == worst.live_batch].itertuples()
+    )
+    return (
+        f"From live batch {price.live_batch.min()} to {price.live_batch.max()} the replay is "
+        f"{price.speedup.min():.1f} to {price.speedup.max():.1f} times faster than eager launches. "
+        f"The worst padding is at a live batch of {worst.live_batch}: {worst.padded_rows} of the "
+        f"{worst.padded_batch} replayed rows ({worst.padded_fraction:.0%}) are padding, and the "
+        f"replay there is still {there} faster."
+    )
 
 
 def core_text(report: dict) -> str:
@@ -431,9 +525,12 @@ def core_text(report: dict) -> str:
     if key not in core:
         return ""
     ratio = (1 / core[key]).groupby(core["mode"]).agg(["min", "max"])
-    return (f"The rejection core's GPU time over vLLM {bench.GOAL_PEER}'s, over "
-            f"{core.groupby('mode').size().iloc[0]} shapes per mode (batch, k, vocab): "
-            + "; ".join(f"{mode} {lo:.2f} to {hi:.2f} times" for mode, (lo, hi) in ratio.iterrows()) + ".")
+    return (
+        f"The rejection core's GPU time over vLLM {bench.GOAL_PEER}'s, over "
+        f"{core.groupby('mode').size().iloc[0]} shapes per mode (batch, k, vocab): "
+        + "; ".join(f"{mode} {lo:.2f} to {hi:.2f} times" for mode, (lo, hi) in ratio.iterrows())
+        + "."
+    )
 
 
 def peer_text(report: dict) -> str:
@@ -443,9 +540,11 @@ def peer_text(report: dict) -> str:
     for v in peer_versions(report):
         x = peers[f"speedup_vs_{v}"]
         low, high = peers.loc[x.idxmin()], peers.loc[x.idxmax()]
-        lines.append(f"- beside vLLM {v}: {x.min():.2f} to {x.max():.2f} times faster per call over all "
-                     f"{len(x)} shapes, least at {low.rows:,} x {low.vocab:,} {low['dtype']}, most at "
-                     f"{high.rows:,} x {high.vocab:,} {high['dtype']}")
+        lines.append(
+            f"- beside vLLM {v}: {x.min():.2f} to {x.max():.2f} times faster per call over all "
+            f"{len(x)} shapes, least at {low.rows:,} x {low.vocab:,} {low['dtype']}, most at "
+            f"{high.rows:,} x {high.vocab:,} {high['dtype']}"
+        )
     if not lines:
         return "This report has no vLLM sampler beside specfix's (run the bench with `--peer`)."
     return f"`{bench.JUDGED}`, per call, GPU time:\n\n" + "\n".join(lines)
@@ -455,8 +554,14 @@ def missed_goals_text(report: dict) -> str:
     """Each goal family with a miss: how many miss, and the worst goal by how much."""
     families = goal_families(report)
     missed = families[families["missed"] > 0] if len(families) else families
-    return "\n".join(f"- *{f.family}*: {f.missed} of {f.goals} miss; the worst, *{f.worst_goal}*, by "
-                     f"{-f.worst_margin_pct:.1f}%" for f in missed.itertuples()) or "Every goal passes."
+    return (
+        "\n".join(
+            f"- *{f.family}*: {f.missed} of {f.goals} miss; the worst, *{f.worst_goal}*, by "
+            f"{-f.worst_margin_pct:.1f}%"
+            for f in missed.itertuples()
+        )
+        or "Every goal passes."
+    )
 
 
 def host_text(report: dict) -> str:
@@ -468,28 +573,52 @@ def host_text(report: dict) -> str:
     if peer not in wide:
         return ""
     gap, times = wide[bench.JUDGED] - wide[peer], wide[bench.JUDGED] / wide[peer]
-    text = (f"A call of `{bench.JUDGED}` costs the host {gap.min():+.1f} to {gap.max():+.1f} us beside vLLM "
-            f"{bench.GOAL_PEER}'s ({times.min():.2f} to {times.max():.2f} times).")
+    text = (
+        f"A call of `{bench.JUDGED}` costs the host {gap.min():+.1f} to {gap.max():+.1f} us beside vLLM "
+        f"{bench.GOAL_PEER}'s ({times.min():.2f} to {times.max():.2f} times)."
+    )
     if "specfix_validation_only" not in wide:  # reports made before the bench stopped timing it apart
         return text
     valid = wide["specfix_validation_only"]
     without = (wide[bench.JUDGED] - valid) / wide[peer]
-    return (f"{text} Validating the arguments alone takes {valid.min():.1f} to {valid.max():.1f} us of it; "
-            f"without it a call would cost the host {without.min():.2f} to {without.max():.2f} times vLLM's.")
+    return (
+        f"{text} Validating the arguments alone takes {valid.min():.1f} to {valid.max():.1f} us of it; "
+        f"without it a call would cost the host {without.min():.2f} to {without.max():.2f} times vLLM's."
+    )
 
 
 #: The course in one table: per fix switch, the chapters that teach it, its vLLM PR, what breaks without it.
 COURSE = (
-    ("clamp_placeholders", "1, 2", "#47029",
-     "a -1 reaches F.embedding: a device-side assert on the GPU, and every later CUDA call fails"),
-    ("reject_negative_drafts", "1", "#46533",
-     "the random rejection kernel reads a -1 draft's probability out of bounds and may accept it"),
-    ("pad_idx_mapping", "3", "#47066",
-     "padded rows of a graph replay keep stale idx_mapping entries and overwrite live draft logits"),
-    ("dflash_pad_idx", "3", "#47066",
-     "DFlash's padded sample slots point at request 0 and overwrite its draft logits"),
-    ("mask_invalid_reqs", "3, 4", "#47066",
-     "gumbel_block_argmax reads temperature[-1] and seed[-1] and writes a padded row's logits"),
+    (
+        "clamp_placeholders",
+        "1, 2",
+        "#47029",
+        "a -1 reaches F.embedding: a device-side assert on the GPU, and every later CUDA call fails",
+    ),
+    (
+        "reject_negative_drafts",
+        "1",
+        "#46533",
+        "the random rejection kernel reads a -1 draft's probability out of bounds and may accept it",
+    ),
+    (
+        "pad_idx_mapping",
+        "3",
+        "#47066",
+        "padded rows of a graph replay keep stale idx_mapping entries and overwrite live draft logits",
+    ),
+    (
+        "dflash_pad_idx",
+        "3",
+        "#47066",
+        "DFlash's padded sample slots point at request 0 and overwrite its draft logits",
+    ),
+    (
+        "mask_invalid_reqs",
+        "3, 4",
+        "#47066",
+        "gumbel_block_argmax reads temperature[-1] and seed[-1] and writes a padded row's logits",
+    ),
 )
 
 
@@ -508,13 +637,21 @@ def course_table(report: dict) -> pd.DataFrame:
     mo = mask_overhead(report)
     if len(mo):
         costs["mask_invalid_reqs"] = f"{mo['overhead'].max():+.1%} kernel time at most ({len(mo)} variants)"
-    rows = [{"switch": name, "chapters": chapters, "vLLM PR": pr, "without it": breaks,
-             "cost measured here": costs.get(name, "not timed on its own")}
-            for name, chapters, pr, breaks in COURSE]
+    rows = [
+        {
+            "switch": name,
+            "chapters": chapters,
+            "vLLM PR": pr,
+            "without it": breaks,
+            "cost measured here": costs.get(name, "not timed on its own"),
+        }
+        for name, chapters, pr, breaks in COURSE
+    ]
     return pd.DataFrame(rows).set_index("switch")
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
 
 def _log_ticks(axis, values=None) -> None:
     """Labels on a log axis that never collide: ticks at the measured ``values`` when given, otherwise at
@@ -542,8 +679,16 @@ def _missing(ax, report: dict, case: str, reason: str | None = None) -> None:
         reasons = [u["reason"] for u in report["unavailable"] if u["case"] == case]
         reasons += [e["error"] for e in report["errors"] if e["case"] == case]
         reason = "; ".join(reasons) or "not run in this report"
-    ax.text(0.5, 0.5, f"{case}: not measured\n{reason}", ha="center", va="center", wrap=True,
-            transform=ax.transAxes, fontsize=9)
+    ax.text(
+        0.5,
+        0.5,
+        f"{case}: not measured\n{reason}",
+        ha="center",
+        va="center",
+        wrap=True,
+        transform=ax.transAxes,
+        fontsize=9,
+    )
     ax.set_axis_off()
 
 
@@ -578,6 +723,7 @@ def _on_gpu(report: dict) -> bool:
 
 # --------------------------------------------------------------------------------------------- figures
 
+
 def bandwidth_figure(report: dict, source: str):
     """Read bandwidth of specfix's two samplers against the two ceilings, fp32 and bf16 side by side."""
     g = bench.frame(report, "gumbel")
@@ -591,18 +737,37 @@ def bandwidth_figure(report: dict, source: str):
             ours = g[g["impl"].isin(list(bench.OURS))]
             for ax, dtype in zip(axes, DTYPE_BYTES, strict=True):
                 for (impl, vocab), rows in ours[ours["dtype"] == dtype].groupby(["impl", "vocab"]):
-                    ax.plot(rows["rows"], rows["TB_per_s_read"], "o-" if impl == bench.JUDGED else "x:",
-                            label=f"{impl}, vocab {vocab:,}")
-                ax.axhline(ceil["read"], color=style.CEILING, ls="--", lw=1,
-                           label=f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s")
-                ax.axhline(ceil["copy"], color=style.PADDING, ls=":", lw=1,
-                           label=f"copy (read + write): {ceil['copy']:.2f} TB/s")
+                    ax.plot(
+                        rows["rows"],
+                        rows["TB_per_s_read"],
+                        "o-" if impl == bench.JUDGED else "x:",
+                        label=f"{impl}, vocab {vocab:,}",
+                    )
+                ax.axhline(
+                    ceil["read"],
+                    color=style.CEILING,
+                    ls="--",
+                    lw=1,
+                    label=f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s",
+                )
+                ax.axhline(
+                    ceil["copy"],
+                    color=style.PADDING,
+                    ls=":",
+                    lw=1,
+                    label=f"copy (read + write): {ceil['copy']:.2f} TB/s",
+                )
                 ax.set(ylabel="logits read, TB/s", title=f"{dtype} logits")
                 _log_x(ax, ours["rows"])
             axes[-1].set_xlabel("rows (sequences sampled at once)")
-        _finish(fig, axes, "Read bandwidth of gumbel_sample against the ceilings", source,
-                "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
-                "far below it; at many rows the gap left is the time spent making the noise.")
+        _finish(
+            fig,
+            axes,
+            "Read bandwidth of gumbel_sample against the ceilings",
+            source,
+            "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
+            "far below it; at many rows the gap left is the time spent making the noise.",
+        )
     return fig
 
 
@@ -616,8 +781,9 @@ def throughput_figure(report: dict, source: str):
         else:
             judged = g[g["impl"] == bench.JUDGED]
             for (dtype, vocab), rows in judged.groupby(["dtype", "vocab"]):
-                ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype],
-                        label=f"{dtype}, vocab {vocab:,}")
+                ax.plot(
+                    rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}"
+                )
             targets = {}
             for g in report["goals"]:
                 if g["case"] == "gumbel" and g["unit"] == "G logits/s":
@@ -625,14 +791,24 @@ def throughput_figure(report: dict, source: str):
                     targets.setdefault(g["target"], set()).add(vocab.group(1) if vocab else "any vocab")
             for (target, vocabs), ls in zip(sorted(targets.items()), ("-", "--", ":", "-."), strict=False):
                 if _on_gpu(report):
-                    ax.axhline(target, color=style.FIXED, lw=1.2, ls=ls,
-                               label=f"goal at >= 256 rows: {target:g} G/s ({', '.join(sorted(vocabs))})")
+                    ax.axhline(
+                        target,
+                        color=style.FIXED,
+                        lw=1.2,
+                        ls=ls,
+                        label=f"goal at >= 256 rows: {target:g} G/s ({', '.join(sorted(vocabs))})",
+                    )
             ax.set(xlabel="rows", ylabel="G logits / s")
             _log_x(ax, judged["rows"])
             _log_y(ax)
-        _finish(fig, ax, f"Throughput of gumbel_sample ({bench.JUDGED})", source,
-                "Read the lines at 256 rows and more against the green goal of their vocabulary; below 256 "
-                "rows a batch is too small to keep the GPU busy, so those points are not judged.")
+        _finish(
+            fig,
+            ax,
+            f"Throughput of gumbel_sample ({bench.JUDGED})",
+            source,
+            "Read the lines at 256 rows and more against the green goal of their vocabulary; below 256 "
+            "rows a batch is too small to keep the GPU busy, so those points are not judged.",
+        )
     return fig
 
 
@@ -650,8 +826,12 @@ def speedup_figure(report: dict, source: str):
             wide = wide.reset_index()
             for ax, ref in zip(axes, refs, strict=True):
                 for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
-                    ax.plot(rows["rows"], rows[ref] / rows[bench.JUDGED], _MARKERS[dtype],
-                            label=f"{dtype}, vocab {vocab:,}")
+                    ax.plot(
+                        rows["rows"],
+                        rows[ref] / rows[bench.JUDGED],
+                        _MARKERS[dtype],
+                        label=f"{dtype}, vocab {vocab:,}",
+                    )
                 ax.axhline(1, color=style.CEILING, lw=0.8)
                 ax.set(ylabel="torch time / specfix time", title=f"speedup against {ref}")
                 _log_x(ax, wide["rows"])
@@ -660,8 +840,13 @@ def speedup_figure(report: dict, source: str):
             if _on_gpu(report) and target:
                 axes[0].axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
             axes[-1].set_xlabel("rows")
-        _finish(fig, axes, "How much faster the fused Triton sampler is than the torch samplers", source,
-                speedup_caption(report))
+        _finish(
+            fig,
+            axes,
+            "How much faster the fused Triton sampler is than the torch samplers",
+            source,
+            speedup_caption(report),
+        )
     return fig
 
 
@@ -672,16 +857,25 @@ def speedup_caption(report: dict) -> str:
         return "No throughput case in this report."
     wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
     parts = []
-    for ref, name in (("torch_softmax_multinomial", "softmax + multinomial"),
-                      ("torch_gumbel_max", "torch's Gumbel-max")):
+    for ref, name in (
+        ("torch_softmax_multinomial", "softmax + multinomial"),
+        ("torch_gumbel_max", "torch's Gumbel-max"),
+    ):
         if ref not in wide:
             continue
         median = (wide[ref] / wide[bench.JUDGED]).groupby(wide["rows"]).median()
         lo, hi = median.index.min(), median.index.max()
-        trend = "grows" if median[hi] > median[lo] * 1.1 else "falls" if median[hi] < median[lo] / 1.1 else \
-            "stays about the same"
-        parts.append(f"against {name} the median speedup {trend}, from {median[lo]:.1f}x at {lo:,} "
-                     f"row{'' if lo == 1 else 's'} to {median[hi]:.1f}x at {hi:,}")
+        trend = (
+            "grows"
+            if median[hi] > median[lo] * 1.1
+            else "falls"
+            if median[hi] < median[lo] / 1.1
+            else "stays about the same"
+        )
+        parts.append(
+            f"against {name} the median speedup {trend}, from {median[lo]:.1f}x at {lo:,} "
+            f"row{'' if lo == 1 else 's'} to {median[hi]:.1f}x at {hi:,}"
+        )
     return ("Over the shapes measured, " + "; ".join(parts) + ".") if parts else "No torch sampler was timed."
 
 
@@ -700,8 +894,15 @@ def graph_call_figure(report: dict, source: str):
             for i, impl in enumerate(impls):
                 rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-                ax.bar(np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width, rows["median_us"], width,
-                       yerr=err, capsize=2, color=colours[i % len(colours)], label=impl)
+                ax.bar(
+                    np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width,
+                    rows["median_us"],
+                    width,
+                    yerr=err,
+                    capsize=2,
+                    color=colours[i % len(colours)],
+                    label=impl,
+                )
             ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
             ax.set_xlabel("rows x vocabulary")
             _log_y(ax)
@@ -709,10 +910,15 @@ def graph_call_figure(report: dict, source: str):
             if _on_gpu(report) and target:
                 ax.axhline(target["target"], color=style.FIXED, lw=1.2, label=f"goal: {target['goal']}")
             ax.set_ylabel("GPU time per call, us")
-        _finish(fig, ax, "Calls captured in one CUDA graph: GPU time per call", source,
-                "Compare specfix_fast (the serving kernel, blue) with the vLLM bars beside it and, at one "
-                "row, with the green goal: inside a graph no host launch cost is left, so this is GPU time "
-                "alone.")
+        _finish(
+            fig,
+            ax,
+            "Calls captured in one CUDA graph: GPU time per call",
+            source,
+            "Compare specfix_fast (the serving kernel, blue) with the vLLM bars beside it and, at one "
+            "row, with the green goal: inside a graph no host launch cost is left, so this is GPU time "
+            "alone.",
+        )
     return fig
 
 
@@ -724,26 +930,41 @@ def mask_figure(report: dict, source: str):
         if mo.empty:
             _missing(ax, report, "gumbel_mask")
         else:
-            labels = ["with processed-logits store" if store else "sampling only"
-                      for store in mo["store_processed_logits"]]
+            labels = [
+                "with processed-logits store" if store else "sampling only"
+                for store in mo["store_processed_logits"]
+            ]
             values = mo["overhead"] * 100
-            ax.bar(labels, values, width=0.5, color=[style.FIXED if v <= 0 else style.NEUTRAL
-                                                     for v in values])
+            ax.bar(
+                labels, values, width=0.5, color=[style.FIXED if v <= 0 else style.NEUTRAL for v in values]
+            )
             for x, v in enumerate(values):
-                ax.annotate(f"{v:+.1f}%", (x, v), xytext=(0, 4 if v >= 0 else -12), ha="center", fontsize=9,
-                            textcoords="offset points")
+                ax.annotate(
+                    f"{v:+.1f}%",
+                    (x, v),
+                    xytext=(0, 4 if v >= 0 else -12),
+                    ha="center",
+                    fontsize=9,
+                    textcoords="offset points",
+                )
             target = goal(report, "gumbel_mask", "%")
             limit = target["target"] if target else 2.0
             top = max(limit * 2, float(values.max()) + 1)
             bottom = min(-limit, float(values.min()) - 1.5)
-            ax.axhspan(limit, top, color=style.BUGGY, alpha=0.12,
-                       label=f"misses the goal (more than +{limit:g}%)")
+            ax.axhspan(
+                limit, top, color=style.BUGGY, alpha=0.12, label=f"misses the goal (more than +{limit:g}%)"
+            )
             ax.axhline(limit, color=style.BUGGY, lw=1)
             ax.axhline(0, color=style.CEILING, lw=0.8)
             ax.set(ylim=(bottom, top), ylabel="masked / unmasked - 1, %")
-        _finish(fig, ax, "Cost of the is_valid_req mask (vLLM PR #47066)", source,
-                "The goal bounds the cost from above only: a bar below zero means the masked kernel ran "
-                "faster than the unmasked one, which passes.")
+        _finish(
+            fig,
+            ax,
+            "Cost of the is_valid_req mask (vLLM PR #47066)",
+            source,
+            "The goal bounds the cost from above only: a bar below zero means the masked kernel ran "
+            "faster than the unmasked one, which passes.",
+        )
     return fig
 
 
@@ -756,32 +977,53 @@ def fix_costs_figure(report: dict, source: str):
             for ax in axes:
                 _missing(ax, report, "placeholder_fixes")
         else:
-            colours = dict(zip(FIXES, (style.FIXED, style.BUGGY, style.PLACEHOLDER, style.PADDING),
-                               strict=True))
+            colours = dict(
+                zip(FIXES, (style.FIXED, style.BUGGY, style.PLACEHOLDER, style.PADDING), strict=True)
+            )
             for fix, rows in fc.groupby("fix", sort=False):
-                syncs = (f", {rows['host_syncs_per_step'].max():g} host sync / step"
-                         if "host_syncs_per_step" in rows else "")
+                syncs = (
+                    f", {rows['host_syncs_per_step'].max():g} host sync / step"
+                    if "host_syncs_per_step" in rows
+                    else ""
+                )
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-                axes[0].errorbar(rows["num_tokens"], rows["median_us"], yerr=err, fmt="o-", capsize=3,
-                                 color=colours[fix], label=LABELS[fix] + syncs)
+                axes[0].errorbar(
+                    rows["num_tokens"],
+                    rows["median_us"],
+                    yerr=err,
+                    fmt="o-",
+                    capsize=3,
+                    color=colours[fix],
+                    label=LABELS[fix] + syncs,
+                )
             axes[0].set(ylabel="one step, us", title="idle GPU")
             if "host_us_behind_busy_gpu" in fc:
                 for fix, rows in fc.groupby("fix", sort=False):
-                    axes[1].plot(rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-",
-                                 color=colours[fix])
-                axes[1].set(xlabel="tokens in the step", ylabel="host time of the call, us",
-                            title="earlier GPU work still queued")
+                    axes[1].plot(
+                        rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-", color=colours[fix]
+                    )
+                axes[1].set(
+                    xlabel="tokens in the step",
+                    ylabel="host time of the call, us",
+                    title="earlier GPU work still queued",
+                )
                 axes[0].tick_params(labelbottom=False)
                 _log_x(axes[1], fc["num_tokens"])
                 _log_y(axes[1])
             else:
-                _missing(axes[1], report, "host time behind a busy GPU",
-                         "needs a GPU; this report ran on a CPU")
+                _missing(
+                    axes[1], report, "host time behind a busy GPU", "needs a GPU; this report ran on a CPU"
+                )
             _log_x(axes[0], fc["num_tokens"])
             _log_y(axes[0])
-        _finish(fig, axes, "Cost per step of each way to keep -1 out of the embedding", source,
-                "Compare the green clamp with the magenta host mask, above on an idle GPU, below with "
-                "earlier GPU work queued: a call that synchronises waits for all of that work.")
+        _finish(
+            fig,
+            axes,
+            "Cost per step of each way to keep -1 out of the embedding",
+            source,
+            "Compare the green clamp with the magenta host mask, above on an idle GPU, below with "
+            "earlier GPU work queued: a call that synchronises waits for all of that work.",
+        )
     return fig
 
 
@@ -794,10 +1036,17 @@ def drafter_figure(report: dict, source: str):
             for ax in axes:
                 _missing(ax, report, "drafter_graph")
         else:
-            colours = dict(zip(sorted(dg["model"].unique()), (style.NEUTRAL, style.ACCENT), strict=False))
+            models = sorted(dg["model"].unique())
+            colours = dict(zip(models, itertools.cycle(style.SERIES)))
             for (model, impl), rows in dg.groupby(["model", "impl"]):
-                axes[0].plot(rows["live_batch"], rows["median_us"], "o-" if impl == "graph" else "s--", ms=3,
-                             color=colours[model], label=f"{model}: {impl}")
+                axes[0].plot(
+                    rows["live_batch"],
+                    rows["median_us"],
+                    "o-" if impl == "graph" else "s--",
+                    ms=3,
+                    color=colours[model],
+                    label=f"{model}: {impl}",
+                )
             axes[0].set(ylabel="time per drafter step, us")
             _log_y(axes[0])
             price = padding_price(report)
@@ -808,9 +1057,14 @@ def drafter_figure(report: dict, source: str):
                 axes[1].set(xlabel="live batch", ylabel="graph replay speedup over eager")
             else:
                 _missing(axes[1], report, "graph replay", "CUDA graphs need a GPU; this report ran on a CPU")
-        _finish(fig, axes, "Drafter step: eager launches at the exact batch against one graph replay", source,
-                "The replay (solid) stays flat and low while eager launches (dashed) cost the same at every "
-                "batch: at small batch the host's launches, not the GPU, set the step time.")
+        _finish(
+            fig,
+            axes,
+            "Drafter step: eager launches at the exact batch against one graph replay",
+            source,
+            "The replay (solid) stays flat and low while eager launches (dashed) cost the same at every "
+            "batch: at small batch the host's launches, not the GPU, set the step time.",
+        )
     return fig
 
 
@@ -831,16 +1085,23 @@ def padding_price_figure(report: dict, source: str):
             bottom.axhline(1, color=style.CEILING, lw=0.8)
             bottom.set(xlabel="live batch", ylabel="replay speedup")
             style.integer_ticks(bottom.xaxis)
-        _finish(fig, (top, bottom), "What the padding costs, and what the graph gives back", source,
-                "The grey bars peak just past each captured size, where most of a replayed graph is padding; "
-                "compare the speedup below at those batches with its neighbours.")
+        _finish(
+            fig,
+            (top, bottom),
+            "What the padding costs, and what the graph gives back",
+            source,
+            "The grey bars peak just past each captured size, where most of a replayed graph is padding; "
+            "compare the speedup below at those batches with its neighbours.",
+        )
     return fig
 
 
 #: The rejection figure's lines: label and colour per implementation.
-_REJECTION_LINES = {"specfix_triton": ("Triton, eager", style.NEUTRAL),
-                    "specfix_triton_graph": ("Triton, one CUDA-graph replay", style.ACCENT),
-                    "torch_reference": ("torch reference, eager", style.PADDING)}
+_REJECTION_LINES = {
+    "specfix_triton": ("Triton, eager", style.NEUTRAL),
+    "specfix_triton_graph": ("Triton, one CUDA-graph replay", style.ACCENT),
+    "torch_reference": ("torch reference, eager", style.PADDING),
+}
 
 
 def rejection_figure(report: dict, source: str):
@@ -859,15 +1120,30 @@ def rejection_figure(report: dict, source: str):
             for (impl, mode), rows in rj.groupby(["impl", "mode"]):
                 err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
                 label, color = _REJECTION_LINES[impl]
-                ax.errorbar(rows["batch"], rows["median_us"], yerr=err, capsize=3,
-                            fmt="o-" if mode == "greedy" else "s--", color=color, label=f"{label}, {mode}")
-            ax.set(xlabel="requests in the batch", ylabel="time per verification step, us",
-                   title=", ".join(f"{c} = {v:,}" for c, v in shape.items()))
+                ax.errorbar(
+                    rows["batch"],
+                    rows["median_us"],
+                    yerr=err,
+                    capsize=3,
+                    fmt="o-" if mode == "greedy" else "s--",
+                    color=color,
+                    label=f"{label}, {mode}",
+                )
+            ax.set(
+                xlabel="requests in the batch",
+                ylabel="time per verification step, us",
+                title=", ".join(f"{c} = {v:,}" for c, v in shape.items()),
+            )
             _log_x(ax, rj["batch"])
             _log_y(ax)
-        _finish(fig, ax, "Rejection sampler (verification of k drafts per request), per step", source,
-                "A replay (purple) is GPU time alone. An eager step (blue) is timed between CUDA events, so "
-                "it also counts any wait for the host's Python that the GPU work queued ahead did not cover.")
+        _finish(
+            fig,
+            ax,
+            "Rejection sampler (verification of k drafts per request), per step",
+            source,
+            "A replay (purple) is GPU time alone. An eager step (blue) is timed between CUDA events, so "
+            "it also counts any wait for the host's Python that the GPU work queued ahead did not cover.",
+        )
     return fig
 
 
@@ -896,8 +1172,14 @@ def peer_figure(report: dict, source: str):
     read = ceilings(report)["read"]
     rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
     with style.apply():
-        fig, axes = plt.subplots(len(DTYPE_BYTES), len(vocabs), figsize=(style.WIDTH_IN, 5.6),
-                                 sharex=True, sharey=True, squeeze=False)
+        fig, axes = plt.subplots(
+            len(DTYPE_BYTES),
+            len(vocabs),
+            figsize=(style.WIDTH_IN, 5.6),
+            sharex=True,
+            sharey=True,
+            squeeze=False,
+        )
         if table.empty:
             for ax in axes.flat:
                 _missing(ax, report, "gumbel", "no vLLM sampler in this report (bench --peer)")
@@ -905,13 +1187,29 @@ def peer_figure(report: dict, source: str):
             colours = [style.ACCENT, style.PLACEHOLDER, style.PADDING]
             for (row, dtype), (col, vocab) in itertools.product(enumerate(DTYPE_BYTES), enumerate(vocabs)):
                 ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
-                ax.plot(one["rows"], rate(one, bench.JUDGED), "o-", color=style.NEUTRAL,
-                        label=f"specfix {bench.JUDGED}")
+                ax.plot(
+                    one["rows"],
+                    rate(one, bench.JUDGED),
+                    "o-",
+                    color=style.NEUTRAL,
+                    label=f"specfix {bench.JUDGED}",
+                )
                 for i, v in enumerate(reversed(versions)):
-                    ax.plot(one["rows"], rate(one, bench.peer_impl(v)), "s--", ms=4,
-                            color=colours[i % len(colours)], label=f"vLLM {v} gumbel_sample")
-                ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2,
-                           label=f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype")
+                    ax.plot(
+                        one["rows"],
+                        rate(one, bench.peer_impl(v)),
+                        "s--",
+                        ms=4,
+                        color=colours[i % len(colours)],
+                        label=f"vLLM {v} gumbel_sample",
+                    )
+                ax.axhline(
+                    read * 1e3 / DTYPE_BYTES[dtype],
+                    color=style.CEILING,
+                    ls=":",
+                    lw=1.2,
+                    label=f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype",
+                )
                 ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
                 _log_x(ax, sorted(table["rows"].unique())[::2])  # every other size: four panels a row
                 _log_y(ax)
@@ -920,9 +1218,14 @@ def peer_figure(report: dict, source: str):
             for ax in axes[:, 0]:
                 ax.set_ylabel("G logits / s")
         names = " and ".join(f"vLLM {v}" for v in reversed(versions)) or "vLLM"
-        _finish(fig, list(axes.flat), f"specfix {bench.JUDGED} beside {names}: same inputs, same run", source,
-                "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
-                "that version; the gap up to the dotted read ceiling is what any sampler could still gain.")
+        _finish(
+            fig,
+            list(axes.flat),
+            f"specfix {bench.JUDGED} beside {names}: same inputs, same run",
+            source,
+            "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
+            "that version; the gap up to the dotted read ceiling is what any sampler could still gain.",
+        )
     return fig
 
 
@@ -932,12 +1235,18 @@ def peer_figure(report: dict, source: str):
 #: ``gumbel_sample`` by rows, eager against a graph replay; specfix beside vLLM's own functions.
 HOST_TRACE = "host_trace_h200"
 #: The timeline's lanes, top to bottom: label and colour.
-_LANES = {"call": ("call", style.PADDING), "op": ("torch ops", style.NEUTRAL),
-          "launch": ("launch calls", style.CEILING), "gpu": ("GPU kernels", style.ACCENT)}
+_LANES = {
+    "call": ("call", style.PADDING),
+    "op": ("torch ops", style.NEUTRAL),
+    "launch": ("launch calls", style.CEILING),
+    "gpu": ("GPU kernels", style.ACCENT),
+}
 #: The step figure's bars: what each times, its label, its colour.
-_STEP_BARS = (("eager", "back_to_back", "eager, back to back", style.NEUTRAL),
-              ("graph", "back_to_back", "one graph replay, back to back", style.ACCENT),
-              ("eager", "gpu", "GPU time alone", style.PADDING))
+_STEP_BARS = (
+    ("eager", "back_to_back", "eager, back to back", style.NEUTRAL),
+    ("graph", "back_to_back", "one graph replay, back to back", style.ACCENT),
+    ("eager", "gpu", "GPU time alone", style.PADDING),
+)
 
 
 def load_host_trace() -> tuple[dict, str]:
@@ -960,8 +1269,16 @@ def host_rows(trace: dict) -> pd.DataFrame:
     """``gumbel_sample`` by rows: one line per (impl, rows) with the medians ``host_us`` (the host's work per
     call, nothing waiting), ``gpu_us`` (the GPU's) and ``back_to_back_us`` (a call in a loop of calls), and
     ``host_bound`` (the host's work takes longer than the GPU's)."""
-    rows = [{"impl": r["impl"], "rows": r["rows"], "host_us": _median(r, "host"), "gpu_us": _median(r, "gpu"),
-             "back_to_back_us": _median(r, "back_to_back")} for r in trace["rows"]]
+    rows = [
+        {
+            "impl": r["impl"],
+            "rows": r["rows"],
+            "host_us": _median(r, "host"),
+            "gpu_us": _median(r, "gpu"),
+            "back_to_back_us": _median(r, "back_to_back"),
+        }
+        for r in trace["rows"]
+    ]
     df = pd.DataFrame(rows, columns=["impl", "rows", "host_us", "gpu_us", "back_to_back_us"])
     df["host_bound"] = df["host_us"] > df["gpu_us"]
     return df.sort_values(["impl", "rows"]).reset_index(drop=True)
@@ -1006,30 +1323,47 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
     impls = [i for i in trace["impls"] if _timeline(trace, i, batch)]
     end = max((s["end_us"] for i in impls for s in _timeline(trace, i, batch)["spans"]), default=1.0)
     with style.apply():
-        fig, axes = plt.subplots(len(impls), 1, figsize=(style.WIDTH_IN, 1.0 + 1.5 * len(impls)), sharex=True,
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            len(impls), 1, figsize=(style.WIDTH_IN, 1.0 + 1.5 * len(impls)), sharex=True, squeeze=False
+        )
         axes = axes[:, 0]
         for ax, impl in zip(axes, impls, strict=True):
             t = _timeline(trace, impl, batch)
             for y, (lane, (label, colour)) in enumerate(_LANES.items()):
-                spans = [(s["start_us"], max(s["end_us"] - s["start_us"], end / 1500))
-                         for s in t["spans"] if s["lane"] == lane]
+                spans = [
+                    (s["start_us"], max(s["end_us"] - s["start_us"], end / 1500))
+                    for s in t["spans"]
+                    if s["lane"] == lane
+                ]
                 ax.broken_barh(spans, (len(_LANES) - y - 1.4, 0.8), color=colour, label=label)
             for s in (s for s in t["spans"] if s["lane"] == "call" and s["end_us"] - s["start_us"] > end / 8):
-                ax.text((s["start_us"] + s["end_us"]) / 2, len(_LANES) - 1, s["name"], ha="center",
-                        va="center", fontsize=style.SMALLEST_PT, clip_on=True)
+                ax.text(
+                    (s["start_us"] + s["end_us"]) / 2,
+                    len(_LANES) - 1,
+                    s["name"],
+                    ha="center",
+                    va="center",
+                    fontsize=style.SMALLEST_PT,
+                    clip_on=True,
+                )
             ax.set_yticks(range(len(_LANES)), [label for label, _ in reversed(_LANES.values())])
             ax.set_ylim(-0.6, len(_LANES) - 0.4)
             ax.grid(axis="y", visible=False)
-            ax.set_title(f"{_impl_name(trace, impl)}: host {t['step_host_us']:,.0f} us, GPU busy "
-                         f"{t['gpu_busy_us']:,.0f} us, {t['kernels']} kernels, {t['launches']} launch calls",
-                         fontsize=9)
+            ax.set_title(
+                f"{_impl_name(trace, impl)}: host {t['step_host_us']:,.0f} us, GPU busy "
+                f"{t['gpu_busy_us']:,.0f} us, {t['kernels']} kernels, {t['launches']} launch calls",
+                fontsize=9,
+            )
         axes[-1].set(xlim=(0, end * 1.02), xlabel="microseconds from the start of the step")
         k, vocab = t["k"], t["vocab"]
-        _finish(fig, axes, f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), "
-                f"host against GPU", source,
-                "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
-                "GPU waits for the host. The profiler adds its own time to every host span.")
+        _finish(
+            fig,
+            axes,
+            f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), host against GPU",
+            source,
+            "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
+            "GPU waits for the host. The profiler adds its own time to every host span.",
+        )
     return fig
 
 
@@ -1060,10 +1394,15 @@ def host_regime_figure(trace: dict, source: str):
             bottom.set_xticks(x, [f"{_impl_name(trace, r.impl)}\n{r.batch} req." for r in steps.itertuples()])
             bottom.set(ylabel="time per step, us")
             bottom.grid(axis="x", visible=False)
-        _finish(fig, (top, bottom), "Where the host sets the pace, and what a CUDA graph takes away", source,
-                "Above, where a solid line (host) lies over the dashed one of its colour (GPU), the host "
-                "sets the pace. Below, the replay's bar drops to its GPU time: the graph removes the host's "
-                "work, not the GPU's.")
+        _finish(
+            fig,
+            (top, bottom),
+            "Where the host sets the pace, and what a CUDA graph takes away",
+            source,
+            "Above, where a solid line (host) lies over the dashed one of its colour (GPU), the host "
+            "sets the pace. Below, the replay's bar drops to its GPU time: the graph removes the host's "
+            "work, not the GPU's.",
+        )
     return fig
 
 
@@ -1077,17 +1416,22 @@ def host_trace_text(trace: dict) -> str:
         t = _timeline(trace, impl, batch) if batch is not None else None
         if t:
             share = t["gpu_busy_us"] / t["step_host_us"] if t["step_host_us"] else math.nan
-            lines.append(f"- **{names[impl]}, one step at {batch} requests** (profiled): the host worked "
-                         f"{t['step_host_us']:,.0f} us, the GPU was busy {t['gpu_busy_us']:,.0f} us of it "
-                         f"({share:.0%}) in {t['kernels']} kernels from {t['launches']} launch calls.")
+            lines.append(
+                f"- **{names[impl]}, one step at {batch} requests** (profiled): the host worked "
+                f"{t['step_host_us']:,.0f} us, the GPU was busy {t['gpu_busy_us']:,.0f} us of it "
+                f"({share:.0%}) in {t['kernels']} kernels from {t['launches']} launch calls."
+            )
     df = host_rows(trace)
     if df["gpu_us"].notna().any():
         for impl in trace["impls"]:
             until = host_bound_until(trace, impl)
             one = df.query("impl == @impl")
             after = one[one["rows"] > (until or 0)]["rows"].min()
-            where = ("not host-bound even at the fewest rows measured" if until is None
-                     else f"host-bound up to {until:,} rows")
+            where = (
+                "not host-bound even at the fewest rows measured"
+                if until is None
+                else f"host-bound up to {until:,} rows"
+            )
             if until is not None and not math.isnan(after):
                 where += f"; from {int(after):,} rows the GPU sets the pace"
             lines.append(f"- **{names[impl]} `gumbel_sample` by rows**: {where}.")
@@ -1095,21 +1439,32 @@ def host_trace_text(trace: dict) -> str:
     wide = df.pivot_table(index="rows", columns="impl", values="host_us")
     if peer in wide and "specfix" in wide:
         ours, theirs = wide["specfix"], wide[peer]
-        at = [f"{ours[r] / theirs[r]:.2f}x at {r:,} row{'s' * (r > 1)} ({ours[r]:.1f} against "
-              f"{theirs[r]:.1f} us)" for r in (1, 8, 64) if r in wide.index]
+        at = [
+            f"{ours[r] / theirs[r]:.2f}x at {r:,} row{'s' * (r > 1)} ({ours[r]:.1f} against "
+            f"{theirs[r]:.1f} us)"
+            for r in (1, 8, 64)
+            if r in wide.index
+        ]
         lines.append(f"- **Host cost per call**, specfix over {names[peer]}: " + "; ".join(at) + ".")
     for r in step_table(trace).itertuples():
         if not math.isnan(r.graph_back_to_back_us):
-            lines.append(f"- **{names[r.impl]}, the step at {r.batch} request{'s' * (r.batch > 1)}**: "
-                         f"{r.eager_back_to_back_us:,.0f} us back to back eager, "
-                         f"{r.graph_back_to_back_us:,.0f} us replayed from one CUDA graph; the host's work "
-                         f"per step {r.eager_host_us:,.0f} us eager, {r.graph_host_us:,.0f} us for a replay; "
-                         f"the GPU's {r.eager_gpu_us:,.0f} and {r.graph_gpu_us:,.0f} us.")
-    idle = [f"{r['impl']} at {r['rows']:,} rows" for r in trace["rows"]
-            if r.get("gpu_busy_throughout_host_timing") is False]
+            lines.append(
+                f"- **{names[r.impl]}, the step at {r.batch} request{'s' * (r.batch > 1)}**: "
+                f"{r.eager_back_to_back_us:,.0f} us back to back eager, "
+                f"{r.graph_back_to_back_us:,.0f} us replayed from one CUDA graph; the host's work "
+                f"per step {r.eager_host_us:,.0f} us eager, {r.graph_host_us:,.0f} us for a replay; "
+                f"the GPU's {r.eager_gpu_us:,.0f} and {r.graph_gpu_us:,.0f} us."
+            )
+    idle = [
+        f"{r['impl']} at {r['rows']:,} rows"
+        for r in trace["rows"]
+        if r.get("gpu_busy_throughout_host_timing") is False
+    ]
     if idle:
-        lines.append("- The GPU ran out of queued work before the host's timing loop ended "
-                     f"({', '.join(idle)}): there the host's times include waiting for the GPU.")
+        lines.append(
+            "- The GPU ran out of queued work before the host's timing loop ended "
+            f"({', '.join(idle)}): there the host's times include waiting for the GPU."
+        )
     if not df["gpu_us"].notna().any():
         lines.append("- This recording ran without a GPU: every time in it is the host's.")
     return "\n".join(lines)

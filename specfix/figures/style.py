@@ -18,6 +18,8 @@ PLACEHOLDER = "#f1a340"  # orange: a -1 placeholder slot
 PADDING = "#9e9e9e"  # grey: a padded row or slot
 NEUTRAL = "#2166ac"  # blue: anything else (target, reference, a measured value)
 ACCENT = "#762a83"  # purple: a second series beside NEUTRAL
+THIRD = "#35978f"  # teal: a third series beside NEUTRAL and ACCENT
+SERIES = (NEUTRAL, ACCENT, THIRD)  # series colours, in order
 CEILING = "#444444"  # dark grey: a hardware ceiling or a threshold line
 
 #: The width, in CSS px, of the book's text column (sphinx-book-theme at 1280 px); JupyterLab's output area
