@@ -318,6 +318,11 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     assert graph.startswith("Goal: *RejectionSampler.forward captured") and "at 16 (random)" in graph
     cpu = {**H200, "results": [r for r in H200["results"] if r["impl"] != "specfix_triton_graph"]}
     assert perf.rejection_graph_text(cpu).startswith("This report has no captured verification step")
+    # a smaller run (the GPU at ci scale) has other batches: the text names the fewest and the most it has
+    few = [r for r in H200["results"] if r["case"] != "rejection" or r["params"]["batch"] not in (1, 16)]
+    batches = sorted({r["params"]["batch"] for r in few if r["case"] == "rejection"})
+    text = perf.rejection_graph_text({**H200, "results": few})
+    assert f"at {batches[0]} requests and" in text and f"at {batches[-1]} (random)" in text
     with pytest.raises(ValueError, match="before: old"):
         only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
         perf.profile_text({**profile, "kernels": only_today}, sweep)

@@ -440,11 +440,17 @@ def rejection_graph_text(report: dict) -> str:
     shapes = sorted({key[1:3] for key in replay.index})
     (k_lo, v_lo), (k_hi, v_hi) = shapes[0], shapes[-1]
 
-    def say(k, v):
-        return ", ".join(
-            f"{replay[(m, k, v, 1)]:.0f} us at 1 request and {replay[(m, k, v, 16)]:.0f} at 16 ({m})"
-            for m in ("greedy", "random")
-        )
+    def say(k, v):  # at 1 and 16 requests, or the fewest and the most this report has (a smaller run)
+        parts = []
+        for m in ("greedy", "random"):
+            by_batch = replay.loc[(m, k, v)].sort_index()
+            lo = 1 if 1 in by_batch.index else by_batch.index[0]
+            hi = 16 if 16 in by_batch.index else by_batch.index[-1]
+            parts.append(
+                f"{by_batch[lo]:.0f} us at {lo} request{'' if lo == 1 else 's'} and "
+                f"{by_batch[hi]:.0f} at {hi} ({m})"
+            )
+        return ", ".join(parts)
 
     return (
         f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
