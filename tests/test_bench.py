@@ -408,6 +408,28 @@ def test_failing_job_is_recorded_and_the_run_goes_on(monkeypatch):
     assert [r["impl"] for r in report["results"]] == ["x"]
 
 
+def test_a_cuda_error_stops_the_run_and_names_the_job_that_raised_it(monkeypatch):
+    """After an illegal address or a device-side assert no later CUDA call works in the process: the run
+    stops there, and the report (still written) names the job."""
+
+    def plan(s, timer):
+        def lost():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        return [
+            bench.Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])]),
+            bench.Job("lost", lost),
+            bench.Job("after", lambda: [bench.result("ghost", "y", {}, [1.0])]),
+        ]
+
+    monkeypatch.setitem(bench.CASES, "ghost", bench.Case("ghost", "fails", plan, lambda r, s: []))
+    report = _cpu_report(["ghost"])
+    assert [r["impl"] for r in report["results"]] == ["x"]
+    (error,) = report["errors"]
+    assert error["job"] == "lost" and "illegal memory access" in error["error"]
+    assert "the run stopped here" in error["error"]
+
+
 # ---------------------------------------------------------------------------------------- the CLI
 
 

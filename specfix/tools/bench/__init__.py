@@ -126,15 +126,27 @@ def _run_jobs(report: dict, names: list[str], settings: Settings, progress: bool
         except Unavailable as exc:
             report["unavailable"].append({"case": name, "reason": f"{job.label}: {exc}"})
         except Exception as exc:  # noqa: BLE001  (one failing job must not lose the rest of the run)
-            report["errors"].append(
-                {
-                    "case": name,
-                    "job": job.label,
-                    "error": "".join(traceback.format_exception_only(exc)).strip(),
-                }
-            )
+            report["errors"].append(_error(name, job.label, exc))
+            if _gpu_lost(exc):
+                break
         if settings.cuda:
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception as exc:  # noqa: BLE001  (an asynchronous fault of this job surfaces here)
+                report["errors"].append(_error(name, job.label, exc))
+                break
+
+
+def _error(case: str, job: str, exc: BaseException) -> dict:
+    text = "".join(traceback.format_exception_only(exc)).strip()
+    if _gpu_lost(exc):  # the process's CUDA context is unusable from here on: the run stops, and says so
+        text += " (the run stopped here: after a CUDA error no later job can run in this process)"
+    return {"case": case, "job": job, "error": text}
+
+
+def _gpu_lost(exc: BaseException) -> bool:
+    """A CUDA error (an illegal address, a device-side assert) poisons the process's GPU context."""
+    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(exc)
 
 
 def run(
