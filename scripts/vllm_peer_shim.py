@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["tl", "triton"]
+__all__ = ["HAS_TRITON", "tl", "tldevice", "triton"]
 
 
 def init_logger(name: str) -> logging.Logger:
@@ -92,6 +92,15 @@ def triton_kernel_dispatcher_with_warmup(*, kernel, warmup_inputs=None):
         return launch
 
     return decorate
+
+
+# vLLM 0.24 and 0.25 import these from vllm.triton_utils too: triton is present here, and ``tldevice`` is
+# Triton's libdevice (their Gumbel kernels call its log1p), which only a compiled kernel on a GPU has.
+HAS_TRITON = True
+try:
+    from triton.language.extra import libdevice as tldevice
+except ImportError:  # an older triton: the kernels that need it fail when compiled, and say why
+    tldevice = None
 
 
 class _Unavailable:
