@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfix import Fixes, runtime
-from specfix.lab.masked_gumbel import gumbel_batch
+from specfix.lab.masked_gumbel import BATCH_KEYS, gumbel_batch
 from specfix.mrv2 import gumbel
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.tools.stats import chi_square, chi_square_power, chi_square_samples, samples_for_power
@@ -60,29 +60,11 @@ def batch(rows, vocab, *, num_reqs=None, temps=None, dtype=torch.float32, seed=0
 
 
 def sample(b, apply_temperature=True, is_drafting=False, **kwargs):
-    return gumbel.gumbel_sample(
-        b["logits"],
-        b["expanded_idx_mapping"],
-        b["temperature"],
-        b["seed"],
-        b["pos"],
-        apply_temperature,
-        is_drafting,
-        **kwargs,
-    )
+    return gumbel.gumbel_sample(*(b[k] for k in BATCH_KEYS), apply_temperature, is_drafting, **kwargs)
 
 
 def reference(b, apply_temperature=True, is_drafting=False, **kwargs):
-    return ref.gumbel_sample_reference(
-        b["logits"],
-        b["expanded_idx_mapping"],
-        b["temperature"],
-        b["seed"],
-        b["pos"],
-        apply_temperature,
-        is_drafting,
-        **kwargs,
-    )
+    return ref.gumbel_sample_reference(*(b[k] for k in BATCH_KEYS), apply_temperature, is_drafting, **kwargs)
 
 
 def chi_square_ok(samples: np.ndarray, probs: np.ndarray) -> tuple[bool, float, float]:

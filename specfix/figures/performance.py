@@ -1377,7 +1377,7 @@ def host_regime_figure(trace: dict, source: str):
     """Above: ``gumbel_sample``'s host and GPU time per call by rows, for each implementation. Below: the
     step per batch, eager against one CUDA-graph replay, beside its GPU time alone."""
     df, steps = host_rows(trace), step_table(trace)
-    colours = {impl: c for impl, c in zip(trace["impls"], (style.NEUTRAL, style.ACCENT), strict=False)}
+    colours = dict(zip(trace["impls"], itertools.cycle(style.SERIES)))
     with style.apply():
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 6.0))
         for impl, one in df.groupby("impl", sort=False):

@@ -9,7 +9,7 @@ import statistics
 import torch
 
 from specfix.fixes import Fixes
-from specfix.lab.masked_gumbel import gumbel_batch
+from specfix.lab.masked_gumbel import BATCH_KEYS, gumbel_batch
 from specfix.mrv2.gumbel import gumbel_sample
 from specfix.tools.bench import peer as vllm
 from specfix.tools.bench.report import Job, find, goal, result, shape_label
@@ -34,17 +34,7 @@ def call_gumbel(
     """A no-argument call of specfix's gumbel_sample on ``inp`` (with a ``logits_cache``, column 0 of it is
     filled as a drafter's call fills it)."""
     col = None if logits_cache is None else 0
-    args = (
-        inp["logits"],
-        inp["expanded_idx_mapping"],
-        inp["temperature"],
-        inp["seed"],
-        inp["pos"],
-        apply_temperature,
-        False,
-        logits_cache,
-        col,
-    )
+    args = (*(inp[k] for k in BATCH_KEYS), apply_temperature, False, logits_cache, col)
 
     def call():
         return gumbel_sample(*args, noise=noise, fixes=fixes or Fixes())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specfix.lab.masked_gumbel import load_vllm_sampler
+from specfix.lab.masked_gumbel import BATCH_KEYS, load_vllm_sampler
 from specfix.tools.bench.report import find, goal
 
 #: The vLLM release every per-shape goal is judged against.
@@ -77,7 +77,7 @@ def gumbel_call(module, inp: dict, apply_temperature: bool = False):
     ``is_drafting`` False)."""
     drafting = "is_drafting" in inspect.signature(module.gumbel_sample).parameters
     extra = {"is_drafting": False} if drafting else {}
-    args = (inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"], inp["pos"])
+    args = tuple(inp[k] for k in BATCH_KEYS)
 
     def call():
         return module.gumbel_sample(*args, apply_temperature, **extra)
