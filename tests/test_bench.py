@@ -14,7 +14,7 @@ import torch
 from scipy import stats
 
 from specfix.tools import bench
-from specfix.tools.bench import gumbel_cases, rejection_cases, report, step_cases, timing
+from specfix.tools.bench import gumbel_cases, peer, rejection_cases, report, step_cases, timing
 
 CPU = bench.Settings(torch.device("cpu"), "ci")
 GPU = bench.Settings(torch.device("cuda"), "full")  # only its .cuda flag is used: no GPU needed
@@ -591,3 +591,13 @@ def test_cuda_run_measures_the_step_and_mask_goals():
         r["metrics"]["overhead_p20"] <= r["metrics"]["overhead"] <= r["metrics"]["overhead_p80"]
         for r in masked
     )
+
+
+def test_releases_without_the_placeholder_guard_are_timed_on_greedy_steps_only():
+    # vLLM 0.24.0's random kernel reads target_probs[row, -1] for a -1 draft (no guard before 0.25.0):
+    # given the bench's placeholder steps it read out of bounds and faulted on the H200.
+    mods = {v: object() for v in ("0.24.0", "0.25.0", "0.33.0")}
+    p = peer.Peer("x", gumbel={}, rejection=mods)
+    assert list(peer.rejection_peers(p, "greedy")) == ["0.24.0", "0.25.0", "0.33.0"]
+    assert list(peer.rejection_peers(p, "random")) == ["0.25.0", "0.33.0"]
+    assert peer.rejection_peers(None, "random") == {}

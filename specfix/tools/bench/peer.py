@@ -62,6 +62,20 @@ def load_peer(path: str | Path) -> Peer:
     return Peer(str(folder), modules["gumbel"], modules["rejection"])
 
 
+#: The first vLLM release whose random rejection kernel rejects a ``-1`` draft outright (PR #46533). Before
+#: it, the kernel read ``target_probs[row, -1]``: out of bounds for a placeholder in the first row, an
+#: illegal address on the H200 at 256 requests. Such a release is timed on greedy steps only.
+PLACEHOLDER_GUARD = "0.25.0"
+
+
+def rejection_peers(peer: Peer | None, mode: str) -> dict[str, object]:
+    """The vLLM rejection modules that may take ``mode`` steps holding ``-1`` drafts (version -> module)."""
+    if peer is None:
+        return {}
+    guard = _version_key(PLACEHOLDER_GUARD)
+    return {v: m for v, m in peer.rejection.items() if mode == "greedy" or _version_key(v) >= guard}
+
+
 def peer_impl(version: str) -> str:
     """The ``impl`` name of a vLLM release's results: "vllm_0.33.0"."""
     return f"vllm_{version}"

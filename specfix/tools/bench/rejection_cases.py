@@ -140,7 +140,7 @@ def _shape(s, timer, step: Step) -> list[dict]:
     if s.cuda:
         out.append(_forward_in_graph(timer, step))
     core, public = (next(r for r in out if r["impl"] == i) for i in (CORE, PUBLIC))
-    for v, module in (s.peer.rejection if s.peer else {}).items():
+    for v, module in vllm.rejection_peers(s.peer, step.mode).items():
         call = step.peer_core(module)
         t = timer.time(call)
         b2b = statistics.median(timer.time(call, shield=False))
@@ -249,7 +249,7 @@ def goals_rejection(results, s):
 def plan_rejection_host(s, timer) -> list[Job]:
     batches = s.pick(cpu=(1,), ci=(1, 8), full=(1, 8, 64))
     k, vocab = 3, s.pick(cpu=512, ci=151_936, full=151_936)
-    peers = s.peer.rejection if s.peer else {}
+    peers = vllm.rejection_peers(s.peer, "random")
 
     def run(batch: int) -> list[dict]:
         step = Step(batch, k, vocab, "random", s.device)
