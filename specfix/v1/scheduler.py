@@ -1,13 +1,9 @@
 """Requests, the schedulers and the accepted-token bookkeeping: where ``-1`` placeholders are born.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py`` (``Scheduler``),
-``vllm/v1/core/sched/async_scheduler.py`` (``AsyncScheduler``), ``vllm/v1/core/sched/output.py``
-(``SchedulerOutput``), ``vllm/v1/request.py`` (``Request``), ``vllm/sampling_params.py``
-(``SamplingParams``) and ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats``), cut down to what
-speculative decoding needs: no KV-block manager, no preemption, no structured output (so none of the
-``-1`` vLLM writes for grammar-rejected drafts), no dynamic k; the prefix cache only decides how many
-tokens a new request has left. Unless a version is named beside it, every vLLM file cited here is from
-vLLM 0.33.0.
+Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py``, ``async_scheduler.py`` and ``output.py`` (same
+folder), ``vllm/v1/request.py``, ``vllm/sampling_params.py`` and ``vllm/v1/spec_decode/metrics.py``, cut
+to what speculative decoding needs: no KV-block manager, no preemption, no structured output, no dynamic
+k. Every vLLM file cited here is from 0.33.0 unless a version is named beside it.
 
 Read ``Scheduler.schedule`` first. A ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters the drafts in two places:
 ``Scheduler._pads_new_decode`` (synchronous scheduling) and ``AsyncScheduler._update_after_schedule``.
@@ -25,9 +21,7 @@ from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
 from specfix.v1.snapshot import Snapshot
 
-#: ``"zero"`` pads with token 0 instead of ``-1``, a design alternative chapter 1 measures: Model Runner V2
-#: feeds zeros there too, but 0.33 marks them ``-1`` again before verification
-#: (:mod:`specfix.mrv2.draft_slots`); 0.25 verified them as drafts of token 0, as this policy does.
+#: ``"zero"`` pads with token 0, as 0.25's Model Runner V2 verified its slots (0.33 re-marks them ``-1``).
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
 #: vLLM's default ``CacheConfig.block_size`` (``vllm/config/cache.py``, 0.24.0 to 0.33.0).
 BLOCK_SIZE = 16
@@ -39,7 +33,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
-    """``None`` means speculative decoding is off; otherwise 1 <= k <= MAX_SPEC_LEN."""
+    """``None`` means speculative decoding is off."""
     if num_spec_tokens is None:
         return
     if not is_int(num_spec_tokens):
@@ -54,7 +48,7 @@ def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
 def check_token_ids(
     name: str, token_ids: object, vocab_size: int, allow_placeholder: bool = False
 ) -> list[int]:
-    """A list of ints in ``[0, vocab_size)`` (or -1 too), from a list or a 1-D signed-integer tensor/array."""
+    """A list of ints in ``[0, vocab_size)`` (-1 too if allowed) from a list, tensor or array."""
     if hasattr(token_ids, "dtype"):  # torch tensor or numpy array
         kind = str(token_ids.dtype)
         if "int" not in kind or "uint" in kind or "bool" in kind:
@@ -78,10 +72,8 @@ def check_token_ids(
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling, with vLLM 0.33's defaults and rules (``vllm/sampling_params.py``,
-    ``__post_init__`` and ``_verify_args``): a temperature in ``(0, MAX_TEMP)`` is raised to ``MAX_TEMP``
-    with a warning (dividing logits by it risks inf and NaN), so only 0 is greedy; seed -1 means no seed,
-    any other must fit in an int64 (the generators and the request-state seed tables hold it)."""
+    """Per-request sampling with vLLM 0.33's rules (``vllm/sampling_params.py``): only T == 0 is greedy,
+    seed -1 is no seed, any other seed must fit the int64 seed tables."""
 
     temperature: float = 1.0
     seed: int | None = None
@@ -114,7 +106,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """vLLM's ``SamplingType.GREEDY``: the temperature is below ``SAMPLING_EPS`` (after the raise, 0)."""
+        """vLLM's ``SamplingType.GREEDY``."""
         return self.temperature < SAMPLING_EPS
 
 
@@ -186,8 +178,7 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     scheduled_spec_decode_tokens: dict[str, list[int]]  # the drafts to verify, placeholders included
-    # Not in vLLM (like its num_invalid_spec_tokens): how many of those drafts the scheduler wrote as
-    # placeholders, the ground truth when they are zeros (async: the runner may fill them)
+    # Not in vLLM: how many of them the scheduler wrote as placeholders (the truth when they are zeros)
     num_placeholder_spec_tokens: dict[str, int]
     finished_req_ids: set[str]
     num_spec_tokens_to_schedule: int = 0  # the k next step's drafts are sized for (vLLM's dynamic k)
@@ -196,12 +187,8 @@ class SchedulerOutput:
 
 @dataclass
 class SpecDecodingStats:
-    """Acceptance counts over a run (vllm/v1/spec_decode/metrics.py), placeholders kept apart.
-
-    A *draft* here is a token a drafter really proposed; placeholder slots are counted separately
-    (``num_placeholder_slots``, and ``num_placeholders_accepted``: slots the sampler accepted although
-    nothing was drafted there, which only the "zero" policy or a sampler bug can produce).
-    """
+    """Acceptance counts over a run (vllm/v1/spec_decode/metrics.py); placeholder slots are counted apart
+    from real drafts, and an accepted placeholder means the "zero" policy or a sampler bug."""
 
     num_spec_tokens: int
     num_drafts: int = 0  # verification events: one request in one step with at least one real draft
@@ -219,8 +206,7 @@ class SpecDecodingStats:
         self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * k
 
     def observe(self, num_slots: int, num_placeholders: int, num_accepted: int) -> None:
-        """Record one request's verification: ``num_slots`` draft slots, the last ``num_placeholders`` of
-        them padding, ``num_accepted`` slots accepted (a prefix)."""
+        """One request's verification; the last ``num_placeholders`` of its slots are padding."""
         num_real = num_slots - num_placeholders
         accepted_real = min(num_accepted, num_real)
         self.num_placeholder_slots += num_placeholders
@@ -248,15 +234,13 @@ class SpecDecodingStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """vLLM's figure: 1 + accepted drafts per verification (the tokens one target pass yields)."""
+        """The tokens one target pass yields, as vLLM reports it."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else math.nan
 
 
 class Scheduler:
-    """vLLM's synchronous scheduler: decides, each step, which requests run and how many tokens each
-    feeds the model (running ones first, then waiting ones, within ``max_num_seqs`` and
-    ``max_num_batched_tokens``). Each step's output reaches ``update_from_output`` (and its drafts
-    ``update_draft_token_ids``) before the next ``schedule``."""
+    """vLLM's synchronous scheduler: each step's output (and drafts) come back before the next
+    ``schedule``."""
 
     def __init__(
         self,
@@ -311,11 +295,8 @@ class Scheduler:
         self.block_size = block_size
         self.cached_block_hashes: set[int] = set()  # the prefix cache: one hash per full block computed
 
-    # -- requests ---------------------------------------------------------------------------------
-
     def is_request_id_in_use(self, request_id: str) -> bool:
-        """The id belongs to an unfinished request, or to a finished one that a step in flight still
-        carries (its output has not come back yet): a new request may not take it."""
+        """A new request may not take an id a step in flight still carries."""
         return request_id in self.requests or self._num_steps_in_flight.get(request_id, 0) > 0
 
     def add_request(self, request: Request) -> None:
@@ -373,8 +354,6 @@ class Scheduler:
         """All of the scheduler's state, to restore if a step fails (``LLMEngine.step``)."""
         return Snapshot(self)
 
-    # -- schedule ---------------------------------------------------------------------------------
-
     def _schedule_running(self, request: Request, budget: int) -> tuple[int, list[int]]:
         """Tokens and drafts for a running request (vLLM's running loop); 0 tokens: skip it this step."""
         if (
@@ -382,8 +361,7 @@ class Scheduler:
             and request.num_computed_tokens + 2 - request.num_output_placeholders
             >= request.num_prompt_tokens + request.sampling_params.max_tokens
         ):
-            # Async: even if every draft in flight is rejected, the step in flight reaches max_tokens.
-            return 0, []
+            return 0, []  # async: the step in flight reaches max_tokens even if every draft is rejected
         num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
         num_new = min(num_new, budget, self.max_model_len - request.num_computed_tokens - 1)
         if num_new <= 0:
@@ -398,15 +376,11 @@ class Scheduler:
         """How many of a running request's drafts are placeholders: none, they are the drafter's."""
         return 0
 
-    # vLLM PR #45237 (not in 0.24.0): a *waiting* request with exactly one token left (the first decode on a
-    # P/D decode node, whose prompt KV came from a prefill node; a prompt the prefix cache holds up to its
-    # last token; a one-token prompt) is scheduled as ``1 + k`` tokens with drafts ``[-1] * k``, so the step
-    # keeps the uniform query length a FULL CUDA graph replays. vLLM 0.33's conditions: no running prefill
-    # chunk in this step, and the request has KV already or a running request was scheduled before it
-    # (0.25.0 asked for the running request in every case); if ``1 + k`` does not fit the budget, the
-    # waiting loop stops rather than schedule it unpadded. (vLLM also checks that ``1 + k + 1`` positions fit
-    # in ``max_model_len``; ``add_request`` reserves room for k drafts, so that always holds.) A running
-    # request gets ``1 + len(drafts)`` tokens, never padded: a drafter that proposed fewer gets fewer slots.
+    # vLLM PR #45237 (not in 0.24.0): a waiting request with one token left (a P/D decode node's first
+    # decode, a prompt the prefix cache holds, a one-token prompt) is scheduled as ``1 + k`` tokens with
+    # drafts ``[-1] * k``, keeping the uniform query length a FULL CUDA graph replays. 0.33 asks for no
+    # prefill chunk in the step, and KV already there or a running request before it (0.25.0: always the
+    # latter). Running requests are never padded.
     def _pads_new_decode(
         self, request: Request, num_computed_tokens: int, running_scheduled: bool, prefill_scheduled: bool
     ) -> bool:
@@ -417,15 +391,11 @@ class Scheduler:
             and (running_scheduled or num_computed_tokens > 0)
         )
 
-    # Prefix caching (on by default in vLLM 0.33, ``vllm/config/cache.py``; off here): every full block's
-    # KV is kept under a hash chained over the prefix (``vllm/v1/core/kv_cache_utils.py``);
-    # a new request starts from its longest run of cached leading blocks, at most ``num_tokens - 1`` tokens,
-    # as the last must be computed for its logits (``KVCacheManager.get_computed_blocks``,
-    # ``vllm/v1/core/kv_cache_manager.py`` 0.33.0 ~295-306). So a repeated prompt one token longer than
-    # whole blocks has one token left and is padded. specfix never evicts a block.
+    # Prefix caching (on by default in vLLM 0.33, ``vllm/config/cache.py``; off here): a new request starts
+    # from its cached leading full blocks, at most ``num_tokens - 1`` tokens, as the last is computed for
+    # its logits (``vllm/v1/core/kv_cache_manager.py`` 0.33.0 ~295-306). No block is ever evicted.
     def block_hashes(self, token_ids: list[int]) -> list[int]:
-        """One hash per full block of ``token_ids``, each chained to the one before (as vLLM's block hashes
-        are), so a block matches only behind the same prefix."""
+        """One hash per full block, chained over the prefix (``vllm/v1/core/kv_cache_utils.py``)."""
         hashes, parent = [], None
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             parent = hash((parent, tuple(token_ids[start : start + self.block_size])))
@@ -444,19 +414,9 @@ class Scheduler:
         return hits * self.block_size
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step: running requests first, then waiting ones, within the budgets; then count the
-        scheduled tokens as computed (``_update_after_schedule``)."""
-        output = SchedulerOutput(
-            [],
-            CachedRequestData(),
-            {},
-            0,
-            {},
-            {},
-            self.finished_req_ids,
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-            step_id=self._num_steps,
-        )
+        """Plan one step: running requests first, then waiting ones, within the budgets."""
+        new, cached, finished = [], CachedRequestData(), self.finished_req_ids
+        output = SchedulerOutput(new, cached, {}, 0, {}, {}, finished, self.num_spec_tokens, self._num_steps)
         budget, prefill_scheduled = self.max_num_batched_tokens, False
         for request in self.running:
             if budget <= 0:
@@ -506,15 +466,13 @@ class Scheduler:
 
     @staticmethod
     def _add(output: SchedulerOutput, request: Request, n: int, drafts: list[int], num_placeholders: int):
-        """Record ``n`` tokens for ``request`` in ``output``, and its drafts if it has any."""
         output.num_scheduled_tokens[request.request_id] = n
         if drafts:
             output.scheduled_spec_decode_tokens[request.request_id] = list(drafts)
             output.num_placeholder_spec_tokens[request.request_id] = num_placeholders
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        """vLLM's ``_update_after_schedule``: the scheduled tokens count as computed until the runner says
-        otherwise (rejected drafts are rolled back in ``update_from_output``)."""
+        """Scheduled tokens count as computed until ``update_from_output`` rolls back rejected drafts."""
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += n
@@ -530,13 +488,9 @@ class Scheduler:
                 )
         self.finished_req_ids = set()
 
-    # -- after the model ran ----------------------------------------------------------------------
-
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
-        """Append each request's sampled tokens, roll back rejected drafts, finish capped requests; return
-        the finished ones. As in vLLM (``_free_request``) a finished request leaves ``requests`` at once, its
-        id goes out with the next ``finished_req_ids``, and output that arrives later for it (async: a step
-        scheduled before it finished) is dropped. Its id may be used again once no step carries it."""
+        """Append sampled tokens, roll back rejected drafts, return the requests that finished. As in vLLM's
+        ``_free_request``, later output for a finished request (async) is dropped."""
         filled = model_runner_output.num_filled_spec_tokens
         generated_by_req = self._check_output(scheduler_output, model_runner_output)
         self._step_ids_in_flight.discard(scheduler_output.step_id)
@@ -572,8 +526,7 @@ class Scheduler:
         return finished
 
     def _check_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> dict[str, list[int]]:
-        """Each scheduled request's sampled ids, checked before any request is touched: the output of a
-        step in flight (not delivered before), a result for every request, at most ``1 + drafts`` ids."""
+        """Each scheduled request's sampled ids, all checked before any request is touched."""
         if not isinstance(scheduler_output, SchedulerOutput):
             raise TypeError(
                 f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
@@ -602,8 +555,7 @@ class Scheduler:
         return generated_by_req
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Store the drafter's proposals (``DraftTokenIds``) on their requests for the next step. Drafts of
-        a request that has finished meanwhile, or that is still prefilling, are dropped (as in vLLM)."""
+        """Store ``DraftTokenIds`` for the next step; drop those of finished or prefilling ones (vLLM)."""
         req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
         if len(req_ids) != len(drafts):
             raise ValueError(f"draft_token_ids has {len(req_ids)} req_ids but {len(drafts)} draft lists")
@@ -615,19 +567,9 @@ class Scheduler:
 
 
 class AsyncScheduler(Scheduler):
-    """vLLM's ``AsyncScheduler``: schedules step N + 1 while step N runs, before its tokens and drafts
-    are known.
-
-    After each ``schedule`` every scheduled request past its prefill gets ``[-1] * k`` as its next drafts
-    and ``1 + len(drafts)`` more ``num_output_placeholders``, so the next step gives it ``1 + k`` tokens;
-    the model runner writes its drafter's previous proposals over those ``-1`` (a request that was not in
-    that step keeps its ``-1`` up to the embedding). ``update_from_output`` of step N takes the rejected
-    drafts and the emitted tokens off again. Drafts never travel through this scheduler.
-    """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._spec_token_placeholders: list[int] = [self.placeholder_token_id] * self.num_spec_tokens
+    """vLLM's ``AsyncScheduler``: schedules step N + 1 before step N's tokens and drafts are known, so each
+    request past its prefill gets ``[-1] * k`` drafts that the model runner overwrites with its proposals
+    (a request absent from that step keeps its ``-1`` up to the embedding)."""
 
     def _num_placeholder_drafts(self, drafts: list[int]) -> int:
         """All of them: a running request's drafts are the placeholders set after its last step."""
@@ -642,14 +584,11 @@ class AsyncScheduler(Scheduler):
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         super()._update_after_schedule(scheduler_output)
-        self._spec_token_placeholders = [
-            self.placeholder_token_id
-        ] * scheduler_output.num_spec_tokens_to_schedule
+        # vLLM's name; every request shares this one list, sized by the step's (dynamic) k
+        placeholders = [self.placeholder_token_id] * scheduler_output.num_spec_tokens_to_schedule
+        self._spec_token_placeholders, spec = placeholders, scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
-            if request.is_prefill_chunk:
-                continue
-            request.num_output_placeholders += 1 + len(
-                scheduler_output.scheduled_spec_decode_tokens.get(req_id, ())
-            )
-            request.spec_token_ids = self._spec_token_placeholders
+            if not request.is_prefill_chunk:
+                request.num_output_placeholders += 1 + len(spec.get(req_id, ()))
+                request.spec_token_ids = placeholders
