@@ -1,14 +1,10 @@
 """The engine loop: schedule, run the model, verify drafts, update, repeat; and ``generate``.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/engine/llm_engine.py`` (``LLMEngine.add_request`` / ``step``) and, for
-``generate``, ``vllm/entrypoints/llm.py`` (``LLM.generate``), with the scheduler and the runner in one
-process (vLLM puts them in the engine core, ``vllm/v1/engine/core.py``: ``schedule`` -> ``execute_model``
--> ``update_from_output`` -> ``take_draft_token_ids`` -> ``update_draft_token_ids``).
+Mirrors vLLM 0.33.0's ``vllm/v1/engine/llm_engine.py`` and ``vllm/entrypoints/llm.py`` (``LLM.generate``),
+with the engine core's loop (``vllm/v1/engine/core.py``) in the same process.
 
-    from specfix.v1.engine import generate, SamplingParams
-    result = generate(["the fox said", "a lion was"], SamplingParams(temperature=0.8, seed=1, max_tokens=20),
-                      num_speculative_tokens=3)
-    result.outputs[0].text, result.stats.acceptance_rate, result.stats.mean_acceptance_length
+    result = generate(["the fox said"], SamplingParams(temperature=0.8, seed=1), num_speculative_tokens=3)
+    result.outputs[0].text, result.stats.acceptance_rate
 
 Read :meth:`LLMEngine.step` first.
 """
@@ -41,8 +37,7 @@ from specfix.v1.scheduler import (
 from specfix.v1.snapshot import Snapshot
 
 PROPOSERS = ("draft_model", "ngram")
-#: "v1": vLLM's V1 runner (``gpu_model_runner.py``); "v2": Model Runner V2's draft slots
-#: (:mod:`specfix.mrv2.draft_slots`), the runner vLLM 0.33 uses by default.
+#: "v1": vLLM's V1 runner; "v2": Model Runner V2's draft slots (:mod:`specfix.mrv2.draft_slots`).
 MODEL_RUNNERS = ("v1", "v2")
 _DEFAULT_FIXES = Fixes()
 _DEFAULT_PARAMS = SamplingParams()
@@ -67,9 +62,7 @@ class GenerateResult:
 
 
 class _StepUndo:
-    """What ``LLMEngine.step`` puts back if it fails: the scheduler's, the runner's and the engine's own
-    state (each saved whole, whatever fields it has) and the global random generators (an unseeded
-    request draws from them)."""
+    """What a failed ``LLMEngine.step`` puts back, the global generators too (unseeded requests use them)."""
 
     def __init__(self, engine: LLMEngine):
         self.parts = [
@@ -90,28 +83,12 @@ class _StepUndo:
 
 
 class LLMEngine:
-    """One scheduler, one model runner, one tokenizer; ``step()`` runs one iteration.
+    """One scheduler, one model runner, one tokenizer; a ``step()`` is all-or-nothing, so a failed one
+    leaves the engine as it was and usable.
 
-    A step is all-or-nothing: whatever raises inside it (the model, the drafter, a bad value found on the
-    way), every request, the runner's rows and KV cache, the random generators and the step count are
-    left as they were before it, and the engine stays usable. Bad requests are refused by
-    ``add_request`` before anything changes. A finished request is freed, as in vLLM: it leaves the
-    scheduler (its id may be used again) and ``step()`` hands back its output.
-
-    ``async_scheduling=True`` runs vLLM's async scheduling (``AsyncScheduler``, and the engine core's
-    ``step_with_batch_queue`` with two batches in flight): each ``step`` schedules and runs one batch, then
-    hands the *previous* batch's output to the scheduler, so the scheduler always plans one step ahead of
-    what it knows. Drafts then never pass through the scheduler: it sends ``-1`` placeholders and the model
-    runner fills them from its own previous proposals. vLLM turns async scheduling on by default where
-    nothing rules it out; specfix keeps synchronous scheduling as the default, and chapter 1 runs both.
-    vLLM 0.33's V1 runner refuses async scheduling with the CPU n-gram drafter (``vllm/config/vllm.py``),
-    and so does specfix.
-
-    ``model_runner``: ``"v1"`` (the default here) is vLLM's V1 runner, ``gpu_model_runner.py``; ``"v2"``
-    gives it Model Runner V2's draft slots (:mod:`specfix.mrv2.draft_slots`). vLLM 0.33 runs Model Runner V2
-    by default (``VllmConfig.use_v2_model_runner``, ``vllm/config/vllm.py``); 0.24 only for six listed
-    architectures, 0.25 for dense models and three MoE ones. ``enable_prefix_caching``: the scheduler's prefix
-    cache (on by default in vLLM, off here so that runs do not depend on what ran before them).
+    ``async_scheduling`` keeps two batches in flight (vLLM's ``step_with_batch_queue``); vLLM 0.33 refuses
+    it with the n-gram drafter (``vllm/config/vllm.py``), as specfix does. vLLM 0.33 runs Model Runner V2
+    by default (``model_runner="v2"``); prefix caching is off here so that runs do not depend on each other.
     """
 
     def __init__(
@@ -198,8 +175,7 @@ class LLMEngine:
         request_id: str | None = None,
         remote_prefill: bool = False,
     ) -> str:
-        """Queue a prompt (text, or token ids). ``remote_prefill``: the prompt was prefilled elsewhere
-        (P/D disaggregation), so only its last token is left: the first step pads it with placeholders."""
+        """Queue a prompt; ``remote_prefill`` (P/D disaggregation) leaves only its last token to compute."""
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str or None, got {request_id!r}")
         if not isinstance(remote_prefill, bool):
@@ -228,10 +204,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
     def step(self) -> list[RequestOutput]:
-        """One iteration; returns the outputs of the requests that finished in it (now freed).
-
-        If anything raises, the engine is put back as it was before the step and the error propagates.
-        """
+        """One iteration; returns the outputs of the requests that finished in it (now freed)."""
         undo = _StepUndo(self)
         try:
             finished = self._step_async() if self.async_scheduling else self._step_sync()
@@ -262,8 +235,7 @@ class LLMEngine:
         return finished
 
     def _step_async(self) -> list[Request]:
-        """vLLM's ``EngineCore.step_with_batch_queue``: schedule and run a batch; then, if two batches are
-        in flight or nothing new ran, hand the older one's output to the scheduler."""
+        """vLLM's ``EngineCore.step_with_batch_queue``: it plans one step ahead of what it knows."""
         ran = False
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
@@ -280,7 +252,7 @@ class LLMEngine:
         return self.scheduler.update_from_output(*self._batch_queue.pop())
 
     def get_output(self, request_id: str) -> RequestOutput:
-        """What an unfinished request has generated so far (a finished one's output came from ``step``)."""
+        """What an unfinished request has generated so far."""
         request = self.scheduler.requests.get(request_id)
         if request is None:
             raise KeyError(f"request_id {request_id!r} is not an unfinished request of this engine")
@@ -306,12 +278,8 @@ def generate(
     max_steps: int | None = None,
     **engine_kwargs,
 ) -> GenerateResult:
-    """Generate for a batch of prompts; ``engine_kwargs`` go to :class:`LLMEngine` (fixes, device,
-    proposer, placeholder_policy, async_scheduling, max_num_batched_tokens, models, record, ...).
-
-    ``sampling_params`` and ``remote_prefill`` are one value for all prompts or one per prompt.
-    ``max_steps`` stops early (outputs then hold what was generated so far).
-    """
+    """Generate for a batch of prompts; ``engine_kwargs`` go to :class:`LLMEngine`, and per-prompt
+    arguments take one value for all or one per prompt."""
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise TypeError("prompts must be a list of strings or token-id lists")
     if len(prompts) == 0:
@@ -338,17 +306,11 @@ def generate(
     )
 
 
-#: Four openings that stop mid-sentence, where the target's next word is often *the* (token 0): the
-#: prefilled ones show what a placeholder written as 0 does (``placeholder_policy="zero"``).
+#: Openings whose next word is often *the* (token 0), to show what a placeholder written as 0 does.
 DEMO_PROMPTS = ("the fox saw the crow and", "a lion was asleep in", "the north wind and", "the mice ran to")
 
 
-# Chapter 2 re-creates the crash in a child process with the clamp switched off:
-#
-#     python -m specfix.v1.engine --no-clamp --device cuda --steps 4      # CUDA: device-side assert
-#     python -m specfix.v1.engine --no-clamp --device cpu                 # CPU: IndexError from F.embedding
-#
-# or from Python, ``run_demo(Fixes(clamp_placeholders=False), device="cuda", steps=4)``.
+# Chapter 2's crash: python -m specfix.v1.engine --no-clamp --device cuda --steps 4
 def run_demo(
     fixes: Fixes = _DEFAULT_FIXES,
     device: torch.device | str = "cpu",
@@ -357,11 +319,8 @@ def run_demo(
     proposer: str = "draft_model",
     async_scheduling: bool = False,
 ) -> GenerateResult:
-    """A batch of four whose first step carries ``-1`` placeholders: two requests arrive prefilled
-    (P/D disaggregation, as in the seed's DeepSeek MTP reproduction), so the scheduler pads their first
-    decode with ``[-1] * k``; no runner has proposals for them yet, in either scheduling mode. With
-    ``fixes.clamp_placeholders`` off this fails in the first step's embedding: IndexError on CPU, a
-    device-side assert on CUDA."""
+    """A batch of four whose two prefilled requests get ``[-1] * k`` drafts in the first step: with
+    ``fixes.clamp_placeholders`` off the embedding fails (IndexError on CPU, device-side assert on CUDA)."""
     return generate(
         list(DEMO_PROMPTS),
         SamplingParams(temperature=0.7, seed=0, max_tokens=24),
