@@ -1,15 +1,11 @@
 """Chapter 3's reproduction: seeded requests decoded in padded batches, each compared with its run alone.
 
-Mirrors the MRV2 engine of vLLM 0.33.0's ``vllm/v1/worker/gpu/model_runner.py`` in miniature: a small
-Model Runner V2 style engine (:class:`SpecDecodeEngine`) drives the real pieces: the
-:class:`~specfix.mrv2.speculator.DraftModelSpeculator` (CUDA-graph replays on a GPU, the same step at the
-padded size on a CPU), the target n-gram model on vLLM's flat token layout, and MRV2 verification that
-reads the cached draft distribution by ``req_state_idx``. Every source of randomness is keyed by
-(seed, position), so a request's text must not depend on who shares its batch.
+Mirrors vLLM 0.33.0's Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``) in miniature: the real
+speculator, target and MRV2 verification. All randomness is keyed by (seed, position), so a request's text
+must not depend on who shares its batch.
 
-Read :func:`run_padding_bench` first (batched runs against solo runs, with a trace of every stale write),
-then :func:`padded_step_scenario` (the chapter's named histories) and :func:`one_step_distribution` (the
-statistics).
+Read :func:`run_padding_bench` first, then :func:`padded_step_scenario` (the chapter's named histories)
+and :func:`one_step_distribution` (the statistics).
 """
 
 from __future__ import annotations
@@ -38,18 +34,11 @@ from specfix.mrv2.speculator import (
 from specfix.tokenizer import corpus_text, get_tokenizer
 from specfix.tools.stats import chi_square
 
-# With ``trace=True`` every step records which padded rows wrote
-# into which slot, whose slot that was, and where the stale ``idx_mapping`` value came from:
-#
-# - ``"fresh buffer (zeros)"``: the row was never written; ``idx_mapping`` starts as zeros, so it names
-#   slot 0;
-# - ``"earlier larger batch"``: the row last held a request that is still live, now at another row;
-# - ``"finished request's slot, reused"``: the row's request finished and its slot now belongs to another;
-# - ``"free slot"``: the named slot is free; the write is harmless.
-ORIGIN_FRESH = "fresh buffer (zeros)"
-ORIGIN_EARLIER = "earlier larger batch"
-ORIGIN_REUSED = "finished request's slot, reused"
-ORIGIN_FREE = "free slot"
+# Where a padded row's stale ``idx_mapping`` value came from:
+ORIGIN_FRESH = "fresh buffer (zeros)"  # never written: the zeroed buffer names slot 0
+ORIGIN_EARLIER = "earlier larger batch"  # its last request is still live, now at another row
+ORIGIN_REUSED = "finished request's slot, reused"  # its request finished and the slot is another's now
+ORIGIN_FREE = "free slot"  # the named slot is free: the write is harmless
 
 
 @dataclass(frozen=True)
@@ -138,8 +127,7 @@ SAMPLERS = {"kernel": gumbel_sample, "reference": reference_sampler}
 
 
 def _origin(writer: object | None, victim: object | None) -> str:
-    """Where a padded row's stale ``idx_mapping`` value came from: the request that last wrote the row
-    (None: never written) against the live request that owns the slot it names now (None: free)."""
+    """The row's last writer against the slot's live owner (None: never written, free)."""
     if writer is None:
         return ORIGIN_FRESH
     if victim is None:
@@ -148,11 +136,8 @@ def _origin(writer: object | None, victim: object | None) -> str:
 
 
 def resolve_sampler(sampler: str, device: torch.device, fixes: Fixes) -> str:
-    """Which of :data:`SAMPLERS` drafts: ``"kernel"`` (the Triton ``gumbel_sample``), ``"reference"`` (its
-    torch twin: the same tokens and stores, tied by tests/test_speculator.py, and fast on a CPU, where
-    Triton's interpreter pays milliseconds per program) or, for ``"auto"``, the kernel on a GPU and the
-    reference on a CPU. The reference is the masked sampler: with ``fixes.mask_invalid_reqs`` off, "auto"
-    picks the kernel."""
+    """``"auto"``: the kernel on a GPU, its torch twin on a CPU (where Triton's interpreter is slow); the
+    twin is the masked sampler, so with ``fixes.mask_invalid_reqs`` off it is the kernel."""
     if sampler not in ("auto", "kernel", "reference"):
         raise ValueError(f"sampler must be 'auto', 'kernel' or 'reference', got {sampler!r}")
     if sampler == "auto":
@@ -313,8 +298,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def mark_differences(solo: list[int], batched: list[int], tokenizer=None) -> tuple[str, str]:
-    """Both texts, wdiff style: ``[-word-]`` only in the solo run, ``{+word+}`` only in the batched one;
-    an inserted word that repeats its neighbour is marked ``{+word+}(dup)``."""
+    """Both texts, wdiff style (``[-solo-]``, ``{+batched+}``, ``(dup)`` on a repeated neighbour)."""
     tok = tokenizer or get_tokenizer()
     a, b = [tok.vocab[t] for t in solo], [tok.vocab[t] for t in batched]
     left, right = [], []
@@ -348,8 +332,7 @@ class PaddingBench:
         return [r.req_id for r in self.requests if out_b[r.req_id] != out_s[r.req_id]]
 
     def cause(self, req_id: int) -> tuple[int, int, list[PaddedWrite]]:
-        """(first diverging token, the step that emitted it, the padded writes into this request's slot in
-        that step) for a corrupted response."""
+        """(first diverging token, its step, that step's padded writes into the request's slot)."""
         index = first_divergence(self.solo.outputs[req_id], self.batched.outputs[req_id])
         if index is None:
             raise ValueError(f"request {req_id} is identical batched and alone")
@@ -358,7 +341,7 @@ class PaddingBench:
         return index, step, [w for w in record.writes if w.victim == req_id]
 
     def write_origins(self) -> Counter:
-        """How many padded-row writes came from each source of stale values (over the batched run)."""
+        """Padded-row writes of the batched run, by origin."""
         return Counter(w.origin for s in self.batched.steps for w in s.writes)
 
     def summary(self) -> dict:
@@ -369,8 +352,7 @@ class PaddingBench:
             "steps_batched": len(self.batched.steps),
             "padded_steps": sum(s.num_reqs_padded > len(s.req_ids) for s in self.batched.steps),
             "writes_by_origin": dict(self.write_origins()),
-            # padded writes into a live slot that the victim's own row did not overwrite in the same launch
-            # (on a GPU, which of the two stores lands last is up to the hardware)
+            # writes the victim's own row did not overwrite in the same launch (on a GPU: a race)
             "writes_landed": sum(bool(w.overwritten_cols) for s in self.batched.steps for w in s.writes),
             "ran": sorted({s.ran for s in self.batched.steps}),
             "repeats_batched": sum(count_repeats(v) for v in self.batched.outputs.values()),
@@ -394,12 +376,8 @@ def run_padding_bench(
     solo: RunResult | None = None,
     sampler: str = "auto",
 ) -> PaddingBench:
-    """Run ``num_requests`` seeded requests batched (``max_batch`` at a time) and each alone.
-
-    A batch of one has no padded rows, so the solo outputs do not depend on the fixes: pass ``solo``
-    from an earlier bench with the same requests to skip re-running them. ``sampler``: the drafter's
-    sampler (:func:`resolve_sampler`; by default the Triton kernel on a GPU, its torch twin on a CPU).
-    """
+    """Run seeded requests batched and each alone; solo runs have no padded rows, so ``solo`` from an
+    earlier bench with the same requests is reused whatever the fixes."""
     device = torch.device(device or runtime.DEVICE)
     target, draft = models or load_models(device)
     requests = make_requests(num_requests, seed=seed, max_tokens=max_tokens)
@@ -420,12 +398,9 @@ def run_padding_bench(
     return PaddingBench(requests, fixes or Fixes(), batched, solo)
 
 
-# -- a named history on one speculator: where each padded row's stale value points --------------------
-
-
 @dataclass(frozen=True)
 class BufferState:
-    """The drafter's ``idx_mapping`` as one padded step's replay reads it, and what its padded rows write."""
+    """``idx_mapping`` as one padded step reads it, and what its padded rows write."""
 
     idx_mapping: tuple[int, ...]  # the whole persistent buffer (max_num_reqs rows)
     batch: tuple[str, ...]  # the live request in each batch row
@@ -440,7 +415,6 @@ class BufferState:
 
     @property
     def victims(self) -> list[str]:
-        """The live requests whose cached draft logits a padded row overwrites, by name."""
         return sorted({w.victim for w in self.writes if w.victim is not None})
 
 
@@ -448,7 +422,7 @@ _VERBS = ("step", "arrive", "finish")
 
 
 def _parse_events(events, live: set[str], finished: set[str], max_num_reqs: int) -> list[tuple[str, str]]:
-    """Check a whole history against the requests live now, before anything runs; (verb, names) pairs."""
+    """Check a whole history before anything runs; (verb, names) pairs."""
     if isinstance(events, str) or not isinstance(events, (list, tuple)) or not events:
         raise ValueError(f"events must be a non-empty list of strings such as 'step abc', got {events!r}")
     live, finished, parsed = set(live), set(finished), []
@@ -489,15 +463,9 @@ def _parse_events(events, live: set[str], finished: set[str], max_num_reqs: int)
 
 
 class StaleRowScenario:
-    """A real :class:`DraftModelSpeculator` driven by a named history, for pictures and exercises.
-
-    Requests are single letters. :meth:`play` takes events in order: ``"step abf"`` runs one drafting step
-    for a, b and f in that batch order (a name not yet live arrives first, taking the lowest free slot);
-    ``"arrive g"`` adds requests without running them; ``"finish c"`` ends them (their slots free up, their
-    table rows keep their stale values). A step runs eagerly at vLLM's next capture size over the
-    persistent buffers, as a replay does. The draft model is a small table; each request gets its own
-    context (its letter and step), so a padded row's logits differ from its victim's.
-    """
+    """A real :class:`DraftModelSpeculator` driven by a history of one-letter requests: ``"step abf"``
+    (newcomers take the lowest free slot), ``"arrive g"``, ``"finish c"`` (its table row stays stale).
+    Each request gets its own context, so a padded row's logits differ from its victim's."""
 
     def __init__(
         self,
@@ -528,8 +496,7 @@ class StaleRowScenario:
         self.steps_run = 0
 
     def step_inputs(self, names: str) -> tuple:
-        """``propose``'s arguments for live requests ``names`` in batch order (also what
-        :func:`specfix.lab.invariance.check_speculator` takes)."""
+        """``propose``'s arguments for live requests ``names``, in batch order."""
         live = self.states.req_id_to_index
         missing = [n for n in names if n not in live]
         if missing:
@@ -541,8 +508,7 @@ class StaleRowScenario:
         return len(names), idx, self.states.temperature, self.states.seeds, context, positions
 
     def play(self, events) -> BufferState | None:
-        """Run ``events`` (the whole list is checked first); returns the buffer state of the last step run
-        (None if ``events`` holds no step)."""
+        """Run ``events``; the buffer state of the last step (None without one)."""
         live = set(self.states.req_id_to_index)
         parsed = _parse_events(events, live, self.finished, self.states.max_num_reqs)
         state = None
@@ -579,9 +545,8 @@ class StaleRowScenario:
 
 
 def padded_step_scenario(events, **kwargs) -> BufferState:
-    """The buffer state of the last step of ``events``, played on a fresh :class:`StaleRowScenario` (keywords
-    go to it), e.g. ``padded_step_scenario(["step abcdef", "finish c", "step abdef"])``: chapter 3's buffer
-    figure, its slider and its prediction exercise are built on it."""
+    """The last step's buffer state of ``events`` on a fresh :class:`StaleRowScenario`, e.g.
+    ``["step abcdef", "finish c", "step abdef"]``."""
     scenario = StaleRowScenario(**kwargs)
     _parse_events(events, set(), set(), scenario.states.max_num_reqs)
     if events[-1].split()[0] != "step":
@@ -590,10 +555,8 @@ def padded_step_scenario(events, **kwargs) -> BufferState:
 
 
 def two_step_events(first_batch: int, second_batch: int, finished: str = "c") -> list[str]:
-    """The history behind chapter 3's buffer slider: step 1 runs the first ``first_batch`` requests (a, b,
-    c, ...), then those of ``finished`` among them end, and step 2 runs ``second_batch`` requests: the
-    survivors in order, then newcomers (who take the lowest free slots); survivors past ``second_batch``
-    wait, live but not scheduled."""
+    """Chapter 3's slider: a step, ``finished`` ends, a second step of survivors then newcomers (survivors
+    past ``second_batch`` wait, live but not scheduled)."""
     for name, value in (("first_batch", first_batch), ("second_batch", second_batch)):
         if not is_int(value) or not 1 <= value <= 16:
             raise ValueError(f"{name} must be an int in [1, 16], got {value!r}")
@@ -607,11 +570,8 @@ def two_step_events(first_batch: int, second_batch: int, finished: str = "c") ->
     return events + [f"step {''.join((survivors + newcomers)[:second_batch])}"]
 
 
-# -- the statistics: many trials of one step, every live slot overwritten -------------------------------
-
-
 class TableDraft(torch.nn.Module):
-    """A toy draft model for the controlled setup: logits of the next token = ``table[last token]``."""
+    """A toy draft model: next-token logits are ``table[last token]``."""
 
     order = 2
 
@@ -633,15 +593,8 @@ def one_step_distribution(
     device: torch.device | str | None = None,
     sampler: str = "auto",
 ) -> dict:
-    """Many independent trials of one speculative step, with every live slot exposed to a stale row.
-
-    Setup: a context-free target p (so every output position should follow p exactly), a draft q that
-    differs from p, and a stale token whose draft row q' is peaked on the last token id. First a batch of
-    ``2 * num_trials`` rows runs (rows ``num_trials..`` hold the trial slots and the stale token), then the
-    ``num_trials`` trials run padded to ``2 * num_trials``: without the fix each padded row overwrites
-    one trial's draft logits with q'. Returns :func:`_positions` per output position; p, q, q' and the
-    draft acceptance rate. ``sampler``: see :func:`resolve_sampler`.
-    """
+    """Trials of one step whose every live slot a stale row overwrites: with a context-free target p each
+    output position must still follow p exactly."""
     if not is_int(num_trials) or num_trials < 1:
         raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
     device = torch.device(device or runtime.DEVICE)
@@ -705,9 +658,7 @@ def one_step_distribution(
 
 
 def _positions(sampled: np.ndarray, num_sampled: np.ndarray, p: np.ndarray, q: np.ndarray) -> list[dict]:
-    """Per output position j (``role`` "draft" for the k verified ones, "bonus" for the last): the trials
-    that reached it, its token counts, the chi-square test against p (:func:`chi_square`) and the total
-    variation distance of its frequencies to p and to q."""
+    """Per output position: the trials that reached it, its counts, chi-square against p, TV to p and q."""
     k, rows = sampled.shape[1] - 1, []
     for j in range(k + 1):
         reached = num_sampled > j
@@ -728,7 +679,7 @@ def _positions(sampled: np.ndarray, num_sampled: np.ndarray, p: np.ndarray, q: n
 
 
 def total_variation(a, b) -> float:
-    """Total variation distance between two distributions: half the sum of absolute differences."""
+    """Half the sum of absolute differences."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"a and b must be 1-D of one length, got {a.shape} and {b.shape}")
