@@ -16,8 +16,7 @@ from pathlib import Path
 
 
 def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
-    """The parser; ``cases`` (``bench.CASES``) describe the bench's cases, left out for ``diagnose``, which
-    must not wait for the bench's imports (torch)."""
+    """The parser; ``cases`` (``bench.CASES``) are left out for ``diagnose``, which must not import torch."""
     cases = cases or {}
     parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,13 +75,7 @@ def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["diagnose"]:
-        parser = _parser()
-    else:
-        from specfix.tools import bench
-
-        parser = _parser(bench.CASES)
-    args = parser.parse_args(argv)
-    if args.command == "diagnose":
+        args = _parser().parse_args(argv)
         from specfix.tools import diagnose
 
         status, text = diagnose.run(args.log, as_json=args.json, progress=not args.no_progress)
@@ -91,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # `specfix diagnose LOG | head`: the reader has what it wanted
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (so that the exit flush cannot fail again)
         return status
+    from specfix.tools import bench
+
+    parser = _parser(bench.CASES)
+    return _bench(parser, parser.parse_args(argv))
+
+
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from specfix import runtime
     from specfix.tools import bench
 
@@ -102,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in only or [] if n not in bench.CASES]
     if unknown:
         parser.error(f"--only: unknown case name(s) {', '.join(unknown)}; known: {', '.join(bench.CASES)}")
-    if args.json:
-        problem = _unwritable(args.json)
-        if problem:
-            parser.error(f"--json {args.json}: {problem}")
+    if args.json and (problem := _unwritable(args.json)):
+        parser.error(f"--json {args.json}: {problem}")
     device = args.device or runtime.DEVICE.type
     if device == "cuda" and runtime.INTERPRET:
         parser.error("--device cuda: no usable CUDA GPU here (or SPECFIX_DEVICE=cpu is set)")

@@ -4,35 +4,34 @@
     specfix diagnose - < server.log        # from standard input
     specfix diagnose --json server.log     # the same report as JSON (schema: SCHEMA below)
 
-Verdicts (``VERDICTS``): a ``-1`` placeholder reaching an embedding (vLLM PR #47029), a negative draft
-reaching the rejection sampler (PR #46533), another out-of-range index, no assert but a setup whose outputs
-CUDA-graph padding corrupted (PR #47066), a different error, or a log that does not say enough. Each comes
-with how sure it is and the log lines that made it so.
-
-Read :func:`diagnose` first; :func:`read_lines` says how a pasted log is read, ``FIXES`` where each fix's
-first release was checked.
+Each verdict (``VERDICTS``) comes with how sure it is and the log lines that made it so. Read
+:func:`diagnose` first, then ``_RULES`` (the first rule that fits the log's facts gives the verdict);
+:mod:`specfix.tools.diagnose_scan` reads the log, ``FIXES`` says where each fix's first release was checked.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from specfix.tools import recorded
-
-MAX_LINE = 65536  # characters; a longer line is read as several
-BLOCK = 1 << 20  # bytes read at a time
-MAX_DISTINCT_ASSERTS = 64
-MAX_TRACEBACKS = 32  # completed tracebacks kept (the first ones: the root cause comes first)
-MAX_TRACEBACK_LINES = 400  # lines kept per traceback (its innermost frames)
+from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the parsers from here)
+    ERRORS,
+    SETUP,
+    DeviceAssert,
+    LogError,
+    Scan,
+    device_asserts,
+    open_log,
+    read_lines,
+    traceback_frames,
+)
 
 VERDICTS = {
     "placeholder_embedding": "a -1 placeholder draft token reached an embedding lookup "
@@ -45,69 +44,6 @@ VERDICTS = {
     "different_error": "no device-side assert: the log shows a different failure",
     "inconclusive": "the log does not say enough to tell",
 }
-
-# -- the parsers chapter 2 uses on its own transcripts too (specfix.lab.embedding_assert) -------------------
-
-_ASSERT = re.compile(
-    r"(?P<file>\S+?\.cuh?):(?P<line>\d+): (?P<kernel>.+?): block: \[(?P<block>[\d,\s]+)\], "
-    r"thread: \[(?P<thread>[\d,\s]+)\] Assertion `(?P<condition>.+?)` failed\."
-)
-
-
-@dataclass
-class DeviceAssert:
-    """One ``file:line: kernel: block: [...], thread: [...] Assertion `cond` failed.`` line."""
-
-    file: str
-    line: int
-    kernel: str
-    block: str
-    thread: str
-    condition: str
-
-    @property
-    def where(self) -> str:
-        return f"{Path(self.file).name}:{self.line}"
-
-
-def device_asserts(text: str) -> list[DeviceAssert]:
-    """Every device-side assert line in ``text`` (one per failing GPU thread, so often many)."""
-    return [
-        DeviceAssert(m["file"], int(m["line"]), m["kernel"], m["block"], m["thread"], m["condition"])
-        for m in _ASSERT.finditer(text)
-    ]
-
-
-_FRAME = re.compile(
-    r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?:    (?P<source>.*))?', re.M
-)
-
-
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.M)
-#: What Python prints between the tracebacks of one chain of exceptions (oldest first).
-_CHAINED = (
-    "During handling of the above exception, another exception occurred:",
-    "The above exception was the direct cause of the following exception:",
-)
-
-
-def traceback_frames(text: str) -> list[dict]:
-    """The frames of the last Python error in ``text``, outermost first (file, line, func, source).
-
-    If that error was raised while handling an earlier one (a chain: Python prints the oldest first), the
-    frames are the earliest error's, where the failure was first heard of, not those of the clean-up code
-    that failed after it (after a device-side assert, any CUDA call in a handler fails too)."""
-    starts = [m.start() for m in _TRACEBACK.finditer(text)]
-    if not starts:
-        return []
-    first = len(starts) - 1
-    while first > 0 and any(mark in text[starts[first - 1] : starts[first]] for mark in _CHAINED):
-        first -= 1
-    end = starts[first + 1] if first + 1 < len(starts) else len(text)
-    return [
-        {"file": m["file"], "line": int(m["line"]), "func": m["func"], "source": (m["source"] or "").strip()}
-        for m in _FRAME.finditer(text[starts[first] : end])
-    ]
 
 
 @dataclass(frozen=True)
@@ -122,10 +58,19 @@ class Fix:
     last_release_without: str = "0.24.0"
 
 
-# The first release of each fix (``FIXES``) was checked in the source of vLLM's release wheels (unpacked into
-# ``.peer/src/<version>/`` by ``scripts/fetch_vllm_peer.py``): each fix's code is present in 0.25.0 and
-# 0.33.0 and absent in 0.24.0, and PyPI lists no vLLM release between 0.24.0 and 0.25.0 (``pip index versions
-# vllm``, 2026-12-01), so 0.25.0 is the first release that carries all three.
+_FIX_KEYS = (
+    "short",
+    "what",
+    "where",
+    "first_release",
+    "verified",
+    "chapter",
+)  # as the JSON report names them
+
+
+# Checked in the source of vLLM's release wheels (``scripts/fetch_vllm_peer.py`` unpacks them into
+# ``.peer/src/<version>/``): each fix's code is in 0.25.0 and 0.33.0, not in 0.24.0, and PyPI lists no
+# release between 0.24.0 and 0.25.0 (``pip index versions vllm``, 2026-12-01).
 FIXES = {
     "placeholder_embedding": Fix(
         47029,
@@ -159,10 +104,10 @@ FIXES = {
     ),
 }
 
-#: Kernels an embedding can assert in: those of F.embedding in chapter 2's op table, and the many-indices
-#: sibling of indexSelectSmallIndex in PyTorch's Indexing.cu, which the recording never reached.
+# The many-indices sibling of indexSelectSmallIndex (PyTorch's Indexing.cu), which chapter 2's op table
+# never reached; the table gives F.embedding's other kernels.
 _OTHER_EMBEDDING_KERNELS = {"indexSelectLargeIndex"}
-#: (file name, text in the condition) -> what the kernel is, for asserts outside the recorded table.
+# (file name, text in the condition) -> what the kernel is, for asserts outside the recorded table.
 _KNOWN_ELSEWHERE = [
     ("Indexing.cu", "srcIndex", "the index_select family (F.embedding, torch.index_select)"),
     (
@@ -173,72 +118,7 @@ _KNOWN_ELSEWHERE = [
     ),
     ("IndexKernel.cu", "sizes[i]", "advanced indexing (x[idx], index_put_), not an embedding lookup"),
 ]
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_PREFIX = re.compile(r"^(?:\s*(?:\([^()]*?pid=\d+\)|\[rank\d+\]:))+ ?")
-_PROC = re.compile(r"\(([^()]*?pid=\d+)\)")
-_HEADER = re.compile(
-    r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +"
-    r"(?:\[[^\]]*\]|[\w.]+:\d+\]) ?"
-)
-_EXCEPTION = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault))"
-    r"(?::\s*(?P<msg>.*))?$"
-)
-_BOOL = {"true": True, "false": False, "none": None}
-
-#: setup key -> patterns; the first match in the log wins (flags become booleans in _setup_value)
-_SETUP = {
-    "vllm_version": [
-        r"vLLM API server version (\S+)",
-        r"Initializing a V1 LLM engine \(v([^)\s]+)\)",
-        r"vLLM Version\s*:\s*(\S+)",
-        r"\bvllm[= ]=(\d\S*)",
-    ],
-    "speculative_method": [r"speculative[-_]config\W.*?\bmethod\W{1,4}([\w-]+)"],
-    "num_speculative_tokens": [r"num_spec(?:ulative)?_tokens\W{1,4}(\d+)"],
-    "draft_sample_method": [r"draft_sample_method\W{1,4}(\w+)"],
-    "async_scheduling": [
-        r"async_scheduling\W{1,4}(True|False|true|false)",
-        r"(--(?:no-)?async-scheduling)\b",
-    ],
-    "cudagraph_mode": [
-        r"cudagraph_mode\W{1,4}(?:CUDAGraphMode\.)?(FULL_AND_PIECEWISE|FULL_DECODE_ONLY|"
-        r"PIECEWISE|FULL|NONE)\b"
-    ],
-    "enforce_eager": [r"enforce_eager\W{1,4}(True|False|true|false)", r"(--enforce-eager)\b"],
-    "tensor_parallel_size": [
-        r"tensor_parallel_size\W{1,4}(\d+)",
-        r"(?:--tensor-parallel-size|\s-tp)[ =](\d+)",
-    ],
-    "pipeline_parallel_size": [
-        r"pipeline_parallel_size\W{1,4}(\d+)",
-        r"(?:--pipeline-parallel-size|\s-pp)[ =](\d+)",
-    ],
-    "prefix_caching": [
-        r"enable_prefix_caching\W{1,4}(True|False|true|false|None)",
-        r"(--(?:no-)?enable-prefix-caching)\b",
-    ],
-    "kv_role": [r"kv_role\W{1,4}(kv_producer|kv_consumer|kv_both)"],
-    "kv_connector": [r"kv_connector\W{1,4}(\w+)"],
-}
-_SETUP_RE = {key: [re.compile(p) for p in pats] for key, pats in _SETUP.items()}
-_SETUP_HINT = re.compile(
-    r"version|Version|speculative|num_spec|parallel|async|cudagraph|eager|prefix|kv_|"
-    r"draft_sample|-tp|-pp"
-)
-_ACCEPTANCE = re.compile(r"SpecDecoding metrics:.*?Avg Draft acceptance rate: ([\d.]+)%")
-#: error kind -> (substring that marks it, how the report names it)
-_ERRORS = {
-    "device_assert": ("device-side assert triggered", "CUDA error: device-side assert triggered"),
-    "cuda_oom": ("out of memory", "CUDA out of memory"),
-    "illegal_address": ("illegal memory access", "CUDA error: an illegal memory access was encountered"),
-    "nccl": ("NCCL", "an NCCL (collective communication) error"),
-    "negative_token": (
-        "out of range integral type conversion",
-        "a negative token id reached the detokenizer",
-    ),
-}
+# Exceptions that re-raise another process's error: the traceback under them says less.
 _WRAPPERS = (
     "EngineDeadError",
     "Worker failed with error",
@@ -247,225 +127,9 @@ _WRAPPERS = (
 )
 
 
-class LogError(ValueError):
-    """The input cannot be diagnosed (missing, a directory, binary, empty): the message says why."""
-
-
-# -- reading ----------------------------------------------------------------------------------------------
-def _open(path: str):
-    if path == "-":
-        return sys.stdin.buffer, None, "standard input"
-    p = Path(path)
-    if not p.exists():
-        raise LogError(f"{path}: no such file")
-    if p.is_dir():
-        raise LogError(f"{path} is a directory: give the log file itself")
-    try:
-        return p.open("rb"), p.stat().st_size, path
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-
-
-# The log is read as users paste it: one line at a time (memory stays bounded whatever its size; a line longer
-# than MAX_LINE characters is cut into pieces), ANSI colours, Windows line ends and vLLM's process prefixes
-# (``(EngineCore_DP0 pid=12)``, ``(VllmWorker TP1 pid=34)``, ``[rank0]:``) and log headers removed, the
-# tracebacks of interleaved processes kept apart by prefix. Assert lines and tracebacks are parsed here by
-# the parsers chapter 2 (:mod:`specfix.lab.embedding_assert`) uses on its own transcripts; which ops
-# launch a kernel comes from chapter 2's op table recorded on the H200
-# (``specfix/recorded/embedding_assert_ops.json``).
-def read_lines(stream, name: str, progress: Callable[[int], None] = lambda n: None) -> Iterator[str]:
-    """The text lines of a binary stream, decoded as UTF-8 (bad bytes replaced), at most MAX_LINE long."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    rest, first = "", True
-    while block := stream.read(BLOCK):
-        if first:
-            if b"\0" in block[:8192]:
-                raise LogError(
-                    f"{name} looks binary (NUL bytes near its start); if it is UTF-16 text "
-                    "(a Windows redirect), convert it to UTF-8 first"
-                )
-            first = False
-        progress(len(block))
-        lines = (rest + decoder.decode(block)).split("\n")
-        rest = lines.pop()
-        for line in lines:
-            if len(line) <= MAX_LINE:
-                yield line
-            else:
-                yield from _pieces(line)
-        while len(rest) > MAX_LINE:
-            yield rest[:MAX_LINE]
-            rest = rest[MAX_LINE:]
-    if first:
-        raise LogError(f"{name} is empty: nothing to diagnose")
-    rest += decoder.decode(b"", final=True)
-    if rest:
-        yield from _pieces(rest)
-
-
-def _pieces(line: str) -> Iterator[str]:
-    for start in range(0, max(len(line), 1), MAX_LINE):
-        yield line[start : start + MAX_LINE]
-
-
-# -- what one pass over the log collects ------------------------------------------------------------------
-@dataclass
-class _Traceback:
-    process: str | None
-    start: int
-    lines: list[str]
-    exception: tuple[str, str, int] | None = None  # (type, message, line number) of its first error
-    reading: bool = True  # inside frames, before the exception line
-    chained: bool = False  # a "During handling..." line followed the exception
-
-
-class _Scan:
-    def __init__(self):
-        self.lines = 0
-        self.asserts: dict[tuple, dict] = {}
-        self.assert_lines = 0
-        self.seen: dict[str, dict] = {}  # assert line without block and thread -> entry
-        self.open: dict[str | None, _Traceback] = {}  # per process: the traceback being read
-        self.done: list[tuple[_Traceback, list[dict]]] = []
-        self.setup: dict[str, object] = {}
-        self.setup_lines: dict[str, int] = {}
-        self.errors: dict[str, dict] = {}
-        self.async_hint = self.blocking_stated = self.cuda_error_text = False
-        self.spec_off_line: int | None = None
-        self.spec_marker: int | None = None  # a line that shows speculative decoding at work
-        self.engine_v0: int | None = None
-        self.acceptance: list[tuple[float, int]] = []
-
-    def feed(self, raw: str) -> None:
-        self.lines += 1
-        n = self.lines
-        if "\x1b" in raw:
-            raw = _ANSI.sub("", raw)
-        line = raw.rstrip("\r")
-        if "Assertion `" in line:
-            # The lines of one assert differ only in block and thread: a seen signature skips the parse.
-            sig = line[: line.find(": block: [")] + line[line.find("] Assertion `") :]
-            if (entry := self.seen.get(sig)) is not None:
-                self.assert_lines += 1
-                entry["count"] += 1
-                return
-            found = device_asserts(line)
-            if found:
-                self._assert(found[0], n, sig)
-                return
-        process = None
-        if line[:1] in "([" and (m := _PREFIX.match(line)):
-            procs = _PROC.findall(m.group(0))
-            process = procs[-1] if procs else None
-            line = line[m.end() :]
-        if line[:1] in "DIWEC" and (m := _HEADER.match(line)):
-            line = line[m.end() :]
-        self._traceback(process, line, n)
-        self._facts(line, n)
-
-    def _assert(self, a: DeviceAssert, n: int, sig: str) -> None:
-        self.assert_lines += 1
-        key = (a.file, a.line, a.kernel, a.condition)
-        if key in self.asserts:
-            self.asserts[key]["count"] += 1
-        elif len(self.asserts) < MAX_DISTINCT_ASSERTS:
-            self.asserts[key] = {
-                "where": a.where,
-                "file": a.file,
-                "line": a.line,
-                "kernel": a.kernel,
-                "condition": a.condition,
-                "count": 1,
-                "first_line": n,
-            }
-        if key in self.asserts and len(self.seen) < 4 * MAX_DISTINCT_ASSERTS:
-            self.seen[sig] = self.asserts[key]
-
-    def _traceback(self, process: str | None, line: str, n: int) -> None:
-        tb = self.open.get(process)
-        if line.startswith("Traceback (most recent call last)"):
-            if tb is not None and not tb.reading and not tb.chained:
-                self._close(process)
-                tb = None
-            if tb is None:
-                self.open[process] = tb = _Traceback(process, n, [])
-            tb.lines.append(line)
-            tb.reading, tb.chained = True, False
-            return
-        if tb is None:
-            return
-        if line in _CHAINED:
-            tb.chained = True
-            tb.lines.append(line)
-        elif tb.reading:
-            if not line.startswith(" ") and (m := _EXCEPTION.match(line)):
-                tb.reading = False
-                if tb.exception is None:  # the first error of a chain is where the failure was first heard of
-                    tb.exception = (m["type"], (m["msg"] or "").strip(), n)
-            if len(tb.lines) >= MAX_TRACEBACK_LINES:  # keep the header and the innermost frames
-                del tb.lines[1 : len(tb.lines) - MAX_TRACEBACK_LINES + 2]
-            tb.lines.append(line)
-
-    def _close(self, process: str | None) -> None:
-        tb = self.open.pop(process)
-        if len(self.done) < MAX_TRACEBACKS:
-            self.done.append((tb, traceback_frames("\n".join(tb.lines))))
-
-    def _facts(self, line: str, n: int) -> None:
-        for kind, (mark, _) in _ERRORS.items():
-            if mark in line:
-                err = self.errors.setdefault(kind, {"count": 0, "line": n, "text": line.strip()[:300]})
-                err["count"] += 1
-        if "CUDA_LAUNCH_BLOCKING" in line:
-            if "consider passing CUDA_LAUNCH_BLOCKING" in line:
-                self.async_hint = True
-            elif re.search(r"CUDA_LAUNCH_BLOCKING\W{1,3}1\b", line):
-                self.blocking_stated = True
-        if line.startswith("Search for `cudaErrorAssert'"):
-            self.cuda_error_text = True
-        if "speculative_config=None" in line or ("non-default args" in line and "speculative" not in line):
-            self.spec_off_line = self.spec_off_line or n
-        if self.spec_marker is None and (
-            "SpecDecoding metrics" in line or "/spec_decode/" in line or "rejection_sampler" in line
-        ):
-            self.spec_marker = n
-        if self.engine_v0 is None and (
-            "spec_decode_worker" in line
-            or "/vllm/worker/" in line
-            or "/vllm/spec_decode/" in line
-            or "VLLM_USE_V1=0" in line
-        ):
-            self.engine_v0 = n
-        if "SpecDecoding" in line and len(self.acceptance) < 10000 and (m := _ACCEPTANCE.search(line)):
-            self.acceptance.append((float(m.group(1)), n))
-        if _SETUP_HINT.search(line):
-            for key, patterns in _SETUP_RE.items():
-                if key in self.setup:
-                    continue
-                for pattern in patterns:
-                    if (m := pattern.search(line)) and (value := _setup_value(key, m.group(1))) is not None:
-                        self.setup[key], self.setup_lines[key] = value, n
-                        break
-
-    def finish(self) -> None:
-        for process in list(self.open):
-            self._close(process)
-
-
-def _setup_value(key: str, text: str):
-    if text.startswith("--"):
-        return not text.startswith("--no-")
-    if key.endswith("_size") or key == "num_speculative_tokens":
-        return int(text)
-    if text.lower() in _BOOL:
-        return _BOOL[text.lower()]
-    return text
-
-
-# -- from facts to a verdict --------------------------------------------------------------------------------
 def has_fix(version: str | None, fix: Fix) -> bool | None:
-    """Whether a logged vLLM version carries ``fix``: True, False, or None when the log cannot say (no
-    version, or a development build between the last release without the fix and the first with it)."""
+    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a
+    development build between the last release without the fix and the first with it)."""
     try:
         v = Version(version or "")
     except InvalidVersion:
@@ -479,11 +143,6 @@ def has_fix(version: str | None, fix: Fix) -> bool | None:
     return False if base <= last and not v.is_postrelease else None
 
 
-def _op_table() -> tuple[dict, list[dict]]:
-    rec = recorded.load("embedding_assert_ops")
-    return rec["meta"], rec["rows"]
-
-
 def _ops_for(a: dict, rows: list[dict]) -> list[dict]:
     """The recorded cases whose CUDA run failed the same condition in the same kernel of the same file."""
     name, c = Path(a["file"]).name, ("kernel", "condition")
@@ -495,54 +154,67 @@ def _ops_for(a: dict, rows: list[dict]) -> list[dict]:
     ]
 
 
-def _embedding_kernels(rows: list[dict]) -> set[str]:
-    return {
-        r["cuda"]["kernel"] for r in rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]
-    } | _OTHER_EMBEDDING_KERNELS
-
-
-def _is_embedding_frame(frame: dict) -> bool:
-    text = f"{frame['func']} {frame['source']}".lower()
-    return "embed" in text
+def _kernel_note(a: dict, rows: list[dict]) -> str:
+    if ops := _ops_for(a, rows):
+        return "in chapter 2's op table only " + ", ".join(sorted({o["op"] for o in ops})) + " failed there"
+    name = Path(a["file"]).name
+    for file, mark, note in _KNOWN_ELSEWHERE:
+        if name == file and mark in a["condition"]:
+            return note
+    return "a kernel chapter 2's op table never reached"
 
 
 def _engine_frames(frames: list[dict]) -> list[dict]:
     return [f for f in frames if "/vllm/" in f["file"] or "/specfix/" in f["file"]]
 
 
-def _python_error(scan: _Scan) -> dict | None:
+def _frame_text(f: dict) -> str:
+    return f"{Path(f['file']).name}:{f['line']} in {f['func']}" + (f": {f['source']}" if f["source"] else "")
+
+
+def _python_error(scan: Scan) -> dict | None:
     """The traceback that says most about the fault: among those that do not re-raise another process's
     error, the first that reports a CUDA error, else the first; else the first of all."""
     done = [(tb, frames) for tb, frames in scan.done if frames or tb.exception]
     if not done:
         return None
-
-    def text(tb):
-        return f"{tb.exception[0]}: {tb.exception[1]}" if tb.exception else ""
-
-    plain = [d for d in done if d[0].exception and not any(w in text(d[0]) for w in _WRAPPERS)]
-    cuda = [d for d in plain if "CUDA" in text(d[0]) or "AcceleratorError" in text(d[0])]
+    plain = [d for d in done if d[0].exception and not any(w in _raised(d[0]) for w in _WRAPPERS)]
+    cuda = [d for d in plain if "CUDA" in _raised(d[0]) or "AcceleratorError" in _raised(d[0])]
     tb, frames = (cuda or plain or done)[0]
-    last = frames[-1] if frames else None
-    ours = _engine_frames(frames)
+    ours, exc = _engine_frames(frames), tb.exception or (None, None, tb.start)
+    if scan.blocking:
+        why = (
+            "The launches were blocking (CUDA_LAUNCH_BLOCKING=1), so each one waited for its kernel: the "
+            "traceback ends at the op that failed."
+        )
+    elif not scan.asserts and "CUDA" not in (exc[1] or ""):
+        why = "A Python error: it is raised where it happened."
+    else:
+        why = (
+            "CUDA reports a kernel's failure asynchronously: the launch returned long before the kernel "
+            "failed, and the error reached Python at the next call that waited for the GPU. The traceback "
+            "shows that call, not the op whose kernel asserted (chapter 2, section 1)."
+        )
     return {
         "process": tb.process,
-        "exception": tb.exception[0] if tb.exception else None,
-        "message": tb.exception[1] if tb.exception else None,
-        "line": tb.exception[2] if tb.exception else tb.start,
+        "exception": exc[0],
+        "message": exc[1],
+        "line": exc[2],
         "complete": tb.exception is not None,
         "frames": frames[-12:],
-        "ends_at": _frame_text(last) if last else None,
+        "ends_at": _frame_text(frames[-1]) if frames else None,
         "last_engine_frame": _frame_text(ours[-1]) if ours else None,
         "processes": sorted({t.process for t, _ in scan.done if t.process}),
+        "why_not_there": why,
     }
 
 
-def _frame_text(f: dict) -> str:
-    return f"{Path(f['file']).name}:{f['line']} in {f['func']}" + (f": {f['source']}" if f["source"] else "")
+def _raised(tb) -> str:
+    return f"{tb.exception[0]}: {tb.exception[1]}" if tb.exception else ""
 
 
-def _spec_state(scan: _Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
+def _spec_state(scan: Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
+    """Whether speculative decoding was on (None: the log does not say), and the reason to show."""
     s, lines = scan.setup, scan.setup_lines
     if "speculative_method" in s or "num_speculative_tokens" in s:
         key = "speculative_method" if "speculative_method" in s else "num_speculative_tokens"
@@ -554,332 +226,295 @@ def _spec_state(scan: _Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
             ("the log shows speculative decoding at work (spec-decode code or metrics)", [scan.spec_marker])
         ]
     if scan.spec_off_line:
-        return False, [
-            (
-                "the engine arguments hold no speculative config: speculative decoding is off",
-                [scan.spec_off_line],
-            )
-        ]
+        text = "the engine arguments hold no speculative config: speculative decoding is off"
+        return False, [(text, [scan.spec_off_line])]
     return None, [("the log does not say whether speculative decoding was on", [])]
 
 
-def _verdict(scan: _Scan, err: dict | None, asserts: list[dict], rows: list[dict]):
-    """(verdict id, confidence, reasons); a reason is (text, [line numbers])."""
-    spec, spec_reasons = _spec_state(scan)
-    version = scan.setup.get("vllm_version")
-    blocking = scan.blocking_stated or (scan.cuda_error_text and not scan.async_hint)
-    frames = err["frames"] if err else []
-    ours = _engine_frames(frames)
-    in_rejection = bool(ours) and "rejection_sampler" in ours[-1]["file"]
-    in_pp = any("pp_utils" in f["file"] or "broadcast" in f["func"] for f in frames)
-    reasons: list[tuple[str, list[int]]] = []
+# -- from facts to a verdict: the first of _RULES that returns one ------------------------------------------
+@dataclass
+class _Facts:
+    scan: Scan
+    err: dict | None
+    asserts: list[dict]
+    rows: list[dict]  # chapter 2's op table
 
-    def fix_reason(verdict: str):
-        fix = FIXES[verdict]
+    def __post_init__(self):
+        self.spec, self.spec_reasons = _spec_state(self.scan)
+        self.frames = self.err["frames"] if self.err else []
+        self.first = self.asserts[0] if self.asserts else None
+        if self.first:
+            self.at = f"the first assert is in {self.first['kernel']} ({self.first['where']})"
+            self.kernel_line = [self.first["first_line"]]
+
+    def fix_reason(self, verdict: str) -> tuple[bool | None, tuple[str, list[int]]]:
+        """Whether the logged version carries the fix for ``verdict``, and the reason that says so."""
+        fix, version = FIXES[verdict], self.scan.setup.get("vllm_version")
         state = has_fix(version, fix)
         if version is None:
             return state, ("the log does not state the vLLM version", [])
-        line = [scan.setup_lines["vllm_version"]]
         said = {
             True: f"carries PR #{fix.pr} (first in {fix.first_release})",
             False: f"predates PR #{fix.pr} (first in {fix.first_release})",
             None: f"is a build the release list cannot place against PR #{fix.pr}",
         }[state]
-        return state, (f"vLLM {version} {said}", line)
+        return state, (f"vLLM {version} {said}", [self.scan.setup_lines["vllm_version"]])
 
-    if asserts:
-        first = asserts[0]
-        kernel_line = [first["first_line"]]
-        embedding = first["kernel"] in _embedding_kernels(rows)
-        if scan.engine_v0:
-            return (
-                "other_index",
-                "medium",
-                [
-                    (f"the first assert is in {first['kernel']} ({first['where']})", kernel_line),
-                    (
-                        "the log comes from vLLM's pre-V1 engine (vllm/spec_decode/, vllm/worker/), "
-                        "not the V1 "
-                        "engine whose placeholder paths this suite studies",
-                        [scan.engine_v0],
-                    ),
-                ],
-            )
-        if in_pp:
-            return (
-                "other_index",
-                "medium",
-                [
-                    (
-                        f"the first assert is in {first['kernel']} ({first['where']}): "
-                        f"{_kernel_note(first, rows)}",
-                        kernel_line,
-                    ),
-                    (
-                        "the traceback runs through the pipeline-parallel hand-off (pp_utils.py), not the "
-                        "embedding; vLLM PR #55745 reports an index assert from that broadcast",
-                        [err["line"]],
-                    ),
-                ],
-            )
-        if not embedding:
-            return (
-                "other_index",
-                "high" if spec is not True else "medium",
-                [
-                    (
-                        f"the first assert is in {first['kernel']} ({first['where']}): "
-                        f"{_kernel_note(first, rows)}; "
-                        "an embedding asserts in " + ", ".join(sorted(_embedding_kernels(rows))),
-                        kernel_line,
-                    ),
-                    *spec_reasons,
-                ],
-            )
-        if spec is False:
-            return (
-                "other_index",
-                "medium",
-                [
-                    (
-                        f"the first assert is in {first['kernel']} ({first['where']}), "
-                        "which an embedding can "
-                        "launch",
-                        kernel_line,
-                    ),
-                    *spec_reasons,
-                    ("but without speculative decoding there are no -1 placeholder drafts", []),
-                ],
-            )
-        shared = sorted({o["op"] for o in _ops_for(first, rows)} - {"F.embedding"})
-        also = f", as do {', '.join(shared)}" if shared else ""
+
+def _embedding_kernels(rows: list[dict]) -> set[str]:
+    kernels = {r["cuda"]["kernel"] for r in rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
+    return kernels | _OTHER_EMBEDDING_KERNELS
+
+
+_PRE_V1 = (
+    "the log comes from vLLM's pre-V1 engine (vllm/spec_decode/, vllm/worker/), not the V1 engine whose "
+    "placeholder paths this suite studies"
+)
+_PP = (
+    "the traceback runs through the pipeline-parallel hand-off (pp_utils.py), not the embedding; vLLM PR "
+    "#55745 reports an index assert from that broadcast"
+)
+
+
+def _other_index(f: _Facts):
+    """An index assert that no -1 placeholder explains: the first row that fits says why."""
+    if not f.first:
+        return None
+    note, kernels = _kernel_note(f.first, f.rows), _embedding_kernels(f.rows)
+    in_pp = any("pp_utils" in fr["file"] or "broadcast" in fr["func"] for fr in f.frames)
+    no_spec = ("but without speculative decoding there are no -1 placeholder drafts", [])
+    err_line = [f.err["line"]] if f.err else []
+    table = [  # (when, confidence, what follows "the first assert is in K (where)", more reasons)
+        (f.scan.engine_v0, "medium", "", [(_PRE_V1, [f.scan.engine_v0])]),
+        (in_pp, "medium", f": {note}", [(_PP, err_line)]),
+        (
+            f.first["kernel"] not in kernels,
+            "high" if f.spec is not True else "medium",
+            f": {note}; an embedding asserts in {', '.join(sorted(kernels))}",
+            f.spec_reasons,
+        ),
+        (f.spec is False, "medium", ", which an embedding can launch", [*f.spec_reasons, no_spec]),
+    ]
+    for when, confidence, more, reasons in table:
+        if when:
+            return "other_index", confidence, [(f.at + more, f.kernel_line), *reasons]
+    return None
+
+
+def _placeholder_embedding(f: _Facts):
+    if not f.first:
+        return None
+    shared = sorted({o["op"] for o in _ops_for(f.first, f.rows)} - {"F.embedding"})
+    also = f", as do {', '.join(shared)}" if shared else ""
+    reasons = [(f"{f.at}, a kernel an embedding launches (chapter 2's op table){also}", f.kernel_line)]
+    reasons += f.spec_reasons
+    last = f.frames[-1] if f.frames else None
+    at_embedding = bool(last) and "embed" in f"{last['func']} {last['source']}".lower() and f.scan.blocking
+    if at_embedding:
+        text = f"with blocking launches the traceback ends at the embedding call: {f.err['ends_at']}"
+        reasons.append((text, [f.err["line"]]))
+    state, reason = f.fix_reason("placeholder_embedding")
+    reasons.append(reason)
+    if state is True:
         reasons.append(
             (
-                f"the first assert is in {first['kernel']} ({first['where']}), a kernel an embedding "
-                f"launches (chapter 2's op table){also}",
-                kernel_line,
+                "this version clamps in the V1 runner's _preprocess, so the -1 came another way "
+                "(a multimodal embedding path: PR #46947 reports one)",
+                [],
             )
         )
-        reasons += spec_reasons
-        embed_frame = bool(frames) and _is_embedding_frame(frames[-1])
-        if embed_frame and blocking:
-            reasons.append(
-                (
-                    f"with blocking launches the traceback ends at the embedding call: {err['ends_at']}",
-                    [err["line"]],
-                )
-            )
-        state, reason = fix_reason("placeholder_embedding")
-        reasons.append(reason)
-        if spec is True and state is False:
-            confidence = "high"
-        elif spec is True or embed_frame and blocking or first["kernel"].startswith("indexSelect"):
-            confidence = "medium"
-        else:
-            confidence = "low"
-        if state is True:
-            confidence = "low" if spec is not True else "medium"
-            reasons.append(
-                (
-                    "this version clamps in the V1 runner's _preprocess, so the -1 came another way "
-                    "(a multimodal embedding path: PR #46947 reports one)",
-                    [],
-                )
-            )
-        return "placeholder_embedding", confidence, reasons
+        confidence = "medium" if f.spec is True else "low"
+    elif f.spec is True and state is False:
+        confidence = "high"
+    elif f.spec is True or at_embedding or f.first["kernel"].startswith("indexSelect"):
+        confidence = "medium"
+    else:
+        confidence = "low"
+    return "placeholder_embedding", confidence, reasons
 
-    negative = scan.errors.get("negative_token")
-    cuda_fault = scan.errors.get("illegal_address") or scan.errors.get("device_assert")
-    if (negative and spec is not False) or (cuda_fault and in_rejection):
-        if negative:
-            reasons.append(
-                (
-                    "a negative token id reached the detokenizer: a -1 was emitted as a real token",
-                    [negative["line"]],
-                )
-            )
-        if cuda_fault and in_rejection:
-            how = (
-                "with blocking launches, so the fault is there"
-                if blocking
-                else "(launches were asynchronous: the sampler may only be where the host waited)"
-            )
-            reasons.append(
-                (
-                    f"the CUDA error surfaced in the rejection sampler {how}: {err['last_engine_frame']}",
-                    [err["line"]],
-                )
-            )
-        reasons += spec_reasons
-        state, reason = fix_reason("negative_draft")
-        reasons.append(reason)
-        strong = (cuda_fault and in_rejection and blocking) or (negative and spec is True)
-        confidence = "high" if strong and state is False else "medium" if strong or state is False else "low"
-        return "negative_draft", confidence, reasons
 
-    fatal = [k for k in ("cuda_oom", "illegal_address", "nccl", "device_assert") if k in scan.errors]
-    if fatal or (err and err["complete"]):
-        if fatal:
-            e = scan.errors[fatal[0]]
-            reasons.append((f"the log reports {_ERRORS[fatal[0]][1]}", [e["line"]]))
-            if fatal[0] == "device_assert":
-                reasons.append(
-                    (
-                        "but no 'Assertion ... failed' line: the device prints it only when the host "
-                        "next waits, and a process can die first; paste the lines above the "
-                        "traceback, or rerun with CUDA_LAUNCH_BLOCKING=1",
-                        [],
-                    )
-                )
-        if err and err["complete"]:
-            reasons.append((f"Python raised {err['exception']}: {err['message']}"[:300], [err["line"]]))
-        kind = "inconclusive" if fatal == ["device_assert"] else "different_error"
-        return kind, "high" if kind == "different_error" else "low", reasons
+def _negative_draft(f: _Facts):
+    negative = f.scan.errors.get("negative_token")
+    ours = _engine_frames(f.frames)
+    cuda_fault = f.scan.errors.get("illegal_address") or f.scan.errors.get("device_assert")
+    in_sampler = bool(cuda_fault and ours and "rejection_sampler" in ours[-1]["file"])
+    if not ((negative and f.spec is not False) or in_sampler):
+        return None
+    reasons = []
+    if negative:
+        text = "a negative token id reached the detokenizer: a -1 was emitted as a real token"
+        reasons.append((text, [negative["line"]]))
+    if in_sampler:
+        how = (
+            "with blocking launches, so the fault is there"
+            if f.scan.blocking
+            else "(launches were asynchronous: the sampler may only be where the host waited)"
+        )
+        text = f"the CUDA error surfaced in the rejection sampler {how}: {f.err['last_engine_frame']}"
+        reasons.append((text, [f.err["line"]]))
+    state, reason = f.fix_reason("negative_draft")
+    reasons += [*f.spec_reasons, reason]
+    strong = (in_sampler and f.scan.blocking) or (negative and f.spec is True)
+    confidence = "high" if strong and state is False else "medium" if strong or state is False else "low"
+    return "negative_draft", confidence, reasons
 
-    s = scan.setup
-    if spec is True and s.get("draft_sample_method") == "probabilistic":
-        graphs = s.get("cudagraph_mode") not in ("NONE", None) or (s.get("enforce_eager") is False)
-        eager = s.get("enforce_eager") is True or s.get("cudagraph_mode") == "NONE"
-        reasons += spec_reasons
+
+def _other_failure(f: _Facts):
+    fatal = [k for k in ("cuda_oom", "illegal_address", "nccl", "device_assert") if k in f.scan.errors]
+    raised = f.err and f.err["complete"]
+    if not (fatal or raised):
+        return None
+    reasons = []
+    if fatal:
+        reasons.append((f"the log reports {ERRORS[fatal[0]][1]}", [f.scan.errors[fatal[0]]["line"]]))
+    if fatal[:1] == ["device_assert"]:
         reasons.append(
             (
-                "drafts are sampled probabilistically: Model Runner V2's drafter caches their "
-                "logits, which the padded rows of a CUDA-graph replay could overwrite",
-                [scan.setup_lines["draft_sample_method"]],
+                "but no 'Assertion ... failed' line: the device prints it only when the host next waits, "
+                "and a process can die first; paste the lines above the traceback, or rerun with "
+                "CUDA_LAUNCH_BLOCKING=1",
+                [],
             )
         )
-        state, reason = fix_reason("cudagraph_outputs")
-        reasons.append(reason)
-        if eager:
-            reasons.append(
-                (
-                    "CUDA graphs are off, so no padded rows replay",
-                    [scan.setup_lines.get("enforce_eager", scan.setup_lines.get("cudagraph_mode"))],
-                )
-            )
-            return "inconclusive", "low", reasons
-        if scan.acceptance:
-            rate, n = min(scan.acceptance)
-            reasons.append((f"the lowest logged draft acceptance rate is {rate:g}%", [n]))
-        if state is True:
-            return "inconclusive", "low", reasons
-        graph_text = (
-            f"CUDA graph mode {s['cudagraph_mode']}"
-            if "cudagraph_mode" in s
-            else "CUDA graphs are on unless --enforce-eager is given, and the log does not give it"
+    if raised:
+        reasons.append((f"Python raised {f.err['exception']}: {f.err['message']}"[:300], [f.err["line"]]))
+    if fatal == ["device_assert"]:
+        return "inconclusive", "low", reasons
+    return "different_error", "high", reasons
+
+
+def _padded_graph_outputs(f: _Facts):
+    s, lines = f.scan.setup, f.scan.setup_lines
+    if not (f.spec is True and s.get("draft_sample_method") == "probabilistic"):
+        return None
+    state, reason = f.fix_reason("cudagraph_outputs")
+    reasons = [
+        *f.spec_reasons,
+        (
+            "drafts are sampled probabilistically: Model Runner V2's drafter caches their logits, which "
+            "the padded rows of a CUDA-graph replay could overwrite",
+            [lines["draft_sample_method"]],
+        ),
+        reason,
+    ]
+    if s.get("enforce_eager") is True or s.get("cudagraph_mode") == "NONE":
+        off_line = lines.get("enforce_eager", lines.get("cudagraph_mode"))
+        return (
+            "inconclusive",
+            "low",
+            [*reasons, ("CUDA graphs are off, so no padded rows replay", [off_line])],
         )
-        reasons.append((graph_text, [scan.setup_lines["cudagraph_mode"]] if "cudagraph_mode" in s else []))
-        confidence = "medium" if state is False and graphs else "low"
-        return "cudagraph_outputs", confidence, reasons
-    reasons.append(
-        (f"no 'Assertion ... failed' line, no Python error and no CUDA error in {scan.lines:,} lines", [])
-    )
-    if spec is True:
+    if f.scan.acceptance:
+        rate, n = min(f.scan.acceptance)
+        reasons.append((f"the lowest logged draft acceptance rate is {rate:g}%", [n]))
+    if state is True:
+        return "inconclusive", "low", reasons
+    if "cudagraph_mode" in s:
+        reasons.append((f"CUDA graph mode {s['cudagraph_mode']}", [lines["cudagraph_mode"]]))
+    else:
+        reasons.append(
+            ("CUDA graphs are on unless --enforce-eager is given, and the log does not give it", [])
+        )
+    graphs = s.get("cudagraph_mode") not in ("NONE", None) or s.get("enforce_eager") is False
+    return "cudagraph_outputs", "medium" if state is False and graphs else "low", reasons
+
+
+def _nothing_found(f: _Facts):
+    reasons = [
+        (f"no 'Assertion ... failed' line, no Python error and no CUDA error in {f.scan.lines:,} lines", [])
+    ]
+    if f.spec is True:
+        method_line = f.scan.setup_lines.get("draft_sample_method")
         reasons.append(
             (
                 "drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits "
                 "are cached for padded rows to overwrite, which PR #47066's bug needs",
-                [scan.setup_lines["draft_sample_method"]] if "draft_sample_method" in s else [],
+                [method_line] if method_line else [],
             )
         )
     return "inconclusive", "low", reasons
 
 
-def _kernel_note(a: dict, rows: list[dict]) -> str:
-    ops = _ops_for(a, rows)
-    if ops:
-        return "in chapter 2's op table only " + ", ".join(sorted({o["op"] for o in ops})) + " failed there"
-    name = Path(a["file"]).name
-    for file, mark, note in _KNOWN_ELSEWHERE:
-        if name == file and mark in a["condition"]:
-            return note
-    return "a kernel chapter 2's op table never reached"
+# Asserts first (the first kernel says most), then what can happen without one; the last rule always fits.
+_RULES = (
+    _other_index,
+    _placeholder_embedding,
+    _negative_draft,
+    _other_failure,
+    _padded_graph_outputs,
+    _nothing_found,
+)
 
-
-def _advice(verdict: str, fix_state: bool | None, blocking: bool) -> list[str]:
-    name = "specfix.lab.guard.check_indices()"
-    restart = "Restart the worker: after a device-side assert its CUDA context is unusable."
-    name_op = (
-        f"To name the op: rerun with CUDA_LAUNCH_BLOCKING=1 (slow, for debugging only) or wrap the "
-        f"step in {name}."
-        if not blocking
-        else f"The launches were blocking, so the traceback names the op; {name} also gives the bad values "
-        "and their positions."
-    )
-    upgrade = "Upgrade to vLLM {} or later (PR #{})."
-    if verdict == "placeholder_embedding":
-        fix = FIXES[verdict]
-        return (
-            [upgrade.format(fix.first_release, fix.pr)]
-            if fix_state is not True
-            else [
-                "Report it to vLLM with the first assert line and the engine arguments: this version "
-                "already clamps in the V1 runner."
-            ]
-        ) + [
-            ("Until then" if fix_state is not True else "Meanwhile")
-            + ": the -1 drafts exist only with speculative decoding; serving without "
-            "--speculative-config avoids the path. --no-async-scheduling removes the async-scheduling "
-            "placeholders; the synchronous scheduler's padding of new decodes (PR #45237) remains in the "
-            "releases that have it.",
-            name_op,
-            restart,
-        ]
-    if verdict == "negative_draft":
-        fix = FIXES[verdict]
-        return ([upgrade.format(fix.first_release, fix.pr)] if fix_state is not True else []) + [
-            "Until then: greedy requests (temperature 0) always rejected a -1 draft (it never equals the "
-            "argmax); the sampled path is the one PR #46533 fixed.",
-            name_op,
-        ]
-    if verdict == "other_index":
-        return ["This is not the placeholder bug this suite covers. " + name_op, restart]
-    if verdict == "cudagraph_outputs":
-        fix = FIXES[verdict]
-        return [
-            upgrade.format(fix.first_release, fix.pr),
-            "Until then: draft_sample_method='greedy' (the default) caches no draft logits, and "
-            "--enforce-eager replays no padded rows.",
-            "To test an engine for this class of bug: specfix.lab.invariance.check_padding_invariance "
-            "(chapter 3) runs a step with garbage in its padded rows and compares the live rows.",
-        ]
-    if verdict == "different_error":
-        return ["Not one of the bugs this suite covers: read the error above from its first traceback."]
-    return [
+_RESTART = "Restart the worker: after a device-side assert its CUDA context is unusable."
+# verdict -> what to do; {upgrade} is left out when the logged version has the fix, {name_op} is _name_op's.
+_ADVICE = {
+    "placeholder_embedding": [
+        "{upgrade}",
+        "{until}: the -1 drafts exist only with speculative decoding; serving without --speculative-config "
+        "avoids the path. --no-async-scheduling removes the async-scheduling placeholders; the synchronous "
+        "scheduler's padding of new decodes (PR #45237) remains in the releases that have it.",
+        "{name_op}",
+        _RESTART,
+    ],
+    "negative_draft": [
+        "{upgrade}",
+        "Until then: greedy requests (temperature 0) always rejected a -1 draft (it never equals the "
+        "argmax); the sampled path is the one PR #46533 fixed.",
+        "{name_op}",
+    ],
+    "other_index": ["This is not the placeholder bug this suite covers. {name_op}", _RESTART],
+    "cudagraph_outputs": [
+        "{upgrade}",
+        "Until then: draft_sample_method='greedy' (the default) caches no draft logits, and "
+        "--enforce-eager replays no padded rows.",
+        "To test an engine for this class of bug: specfix.lab.invariance.check_padding_invariance "
+        "(chapter 3) runs a step with garbage in its padded rows and compares the live rows.",
+    ],
+    "different_error": [
+        "Not one of the bugs this suite covers: read the error above from its first traceback."
+    ],
+    "inconclusive": [
         "Paste more of the log: from the server's start (the version banner and the engine arguments) to "
         "the end of the first traceback, including the first 'Assertion ... failed' line."
-    ]
+    ],
+}
+
+
+def _advice(verdict: str, fixed: bool | None, blocking: bool) -> list[str]:
+    guard = "specfix.lab.guard.check_indices()"
+    fix = FIXES.get(verdict)
+    upgrade = (
+        f"Upgrade to vLLM {fix.first_release} or later (PR #{fix.pr})." if fix and fixed is not True else ""
+    )
+    if fixed is True and verdict == "placeholder_embedding":
+        upgrade = (
+            "Report it to vLLM with the first assert line and the engine arguments: this version already "
+            "clamps in the V1 runner."
+        )
+    name_op = (
+        f"The launches were blocking, so the traceback names the op; {guard} also gives the bad values and "
+        "their positions."
+        if blocking
+        else f"To name the op: rerun with CUDA_LAUNCH_BLOCKING=1 (slow, for debugging only) or wrap the step "
+        f"in {guard}."
+    )
+    words = {"upgrade": upgrade, "until": "Meanwhile" if fixed is True else "Until then", "name_op": name_op}
+    return [text for line in _ADVICE[verdict] if (text := line.format(**words))]
 
 
 def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
     """The report (a dict following SCHEMA) for the lines of one log."""
-    scan = _Scan()
+    scan = Scan()
     for line in lines:
         scan.feed(line)
     scan.finish()
-    meta, rows = _op_table()
+    table = recorded.load("embedding_assert_ops")
+    meta, rows = table["meta"], table["rows"]
     asserts = sorted(scan.asserts.values(), key=lambda a: a["first_line"])
-    err = _python_error(scan)
-    verdict, confidence, reasons = _verdict(scan, err, asserts, rows)
-    blocking = scan.blocking_stated or (scan.cuda_error_text and not scan.async_hint)
+    facts = _Facts(scan, _python_error(scan), asserts, rows)
+    verdict, confidence, reasons = next(found for rule in _RULES if (found := rule(facts)))
     version = scan.setup.get("vllm_version")
-    fixes = [
-        {
-            "pr": f.pr,
-            "verdict": v,
-            "short": f.short,
-            "what": f.what,
-            "where": f.where,
-            "first_release": f.first_release,
-            "verified": f.verified,
-            "chapter": f.chapter,
-            "logged_version_has_it": has_fix(version, f),
-        }
-        for v, f in sorted(FIXES.items(), key=lambda item: item[0] != verdict)
-    ]
-    if err:
-        err["why_not_there"] = _why(err, asserts, blocking)
-    spec, _ = _spec_state(scan)
+    fixed = {v: has_fix(version, fix) for v, fix in FIXES.items()}
     return {
         "schema": SCHEMA_ID,
         "source": source,
@@ -895,11 +530,11 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
             "distinct": asserts,
             "first_kernel": asserts[0]["kernel"] if asserts else None,
         },
-        "python_error": err,
-        "errors": {k: v for k, v in scan.errors.items()},
+        "python_error": facts.err,
+        "errors": dict(scan.errors),
         "setup": {
-            "speculative_decoding": spec,
-            "launch_blocking": blocking,
+            "speculative_decoding": facts.spec,
+            "launch_blocking": scan.blocking,
             **scan.setup,
             "lines": dict(scan.setup_lines),
         },
@@ -914,25 +549,18 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
         ],
         "op_table": f"chapter 2's op table, recorded on {meta.get('device')} with torch {meta.get('torch')} "
         f"on {meta.get('date')}",
-        "fixes": fixes,
-        "advice": _advice(verdict, has_fix(version, FIXES[verdict]) if verdict in FIXES else None, blocking),
+        "fixes": [  # the verdict's own fix first
+            {
+                "pr": f.pr,
+                "verdict": v,
+                **{k: getattr(f, k) for k in _FIX_KEYS},
+                "logged_version_has_it": fixed[v],
+            }
+            for v, f in sorted(FIXES.items(), key=lambda item: item[0] != verdict)
+        ],
+        "advice": _advice(verdict, fixed.get(verdict), scan.blocking),
         "chapter": FIXES[verdict].chapter if verdict in FIXES else "notebooks/02_embedding_assert.ipynb",
     }
-
-
-def _why(err: dict, asserts: list[dict], blocking: bool) -> str:
-    if blocking:
-        return (
-            "The launches were blocking (CUDA_LAUNCH_BLOCKING=1), so each one waited for its kernel: the "
-            "traceback ends at the op that failed."
-        )
-    if not asserts and "CUDA" not in (err.get("message") or ""):
-        return "A Python error: it is raised where it happened."
-    return (
-        "CUDA reports a kernel's failure asynchronously: the launch returned long before the kernel "
-        "failed, and the error reached Python at the next call that waited for the GPU. The traceback "
-        "shows that call, not the op whose kernel asserted (chapter 2, section 1)."
-    )
 
 
 # -- the report as text -------------------------------------------------------------------------------------
@@ -949,74 +577,50 @@ def render(report: dict, width: int = 100) -> str:
             break_on_hyphens=False,
         )
 
-    v = report["verdict"]
-    out = [
-        f"specfix diagnose: {report['source']} ({report['lines']:,} lines)",
-        "",
-        para(f"Verdict: {v['title']}", "  ", ""),
-        f"  confidence: {v['confidence']}",
-    ]
+    v, s = report["verdict"], report["setup"]
+    out = [f"specfix diagnose: {report['source']} ({report['lines']:,} lines)", ""]
+    out += [para(f"Verdict: {v['title']}", "  ", ""), f"  confidence: {v['confidence']}"]
     for r in v["reasons"]:
         at = f" (line {', '.join(map(str, r['lines']))})" if r["lines"] else ""
         out.append(para(f"{r['text']}{at}", "    ", "  - "))
-    a = report["asserts"]
-    out += ["", "Device-side asserts:"]
-    if a["distinct"]:
-        out.append(
-            f"  {a['lines']:,} assert line(s), {len(a['distinct'])} distinct; the first printed is in "
-            f"{a['first_kernel']}:"
-        )
-        for d in a["distinct"]:
-            out.append(
-                para(
-                    f"{d['count']:,} x {d['where']}: {d['kernel']}: `{d['condition']}` "
-                    f"(first at line {d['first_line']})",
-                    "      ",
-                    "  ",
-                )
-            )
-    else:
-        out.append("  none")
-    e = report["python_error"]
-    out += ["", "What Python raised:"]
-    if e:
-        who = f" in {e['process']}" if e["process"] else ""
-        raised = f"{e['exception']}: {e['message']}" if e["complete"] else "a traceback cut short"
-        out.append(para(f"{raised}{who} (line {e['line']})"))
-        if e["ends_at"]:
-            out.append(para(f"the traceback ends at {e['ends_at']}"))
-        if e["last_engine_frame"] and e["last_engine_frame"] != e["ends_at"]:
-            out.append(para(f"its innermost engine frame: {e['last_engine_frame']}"))
-        out.append(para(e["why_not_there"]))
-    else:
-        out.append("  no Python traceback")
-    s = report["setup"]
-    shown = [f"{k.replace('_', ' ')} {s[k]}" for k in _SETUP if k in s]
-    out += [
-        "",
-        "Setup stated in the log:",
-        para("; ".join(shown) if shown else "nothing (no version banner, no engine arguments)"),
-    ]
+    out += ["", "Device-side asserts:", *_asserts_text(report["asserts"], para)]
+    out += ["", "What Python raised:", *_error_text(report["python_error"], para)]
+    shown = "; ".join(f"{k.replace('_', ' ')} {s[k]}" for k in SETUP if k in s)
+    out += ["", "Setup stated in the log:", para(shown or "nothing (no version banner, no engine arguments)")]
     for o in report["ops"]:
-        out += [
-            "",
-            para(f"Ops that assert in {o['kernel']} ({report['op_table']}):", "  ", ""),
-            para(_cases_text(o["cases"]) or o["note"]),
-        ]
+        out += ["", para(f"Ops that assert in {o['kernel']} ({report['op_table']}):", "  ", "")]
+        out.append(para(_cases_text(o["cases"]) or o["note"]))
     out += ["", "Fixes:"]
     for f in report["fixes"]:
         has = {True: "yes", False: "no", None: "cannot tell"}[f["logged_version_has_it"]]
-        out.append(
-            para(
-                f"PR #{f['pr']}, {f['short']} ({f['where']}): first release {f['first_release']}; "
-                f"in the logged version: {has}",
-                "    ",
-                "  ",
-            )
-        )
+        text = f"PR #{f['pr']}, {f['short']} ({f['where']}): first release {f['first_release']}; "
+        out.append(para(f"{text}in the logged version: {has}", "    ", "  "))
     out += ["", "What to do now:"] + [para(line, "    ", "  - ") for line in report["advice"]]
-    out += ["", f"Explained in {report['chapter']}."]
-    return "\n".join(out)
+    return "\n".join([*out, "", f"Explained in {report['chapter']}."])
+
+
+def _asserts_text(a: dict, para) -> list[str]:
+    if not a["distinct"]:
+        return ["  none"]
+    head = f"  {a['lines']:,} assert line(s), {len(a['distinct'])} distinct; "
+    out = [f"{head}the first printed is in {a['first_kernel']}:"]
+    for d in a["distinct"]:
+        text = f"{d['count']:,} x {d['where']}: {d['kernel']}: `{d['condition']}`"
+        out.append(para(f"{text} (first at line {d['first_line']})", "      ", "  "))
+    return out
+
+
+def _error_text(e: dict | None, para) -> list[str]:
+    if not e:
+        return ["  no Python traceback"]
+    who = f" in {e['process']}" if e["process"] else ""
+    raised = f"{e['exception']}: {e['message']}" if e["complete"] else "a traceback cut short"
+    out = [para(f"{raised}{who} (line {e['line']})")]
+    if e["ends_at"]:
+        out.append(para(f"the traceback ends at {e['ends_at']}"))
+    if e["last_engine_frame"] and e["last_engine_frame"] != e["ends_at"]:
+        out.append(para(f"its innermost engine frame: {e['last_engine_frame']}"))
+    return [*out, para(e["why_not_there"])]
 
 
 def _cases_text(cases: list[dict]) -> str:
@@ -1031,215 +635,108 @@ def _cases_text(cases: list[dict]) -> str:
     )
 
 
-# -- the JSON report ----------------------------------------------------------------------------------------
+# -- the JSON report: its JSON Schema (draft 2020-12) -------------------------------------------------------
 SCHEMA_ID = "specfix.diagnose/1"
-_LINES = {"type": "array", "items": {"type": "integer", "minimum": 1}}
+
+
+def _object(properties: dict, required: Iterable[str] | None = None) -> dict:
+    """A closed object; every property required unless ``required`` names some."""
+    return {
+        "type": "object",
+        "required": list(properties if required is None else required),
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
+_INT, _STR, _COUNT = {"type": "integer"}, {"type": "string"}, {"type": "integer", "minimum": 1}
 _STR_OR_NULL = {"type": ["string", "null"]}
-#: JSON Schema (draft 2020-12) of ``specfix diagnose --json``.
+_REASON = _object({"text": _STR, "lines": {"type": "array", "items": _COUNT}})
+_FRAME = _object({"file": _STR, "line": _INT, "func": _STR, "source": _STR})
+_ERROR = _object(
+    {
+        "process": _STR_OR_NULL,
+        "exception": _STR_OR_NULL,
+        "message": _STR_OR_NULL,
+        "line": _COUNT,
+        "complete": {"type": "boolean"},
+        "frames": {"type": "array", "items": _FRAME},
+        "ends_at": _STR_OR_NULL,
+        "last_engine_frame": _STR_OR_NULL,
+        "processes": {"type": "array", "items": _STR},
+        "why_not_there": _STR,
+    }
+)
+_ASSERT = _object(
+    {
+        "where": _STR,
+        "file": _STR,
+        "line": _INT,
+        "kernel": _STR,
+        "condition": _STR,
+        "count": _COUNT,
+        "first_line": _COUNT,
+    }
+)
+_SETUP = {
+    "speculative_decoding": {"type": ["boolean", "null"]},
+    "launch_blocking": {"type": "boolean"},
+    "lines": {"type": "object", "additionalProperties": _INT},
+    **{k: {"type": ["string", "integer", "boolean", "null"]} for k in SETUP},
+}
+_FIX = {k: _STR for k in _FIX_KEYS} | {"pr": _INT, "verdict": {"enum": list(FIXES)}}
+_OPS = _object({"op": _STR, "bad": _STR, "num_indices": _INT})
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": [
-        "schema",
-        "source",
-        "lines",
-        "verdict",
-        "asserts",
-        "python_error",
-        "errors",
-        "setup",
-        "ops",
-        "op_table",
-        "fixes",
-        "advice",
-        "chapter",
-    ],
-    "additionalProperties": False,
-    "properties": {
-        "schema": {"const": SCHEMA_ID},
-        "source": {"type": "string"},
-        "lines": {"type": "integer", "minimum": 0},
-        "verdict": {
-            "type": "object",
-            "required": ["id", "title", "confidence", "reasons"],
-            "additionalProperties": False,
-            "properties": {
-                "id": {"enum": list(VERDICTS)},
-                "title": {"type": "string"},
-                "confidence": {"enum": ["high", "medium", "low"]},
-                "reasons": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["text", "lines"],
-                        "additionalProperties": False,
-                        "properties": {"text": {"type": "string"}, "lines": _LINES},
-                    },
-                },
-            },
-        },
-        "asserts": {
-            "type": "object",
-            "required": ["lines", "distinct", "first_kernel"],
-            "additionalProperties": False,
-            "properties": {
-                "lines": {"type": "integer", "minimum": 0},
-                "first_kernel": _STR_OR_NULL,
-                "distinct": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["where", "file", "line", "kernel", "condition", "count", "first_line"],
-                        "properties": {
-                            "where": {"type": "string"},
-                            "file": {"type": "string"},
-                            "line": {"type": "integer"},
-                            "kernel": {"type": "string"},
-                            "condition": {"type": "string"},
-                            "count": {"type": "integer", "minimum": 1},
-                            "first_line": {"type": "integer", "minimum": 1},
-                        },
-                    },
-                },
-            },
-        },
-        "python_error": {
-            "oneOf": [
-                {"type": "null"},
+    **_object(
+        {
+            "schema": {"const": SCHEMA_ID},
+            "source": _STR,
+            "lines": {"type": "integer", "minimum": 0},
+            "verdict": _object(
                 {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": [
-                        "process",
-                        "exception",
-                        "message",
-                        "line",
-                        "complete",
-                        "frames",
-                        "ends_at",
-                        "last_engine_frame",
-                        "processes",
-                        "why_not_there",
-                    ],
-                    "properties": {
-                        "process": _STR_OR_NULL,
-                        "exception": _STR_OR_NULL,
-                        "message": _STR_OR_NULL,
-                        "line": {"type": "integer", "minimum": 1},
-                        "complete": {"type": "boolean"},
-                        "frames": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["file", "line", "func", "source"],
-                                "properties": {
-                                    "file": {"type": "string"},
-                                    "line": {"type": "integer"},
-                                    "func": {"type": "string"},
-                                    "source": {"type": "string"},
-                                },
-                            },
-                        },
-                        "ends_at": _STR_OR_NULL,
-                        "last_engine_frame": _STR_OR_NULL,
-                        "processes": {"type": "array", "items": {"type": "string"}},
-                        "why_not_there": {"type": "string"},
-                    },
-                },
-            ]
-        },
-        "errors": {
-            "type": "object",
-            "propertyNames": {"enum": list(_ERRORS)},
-            "additionalProperties": {
+                    "id": {"enum": list(VERDICTS)},
+                    "title": _STR,
+                    "confidence": {"enum": ["high", "medium", "low"]},
+                    "reasons": {"type": "array", "minItems": 1, "items": _REASON},
+                }
+            ),
+            "asserts": _object(
+                {
+                    "lines": {"type": "integer", "minimum": 0},
+                    "first_kernel": _STR_OR_NULL,
+                    "distinct": {"type": "array", "items": _ASSERT},
+                }
+            ),
+            "python_error": {"oneOf": [{"type": "null"}, _ERROR]},
+            "errors": {
                 "type": "object",
-                "required": ["count", "line", "text"],
-                "properties": {
-                    "count": {"type": "integer", "minimum": 1},
-                    "line": {"type": "integer", "minimum": 1},
-                    "text": {"type": "string"},
-                },
+                "propertyNames": {"enum": list(ERRORS)},
+                "additionalProperties": _object({"count": _COUNT, "line": _COUNT, "text": _STR}),
             },
-        },
-        "setup": {
-            "type": "object",
-            "required": ["speculative_decoding", "launch_blocking", "lines"],
-            "properties": {
-                "speculative_decoding": {"type": ["boolean", "null"]},
-                "launch_blocking": {"type": "boolean"},
-                "lines": {"type": "object", "additionalProperties": {"type": "integer"}},
-                **{k: {"type": ["string", "integer", "boolean", "null"]} for k in _SETUP},
+            "setup": _object(_SETUP, required=["speculative_decoding", "launch_blocking", "lines"]),
+            "ops": {
+                "type": "array",
+                "items": _object(
+                    {"kernel": _STR, "where": _STR, "note": _STR, "cases": {"type": "array", "items": _OPS}}
+                ),
             },
-            "additionalProperties": False,
-        },
-        "ops": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["kernel", "where", "cases", "note"],
-                "additionalProperties": False,
-                "properties": {
-                    "kernel": {"type": "string"},
-                    "where": {"type": "string"},
-                    "note": {"type": "string"},
-                    "cases": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["op", "bad", "num_indices"],
-                            "properties": {
-                                "op": {"type": "string"},
-                                "bad": {"type": "string"},
-                                "num_indices": {"type": "integer"},
-                            },
-                        },
-                    },
-                },
+            "op_table": _STR,
+            "fixes": {
+                "type": "array",
+                "items": _object(_FIX | {"logged_version_has_it": {"type": ["boolean", "null"]}}),
             },
-        },
-        "op_table": {"type": "string"},
-        "fixes": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": [
-                    "pr",
-                    "verdict",
-                    "short",
-                    "what",
-                    "where",
-                    "first_release",
-                    "verified",
-                    "chapter",
-                    "logged_version_has_it",
-                ],
-                "properties": {
-                    "pr": {"type": "integer"},
-                    "verdict": {"enum": list(FIXES)},
-                    "short": {"type": "string"},
-                    "what": {"type": "string"},
-                    "where": {"type": "string"},
-                    "first_release": {"type": "string"},
-                    "verified": {"type": "string"},
-                    "chapter": {"type": "string"},
-                    "logged_version_has_it": {"type": ["boolean", "null"]},
-                },
-            },
-        },
-        "advice": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-        "chapter": {"type": "string"},
-    },
+            "advice": {"type": "array", "minItems": 1, "items": _STR},
+            "chapter": _STR,
+        }
+    ),
 }
 
 
-# -- command line -------------------------------------------------------------------------------------------
 def run(path: str, as_json: bool = False, progress: bool = True) -> tuple[int, str]:
     """(exit status, text to print) for ``specfix diagnose``; bad input: status 2 and a one-line message."""
     try:
-        stream, size, name = _open(path)
+        stream, size, name = open_log(path)
         bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
