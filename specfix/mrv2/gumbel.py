@@ -1,16 +1,13 @@
 """Masked Gumbel-max sampling in Triton: Model Runner V2's sampler, with and without the -1 row fix.
 
 Mirrors ``vllm/v1/worker/gpu/sample/gumbel.py`` (``gumbel_block_argmax``, ``_gumbel_sample_kernel``,
-``gumbel_sample``) as of vLLM 0.33; PR #47066 (first released in 0.25): a logit row whose
-``expanded_idx_mapping`` entry is negative is padding, so the kernel masks its temperature and seed loads
-and never stores into the draft-logits cache. ``Fixes(mask_invalid_reqs=False)`` compiles the kernel as it
-was before the fix (no masks), which reads ``temperature[-1]``, ``seed[-1]`` and writes
-``logits_cache[-1, col, :]``: memory that belongs to someone else.
+``gumbel_sample``) as of vLLM 0.33. PR #47066 (first released in 0.25): a row whose ``expanded_idx_mapping``
+entry is negative is padding, so its temperature and seed loads are masked and it never stores into the
+draft-logits cache. ``Fixes(mask_invalid_reqs=False)`` compiles the kernel without the masks: padded rows
+read ``temperature[-1]``, ``seed[-1]`` and write ``logits_cache[-1, col, :]``, someone else's memory.
 
-Read ``gumbel_sample`` first (the launcher), then ``gumbel_block_argmax`` (one tile: the fix's masks, the
-noise, the argmax). ``specfix.mrv2.noise`` holds the noise functions, ``specfix.mrv2.gumbel_reference`` the
-torch twin that defines them; what the kernel costs is measured by ``specfix bench`` and recorded in
-``specfix/recorded/``.
+Read ``gumbel_sample`` (the launcher) first, then ``gumbel_block_argmax`` (one tile: masks, noise, argmax).
+The noise is in ``specfix.mrv2.noise``; ``specfix.mrv2.gumbel_reference`` is the torch twin that defines it.
 """
 
 from __future__ import annotations
@@ -184,17 +181,15 @@ def _check_values(expanded_idx_mapping, temperature, col, cache, num_tokens: int
         raise ValueError(f"logits_cache_col must lie in [0, {cache.shape[1]})")
 
 
-# vLLM 0.33's contract: one loaded tile of a row in, its max and index out; the row's request-state
-# index, temperature, seed and position are loaded here, under PR #47066's masks. The arguments are
-# 0.33's, in its order, where they carry over (specfix also takes the column as an int, with a stride
-# for a 0-d column tensor); the constexprs after them are specfix's switches. The loop over tiles is the
-# caller's, as in vLLM. vLLM 0.25 cached logits / T in float32 instead (its output_processed_logits).
+# vLLM 0.33's contract: one loaded tile in, its max and index out; the loop over tiles is the caller's.
+# The arguments are 0.33's, in its order, where they carry over (specfix also takes the column as an int,
+# with a stride for a 0-d column tensor); the constexprs after them are specfix's switches.
 @triton.jit
 def gumbel_block_argmax(
-    logits,
-    block,
-    mask,
-    token_idx,
+    logits,  # [DEPTH, LANES] float32 (vLLM: 1-D); -inf outside the vocabulary
+    block,  # the tile's token ids
+    mask,  # which lanes lie inside the vocabulary
+    token_idx,  # the logit row
     expanded_idx_mapping_ptr,
     temp_ptr,
     seeds_ptr,
@@ -214,19 +209,8 @@ def gumbel_block_argmax(
     NOISE: tl.constexpr,
     USE_ASM: tl.constexpr,
 ):
-    """Gumbel-max over one tile of logit row ``token_idx``: the max of logits (/ T) + noise along the
-    tile's first axis and its index there (ties to the lowest; a NaN never wins).
-
-    ``logits``: the tile, loaded as float32 (lanes outside the vocabulary hold -inf); ``block``: its
-    token ids; ``mask``: which lanes lie inside the vocabulary. vLLM's tiles are 1-D, so this is the
-    tile's max and its index in the tile; specfix's caller hands in ``[DEPTH, LANES]`` tiles and gets
-    one (max, index) per column. The request-state row, temperature, seed and position are loaded here.
-    With a cache (``logits_cache_ptr`` not None) the tile's logits *before* temperature are stored to
-    ``logits_cache[req_state_idx, col]`` in the cache's dtype, as vLLM 0.33 does: from
-    ``logits_cache_source`` when given (None: the tile itself, whose float32 values came from that dtype,
-    so the store is an exact copy). Only a temperature of 0 is greedy: plain logits, no noise. In the
-    fast mode the value is in log2 units (logits * log2(e) + noise / ln 2).
-    """
+    """Max of logits (/ T) + Gumbel noise along the tile's first axis, and its index there (ties to the
+    lowest, a NaN never wins); the row's request state is loaded here, under PR #47066's masks."""
     req_state_idx = tl.load(expanded_idx_mapping_ptr + token_idx).to(tl.int64)
     is_valid_req = req_state_idx >= 0
     if MASK_INVALID:  # [fix]
@@ -248,7 +232,8 @@ def gumbel_block_argmax(
                 logits_cache_source_ptr + token_idx * logits_cache_source_stride + block, mask=mask
             )
         else:
-            cached = logits
+            cached = logits  # its float32 values came from the cache's dtype: the store is an exact copy
+        # the logits *before* temperature, in the cache's dtype, as vLLM 0.33 (0.25 cached logits / T, fp32)
         cached = cached.to(logits_cache_ptr.dtype.element_ty)
         row_ptr = logits_cache_ptr + req_state_idx * logits_cache_stride_0 + col * logits_cache_stride_1
         # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
@@ -271,10 +256,10 @@ def gumbel_block_argmax(
     else:
         key = _row_key(seed, pos)
         key_mixed = key ^ (key >> 16)
-    if temp != 0.0:
+    if temp != 0.0:  # only T == 0 is greedy: plain logits, no noise
         if NOISE == K.VLLM:
             scores = scores + _vllm_gumbel(row_state, block)
-        elif NOISE == K.FAST:
+        elif NOISE == K.FAST:  # in log2 units: logits * log2(e) + noise / ln 2
             scores = scores * K.LOG2E + _fast_gumbel_log2(
                 _uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
             )
@@ -291,13 +276,10 @@ def gumbel_block_argmax(
 
 @triton.jit
 def _first_max(value_a, index_a, value_b, index_b):
-    """Combine of a column's argmax, three instructions: the larger value by maxnum (a NaN loses to any
-    number), and b's index only where a did not hold that value (a NaN, or smaller), so among equal
-    values the first one combined keeps its index. That is the lowest index when the entries are combined
-    in order, as a thread does with the column it holds; across threads (shuffles in butterfly order) it
-    need not be, which is why a 1-D tile takes the two-pass reduction instead."""
-    value = tl.maximum(value_a, value_b)
-    return value, tl.where(value_a != value, index_b, index_a)
+    """Combine of a column's argmax in three instructions; among equal values the first combined keeps its
+    index, the lowest only when combined in order (within a thread; not across a butterfly of shuffles)."""
+    value = tl.maximum(value_a, value_b)  # maxnum: a NaN loses to any number
+    return value, tl.where(value_a != value, index_b, index_a)  # b's index only where a lost (NaN or smaller)
 
 
 @triton.jit
@@ -358,17 +340,9 @@ def _gumbel_sample_kernel(
     ARRIVE: tl.constexpr,
     STATIC_TILES: tl.constexpr,
 ):
-    """Grid (rows, splits); each program walks ``tiles_per_program`` tiles of ``DEPTH x LANES`` tokens
-    of its row (token ``tile * DEPTH * LANES + d * LANES + lane``), calls ``gumbel_block_argmax`` on
-    each and keeps a running best per column (each thread holds its columns' ``DEPTH`` rows, so the
-    tile's reduction stays in registers); one reduction across the columns ends the program. The next
-    tile's logits are loaded before this tile's noise is computed, so the load's latency hides behind it.
-
-    With one split per row the program stores the token. With several, each stores its best to
-    ``split_best`` (one int64 key: its max, then its token). With ``ARRIVE`` each then counts itself
-    in ``arrivals[row]`` and the row's last program to arrive takes the largest key (ties to the lower
-    token) and sets the counter back to 0 for the next call; without, ``_gumbel_reduce_kernel`` does."""
-    BLOCK: tl.constexpr = DEPTH * LANES
+    """Grid (rows, splits): each program keeps a running best per column over its share of the row's tiles,
+    then one reduction across the columns; a row's splits meet in ``split_best``."""
+    BLOCK: tl.constexpr = DEPTH * LANES  # tile token = tile * BLOCK + d * LANES + lane
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     first_tile = split * tiles_per_program
@@ -505,7 +479,7 @@ def _gumbel_sample_kernel(
         best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
     value = tl.max(best, axis=0)
     token = tl.min(tl.where(best == value, best_token, 2147483647), axis=0)
-    if num_splits == 1:
+    if num_splits == 1:  # the program owns the row
         tl.store(out_ptr + row, token.to(tl.int64))
     else:
         # One int64 key per split: the max's bits made sortable as a signed int, then the token reversed
@@ -514,12 +488,12 @@ def _gumbel_sample_kernel(
         sortable = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
         key = sortable * 4294967296 + (2147483647 - token)
         tl.store(split_best_ptr + row * num_splits + split, key)
-        if ARRIVE:
+        if ARRIVE:  # the row's last program to arrive picks the token; else _gumbel_reduce_kernel does
             tl.debug_barrier()  # every thread's stores happen before the release below
             arrived = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel")
             if arrived == num_splits - 1:  # the row's last program: every split's key is in split_best
                 _store_best_split(out_ptr, split_best_ptr, row, num_splits, SPLITS)
-                tl.store(arrivals_ptr + row, 0)
+                tl.store(arrivals_ptr + row, 0)  # ready for the next call
 
 
 @triton.jit
@@ -541,37 +515,27 @@ def _gumbel_reduce_kernel(out_ptr, split_best_ptr, num_splits, SPLITS: tl.conste
     _store_best_split(out_ptr, split_best_ptr, tl.program_id(0).to(tl.int64), num_splits, SPLITS)
 
 
-def gumbel_sample(
-    logits: torch.Tensor,
-    expanded_idx_mapping: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    pos: torch.Tensor,
+def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and meaning
+    logits: torch.Tensor,  # [num_tokens, vocab_size]; rows may be strided
+    expanded_idx_mapping: torch.Tensor,  # [num_tokens]; < 0 marks a padded row
+    temperature: torch.Tensor,  # [max_num_reqs] float32; 0 is greedy
+    seed: torch.Tensor,  # [max_num_reqs] int64
+    pos: torch.Tensor,  # [num_tokens]
     apply_temperature: bool,
     is_drafting: bool,
-    logits_cache: torch.Tensor | None = None,
-    logits_cache_col: int | torch.Tensor | None = None,
-    use_fp64: bool = False,
-    logits_cache_source: torch.Tensor | None = None,
+    logits_cache: torch.Tensor | None = None,  # [max_num_reqs, num_cols, >= vocab_size]: logits before T
+    logits_cache_col: int | torch.Tensor | None = None,  # an int, a 0-d or a [num_tokens] int tensor
+    use_fp64: bool = False,  # refused: specfix reduces in float32
+    logits_cache_source: torch.Tensor | None = None,  # [num_tokens, vocab_size]: cached instead of logits
     *,
-    fixes: Fixes | None = None,
-    noise: str = "exact",
-    block_size: int | None = None,
+    fixes: Fixes | None = None,  # mask_invalid_reqs=False runs the pre-PR-#47066 kernel
+    noise: str = "exact",  # "exact" (bit-reproducible), "fast" (hardware log2), "vllm" (0.33's tokens)
+    block_size: int | None = None,  # block_size, num_warps, tiles_per_program: override the launch
     num_warps: int | None = None,
     tiles_per_program: int | None = None,
 ) -> torch.Tensor:
-    """Sample one token per logit row by Gumbel-max: ``argmax(logits / T + g)``, ``g ~ Gumbel(0, 1)``;
-    ``[num_tokens]`` int64, no host sync, no value-dependent allocation (safe to capture in a CUDA graph).
-
-    The positional arguments are vLLM 0.33's, in its order and meaning (``logits`` [num_tokens, V] with
-    rows that may be strided; ``expanded_idx_mapping`` < 0 marks padding; a temperature of 0 is greedy;
-    ``logits_cache`` [max_num_reqs, num_cols, >= V] receives each valid row's logits before temperature,
-    at column ``logits_cache_col``: an int, a 0-d or a per-row int tensor); specfix reduces in float32 and
-    refuses ``use_fp64``. Keyword-only: ``fixes.mask_invalid_reqs=False`` runs the pre-PR-#47066 kernel;
-    ``noise`` is ``"exact"`` (bit-reproducible everywhere), ``"fast"`` (hardware log2) or ``"vllm"``
-    (vLLM 0.33's tokens from the same inputs); ``block_size``, ``num_warps`` and ``tiles_per_program``
-    override the launch. A NaN score never wins; a row of only NaN or -inf gives token 0.
-    """
+    """One token per row, ``argmax(logits / T + Gumbel noise)``, with no host sync and no value-dependent
+    allocation, so a CUDA graph can capture it; a row of only NaN or -inf gives token 0."""
     fixes = _DEFAULT_FIXES if fixes is None else fixes
     _validate(
         logits,
@@ -697,11 +661,9 @@ def _cache_args(logits, col, source):
 
 
 def _split_buffers(out: torch.Tensor, plan: _Plan, two_kernels: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(split keys, arrival counters) of a call. Split rows: eagerly, the last program of a row to finish
-    picks its token (one launch: host time is what an eager call pays most); in a CUDA graph a second small
-    kernel does (GPU time is what a replay pays, and a kernel boundary costs less of it than every
-    program's arrival atomic). Where a buffer is never read, any memory of its dtype will do."""
-    if plan.num_splits == 1:
+    """(split keys, arrival counters). Eagerly a row's last program picks its token (one launch: an eager
+    call pays host time most); in a graph a second kernel does (cheaper on the GPU than arrival atomics)."""
+    if plan.num_splits == 1:  # neither is read: any memory of the dtype will do
         return out, out.view(torch.int32)
     if two_kernels:
         return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out.view(
@@ -718,13 +680,8 @@ def guarded_table(
     guard_fill: float | None = None,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request-state table with one guard row on each side, in one allocation: ``(table, whole)``.
-
-    ``table = whole[1:-1]`` is what the kernel is given. The unmasked (pre-fix) kernel indexes row -1 of
-    the table, which here is ``whole[0]``, inside the same storage: its out-of-bounds reads and writes land
-    in a sentinel region we can inspect, instead of in memory the process does not own (on CPU the
-    interpreter would read or scribble over the Python heap).
-    """
+    """``(table, whole)``: a request-state table ``whole[1:-1]`` with a guard row on each side, so the
+    unmasked kernel's row -1 lands in ``whole[0]``, inspectable, not in memory the process does not own."""
     whole = torch.full((shape[0] + 2, *shape[1:]), fill, dtype=dtype, device=device)
     if guard_fill is not None:
         whole[0] = guard_fill
