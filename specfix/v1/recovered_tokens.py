@@ -1,8 +1,7 @@
 """The recovered-token draw of the V1 rejection sampler: the Triton kernel, its launcher and its torch twin.
 
-Mirrors ``sample_recovered_tokens`` in vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``: at a rejected
-draft the sampler emits a token drawn from the residual ``max(p - q, 0)``. Read ``sample_recovered_tokens``
-(the launcher) first; ``specfix.v1.rejection_sampler`` is the sampler that calls it.
+Mirrors ``sample_recovered_tokens`` in vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``: a rejected
+draft is replaced by a draw from the residual ``max(p - q, 0)``. Read ``sample_recovered_tokens`` first.
 """
 
 from __future__ import annotations
@@ -45,10 +44,8 @@ MAX_RECOVERED_SPLITS = 64
 
 
 def recovered_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
-    """``(BLOCK, splits per token)`` for ``sample_recovered_tokens_kernel`` at ``num_programs`` = B x
-    max_spec_len. On a GPU, a tile of 2,048 and as many splits (a power of 2, at most 64) as bring the
-    grid to about ``RECOVERED_PROGRAMS``; vLLM's kernel runs one program per token, which at B = 1 leaves
-    all but one SM idle. Under the interpreter, whose cost is per program, one tile per row and no split."""
+    """``(BLOCK, splits per token)``: vLLM's one program per token leaves SMs idle at small batches, so
+    rows are split (none under the interpreter, whose cost is per program)."""
     if runtime.INTERPRET:
         return min(triton.next_power_of_2(vocab_size), 1 << 16), 1
     return _gpu_launch(num_programs, vocab_size)
@@ -80,15 +77,8 @@ def sample_recovered_tokens_kernel(
     BLOCK: tl.constexpr,
     NO_DRAFT_PROBS: tl.constexpr,
 ):
-    """Grid (B, max_spec_len, num_splits): program (i, j, s) scores columns ``[s * split_size, (s + 1) *
-    split_size)`` of request i's j-th recovered token (if it has one), ``residual[v] * (1 / E_i[v])``, in
-    one pass. Each lane keeps the best score it has seen and its column (a strictly greater score
-    replaces it, so each lane keeps its first maximum); the lanes are reduced once at the end, to the
-    lowest column among the best: torch's argmax. The reciprocal is an IEEE division and nothing is
-    fused, so the token is the torch twin's bit for bit. With one split the program stores the token;
-    with several it stores its best as one int64 key (the score's bits, then the column reversed, so the
-    largest key is the best score's lowest column) and ``_recovered_tokens_reduce_kernel`` picks.
-    """
+    """Program (i, j, s) scores split s of request i's j-th residual, ``residual[v] * (1 / E_i[v])``; ties
+    go to the lowest column and nothing is fused, so it matches torch's argmax bit for bit."""
     req_idx = tl.program_id(0)
     pos = tl.program_id(1)
     split = tl.program_id(2)
@@ -146,17 +136,8 @@ def sample_recovered_tokens(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """For each draft token, a sample from the residual distribution used if that draft is rejected.
-
-    Residual: ``max(p - q, 0)`` with draft probabilities, or ``p`` with the draft token's entry zeroed
-    without them (a -1 draft zeroes nothing, so its slot gets a sample from the full target; with them, as
-    in vLLM, a slot nothing was drafted for should carry an all-zero q row to sample p itself). Sampled by
-    the exponential race: with one Exp(1) vector E per request, ``argmax_v residual[v] / E[v]`` is
-    distributed proportionally to the residual, no normalisation needed. The noise comes from torch (the
-    request's generator, or the global one), so that a seed gives the same tokens on every backend; the
-    rest is ``sample_recovered_tokens_kernel`` (one pass over p, q and E, no [T, V] temporaries) or, with
-    ``backend="torch"``, its torch twin ``sample_recovered_tokens_ref``. Returns [num_draft_total] int32.
-    """
+    """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E`` needs no
+    normalising); the noise comes from torch, so a seed gives the same tokens on every backend."""
     num_tokens, vocab_size = target_probs.shape
     noise = _exponential_noise(
         len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device

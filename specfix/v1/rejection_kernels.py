@@ -1,10 +1,7 @@
 """The verification kernels of the V1 rejection sampler: greedy and random, each with its torch twin.
 
-Mirrors ``rejection_greedy_sample_kernel`` and ``rejection_random_sample_kernel`` of vLLM 0.33.0's
-``vllm/v1/sample/rejection_sampler.py``: one program per request walks its drafts, emits each accepted one,
-the target's (greedy) or the recovered token (random) at the first rejection, the bonus token if none is
-rejected, and ``PLACEHOLDER_TOKEN_ID`` in the rest of the row. The ``*_ref`` functions restate each kernel
-in vectorised torch; the tests tie the two bit for bit. ``specfix.v1.rejection_sampler`` calls them.
+Mirrors the two kernels of vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``: one program per request
+walks its drafts. The ``*_ref`` twins restate them in torch, tied bit for bit by the tests.
 """
 
 from __future__ import annotations
@@ -59,9 +56,7 @@ def rejection_greedy_sample_kernel(
     HAS_IS_GREEDY: tl.constexpr,
     ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
 ):
-    """Emit the target argmax at each position until a draft differs from it; bonus if none does;
-    PLACEHOLDER_TOKEN_ID in the rest of the row. A -1 draft never equals an argmax, so it is always
-    rejected."""
+    """Emit the target argmax until a draft differs from it: a -1 draft never equals one."""
     req_idx = tl.program_id(0)
     active = True
     if HAS_IS_GREEDY:
@@ -148,17 +143,8 @@ def rejection_random_sample_kernel(
     REJECT_NEGATIVE_DRAFTS: tl.constexpr,
     ROW: tl.constexpr,  # a power of 2 >= max_spec_len + 1
 ):
-    """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u (q = 1 without draft probs); at the first
-    rejection emit the recovered token and stop; bonus if nothing was rejected; PLACEHOLDER_TOKEN_ID in
-    the rest of the row.
-
-    REJECT_NEGATIVE_DRAFTS (vLLM PR #46533) rejects d < 0 without loading either probability, as
-    vLLM's kernel does (a masked load reads no memory). Without it, as before the fix, d = -1 is used
-    as a column: the flat offset ``t * V - 1`` reads the previous row's last probability, so the
-    placeholder is accepted when that value beats u, and -1 is emitted as a token. For the batch's
-    first draft the offset is -1: on the GPU the old kernel read memory just before the tensor
-    (undefined); here that read is masked off and the draft is rejected.
-    """
+    """Accept draft d iff q(d) > 0 and p(d) / q(d) >= u. Without REJECT_NEGATIVE_DRAFTS (vLLM PR #46533)
+    d = -1 reads the previous row's last probability at flat offset ``t * V - 1`` and can be accepted."""
     req_idx = tl.program_id(0)
     active = True
     if HAS_IS_GREEDY:
@@ -176,8 +162,8 @@ def rejection_random_sample_kernel(
                 draft = tl.load(draft_token_ids_ptr + token_idx)
                 u = tl.load(uniform_probs_ptr + token_idx)
                 flat = token_idx * vocab_size + draft
-                # Both probability loads are masked off (no memory is read) where `readable` is False,
-                # and such a draft is never accepted.
+                # Unreadable drafts load nothing and are rejected; without the fix the batch's first -1
+                # (offset -1, before the tensor: undefined on a GPU) is masked off here too.
                 if REJECT_NEGATIVE_DRAFTS:  # [fix]
                     readable = draft >= 0  # [fix]
                 else:  # [no fix]
@@ -217,14 +203,8 @@ def rejection_random_sample(
     reject_negative_drafts: bool = True,
     backend: str = "auto",
 ) -> None:
-    """Write the random rows of ``output_token_ids`` in place, whole: their tokens, then
-    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are
-    (``is_greedy`` None: every row is random).
-
-    Draft d at flat token t is accepted iff ``q > 0 and p / q >= u`` with ``p = target_probs[t, d]``,
-    ``q = draft_probs[t, d]`` (1 if None) and ``u = uniform_probs[t]``; a rejection emits
-    ``recovered_token_ids[t]`` and ends the row. Like vLLM's kernels, this core does not validate its
-    inputs; ``rejection_sample`` does."""
+    """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
+    inputs (``rejection_sample`` checks them)."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -262,7 +242,6 @@ def rejection_random_sample(
     )
 
 
-# ----------------------------------------------------------------------------------------------------
 # Torch references: vectorised restatements of the kernels, tied to them bit for bit by the tests.
 
 

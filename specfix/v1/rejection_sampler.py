@@ -1,18 +1,14 @@
 """Verify draft tokens against the target model: the V1 rejection sampler.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py`` (standard verification only; vLLM's
-synthetic, block and FLy modes, top-k/top-p, penalties and logprobs are left out). Algorithm: Leviathan
-et al., arXiv 2211.17192. Terms: an *accepted* token passes the test; a *recovered* token is sampled from the
-residual distribution at the first rejection; the *bonus* token is sampled from the target's last row
-when every draft passes.
+Mirrors vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``, standard verification only (Leviathan et
+al., arXiv 2211.17192): an *accepted* draft passes the test, a *recovered* token is drawn from the residual
+at the first rejection, a *bonus* token from the last row when every draft passes.
 
-A draft id of ``-1`` (the scheduler's placeholder) is always rejected: greedy because it never equals
-an argmax, random because of vLLM PR #46533's explicit ``draft < 0`` guard (``Fixes.reject_negative_drafts``;
-switched off, the placeholder can be accepted and written out as a token: ``rejection_random_sample_kernel``).
+A ``-1`` placeholder draft is always rejected: greedy because it never equals an argmax, random because
+of vLLM PR #46533's ``draft < 0`` guard (``Fixes.reject_negative_drafts``).
 
-Read ``rejection_sample`` first (it validates, then verifies). The kernels live beside their launchers and
-torch twins in ``specfix.v1.rejection_kernels`` (greedy and random verification) and
-``specfix.v1.recovered_tokens`` (the residual draw); their public names are importable from here too.
+Read ``rejection_sample`` first. The kernels sit in ``specfix.v1.rejection_kernels`` and
+``specfix.v1.recovered_tokens``; their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -75,11 +71,8 @@ _DEFAULT_FIXES = Fixes()
 
 
 class RejectionSampler(torch.nn.Module):
-    """Turns target logits and draft tokens into each request's accepted, recovered and bonus tokens.
-
-    Unlike vLLM, there is no separate ``Sampler``: the bonus token is sampled here, by argmax for greedy
-    requests and by a seeded draw from ``softmax(logits / T)`` for random ones.
-    """
+    """Target logits and drafts in, accepted, recovered and bonus tokens out; unlike vLLM, the bonus token
+    is sampled here (there is no separate ``Sampler``)."""
 
     def __init__(self, fixes: Fixes = _DEFAULT_FIXES, backend: str = "auto"):
         super().__init__()
@@ -96,15 +89,8 @@ class RejectionSampler(torch.nn.Module):
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
     ) -> torch.Tensor:
-        """Return the sampled token ids, ``[B, max_spec_len + 1]`` int32 (a plain tensor, not vLLM's
-        ``SamplerOutput``), ``PLACEHOLDER_TOKEN_ID`` where no token was produced.
-
-        ``logits`` has ``sum k_i + B`` rows (already gathered by ``logits_indices``), indexed by
-        ``metadata.target_logits_indices`` and ``metadata.bonus_logits_indices``; it is not modified.
-        A seeded random request draws from its own generator, in this order: V exponentials for its
-        bonus token, then (only if k_i > 0) k_i uniforms and V exponentials for its recovered tokens;
-        so its output does not depend on the rest of the batch.
-        """
+        """``[B, max_spec_len + 1]`` int32 token ids (not vLLM's ``SamplerOutput``); ``logits`` is not
+        modified. A seeded request's draws come from its own generator alone."""
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
         # Advanced indexing copies (int32 indices as they come): no second copy, no cast of the indices.
@@ -135,8 +121,7 @@ class RejectionSampler(torch.nn.Module):
     def parse_output(
         output_token_ids: torch.Tensor, vocab_size: int, discard_req_indices: Sequence[int] = ()
     ) -> list[list[int]]:
-        """Per-request token lists: drop ``PLACEHOLDER_TOKEN_ID`` and ids >= ``vocab_size``; requests in
-        ``discard_req_indices`` (e.g. partial prefills whose sample is thrown away) get ``[]``."""
+        """Per-request token lists without placeholders; discarded requests (partial prefills) get ``[]``."""
         if (
             not isinstance(output_token_ids, torch.Tensor)
             or output_token_ids.dim() != 2
@@ -157,7 +142,6 @@ class RejectionSampler(torch.nn.Module):
         ]
 
 
-# ----------------------------------------------------------------------------------------------------
 # Validation
 
 
@@ -220,11 +204,8 @@ def _check_values(
     scores: dict[str, torch.Tensor | None],
     cumsums: dict[str, tuple[torch.Tensor, list[int]]] | None = None,
 ) -> None:
-    """One host sync for every value check: each ``ranges`` tensor lies in ``[low, high)`` (NaN does not);
-    no ``scores`` tensor ([rows, V] logits) holds NaN or +inf or a row of only -inf (each makes the softmax
-    NaN, and a NaN row would silently emit token 0); ``scores["draft_probs"]``, probabilities, lie in
-    [0, 1]; each ``cumsums`` tensor is the inclusive cumulative sum of its counts.
-    On GPU tensors these checks run only under ``device_checks`` (the step path makes no host sync)."""
+    """Every value check in one host sync (on a GPU only under ``device_checks``): a NaN row would
+    silently emit token 0, so scores must be finite-softmaxable, ranges in bounds, cumsums consistent."""
     cumsums = cumsums or {}
     tensors = (
         [t for t, _, _ in ranges.values()]
@@ -335,7 +316,6 @@ def _check_num_draft_tokens(num_draft_tokens: object) -> None:
         raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
 
 
-# ----------------------------------------------------------------------------------------------------
 # Batch -> token helpers, sampling constraints, randomness
 
 
@@ -346,8 +326,7 @@ def expand_batch_to_tokens(
     replace_from: float = 0,
     replace_to: float = 0,
 ) -> torch.Tensor:
-    """Repeat each request's value once per token: ``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` gives
-    ``[a,a,b,b,b,c]``. Values equal to ``replace_from`` become ``replace_to`` (no-op when both are 0)."""
+    """``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` -> ``[a,a,b,b,b,c]``, ``replace_from`` -> ``replace_to``."""
     if x.shape[0] != cu_num_tokens.shape[0]:
         raise ValueError(f"x has {x.shape[0]} entries but cu_num_tokens has {cu_num_tokens.shape[0]}")
     if replace_from != replace_to:
@@ -362,8 +341,7 @@ def apply_sampling_constraints(
     *,
     temperature: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Divide each token's logits by its request's temperature, in place (greedy rows, with a temperature
-    below ``SAMPLING_EPS``, divide by 1; ``temperature``: those divisors per request, if already made)."""
+    """Divide each token's logits by its request's temperature in place (greedy rows by 1)."""
     if sampling_metadata.all_greedy:
         return logits
     if temperature is None:
@@ -375,12 +353,8 @@ def apply_sampling_constraints(
 def generate_uniform_probs(
     num_tokens: int, num_draft_tokens: list[int], generators: dict[int, torch.Generator], device
 ) -> torch.Tensor:
-    """One U[0,1) float64 per draft token (float32 would return exactly 0.0 too often).
-
-    Everything is drawn from the global generator, then each seeded request's slice is redrawn with its
-    own generator, in batch order, so a seeded request's numbers do not depend on the rest of the batch.
-    A request with no drafts consumes nothing from its generator.
-    """
+    """One U[0,1) float64 per draft token (float32 returns exactly 0.0 too often); a seeded request's
+    slice is redrawn from its own generator, so it does not depend on the rest of the batch."""
     uniform_probs = torch.rand(num_tokens, dtype=torch.float64, device=device)
     if generators:
         starts = [0, *itertools.accumulate(num_draft_tokens)]
@@ -398,8 +372,7 @@ def _divisors(is_greedy: torch.Tensor, sampling_metadata: SamplingMetadata) -> t
 def _sample_bonus_tokens(
     logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None, temperature=None
 ) -> torch.Tensor:
-    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones
-    (``is_greedy``, ``temperature``: the step's mask and divisors, computed here if not given)."""
+    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones."""
     argmax = logits.argmax(dim=-1)
     if sampling_metadata.all_greedy:
         return argmax.to(torch.int32)
@@ -417,7 +390,6 @@ def _sample_bonus_tokens(
     return torch.where(is_greedy, argmax, sampled).to(torch.int32)
 
 
-# ----------------------------------------------------------------------------------------------------
 # Dispatch
 
 
@@ -436,16 +408,8 @@ def rejection_sample(
     reject_negative_drafts: bool = True,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Verify every request's drafts; return ``[B, max_spec_len + 1]`` int32 filled with
-    ``PLACEHOLDER_TOKEN_ID``, as in vLLM: row i holds ``a_i + 1`` tokens in columns ``0..a_i`` (``a_i``
-    accepted drafts, then the recovered token, or the bonus token in column ``k_i`` when all ``k_i``
-    drafts are accepted).
-
-    ``target_logits`` [num_draft_total, V] must already be temperature-scaled; ``draft_probs`` None means
-    a one-hot draft distribution (q = 1). Greedy requests accept a draft iff it equals the target argmax;
-    random requests run the probability-ratio test with ``uniform_probs`` [T] float64 and
-    ``recovered_token_ids`` [T] (generated here when None: pass your own to control the randomness).
-    """
+    """Verify every request's drafts into ``[B, max_spec_len + 1]`` int32, placeholder-filled as in vLLM:
+    row i holds its accepted drafts then one recovered or bonus token. ``draft_probs`` None is one-hot."""
     _check_num_draft_tokens(num_draft_tokens)
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
