@@ -1,24 +1,19 @@
 """What every checker shares: a verdict that displays well, hints with ids, and no exception ever escaping.
 
-A chapter's module defines each checker with :func:`checker`::
-
-    @checker("ch2.clamp", solution="embedding_assert:clamp_for_embedding",
-             todo="write clamp_for_embedding(input_ids): a copy the embedding can index",
-             hints={"in_place": "your clamp rewrote input_ids itself: ..."})
-    def check_clamp(answer, verdict):
-        out = answer(torch.tensor([5, -1]))
-        verdict.require(out is not ..., "in_place")
-
-The body calls the reader's ``answer`` and records failures with ``verdict.require(ok, hint_id)``; the first
-failed requirement stops the check. An unsolved stub (it raises ``NotImplementedError``, or the answer is
-``None`` or ``...``) reports the ``todo`` text; any other exception from the answer becomes a hint naming it.
+A chapter's module registers each checker with :func:`checker`; its body calls the reader's ``answer`` and
+records failures with ``verdict.require(ok, hint_id)``, the first failure ending the check. An unsolved stub
+(it raises ``NotImplementedError``, or the answer is ``None`` or ``...``) gets the ``todo`` text; any other
+exception from the answer becomes a hint naming it.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import html
 import importlib
+import inspect
+import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +62,12 @@ class Verdict:
             self.hints.append((hint_id, f"{message} {detail}".strip()))
             raise _Stop
 
+    def explain(self, detail: str, last: str = "wrong", **slipped: bool) -> None:
+        """Stop a wrong answer with the hint of the first slip it made (in the order given), else ``last``."""
+        for hint_id, made in slipped.items():
+            self.require(not made, hint_id, detail)
+        self.require(False, last, detail)
+
     def __str__(self) -> str:
         if self.solved:
             return f"[solved] {self.exercise}: correct."
@@ -80,16 +81,20 @@ class Verdict:
                 f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
                 f"<code>{self.exercise}</code> is correct.</div>"
             )
-        items = "".join(f"<li>{_code_spans(html.escape(message))}</li>" for _, message in self.hints)
+        # a hint's `name` in backticks shows as code, as in the chapters' markdown
+        spans = (re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(m)) for _, m in self.hints)
+        items = "".join(f"<li>{span}</li>" for span in spans)
         return (
             f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
             f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>"
         )
 
 
-def _code_spans(text: str) -> str:
-    """A hint's `name` in backticks, shown as code (as the chapters' markdown shows it), not as backticks."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+def _resolve(target: str):
+    """The owner object and attribute name of ``"module:Class.attr"``."""
+    module, path = target.split(":")
+    *owner_path, attr = path.split(".")
+    return functools.reduce(getattr, owner_path, importlib.import_module(module)), attr, path
 
 
 @dataclass
@@ -102,7 +107,7 @@ class Checker:
     forbid: tuple[str, ...] = ()
 
     def _guarded(self, answer):
-        """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid`` (``module:Class.attr``)."""
+        """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid``."""
         if not self.forbid or not callable(answer) or hasattr(answer, "fn") or hasattr(answer, "__getitem__"):
             return answer
 
@@ -110,12 +115,7 @@ class Checker:
         def guarded(*args, **kwargs):
             saved = []
             try:
-                for target in self.forbid:
-                    module, path = target.split(":")
-                    *owner_path, attr = path.split(".")
-                    owner = importlib.import_module(module)
-                    for name in owner_path:
-                        owner = getattr(owner, name)
+                for owner, attr, path in map(_resolve, self.forbid):
                     saved.append((owner, attr, vars(owner).get(attr)))  # None: inherited, delete to restore
 
                     def refuse(*_, _name=path, **__):
@@ -132,68 +132,43 @@ class Checker:
 
         return guarded
 
+    def _solution_module(self):
+        module, name = self.solution.split(":")
+        return importlib.import_module(f"specfix.exercises.solutions.{module}"), name
+
     def reference(self):
         """The reference answer: ``module:name`` under ``specfix.exercises.solutions``."""
-        module, name = self.solution.split(":")
-        return getattr(importlib.import_module(f"specfix.exercises.solutions.{module}"), name)
+        module, name = self._solution_module()
+        return getattr(module, name)
 
     def __call__(self, answer=None) -> Verdict:
         if _use_solutions:
             answer = self.reference()
         verdict = Verdict(self.exercise)
-        if answer is None or answer is Ellipsis:
+        try:
+            if answer is None or answer is Ellipsis:
+                raise NotImplementedError
+            self.body(self._guarded(answer), verdict)
+            verdict.checked = True
+        except _Stop:
+            verdict.checked = True
+        except _Bypass as called:
+            message = (
+                f"your answer calls specfix's own {called}: that is what this exercise asks you to work out."
+            )
+            verdict.hints.append(("bypass", message))
+            verdict.checked = True
+        except NotImplementedError:
             verdict.hints.append(("todo", self.todo))
-        else:
-            try:
-                self.body(self._guarded(answer), verdict)
-                verdict.checked = True
-            except _Stop:
-                verdict.checked = True
-            except _Bypass as called:
-                verdict.hints.append(
-                    (
-                        "bypass",
-                        f"your answer calls specfix's own {called}: that is what "
-                        "this exercise asks you to work out yourself.",
-                    )
-                )
-                verdict.checked = True
-            except NotImplementedError:
-                verdict.hints.append(("todo", self.todo))
-            except Exception as error:  # the reader's code failed: that is feedback, not a crash
-                verdict.hints.append(("raised", f"your answer raised {type(error).__name__}: {error}"))
+        except Exception as error:  # the reader's code failed: that is feedback, not a crash
+            verdict.hints.append(("raised", f"your answer raised {type(error).__name__}: {error}"))
         RESULTS[self.exercise] = verdict
         return verdict
 
 
-def as_int(value) -> int | None:
-    """``value`` as an int if it is a whole number in any container (int, numpy integer, one-element integer
-    tensor or array); None otherwise (bools and floats included: a count is not a truth value or a ratio)."""
-    import numbers
-
-    if hasattr(value, "dtype") and getattr(value, "shape", ()) in ((), (1,)):  # tensor or numpy scalar/array
-        return int(value.item()) if "int" in str(value.dtype) else None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return None
-
-
-def as_int_list(value) -> list[int] | None:
-    """``value`` as a list of ints from a list, tuple, set, array or tensor of whole numbers, else None."""
-    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # tensor or numpy array
-        if "int" not in str(value.dtype) or getattr(value, "ndim", 1) != 1:
-            return None
-        return [int(v) for v in value.tolist()]
-    if not isinstance(value, (list, tuple, set, frozenset)):
-        return None
-    ints = [as_int(v) for v in value]
-    return None if any(v is None for v in ints) else ints
-
-
 def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], forbid: tuple[str, ...] = ()):
-    """Register the decorated ``body(answer, verdict)`` as the checker of ``exercise``; a function answer that
-    calls one of ``forbid`` (``"module:Class.attr"``, specfix's own version of the exercise) gets the
-    ``bypass`` hint."""
+    """Register ``body(answer, verdict)`` as ``exercise``'s checker; an answer that calls one of ``forbid``
+    (``"module:Class.attr"``, specfix's own version of the exercise) gets the ``bypass`` hint."""
 
     def wrap(body: Callable) -> Checker:
         made = Checker(exercise, solution, todo, dict(hints), body, tuple(forbid))
@@ -202,6 +177,40 @@ def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], f
         return made
 
     return wrap
+
+
+def value_of(answer):
+    """The answer, or what a function-valued answer returns; ``None`` or ``...`` (in a dict too): unsolved."""
+    value = answer() if callable(answer) else answer
+    if (
+        value is None
+        or value is Ellipsis
+        or (isinstance(value, dict) and any(v is ... for v in value.values()))
+    ):
+        raise NotImplementedError
+    return value
+
+
+def as_int(value) -> int | None:
+    """A whole number in any container (int, numpy integer, one-element integer tensor or array), else None:
+    bools and floats included, since a count is not a truth value or a ratio."""
+    if hasattr(value, "dtype") and getattr(value, "shape", ()) in ((), (1,)):  # tensor or numpy scalar/array
+        return int(value.item()) if "int" in str(value.dtype) else None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def as_int_list(value) -> list[int] | None:
+    """A list of ints from a list, tuple, set, 1-D array or tensor of whole numbers, else None."""
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # tensor or numpy array
+        if "int" not in str(value.dtype) or getattr(value, "ndim", 1) != 1:
+            return None
+        return [int(v) for v in value.tolist()]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return None
+    ints = [as_int(v) for v in value]
+    return None if None in ints else ints
 
 
 def summary(prefix: str = "") -> dict[str, bool]:
@@ -226,27 +235,15 @@ class Source:
 
 def show_solution(exercise: str) -> Source:
     """The live source of ``exercise``'s reference solution (a function, or the line that sets a value)."""
-    import inspect
-
     if exercise not in CHECKERS:
         raise ValueError(f"exercise must be one of {sorted(CHECKERS)}, got {exercise!r}")
-    made = CHECKERS[exercise]
-    module_name, name = made.solution.split(":")
-    module = importlib.import_module(f"specfix.exercises.solutions.{module_name}")
+    module, name = CHECKERS[exercise]._solution_module()
     answer = getattr(module, name)
     if inspect.isfunction(answer) or inspect.isclass(answer):
         return Source(inspect.getsource(answer).rstrip())
-    import ast
-
     text = inspect.getsource(module)
-    node = next(
-        (
-            n
-            for n in ast.parse(text).body
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
-        ),
-        None,
-    )
+    assigned = [n for n in ast.parse(text).body if isinstance(n, ast.Assign)]
+    node = next((n for n in assigned if any(getattr(t, "id", None) == name for t in n.targets)), None)
     if node is None:
         return Source(f"{name} = {answer!r}")
     lines = text.splitlines()

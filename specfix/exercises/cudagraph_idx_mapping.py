@@ -1,20 +1,8 @@
-"""Chapter 3's exercises: the ``-1`` padding of ``idx_mapping``, whose draft logits a stale row overwrites,
-and the stale row behind a corrupted batch.
+"""Chapter 3's exercises: the ``-1`` padding of ``idx_mapping``, and the stale rows that corrupt responses.
 
-- ``ch3.pad_idx_mapping`` (write it): fill the drafter's persistent ``idx_mapping`` for a batch, in place:
-  the live rows, then ``-1`` in every row after them. Checked over two steps on a buffer that an earlier
-  batch of 8 left full of request-state slots, so padding that stops short or writes 0 shows.
-- ``ch3.stale_victims`` (predict, then run): after a named history, which live requests' cached draft
-  logits the padded rows overwrite.
-- ``ch3.corrupted_responses`` (predict, then run): from a history of steps, which responses the unfixed
-  engine corrupts end to end; checked against real runs (fix off against fix on) of the chapter's history
-  and of a seeded family. A victim sits the padded step out: a stale row naming its slot is the only writer
-  there, so the corruption is certain on any device (no race with the victim's own row).
-- ``ch3.simulate_idx_mapping`` (write it): the unfixed persistent buffer after a history, checked against the
-  real speculator on random histories.
-- ``ch3.dflash_padding`` (write it): DFlash's expanded ``sample_idx_mapping`` with the -1 padding.
-- ``ch3.find_stale_row`` (debug): a drafter left in a corrupted state by a history you do not see; find,
-  with the invariance checker, the padded row whose stale entry corrupts a live request, and its slot.
+Write ``ch3.pad_idx_mapping``, ``ch3.simulate_idx_mapping`` and ``ch3.dflash_padding``; predict
+``ch3.stale_victims`` and ``ch3.corrupted_responses``; debug ``ch3.find_stale_row``. Each is checked on the
+chapter's history, then on crafted and seeded ones the reader never sees, against the real speculator.
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.exercises.core import as_int_list, checker
+from specfix.exercises.core import as_int_list, checker, value_of
 from specfix.fixes import Fixes
 from specfix.lab.padding_bench import (
     PaddedWrite,
@@ -41,13 +29,9 @@ from specfix.mrv2.speculator import rejection_sample_mrv2
 #: ch3.pad_idx_mapping: the buffer as an earlier batch of 8 left it, and the two batches written into it.
 STALE_BUFFER = (7, 6, 5, 4, 3, 2, 1, 0)
 BATCHES = ((5, 3, 0, 1, 4, 2), (4, 0, 2))
-
 #: ch3.stale_victims: the history to predict from (requests are letters; see StaleRowScenario.play).
 PREDICT_EVENTS = ("step abcdefg", "finish cf", "step abdeg")
 UNFIXED = Fixes(pad_idx_mapping=False)
-
-
-# -- ch3.pad_idx_mapping ------------------------------------------------------------------------------------
 
 
 @checker(
@@ -56,21 +40,18 @@ UNFIXED = Fixes(pad_idx_mapping=False)
     todo="write pad_idx_mapping(buffer, idx_mapping, num_reqs): copy the batch into buffer[:num_reqs] and "
     "write -1 into every row after it, in place",
     hints={
-        "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the "
-        "name `buffer`) instead of writing into it. A captured CUDA graph reads the "
-        "buffer's address, fixed at capture: a new tensor is one the replay never sees. "
-        "Write in place (buffer[...] = ..., .copy_(), .fill_()).",
+        "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the name "
+        "`buffer`) instead of writing into it. A captured CUDA graph reads the buffer's address, fixed at "
+        "capture, and never sees a new tensor. Write in place (buffer[...] = ..., .copy_(), .fill_()).",
         "padded_live": "the live rows came out -1 too: the -1 must go only after the batch "
         "(buffer[num_reqs:]), or the live requests themselves are skipped by the sampler.",
-        "live_rows": "the live rows must hold this step's idx_mapping in batch order: "
-        "buffer[:num_reqs] = idx_mapping[:num_reqs].",
-        "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would "
-        "write its garbage logits into draft_logits[0], the request in slot 0. The sampler "
-        "skips -1 only.",
-        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there. "
-        "The copy is told only num_reqs, not which captured size the step will replay (that "
-        "is picked afterwards), so every row after the batch must be -1: fill all of "
-        "buffer[num_reqs:].",
+        "live_rows": "the live rows must hold this step's idx_mapping in batch order: buffer[:num_reqs] = "
+        "idx_mapping[:num_reqs].",
+        "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would write "
+        "its garbage logits into draft_logits[0], the request in slot 0. The sampler skips -1 only.",
+        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there. The "
+        "copy is told only num_reqs, not which captured size the step will replay (that is picked "
+        "afterwards), so every row after the batch must be -1: fill all of buffer[num_reqs:].",
         "pad_value": "the padded rows must be -1, the value the sampler's req_state_idx >= 0 mask skips.",
         "changed_input": "you changed the idx_mapping argument: it is the batch's own table, read again by "
         "verification; write only the persistent buffer.",
@@ -80,12 +61,10 @@ def check_pad_idx_mapping(answer, verdict):
     buffer = torch.tensor(STALE_BUFFER, dtype=torch.int32)
     address = buffer.data_ptr()
     for batch in BATCHES:
-        before = buffer.clone()
-        idx = torch.tensor(batch, dtype=torch.int32)
-        n = len(batch)
+        before, idx, n = buffer.clone(), torch.tensor(batch, dtype=torch.int32), len(batch)
         answer(buffer, idx, n)
         shown = f"(after the batch {list(batch)} the buffer is {buffer.tolist()})"
-        verdict.require(torch.equal(idx, torch.tensor(batch, dtype=torch.int32)), "changed_input")
+        verdict.require(idx.tolist() == list(batch), "changed_input")
         verdict.require(buffer.data_ptr() == address and not torch.equal(buffer, before), "new_tensor", shown)
         verdict.require(not bool((buffer[:n] == -1).any()), "padded_live", shown)
         verdict.require(torch.equal(buffer[:n], idx), "live_rows", shown)
@@ -93,9 +72,6 @@ def check_pad_idx_mapping(answer, verdict):
         verdict.require(not bool((tail == 0).all()), "fill_zero", shown)
         verdict.require(not bool(((tail == old_tail) & (old_tail >= 0)).any()), "stale_tail", shown)
         verdict.require(bool((tail == -1).all()), "pad_value", shown)
-
-
-# -- ch3.stale_victims --------------------------------------------------------------------------------------
 
 
 def _names(answer) -> set[str] | None:
@@ -109,6 +85,10 @@ def _names(answer) -> set[str] | None:
     return None
 
 
+def _everyone(events) -> set[str]:
+    return {c for event in events for c in event.split()[1]}
+
+
 @checker(
     "ch3.stale_victims",
     solution="cudagraph_idx_mapping:stale_victims",
@@ -120,20 +100,19 @@ def _names(answer) -> set[str] | None:
         "writing a free slot harms nobody (until a new request takes that slot).",
         "not_written": "you missed a victim of a padded row that no step ever wrote: such a row still holds "
         "what the buffer was created with, and that value can name a live slot.",
-        "moved": "you missed a victim of a row a request left: a request that moved to an earlier row "
-        "keeps its slot, and the row it left still names that slot.",
+        "moved": "you missed a victim of a row a request left: a request that moved to an earlier row keeps "
+        "its slot, and the row it left still names that slot.",
         "too_many": "a live request is overwritten only if some padded row names its slot.",
     },
 )
 def check_stale_victims(answer, verdict):
-    names = _names(answer() if callable(answer) else answer)  # a function may compute the prediction
+    names = _names(value_of(answer))  # a function may compute the prediction
     verdict.require(names is not None, "format")
     state = padded_step_scenario(list(PREDICT_EVENTS), fixes=UNFIXED)
-    everyone = {c for event in PREDICT_EVENTS for c in event.split()[1]}
+    everyone = _everyone(PREDICT_EVENTS)
     verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
-    live = set(state.owners.values())
+    live, truth = set(state.owners.values()), set(state.victims)
     verdict.require(not names - live, "finished", f"({sorted(names - live)} finished)")
-    truth = set(state.victims)
     for w in state.writes:
         if w.victim in truth - names:
             # No row or slot in the message: the hint names the misconception, not where the answer sits.
@@ -147,32 +126,23 @@ def check_stale_victims(answer, verdict):
 #: of its last step (against the draft logits cached then), then drafts anew. A live request left out of a
 #: step waits with its drafts and their cached logits.
 RESPONSE_EVENTS = ("arrive abcdefgh", "step bhdgfc", "step hbe", "finish c", "step hbefg")
-#: The checker's other histories: one written to hold a request hit while it waits for good (c), then those
-#: of the first two seeds of :func:`_random_schedule` whose histories fit: no padded row names a slot of its
-#: own batch, and every overwritten cache that a verification reads changes its response (searched once:
-#: each try is two real runs; tests/test_exercises_cudagraph_idx_mapping.py checks that they fit).
+#: The checker's other histories: one crafted to hit a request while it waits for good (c), then the first
+#: two seeds of :func:`_random_schedule` whose histories fit (no padded row names a slot of its own batch,
+#: and every overwritten cache that a verification reads changes its response; the tests check both).
 _RESPONSE_CRAFTED = (("arrive abcdefgh", "step bhdgfc", "step hba", "step hbefg"),)
 _RESPONSE_SEEDS = (39, 68)
 _K = 2  # draft tokens per step
 
 
 def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[int]]:
-    """Each request's response (the token ids it emitted) after decoding requests a, b, ... (the fables'
-    sentence openings, seeded, temperature 1) through ``events``, the drafter's steps padded to vLLM's
-    capture sizes, on the CPU. Every draw is keyed by (seed, position), so with the fix a response does not
-    depend on the history; without it, a response changes where a verification read draft logits that a
-    padded row had overwritten."""
+    """Each response (the token ids it emitted) after decoding requests a, b, ... through ``events`` on the
+    CPU, the drafter padded to vLLM's capture sizes. Draws are keyed by (seed, position): with the fix a
+    response does not depend on the history, without it a verification can read overwritten logits."""
     target, draft = load_models("cpu")
     engine = SpecDecodeEngine(
-        target,
-        draft,
-        max_num_reqs=max_num_reqs,
-        num_speculative_steps=_K,
-        device="cpu",
-        fixes=fixes,
-        cuda_graphs=False,
+        target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K, device="cpu", fixes=fixes
     )
-    states, spec, width = engine.states, engine.spec, engine.spec.context_ids.shape[1]
+    states, width = engine.states, engine.spec.context_ids.shape[1]
     requests = {chr(ord("a") + i): r for i, r in enumerate(make_requests(26, seed=3, max_tokens=(1, 1)))}
     tokens, responses, drafts = {}, {}, {}
     for event in events:
@@ -182,48 +152,39 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
                 states.remove_request(name)
             continue
         for name in (n for n in names if n not in tokens):  # arrives: a slot, its prompt prefilled
-            slot = states.add_request(name, 1.0, requests[name].seed)
             tokens[name], responses[name] = list(requests[name].prompt), []
-            positions = torch.arange(len(tokens[name]))
-            target(
-                torch.tensor(tokens[name]),
-                positions,
-                slot * engine.max_model_len + positions,
-                engine.kv_cache,
-            )
+            slot = states.add_request(name, 1.0, requests[name].seed)
+            prompt, positions = torch.tensor(tokens[name]), torch.arange(len(tokens[name]))
+            target(prompt, positions, slot * engine.max_model_len + positions, engine.kv_cache)
         if verb == "arrive":
             continue
         verify = [n for n in names if n in drafts]  # a request's first step has nothing to verify
         if verify:
-            idx = torch.tensor([states.req_id_to_index[n] for n in verify], dtype=torch.int32)
-            pos = torch.tensor([len(tokens[n]) - 1 for n in verify])
-            proposed = torch.stack([drafts[n] for n in verify])
-            positions = pos[:, None] + torch.arange(_K + 1)
-            last = torch.tensor([tokens[n][-1] for n in verify])
-            slot_mapping = idx.long()[:, None] * engine.max_model_len + positions
-            logits = target(
-                torch.cat([last[:, None], proposed], dim=1).flatten(),
-                positions.flatten(),
-                slot_mapping.flatten(),
-                engine.kv_cache,
-            )
-            sampled, num_sampled = rejection_sample_mrv2(
-                logits, proposed, spec.draft_logits, idx, states.temperature, states.seeds, pos, fixes
-            )
-            for name, row, count in zip(verify, sampled.tolist(), num_sampled.tolist(), strict=True):
-                tokens[name] += row[:count]
-                responses[name] += row[:count]
+            for name, new in zip(verify, _verify(engine, verify, tokens, drafts), strict=True):
+                tokens[name] += new
+                responses[name] += new
         idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
-        proposal = spec.propose(
-            len(names),
-            idx,
-            states.temperature,
-            states.seeds,
-            torch.tensor([tokens[n][-width:] for n in names]),
-            torch.tensor([len(tokens[n]) - 1 for n in names]),
-        )
+        context = torch.tensor([tokens[n][-width:] for n in names])
+        pos = torch.tensor([len(tokens[n]) - 1 for n in names])
+        proposal = engine.spec.propose(len(names), idx, states.temperature, states.seeds, context, pos)
         drafts.update((n, d.clone()) for n, d in zip(names, proposal.draft_tokens, strict=True))
     return responses
+
+
+def _verify(engine, names, tokens, drafts) -> list[list[int]]:
+    """What each of ``names`` emits when the target verifies its cached drafts (MRV2's rejection step)."""
+    states, proposed = engine.states, torch.stack([drafts[n] for n in names])
+    idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
+    pos = torch.tensor([len(tokens[n]) - 1 for n in names])
+    positions = pos[:, None] + torch.arange(_K + 1)
+    last = torch.tensor([tokens[n][-1] for n in names])
+    slot_mapping = idx.long()[:, None] * engine.max_model_len + positions
+    inputs = torch.cat([last[:, None], proposed], dim=1).flatten()
+    logits = engine.target(inputs, positions.flatten(), slot_mapping.flatten(), engine.kv_cache)
+    sampled, num_sampled = rejection_sample_mrv2(
+        logits, proposed, engine.spec.draft_logits, idx, states.temperature, states.seeds, pos, engine.fixes
+    )
+    return [row[:count] for row, count in zip(sampled.tolist(), num_sampled.tolist(), strict=True)]
 
 
 @functools.cache
@@ -245,11 +206,8 @@ def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]
 
 
 def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
-    """Requests by what the padded writes did to them: ``"victim"`` (its slot written while it waited with
-    cached drafts that a later step verifies), ``"in_batch"`` (written while in the batch: a race on a GPU),
-    ``"undrafted"`` (waiting, nothing drafted yet), ``"unread"`` (waiting, never runs again),
-    ``"finished"`` (it had finished when a padded row wrote the slot it held) and ``"earlier"`` (a victim of
-    a padded step before the last one with writes)."""
+    """Requests by what a padded write did to them, each kind named by its hint (``"in_batch"``: written
+    while in the batch, a race on a GPU; ``"earlier"``: a victim of a padded step before the last one)."""
     kinds = {k: set() for k in ("victim", "in_batch", "undrafted", "unread", "finished", "earlier")}
     ran = [(i, e.split()[1]) for i, e in enumerate(events) if e.startswith("step")]
     writes = padded_writes(events)
@@ -257,37 +215,31 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
     for i, w in writes:
         if w.victim is None:  # a free slot: whoever held it has finished
             gone = {n for e in events[:i] if e.startswith("finish") for n in e.split()[1]}
-            kinds["finished"] |= {n for n in gone if _slot_of(events[:i], n) == w.slot}
+            kinds["finished"] |= {n for n in gone if _slots(events[:i])[n] == w.slot}
             continue
-        drafted = any(w.victim in names for j, names in ran if j < i)
-        later = any(w.victim in names for j, names in ran if j > i)
-        kind = (
-            "in_batch"
-            if w.victim in events[i].split()[1]
-            else "undrafted"
-            if not drafted
-            else "unread"
-            if not later
-            else "victim"
-        )
+        if w.victim in events[i].split()[1]:
+            kind = "in_batch"
+        elif not any(w.victim in names for j, names in ran if j < i):
+            kind = "undrafted"  # waiting, nothing drafted yet
+        elif not any(w.victim in names for j, names in ran if j > i):
+            kind = "unread"  # waiting, never runs again
+        else:
+            kind = "victim"
         kinds[kind].add(w.victim)
         if kind == "victim" and i != last:
             kinds["earlier"].add(w.victim)
     return kinds
 
 
-def _slot_of(events, name: str) -> int | None:
-    """The slot ``name`` held at the end of ``events`` (or last held, if it finished)."""
-    slots, held = {}, None
-    for event in events:
-        verb, names = event.split()
+def _slots(events) -> dict[str, int]:
+    """Each request's slot (the last it held, if it finished): a newcomer takes the lowest free one."""
+    live, held = {}, {}
+    for verb, names in map(str.split, events):
         for n in names:
             if verb == "finish":
-                slots.pop(n)
-            elif n not in slots:
-                slots[n] = min(set(range(26)) - set(slots.values()))
-            if n == name:
-                held = slots.get(n, held)
+                del live[n]
+            elif n not in live:
+                live[n] = held[n] = min(set(range(26)) - set(live.values()))
     return held
 
 
@@ -324,14 +276,14 @@ def _random_schedule(rng: random.Random) -> tuple[str, ...]:
 @checker(
     "ch3.corrupted_responses",
     solution="cudagraph_idx_mapping:corrupted_responses",
-    todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the "
-    "unfixed engine corrupts",
+    todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the unfixed "
+    "engine corrupts",
     hints={
         "format": "return a set of request names (letters), e.g. {'a', 'b'}.",
         "unknown": "name only requests of the history.",
         "finished": "a padded row that names the slot of a finished request writes a free slot: that "
-        "request's response is complete, and a later owner of the slot writes its own draft "
-        "logits before anything reads them.",
+        "request's response is complete, and a later owner of the slot writes its own draft logits before "
+        "anything reads them.",
         "undrafted": "a waiting request that has not run yet has no cached draft logits to lose: its first "
         "step drafts, and writes its own, before any verification reads them.",
         "unread": "overwritten draft logits corrupt a response only when a verification reads them: that "
@@ -352,7 +304,7 @@ def check_corrupted_responses(answer, verdict):
     for events in _response_cases():
         names = _names(answer(list(events), 8))
         verdict.require(names is not None, "format")
-        everyone = {c for event in events for c in event.split()[1]}
+        everyone = _everyone(events)
         verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
         truth, kinds = _corrupted(events), _write_kinds(events)
         said = f"(history {list(events)})"
@@ -366,16 +318,14 @@ def check_corrupted_responses(answer, verdict):
 
 # -- ch3.find_stale_row -------------------------------------------------------------------------------------
 
-#: The history that left the mystery drafter corrupted (hidden from the reader in the notebook) and the step
-#: that goes wrong.
+#: The history that left the mystery drafter corrupted (hidden in the notebook), and the step that goes wrong.
 _MYSTERY_HISTORY = ("step abcdefgh", "step hgfedcba", "finish abe")
 MYSTERY_BATCH = "hgfdc"
 
 
 @dataclass
 class Mystery:
-    """A drafter as an unfixed engine left it, and the step about to run (``inputs`` are what
-    ``check_speculator(spec, *inputs)`` takes after ``spec``)."""
+    """A drafter as an unfixed engine left it, and its next step (``check_speculator(spec, *inputs)``)."""
 
     scenario: StaleRowScenario
     batch: str
@@ -395,9 +345,8 @@ class Mystery:
 
 
 def mystery_batch(seed: int | None = None) -> Mystery:
-    """A fresh copy of the corrupted drafter and its next batch, on the CPU (the torch sampler: quick, and its
-    padded row's store lands after the live row's, which a GPU launch leaves to chance). Without a seed,
-    the notebook's mystery; with one, a history drawn from the family the checker also uses."""
+    """A fresh copy of the corrupted drafter and its next batch, on the CPU, where the padded row's store
+    lands after the live row's (a GPU launch leaves that to chance): the notebook's, or a seeded one."""
     events, batch = (_MYSTERY_HISTORY, MYSTERY_BATCH) if seed is None else _random_history(seed)
     scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8, device="cpu")
     scenario.play(list(events))
@@ -405,8 +354,7 @@ def mystery_batch(seed: int | None = None) -> Mystery:
 
 
 def _random_history(seed: int) -> tuple[list[str], str]:
-    """A history (steps, finishes, arrivals of letters) whose next batch, all live requests in a random
-    order, has at least one culprit row."""
+    """A history (steps, finishes, arrivals) whose next batch, all live requests shuffled, has a culprit."""
     rng = random.Random(seed)
     while True:
         first = string.ascii_lowercase[: rng.randint(2, 8)]
@@ -428,18 +376,14 @@ def _random_history(seed: int) -> tuple[list[str], str]:
 
 
 def _hidden_seeds() -> tuple[int, ...]:
-    """The checker's hidden cases: the first seeds whose first padded row names a free slot, and whose
-    culprit is a row never written (it names slot 0 from the buffer's zeros), then one more of the family."""
+    """The first seed whose first padded row names a free slot, the first whose culprit row was never
+    written (it names slot 0 from the buffer's zeros), then one more of the family."""
 
-    def first_padded_free(m):
-        return m.spec.idx_mapping[len(m.batch)].item() not in m.owners
-
-    def fresh_zeros(m):
-        return any(m.scenario.row_writer[row] is None for row, _ in _culprits(m))
-
-    found = [
-        next(s for s in range(100) if test(mystery_batch(s))) for test in (first_padded_free, fresh_zeros)
-    ]
+    tests = (
+        lambda m: m.spec.idx_mapping[len(m.batch)].item() not in m.owners,
+        lambda m: any(m.scenario.row_writer[row] is None for row, _ in _culprits(m)),
+    )
+    found = [next(s for s in range(100) if test(mystery_batch(s))) for test in tests]
     return (*found, 1000 + sum(found))
 
 
@@ -460,8 +404,8 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
         "format": "return a pair of ints: (padded row, request-state slot).",
         "swapped": "row and slot are swapped: the row is the position in idx_mapping, the slot is the value "
         "stored there.",
-        "live_row": "that row is a live row (a request of this batch sits there); the culprit is a "
-        "padded row, at or past num_reqs.",
+        "live_row": "that row is a live row (a request of this batch sits there); the culprit is a padded "
+        "row, at or past num_reqs.",
         "beyond_graph": "that row lies beyond the graph this batch replays: the replay never reads it.",
         "not_there": "that row does not hold that slot: the slot is idx_mapping[row].",
         "free_slot": "that padded row names a free slot: its write harms nobody. The report's draft_logits "
@@ -470,37 +414,33 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
 )
 def check_find_stale_row(answer, verdict):
     for seed in (None, *_hidden_seeds()):  # the notebook's mystery, then histories the reader never saw
-        _check_stale_row(answer, mystery_batch(seed), verdict)
-
-
-def _check_stale_row(answer, mystery, verdict):
-    found = as_int_list(answer(mystery))
-    verdict.require(found is not None and len(found) == 2, "format")
-    row, slot = found
-    truth = _culprits(mystery)
-    n, idx = len(mystery.batch), mystery.spec.idx_mapping.tolist()
-    padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
-    verdict.require((slot, row) not in truth or (row, slot) in truth, "swapped")
-    verdict.require(
-        not 0 <= row < n,
-        "live_row",
-        f"(row {row} holds request {mystery.batch[row]})" if 0 <= row < n else "",
-    )
-    verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
-    verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
-    verdict.require((row, slot) in truth, "free_slot")
+        mystery = mystery_batch(seed)
+        found = as_int_list(answer(mystery))
+        verdict.require(found is not None and len(found) == 2, "format")
+        (row, slot), truth = found, _culprits(mystery)
+        n, idx = len(mystery.batch), mystery.spec.idx_mapping.tolist()
+        verdict.require((slot, row) not in truth or (row, slot) in truth, "swapped")
+        live = 0 <= row < n
+        verdict.require(
+            not live, "live_row", f"(row {row} holds request {mystery.batch[row]})" if live else ""
+        )
+        padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
+        verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
+        verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
+        verdict.require((row, slot) in truth, "free_slot")
 
 
 # -- ch3.simulate_idx_mapping -------------------------------------------------------------------------------
 
 
 def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], int]]:
-    """(events, max_num_reqs): the chapter's two histories, then a seeded family of random ones."""
+    """(events, max_num_reqs): the chapter's two histories, one where f and g reuse b's and d's slots, then
+    a seeded family of random ones."""
     cases = [
         (list(PREDICT_EVENTS), 8),
         (list(_MYSTERY_HISTORY) + [f"step {MYSTERY_BATCH}"], 8),
         (["step abcde", "finish bd", "arrive f", "step eafg"], 8),
-    ]  # f and g reuse b's and d's slots
+    ]
     rng = random.Random(seed)
     for _ in range(count):
         events, live, used, max_num_reqs = [], [], 0, rng.choice((4, 8))
@@ -521,13 +461,6 @@ def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], in
                 live += newcomers
         cases.append((events or ["step a"], max_num_reqs))
     return cases
-
-
-def _played(events: list[str], max_num_reqs: int) -> list[int]:
-    """The unfixed speculator's idx_mapping after ``events``, played on the real thing."""
-    scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs)
-    scenario.play(list(events))
-    return scenario.spec.idx_mapping.tolist()
 
 
 @checker(
@@ -557,18 +490,18 @@ def check_simulate_idx_mapping(answer, verdict):
     for events, max_num_reqs in _simulation_cases():
         got = as_int_list(answer(list(events), max_num_reqs))
         verdict.require(got is not None and len(got) == max_num_reqs, "format", f"(you returned {got!r})")
-        want = _played(events, max_num_reqs)
-        if got == want:
-            continue
-        said = f"(after {events} you gave {got})"
-        variants = _wrong_simulations(events, max_num_reqs)
-        for hint, slipped in variants.items():
-            verdict.require(got != slipped or slipped == want, hint, said)
-        verdict.require(False, "wrong", said)
+        scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs)  # the real thing, unfixed
+        scenario.play(list(events))
+        want = scenario.spec.idx_mapping.tolist()
+        if got != want:
+            slips = _wrong_simulations(events, max_num_reqs)
+            verdict.explain(
+                f"(after {events} you gave {got})", **{h: got == s != want for h, s in slips.items()}
+            )
 
 
 def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[int]]:
-    """The buffer each typical slip gives (the hint of that slip names it)."""
+    """The buffer each typical slip gives, by the hint that names it."""
 
     def simulate(start=0, pad=False, clear=False, reuse=True, by_name=False):
         buffer, slots, next_new = [start] * max_num_reqs, {}, 0
@@ -611,9 +544,8 @@ def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, i
     rng = random.Random(seed)
     for _ in range(count):
         max_num_reqs, k = rng.choice((4, 8)), rng.randint(1, 4)
-        cases.append(
-            (rng.sample(range(max_num_reqs), max_num_reqs), rng.randint(1, max_num_reqs - 1), k, max_num_reqs)
-        )
+        idx = rng.sample(range(max_num_reqs), max_num_reqs)
+        cases.append((idx, rng.randint(1, max_num_reqs - 1), k, max_num_reqs))
     return cases
 
 
@@ -622,17 +554,8 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
 
     out = dflash.DFlashInputs.allocate(max_num_reqs, k)
     out.sample_idx_mapping.fill_(99)  # what an earlier step left: the preparation must write every entry
-    table = torch.arange(max_num_reqs)
-    dflash.prepare_dflash_inputs(
-        num_reqs,
-        torch.tensor(idx_mapping, dtype=torch.int32),
-        table,
-        table + 5,
-        16,
-        out,
-        Fixes(),
-        use_triton=False,
-    )
+    table, idx = torch.arange(max_num_reqs), torch.tensor(idx_mapping, dtype=torch.int32)
+    dflash.prepare_dflash_inputs(num_reqs, idx, table, table + 5, 16, out, Fixes(), use_triton=False)
     return out.sample_idx_mapping.tolist()
 
 
@@ -655,17 +578,16 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
     forbid=("specfix.mrv2.dflash:prepare_dflash_inputs", "specfix.mrv2.dflash:_prepare_reference"),
 )
 def check_dflash_padding(answer, verdict):
-    for idx, num_reqs, k, max_num_reqs in _dflash_cases():
-        got = as_int_list(answer(torch.tensor(idx, dtype=torch.int32), num_reqs, k, max_num_reqs))
+    for idx, n, k, max_num_reqs in _dflash_cases():
+        got = as_int_list(answer(torch.tensor(idx, dtype=torch.int32), n, k, max_num_reqs))
         verdict.require(got is not None and len(got) == max_num_reqs * k, "format", f"(you returned {got!r})")
-        want = _dflash_truth(idx, num_reqs, k, max_num_reqs)
-        if got == want:
-            continue
-        live, pad = want[: num_reqs * k], [-1] * ((max_num_reqs - num_reqs) * k)
-        said = f"(idx_mapping {idx}, num_reqs {num_reqs}, k {k}: you returned {got})"
-        verdict.require(got != live + [0] * len(pad), "pads_zero", said)
-        verdict.require(got != idx[:num_reqs] * k + pad or num_reqs == 1 or k == 1, "interleaved", said)
-        verdict.require(got[:num_reqs] != idx[:num_reqs] or k == 1, "not_expanded", said)
-        stale = [s for s in idx[num_reqs:] for _ in range(k)]
-        verdict.require(got[num_reqs * k :] != stale, "stale_rows", said)
-        verdict.require(False, "wrong", said)
+        want = _dflash_truth(idx, n, k, max_num_reqs)
+        if got != want:
+            pad = [-1] * ((max_num_reqs - n) * k)
+            verdict.explain(
+                f"(idx_mapping {idx}, num_reqs {n}, k {k}: you returned {got})",
+                pads_zero=got == want[: n * k] + [0] * len(pad),
+                interleaved=got == idx[:n] * k + pad and n > 1 and k > 1,
+                not_expanded=got[:n] == idx[:n] and k > 1,
+                stale_rows=got[n * k :] == [s for s in idx[n:] for _ in range(k)],
+            )

@@ -1,14 +1,8 @@
-"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op, map the
-guard's positions back to requests.
+"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op, and map
+the index guard's positions back to requests.
 
-* ``ch2.clamp`` (write it): the clamp of ``_preprocess`` that keeps ``-1`` in the metadata while the
-  embedding sees ids >= 0.
-* ``ch2.which_ops`` (predict, then run): which ops can produce a given assert line with a ``-1``, from the
-  op table recorded on the GPU.
-* ``ch2.guard_positions`` (debug): the request of each position the index guard reports on the unfixed
-  engine, through an inclusive running sum (checked on a seeded family too).
-* ``ch2.first_bad_op`` (debug): in the recorded transcript of the unfixed engine, the line of the model
-  whose kernel failed first, although the traceback ends elsewhere.
+The op table and the transcripts they read were recorded on a GPU (``specfix.tools.recorded``); the rest
+runs the unfixed engine on the CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.exercises.core import as_int_list, checker
+from specfix.exercises.core import as_int_list, checker, value_of
 from specfix.lab import embedding_assert as ea
 from specfix.lab.guard import IndexGuardError, check_indices
 from specfix.tools import recorded
@@ -48,18 +42,16 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
         "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU that is the "
         "device-side assert of this chapter.",
         "only_scheduled": "you clamped only the scheduled tokens [:num_tokens], but the embedding reads "
-        "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] "
-        "holds whatever an earlier step left there, a -1 included. Clamp all that the "
-        "embedding reads.",
+        "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] holds whatever an "
+        "earlier step left there, a -1 included. Clamp all that the embedding reads.",
         "changed_real": "you changed real token ids: only the -1 placeholders may change (clamp(min=0) "
         "leaves every id >= 0 as it is).",
         "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a masked copy): "
-        "it allocates on every step, and a CUDA graph captured on the persistent input_ids "
-        "buffer still reads the -1 there. Clamp the buffer in place and return a view of it.",
+        "it allocates on every step, and a CUDA graph captured on the persistent input_ids buffer still "
+        "reads the -1 there. Clamp the buffer in place and return a view of it.",
         "syncs": "your preprocess reads tensor values on the host (an `if` on a tensor, .item(), .tolist(), "
-        "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and "
-        "a CUDA graph cannot capture it. The fix must not branch on the data: clamp "
-        "unconditionally.",
+        "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and a CUDA "
+        "graph cannot capture it. The fix must not branch on the data: clamp unconditionally.",
     },
 )
 def check_clamp(answer, verdict):
@@ -67,11 +59,8 @@ def check_clamp(answer, verdict):
     drafts = torch.tensor(_DRAFTS, dtype=torch.int32)
     before = buffer.clone()
     out, synced = host_reads(lambda: answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts))
-    verdict.require(
-        isinstance(out, torch.Tensor) and tuple(out.shape) == (_NUM_INPUT_TOKENS,),
-        "shape",
-        f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})",
-    )
+    said = f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})"
+    verdict.require(isinstance(out, torch.Tensor) and out.shape == (_NUM_INPUT_TOKENS,), "shape", said)
     verdict.require(drafts.tolist() == _DRAFTS, "metadata", f"(draft_token_ids became {drafts.tolist()})")
     reads = f"(the embedding reads {out.tolist()})"
     verdict.require(bool((out[:_NUM_TOKENS] >= 0).all()), "left_negative", reads)
@@ -107,15 +96,11 @@ def assert_line(kernel: str = KERNEL) -> str:
 
 
 def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
-    """The ops whose CUDA run, with a -1 among the indices, asserted in ``kernel`` (at any recorded index
-    count)."""
-    return {
-        row["op"]
-        for row in _ops_rows()
-        if row["bad"] == "-1"
-        and row["cuda"].get("outcome") == "device assert"
-        and row["cuda"]["kernel"] == kernel
-    }
+    """The ops whose CUDA run with a -1 among the indices asserted in ``kernel`` (at any recorded count)."""
+    asserted = [
+        row for row in _ops_rows() if row["bad"] == "-1" and row["cuda"].get("outcome") == "device assert"
+    ]
+    return {row["op"] for row in asserted if row["cuda"]["kernel"] == kernel}
 
 
 @checker(
@@ -129,17 +114,16 @@ def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
         "assert nothing. Only an index equal to the size makes w[idx] assert.",
         "gather_only": "the kernel's name says gather, but with the larger index count F.embedding and "
         "torch.index_select end in this kernel too: the name does not tell these ops apart.",
-        "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup runs "
-        "this kernel. That is the batch size of a serving engine.",
+        "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup "
+        "runs this kernel. That is the batch size of a serving engine.",
         "family_only": "you kept to the embedding's own family (F.embedding, index_select), as for the "
-        "kernel of a few ids; at the larger index count this kernel is shared with an op "
-        "outside that family.",
+        "kernel of a few ids; at the larger index count this kernel is shared with an op outside that "
+        "family.",
         "incomplete": "not the set the recorded table shows: compare each op's -1 row at both index counts.",
     },
 )
 def check_which_ops(answer, verdict):
-    answer = answer() if callable(answer) else answer  # a set, or a function that returns one
-    names = set(ea.OPS)
+    answer, names = value_of(answer), set(ea.OPS)  # a set, or a function that returns one
     ok = isinstance(answer, set | frozenset | list | tuple) and all(isinstance(a, str) for a in answer)
     verdict.require(ok and set(answer) <= names, "not_ops", f"(names: {sorted(names)})")
     answer = set(answer)
@@ -151,10 +135,6 @@ def check_which_ops(answer, verdict):
 
 
 # -- ch2.first_bad_op -----------------------------------------------------------------------------------
-
-
-def _transcripts() -> dict:
-    return recorded.load("embedding_assert_transcripts")["runs"]
 
 
 def _squeeze(line: str) -> str:
@@ -184,28 +164,30 @@ def forward_lines() -> list[str]:
         "traceback_line": "that is the line where the traceback ends: where Python heard of the error, the "
         "first CUDA call after the kernel had trapped. The failing kernel ran earlier.",
         "not_in_forward": "that is not a line of NgramLM.forward: copy one from forward_lines().",
-        "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come "
-        "from searchsorted and torch.where and never go below 0: which lookup gets the "
-        "raw input_ids?",
+        "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come from "
+        "searchsorted and torch.where and never go below 0: which lookup gets the raw input_ids?",
         "indexing": "that line indexes with x[idx], whose kernel can assert too, but its indices cannot be "
-        "negative: they pass through torch.where(..., scratch) or come from a clamped "
-        "searchsorted. Which lookup is fed ids straight from the batch?",
+        "negative: they pass through torch.where(..., scratch) or come from a clamped searchsorted. Which "
+        "lookup is fed ids straight from the batch?",
         "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
     },
 )
 def check_first_bad_op(answer, verdict):
-    runs = _transcripts()
+    runs = recorded.load("embedding_assert_transcripts")["runs"]
     expected = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline_blocking"])))
     heard = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline"])))
-    answer = answer() if callable(answer) else answer  # a line, or a function that returns one
+    answer = value_of(answer)  # a line, or a function that returns one
     verdict.require(isinstance(answer, str) and bool(answer.strip()), "not_a_line")
     line = _squeeze(answer)
     verdict.require(line != _squeeze(heard), "traceback_line")
     verdict.require(line in {_squeeze(code) for code in forward_lines()}, "not_in_forward")
     if line != _squeeze(expected):
-        verdict.require(not re.search(r"\btable\(", line), "other_embedding")
-        verdict.require(not re.search(r"[\w)]\[(?!:)", line), "indexing")
-        verdict.require(False, "wrong_line")
+        verdict.explain(
+            "",
+            "wrong_line",
+            other_embedding=bool(re.search(r"\btable\(", line)),
+            indexing=bool(re.search(r"[\w)]\[(?!:)", line)),
+        )
 
 
 # -- ch2.guard_positions ----------------------------------------------------------------------------------
@@ -225,8 +207,8 @@ class GuardReport:
 
 
 def guard_report() -> GuardReport:
-    """Chapter 2's demo batch on the unfixed engine, its first step run under ``check_indices`` (on the CPU:
-    the guard raises before any kernel runs, so the step is the same everywhere)."""
+    """Chapter 2's demo batch on the unfixed engine, its first step run under ``check_indices`` on the CPU
+    (the guard raises before any kernel runs, so the step is the same everywhere)."""
     from specfix.fixes import Fixes
     from specfix.v1.engine import DEMO_PROMPTS, LLMEngine, SamplingParams
 
@@ -253,7 +235,7 @@ def guard_report() -> GuardReport:
 
 def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], list[int], list[str]]]:
     """(positions, cu_num_tokens, req_ids): the guard's own step, then a seeded family with requests of 0
-    tokens (a request without drafts in cu_num_draft_tokens) and positions on every boundary."""
+    tokens (as a request without drafts has in cu_num_draft_tokens) and positions on every boundary."""
     report = guard_report()
     cases = [(report.positions, report.cu_num_tokens, report.req_ids)]
     gen = torch.Generator().manual_seed(seed)
@@ -299,9 +281,10 @@ def check_guard_positions(answer, verdict):
         got = [req_ids.index(g) for g in got]
         if got == truth:
             continue
-        said = f"(positions {positions}, cu_num_tokens {cu}: you said {[req_ids[g] for g in got]})"
-        verdict.require(got != [bisect.bisect_left(cu, p) for p in positions], "boundary", said)
-        verdict.require(got != [max(bisect.bisect_right(cu, p) - 1, 0) for p in positions], "exclusive", said)
         empty = {i for i, c in enumerate(cu) if c == (cu[i - 1] if i else 0)}
-        verdict.require(not set(got) & empty, "empty_request", said)
-        verdict.require(False, "wrong", said)
+        verdict.explain(
+            f"(positions {positions}, cu_num_tokens {cu}: you said {[req_ids[g] for g in got]})",
+            boundary=got == [bisect.bisect_left(cu, p) for p in positions],
+            exclusive=got == [max(bisect.bisect_right(cu, p) - 1, 0) for p in positions],
+            empty_request=bool(set(got) & empty),
+        )

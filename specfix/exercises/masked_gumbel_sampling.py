@@ -1,13 +1,8 @@
-"""Chapter 4's exercises: the ``is_valid_req`` mask in a Triton kernel of your own, the token of a padded
-row, and the request slot that a stale padded row overwrote.
+"""Chapter 4's exercises: the ``is_valid_req`` mask in Triton kernels of your own (``ch4.mask_kernel``,
+``ch4.mask_seed``), the token of a padded row (``ch4.padded_token``), and the request slot that a stale
+padded row overwrote (``ch4.find_overwritten``).
 
-- ``ch4.mask_kernel`` (write it): a kernel that scales each row of logits by its request's temperature
-  and stores it at the request's slot, with the loads and the store masked by ``req_state_idx >= 0``. It
-  runs on tables that sit between guard rows, so a stray read or write one row before a table shows.
-- ``ch4.mask_seed`` (write it): mask the seed load of a kernel that adds Gumbel noise, on guarded tables.
-- ``ch4.padded_token`` (predict, then run): the token the masked kernel returns for a padded row.
-- ``ch4.find_overwritten`` (debug): from a draft-logits table after a step with stale padded rows, find
-  the live request whose cached logits are no longer its own.
+The kernels run on tables that sit between guard rows, so a stray read or write one row before a table shows.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ import torch
 
 from specfix import runtime
 from specfix.checks import is_int
-from specfix.exercises.core import checker
+from specfix.exercises.core import checker, value_of
 from specfix.fixes import Fixes
 from specfix.lab import masked_gumbel
 from specfix.mrv2 import gumbel
@@ -45,6 +40,17 @@ def _kernel_tables(device):
     return logits, idx, temperature, out, out_whole, row_temp
 
 
+def _launch(answer, verdict, *tables) -> None:
+    """Launch the reader's kernel (or the one a reference solution builds) with one program per row."""
+    kernel = answer if hasattr(answer, "fn") else answer()
+    verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
+    try:
+        kernel[(len(KERNEL_IDX_MAPPING),)](*tables, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK)
+    except Exception as error:
+        verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
+        raise
+
+
 @checker(
     "ch4.mask_kernel",
     solution="masked_gumbel_sampling:scale_rows_kernel",
@@ -52,24 +58,20 @@ def _kernel_tables(device):
     "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
     hints={
         "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
-        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats the "
-        "scalar as int32 and refuses the mask): make the condition per lane, e.g. "
-        "`offs * 0 + req_state_idx >= 0`, or "
-        "`tl.where(is_valid_req, offs < vocab_size, False)`.",
+        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats "
+        "the scalar as int32 and refuses the mask): make the condition per lane, e.g. `offs * 0 + "
+        "req_state_idx >= 0`, or `tl.where(is_valid_req, offs < vocab_size, False)`.",
         "no_mask": "neither the loads nor the store are masked: the padded rows read temperature[-1] (the "
         "guard row's 4.0 here) and wrote out[-1], the row before the table.",
-        "load_unmasked": "you masked the store but not the loads: the padded row still reads temperature[-1] "
-        "(here the guard row's 4.0; in an engine, whatever lies before the table).",
-        "store_unmasked": "you masked the loads but not the store: the padded row overwrote out[-1], the row "
-        "before the table (here the guard row; in an engine, another request's draft "
-        "logits).",
-        "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read temperature "
-        "0.0 and stored nothing). Slot 0 is a real request; only negative entries are "
-        "padding.",
+        "load_unmasked": "you masked the store but not the loads: the padded row still reads "
+        "temperature[-1] (here the guard row's 4.0; in an engine, whatever lies before the table).",
+        "store_unmasked": "you masked the loads but not the store: the padded row overwrote out[-1], the "
+        "row before the table (here the guard row; in an engine, another request's draft logits).",
+        "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read "
+        "temperature 0.0 and stored nothing). Slot 0 is a real request; only negative entries are padding.",
         "padded_wrote_live": "a padded row wrote its values into a live request's row: mapping -1 onto a "
-        "real slot (clamping req_state_idx to 0) makes the padding overwrite that "
-        "request's logits. Keep the -1 and let the mask skip the padded row's loads "
-        "and store.",
+        "real slot (clamping req_state_idx to 0) makes the padding overwrite that request's logits. Keep "
+        "the -1 and let the mask skip the padded row's loads and store.",
         "other_not_zero": "a padded row must come out greedy: give the masked temperature load other=0.0 "
         "(then the real kernel needs no seed and adds no noise for it).",
         "wrong_values": "a live row stored the wrong values: out[req_state_idx] must hold the row's logits "
@@ -77,16 +79,8 @@ def _kernel_tables(device):
     },
 )
 def check_mask_kernel(answer, verdict):
-    kernel = answer if hasattr(answer, "fn") else answer()  # the reference solution builds its kernel
-    verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
     logits, idx, temperature, out, out_whole, row_temp = _kernel_tables(runtime.DEVICE)
-    try:
-        kernel[(len(KERNEL_IDX_MAPPING),)](
-            logits, idx, temperature, out, row_temp, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK
-        )
-    except Exception as error:
-        verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
-        raise
+    _launch(answer, verdict, logits, idx, temperature, out, row_temp)
     logits, idx, out_whole, row_temp = logits.cpu(), idx.cpu(), out_whole.cpu(), row_temp.cpu()
     padded = idx < 0
     stray_write = bool((out_whole[0] != OUT_SENTINEL).any() or (out_whole[-1] != OUT_SENTINEL).any())
@@ -136,21 +130,20 @@ def _padded_row_tokens():
 @checker(
     "ch4.padded_token",
     solution="masked_gumbel_sampling:padded_token",
-    todo="set padded_token to the token id that the masked kernel returns for row 4 of the step (an int, "
-    "or an expression over step.logits), then run the cell",
+    todo="set padded_token to the token id that the masked kernel returns for row 4 of the step (an int, or "
+    "an expression over step.logits), then run the cell",
     hints={
         "not_an_int": "give one token id: an int, or a one-element tensor.",
         "minus_one": "-1 is the row's expanded_idx_mapping entry, not a token: the kernel samples every row "
         "it is given and returns a token for the padded row too (the engine throws it away).",
         "guard_draw": "that is the token the UNMASKED kernel draws, with the temperature 2.0 and seed 12345 "
-        "it reads from row -1 (the guard). With the mask the temperature load returns its "
-        "other=0.0.",
+        "it reads from row -1 (the guard). With the mask the temperature load returns its other=0.0.",
         "not_greedy": "with the mask the padded row runs with temperature 0.0 (the load's other): a greedy "
         "row, no noise. Its token is the argmax of its own logits.",
     },
 )
 def check_padded_token(answer, verdict):
-    answer = answer() if callable(answer) else answer  # a token id, or a function that returns one
+    answer = value_of(answer)  # a token id, or a function that returns one
     if isinstance(answer, torch.Tensor):
         verdict.require(answer.numel() == 1 and not answer.dtype.is_floating_point, "not_an_int")
         answer = int(answer)
@@ -173,19 +166,18 @@ DEBUG_SEEDS = (0, 1, 2, 3)
     hints={
         "not_a_list": "return a list of ints (request-state slots), sorted.",
         "all_flagged": "every live slot is flagged: read column col of each slot (table[slot, col]) and "
-        "compare it with what the kernel stores there: its own row's logits, before "
-        "temperature.",
+        "compare it with what the kernel stores there: its own row's logits, before temperature.",
         "divided": "you compared with logits / temperature, what vLLM 0.25's cache held. vLLM 0.33 (and "
-        "specfix) caches the logits before temperature, in the cache's dtype; the verifier "
-        "divides when it reads them.",
-        "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at "
-        "slot idx_mapping[i].",
+        "specfix) caches the logits before temperature, in the cache's dtype; the verifier divides when it "
+        "reads them.",
+        "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at slot "
+        "idx_mapping[i].",
         "not_live": "a slot with no live row in this step has nothing to compare with: its column holds "
         "older data. Look only at the slots in idx_mapping.",
         "own_logits": "a slot you flagged holds exactly its own row's logits: the cache keeps them as they "
         "are, whatever the request's temperature (0 included).",
-        "missed": "an overwritten slot is missing from your answer: compare the whole column, not one "
-        "value or the argmax.",
+        "missed": "an overwritten slot is missing from your answer: compare the whole column, not one value "
+        "or the argmax.",
     },
 )
 def check_find_overwritten(answer, verdict):
@@ -200,16 +192,10 @@ def check_find_overwritten(answer, verdict):
         got = sorted(got)
         if got == truth:
             continue
-        live = puzzle["idx_mapping"].tolist()
-        temps = puzzle["temperature"]
-        as_in_025 = sorted(
-            s
-            for row, s in enumerate(live)
-            if not torch.equal(
-                puzzle["table"][s, puzzle["col"]],
-                puzzle["logits"][row] / temps[s] if temps[s] != 0.0 else puzzle["logits"][row],
-            )
-        )
+        live, temps, logits = puzzle["idx_mapping"].tolist(), puzzle["temperature"], puzzle["logits"]
+        divided = [logits[row] / temps[s] if temps[s] != 0.0 else logits[row] for row, s in enumerate(live)]
+        cached = [puzzle["table"][s, puzzle["col"]] for s in live]
+        as_in_025 = sorted(s for s, c, d in zip(live, cached, divided, strict=True) if not torch.equal(c, d))
         verdict.require(got != sorted(live), "all_flagged")
         verdict.require(got != as_in_025, "divided")
         verdict.require(got != sorted(live.index(s) for s in truth), "rows_not_slots")
@@ -237,9 +223,9 @@ def _noise_tables(device):
     return logits, idx, temperature, seeds, out, row_seed
 
 
-def _run_noise_kernel(kernel, device):
-    tables = _noise_tables(device)
-    kernel[(len(KERNEL_IDX_MAPPING),)](*tables, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK)
+def _run_noise_kernel(answer, verdict):
+    tables = _noise_tables(runtime.DEVICE)
+    _launch(answer, verdict, *tables)
     return [t.cpu() for t in tables]
 
 
@@ -252,25 +238,18 @@ def _run_noise_kernel(kernel, device):
         "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask: make the "
         "condition per lane (`offs * 0 + req_state_idx >= 0`).",
         "seed_unmasked": "the padded row still read seeds[-1], the row before the table (here the guard "
-        "row's seed; in an engine, memory that is not the table's, which compute-sanitizer "
-        "reports). Its value is never used, but the read itself is the bug: mask it as the "
-        "temperature load is masked.",
+        "row's seed; in an engine, memory that is not the table's, which compute-sanitizer reports). Its "
+        "value is never used, but the read itself is the bug: mask it as the temperature load is masked.",
         "noise_on_padded": "a padded row came out with noise: it must run greedy (temperature 0.0 from the "
         "masked load), so its row is its logits unchanged.",
-        "seed_by_row": "a live row drew its noise with another request's seed: the seeds table is indexed by "
-        "request slot (req_state_idx), like the temperature, not by batch row.",
+        "seed_by_row": "a live row drew its noise with another request's seed: the seeds table is indexed "
+        "by request slot (req_state_idx), like the temperature, not by batch row.",
         "wrong_values": "a live row's noisy logits are not the ones the kernel should write: keep the noise "
         "as given (x / temp plus Gumbel noise from tl.rand(seed, offs)).",
     },
 )
 def check_mask_seed(answer, verdict):
-    kernel = answer if hasattr(answer, "fn") else answer()  # the reference solution builds its kernel
-    verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
-    try:
-        logits, idx, _, _, out, row_seed = _run_noise_kernel(kernel, runtime.DEVICE)
-    except Exception as error:
-        verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
-        raise
+    logits, idx, _, _, out, row_seed = _run_noise_kernel(answer, verdict)
     padded = idx < 0
     verdict.require(
         not bool((row_seed[padded] == GUARD_SEED).any()),
@@ -289,5 +268,5 @@ def check_mask_seed(answer, verdict):
     )
     from specfix.exercises.solutions.masked_gumbel_sampling import add_noise_kernel
 
-    want = _run_noise_kernel(add_noise_kernel(), runtime.DEVICE)[4]
+    want = _run_noise_kernel(add_noise_kernel(), verdict)[4]
     verdict.require(torch.allclose(out[~padded], want[~padded], equal_nan=True), "wrong_values")

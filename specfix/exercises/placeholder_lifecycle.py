@@ -1,19 +1,8 @@
-"""Chapter 1's exercises: a warm-up step, building draft_token_ids, where the clamp goes, a step's draft
-layout, what zeroing accepts, rejecting negative drafts.
+"""Chapter 1's exercises: one greedy step, draft_token_ids, where the clamp goes, a step's draft layout, what
+zeroing accepts, and rejecting negative drafts.
 
-* ``ch1.emitted`` (warm-up, write it): what one greedy step emits, from chapter 0 alone; checked on crafted
-  steps and a seeded random family.
-* ``ch1.clamp_point`` (predict, then run): the draft id the rejection sampler gets in a placeholder slot with
-  the clamp in the scheduler, before ``_calc_spec_decode_metadata`` or in ``_preprocess``.
-* ``ch1.draft_ids`` (write it): ``draft_token_ids`` gathered from ``input_ids`` with the metadata's indices,
-  as a tensor of its own; checked against the model runner on crafted steps and a seeded random family.
-* ``ch1.metadata`` (debug): from a shown scheduler output, give ``num_draft_tokens``,
-  ``cu_num_draft_tokens`` and the indices of ``draft_token_ids`` that hold ``-1``; checked against the
-  model runner's own ``_prepare_inputs`` on that output.
-* ``ch1.zero_accepts`` (predict, then run): how many placeholder slots the "zero" policy gets accepted in
-  a shown greedy batch; checked against one engine step.
-* ``ch1.reject_negative`` (write it): the acceptance test of random rejection sampling, rejecting
-  negative drafts; checked against specfix's rejection sampler on rows built to catch each typical slip.
+Each checker runs the reader's answer against specfix's own model runner, engine or rejection sampler, on
+the chapter's batch and on crafted and seeded ones it never prints; everything runs on the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +11,8 @@ import random
 
 import torch
 
-from specfix.exercises.core import as_int, as_int_list, checker
+from specfix.exercises.core import as_int, as_int_list, checker, value_of
+from specfix.fixes import Fixes
 from specfix.lab.guard import IndexGuardError, check_indices
 from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
@@ -37,20 +27,6 @@ from specfix.v1.scheduler import (
 )
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
-
-
-# An answer that is a value may also be given as a function that returns it (a stub that raises
-# ``NotImplementedError`` counts as not yet answered). Everything runs on the CPU.
-def _value(answer):
-    """The answer itself, or what a function-valued answer returns; ``...`` inside means not yet answered."""
-    value = answer() if callable(answer) else answer
-    if (
-        value is None
-        or value is Ellipsis
-        or (isinstance(value, dict) and any(v is Ellipsis for v in value.values()))
-    ):
-        raise NotImplementedError
-    return value
 
 
 # -- ch1.metadata ----------------------------------------------------------------------------------------
@@ -69,8 +45,7 @@ _METADATA_KEYS = ("num_draft_tokens", "cu_num_draft_tokens", "placeholder_indice
 
 
 def metadata_scheduler_output(batch=METADATA_BATCH) -> SchedulerOutput:
-    """The scheduler output of ``batch`` (by default the ``ch1.metadata`` exercise's), every request new to
-    the runner."""
+    """The scheduler output of ``batch`` (by default ``ch1.metadata``'s), every request new to the runner."""
     new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in batch]
     scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in batch}
     return SchedulerOutput(
@@ -111,18 +86,19 @@ def metadata_table():
     import pandas as pd
 
     output = metadata_scheduler_output()
+    columns = ["prompt tokens", "already computed", "num_scheduled_tokens", "scheduled_spec_decode_tokens"]
+    rows = [
+        (
+            len(prompt),
+            computed,
+            output.num_scheduled_tokens[r],
+            output.scheduled_spec_decode_tokens.get(r, []),
+        )
+        for r, prompt, computed, _ in METADATA_BATCH
+    ]
     return pd.DataFrame(
-        [
-            {
-                "request": r,
-                "prompt tokens": len(prompt),
-                "already computed": computed,
-                "num_scheduled_tokens": output.num_scheduled_tokens[r],
-                "scheduled_spec_decode_tokens": output.scheduled_spec_decode_tokens.get(r, []),
-            }
-            for r, prompt, computed, _ in METADATA_BATCH
-        ]
-    ).set_index("request")
+        rows, columns=columns, index=pd.Index([r for r, *_ in METADATA_BATCH], name="request")
+    )
 
 
 @checker(
@@ -135,34 +111,29 @@ def metadata_table():
         "missing_request": "every request in the batch has an entry, 0 for a request without drafts (the "
         "prefill 'b'): the per-request tensors have one entry per request.",
         "placeholders_not_counted": "placeholders count as drafts: num_draft_tokens[i] is "
-        "len(scheduled_spec_decode_tokens[req]), -1s included. The sampler needs "
-        "a slot for each -1 to reject it.",
+        "len(scheduled_spec_decode_tokens[req]), -1s included. The sampler needs a slot for each -1 to "
+        "reject it.",
         "num_draft_tokens": "num_draft_tokens is not right yet: one entry per request in batch order, the "
         "number of draft slots it verifies.",
         "exclusive_cumsum": "cu_num_draft_tokens is an inclusive running sum with no leading 0: entry i is "
-        "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the "
-        "start).",
+        "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the start).",
         "cu_num_draft_tokens": "cu_num_draft_tokens is not right yet: it is the running sum of "
         "num_draft_tokens.",
         "input_ids_positions": "those are positions in input_ids; draft_token_ids holds only the draft "
         "slots, request after request, without the last tokens or the prefill.",
-        "placeholder_indices": "placeholder_indices is not right yet: list every i with "
-        "draft_token_ids[i] == -1 (flattened drafts, request after request).",
+        "placeholder_indices": "placeholder_indices is not right yet: list every i with draft_token_ids[i] "
+        "== -1 (flattened drafts, request after request).",
     },
 )
 def check_metadata(answer, verdict):
-    value = _value(answer)
+    value = value_of(answer)
     verdict.require(isinstance(value, dict) and set(value) >= set(_METADATA_KEYS), "format")
     got = {key: as_int_list(value[key]) for key in _METADATA_KEYS}  # lists, tuples, arrays, tensors alike
     verdict.require(all(v is not None for v in got.values()), "format")
     truth = _metadata_truth()
     real = [len([t for t in d if t >= 0]) for *_, d in METADATA_BATCH]
-    num = got["num_draft_tokens"]
-    verdict.require(
-        len(num) == len(METADATA_BATCH),
-        "missing_request",
-        f"(you gave {len(num)} entries for {len(METADATA_BATCH)} requests)",
-    )
+    num, size = got["num_draft_tokens"], len(METADATA_BATCH)
+    verdict.require(len(num) == size, "missing_request", f"(you gave {len(num)} entries for {size} requests)")
     verdict.require(num != real, "placeholders_not_counted")
     verdict.require(num == truth["num_draft_tokens"], "num_draft_tokens")
     cu, want = got["cu_num_draft_tokens"], truth["cu_num_draft_tokens"]
@@ -177,10 +148,9 @@ def check_metadata(answer, verdict):
 
 
 def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
-    """Steps to build ``draft_token_ids`` for, as (request, prompt, tokens computed, drafts) rows: one request
-    alone (its drafts sit side by side in ``input_ids``, so a slice gives the right ids), the ``ch1.metadata``
-    batch, then a seeded family of mixed batches (a prefill before a decode in each) the notebook never
-    prints. Every step has a ``-1`` draft and a real one."""
+    """Steps as (request, prompt, tokens computed, drafts) rows, each with a ``-1`` draft and a real one: one
+    request alone (a slice of ``input_ids`` gives its drafts), the ``ch1.metadata`` batch, then a seeded
+    family of mixed batches (a prefill and a decode in each)."""
     batches = [(("a", [5, 11, 30], 2, [17, -1, -1]),), METADATA_BATCH]
     rng = random.Random(seed)
 
@@ -206,8 +176,8 @@ def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
     "draft_token_ids, a tensor of its own",
     hints={
         "format": "return a 1-D sequence of token ids (a tensor, array or list of ints), one per draft slot.",
-        "mutated": "your function changed input_ids: that buffer is what the embedding reads next, and "
-        "only _preprocess edits it, after the metadata is built. Read it, do not write it.",
+        "mutated": "your function changed input_ids: that buffer is what the embedding reads next, and only "
+        "_preprocess edits it, after the metadata is built. Read it, do not write it.",
         "constant": "your answer is the same for every step the checker runs (the draft_token_ids printed "
         "above belong to the chapter's step alone): build it from the arguments.",
         "echo": "you returned the flat token stream itself: draft_token_ids holds only the draft slots, "
@@ -215,13 +185,13 @@ def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
         "logits_rows": "you returned the token at every logits row: k + 1 per request, and each request's "
         "first row reads its last real token, which is no draft.",
         "unshifted": "you read the token at each verifying row's own position. The logits of a position "
-        "predict the token that comes after it, so the token sitting at a verifying row's "
-        "position is not the draft that row verifies.",
+        "predict the token that comes after it, so the token sitting at a verifying row's position is not "
+        "the draft that row verifies.",
         "positions": "target_logits_indices number rows of the compact logits, not positions in input_ids: "
-        "the two agree only while no request schedules tokens that get no logits row (a "
-        "prefill's prompt does).",
-        "view": "your answer shares memory with input_ids (a view, such as a slice): when _preprocess clamps "
-        "input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
+        "the two agree only while no request schedules tokens that get no logits row (a prefill's prompt "
+        "does).",
+        "view": "your answer shares memory with input_ids (a view, such as a slice): when _preprocess "
+        "clamps input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
         "judges the placeholder as a draft of token 0. Return a tensor of its own.",
         "length": "draft_token_ids has one entry per draft slot of the step (as many as "
         "target_logits_indices has).",
@@ -258,13 +228,14 @@ def check_draft_ids(answer, verdict):
             verdict.require(not shares and after == want, "view", said)
             continue
         rows, targets = metadata.logits_indices.long(), metadata.target_logits_indices.long()
-        verdict.require(got != before[rows].tolist(), "logits_rows", said)
-        stream = before[: int(cu_num_scheduled[-1])].tolist()
-        verdict.require(got not in (before.tolist(), stream), "echo", said)
-        verdict.require(got != before[rows][targets].tolist(), "unshifted", said)
-        verdict.require(got != before[targets + 1].tolist(), "positions", said)
-        verdict.require(len(got) == len(want), "length", said)
-        verdict.require(False, "wrong", said)
+        verdict.explain(
+            said,
+            logits_rows=got == before[rows].tolist(),
+            echo=got in (before.tolist(), before[: int(cu_num_scheduled[-1])].tolist()),
+            unshifted=got == before[rows][targets].tolist(),
+            positions=got == before[targets + 1].tolist(),
+            length=len(got) != len(want),
+        )
 
 
 # -- ch1.zero_accepts ------------------------------------------------------------------------------------
@@ -281,12 +252,8 @@ ZERO_BATCH = (
 
 def zero_batch_continuations(num_words: int = 3) -> list[list[str]]:
     """The first ``num_words`` words plain greedy decoding (no speculation) writes after each prompt."""
-    result = generate(
-        list(ZERO_BATCH),
-        SamplingParams(temperature=0.0, max_tokens=num_words),
-        num_speculative_tokens=None,
-        device="cpu",
-    )
+    greedy = SamplingParams(temperature=0.0, max_tokens=num_words)
+    result = generate(list(ZERO_BATCH), greedy, num_speculative_tokens=None, device="cpu")
     vocab = get_tokenizer().vocab
     return [[vocab[t] for t in out.token_ids] for out in result.outputs]
 
@@ -326,7 +293,7 @@ def run_zero_batch() -> StepTrace:
     },
 )
 def check_zero_accepts(answer, verdict):
-    value = as_int(_value(answer))
+    value = as_int(value_of(answer))
     verdict.require(value is not None, "type")
     step = run_zero_batch()
     truth = sum(len(tokens) - 1 for tokens in step.sampled_token_ids)
@@ -348,9 +315,9 @@ def _crafted_rows():
             [0.9, 0.025, 0.025, 0.025, 0.025],  # 2: d=-1, column 0 would pass (0.9 / 0.3)
             [0.01, 0.01, 0.01, 0.07, 0.9],  # 3: d=-1, the last column would pass (0.9 / 0.1)
             [0.1, 0.1, 0.1, 0.6, 0.1],  # 4: d=3, but the drafter gave it q = 0
-            [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.2, 0.2, 0.2, 0.2, 0.2],  # 5: d=0, p/q = 0.25 loses to u = 0.5
         ]
-    )  # 5: d=0, p/q = 0.25 loses to u = 0.5
+    )
     q = torch.tensor(
         [
             [0.25, 0.25, 0.25, 0.15, 0.1],
@@ -405,14 +372,14 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
     todo="write accept_drafts(draft_ids, target_probs, draft_probs, uniforms) -> [T] bool",
     hints={
         "shape": "return a bool tensor with one entry per slot ([T]).",
-        "gather_negative": "the -1 draft reached an index op (gather, index_select), which refuses it: "
-        "read a safe column for negative drafts and reject those slots outright.",
+        "gather_negative": "the -1 draft reached an index op (gather, index_select), which refuses it: read "
+        "a safe column for negative drafts and reject those slots outright.",
         "mutated": "your function changed its inputs in place: the caller's draft_ids (with its -1) or a "
         "probability table is no longer what the next stage expects.",
         "wrapped": "you indexed the probabilities with the -1 draft: torch wraps it to the last column (the "
-        "old kernel's flat offset read the previous row's last entry), so a placeholder is judged "
-        "by another token's p/q. Masking the slot afterwards does not undo the read: never index "
-        "with -1, read a safe column instead.",
+        "old kernel's flat offset read the previous row's last entry), so a placeholder is judged by "
+        "another token's p/q. Masking the slot afterwards does not undo the read: never index with -1, read "
+        "a safe column instead.",
         "clamp_only": "you read column 0 for the -1 draft (a clamp) but never rejected the slot: p/q of "
         "token 0 beat the uniform, and the placeholder was accepted as token 0.",
         "q_zero": "a draft the drafter gave probability q = 0 was accepted: p / 0 is inf, which beats every "
@@ -428,31 +395,20 @@ def check_reject_negative(answer, verdict):
             with check_indices():  # every index op checked before it runs: a -1 is caught, wrapped or not
                 got = answer(*inputs)
         except IndexGuardError as error:
-            wraps = error.op in ("Tensor.__getitem__", "take")
-            verdict.require(
-                False, "wrapped" if wraps else "gather_negative", f"({error.op} read {error.values})"
-            )
-        verdict.require(
-            isinstance(got, torch.Tensor)
-            and got.dtype == torch.bool
-            and tuple(got.shape) == (rows[0].numel(),),
-            "shape",
-            f"(got {type(got).__name__} {getattr(got, 'dtype', '')} {tuple(getattr(got, 'shape', ()))})",
-        )
+            hint = "wrapped" if error.op in ("Tensor.__getitem__", "take") else "gather_negative"
+            verdict.require(False, hint, f"({error.op} read {error.values})")
+        said = f"(got {type(got).__name__} {getattr(got, 'dtype', '')} {tuple(getattr(got, 'shape', ()))})"
+        ok = isinstance(got, torch.Tensor) and got.dtype == torch.bool and got.shape == (rows[0].numel(),)
+        verdict.require(ok, "shape", said)
         verdict.require(all(torch.equal(a, b) for a, b in zip(inputs, rows, strict=True)), "mutated")
         want = expected_acceptance(*rows)
         if crafted:
             verdict.require(not got[3], "wrapped")
             verdict.require(not got[2], "clamp_only")
             verdict.require(not got[4], "q_zero")
-        wrong = torch.nonzero(got != want).flatten().tolist()
-        verdict.require(
-            not wrong,
-            "ratio" if crafted else "mismatch",
-            f"(slot {wrong[0]}: draft {int(rows[0][wrong[0]])}, you said {bool(got[wrong[0]])})"
-            if wrong
-            else "",
-        )
+        for slot in torch.nonzero(got != want).flatten().tolist()[:1]:
+            said = f"(slot {slot}: draft {int(rows[0][slot])}, you said {bool(got[slot])})"
+            verdict.require(False, "ratio" if crafted else "mismatch", said)
 
 
 # -- ch1.emitted (warm-up: needs only chapter 0) ----------------------------------------------------------
@@ -466,8 +422,8 @@ def _emitted_cases(seed: int = 0, count: int = 24) -> list[tuple[list[int], list
         ([5, 7, 2], [4, 7, 2, 9]),  # rejected at once: one token, the recovered one
         ([-1, -1, -1], [0, 6, 1, 2]),  # placeholders: never equal to a token id
         ([8, -1, -1], [8, 0, 3, 3]),  # a real draft, then placeholders
-        ([], [4]),
-    ]  # no drafts: one plain decode step
+        ([], [4]),  # no drafts: one plain decode step
+    ]
     gen = torch.Generator().manual_seed(seed)
     for _ in range(count):
         k = int(torch.randint(0, 5, (1,), generator=gen))
@@ -513,14 +469,15 @@ def check_emitted(answer, verdict):
         want = emitted_reference(drafts, choices)
         if got == want:
             continue
-        said = f"(drafts {drafts}, target choices {choices}: you emitted {got})"
         n = len(want) - 1  # accepted drafts
-        verdict.require(-1 not in got, "placeholder", said)
-        verdict.require(got != want[:-1] or n < len(drafts), "no_bonus", said)
-        verdict.require(got != want[:-1], "no_recovered", said)
-        verdict.require(got != want[:-1] + [drafts[n]] if n < len(drafts) else True, "emits_draft", said)
-        verdict.require(len(got) <= len(want), "not_prefix", said)
-        verdict.require(False, "wrong", said)
+        verdict.explain(
+            f"(drafts {drafts}, target choices {choices}: you emitted {got})",
+            placeholder=-1 in got,
+            no_bonus=got == want[:-1] and n == len(drafts),
+            no_recovered=got == want[:-1],
+            emits_draft=n < len(drafts) and got == want[:-1] + [drafts[n]],
+            not_prefix=len(got) > len(want),
+        )
 
 
 # -- ch1.clamp_point (predict, then run) ---------------------------------------------------------------------
@@ -531,11 +488,10 @@ CLAMP_POINTS = ("scheduler", "before_metadata", "preprocess")
 
 def step_with_clamp_at(point: str) -> StepTrace:
     """One greedy step of a P/D decode ("pd", padded with -1) beside a fresh prompt, with the clamp at
-    ``point``: the scheduler writes 0 instead of -1; or input_ids is clamped right before
-    ``_calc_spec_decode_metadata``; or ``_preprocess`` clamps it (the fix)."""
+    ``point``: a scheduler that writes 0, input_ids clamped before ``_calc_spec_decode_metadata``, or
+    ``_preprocess`` (the fix)."""
     if point not in CLAMP_POINTS:
         raise ValueError(f"point must be one of {CLAMP_POINTS}, got {point!r}")
-    from specfix.fixes import Fixes
 
     engine = LLMEngine(
         num_speculative_tokens=3,
@@ -582,7 +538,7 @@ def sampler_sees(point: str) -> int:
     },
 )
 def check_clamp_point(answer, verdict):
-    value = _value(answer)
+    value = value_of(answer)
     ok = isinstance(value, dict) and set(value) == set(CLAMP_POINTS)
     got = {p: as_int(value[p]) for p in CLAMP_POINTS} if ok else {}
     verdict.require(ok and all(v in (0, -1) for v in got.values()), "format")
