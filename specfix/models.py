@@ -1,13 +1,10 @@
 """The tiny target and draft models, built in closed form from the fables (no training, no download).
 
-They stand in for the models vLLM runs (``vllm/model_executor/models/``): real ``torch.nn.Module``s
-whose first operation is an ``nn.Embedding`` lookup of the flat ``input_ids``, exactly where a ``-1``
-placeholder hurts (``F.embedding`` raises ``IndexError`` on CPU and trips a device-side assert on CUDA).
+They stand in for vLLM's models: their first operation is an ``nn.Embedding`` lookup of the flat
+``input_ids``, exactly where a ``-1`` placeholder hurts (IndexError on CPU, a device-side assert on CUDA).
 
-    from specfix.models import load_models
     target, draft = load_models("cpu")
-    logits = target(input_ids, positions, slot_mapping, kv_cache)  # [N, V] float32 log-probabilities
-    logits = draft.next_token_logits(context_ids)                  # [B, V] from [B, L] recent token ids
+    logits = target(input_ids, positions, slot_mapping, kv_cache)  # [N, V] log-probabilities
 
 Read :class:`NgramLM` first: the comment above it says how the tables are built and laid out.
 """
@@ -58,25 +55,13 @@ def _count_tables(ids: np.ndarray, vocab_size: int, order: int):
     return bigram, tables
 
 
-# Both are n-gram language models, P(next token | the last ``order - 1`` tokens), with each order
-# Dirichlet-smoothed towards the one below it (add-``ALPHA``), down to a bigram smoothed towards the unigram.
-# The bigram table *is* the embedding: ``embed_tokens(input_ids)`` returns P(next | current token), and the
-# longer contexts refine it. The target is a 4-gram model; the draft a 3-gram model: it sees one token less,
-# so it agrees with the target often but not always (k=3 acceptance rate about 50%, tests/test_models.py).
-#
-# Both work on vLLM's flat token layout: all scheduled tokens of all requests in one ``[N]`` stream, with a
-# "KV cache" that remembers each position's token id (for an n-gram model, a position's key/value *is* its
-# token), addressed through ``slot_mapping`` like vLLM's paged cache. Rows whose ``slot_mapping`` is
-# ``PAD_SLOT_ID`` (CUDA-graph padding) write nothing and see no context.
+# N-gram models, each order smoothed towards the one below (add-``ALPHA``); the bigram table *is* the
+# embedding. The target is a 4-gram, the draft a 3-gram: one token less context, so it often agrees.
+# Both use vLLM's flat token layout; the "KV cache" holds each position's token id, addressed through
+# ``slot_mapping``, and ``PAD_SLOT_ID`` rows (CUDA-graph padding) write nothing and see no context.
 class NgramLM(nn.Module):
-    """P(next | last ``order - 1`` tokens) as a module; see the comment above.
-
-    forward(input_ids [N] int32/int64, positions [N] int64, slot_mapping [N] int64, kv_cache [S+1] int64)
-        -> logits [N, V] float32: log-probabilities of the token after each input position.
-    ``slot_mapping[i]`` is where token i's id is stored (vLLM: request row * max_model_len + position);
-    the model reads the ``order - 2`` tokens before it from slots ``slot - 1, slot - 2``. The last entry
-    of ``kv_cache`` is a scratch slot for padded rows. Allocate one with :meth:`make_kv_cache`.
-    """
+    """P(next | last ``order - 1`` tokens); a token's context sits at slots ``slot - 1, slot - 2`` and
+    ``kv_cache``'s last entry is padded rows' scratch slot (:meth:`make_kv_cache`)."""
 
     def __init__(self, bigram: np.ndarray, tables: list[tuple[np.ndarray, np.ndarray]]):
         super().__init__()

@@ -1,10 +1,8 @@
 """The model runner: scheduler output in, sampled tokens (and next step's drafts) out.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``: ``_update_states``,
-``_prepare_inputs``, ``_calc_spec_decode_metadata``, ``_preprocess``, ``execute_model``,
-``take_draft_token_ids``) and the ``CpuGpuBuffer`` of ``vllm/v1/utils.py``. It runs on CPU or CUDA. This
-is vLLM's V1 runner: the one 0.24 and 0.25 ran for most MoE models (DeepSeek-V4 among them) and 0.33's
-fallback; 0.33 runs Model Runner V2 by default, whose draft slots :mod:`specfix.mrv2.draft_slots` adds.
+Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_model_runner.py`` and the ``CpuGpuBuffer`` of
+``vllm/v1/utils.py``: the V1 runner, which 0.24 and 0.25 ran for most MoE models (DeepSeek-V4 among them);
+0.33 runs Model Runner V2 by default (:mod:`specfix.mrv2.draft_slots`).
 
 Read ``GPUModelRunner.execute_model`` first: the comment above it walks one step in order.
 """
@@ -51,12 +49,8 @@ class SpeculativeConfig:
 
 @dataclass
 class ModelRunnerOutput:
-    """Per request (in batch order): the tokens this step produced, placeholders dropped.
-
-    ``num_filled_spec_tokens`` (not in vLLM): per request, how many of its scheduled placeholder drafts
-    the runner overwrote with real proposals (async scheduling), so the scheduler's statistics count
-    them as drafts.
-    """
+    """Per request, the tokens this step produced; ``num_filled_spec_tokens`` (not in vLLM) lets the
+    scheduler's statistics count the placeholders async scheduling filled as drafts."""
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
@@ -88,10 +82,7 @@ class StepTrace:
 
 
 def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Inclusive cumsum of ``counts`` and, per element, its offset inside its own run.
-
-    ``[2, 5, 3]`` -> ``([2, 7, 10], [0, 1, 0, 1, 2, 3, 4, 0, 1, 2])``.
-    """
+    """``[2, 5, 3]`` -> ``([2, 7, 10], [0, 1, 0, 1, 2, 3, 4, 0, 1, 2])``."""
     cu = np.cumsum(counts)
     offsets = np.repeat(cu - counts, counts)
     return cu, np.arange(cu[-1] if len(cu) else 0) - offsets
@@ -145,9 +136,7 @@ class GPUModelRunner:
         if not isinstance(async_scheduling, bool):
             raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
         self.use_async_scheduling = async_scheduling
-        # Async scheduling: the previous step's proposals on the device (one row per request that
-        # sampled there), its row per request (vLLM keeps this map on its InputBatch), and how many
-        # tokens each of those requests sampled.
+        # Async scheduling: the previous step's proposals, their rows (vLLM: on its InputBatch), counts
         self._prev_draft_token_ids: torch.Tensor | None = None
         self.prev_req_id_to_index: dict[str, int] = {}
         self._prev_num_sampled: list[int] = []
@@ -252,13 +241,8 @@ class GPUModelRunner:
     def _prepare_input_ids(
         self, scheduler_output: SchedulerOutput, req_ids: list[str], cu_num_scheduled: np.ndarray
     ) -> dict[str, int]:
-        """Copy ``input_ids`` to the device; under async scheduling, write the previous step's proposals
-        over the placeholder drafts of every request that ran in it. Returns the drafts filled per request.
-
-        A request's drafts sit at the end of its span; its proposals are row ``prev_req_id_to_index[r]``
-        of ``_prev_draft_token_ids``. The scatter runs on the device, after the copy, so the CPU side
-        (``token_ids_cpu``, ``input_ids.cpu``) keeps the ``-1`` the scheduler sent.
-        """
+        """Copy ``input_ids`` to the device and, under async scheduling, scatter the previous step's
+        proposals over its placeholders there (the CPU side keeps the scheduler's ``-1``)."""
         self.input_ids.copy_to_gpu(int(cu_num_scheduled[-1]))
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not self.use_async_scheduling or self._prev_draft_token_ids is None or not spec:
@@ -283,13 +267,8 @@ class GPUModelRunner:
     def _calc_spec_decode_metadata(
         self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray
     ) -> SpecDecodeMetadata:
-        """Where each request's drafts sit and which logits rows verify them.
-
-        Request i's scheduled span ends with ``[last token, d_1 .. d_k]``; logits are computed at those
-        k + 1 positions: row j < k verifies d_(j+1), row k gives the bonus token. ``draft_token_ids`` is
-        gathered from ``input_ids.gpu`` into a new tensor, so clamping ``input_ids`` later leaves it (and
-        its ``-1``) alone.
-        """
+        """Where each request's drafts sit and which logits rows verify them; ``draft_token_ids`` is a
+        copy, so clamping ``input_ids`` later leaves its ``-1`` alone."""
         num_draft_tokens = np.asarray(num_draft_tokens)
         cu_num_scheduled_tokens = np.asarray(cu_num_scheduled_tokens)
         for name, arr in [
@@ -376,34 +355,17 @@ class GPUModelRunner:
 
     @torch.no_grad()
     # One step, in order (chapter 1 follows it):
-    #
-    # 1. ``_update_states``: new requests get a row of the ``InputBatch``; every request's scheduled drafts,
-    #    ``-1`` placeholders included, go verbatim into ``token_ids_cpu`` (``update_req_spec_token_ids``).
-    # 2. ``_prepare_inputs``: gather each request's scheduled tokens from ``token_ids_cpu`` into
-    #    ``input_ids.cpu`` (a ``-1`` is just a value here), copy to ``input_ids.gpu``, and build the
-    #    ``SpecDecodeMetadata`` with ``_calc_spec_decode_metadata``, whose ``draft_token_ids`` is a *copy*
-    #    that keeps the ``-1``.
-    # 3. ``_preprocess``: with a speculative config and ``Fixes.clamp_placeholders`` (vLLM PR #47029), clamp
-    #    ``input_ids.gpu[:num_input_tokens]`` to >= 0 in place. The embedding now sees token 0 where the
-    #    scheduler wrote ``-1``; the metadata still says ``-1``.
-    # 4. The model forward (its first op is the embedding), then ``RejectionSampler``, which rejects every
-    #    ``-1`` draft, and ``parse_output``.
-    # 5. Bookkeeping (commit sampled tokens) and the drafter's proposals for the next step.
-    #
-    # Under async scheduling (``async_scheduling=True``, vLLM's ``use_async_scheduling``) the scheduler plans
-    # step N + 1 before step N's output is back, so two things change, as in vLLM's runner:
-    #
-    # * ``_update_states``: the scheduler's ``num_computed_tokens`` for a request that ran in the previous
-    #   step assumed every draft would be accepted; the runner takes off the drafts it rejected there
-    #   (vLLM: ``prev_num_draft_len`` and the deferred correction from ``valid_sampled_token_count``).
-    # * ``_prepare_input_ids``: the scheduler's drafts are ``[-1] * k`` placeholders; after copying
-    #   ``input_ids`` to the device, the runner scatters the proposals its drafter made in the previous step
-    #   over them (vLLM: ``_prepare_input_ids`` with ``self._draft_token_ids``). A request that was not in the
-    #   previous step has no proposals here and keeps its ``-1`` up to ``_preprocess``.
-    #
-    # vLLM's async runner also keeps the last sampled tokens on the device (``prev_sampled_token_ids``) and
-    # scatters them into ``input_ids``; specfix's runner commits sampled tokens to ``token_ids_cpu`` at once,
-    # so only the drafts need the scatter.
+    # 1. ``_update_states``: drafts, ``-1`` placeholders included, go verbatim into ``token_ids_cpu``.
+    # 2. ``_prepare_inputs``: gather the scheduled tokens into ``input_ids`` and build the
+    #    ``SpecDecodeMetadata``, whose ``draft_token_ids`` is a copy that keeps the ``-1``.
+    # 3. ``_preprocess``: ``Fixes.clamp_placeholders`` (vLLM PR #47029) clamps ``input_ids.gpu`` to >= 0 in
+    #    place, so the embedding sees token 0 where the metadata still says ``-1``.
+    # 4. The model forward (the embedding first), then ``RejectionSampler``, which rejects every ``-1``.
+    # 5. Commit sampled tokens; the drafter proposes for the next step.
+    # Async scheduling (vLLM's ``use_async_scheduling``) changes two things, as in vLLM's runner:
+    # ``_update_states`` takes off the drafts the previous step rejected (vLLM's ``prev_num_draft_len``),
+    # and ``_prepare_input_ids`` scatters the previous proposals over the placeholders; a request absent
+    # from the previous step keeps its ``-1`` up to ``_preprocess``.
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         token_table = self.input_batch.token_ids_cpu.copy() if self.record else None
@@ -420,8 +382,7 @@ class GPUModelRunner:
         hidden = self.model(input_ids, positions, self.slot_mapping.gpu[:num_input_tokens], self.kv_cache)
         logits = hidden[logits_indices.long()]
 
-        # specfix has no separate Sampler: a step without drafts samples through the rejection sampler
-        # with k_i = 0 for everyone (bonus tokens only).
+        # No separate Sampler: a step without drafts runs the rejection sampler with every k_i = 0.
         metadata = spec_metadata or SpecDecodeMetadata.make_dummy([[] for _ in req_ids], self.device)
         sampler_output = self.rejection_sampler(metadata, None, logits, self._sampling_metadata(req_ids))
         partial_prefill = [
@@ -499,11 +460,8 @@ class GPUModelRunner:
                 )
 
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
-        """Next step's drafts for every request that produced a token this step.
-
-        The drafter's proposals are checked here, before anything keeps them: under async scheduling
-        they never pass through the scheduler, and an out-of-vocabulary draft would reach the next
-        step's embedding."""
+        """Next step's drafts, checked here: under async scheduling they skip the scheduler, and a bad one
+        would reach the next step's embedding."""
         if self.drafter is None:
             return None
         ready = [r for r, tokens in zip(req_ids, sampled, strict=True) if tokens]
