@@ -31,8 +31,7 @@ from specfix.v1.sampling_metadata import SAMPLING_EPS, SamplingMetadata
 
 
 def reference_sampler(*args, fixes: Fixes | None = None, noise: str = "exact", **kwargs):
-    """``gumbel_sample``'s torch reference (:func:`~specfix.mrv2.gumbel_reference.gumbel_sample_reference`),
-    called as ``gumbel_sample`` is: the same tokens and stores as the masked (fixed) kernel, for statistics
+    """``gumbel_sample``'s torch twin, called as it is: the masked kernel's tokens and stores, for statistics
     too big for Triton's interpreter."""
     if fixes is not None and not fixes.mask_invalid_reqs:
         raise ValueError("the torch reference is the masked (fixed) sampler; use the Triton kernel")
@@ -40,10 +39,7 @@ def reference_sampler(*args, fixes: Fixes | None = None, noise: str = "exact", *
 
 
 class RequestStates:
-    """Per-request state tables, one row per ``req_state_idx``; slots are reused after a request ends.
-
-    A new request takes the lowest free slot (deterministic, so the notebook can show reuse).
-    """
+    """Per-request state tables, one row per ``req_state_idx``; slots are reused after a request ends."""
 
     def __init__(self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
         if max_num_reqs < 1 or num_speculative_steps < 1:
@@ -71,7 +67,7 @@ class RequestStates:
         free = [i for i in range(self.max_num_reqs) if i not in used]
         if not free:
             raise ValueError(f"all {self.max_num_reqs} request-state slots are taken")
-        slot = free[0]
+        slot = free[0]  # the lowest free slot: deterministic, so the notebook can show reuse
         self.req_id_to_index[req_id] = slot
         self.temperature[slot] = temperature
         self.seeds[slot] = seed
@@ -100,40 +96,15 @@ class DraftProposal:
     padded_writes: list[tuple[int, int]] = field(default_factory=list)
 
 
-# Two indexings meet here. *Batch rows* are this step's requests in batch order; ``idx_mapping[row]`` is
-# the row's ``req_state_idx``, its slot in the per-request state tables (temperature, seed, draft tokens,
-# ``draft_logits``), which is assigned when a request arrives and reused after it finishes.
-#
-# The drafter's step (k times: draft model forward on each row's recent tokens, then ``gumbel_sample``,
-# which also stores the logits, before temperature, into ``draft_logits[idx_mapping[row], step]``) runs
-# over persistent buffers at a *padded* size: on a GPU it is a ``torch.cuda.CUDAGraph`` captured per size
-# and replayed; on a CPU the same step runs eagerly at the padded size over the same buffers, which is
-# exactly what a replay does. Rows past ``num_reqs`` are padding, and their ``idx_mapping`` entries are
-# whatever an earlier step left there. Before vLLM PR #47066 they were used as-is, so a padded row wrote
-# garbage logits into a live request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1,
-# which ``gumbel_sample`` (``Fixes.mask_invalid_reqs``) skips.
+# Two indexings meet here: *batch rows* are this step's requests in batch order, and ``idx_mapping[row]``
+# is the row's ``req_state_idx``, its slot in the per-request tables (reused after a request finishes).
+# The drafter's step runs over persistent buffers at a *padded* size (on a GPU a CUDA graph per size; on a
+# CPU the same step eagerly, which is what a replay does), so rows past ``num_reqs`` hold whatever an
+# earlier step left in ``idx_mapping``. Before vLLM PR #47066 a padded row wrote garbage logits into a live
+# request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1, which ``gumbel_sample``
+# (``Fixes.mask_invalid_reqs``) skips.
 class DraftModelSpeculator:
-    """Draft ``k`` tokens per request with probabilistic draft sampling over persistent buffers.
-
-    Buffers (fixed addresses, sized for ``max_num_reqs``): ``idx_mapping`` [max_num_reqs] int64 as in vLLM
-    0.33 (int32 in 0.25; zeros at start), ``temperature`` and ``seeds`` (copies of the request-state
-    tables), ``context_ids`` [max_num_reqs, context_len] (each row's last tokens: what an n-gram draft model
-    reads; a transformer drafter keeps hidden states and a KV cache instead), ``positions`` [max_num_reqs]
-    (position of each row's last token), ``draft_tokens``
-    [max_num_reqs, k] (batch-row order) and ``draft_logits`` [max_num_reqs, k, vocab] float32
-    (request-state order).
-
-    ``sampler`` is :func:`specfix.mrv2.gumbel.gumbel_sample` (the Triton kernel); :func:`reference_sampler`
-    gives the same tokens and stores from torch, for statistics too big for Triton's interpreter. ``noise``
-    is the sampler's noise mode (``"vllm"``: vLLM 0.33's, for token-for-token comparison with vLLM).
-
-    Draft step ``j`` of a row samples the token after its last context token, at position
-    ``positions + j``, and keys that draw by ``positions + j`` (the position before the drafted token, as
-    vLLM 0.25 and 0.33 key every draw) with ``is_drafting=True``, which adds vLLM 0.33's drafting salt
-    (``2**30``, PR #54282: a draft and the residual it may be resampled from must not share noise). In the
-    vllm mode the sampler also mixes the step (the ``draft_logits`` column) into the seed, as 0.33's
-    ``spec_step_seed`` does; the exact and fast modes key by (seed, position) alone.
-    """
+    """Draft ``k`` tokens per request by Gumbel sampling over persistent buffers, as vLLM 0.33's MRV2 does."""
 
     def __init__(
         self,
@@ -146,8 +117,8 @@ class DraftModelSpeculator:
         device: torch.device | str = "cpu",
         fixes: Fixes | None = None,
         capture_sizes: list[int] | None = None,
-        sampler: Callable[..., torch.Tensor] = gumbel_sample,
-        noise: str = "exact",
+        sampler: Callable[..., torch.Tensor] = gumbel_sample,  # or reference_sampler: the same, from torch
+        noise: str = "exact",  # the sampler's noise mode ("vllm": token for token with vLLM 0.33)
     ):
         for name, value in (
             ("max_num_reqs", max_num_reqs),
@@ -175,14 +146,17 @@ class DraftModelSpeculator:
         self.num_speculative_steps = k = num_speculative_steps
         self.vocab_size = vocab_size
         self.dispatcher = CudaGraphDispatcher(max_num_reqs, capture_sizes)
+        # Persistent buffers: fixed addresses, sized for max_num_reqs, as a graph replay needs.
         z = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=self.device)
-        self.idx_mapping = z(max_num_reqs, dtype=torch.int64)
-        self.temperature = z(max_num_reqs, dtype=torch.float32)
+        self.idx_mapping = z(max_num_reqs, dtype=torch.int64)  # int64 as in vLLM 0.33 (int32 in 0.25)
+        self.temperature = z(max_num_reqs, dtype=torch.float32)  # copies of the request-state tables
         self.seeds = z(max_num_reqs, dtype=torch.int64)
+        # [max_num_reqs, context_len]: each row's last tokens, what an n-gram draft model reads (a
+        # transformer drafter keeps hidden states and a KV cache instead)
         self.context_ids = z(max_num_reqs, context_len, dtype=torch.int64)
-        self.positions = z(max_num_reqs, dtype=torch.int64)
-        self.draft_tokens = z(max_num_reqs, k, dtype=torch.int64)
-        self.draft_logits = z(max_num_reqs, k, vocab_size, dtype=torch.float32)
+        self.positions = z(max_num_reqs, dtype=torch.int64)  # each row's last token's position
+        self.draft_tokens = z(max_num_reqs, k, dtype=torch.int64)  # batch-row order
+        self.draft_logits = z(max_num_reqs, k, vocab_size, dtype=torch.float32)  # request-state order
         self.graphs: CapturedStep | None = None
 
     def buffers(self) -> dict[str, torch.Tensor]:
@@ -208,14 +182,8 @@ class DraftModelSpeculator:
         seeds: torch.Tensor,
         dummy_run: bool = False,
     ) -> None:
-        """Copy this step's request inputs into the persistent buffers (outside the graph).
-
-        The whole temperature and seed tables are copied (rows are addressed by ``req_state_idx``), and
-        the batch's ``idx_mapping`` into ``self.idx_mapping[:num_reqs]``. With ``Fixes.pad_idx_mapping``
-        the rows past ``num_reqs`` become -1, so a padded replay writes nothing; without it they keep
-        whatever an earlier step left. A ``dummy_run`` (a warm-up batch that stands for no request) sets
-        every row to -1, as vLLM 0.33's ``_copy_request_inputs`` does, so it writes no ``draft_logits``.
-        """
+        """Copy this step's request inputs into the persistent buffers, outside the graph; padded rows get -1
+        (with ``Fixes.pad_idx_mapping``) so that a padded replay writes no ``draft_logits``."""
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
         for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
@@ -236,9 +204,9 @@ class DraftModelSpeculator:
                     "idx_mapping[:num_reqs] must be distinct slots in "
                     f"[0, {self.max_num_reqs}), got {live.tolist()}"
                 )
-        self.temperature.copy_(temperature)
+        self.temperature.copy_(temperature)  # whole tables: rows are addressed by req_state_idx
         self.seeds.copy_(seeds)
-        if dummy_run:
+        if dummy_run:  # a warm-up batch stands for no request, as in vLLM 0.33's _copy_request_inputs
             self.idx_mapping.fill_(-1)
             return
         self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
@@ -255,8 +223,11 @@ class DraftModelSpeculator:
                 self.idx_mapping[:num_rows],
                 self.temperature,
                 self.seeds,
+                # keyed by the position before the drafted token, as vLLM 0.25 and 0.33 key every draw
                 self.positions[:num_rows] + step,
                 True,
+                # vLLM 0.33's drafting salt (2**30, PR #54282): a draft and the residual it may be resampled
+                # from must not share noise; the vllm mode also mixes the step into the seed (spec_step_seed)
                 is_drafting=True,
                 logits_cache=self.draft_logits,
                 logits_cache_col=step,
@@ -267,11 +238,9 @@ class DraftModelSpeculator:
             context.copy_(torch.cat([context[:, 1:], tokens[:, None]], dim=1))
 
     def capture_cuda_graphs(self) -> None:
-        """Capture one graph per size on a GPU.
-
-        ``idx_mapping`` is zeroed first, as vLLM 0.33's ``TargetDependentARSpeculator.capture`` does, so
-        the capture runs write ``draft_logits`` of slot 0: harmless before any request arrives.
-        """
+        """Capture one graph per size on a GPU."""
+        # zeroed as vLLM 0.33's TargetDependentARSpeculator.capture does: the capture runs write
+        # draft_logits of slot 0, harmless before any request arrives
         self.idx_mapping.zero_()
         self.graphs = CapturedStep(self._draft_step, self.dispatcher.capture_sizes, self.device)
 
@@ -283,20 +252,14 @@ class DraftModelSpeculator:
         idx_mapping: torch.Tensor,
         temperature: torch.Tensor,
         seeds: torch.Tensor,
-        context_ids: torch.Tensor,
-        positions: torch.Tensor,
+        context_ids: torch.Tensor,  # [num_reqs, context_len]: each row's last tokens
+        positions: torch.Tensor,  # [num_reqs]: each row's last token's position
         *,
-        padded: bool = True,
+        padded: bool = True,  # False: eagerly at the exact size, the reference a padded run must match
         trace: bool = False,
-        dummy_run: bool = False,
+        dummy_run: bool = False,  # the step for no request (every idx_mapping row -1)
     ) -> DraftProposal:
-        """Draft k tokens for the ``num_reqs`` batch rows.
-
-        ``context_ids`` [num_reqs, context_len]: each row's last tokens; ``positions`` [num_reqs]: the
-        position of each row's last token.
-        ``padded=False`` runs eagerly at the exact size (the reference a padded run must match);
-        ``dummy_run=True`` runs the step for no request (every ``idx_mapping`` row -1).
-        """
+        """Draft k tokens for the ``num_reqs`` batch rows."""
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("positions", positions, min_length=num_reqs)
         width = self.context_ids.shape[1]
@@ -341,39 +304,21 @@ def keyed_generator(seed: int, position: int, device: torch.device | str) -> tor
     return torch.Generator(device=device).manual_seed(key)
 
 
-# Verification reads the cached draft distribution ``q = softmax(draft_logits[req_state_idx, step] / T)``
-# (vLLM 0.33 caches the logits before temperature, in the draft head's dtype, and its verifier divides on
-# load; 0.25 cached ``logits / T`` in float32),
-# accepts draft d with probability ``min(1, p(d) / q(d))`` and otherwise resamples ``max(p - q, 0)``
-# (chapter 1's rejection core, :mod:`specfix.v1.rejection_sampler`). The draft token itself was sampled from
-# the right q; if q was overwritten afterwards, the test and the residual use the wrong one and the output
-# no longer follows the target distribution. All randomness is keyed by (seed, position), so a request's
-# tokens do not depend on the rest of the batch: the bench compares every batched response with its run
-# alone.
+# Verification accepts draft d with probability min(1, p(d) / q(d)), q read from draft_logits by
+# req_state_idx, and otherwise resamples max(p - q, 0) (specfix.v1.rejection_sampler). The draft was sampled
+# from the right q; if a padded row overwrote q since, the output no longer follows the target distribution.
 def rejection_sample_mrv2(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_logits: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    temperature: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
+    target_logits: torch.Tensor,  # [num_reqs * (k + 1), V]: row i * (k + 1) + j follows positions[i] + j
+    draft_token_ids: torch.Tensor,  # [num_reqs, k], batch order
+    draft_logits: torch.Tensor,  # [max_num_reqs, k, V]: logits before temperature, request-state order
+    idx_mapping: torch.Tensor,  # [num_reqs]: batch row -> req_state_idx
+    temperature: torch.Tensor,  # [max_num_reqs]
+    seeds: torch.Tensor,  # [max_num_reqs]
+    positions: torch.Tensor,  # [num_reqs]: each row's last token's position, the randomness key
     fixes: Fixes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify each row's k drafts against the target, reading q from ``draft_logits`` by req_state_idx.
-
-    Args:
-        target_logits: [num_reqs * (k + 1), V] raw target logits, row ``i * (k + 1) + j`` for the token
-            after position ``positions[i] + j``; row ``j = k`` gives the bonus token.
-        draft_token_ids: [num_reqs, k] the drafted tokens (batch order).
-        draft_logits: [max_num_reqs, k, V] draft logits before temperature (request-state order), divided
-            by each request's temperature here, as vLLM 0.33's verifier does on load.
-        idx_mapping: [num_reqs] batch row -> req_state_idx. temperature, seeds: request-state tables.
-        positions: [num_reqs] position of each row's last token (the randomness key).
-
-    Returns ``(sampled [num_reqs, k + 1] int32, -1 after the last emitted token; num_sampled [num_reqs])``.
-    Uniforms, recovery noise and the bonus draw come from :func:`keyed_generator` of (seed, position).
-    """
+    """``(sampled [num_reqs, k + 1] int32, -1 after the last emitted token; num_sampled [num_reqs])``; all
+    randomness is keyed by (seed, position), so a request's tokens do not depend on the rest of the batch."""
     fixes = fixes or Fixes()
     if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
         raise ValueError("draft_token_ids must be a [num_reqs, k] tensor")
@@ -403,7 +348,7 @@ def rejection_sample_mrv2(
     scaled = target_logits.float().view(num_reqs, k + 1, vocab_size) / temp[:, None, None]
     verify_logits = scaled[:, :k].reshape(num_reqs * k, vocab_size).contiguous()
     bonus_probs = torch.softmax(scaled[:, k], dim=-1)
-    draft_scaled = draft_logits[slots].float() / temp[:, None, None]  # the cache holds logits before T
+    draft_scaled = draft_logits[slots].float() / temp[:, None, None]  # vLLM 0.33's verifier divides on load
     draft_probs = torch.softmax(draft_scaled.reshape(num_reqs * k, vocab_size), dim=-1)
     seeds_list, pos_list = seeds[slots].tolist(), positions[:num_reqs].tolist()
     gens = {i: keyed_generator(seeds_list[i], pos_list[i], device) for i in range(num_reqs)}
