@@ -1,9 +1,10 @@
 """Requests, the schedulers and the accepted-token bookkeeping: where ``-1`` placeholders are born.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py``, ``async_scheduler.py`` and ``output.py`` (same
-folder), ``vllm/v1/request.py``, ``vllm/sampling_params.py`` and ``vllm/v1/spec_decode/metrics.py``, cut
-to what speculative decoding needs: no KV-block manager, no preemption, no structured output, no dynamic
-k. Unless a version is named beside it, every vLLM file cited here is from vLLM 0.33.0.
+Mirrors vLLM 0.33.0's ``vllm/v1/core/sched/scheduler.py``, ``vllm/v1/core/sched/async_scheduler.py``,
+``vllm/v1/core/sched/output.py``, ``vllm/v1/request.py``, ``vllm/sampling_params.py`` and
+``vllm/v1/spec_decode/metrics.py``, cut to what speculative decoding needs (no KV-block manager, no
+preemption, no structured output, no dynamic k). Unless a version is named beside it, every vLLM file
+cited here is from vLLM 0.33.0.
 
 Read ``Scheduler.schedule`` first. A ``-1`` (``PLACEHOLDER_TOKEN_ID``) enters the drafts in two places:
 ``Scheduler._pads_new_decode`` (synchronous scheduling) and ``AsyncScheduler._update_after_schedule``.
