@@ -1,9 +1,5 @@
 """Chapter 3's figures and tables: graph launch overhead, the padded ``idx_mapping`` rows and where they
-point, the bench's counts, and the output distribution with and without the fix.
-
-One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned, legend
-outside the data) and leaves showing it to the notebook. Tables are DataFrames.
-"""
+point, the padding bench's counts, and the output distribution with and without the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from specfix.figures import style
 from specfix.lab.padding_bench import BufferState, total_variation
@@ -22,17 +17,9 @@ from specfix.lab.padding_bench import BufferState, total_variation
 BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_by_origin"]
 
 
-def _log_axis(axis, values) -> None:
-    """A log axis labelled at the measured values only (no colliding labels, no minor labels)."""
-    axis.set_major_locator(FixedLocator(sorted({float(v) for v in values})))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    axis.set_minor_locator(NullLocator())
-
-
 def launch_overhead(rows: Sequence[dict], source: str):
-    """Host microseconds per drafter step, eager launches against one graph replay, per batch size.
-
-    ``rows``: dicts with ``size``, ``eager_us`` and ``graph_us`` (the recording's ``launch_overhead``)."""
+    """Host µs per drafter step, eager launches against one graph replay, per batch size (``rows``: dicts with
+    ``size``, ``eager_us`` and ``graph_us``, the recording's ``launch_overhead``)."""
     df = pd.DataFrame(list(rows))
     missing = {"size", "eager_us", "graph_us"} - set(df.columns)
     if df.empty or missing:
@@ -41,129 +28,70 @@ def launch_overhead(rows: Sequence[dict], source: str):
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="batch rows",
-            ylabel="µs per drafter step",
-            title=f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}",
+        ax.set(xscale="log", yscale="log", xlabel="batch rows", ylabel="µs per drafter step")
+        title = f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}"
+        ax.set_title(title, fontsize=9)
+        lo, hi = (
+            df[["eager_us", "graph_us"]].min().min() / 1.5,
+            df[["eager_us", "graph_us"]].max().max() * 1.5,
         )
-        ax.title.set_fontsize(9)
-        _log_axis(ax.xaxis, df["size"])
-        times = df[["eager_us", "graph_us"]].to_numpy()
-        _log_axis(
-            ax.yaxis,
-            [
-                v
-                for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000)
-                if times.min() / 1.5 <= v <= times.max() * 1.5
-            ],
-        )
+        style.log_ticks(ax.xaxis, df["size"])
+        style.log_ticks(ax.yaxis, [v for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= v <= hi])
         style.legend_below(fig, ax)
         speedup = df["eager_us"] / df["graph_us"]
         style.caption(
             fig,
-            f"The replay costs about the same at every size, eager launches "
-            f"{speedup.min():.0f} to {speedup.max():.0f} times more: at these batch sizes the "
-            "host's launches, not the GPU's work, set the step time.",
+            f"The replay costs about the same at every size, eager launches {speedup.min():.0f} to "
+            f"{speedup.max():.0f} times more: at these batch sizes the host's launches, not the GPU's work, "
+            "set the step time.",
         )
     return fig
 
 
+def _cell(ax, x: float, row: int, text: str, fill: str, dim: bool) -> None:
+    """One row of a buffer drawn as a column of boxes, its text greyed where ``dim``."""
+    alpha = 1 if fill == "white" else 0.3
+    ax.add_patch(Rectangle((x, -row), 1.6, 0.85, facecolor=fill, alpha=alpha, edgecolor="#bbbbbb", lw=0.5))
+    colour = "#888888" if dim else "black"
+    ax.text(x + 0.8, -row + 0.42, text, ha="center", va="center", fontsize=style.SMALLEST_PT, color=colour)
+
+
 def _draw_buffer(ax, state: BufferState, title: str) -> None:
-    rows = len(state.idx_mapping)
-    live_slots = set(state.owners)
     ax.text(0.8, 1.0, "idx_mapping", ha="center", fontsize=9, weight="bold")
     ax.text(4.2, 1.0, "draft_logits", ha="center", fontsize=9, weight="bold")
     for r, slot in enumerate(state.idx_mapping):
-        if r < state.num_reqs:
-            fill, label = style.NEUTRAL, f"row {r}: {slot}  ({state.batch[r]})"
-        elif r < state.num_reqs_padded:
-            fill, label = style.PADDING, f"row {r}: {slot}  padded"
-        else:
-            fill, label = "white", f"row {r}: {slot}"
-        ax.add_patch(
-            Rectangle(
-                (0, -r),
-                1.6,
-                0.85,
-                facecolor=fill,
-                alpha=0.3 if fill != "white" else 1,
-                edgecolor="#bbbbbb",
-                lw=0.5,
-            )
-        )
-        ax.text(
-            0.8,
-            -r + 0.42,
-            label,
-            ha="center",
-            va="center",
-            fontsize=style.SMALLEST_PT,
-            color="black" if r < state.num_reqs_padded else "#888888",
-        )
-    for s in range(rows):
-        owner = state.owners.get(s)
-        ax.add_patch(
-            Rectangle(
-                (3.4, -s),
-                1.6,
-                0.85,
-                facecolor=style.NEUTRAL if s in live_slots else "white",
-                alpha=0.3 if s in live_slots else 1,
-                edgecolor="#bbbbbb",
-                lw=0.5,
-            )
-        )
-        ax.text(
-            4.2,
-            -s + 0.42,
-            f"slot {s}: {owner}" if owner else f"slot {s}: free",
-            ha="center",
-            va="center",
-            fontsize=style.SMALLEST_PT,
-            color="black" if owner else "#888888",
-        )
+        live, padded = r < state.num_reqs, r < state.num_reqs_padded  # rows past the graph: white
+        note = f"  ({state.batch[r]})" if live else "  padded" if padded else ""
+        fill = style.NEUTRAL if live else style.PADDING if padded else "white"
+        _cell(ax, 0, r, f"row {r}: {slot}{note}", fill, dim=not padded)
+        owner = state.owners.get(r)  # the same index read as a request-state slot of draft_logits
+        _cell(ax, 3.4, r, f"slot {r}: {owner or 'free'}", style.NEUTRAL if owner else "white", dim=not owner)
     for w in state.writes:
         hit = w.victim is not None
-        ax.annotate(
-            "",
-            xy=(3.4, -w.slot + 0.42),
-            xytext=(1.6, -w.row + 0.42),
-            arrowprops=dict(
-                arrowstyle="->", color=style.BUGGY if hit else style.PADDING, lw=1.6 if hit else 1.0
-            ),
-        )
-    ax.set_xlim(-0.1, 5.1)
-    ax.set_ylim(-rows + 0.6, 1.4)
+        arrow = dict(arrowstyle="->", color=style.BUGGY if hit else style.PADDING, lw=1.6 if hit else 1.0)
+        ax.annotate("", xy=(3.4, -w.slot + 0.42), xytext=(1.6, -w.row + 0.42), arrowprops=arrow)
+    ax.set(xlim=(-0.1, 5.1), ylim=(-len(state.idx_mapping) + 0.6, 1.4))
     ax.axis("off")
     ax.set_title(title, fontsize=9)
 
 
 def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
-    """One panel per buffer state: ``idx_mapping`` rows (live, padded, beyond the graph) on the left, the
-    request-state slots of ``draft_logits`` on the right, an arrow for every padded row that writes a slot
-    (magenta: a live request's slot; grey: a free slot)."""
+    """One panel per buffer state: ``idx_mapping`` rows on the left, ``draft_logits`` slots on the right, an
+    arrow for every padded row that writes a slot (magenta: a live request's slot; grey: a free slot)."""
     if len(states) != len(titles) or not states:
         raise ValueError(f"need one title per state, got {len(states)} states and {len(titles)} titles")
     rows = max(len(s.idx_mapping) for s in states)
     with style.apply():
         fig, axes = plt.subplots(1, len(states), figsize=(style.WIDTH_IN, 0.3 * rows + 1.2), squeeze=False)
-        for ax, state, title in zip(axes[0], states, titles, strict=True):
-            victims = ", ".join(state.victims) or "none"
-            _draw_buffer(
-                ax,
-                state,
-                f"{title}\n{state.num_reqs} live rows, graph of {state.num_reqs_padded}; "
-                f"overwritten: {victims}",
-            )
+        for ax, s, title in zip(axes[0], states, titles, strict=True):
+            shape = f"{s.num_reqs} live rows, graph of {s.num_reqs_padded}"
+            _draw_buffer(ax, s, f"{title}\n{shape}; overwritten: {', '.join(s.victims) or 'none'}")
         fig.tight_layout()
         style.caption(
             fig,
-            "Blue rows are live, grey rows are padding that the graph processes anyway, "
-            "white rows lie beyond it. A magenta arrow is a padded row whose stale entry "
-            "names a live request's slot: its sampler overwrites that request's cached draft "
-            "logits.",
+            "Blue rows are live, grey rows are padding that the graph processes anyway, white rows lie "
+            "beyond it. A magenta arrow is a padded row whose stale entry names a live request's slot: its "
+            "sampler overwrites that request's cached draft logits.",
         )
     return fig
 
@@ -177,16 +105,19 @@ def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
     return frame[BENCH_COLUMNS]
 
 
+def _freq(counts) -> np.ndarray:
+    counts = np.asarray(counts, dtype=float)
+    return counts / max(counts.sum(), 1.0)
+
+
 def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
-    """Per label (e.g. "fix on") and output position: its role (the last position is the bonus token),
-    trials, chi-square against its threshold, and the total variation distance of the output to the
-    target p and to the draft q, computed here from the counts (so live runs and recordings read alike)."""
+    """Per label and output position: its role (the last is the bonus), trials, chi-square and threshold, and
+    the output's total variation distance to the target p and the draft q, from the counts."""
     rows = []
     for label, dist in dists.items():
         p, q, last = dist["target_probs"], dist["draft_probs"], len(dist["positions"]) - 1
         for r in dist["positions"]:
-            counts = np.asarray(r["counts"], dtype=float)
-            freq = counts / max(counts.sum(), 1.0)
+            freq = _freq(r["counts"])
             rows.append(
                 {
                     "fix": label,
@@ -204,16 +135,13 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
 
 
 def output_distribution(dists: dict[str, dict], source: str = ""):
-    """One panel per output position: the output frequencies of each run (bars) against the target p and
-    the draft q (markers). ``dists``: label -> :func:`specfix.lab.padding_bench.one_step_distribution`."""
+    """A panel per output position: each run's output frequencies (bars) against the target p and the draft
+    q (marks). ``dists``: label -> :func:`specfix.lab.padding_bench.one_step_distribution`."""
     if not dists:
         raise ValueError("dists is empty")
     first = next(iter(dists.values()))
-    p, q = np.array(first["target_probs"]), np.array(first["draft_probs"])
-    positions = first["positions"]
-    colours = {"fix on": style.FIXED, "fix off": style.BUGGY}
-    width = 0.8 / len(dists)
-    x = np.arange(len(p))
+    p, q, positions = first["target_probs"], first["draft_probs"], first["positions"]
+    colour = {"fix on": style.FIXED, "fix off": style.BUGGY}
     cols = min(len(positions), 2)  # two panels a row: the figure keeps the column's width
     rows = -(-len(positions) // cols)
     with style.apply():
@@ -221,47 +149,33 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
             rows, cols, figsize=(style.WIDTH_IN, 0.4 + 2.7 * rows), sharey=True, squeeze=False
         )
         axes = grid.ravel()
-        for j, ax in enumerate(axes[: len(positions)]):
-            for i, (label, dist) in enumerate(dists.items()):
-                counts = np.array(dist["positions"][j]["counts"])
-                ax.bar(
-                    x + (i - (len(dists) - 1) / 2) * width,
-                    counts / max(counts.sum(), 1),
-                    width=width,
-                    color=colours.get(label, style.PADDING),
-                    alpha=0.85,
-                    label=f"output, {label}",
-                )
-            ax.plot(x, p, "_", color="black", ms=9, mew=2, label="target p")
-            ax.plot(x, q, "x", color=style.NEUTRAL, ms=5, label="draft q")
-            role = positions[j].get("role", "")
-            ax.set(
-                title=f"position {positions[j]['position']}" + (f" ({role})" if role else ""),
-                xlabel="token id",
-            )
+        for j, (ax, at) in enumerate(zip(axes, positions, strict=False)):
+            runs = [
+                (f"output, {k}", _freq(d["positions"][j]["counts"]), colour.get(k, style.PADDING))
+                for k, d in dists.items()
+            ]
+            style.grouped_bars(ax, np.arange(len(p)), runs, alpha=0.85)
+            ax.plot(p, "_", color="black", ms=9, mew=2, label="target p")
+            ax.plot(q, "x", color=style.NEUTRAL, ms=5, label="draft q")
+            role = f" ({at['role']})" if at.get("role") else ""
+            ax.set(title=f"position {at['position']}{role}", xlabel="token id")
             style.integer_ticks(ax.xaxis)
         for ax in grid[:, 0]:
             ax.set_ylabel("frequency")
         if source:
             fig.suptitle(style.wrap(source), fontsize=style.SMALLEST_PT)
         handles, labels = axes[0].get_legend_handles_labels()
+        fig.tight_layout(rect=(0, 0 if len(axes) > len(positions) else 0.5 / fig.get_figheight(), 1, 1))
         if len(axes) > len(positions):  # the key takes the spare panel's place
-            fig.tight_layout()
             spare = axes[-1].get_position()
             fig.delaxes(axes[-1])
-            fig.legend(
-                handles,
-                labels,
-                loc="center",
-                bbox_to_anchor=(spare.x0 + spare.width / 2, spare.y0 + spare.height / 2),
-            )
+            fig.legend(handles, labels, loc="center", bbox_to_anchor=spare)
         else:
-            fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
             fig.legend(handles, labels, loc="lower center", ncol=len(labels))
         style.caption(
             fig,
-            "Without the fix the bars at the drafted positions follow the draft's crosses, "
-            "not the target's black marks; the bonus position follows the target either way.",
+            "Without the fix the bars at the drafted positions follow the draft's crosses, not the target's "
+            "black marks; the bonus position follows the target either way.",
         )
     return fig
 

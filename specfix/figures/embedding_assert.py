@@ -1,11 +1,6 @@
-"""Chapter 2's figures and tables: the crash timeline, which kernel asserts for which op, what each
-placeholder fix costs per step, the guard's overhead, and what the engine counts under each fix.
-
-Every figure function returns a ``matplotlib.figure.Figure`` drawn in the suite's style
-(:mod:`specfix.figures.style`) with a caption; every table function returns a ``pandas.DataFrame``.
-The fix costs come from the one bench recording that chapter 5 shows too (``bench_h200.json``, case
-``placeholder_fixes``), under the bench's names for the fixes.
-"""
+"""Chapter 2's figures, tables and paragraphs: the crash timeline, which kernel asserts for which op, what
+each placeholder fix costs per step (the bench recording chapter 5 shows too, case ``placeholder_fixes``),
+the guard's overhead, and what the engine counts under each fix."""
 
 from __future__ import annotations
 
@@ -16,21 +11,18 @@ from pathlib import PurePath
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from specfix.figures import style
 from specfix.lab import embedding_assert as ea
 from specfix.lab import placeholder_fixes as pf
 from specfix.lab.guard import GuardTiming
 
-# -- 1. the crash, on a timeline ---------------------------------------------------------------------------
-
 _LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd"}
 
 
 def short_traceback(err: BaseException, frames: int = 2) -> str:
     """The last ``frames`` frames of ``err``'s traceback as Python prints them, each file named from its
-    package (``torch/nn/functional.py``) or as ``<cell>``: no path of the machine that ran it."""
+    package (``torch/nn/functional.py``) or as ``<cell>``, never by a path of the machine that ran it."""
     lines = ["Traceback (most recent call last):"]
     for frame in traceback.extract_tb(err.__traceback__)[-frames:]:
         name = frame.filename
@@ -49,28 +41,17 @@ def short_traceback(err: BaseException, frames: int = 2) -> str:
 def _timeline(run: ea.ChildRun, ax) -> None:
     raised = run.first("raised") or {}
     late = run.first("returned") is not None  # the launch returned before the error surfaced
-    blocking = bool((run.first("start") or {}).get("blocking"))
     kernel = run.asserts[0].kernel if run.asserts else "the kernel"
-    raises = f"raises\n{raised.get('type', '?')}"
-    if late:
-        host = [
-            (0, 1, "launch\nF.embedding", "host"),
-            (1, 1, "returns", "host"),
-            (2, 1.2, "more Python", "host"),
-            (3.2, 1, "synchronize()\nwaits", "wait"),
-            (4.2, 1.4, raises, "error"),
-        ]
+    raises = (f"raises\n{raised.get('type', '?')}", "error")
+    launch = ("launch\nF.embedding", "host")
+    if late:  # (start, width, text, kind) of each host bar
+        host = [(0, 1, *launch), (1, 1, "returns", "host"), (2, 1.2, "more Python", "host")]
+        host += [(3.2, 1, "synchronize()\nwaits", "wait"), (4.2, 1.4, *raises)]
     else:
-        host = [
-            (0, 1, "launch\nF.embedding", "host"),
-            (1, 1.3, "launch waits\n(blocking)", "wait"),
-            (2.3, 1.4, raises, "error"),
-        ]
+        host = [(0, 1, *launch), (1, 1.3, "launch waits\n(blocking)", "wait"), (2.3, 1.4, *raises)]
     end = 7.2 if late else 5.2
-    gpu = [
-        (0.7, 1.6, f"{kernel}:\na thread asserts", "error"),
-        (2.3, end - 2.3, "context poisoned: every later CUDA call fails", "error"),
-    ]
+    gpu = [(0.7, 1.6, f"{kernel}:\na thread asserts", "error")]
+    gpu.append((2.3, end - 2.3, "context poisoned: every later CUDA call fails", "error"))
     for lane, bars in ((1, host), (0, gpu)):
         for start, width, text, kind in bars:
             ax.barh(lane, width, left=start, color=_LIGHT[kind], edgecolor=style.CEILING, height=0.6)
@@ -82,10 +63,9 @@ def _timeline(run: ea.ChildRun, ax) -> None:
         xlim=(0, end),
         xlabel="time (schematic)",
     )
-    ax.set_title(
-        f"CUDA_LAUNCH_BLOCKING={int(blocking)}: the error reaches Python at {raised.get('during', '?')}",
-        loc="left",
-    )
+    blocking = int(bool((run.first("start") or {}).get("blocking")))
+    where = raised.get("during", "?")
+    ax.set_title(f"CUDA_LAUNCH_BLOCKING={blocking}: the error reaches Python at {where}", loc="left")
     ax.grid(False)
 
 
@@ -97,46 +77,35 @@ def crash_timeline(async_run: ea.ChildRun, blocking_run: ea.ChildRun):
         _timeline(blocking_run, axes[1])
         style.caption(
             fig,
-            "Top: the launch returns at once and the failure reaches Python later, at the "
-            "first call that waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every "
-            "launch waits, so the error is raised by F.embedding itself.",
+            "Top: the launch returns at once and the failure reaches Python later, at the first call that "
+            "waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every launch waits, so the error is "
+            "raised by F.embedding itself.",
         )
     return fig
 
 
-# -- 2. which operations assert, and how ----------------------------------------------------------------
-
-
-def _cuda_cell(c: dict) -> str:
-    if c.get("outcome") == "device assert":
+def _cell(c: dict) -> str:
+    """One outcome of the op table, CPU or CUDA, in words."""
+    outcome = c.get("outcome")
+    if outcome == "device assert":
         return f"device assert in {c['kernel']} ({c['where']}): `{c['condition']}`"
-    if c.get("outcome") == "returned":
+    if outcome == "returned":
         return "no error: -1 wrapped around" if c.get("wrapped") else "no error (wrong values)"
-    if c.get("outcome") == "raised":
+    if outcome == "raised":
         return f"{c['type']}: {c['message']}"
-    if c.get("outcome") == "not run":
+    if outcome == "not run":
         return "not recorded yet"
     return "no result (timed out)" if c.get("timed_out") else "no result"
 
 
-def _cpu_cell(c: dict) -> str:
-    if c["outcome"] == "returned":
-        return "no error: -1 wrapped around" if c["wrapped"] else "no error (wrong values)"
-    return f"{c['type']}: {c['message']}"
-
-
 def ops_table(rows: list[dict], live_cpu: bool = False) -> pd.DataFrame:
-    """The table "which operations assert, and how": one row per (op, bad index), a column per setting.
-
-    ``rows`` are the recorder's rows (:func:`specfix.lab.embedding_assert.op_table_rows`); ``live_cpu``
-    replaces the recorded CPU column by this machine's answer.
-    """
+    """ "Which operations assert, and how": a row per (op, bad index) of the recorder's ``rows``, a column per
+    setting; ``live_cpu`` puts this machine's answer in the CPU column."""
     table: dict = {}
     for row in rows:
-        key = (row["op"], row["bad"])
         cpu = ea.cpu_outcome(row["op"], row["bad"], row["num_indices"]) if live_cpu else row["cpu"]
-        entry = table.setdefault(key, {"CPU": _cpu_cell(cpu)})
-        entry[f"CUDA, {row['num_indices']:,} indices"] = _cuda_cell(row["cuda"])
+        entry = table.setdefault((row["op"], row["bad"]), {"CPU": _cell(cpu)})
+        entry[f"CUDA, {row['num_indices']:,} indices"] = _cell(row["cuda"])
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.names = ["op", "bad index"]
     return frame
@@ -161,46 +130,31 @@ def _cases(cases: list[tuple[str, str]]) -> str:
 
 
 def kernel_table(rows: list[dict]) -> pd.DataFrame:
-    """What an assert line's kernel name tells you: for each kernel, the ops (and bad index) that failed in
-    it, at each recorded index count ("-" where none did)."""
+    """For each kernel of an assert line, the ops (and bad index) that failed in it at each index count."""
     counts = sorted({row["num_indices"] for row in rows})
-    conditions = {
-        row["cuda"]["kernel"]: row["cuda"]["condition"]
-        for row in rows
-        if row["cuda"].get("outcome") == "device assert"
-    }
+    asserted = [row["cuda"] for row in rows if row["cuda"].get("outcome") == "device assert"]
+    conditions = {cuda["kernel"]: cuda["condition"] for cuda in asserted}
     table = {
         kernel: {
             "condition": conditions[kernel],
-            **{f"{n:,} indices": _cases(by_count.get(n, [])) or "-" for n in counts},
+            **{f"{n:,} indices": _cases(by_n.get(n, [])) or "-" for n in counts},
         }
-        for kernel, by_count in ops_by_kernel(rows).items()
+        for kernel, by_n in ops_by_kernel(rows).items()
     }
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index.name = "kernel in the assert line"
     return frame
 
 
-# -- 3. what each fix costs -----------------------------------------------------------------------------
-
-
 def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
-    """The fixes timed live on this CPU (host time only: no kernel launch, copy or sync here), in the columns
-    of :func:`specfix.figures.performance.fix_costs`, the bench recording's table."""
+    """The fixes timed live on this CPU (host time only), in the columns of the bench recording's table
+    (:func:`specfix.figures.performance.fix_costs`)."""
     rows = []
     for n in num_tokens:
         for fix in pf.FIXES:
             t = pf.time_fix(fix, pf.make_step(n), repeats=repeats, warmup=3)
-            rows.append(
-                {
-                    "fix": fix,
-                    "label": pf.LABELS[fix],
-                    "num_tokens": n,
-                    "median_us": t["host_us"],
-                    "p20_us": t["host_p20_us"],
-                    "p80_us": t["host_p80_us"],
-                }
-            )
+            us = {"median_us": t["host_us"], "p20_us": t["host_p20_us"], "p80_us": t["host_p80_us"]}
+            rows.append({"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, **us})
     return pd.DataFrame(rows)
 
 
@@ -221,91 +175,54 @@ _LOOK = {
 }
 
 
-def _log_axes(ax, token_counts: list[int]) -> None:
-    """Log-log axes whose labels cannot collide: the measured token counts only on x; 1, 2 and 5 times each
-    power of ten on y; no labels on minor ticks."""
-    ax.set(xscale="log", yscale="log")
-    ax.set_xticks(token_counts)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(token_counts) / 1.6, max(token_counts) * 1.6)
-
-
-def _draw_fixes(ax, costs: pd.DataFrame, key: str, spread: bool) -> None:
+def _draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> None:
     fixes = [fix for fix in pf.FIXES if fix in set(costs["fix"])]
     for i, fix in enumerate(fixes):
         rows = costs[costs["fix"] == fix].sort_values("num_tokens")
         nudge = 1.09 ** (i - (len(fixes) - 1) / 2)  # side by side on the log axis, so no line hides another
         colour, marker, line = _LOOK[fix]
-        kwargs = {
-            "color": colour,
-            "marker": marker,
-            "linestyle": line,
-            "label": pf.LABELS[fix],
-            "markersize": 6,
-            "markerfacecolor": "white" if line == "--" else colour,
-        }
+        face = "white" if line == "--" else colour
+        look = dict(color=colour, marker=marker, linestyle=line, label=pf.LABELS[fix], markerfacecolor=face)
         x, y = rows["num_tokens"] * nudge, rows[key]
-        if spread:
-            ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, **kwargs)
+        if key == "median_us":  # medians get their p20-p80 bars
+            ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, markersize=6, **look)
         else:
-            ax.plot(x, y, **kwargs)
+            ax.plot(x, y, markersize=6, **look)
+    counts = sorted(int(n) for n in costs["num_tokens"].unique())
+    ax.set(xscale="log", yscale="log", xlim=(min(counts) / 1.6, max(counts) * 1.6))
+    style.log_ticks(ax.xaxis, counts)  # the measured token counts only
+    style.log_ticks(ax.yaxis)
+    ax.set(xlabel="tokens in the step", ylabel=ylabel, title=title)
 
 
 def fix_costs_figure(costs: pd.DataFrame, where: str):
     """Cost per step of each fix against the tokens in the step (log-log, medians with p20-p80 bars) and,
-    where ``costs`` has it, the call's host time with earlier GPU work still queued. ``costs`` has the
-    columns of :func:`specfix.figures.performance.fix_costs`; ``where`` names the machine."""
+    where ``costs`` has it, the call's host time behind a busy GPU; ``where`` names the machine."""
     busy = "host_us_behind_busy_gpu" in costs and costs["host_us_behind_busy_gpu"].notna().any()
-    counts = sorted(int(n) for n in costs["num_tokens"].unique())
     with style.apply():
-        fig, axes = plt.subplots(
-            2 if busy else 1,
-            1,
-            figsize=(style.WIDTH_IN, 7.0 if busy else 4.2),
-            squeeze=False,
-            layout="constrained",
-        )
-        left = axes[0][0]
-        _draw_fixes(left, costs, "median_us", spread=True)
-        _log_axes(left, counts)
-        left.set(
-            xlabel="tokens in the step",
-            ylabel="cost per step (us)",
-            title=f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step",
-        )
-        if busy:
-            right = axes[1][0]  # under the first panel: the figure keeps the column's width
-            _draw_fixes(right, costs, "host_us_behind_busy_gpu", spread=False)
-            _log_axes(right, counts)
-            right.set(
-                xlabel="tokens in the step",
-                ylabel="host time of the call (us)",
-                title=f"{where}: earlier GPU work still queued",
-            )
-        fig.legend(*left.get_legend_handles_labels(), loc="outside upper center", ncols=2)
+        size = (style.WIDTH_IN, 7.0 if busy else 4.2)
+        fig, axes = plt.subplots(2 if busy else 1, 1, figsize=size, squeeze=False, layout="constrained")
+        title = f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step"
+        _draw_fixes(axes[0][0], costs, "median_us", title, "cost per step (us)")
+        if busy:  # under the first panel: the figure keeps the column's width
+            title = f"{where}: earlier GPU work still queued"
+            _draw_fixes(axes[1][0], costs, "host_us_behind_busy_gpu", title, "host time of the call (us)")
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside upper center", ncols=2)
         style.caption(
             fig,
-            "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with "
-            "the magenta host mask and see how each line grows with the step; the points of "
-            "one size sit side by side on purpose, so that no line hides another.",
+            "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with the magenta "
+            "host mask and see how each line grows with the step; the points of one size sit side by side "
+            "on purpose, so that no line hides another.",
         )
     return fig
-
-
-# -- 4. the guard's cost --------------------------------------------------------------------------------
 
 
 def guard_timing(timing: GuardTiming, what: str):
     """Every timed run, unguarded and guarded, with the medians: the spread the conclusion rests on."""
     with style.apply():
         fig, ax = plt.subplots(figsize=(6.4, 2.6), layout="constrained")
-        for lane, (label, samples, colour) in enumerate(
-            (("unguarded", timing.plain_s, style.NEUTRAL), ("guarded", timing.guarded_s, style.ACCENT))
-        ):
+        runs = (("unguarded", timing.plain_s, style.NEUTRAL), ("guarded", timing.guarded_s, style.ACCENT))
+        for lane, (label, samples, colour) in enumerate(runs):
             ms = [s * 1e3 for s in samples]
             ax.plot(ms, [lane] * len(ms), "o", color=colour, alpha=0.6, label=label)
             median = statistics.median(ms)
@@ -319,19 +236,15 @@ def guard_timing(timing: GuardTiming, what: str):
         ax.grid(True, axis="x")
         style.caption(
             fig,
-            f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the "
-            "median. If the two clouds overlap, this machine cannot tell the guard's cost "
-            "from the noise.",
+            f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the median. If the "
+            "two clouds overlap, this machine cannot tell the guard's cost from the noise.",
         )
     return fig
 
 
-# -- 5. what the engine counts under each fix -----------------------------------------------------------
-
-
 def acceptance_table(rows: list[dict]) -> pd.DataFrame:
-    """The engine runs of :func:`specfix.lab.placeholder_fixes.engine_correctness`, one row per (fix,
-    temperature): crashes, drafts and placeholder slots counted apart, and both acceptance rates."""
+    """The runs of :func:`specfix.lab.placeholder_fixes.engine_correctness`, a row per (temperature, fix):
+    crashes, drafts and placeholder slots counted apart, and both acceptance rates."""
     frame = pd.DataFrame(rows).set_index(["temperature", "fix"])
     counts = ["verifications", "real drafts", "accepted drafts", "placeholder slots", "placeholders accepted"]
     for column in counts:
@@ -341,9 +254,8 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
-    """:func:`acceptance_table` as the page shows it: the runs that finished as columns (temperature, fix),
-    one row per count or rate, formatted (:func:`specfix.figures.style.tidy`), which fits the column where
-    ten columns would not; and one line per run that crashed instead."""
+    """:func:`acceptance_table` as the page shows it: the finished runs as columns, a row per count or rate,
+    formatted (it fits the column where ten columns would not); and a line per run that crashed."""
     table = acceptance_table(rows)
     ran = table["crashes"] == "no"
     crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]

@@ -1,10 +1,9 @@
-"""Chapter 1's figures and tables: one engine step's tensors as coloured token grids, the acceptance plots,
-the tables that compare placeholder designs, and one placeholder on both model runners, with the sentences
-that read those tables.
+"""Chapter 1's figures, tables and paragraphs: one engine step's tensors as token grids, the acceptance plots,
+the tables that compare placeholder designs, and one placeholder on both model runners.
 
-Every grid cell is one token id with its word under it; colours (from :mod:`specfix.figures.style`) say what
-the cell is: a ``-1`` placeholder, an id that was ``-1`` one stage earlier, an unused cell, or padding.
-Each function returns its Figure already closed in pyplot, so a notebook shows it once, as the cell's value.
+A grid cell is one token id with its word under it, coloured by what it is: a ``-1`` placeholder, an id that
+was ``-1`` a stage earlier, an unused cell, or padding. Figures come back closed in pyplot, so a notebook
+shows each once, as the cell's value.
 """
 
 from __future__ import annotations
@@ -14,9 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib import colors
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from specfix.figures import style
 from specfix.lab.placeholder_lifecycle import verifications
@@ -25,13 +22,7 @@ from specfix.v1.model_runner import StepTrace
 from specfix.v1.scheduler import SpecDecodingStats
 
 ORDINARY, PLACEHOLDER, WAS_PLACEHOLDER, UNUSED, PADDING = range(5)
-_FILL = [
-    "#eeeeee",  # an ordinary token id
-    style.PLACEHOLDER,  # a -1 placeholder
-    colors.to_hex(0.3 * np.array(colors.to_rgb(style.FIXED)) + 0.7),  # was -1, clamped: light green
-    "#ffffff",  # a cell nothing was written to
-    colors.to_hex(0.35 * np.array(colors.to_rgb(style.PADDING)) + 0.65),  # CUDA-graph padding
-]
+_FILL = ["#eeeeee", style.PLACEHOLDER, style.light(style.FIXED), "#ffffff", style.light(style.PADDING, 0.65)]
 _KIND_LABELS = [
     "token id",
     "-1 (PLACEHOLDER_TOKEN_ID)",
@@ -41,54 +32,35 @@ _KIND_LABELS = [
 ]
 
 
-def _draw_ids(ax, ids, vocab: Sequence[str], kinds, col_labels=None, row_labels=None, title=""):
-    """One grid: a cell per id, filled by its kind, the id and its word written in black on a light fill."""
-    ids, kinds = np.atleast_2d(np.asarray(ids)), np.atleast_2d(np.asarray(kinds))
-    ax.imshow(kinds, cmap=colors.ListedColormap(_FILL), vmin=0, vmax=len(_FILL) - 1, aspect="auto")
-    for (r, c), t in np.ndenumerate(ids):
-        if kinds[r, c] != UNUSED:
-            word = vocab[t] if 0 <= t < len(vocab) else ""
-            ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=style.SMALLEST_PT, color="black")
-    ax.set_xticks(
-        range(ids.shape[1]),
-        col_labels if col_labels is not None else range(ids.shape[1]),
-        fontsize=style.SMALLEST_PT,
-    )
-    if row_labels is None:
-        ax.set_yticks([])
-    else:
-        ax.set_yticks(range(ids.shape[0]), row_labels, fontsize=style.SMALLEST_PT)
-    ax.grid(False)
-    ax.set_title(title, loc="left", fontsize=9)
-
-
-LEGEND_IN = 0.5  # the colour key's strip under the grids (two rows of three), in inches
-
-
-def _kind_legend(fig: Figure, kinds_shown: set[int]) -> None:
-    """Lay the grids out over the figure, then name the colours shown in a strip under them (the figure keeps
-    the column's width; the figures give it LEGEND_IN of their height)."""
-    fig.tight_layout(rect=(0, LEGEND_IN / fig.get_figheight(), 1, 1))
-    handles = [
-        Patch(facecolor=_FILL[k], edgecolor="#888888", label=_KIND_LABELS[k]) for k in sorted(kinds_shown)
-    ]
-    fig.legend(
-        handles=handles,
-        loc="lower left",
-        bbox_to_anchor=(0.0, 0.0),
-        ncol=3,
-        fontsize=style.SMALLEST_PT,
-        columnspacing=1.2,
-        handlelength=1.5,
-    )
+def _grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None, rows=None) -> Figure:
+    """A column-wide figure of token grids, one per ``(ids, kinds, title)`` panel, ticks named by ``cols`` and
+    ``rows``, with the key of the kinds shown and ``caption``; closed in pyplot."""
+    with style.apply():
+        fig = plt.figure(figsize=(style.WIDTH_IN, height))
+        axes = np.atleast_1d(fig.subplots(len(panels), 1))
+        shown = set()
+        for ax, (ids, kinds, title) in zip(axes, panels, strict=True):
+            ids, kinds = np.atleast_2d(ids), np.atleast_2d(kinds)
+            texts = [[f"{t}\n{vocab[t] if 0 <= t < len(vocab) else ''}" for t in row] for row in ids]
+            style.cells(ax, kinds, _FILL, np.where(kinds == UNUSED, "", texts), cols, rows)
+            ax.set_title(title, loc="left", fontsize=9)
+            shown |= set(np.unique(kinds).tolist())
+        key = style.patches([_FILL[k] for k in sorted(shown)], [_KIND_LABELS[k] for k in sorted(shown)])
+        style.legend_below(
+            fig, ncol=3, handles=key, fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5
+        )
+        style.caption(fig, caption)
+    plt.close(fig)
+    return fig
 
 
 def _filled_lengths(step: StepTrace) -> list[int]:
     """Cells of ``token_ids_cpu`` in use per request after this step's update: prompt, outputs and drafts."""
     out = step.scheduler_output
     start = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-    cached = out.scheduled_cached_reqs
-    start.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    start.update(
+        zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens, strict=True)
+    )
     prompt = {new.req_id: len(new.prompt_token_ids) for new in out.scheduled_new_reqs}
     return [
         max(prompt.get(r, 0), start[r] + n)
@@ -107,31 +79,17 @@ def token_table(
     table = step.token_ids_cpu[rows, :width]
     kinds = np.where(table == -1, PLACEHOLDER, ORDINARY)
     kinds[np.arange(width)[None, :] >= np.array(_filled_lengths(step))[:, None]] = UNUSED
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, 0.6 + 0.55 * len(rows) + LEGEND_IN))
-        ax = fig.subplots()
-        _draw_ids(
-            ax,
-            table,
-            vocab,
-            kinds,
-            row_labels=step.req_ids,
-            title=f"InputBatch.token_ids_cpu, first {width} positions, after update_req_spec_token_ids",
-        )
-        ax.set_xlabel("position in the request")
-        _kind_legend(fig, set(np.unique(kinds)))
-        style.caption(
-            fig,
-            "The scheduler's drafts, -1 included, are written right after each request's "
-            "committed tokens: the -1 is still only a value in a CPU table.",
-        )
-    plt.close(fig)
+    title = f"InputBatch.token_ids_cpu, first {width} positions, after update_req_spec_token_ids"
+    fig = _grids(
+        [(table, kinds, title)],
+        vocab,
+        0.6 + 0.55 * len(rows),
+        "The scheduler's drafts, -1 included, are written right after each request's committed tokens: "
+        "the -1 is still only a value in a CPU table.",
+        rows=step.req_ids,
+    )
+    fig.axes[0].set_xlabel("position in the request")
     return fig
-
-
-def _span_labels(step: StepTrace, num_input_tokens: int) -> list[str]:
-    labels = np.repeat(step.req_ids, step.num_scheduled_tokens).tolist()
-    return labels + ["pad"] * (num_input_tokens - len(labels))
 
 
 def draft_positions(step: StepTrace) -> np.ndarray:
@@ -146,72 +104,47 @@ def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
     if step.spec_decode_metadata is None:
         raise ValueError("step has no SpecDecodeMetadata: pick a step that verifies drafts")
     before = step.input_ids_before_clamp.numpy()
-    n = len(before)
-    labels = _span_labels(step, n)
-    padding = np.arange(n) >= sum(step.num_scheduled_tokens)
-    kinds_before = np.where(padding, PADDING, np.where(before == -1, PLACEHOLDER, ORDINARY))
+    labels = np.repeat(step.req_ids, step.num_scheduled_tokens).tolist()
+    labels += ["pad"] * (len(before) - len(labels))
+    padding = np.arange(len(before)) >= sum(step.num_scheduled_tokens)
     positions = draft_positions(step)
-    drafts = np.zeros(n, dtype=np.int64)
+    drafts = np.zeros(len(before), dtype=np.int64)
     drafts[positions] = step.spec_decode_metadata.draft_token_ids.cpu().numpy()
-    kinds_drafts = np.full(n, UNUSED)
+    kinds_drafts = np.full(len(before), UNUSED)
     kinds_drafts[positions] = np.where(drafts[positions] == -1, PLACEHOLDER, ORDINARY)
-    after = step.embedding_input.numpy()
-    kinds_after = np.where(padding, PADDING, np.where(before == -1, WAS_PLACEHOLDER, ORDINARY))
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, 3.9 + LEGEND_IN))
-        axes = fig.subplots(3, 1)
-        _draw_ids(axes[0], before, vocab, kinds_before, labels, title="input_ids after _prepare_inputs")
-        _draw_ids(
-            axes[1],
+    was = np.where(padding, PADDING, np.where(before == -1, WAS_PLACEHOLDER, ORDINARY))
+    panels = [
+        (before, np.where(was == WAS_PLACEHOLDER, PLACEHOLDER, was), "input_ids after _prepare_inputs"),
+        (
             drafts,
-            vocab,
             kinds_drafts,
-            labels,
-            title="SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions",
-        )
-        _draw_ids(
-            axes[2],
-            after,
-            vocab,
-            kinds_after,
-            labels,
-            title="input_ids after _preprocess: what nn.Embedding receives",
-        )
-        _kind_legend(fig, set(np.unique(np.concatenate([kinds_before, kinds_drafts, kinds_after]))))
-        style.caption(
-            fig,
-            "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has "
-            "it clamped to 0 (green). Column labels name the request each token belongs to.",
-        )
-    plt.close(fig)
-    return fig
+            "SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions",
+        ),
+        (step.embedding_input.numpy(), was, "input_ids after _preprocess: what nn.Embedding receives"),
+    ]
+    return _grids(
+        panels,
+        vocab,
+        3.9,
+        "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has it clamped to 0 "
+        "(green). Column labels name the request each token belongs to.",
+        cols=labels,
+    )
 
 
 def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
     """The rejection sampler's output matrix ``[B, max_spec_len + 1]`` of one step."""
     out = step.sampler_output.numpy()
-    width = out.shape[1]
-    kinds = np.where(out == -1, PLACEHOLDER, ORDINARY)
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, 0.7 + 0.45 * out.shape[0] + LEGEND_IN))
-        ax = fig.subplots()
-        _draw_ids(
-            ax,
-            out,
-            vocab,
-            kinds,
-            col_labels=[f"column {j}" for j in range(width)],
-            row_labels=step.req_ids,
-            title="RejectionSampler output [B, max_spec_len + 1]",
-        )
-        _kind_legend(fig, set(np.unique(kinds)))
-        style.caption(
-            fig,
-            "Each row holds the tokens its request produced, left to right, then -1. A "
-            "request with k drafts has its bonus column at k: column 0 for one without drafts.",
-        )
-    plt.close(fig)
-    return fig
+    title = "RejectionSampler output [B, max_spec_len + 1]"
+    return _grids(
+        [(out, np.where(out == -1, PLACEHOLDER, ORDINARY), title)],
+        vocab,
+        0.7 + 0.45 * out.shape[0],
+        "Each row holds the tokens its request produced, left to right, then -1. A request with k drafts has "
+        "its bonus column at k: column 0 for one without drafts.",
+        cols=[f"column {j}" for j in range(out.shape[1])],
+        rows=step.req_ids,
+    )
 
 
 def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
@@ -219,36 +152,26 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
     if not stats:
         raise ValueError("stats is empty: pass at least one run's SpecDecodingStats")
     k = max(s.num_spec_tokens for s in stats.values())
-    width = 0.8 / len(stats)
+    lengths = [np.bincount(s.acceptance_lengths, minlength=k + 2)[1:] for s in stats.values()]
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 3.4))
         ax1, ax2 = fig.subplots(1, 2)
-        for i, (name, s) in enumerate(stats.items()):
-            offset = (i - (len(stats) - 1) / 2) * width
-            ax1.bar(np.arange(k) + offset, s.acceptance_rate_per_pos, width, label=name)
-            lengths = np.bincount(s.acceptance_lengths, minlength=k + 2)[1:]
-            ax2.bar(np.arange(1, k + 2) + offset, lengths / max(lengths.sum(), 1), width)
-        ax1.set(
-            xticks=range(k),
-            xticklabels=[f"draft {j + 1}" for j in range(k)],
-            ylim=(0, 1),
-            ylabel="accepted / drafted",
-            title="acceptance rate per position",
+        style.grouped_bars(
+            ax1, np.arange(k), [(n, s.acceptance_rate_per_pos, None) for n, s in stats.items()]
         )
-        ax2.set(
-            xticks=range(1, k + 2),
-            xlabel="tokens per target pass (1 + accepted)",
-            ylabel="fraction",
-            title="acceptance length",
-        )
+        style.grouped_bars(ax2, np.arange(1, k + 2), [(None, n / max(n.sum(), 1), None) for n in lengths])
+        ax1.set(xticks=range(k), xticklabels=[f"draft {j + 1}" for j in range(k)], ylim=(0, 1))
+        ax1.set(ylabel="accepted / drafted", title="acceptance rate per position")
+        ax2.set(xticks=range(1, k + 2), xlabel="tokens per target pass (1 + accepted)", ylabel="fraction")
+        ax2.set_title("acceptance length")
         fig.legend(
             *ax1.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(stats)
         )
         fig.subplots_adjust(top=0.78, wspace=0.3)
         style.caption(
             fig,
-            "Left: each later draft is accepted less often, because it is only verified when "
-            "every draft before it was accepted. Right: how many tokens one target pass yields.",
+            "Left: each later draft is accepted less often, because it is only verified when every draft "
+            "before it was accepted. Right: how many tokens one target pass yields.",
         )
     plt.close(fig)
     return fig

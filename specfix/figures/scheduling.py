@@ -1,10 +1,9 @@
-"""Chapter 1's figures for the two scheduling modes: what every request's draft slots held in every engine
-step, a table of what became of the ``-1`` slots, and one request's slots followed from the scheduler to the
-embedding.
+"""Chapter 1's figures and paragraphs for the two scheduling modes: what every request's draft slots held in
+every engine step, what became of the ``-1`` slots, and one request's slots from scheduler to embedding.
 
-The data come from :mod:`specfix.lab.scheduling`. Colours follow :mod:`specfix.figures.style`: orange is a
-``-1`` that reaches the embedding (only the clamp keeps it from crashing there), green a ``-1`` the runner
-overwrote with a real draft. Each function returns its Figure already closed in pyplot.
+The data come from :mod:`specfix.lab.scheduling`. Orange is a ``-1`` that reaches the embedding (only the
+clamp keeps it from crashing there), green a ``-1`` the runner overwrote with a real draft. Figures come back
+closed in pyplot.
 """
 
 from __future__ import annotations
@@ -13,109 +12,93 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib import colors
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from specfix.figures import style
 from specfix.lab.scheduling import SLOT_KINDS, placeholder_counts, slot_kinds
 from specfix.v1.engine import GenerateResult
 from specfix.v1.model_runner import StepTrace
 
-
-def _light(color: str, amount: float = 0.55) -> str:
-    rgb = np.array(colors.to_rgb(color))
-    return colors.to_hex((1 - amount) * rgb + amount)
-
-
 #: One fill per entry of :data:`specfix.lab.scheduling.SLOT_KINDS`.
-KIND_FILLS = ("#ffffff", "#e6e6e6", _light(style.NEUTRAL), _light(style.FIXED), style.PLACEHOLDER)
+KIND_FILLS = (
+    "#ffffff",
+    "#e6e6e6",
+    style.light(style.NEUTRAL, 0.55),
+    style.light(style.FIXED, 0.55),
+    style.PLACEHOLDER,
+)
 
 
-def _require_trace(name: str, result: GenerateResult) -> None:
-    if not isinstance(result, GenerateResult):
-        raise TypeError(f"runs[{name!r}] must be a GenerateResult, got {type(result).__name__}")
-    if not result.trace:
-        raise ValueError(f"runs[{name!r}] has no trace: run it with record=True")
-
-
-def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
-    """One panel per run: a row per request, a column per engine step, each cell coloured by what the
-    request's draft slots held when the embedding read them (:data:`SLOT_KINDS`), with the number of
-    slots written in it."""
+def _require_traces(runs: Mapping[str, GenerateResult]) -> None:
     if not runs:
         raise ValueError("runs is empty: pass at least one recorded run")
     for name, result in runs.items():
-        _require_trace(name, result)
+        if not isinstance(result, GenerateResult):
+            raise TypeError(f"runs[{name!r}] must be a GenerateResult, got {type(result).__name__}")
+        if not result.trace:
+            raise ValueError(f"runs[{name!r}] has no trace: run it with record=True")
+
+
+def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
+    """A panel per run, a row per request, a column per engine step: each cell coloured by what the request's
+    draft slots held when the embedding read them (:data:`SLOT_KINDS`), with the number of slots in it."""
+    _require_traces(runs)
     width = max(len(r.trace) for r in runs.values())
-    height = sum(len(r.outputs) for r in runs.values())
+    height = 1.0 + 0.42 * sum(len(r.outputs) for r in runs.values()) + 0.5 * len(runs)
     with style.apply():
-        fig = plt.figure(
-            figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN), 1.0 + 0.42 * height + 0.5 * len(runs))
-        )
-        axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
-        for ax, (name, result) in zip(axes, runs.items(), strict=True):
+        fig = plt.figure(figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN), height))
+        for ax, (name, result) in zip(
+            fig.subplots(len(runs), 1, squeeze=False)[:, 0], runs.items(), strict=True
+        ):
             kinds = slot_kinds(result)
-            grid = np.full((len(kinds), width), -1)
-            for row, values in enumerate(kinds.values()):
+            grid = np.zeros((len(kinds), width), dtype=int)  # a step past the run's end: kind 0
+            texts = np.full((len(kinds), width), "", dtype=object)
+            for row, (req_id, values) in enumerate(kinds.items()):
                 grid[row, : len(values)] = values
-            shown = np.where(grid < 0, 0, grid)
-            ax.imshow(
-                shown, cmap=colors.ListedColormap(KIND_FILLS), vmin=0, vmax=len(KIND_FILLS) - 1, aspect="auto"
-            )
-            for step, trace in enumerate(result.trace):
-                spec = trace.scheduler_output.scheduled_spec_decode_tokens
-                for row, req_id in enumerate(kinds):
-                    if req_id in spec:
-                        ax.text(step, row, str(len(spec[req_id])), ha="center", va="center", fontsize=8)
-            ax.set_yticks(range(len(kinds)), [f"request {r}" for r in kinds])
-            ax.set_xticks(range(width), range(width))
-            ax.set_xlabel("engine step")
+                for step, trace in enumerate(result.trace):
+                    spec = trace.scheduler_output.scheduled_spec_decode_tokens
+                    texts[row, step] = str(len(spec[req_id])) if req_id in spec else ""
+            style.cells(ax, grid, KIND_FILLS, texts, ylabels=[f"request {r}" for r in kinds])
+            ax.set(xlabel="engine step")
             ax.set_title(name, loc="left")
-            ax.grid(False)
-        style.key_below(
-            fig,
-            [
-                Patch(facecolor=f, edgecolor="#888888", label=k)
-                for f, k in zip(KIND_FILLS, SLOT_KINDS, strict=True)
-            ],
-        )
+        style.legend_below(fig, handles=style.patches(KIND_FILLS, SLOT_KINDS))
         style.caption(
             fig,
-            "Each number is a request's draft slots in that step. Orange: a -1 the embedding "
-            "reads, which only the clamp makes safe; green: a -1 the runner overwrote with the "
-            "drafter's previous proposals before the forward.",
+            "Each number is a request's draft slots in that step. Orange: a -1 the embedding reads, which "
+            "only the clamp makes safe; green: a -1 the runner overwrote with the drafter's previous "
+            "proposals before the forward.",
         )
     plt.close(fig)
     return fig
 
 
 def placeholder_table(runs: Mapping[str, GenerateResult]):
-    """One row per run: batches, draft slots verified, and the ``-1`` slots written, overwritten by the
-    runner and reaching the embedding (:func:`specfix.lab.scheduling.placeholder_counts`)."""
+    """A row per run: batches, draft slots verified, and the ``-1`` slots written, overwritten by the runner
+    and reaching the embedding (:func:`specfix.lab.scheduling.placeholder_counts`)."""
     import pandas as pd
 
-    if not runs:
-        raise ValueError("runs is empty: pass at least one recorded run")
-    for name, result in runs.items():
-        _require_trace(name, result)
+    _require_traces(runs)
     return pd.DataFrame({name: placeholder_counts(result) for name, result in runs.items()}).T
 
 
 #: Fills of :func:`follow_placeholder`: an ordinary id, a -1, a real draft written over a -1, a clamped -1.
-_STAGE_FILLS = ("#eeeeee", style.PLACEHOLDER, _light(style.FIXED), _light(style.FIXED, 0.8))
+_STAGE_FILLS = ("#eeeeee", style.PLACEHOLDER, style.light(style.FIXED, 0.55), style.light(style.FIXED, 0.8))
 _STAGE_LABELS = (
     "token id",
     "-1 (PLACEHOLDER_TOKEN_ID)",
     "real draft written over a -1",
     "was -1, clamped to 0",
 )
+_STAGES = (
+    "SchedulerOutput.scheduled_spec_decode_tokens\n(= token_ids_cpu, verbatim)",
+    "input_ids on the device,\nafter _prepare_input_ids",
+    "input_ids after _preprocess:\nwhat nn.Embedding reads",
+)
 
 
 def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Figure:
     """One request's draft slots in one step, stage by stage: what the scheduler sent (and the runner wrote
-    verbatim into ``token_ids_cpu``), what ``input_ids`` holds on the device after ``_prepare_input_ids``,
-    and what the embedding receives after ``_preprocess``."""
+    verbatim into ``token_ids_cpu``), ``input_ids`` on the device, and what the embedding receives."""
     spec = step.scheduler_output.scheduled_spec_decode_tokens
     if req_id not in step.req_ids or req_id not in spec:
         raise ValueError(f"request {req_id!r} has no draft slots in this step")
@@ -125,39 +108,25 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
     embedded = step.embedding_input[end - len(sent) : end].numpy()
     ids = np.stack([sent, device, embedded])
     kinds = np.where(ids == -1, 1, 0)
-    overwritten = (sent == -1) & (device != -1)  # the runner wrote a real draft over the -1 on the device
-    kinds[1:, overwritten] = 2
+    kinds[1:, (sent == -1) & (device != -1)] = 2  # the runner wrote a real draft over the -1 on the device
     kinds[2, (device == -1) & (embedded != -1)] = 3
-    names = [
-        "SchedulerOutput.scheduled_spec_decode_tokens\n(= token_ids_cpu, verbatim)",
-        "input_ids on the device,\nafter _prepare_input_ids",
-        "input_ids after _preprocess:\nwhat nn.Embedding reads",
-    ]
+    texts = [[f"{t}\n{vocab[t] if 0 <= t < len(vocab) else ''}" for t in row] for row in ids]
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 2.6))
         ax = fig.subplots()
-        ax.imshow(
-            kinds, cmap=colors.ListedColormap(_STAGE_FILLS), vmin=0, vmax=len(_STAGE_FILLS) - 1, aspect="auto"
+        style.cells(
+            ax, kinds, _STAGE_FILLS, texts, [f"draft slot {j + 1}" for j in range(len(sent))], _STAGES
         )
-        for (r, c), t in np.ndenumerate(ids):
-            word = vocab[t] if 0 <= t < len(vocab) else ""
-            ax.text(c, r, f"{t}\n{word}", ha="center", va="center", fontsize=8)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
-        ax.set_xticks(range(len(sent)), [f"draft slot {j + 1}" for j in range(len(sent))], fontsize=8)
-        ax.grid(False)
         ax.set_title(f"request {req_id}: its draft slots in one step", loc="left")
-        style.key_below(
-            fig,
-            [
-                Patch(facecolor=_STAGE_FILLS[i], edgecolor="#888888", label=_STAGE_LABELS[i])
-                for i in sorted(set(np.unique(kinds)))
-            ],
+        shown = sorted(set(np.unique(kinds).tolist()))
+        style.legend_below(
+            fig, handles=style.patches([_STAGE_FILLS[i] for i in shown], [_STAGE_LABELS[i] for i in shown])
         )
         style.caption(
             fig,
-            "The scheduler's -1 reaches the device as it is; it becomes a real draft only "
-            "where the runner has proposals for the request from the step before, and is "
-            "otherwise clamped to 0 for the embedding.",
+            "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
+            "has proposals for the request from the step before, and is otherwise clamped to 0 for the "
+            "embedding.",
         )
     plt.close(fig)
     return fig

@@ -1,9 +1,8 @@
-"""The one figure style of the suite: fixed colours, readable sizes, a caption under each.
+"""The one figure style of the suite: fixed colours, readable sizes, a caption under each figure.
 
-Use ``with style.apply(): fig, ax = plt.subplots(...)`` (a context, so nothing global changes for the
-reader's own plots) and :func:`caption` under the figure. Colours always mean the same thing:
-``FIXED`` (fix on), ``BUGGY`` (fix off), ``PLACEHOLDER`` (a -1 slot), ``PADDING`` (a padded row),
-``NEUTRAL``. No backend is chosen here: figures render inline in Jupyter and off-screen in tests.
+Draw inside ``with style.apply():`` (nothing global changes for the reader's own plots) and put
+:func:`caption` under the figure. Colours always mean the same thing: ``FIXED`` (fix on), ``BUGGY`` (fix
+off), ``PLACEHOLDER`` (a -1 slot), ``PADDING`` (a padded row), ``NEUTRAL`` (anything else).
 """
 
 from __future__ import annotations
@@ -11,6 +10,10 @@ from __future__ import annotations
 import contextlib
 
 import matplotlib as mpl
+import numpy as np
+from matplotlib import colors
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
 FIXED = "#1b7837"  # green: the fixed code path
 BUGGY = "#c51b7d"  # magenta: the buggy path (readable with black or white text)
@@ -22,16 +25,10 @@ THIRD = "#35978f"  # teal: a third series beside NEUTRAL and ACCENT
 SERIES = (NEUTRAL, ACCENT, THIRD)  # series colours, in order
 CEILING = "#444444"  # dark grey: a hardware ceiling or a threshold line
 
-#: The width, in CSS px, of the book's text column (sphinx-book-theme at 1280 px); JupyterLab's output area
-#: is a little wider. A figure drawn wider is scaled down to it, and its text with it.
-COLUMN_PX = 688
-#: A figure as wide as the column: 688 px is 7.17 in of SVG; the rest is room for the tight bounding box.
-WIDTH_IN = 7.0
-#: No text in a figure is set smaller than this (ticks, legends, table cells, captions).
-SMALLEST_PT = 8
-#: The smallest text of a figure, once scaled into the column, is at least this tall (CSS px, em size;
-#: the body text is 16 px, code 14 px). Checked by the book check and the figures' tests.
-MIN_TEXT_PX = 9.0
+COLUMN_PX = 688  # CSS px of the book's text column (sphinx-book-theme at 1280 px); wider figures shrink
+WIDTH_IN = 7.0  # a column-wide figure: 7.17 in of SVG, less room for the tight bounding box
+SMALLEST_PT = 8  # no text in a figure is smaller (ticks, legends, table cells, captions)
+MIN_TEXT_PX = 9.0  # the smallest text once scaled into the column, CSS px (body text is 16 px)
 
 RC = {
     "figure.dpi": 100,
@@ -53,11 +50,10 @@ RC = {
 
 @contextlib.contextmanager
 def apply():
-    """The suite's rcParams for the figures drawn inside the block; on leaving, only these keys go back.
+    """The suite's rcParams inside the block; on leaving, only these keys go back.
 
-    Not ``mpl.rc_context``: it restores every rcParam, ``interactive`` among them, and the first pyplot
-    figure of a Jupyter kernel is where IPython's inline backend switches interactive mode on. Rolled back,
-    every later figure that is neither shown nor a cell's value would silently never be displayed.
+    Not ``mpl.rc_context``: it also rolls back ``interactive``, which IPython's inline backend switches on
+    at a kernel's first figure, and every later figure neither shown nor a cell's value would vanish.
     """
     saved = {key: mpl.rcParams[key] for key in RC}
     mpl.rcParams.update(RC)
@@ -68,12 +64,9 @@ def apply():
 
 
 def watch_figures(shell=None) -> bool:
-    """Fail each cell that leaves a pyplot figure undisplayed (neither shown nor the cell's value).
+    """Fail each cell that leaves a pyplot figure undisplayed; True where a shell was found to watch.
 
-    With IPython's inline backend a figure still open once the cell has ended was never drawn: the cell's
-    reply turns to an error naming the figures, which are then closed. ``make notebooks``, the book and
-    ``make lab-check`` switch this on through ``SPECFIX_CHECK_FIGURES=1`` (read when specfix is imported).
-    Returns whether a shell was found to watch.
+    Switched on by ``SPECFIX_CHECK_FIGURES=1`` (``make notebooks``, the book, ``make lab-check``).
     """
     if shell is None:
         try:
@@ -117,22 +110,22 @@ def _fail_on_undisplayed(result) -> None:
 
 def caption(fig, text: str) -> None:
     """Write ``text`` under the figure: what to look at, in one or two sentences."""
-    fig.text(
-        0.01,
-        -0.02,
-        text,
-        ha="left",
-        va="top",
-        wrap=True,
-        fontsize=9,
-        style="italic",
-        transform=fig.transFigure,
-    )
+    fig.text(0.01, -0.02, text, ha="left", va="top", wrap=True, fontsize=9, style="italic")
 
 
-def legend_below(fig, ax, ncol: int = 2, handles=None) -> None:
-    """``ax``'s legend (its artists', or ``handles``) in a strip under the axes, not beside them, so that the
-    figure keeps its width (the column's): the figure grows by the strip and its axes are laid out above."""
+def light(colour: str, amount: float = 0.7) -> str:
+    """``colour`` mixed with ``amount`` of white: a fill on which black text reads."""
+    return colors.to_hex((1 - amount) * np.array(colors.to_rgb(colour)) + amount)
+
+
+def patches(fills, labels) -> list[Patch]:
+    """A colour key's handles: one swatch per fill, named by its label."""
+    return [Patch(facecolor=f, edgecolor="#888888", label=k) for f, k in zip(fills, labels, strict=True)]
+
+
+def legend_below(fig, ax=None, ncol: int = 2, handles=None, **kwargs) -> None:
+    """A legend of ``ax`` (its artists, or ``handles``), or of the figure where ``ax`` is None, in a strip under
+    the axes: the figure grows by the strip and keeps the column's width."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
     else:
@@ -140,27 +133,40 @@ def legend_below(fig, ax, ncol: int = 2, handles=None) -> None:
     strip = 0.15 + 0.2 * -(-len(labels) // ncol)
     fig.set_figheight(fig.get_figheight() + strip)
     fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
-    ax.legend(
-        handles,
-        labels,
-        loc="lower center",
-        bbox_to_anchor=(0.5, 0.0),
-        bbox_transform=fig.transFigure,
-        ncol=ncol,
-    )
+    where = dict(loc="lower center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure, ncol=ncol)
+    (fig if ax is None else ax).legend(handles, labels, **where, **kwargs)
 
 
-def key_below(fig, handles, ncol: int = 2) -> None:
-    """A colour key (legend ``handles``) for the whole figure in a strip under its axes, as legend_below."""
-    strip = 0.15 + 0.2 * -(-len(handles) // ncol)
-    fig.set_figheight(fig.get_figheight() + strip)
-    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
-    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 0.0), ncol=ncol)
+def cells(ax, kinds, fills, texts=None, xlabels=None, ylabels=None, text_colours=None) -> None:
+    """A grid of cells, each filled by its kind (an index into ``fills``) and labelled by ``texts`` (an
+    empty text leaves the cell blank) in black or ``text_colours[kind]``; ticks name the columns and rows."""
+    kinds = np.atleast_2d(kinds)
+    ax.imshow(kinds, cmap=colors.ListedColormap(fills), vmin=0, vmax=len(fills) - 1, aspect="auto")
+    for (r, c), text in np.ndenumerate(np.atleast_2d(np.asarray([] if texts is None else texts, object))):
+        if text:
+            colour = text_colours[kinds[r, c]] if text_colours else "black"
+            ax.text(c, r, text, ha="center", va="center", fontsize=SMALLEST_PT, color=colour)
+    rows, cols = kinds.shape
+    ax.set_xticks(range(cols), xlabels if xlabels is not None else range(cols), fontsize=SMALLEST_PT)
+    if ylabels is None:
+        ax.set_yticks([])
+    else:
+        ax.set_yticks(range(rows), ylabels, fontsize=SMALLEST_PT)
+    ax.grid(False)
+
+
+def grouped_bars(ax, x, series, **kwargs) -> None:
+    """Bars side by side at each ``x``: one per ``(label, heights, colour)`` of ``series`` (colour None: the
+    style's cycle)."""
+    width = 0.8 / len(series)
+    for i, (label, heights, colour) in enumerate(series):
+        at = np.asarray(x) + (i - (len(series) - 1) / 2) * width
+        ax.bar(at, heights, width, label=label, color=colour, **kwargs)
 
 
 def wrap(text: str, chars: int = 110) -> str:
-    """``text`` broken into lines of at most ``chars`` characters (8 pt across a WIDTH_IN figure): a long
-    line, such as a recording's source, would otherwise widen the figure past the column."""
+    """``text`` in lines of at most ``chars`` characters (8 pt across a WIDTH_IN figure), so that a long line
+    cannot widen the figure past the column."""
     import textwrap
 
     return "\n".join(textwrap.wrap(text, chars)) or text
@@ -173,17 +179,23 @@ def integer_ticks(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def text_px(natural_px: float, shown_px: float, pt: float = SMALLEST_PT) -> float:
-    """CSS px height of ``pt``-point text once an SVG figure ``natural_px`` wide is shown ``shown_px`` wide.
+def log_ticks(axis, values=None) -> None:
+    """Log-axis labels that cannot collide: at ``values`` only, or at 1, 2 and 5 times each power of ten;
+    thousands separated, no minor labels."""
+    locator = FixedLocator(sorted({float(v) for v in values})) if values is not None else None
+    axis.set_major_locator(locator or LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
 
-    An SVG figure is ``inches * 72`` pt wide, which a browser shows as ``inches * 96`` px at natural size.
-    """
-    return pt * 96 / 72 * min(1.0, shown_px / natural_px)
+
+def text_px(natural_px: float, shown_px: float, pt: float = SMALLEST_PT) -> float:
+    """CSS px height of ``pt``-point text in an SVG figure ``natural_px`` wide shown ``shown_px`` wide."""
+    return pt * 96 / 72 * min(1.0, shown_px / natural_px)  # an SVG inch is 72 pt and 96 CSS px
 
 
 def legibility(fig) -> dict:
     """What a reader gets from ``fig`` in the column: its natural width (CSS px, as the inline backend saves
-    it, bbox_inches="tight"), its smallest text (pt), and that text's size once scaled into the column."""
+    it), its smallest text (pt), and that text's size once scaled into the column (CSS px)."""
     import io
     import re
 
@@ -202,10 +214,8 @@ def legibility(fig) -> dict:
 
 
 def tidy(frame, digits: int = 1):
-    """A table as the chapters show it: a column of whole numbers without decimals (a count reads 95, not
-    95.0), other numbers to ``digits`` places, thousands separated, a missing value as "-" (never NaN or
-    <NA>), and column names with spaces for underscores (a header can then wrap onto a second line).
-    Returns a copy of ``frame`` holding strings; the numbers stay in ``frame``."""
+    """A copy of ``frame`` as strings for the page: whole-number columns without decimals, others to
+    ``digits`` places, thousands separated, a missing value as "-", spaces for underscores in the headers."""
     import pandas as pd
 
     def missing(value) -> bool:
@@ -220,7 +230,6 @@ def tidy(frame, digits: int = 1):
         present = values.dropna().astype(float)
         spec = ",.0f" if len(present) and (present == present.round()).all() else f",.{digits}f"
         out[column] = values.map(lambda v, spec=spec: "-" if missing(v) else format(float(v), spec))
-    spaced = {name: name.replace("_", " ") for name in out.columns if isinstance(name, str)}
-    out = out.rename(columns=spaced)
+    out = out.rename(columns={name: name.replace("_", " ") for name in out.columns if isinstance(name, str)})
     out.index.names = [n.replace("_", " ") if isinstance(n, str) else n for n in out.index.names]
     return out

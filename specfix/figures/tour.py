@@ -1,9 +1,5 @@
-"""Chapter 0's figures and tables: one speculative step drawn box by box, the map of the course read from the
-chapters themselves, and the map of the package by role read from the modules' docstrings.
-
-One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned) and leaves
-showing it to the notebook.
-"""
+"""Chapter 0's figures and tables: one speculative step drawn box by box, the course map read from the
+chapters, the package map read from the modules' docstrings, and the vLLM releases side by side."""
 
 from __future__ import annotations
 
@@ -14,14 +10,12 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.colors import to_rgb
-from matplotlib.patches import FancyBboxPatch, Patch
+from matplotlib.patches import FancyBboxPatch
 
 from specfix.figures import style
 from specfix.tools.mirrors import release_rows, roles, vllm_map
 
-#: Where the chapters live (the repository's notebooks/ folder, next to the package).
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the chapters, next to the package
 
 #: The course in order: each chapter's notebook and, in one line, what it teaches.
 COURSE = (
@@ -52,26 +46,22 @@ COURSE = (
     ("05_performance", "what each fix costs and how close the kernels come to the H200's limits"),
 )
 
-#: Roles shown in the module map, in reading order (figures and exercises are the chapters' own helpers).
-MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")
-
-# Box fills: light tints, so the black words on them stay readable.
-_TINT = 0.3
-_DRAFT_FILL = {
-    "accept": style.FIXED,
-    "reject": style.BUGGY,
-    "placeholder": style.PLACEHOLDER,
-    "unreached": style.PADDING,
+MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")  # the module map's roles, in reading order
+_CONTEXT_WORDS = 4  # context words drawn before the drafts (the last ones)
+#: Each box's meaning and colour, in the key's order.
+_KINDS = {
+    "context": style.PADDING,
+    "draft accepted": style.FIXED,
+    "draft rejected": style.BUGGY,
+    "placeholder -1": style.PLACEHOLDER,
+    "recovered": style.NEUTRAL,
+    "bonus": style.ACCENT,
 }
-#: Context words drawn before the drafts (the last ones; the figure says how many it leaves out).
-_CONTEXT_WORDS = 4
-_TARGET_FILL = {"accept": style.FIXED, "recover": style.NEUTRAL, "bonus": style.ACCENT}
 
 
 def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
-    """Greedy verification, slot by slot: ``accept`` while a draft equals the target's choice, then
-    ``recover`` (the target's token replaces the first mismatch) and nothing after it; ``bonus`` after the
-    last draft when every draft was accepted. ``choices`` has one entry more than ``drafts``."""
+    """Greedy verification slot by slot: ``accept`` while a draft equals the target's choice, then ``recover``
+    at the first mismatch and nothing after it; ``bonus`` when every draft was accepted."""
     if len(choices) != len(drafts) + 1:
         raise ValueError(
             f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, got {len(choices)}"
@@ -84,15 +74,16 @@ def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
     return [*out, "bonus"]
 
 
-def _tint(colour: str) -> tuple[float, float, float]:
-    """``colour`` mixed with white: a light fill on which black text reads."""
-    r, g, b = to_rgb(colour)
-    return tuple(_TINT * c + (1 - _TINT) for c in (r, g, b))
-
-
-def _box(ax, x, y, text, fill):
-    ax.add_patch(FancyBboxPatch((x, y), 0.9, 0.6, boxstyle="round,pad=0.02", fc=_tint(fill), ec="#777"))
+def _box(ax, x, y, text, kind):
+    fill = style.light(_KINDS[kind])
+    ax.add_patch(FancyBboxPatch((x, y), 0.9, 0.6, boxstyle="round,pad=0.02", fc=fill, ec="#777"))
     ax.text(x + 0.45, y + 0.3, text, ha="center", va="center", fontsize=9, color="black")
+
+
+def _draft_kind(draft: int, outcome: str | None) -> str:
+    if draft < 0:
+        return "placeholder -1"
+    return "context" if outcome is None else "draft accepted" if outcome == "accept" else "draft rejected"
 
 
 def step_figure(
@@ -102,70 +93,39 @@ def step_figure(
     word: Callable[[int], str],
     title: str,
 ):
-    """One speculative step: the last context words, then one column per draft slot with the draft on top
-    and what the target emits below it (accepted, recovered or bonus), and nothing past the first mismatch.
-
-    ``choices`` are the target's own tokens at the ``len(drafts) + 1`` positions; ``word`` names a token id
-    (a ``-1`` is drawn as ``-1``)."""
+    """One speculative step: the last context words, then a column per draft slot with the draft on top and
+    what the target emits below it, nothing past the first mismatch (``word`` names a token id)."""
     outcomes = step_outcomes(drafts, choices)
     name = lambda i: "-1" if i < 0 else word(i)
+    shown = list(context[-_CONTEXT_WORDS:])
+    cut = len(context) - len(shown)
     with style.apply():
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 2.2))
         ax.set_axis_off()
         ax.set_title(title, loc="left")
-        x = 0.0
-        shown = list(context[-_CONTEXT_WORDS:])
-        for i, token in enumerate(shown):
-            # "..." before the first word shown says that earlier context words are left out
-            more = "... " if i == 0 and len(context) > len(shown) else ""
-            _box(ax, x, 1.0, more + name(token), style.PADDING)
-            x += 1.0
-        for slot in range(len(drafts) + 1):
-            if slot < len(drafts):
-                kind = (
-                    "placeholder"
-                    if drafts[slot] < 0
-                    else "unreached"
-                    if slot >= len(outcomes)
-                    else "accept"
-                    if outcomes[slot] == "accept"
-                    else "reject"
-                )
-                _box(ax, x, 1.0, name(drafts[slot]), _DRAFT_FILL[kind])
-            if slot < len(outcomes):
-                _box(ax, x, 0.1, name(choices[slot]), _TARGET_FILL[outcomes[slot]])
-                ax.text(x + 0.45, -0.15, outcomes[slot], ha="center", va="center", fontsize=8)
-            x += 1.0
+        for x, token in enumerate(shown):
+            _box(ax, x, 1.0, ("... " if x == 0 and cut else "") + name(token), "context")  # "...": words cut
+        for slot, x in enumerate(range(len(shown), len(shown) + len(drafts) + 1)):
+            outcome = outcomes[slot] if slot < len(outcomes) else None
+            if slot < len(drafts):  # a draft past the first mismatch is never reached: grey
+                _box(ax, x, 1.0, name(drafts[slot]), _draft_kind(drafts[slot], outcome))
+            if outcome:
+                kind = {"accept": "draft accepted", "recover": "recovered", "bonus": "bonus"}[outcome]
+                _box(ax, x, 0.1, name(choices[slot]), kind)
+                ax.text(x + 0.45, -0.15, outcome, ha="center", va="center", fontsize=8)
         ax.text(-0.2, 1.3, "draft", ha="right", va="center")
         ax.text(-0.2, 0.4, "target", ha="right", va="center")
-        ax.set(xlim=(-1.2, x + 0.2), ylim=(-0.4, 1.8))
-        kinds = [
-            ("context", style.PADDING),
-            ("draft accepted", style.FIXED),
-            ("draft rejected", style.BUGGY),
-            ("placeholder -1", style.PLACEHOLDER),
-            ("recovered", style.NEUTRAL),
-            ("bonus", style.ACCENT),
-        ]
-        style.legend_below(
-            fig, ax, ncol=3, handles=[Patch(fc=_tint(c), ec="#777", label=k) for k, c in kinds]
-        )
-        left_out = (
-            f" The context shows its last {len(shown)} words ('...' marks the "
-            f"{len(context) - len(shown)} before them)."
-            if len(context) > len(shown)
-            else ""
-        )
+        ax.set(xlim=(-1.2, len(shown) + len(drafts) + 1.2), ylim=(-0.4, 1.8))
+        key = style.patches([style.light(c) for c in _KINDS.values()], _KINDS)
+        style.legend_below(fig, ax, ncol=3, handles=key)
+        left_out = f" The context shows its last {len(shown)} words ('...' marks the {cut} before them)."
         style.caption(
             fig,
-            "Read each column top to bottom: the target keeps a draft it would have chosen "
-            "itself, replaces the first one it would not, and stops there; if it keeps all of "
-            "them it adds its own next token, the bonus." + left_out,
+            "Read each column top to bottom: the target keeps a draft it would have chosen itself, replaces "
+            "the first one it would not, and stops there; if it keeps all of them it adds its own next "
+            "token, the bonus." + (left_out if cut else ""),
         )
     return fig
-
-
-# --------------------------------------------------------------------------------------------- the course
 
 
 def chapter_header(path: Path | str) -> dict[str, str]:
@@ -182,8 +142,7 @@ def chapter_header(path: Path | str) -> dict[str, str]:
 
 
 def course_map(notebooks: Path | str = NOTEBOOKS) -> str:
-    """The map of the course as a markdown table: each chapter linked by its own title, what it teaches,
-    and its time as the chapter states it."""
+    """The course as a markdown table: each chapter linked by its own title, what it teaches, its time."""
     rows = ["| chapter | what it teaches | time |", "|---|---|---|"]
     for number, (stem, teaches) in enumerate(COURSE):
         path = Path(notebooks) / f"{stem}.ipynb"
@@ -195,8 +154,7 @@ def course_map(notebooks: Path | str = NOTEBOOKS) -> str:
 
 
 def module_map() -> dict[str, pd.DataFrame]:
-    """The package by role: for each of :data:`MAP_ROLES`, its modules, the vLLM files they mirror and their
-    one-line summaries (read from the docstrings, so the map cannot drift from the code)."""
+    """Per role of :data:`MAP_ROLES`: its modules, the vLLM files they mirror and their one-line summaries."""
     table = pd.DataFrame(vllm_map())
     out = {}
     for role in MAP_ROLES:
@@ -217,19 +175,14 @@ def role_titles() -> dict[str, str]:
 
 
 def module_map_text() -> str:
-    """:func:`module_map` as markdown, one list per role: each module, the vLLM files it mirrors and its
-    summary. A list wraps at any width, where a table of long paths and sentences would overflow the page."""
+    """:func:`module_map` as markdown lists (a list wraps at any width, a table of long paths would not)."""
     titles, parts = role_titles(), []
     for role, table in module_map().items():
         head = "**top level**" if role == "specfix" else f"**`specfix.{role}`**"
         parts.append(f"{head}: {titles[role]}\n")
         for module, row in table.iterrows():
-            files = [f.strip() for f in row["mirrors"].split(",")]
-            mirrors = (
-                ""
-                if row["mirrors"] == "(specfix's own)"
-                else " (mirrors " + ", ".join(f"`{f}`" for f in files) + ")"
-            )
+            files = ", ".join(f"`{f.strip()}`" for f in row["mirrors"].split(","))
+            mirrors = "" if row["mirrors"] == "(specfix's own)" else f" (mirrors {files})"
             parts.append(f"- `{module}`{mirrors}: {docstring_markdown(row['summary'])}")
         parts.append("")
     return "\n".join(parts)
