@@ -243,7 +243,7 @@ class _Facts:
         self.spec, self.spec_reasons = _spec_state(self.scan)
         self.frames = self.err["frames"] if self.err else []
         self.first = self.asserts[0] if self.asserts else None
-        if self.first:
+        if self.first:  # how the first reason of every rule about an assert starts, and its line
             self.at = f"the first assert is in {self.first['kernel']} ({self.first['where']})"
             self.kernel_line = [self.first["first_line"]]
 
@@ -446,7 +446,7 @@ _RULES = (
 )
 
 _RESTART = "Restart the worker: after a device-side assert its CUDA context is unusable."
-# verdict -> what to do; {upgrade} is left out when the logged version has the fix, {name_op} is _name_op's.
+# verdict -> what to do; _advice fills in {upgrade} (left out once fixed), {until} and {name_op}.
 _ADVICE = {
     "placeholder_embedding": [
         "{upgrade}",

@@ -290,9 +290,8 @@ class Scan:
     def _facts(self, line: str, n: int) -> None:
         for kind, (mark, _) in ERRORS.items():
             if mark in line:
-                self.errors.setdefault(kind, {"count": 0, "line": n, "text": line.strip()[:300]})[
-                    "count"
-                ] += 1
+                err = self.errors.setdefault(kind, {"count": 0, "line": n, "text": line.strip()[:300]})
+                err["count"] += 1
         if "consider passing CUDA_LAUNCH_BLOCKING" in line:
             self.async_hint = True
         elif "CUDA_LAUNCH_BLOCKING" in line and re.search(r"CUDA_LAUNCH_BLOCKING\W{1,3}1\b", line):
