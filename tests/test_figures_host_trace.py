@@ -9,8 +9,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Rectangle
 
-from specfix.figures import performance as perf
-from specfix.figures import style
+from specfix.figures import host_trace, style
 from specfix.tools import recorded
 
 PEER = "vllm_0.33.0"
@@ -101,23 +100,23 @@ def _cpu_fixture():
 
 
 def test_host_rows_and_where_the_host_bound_regime_ends():
-    df = perf.host_rows(FIXTURE)
+    df = host_trace.host_rows(FIXTURE)
     assert len(df) == 10 and df.query("impl == 'specfix' and rows == 64")["host_bound"].item()
     assert not df.query("impl == 'specfix' and rows == 256")["host_bound"].item()
-    assert perf.host_bound_until(FIXTURE, "specfix") == 64
-    assert perf.host_bound_until(FIXTURE, PEER) == 8
-    assert perf.host_bound_until(_cpu_fixture(), "specfix") is None  # no GPU times: nothing to compare
+    assert host_trace.host_bound_until(FIXTURE, "specfix") == 64
+    assert host_trace.host_bound_until(FIXTURE, PEER) == 8
+    assert host_trace.host_bound_until(_cpu_fixture(), "specfix") is None  # no GPU times: nothing to compare
 
 
 def test_step_table_puts_specfix_first_and_leaves_an_uncaptured_replay_empty():
-    steps = perf.step_table(FIXTURE)
+    steps = host_trace.step_table(FIXTURE)
     assert list(steps["impl"]) == ["specfix", PEER]
     assert steps.loc[0, "graph_back_to_back_us"] == 42.0 and steps.loc[0, "eager_host_us"] == 150.0
     assert steps.loc[1, "graph_back_to_back_us"] != steps.loc[1, "graph_back_to_back_us"]  # NaN
 
 
 def test_text_gives_the_recordings_numbers():
-    text = perf.host_trace_text(FIXTURE)
+    text = host_trace.host_trace_text(FIXTURE)
     assert "the host worked 100 us, the GPU was busy 19 us of it (19%) in 3 kernels from 3 launch" in text
     assert "specfix `gumbel_sample` by rows**: host-bound up to 64 rows; from 256 rows the GPU sets" in text
     assert "vLLM 0.33.0 `gumbel_sample` by rows**: host-bound up to 8 rows; from 64 rows" in text
@@ -133,13 +132,13 @@ def test_text_says_where_the_gpu_went_idle_during_a_host_timing():
     trace["rows"][2]["gpu_busy_throughout_host_timing"] = False
     assert (
         "ran out of queued work before the host's timing loop ended (specfix at 64 rows)"
-        in perf.host_trace_text(trace)
+        in host_trace.host_trace_text(trace)
     )
-    assert "ran out of queued work" not in perf.host_trace_text(FIXTURE)
+    assert "ran out of queued work" not in host_trace.host_trace_text(FIXTURE)
 
 
 def test_text_of_a_cpu_recording_says_it_has_no_gpu_times():
-    text = perf.host_trace_text(_cpu_fixture())
+    text = host_trace.host_trace_text(_cpu_fixture())
     assert "ran without a GPU" in text and "sets the pace" not in text and "replayed" not in text
 
 
@@ -149,7 +148,7 @@ def _bars(ax):
 
 @pytest.mark.parametrize("trace", [FIXTURE, _cpu_fixture()], ids=["gpu", "cpu"])
 def test_timeline_figure_draws_every_lane_of_each_implementation(trace):
-    fig = perf.host_timeline_figure(trace, "test source")
+    fig = host_trace.host_timeline_figure(trace, "test source")
     try:
         axes = [ax for ax in fig.axes if ax.axison]
         assert len(axes) == 2
@@ -166,7 +165,7 @@ def test_timeline_figure_draws_every_lane_of_each_implementation(trace):
 
 @pytest.mark.parametrize("trace", [FIXTURE, _cpu_fixture()], ids=["gpu", "cpu"])
 def test_regime_figure_draws_host_and_gpu_by_rows_and_the_step_bars(trace):
-    fig = perf.host_regime_figure(trace, "test source")
+    fig = host_trace.host_regime_figure(trace, "test source")
     try:
         top, bottom = [ax for ax in fig.axes if ax.get_xlabel() or ax.get_ylabel()][:2]
         assert len(top.get_lines()) == (4 if trace is FIXTURE else 2)
@@ -180,20 +179,20 @@ def test_regime_figure_draws_host_and_gpu_by_rows_and_the_step_bars(trace):
 
 
 def test_the_h200_recording_chapter_5_shows_is_labelled_and_names_what_it_ran():
-    trace, source = perf.load_host_trace()
+    trace, source = host_trace.load_host_trace()
     assert source.startswith("RECORDED") and trace["meta"]["device"] in source
     assert trace["meta"]["device"].startswith("NVIDIA") and trace["peer"]["version"] == "0.33.0"
     assert set(trace["impls"]) == {"specfix", PEER} and not trace["errors"]
-    assert perf.host_trace_text(trace).count("replayed from one CUDA graph") == len(trace["graph"])
+    assert host_trace.host_trace_text(trace).count("replayed from one CUDA graph") == len(trace["graph"])
 
 
 def test_chapter_5_shows_the_host_trace_with_its_label():
     cells = json.loads((recorded.ROOT / "notebooks" / "05_performance.ipynb").read_text())["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    (loads,) = [c for c in code if "perf.load_host_trace()" in c]
-    assert "print(TRACE_SOURCE)" in loads and "perf.host_timeline_figure(trace, TRACE_SOURCE)" in loads
+    (loads,) = [c for c in code if "host_trace.load_host_trace()" in c]
+    assert "print(TRACE_SOURCE)" in loads and "host_trace.host_timeline_figure(trace, TRACE_SOURCE)" in loads
     assert any(
-        "perf.host_regime_figure(trace, TRACE_SOURCE)" in c and "perf.host_trace_text(trace)" in c
+        "host_trace.host_regime_figure(trace, TRACE_SOURCE)" in c and "host_trace.host_trace_text(trace)" in c
         for c in code
     )
     titles = [c["source"][0] for c in cells if c["cell_type"] == "markdown" and c["source"]]

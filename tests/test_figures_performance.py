@@ -6,8 +6,8 @@ import json
 import matplotlib.pyplot as plt
 import pytest
 
+from specfix.figures import kernel_profile, style
 from specfix.figures import performance as perf
-from specfix.figures import style
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
 
@@ -24,6 +24,7 @@ FIGURES = [
     "padding_price_figure",
     "rejection_figure",
     "peer_figure",
+    "small_batch_figure",
 ]
 
 
@@ -272,13 +273,13 @@ def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
             {**row, "config": "row per program b2048 w8", "us": 90.0},
         ]
     }
-    (only,) = perf.before_after(sweep).to_dict("records")
+    (only,) = kernel_profile.before_after(sweep).to_dict("records")
     assert (only["multi_tile_us"], only["first_per_tile_us"], only["now_us"]) == (20.0, 30.0, 25.0)
     assert only["slower"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="no 'before: old' rows"):
-        perf.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
+        kernel_profile.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
     with pytest.raises(ValueError, match="no 'default' rows"):
-        perf.before_after(
+        kernel_profile.before_after(
             {
                 "configs": [
                     {**row, "config": "before: old", "us": 25.0},
@@ -290,30 +291,30 @@ def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
 
 def test_profile_table_reads_both_runs_of_the_recorded_profile():
     profile = recorded.load("gumbel_ncu_h200")
-    table = perf.profile_table(profile)
+    table = kernel_profile.profile_table(profile)
     assert len(table) == len(profile["kernels"]) + len(profile["before_register_cap"])
     assert set(table["run"]) == {"final", "before the register cap"}
     final = table[(table.run == "final") & (table.kernel == "today")]
     assert (final["registers_per_thread"] <= final["register_cap"]).all()  # the cap held in the final run
     assert (table["time_us"] > 1).all() and (table["time_us"] < 1e4).all()  # microseconds, not ns
     with pytest.raises(ValueError, match="lacks"):
-        perf.profile_table({"kernels": [{"kernel": "today"}]})
+        kernel_profile.profile_table({"kernels": [{"kernel": "today"}]})
 
 
 def test_chapter_5_texts_are_rendered_from_the_recordings():
     profile, sweep = recorded.load("gumbel_ncu_h200"), recorded.load("gumbel_sweep_before_after_h200")
-    table = perf.profile_table(profile)
+    table = kernel_profile.profile_table(profile)
     today = table[(table.run == "final") & (table.kernel == "today")].set_index("shape").iloc[0]
-    text = perf.profile_text(profile, sweep)
+    text = kernel_profile.profile_text(profile, sweep)
     assert f"{today.grid_size:,.0f} programs" in text and f"{today.waves_per_sm:.2f} of one wave" in text
-    masked = perf.mask_profile_text(profile)
+    masked = kernel_profile.mask_profile_text(profile)
     uncapped = table[(table.run != "final") & table.store & table.masked].iloc[0]
     assert masked.count("- ") == 2  # before the cap, then capped
     assert f"{uncapped.registers_per_thread:.0f} registers" in masked.split("\n")[0]
     no_history = dict(profile, before_register_cap=[])
-    assert perf.mask_profile_text(no_history).count("- ") == 1
-    ba = perf.before_after(sweep)
-    assert f"at {(ba.slower < 0).sum()} of all {len(ba)}" in perf.sweep_text(sweep, H200)
+    assert kernel_profile.mask_profile_text(no_history).count("- ") == 1
+    ba = kernel_profile.before_after(sweep)
+    assert f"at {(ba.slower < 0).sum()} of all {len(ba)}" in kernel_profile.sweep_text(sweep, H200)
     graph = perf.rejection_graph_text(H200)
     assert graph.startswith("Goal: *RejectionSampler.forward captured") and "at 16 (random)" in graph
     cpu = {**H200, "results": [r for r in H200["results"] if r["impl"] != "specfix_triton_graph"]}
@@ -325,7 +326,7 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     assert f"at {batches[0]} requests and" in text and f"at {batches[-1]} (random)" in text
     with pytest.raises(ValueError, match="before: old"):
         only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
-        perf.profile_text({**profile, "kernels": only_today}, sweep)
+        kernel_profile.profile_text({**profile, "kernels": only_today}, sweep)
 
 
 def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
@@ -342,11 +343,11 @@ def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
         first, last = by_rows.iloc[0], by_rows.iloc[-1]
         verb = "grows" if last > first * 1.1 else "falls" if last < first / 1.1 else "stays about the same"
         assert f"against {name} the median speedup {verb}, from {first:.1f}x" in caption
-    prof = perf.profile_table(recorded.load("gumbel_ncu_h200"))
+    prof = kernel_profile.profile_table(recorded.load("gumbel_ncu_h200"))
     final = prof[(prof.run == "final") & (prof["shape"] == "256 x 151,936 fp32") & ~prof.store]
     new, old = (final[final.kernel == k].iloc[0] for k in ("today", "before: old"))
     sweep = recorded.load("gumbel_sweep_before_after_h200")
-    text = perf.profile_text(recorded.load("gumbel_ncu_h200"), sweep)
+    text = kernel_profile.profile_text(recorded.load("gumbel_ncu_h200"), sweep)
     more = new.instructions_per_logit > old.instructions_per_logit
     faster = new.time_us < old.time_us
     assert ("More instructions" if more else "Fewer instructions") in text
@@ -393,7 +394,7 @@ def test_rejection_table_fits_the_page_one_row_per_mode_and_batch():
 
 def test_profile_summary_shows_the_columns_the_text_reads_formatted():
     profile = recorded.load("gumbel_ncu_h200")
-    full, shown = perf.profile_table(profile), perf.profile_summary(profile)
+    full, shown = kernel_profile.profile_table(profile), kernel_profile.profile_summary(profile)
     assert len(shown) == len(full) and len(shown.columns) < len(full.columns)
     assert {"time (us)", "registers per thread", "occupancy %"} <= set(shown.columns)
     registers = shown["registers per thread"].tolist()
@@ -415,3 +416,48 @@ def test_the_drafter_figure_gives_each_drafter_its_own_colour():
     colours = {line.get_label().split(":")[0]: line.get_color() for line in lines}
     assert set(colours) == set(models) and len(set(colours.values())) == 3
     plt.close(fig)
+
+
+def test_small_batch_goals_give_each_goal_its_verdict_and_its_worst_shape():
+    def g(number, status, margin, measured, goal="a goal at some shape"):
+        judged = {"measured": measured, "target": 1.0, "unit": "x"}
+        return {"case": "c", "goal": goal, "issue_goal": number, "status": status, "margin": margin, **judged}
+
+    report = _report(
+        [],
+        goals=[
+            g(1, "pass", "+10.0% vs target", 0.9),
+            g(1, "miss", "-5.0% vs target", 1.05, "the worse one"),
+            g(1, "miss", "-2.0% vs target", 1.02),
+            g(2, "pass", "+3.0% vs target", 1.03, "the tighter one"),
+            g(2, "pass", "+30.0% vs target", 1.3),
+            g(3, "not measured", "", None),
+            {**g(4, "pass", "+0.0% vs target", 1.0), "vllm": {"0.33.0": 7.0}},
+        ],
+    )
+    table = perf.small_batch_goals(report)
+    assert list(table.index) == [1, 2, 3, 4, 5]
+    assert table["status"].tolist() == ["missed", "met", "not measured", "met", "not measured"]
+    assert table.loc[1, "shapes met"] == "1 of 3" and table.loc[1, "worst"] == "the worse one"
+    assert table.loc[1, "measured"] == "1.05x (target 1x)" and table.loc[1, "margin"] == "-5.0% vs target"
+    assert table.loc[2, "worst"] == "the tighter one" and table.loc[4, "vLLM"] == "0.33.0: 7 us"
+    text = perf.small_batch_text(report)
+    assert text.startswith("Met: goals 2, 4. Missed: goals 1.")
+    assert "- **1, host cost per call: missed**, 1 of 3 shapes; the worst miss: *the worse one*" in text
+    assert text.count("\n- ") == 3 and "vLLM beside it: 0.33.0: 7 us." in text
+
+
+def test_small_batch_goals_of_the_recording_match_its_goal_list():
+    table = perf.small_batch_goals(H200)
+    judged_goals = [g for g in H200["goals"] if g.get("issue_goal") and g["status"] in ("pass", "miss")]
+    for number, row in table.iterrows():
+        judged = [g for g in judged_goals if g["issue_goal"] == number]
+        passed = sum(g["status"] == "pass" for g in judged)
+        assert row["shapes met"] == f"{passed} of {len(judged)}"
+        assert row["status"] == ("met" if passed == len(judged) else "missed")
+    fig = perf.small_batch_figure(H200, SOURCE)
+    try:
+        dots = sum(len(c.get_offsets()) for c in fig.axes[0].collections)
+        assert dots == len(judged_goals)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,180 @@
+"""Why the Gumbel kernel lands where it does, for chapter 5: the Nsight Compute profile
+(``scripts/profile_gumbel.py``, recording ``gumbel_ncu_h200``) and the launch sweep against the older kernels
+(``scripts/time_gumbel.py --sweep --before``, recording ``gumbel_sweep_before_after_h200``).
+
+Read :func:`profile_table` and :func:`before_after` first: the paragraphs read them.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specfix.figures import style
+from specfix.tools import bench
+
+#: The kernels a ``--before`` sweep times beside today's default: the multi-tile kernel (a running best
+#: per lane) and the first kernel with vLLM's per-tile contract (1-D tiles, a reduction per tile).
+SWEEP_KERNELS = {"before: old": "multi_tile_us", "before: head": "first_per_tile_us", "default": "now_us"}
+#: What ncu measured per kernel, in the order the chapter reads them.
+PROFILE_COLUMNS = tuple(
+    "kernel shape store masked register_cap time_us dram_pct_of_peak issue_active_pct "
+    "instructions_per_logit registers_per_thread grid_size block_size waves_per_sm "
+    "achieved_occupancy_pct stall_long_scoreboard".split()
+)
+#: The columns the chapter's text reads, under the names the page shows.
+_PROFILE_SHOWN = {
+    "kernel": "kernel",
+    "shape": "shape",
+    "store": "store",
+    "run": "run",
+    "time_us": "time (us)",
+    "dram_pct_of_peak": "DRAM % of peak",
+    "instructions_per_logit": "instructions per logit",
+    "registers_per_thread": "registers per thread",
+    "achieved_occupancy_pct": "occupancy %",
+}
+
+
+def before_after(sweep: dict) -> pd.DataFrame:
+    """Per shape of a ``--before`` sweep, the time of each of ``SWEEP_KERNELS`` and ``now_us / multi_tile_us
+    - 1`` as ``slower`` (above zero: today's kernel is slower than the old one)."""
+    df = pd.DataFrame(sweep["configs"])
+    df = df[df["config"].isin(list(SWEEP_KERNELS))]
+    for config in SWEEP_KERNELS:
+        if not (df["config"] == config).any():
+            raise ValueError(
+                f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
+                "--before old=PATH --before head=PATH"
+            )
+    wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
+    wide = wide.rename(columns=SWEEP_KERNELS)
+    wide["slower"] = wide["now_us"] / wide["multi_tile_us"] - 1
+    return wide.sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
+
+
+def profile_table(profile: dict) -> pd.DataFrame:
+    """One row per profiled kernel: the final run's, then those of the run before the register cap
+    (``register_cap`` None on today's kernel)."""
+    rows = profile["kernels"] + profile.get("before_register_cap", [])
+    missing = [c for c in PROFILE_COLUMNS if any(c not in r for r in rows)]
+    if missing:
+        raise ValueError(f"the profile lacks {missing}: record it with scripts/profile_gumbel.py")
+    df = pd.DataFrame(rows)[list(PROFILE_COLUMNS)]
+    final = len(profile["kernels"])
+    df["run"] = ["final"] * final + ["before the register cap"] * (len(df) - final)
+    return df
+
+
+def profile_summary(profile: dict) -> pd.DataFrame:
+    """:func:`profile_table`'s columns that the text reads, under short names, formatted to fit the page."""
+    table = profile_table(profile)
+    shown = [c for c in _PROFILE_SHOWN if c in table]
+    return style.tidy(table[shown].rename(columns=_PROFILE_SHOWN), digits=2)
+
+
+def _profiled(prof, shape, kernel="today", store=False, masked=True, run="final") -> pd.Series:
+    rows = prof[
+        (prof.kernel == kernel)
+        & (prof["shape"] == shape)
+        & (prof.store == store)
+        & (prof.masked == masked)
+        & (prof.run == run)
+    ]
+    if rows.empty:
+        raise ValueError(
+            f"the profile has no {kernel!r} kernel at {shape} (store={store}, masked={masked}, "
+            f"run {run!r}): record it with scripts/profile_gumbel.py --before old=PATH"
+        )
+    return rows.iloc[0]
+
+
+def profile_text(profile: dict, sweep: dict) -> str:
+    """The profile's reading: why 256 x 32,000 has too little work in flight, why 256 x 151,936 is bound by
+    instruction issue, and the multi-tile kernel beside today's; every figure from the two recordings."""
+    prof = profile_table(profile)
+    small, big = _profiled(prof, "256 x 32,000 fp32"), _profiled(prof, "256 x 151,936 fp32")
+    many, old = _profiled(prof, "1,024 x 151,936 fp32"), _profiled(prof, "256 x 151,936 fp32", "before: old")
+    old_small = {d: _profiled(prof, f"256 x 32,000 {d}", "before: old").time_us for d in ("fp32", "bf16")}
+    configs = pd.DataFrame(sweep["configs"])
+    at_small = (configs.rows == 256) & (configs.vocab == 32_000) & (configs.dtype == "fp32")
+    tried = configs[at_small & ~configs.config.str.startswith("before")].set_index("config")["us"]
+    small_bf16 = _profiled(prof, "256 x 32,000 bf16").time_us
+    return (
+        f"- **256 x 32,000: too little work in flight.** {small.grid_size:,.0f} programs of "
+        f"{small.block_size:.0f} threads make {small.waves_per_sm:.2f} of one wave: the SMs hold "
+        f"{small.achieved_occupancy_pct:.0f}% of the warps they could, schedulers issue in "
+        f"{small.issue_active_pct:.0f}% of cycles and DRAM runs at {small.dram_pct_of_peak:.0f}% of its "
+        f"peak. In {small.time_us:.1f} us the kernel cannot hide a load's latency behind other warps' work, "
+        "and its ramp-up and tail are a large part of the whole. More programs would each walk fewer tiles "
+        "and pay their fixed costs (the row's key, a first load with nothing in front of it, the final "
+        f"reductions) more often: of the {len(tried)} launch configurations the sweep timed at 256 x 32,000 "
+        f"fp32, the fastest, {tried.idxmin()}, took {tried.min():.1f} us, and today's "
+        f"{tried['default']:.1f} us. The multi-tile kernel is in the same place: {old_small['fp32']:.1f} us "
+        f"against {small.time_us:.1f} (fp32), {old_small['bf16']:.1f} against {small_bf16:.1f} (bf16).\n"
+        f"- **256 x 151,936: bound by instruction issue.** Each logit costs {big.instructions_per_logit:.0f} "
+        "instructions (the hash, the uniform, the logarithms of the noise, the argmax), schedulers issue in "
+        f"{big.issue_active_pct:.0f}% of cycles and DRAM runs at {big.dram_pct_of_peak:.0f}% of its peak. "
+        "Issuing in every cycle, the same instructions would take about "
+        f"{big.time_us * big.issue_active_pct / 100:.0f} us of its {big.time_us:.1f}. At 1,024 rows "
+        f"({many.waves_per_sm:.1f} waves) the same kernel issues in {many.issue_active_pct:.0f}% of cycles; "
+        f"at 256 rows ({big.waves_per_sm:.1f} waves) its ramp-up and its last wave weigh more.\n"
+        f"- **{_instructions_head(big, old)}**: at 256 x 151,936 the multi-tile kernel spends "
+        f"{old.instructions_per_logit:.1f} instructions per logit, today's {big.instructions_per_logit:.1f}, "
+        f"and today's is {'faster' if big.time_us < old.time_us else 'slower'} there "
+        f"({big.time_us:.1f} us against {old.time_us:.1f}) with {big.achieved_occupancy_pct:.0f}% occupancy "
+        f"and {big.issue_active_pct:.0f}% issue against {old.achieved_occupancy_pct:.0f}% and "
+        f"{old.issue_active_pct:.0f}%."
+    )
+
+
+def _instructions_head(new: pd.Series, old: pd.Series) -> str:
+    """What the two profiled kernels say about instruction count and time, as the recording has them."""
+    fewer, faster = new.instructions_per_logit < old.instructions_per_logit, new.time_us < old.time_us
+    head = f"{'Fewer' if fewer else 'More'} instructions, "
+    if fewer == faster:
+        return head + f"{'less' if faster else 'more'} time"
+    why = "the count alone does not decide, how many cycles issue does too"
+    return head + f"yet {'less' if faster else 'more'} time: {why}"
+
+
+def mask_profile_text(profile: dict) -> str:
+    """The masked and unmasked kernels with the processed-logits store, per profiled run."""
+    prof, lines = profile_table(profile), []
+    for run in [r for r in ("before the register cap", "final") if (prof.run == r).any()]:
+        m, u = (_profiled(prof, "256 x 151,936 fp32", store=True, masked=x, run=run) for x in (True, False))
+        lines.append(
+            f"- {run}: masked {m.time_us:.1f} us with {m.registers_per_thread:.0f} registers and "
+            f"{m.achieved_occupancy_pct:.0f}% occupancy; unmasked {u.time_us:.1f} us with "
+            f"{u.registers_per_thread:.0f} registers and {u.achieved_occupancy_pct:.0f}% occupancy: "
+            f"{m.time_us / u.time_us - 1:+.1%}"
+        )
+    if (prof.run == "before the register cap").any():
+        capped = _profiled(prof, "256 x 151,936 fp32")
+        uncapped = _profiled(prof, "256 x 151,936 fp32", run="before the register cap")
+        lines.append(
+            f"\nThe cap helped the kernel without the store too: {uncapped.time_us:.1f} us before, "
+            f"{capped.time_us:.1f} us after at 256 x 151,936 fp32."
+        )
+    return "\n".join(lines)
+
+
+def sweep_text(sweep: dict, report: dict) -> str:
+    """Today's kernel against the multi-tile and the first per-tile kernel, from a ``--before`` sweep."""
+    ba = before_after(sweep)
+    big, graph = ba[ba["rows"] >= 256], {g["config"]: g["us_per_call"] for g in sweep["graph_one_row"]}
+    first = big.first_per_tile_us / big.multi_tile_us - 1
+    now = bench.frame(report, "gumbel_graph")
+    if len(now):
+        now = now[(now.impl == bench.JUDGED) & (now.rows == 1) & (now.vocab == 248_320)]["median_us"]
+    per_dtype = "; ".join(
+        f"{d} {x.slower.min():+.1%} to {x.slower.max():+.1%}" for d, x in big.groupby("dtype")
+    )
+    return (
+        f"At 256 rows and more today's kernel takes {per_dtype} of the multi-tile kernel's time "
+        f"(faster at {(big.slower < 0).sum()} of {len(big)} shapes; at {(ba.slower < 0).sum()} of all "
+        f"{len(ba)}), where the first per-tile kernel took {first.min():+.0%} to {first.max():+.0%}. "
+        f"One row of 248,320 in a graph: {graph['before: old']:.2f} us (multi-tile), "
+        f"{graph['before: head']:.2f} us (first per-tile), {graph['256 programs b512 w1']:.2f} us with "
+        f"today's launch for up to 4 rows (one-warp programs; the bench above: "
+        f"{now.iloc[0] if len(now) else float('nan'):.2f} us)."
+    )
