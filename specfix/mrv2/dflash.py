@@ -1,18 +1,13 @@
 """DFlash-style draft input preparation: a Triton kernel that pads its sample arrays for a full graph.
 
-A simplified stand-in for ``_prepare_dflash_inputs_kernel`` in vLLM 0.33's
-``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``. A DFlash drafter feeds ``[anchor, MASK x k]`` per
-request through one non-causal forward and samples the k MASK positions. The kernel writes the query tokens
-and positions, ``query_start_loc``, ``seq_lens`` and three sample arrays (one entry per drafted token), and
-pads them up to ``max_num_reqs * k`` for a FULL CUDA graph. Before vLLM PR #47066 a padded
-``sample_idx_mapping`` entry was 0, a real request-state slot, so every padded entry overwrote
-``draft_logits[0]``; with ``Fixes.dflash_pad_idx`` it is -1, which the sampler skips.
-
-Left out of vLLM's kernel (the padding, the bug's site, is as there): context slots and the block table
-(the toy drafter has no KV cache), rejected-token handling (``last_sampled`` and ``num_computed`` are
-final), ``PAD_SLOT_ID`` padding, the clamp to ``max_model_len`` and the DSpark layout. Every input is
-checked before anything is written; the checks that read values run on GPU tensors only under
-``specfix.v1.device_checks``, so a drafting step makes no host sync.
+A simplified ``_prepare_dflash_inputs_kernel`` of vLLM 0.33's
+``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``: a DFlash drafter feeds ``[anchor, MASK x k]`` per
+request through one non-causal forward and samples the k MASK positions, and the kernel pads the sample
+arrays up to ``max_num_reqs * k`` for a FULL CUDA graph. Before vLLM PR #47066 a padded
+``sample_idx_mapping`` entry was 0, a real slot, so it overwrote ``draft_logits[0]``; with
+``Fixes.dflash_pad_idx`` it is -1, which the sampler skips. The padding is as in vLLM; left out are the
+KV-cache slots and block table, rejected-token handling, ``PAD_SLOT_ID``, the ``max_model_len`` clamp and
+the DSpark layout. Read ``prepare_dflash_inputs`` first.
 """
 
 from __future__ import annotations
@@ -187,24 +182,18 @@ def _prepare_dflash_inputs_kernel(
 
 def prepare_dflash_inputs(
     num_reqs: int,
-    idx_mapping: torch.Tensor,
-    last_sampled: torch.Tensor,
-    num_computed: torch.Tensor,
+    idx_mapping: torch.Tensor,  # [num_reqs]: batch row -> req_state_idx
+    last_sampled: torch.Tensor,  # [max_num_reqs]: each request's anchor token
+    num_computed: torch.Tensor,  # [max_num_reqs]: the anchor's position
     mask_token_id: int,
     out: DFlashInputs,
     fixes: Fixes | None = None,
     use_triton: bool = HAS_TRITON,
     *,
-    vocab_size: int | None = None,
+    vocab_size: int | None = None,  # bounds the anchors when given (the drafter passes its model's)
 ) -> DFlashInputs:
-    """Fill ``out`` for a batch of ``num_reqs`` requests and pad it up to ``out.max_num_reqs``.
-
-    ``last_sampled`` and ``num_computed`` are request-state tables (indexed by ``req_state_idx``): each
-    request's anchor token and its position. Padded sample entries get ``sample_idx_mapping`` -1 with
-    ``fixes.dflash_pad_idx`` (``fixes=None`` means ``Fixes()``, every fix on), else 0 (request-state
-    slot 0, the pre-fix behaviour). ``vocab_size``, when given, bounds the anchors (the drafter passes
-    its model's). Bad input raises before any buffer of ``out`` is written.
-    """
+    """Fill ``out`` for ``num_reqs`` requests and pad it to ``out.max_num_reqs``, so that a FULL graph can
+    replay it; bad input raises before any buffer is written."""
     _validate(num_reqs, idx_mapping, last_sampled, num_computed, out, mask_token_id, vocab_size)
     if (fixes or Fixes()).dflash_pad_idx:  # [fix]
         pad_sample_idx = -1  # [fix]
@@ -273,16 +262,13 @@ def sample_columns(num_speculative_steps: int, max_num_reqs: int, device=None) -
 
 
 class ToyDFlashModel(torch.nn.Module):
-    """A stand-in block drafter: logits of query row i = ``token_table[input_ids[i]] + pos_table[pos % P]``.
-
-    Enough to give every query row its own distribution (row 0, an anchor, differs from the MASK rows),
-    which is all the padding bug needs. ``mask_token_id`` is ``vocab_size`` (an extra embedding row).
-    """
+    """A stand-in block drafter that gives every query row its own distribution, all the padding bug needs:
+    logits of row i = ``token_table[input_ids[i]] + pos_table[pos % P]``."""
 
     def __init__(self, vocab_size: int, num_positions: int = 8, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.vocab_size, self.mask_token_id = vocab_size, vocab_size
+        self.vocab_size, self.mask_token_id = vocab_size, vocab_size  # MASK: an extra embedding row
         self.register_buffer("token_table", torch.randn(vocab_size + 1, vocab_size, generator=g) * 2)
         self.register_buffer("pos_table", torch.randn(num_positions, vocab_size, generator=g))
 
@@ -291,14 +277,8 @@ class ToyDFlashModel(torch.nn.Module):
 
 
 class DFlashDrafter:
-    """Prepare inputs (the kernel above), run the block drafter, sample every drafted token.
-
-    ``padded=True`` samples all ``max_num_reqs * k`` entries, as a FULL graph does (a real
-    ``torch.cuda.CUDAGraph`` of the sampling half on a GPU after :meth:`capture_cuda_graph`);
-    ``padded=False`` samples only the live ``num_reqs * k`` (vLLM's eager fallback after PR #47066).
-    Sampling stores the logits before temperature into ``draft_logits[sample_idx_mapping, col]`` and keys
-    each draw by ``sample_pos - 1`` with ``is_drafting=True`` (vLLM 0.33's DFlash ``_generate_draft``).
-    """
+    """Prepare inputs (the kernel above), run the block drafter, sample every drafted token into
+    ``draft_logits[sample_idx_mapping, col]``."""
 
     def __init__(
         self,
@@ -343,7 +323,7 @@ class DFlashDrafter:
                 self.inputs.sample_idx_mapping[:num_samples],
                 self.temperature,
                 self.seeds,
-                self.inputs.sample_pos[:num_samples] - 1,
+                self.inputs.sample_pos[:num_samples] - 1,  # as vLLM 0.33's DFlash _generate_draft keys a draw
                 True,
                 logits_cache=self.draft_logits,
                 logits_cache_col=self.columns[:num_samples],
@@ -372,7 +352,7 @@ class DFlashDrafter:
         last_sampled: torch.Tensor,
         num_computed: torch.Tensor,
         *,
-        padded: bool = True,
+        padded: bool = True,  # all max_num_reqs * k entries, as a FULL graph; False: vLLM's eager fallback
     ) -> torch.Tensor:
         """Draft k tokens for each of the ``num_reqs`` requests; returns ``[num_reqs, k]``."""
         k = self.inputs.num_speculative_steps
