@@ -1,13 +1,9 @@
-"""Chapter 4's experiments around the Gumbel sampler: batches that share logits, the same requests alone
-and in a crowd, one drafter step with padded rows run on request tables that sit between guard rows, and
-a draft-logits table corrupted by stale padded rows.
+"""Chapter 4's experiments around the Gumbel sampler: shared-logits batches, requests alone and in a crowd,
+a padded drafter step between guard rows, and a draft-logits table corrupted by stale padded rows.
 
-A drafter under a FULL CUDA graph samples the captured number of rows; the rows past ``num_reqs`` are
-padding. :func:`run_drafter_step` samples such a step with ``specfix.mrv2.gumbel.gumbel_sample`` and
-returns the whole guarded allocations, so that a read or write one row before a table (what the unmasked
-kernel does with a ``-1`` row) lands in a guard row we can inspect. :func:`stale_padding_step` builds the
-other half of chapter 3's bug: padded rows that still carry a previous step's request-state indices,
-which the mask cannot catch (they are ``>= 0``), overwrite live requests' draft logits.
+Read :func:`gumbel_batch` (the one input builder), then :func:`run_drafter_step`: a ``-1`` row's access one
+row before a table lands in a guard row we can inspect. :func:`stale_padding_step` is chapter 3's other
+half: stale indices are ``>= 0``, so the mask cannot catch them.
 """
 
 from __future__ import annotations
@@ -44,12 +40,8 @@ def gumbel_batch(
     first_pos: int | None = 0,
     device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """The one builder of ``gumbel_sample``'s inputs (tests, bench, scripts, chapters), in vLLM 0.33's layout.
-
-    Row i is request ``i % num_reqs`` (default: one request per row) at position ``first_pos + i // num_reqs``
-    (``first_pos=None``: random positions below 2**20). ``logits``: one row ``[vocab]`` repeated, else random
-    normal times ``scale``, drawn where they live. ``temperature``: one for all requests, or one each.
-    Seeds: random, one per request."""
+    """The one builder of ``gumbel_sample``'s inputs in vLLM 0.33's layout: row i is request
+    ``i % num_reqs`` at position ``first_pos + i // num_reqs``."""
     num_reqs = num_reqs or rows
     if rows < 1 or vocab < 1 or num_reqs < 1:
         raise ValueError(f"rows, vocab and num_reqs must be >= 1, got {rows}, {vocab} and {num_reqs}")
@@ -115,11 +107,8 @@ PEER_DIR = Path(__file__).resolve().parents[2] / ".peer"
 
 
 def load_vllm_sampler(version: str = "0.33.0", peer_dir: Path | str | None = None, kind: str = "gumbel"):
-    """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version`` (``kind="rejection"``: its
-    ``vllm/v1/sample/rejection_sampler.py``), imported from ``peer_dir`` (default ``.peer/``), or None when it
-    has not been fetched there (or triton is missing). Its ``gumbel_sample`` takes vLLM's arguments (0.33:
-    ``logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting, logits_cache,
-    logits_cache_col, ...``)."""
+    """vLLM's own ``vllm/v1/worker/gpu/sample/gumbel.py`` of ``version`` (or its
+    ``vllm/v1/sample/rejection_sampler.py``) from ``peer_dir``; None when not fetched or without triton."""
     peer_dir = Path(PEER_DIR if peer_dir is None else peer_dir)
     name = f"vllm_{kind}_" + version.replace(".", "_")
     if not runtime.HAS_TRITON or not (peer_dir / f"{name}.py").is_file():
@@ -134,11 +123,8 @@ def load_vllm_sampler(version: str = "0.33.0", peer_dir: Path | str | None = Non
 
 
 def _with_int1_store_masks(fn):
-    """``fn`` run with Triton's interpreter reading every store mask as int1, as a GPU does.
-
-    vLLM masks its cache store by ``mask & is_valid_req``; the interpreter (triton 3.6 to 3.9) widens the
-    scalar ``is_valid_req`` to int64 when it broadcasts it, and then refuses the int32 mask the ``&`` makes
-    ("mask has unsupported dtype"). specfix's kernel builds its store mask per lane instead."""
+    """``fn`` with the interpreter reading store masks as int1, as a GPU does: triton 3.6 to 3.9 widen
+    vLLM's ``mask & is_valid_req`` to a dtype they then refuse."""
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
     store = InterpreterBuilder.create_masked_store
@@ -158,10 +144,8 @@ def _with_int1_store_masks(fn):
 
 
 def vllm_mode_agreement(batch: dict, peer=None, col: int = 1) -> list[dict]:
-    """``noise="vllm"`` beside vLLM 0.33's ``gumbel_sample`` (``peer``; None: specfix's torch reference of
-    its noise) and beside specfix's ``exact`` mode, on ``batch`` sampled as a drafter samples (temperature
-    applied, logits cached at column ``col``), without and with the drafting salt: one dict per flag, with
-    how many rows pick the same token and whether the two caches are equal."""
+    """``noise="vllm"`` beside vLLM 0.33's ``gumbel_sample`` (None: a torch reference) and specfix's
+    ``exact`` mode, sampled as a drafter samples: same tokens, same caches, per drafting flag."""
     args = [batch[k] for k in BATCH_KEYS]
     shape = (batch["temperature"].shape[0], col + 1, batch["logits"].shape[1])
     rows = []
@@ -265,11 +249,8 @@ def padded_drafter_step(vocab_size: int = 600) -> DrafterStep:
 
 
 def run_drafter_step(step: DrafterStep, fixes: Fixes | None = None, device: torch.device | str = "cpu"):
-    """Sample ``step`` on tables with a guard row on each side; returns ``(tokens, buffers)`` on the CPU.
-
-    ``buffers`` holds the whole guarded allocations (guard, table rows, guard) of ``draft_logits``
-    (``[max_num_reqs + 2, num_cols, vocab]``, filled with :data:`SENTINEL`), ``temperature`` and ``seed``.
-    """
+    """Sample ``step`` on tables with a :data:`SENTINEL` guard row on each side; ``(tokens, buffers)``
+    with the whole guarded allocations, on the CPU."""
     max_reqs, vocab = step.temperature.shape[0], step.logits.shape[1]
     temperature, temp_whole = gumbel.guarded_table(
         (max_reqs,), 0.0, torch.float32, guard_fill=step.guard_temperature, device=device
@@ -302,19 +283,8 @@ def run_drafter_step(step: DrafterStep, fixes: Fixes | None = None, device: torc
 
 
 def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[dict, list[int]]:
-    """A draft-logits table after one step whose padded rows kept the previous step's indices.
-
-    The previous step ran 5 requests; 2 of them finished, so this step runs 3 live rows, padded to the
-    captured 6. Rows 3 to 5 still hold the indices of the previous step's rows 3 to 5: request slots that
-    are >= 0, so the kernel's mask lets them through, and that may belong to a live request. On the GPU the
-    live row and the padded row race for such a slot; the table here is one where the padded row's write
-    landed last (the step is sampled in two calls: live rows, then padded rows).
-
-    Returns ``(puzzle, overwritten)``: ``puzzle`` holds ``table`` (``[8, 3, vocab]`` float32), ``col``,
-    ``logits`` (the live rows' logits), ``idx_mapping`` (the live rows' request slots) and ``temperature``
-    (``[8]``: one live request is greedy, none has temperature 1); ``overwritten`` lists the one live slot
-    whose column ``col`` no longer holds its own row's processed logits.
-    """
+    """``(puzzle, overwritten)``: a draft-logits table after 5 requests, 2 finished, then 3 live rows padded
+    to 6 whose padded rows kept stale slots; the padded write lands last (GPU: a race), overwriting one."""
     gen = torch.Generator().manual_seed(seed)
     max_reqs, num_cols, vocab, live_rows = 8, 3, 40, 3
     while True:

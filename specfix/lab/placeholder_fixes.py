@@ -1,12 +1,10 @@
 """Three ways to keep a ``-1`` placeholder out of the embedding, and what each one costs per step.
 
 Mirrors the review of vLLM PR #47029 (vLLM 0.25's ``vllm/v1/worker/gpu_model_runner.py``): ``clamp``
-(the merged fix), ``host_mask`` (the first version, with ``host_mask_async`` the reviewer's suggestion)
-and ``scheduler_zero`` (zero the placeholders in the scheduler: free on the GPU, and wrong). The comment
-above each fix's function says what it does and why it costs what it does.
+(merged), ``host_mask`` (the first version; ``host_mask_async`` the reviewer's suggestion) and
+``scheduler_zero`` (free on the GPU, and wrong). The comment above each fix says why it costs what it does.
 
-:func:`make_step` builds one step's inputs; :func:`time_fix` times a fix with CUDA events (median over many
-steps), :func:`count_syncs` counts the host-device synchronisations it makes.
+Read :func:`make_step` first, then :func:`time_fix` and :func:`count_syncs`.
 """
 
 from __future__ import annotations
@@ -43,12 +41,8 @@ LABELS = {
 
 @dataclass
 class Step:
-    """One scheduled step: what the scheduler sends and what the worker holds on the device.
-
-    ``scheduled_spec_decode_tokens`` maps request id to its draft list (``-1`` for placeholders), as in
-    vLLM's ``SchedulerOutput``; ``cu_num_scheduled_tokens[i]`` is where request ``i``'s tokens end in the flat
-    ``input_ids`` (its drafts are its last tokens); ``input_ids`` is the device buffer, ``-1``s included.
-    """
+    """What the scheduler sends (drafts as in vLLM's ``SchedulerOutput``) and the worker's device buffer;
+    each request's drafts are the last of its tokens, which end at ``cu_num_scheduled_tokens[i]``."""
 
     req_ids: list[str]
     scheduled_spec_decode_tokens: dict[str, list[int]]
@@ -92,7 +86,6 @@ def make_step(
     return Step(req_ids, spec, cu, flat.clone(), flat)
 
 
-# -- the fixes ------------------------------------------------------------------------------------------
 # ``clamp``: the merged fix. ``_preprocess`` clamps ``input_ids.gpu[:num_input_tokens]`` in place to
 # ``min=0``: one tiny kernel, no allocation, no host work, no synchronisation.
 def clamp_placeholders(step: Step) -> None:
@@ -113,9 +106,8 @@ def _placeholder_mask(step: Step) -> list[bool]:
 
 # ``host_mask``: the first version. A helper walks the scheduler's draft lists on the host, builds a
 # mask of the placeholder positions and ships it with ``torch.tensor(..., device=...)`` every step: a
-# synchronous copy from pageable memory. We do not have that helper's code; this is our reconstruction
-# from the review, with the same host work and the same copy.
-# ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``), for comparison.
+# synchronous copy from pageable memory (reconstructed from the review: same host work, same copy).
+# ``host_mask_async`` is the reviewer's suggestion (pinned memory, ``non_blocking=True``).
 def mask_placeholder_draft_token_ids(step: Step) -> None:
     """(b) the first version: a host-built mask, shipped with ``torch.tensor(..., device=...)`` each step."""
     mask = torch.tensor(_placeholder_mask(step), dtype=torch.bool, device=step.input_ids.device)
@@ -133,14 +125,10 @@ def mask_placeholder_draft_token_ids_async(step: Step) -> None:
 
 # ``scheduler_zero``: replace the placeholders by token ``0`` in the scheduler's lists, so no ``-1``
 # ever reaches the GPU. Free on the GPU, but it is wrong: ``0`` is a real token, so the rejection
-# sampler can accept it as a draft. vLLM 0.25's Model Runner V2 did this with its zeroed draft table (PR
-# #54137, closed without being merged, reported BOS emitted so); 0.33 marks those slots -1 again before
-# verification (:mod:`specfix.mrv2.draft_slots`).
+# sampler can accept it as a draft. vLLM 0.25's Model Runner V2 did this with its zeroed draft table;
+# 0.33 marks those slots -1 again before verification (:mod:`specfix.mrv2.draft_slots`).
 def zero_placeholders_in_scheduler(step: Step) -> dict[str, list[int]]:
-    """(c) the scheduler writes ``0`` instead of ``-1``; returns the lists it would send.
-
-    Under this design the worker's ``input_ids`` never hold ``-1``; the cost is host work in the scheduler.
-    """
+    """(c) the scheduler writes ``0`` instead of ``-1``: host work in the scheduler, no ``-1`` on the GPU."""
     return {
         req_id: [0 if t < 0 else t for t in drafts]
         for req_id, drafts in step.scheduled_spec_decode_tokens.items()
@@ -184,14 +172,8 @@ def _cycles_per_us() -> float:
 
 
 def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us: float = 0.0) -> dict:
-    """Median cost of one application of ``fix`` per step, in microseconds.
-
-    ``event_us``: CUDA events recorded just before and just after the fix, on an idle GPU; it spans the fix's
-    kernels and its host work (the GPU waits for the end event to be queued). ``host_us``: host wall time of
-    the call, with its 20th and 80th percentiles (``host_p20_us``, ``host_p80_us``) as spread. With
-    ``busy_us`` > 0, that much GPU work is queued before each step: a synchronising fix then stalls the host
-    until it drains, which shows in ``host_us``. On CPU only the host times are measured.
-    """
+    """Median microseconds of one application of ``fix``: CUDA events around it and host wall time;
+    ``busy_us`` of queued GPU work makes a synchronising fix stall the host, which ``host_us`` shows."""
     apply = _check_fix(fix)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -227,14 +209,8 @@ def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us
 
 
 def count_syncs(fix: str, step: Step) -> dict:
-    """Host-device synchronisations one application of ``fix`` makes, counted two independent ways.
-
-    ``debug_mode``: warnings from ``torch.cuda.set_sync_debug_mode("warn")``, which torch raises in the code
-    paths that synchronise (``.item()``, blocking copies through ``memcpy_and_sync``, ``nonzero``...).
-    ``profiler``: CUDA runtime calls that block the host (``cudaStreamSynchronize``,
-    ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, plain ``cudaMemcpy``) seen by ``torch.profiler``;
-    ``None`` where unavailable.
-    """
+    """Host-device synchronisations of one application of ``fix``, counted two independent ways: torch's
+    sync debug mode and blocking CUDA runtime calls in ``torch.profiler`` (None where unavailable)."""
     apply = _check_fix(fix)
     if not step.input_ids.is_cuda:
         raise ValueError("count_syncs needs a CUDA step")
@@ -296,15 +272,8 @@ def _host_mask_runner(runner_cls):
 def run_engine_with_fix(
     fix: str | None, device: torch.device | str = "cpu", max_tokens: int = 24, temperature: float = 0.0
 ):
-    """The engine's demo batch (:data:`specfix.v1.engine.DEMO_PROMPTS`, two requests arriving prefilled so the
-    scheduler pads their first decode with placeholders; n-gram drafts, never padded) under one fix;
-    ``None``: no fix.
-
-    Returns ``(outputs, stats)``: the token ids per request and the scheduler's ``SpecDecodingStats``
-    (real drafts and placeholder slots counted apart; ``num_placeholders_accepted`` counts placeholder slots
-    the sampler accepted). ``temperature`` 0 is greedy. Raises what the engine raises (on CPU, without a
-    fix: ``IndexError`` from the embedding).
-    """
+    """``(outputs, stats)`` of the engine's demo batch (two prefilled requests get placeholders) under one
+    fix (None: no fix, which raises what the engine raises)."""
     from specfix.fixes import Fixes
     from specfix.v1.engine import DEMO_PROMPTS, LLMEngine
     from specfix.v1.scheduler import SamplingParams
@@ -330,15 +299,8 @@ def run_engine_with_fix(
 
 
 def engine_correctness(device: torch.device | str = "cpu", max_tokens: int = 24) -> list[dict]:
-    """Each fix in the engine, greedy and sampled: does it crash, are its outputs the clamp's (the merged
-    fix, which chapter 1 proves right), and what does the run count?
-
-    Real drafts and placeholder slots are counted apart: ``acceptance rate, real drafts`` is accepted real
-    drafts over real drafts (placeholder slots excluded); ``acceptance rate, all slots`` is what a counter
-    that cannot tell a placeholder from a draft reports (every slot a draft, every accepted slot an accepted
-    draft). ``verifications`` counts (request, step) pairs with at least one real draft. The no-fix row only
-    runs on CPU here (on CUDA it would poison this process; see ``embedding_assert.pipeline_crash_code``).
-    """
+    """Each fix in the engine, greedy and sampled: does it crash, does it match the clamp, and what does an
+    acceptance rate that counts placeholder slots as drafts report? The no-fix row runs on CPU only."""
     rows = []
     on_cuda = torch.device(device).type == "cuda"
     for temperature in (0.0, 0.7):
