@@ -1,14 +1,10 @@
 """CUDA-graph capture sizes, batch dispatch to a captured size, and real capture/replay on a GPU.
 
 Mirrors vLLM 0.33.0's ``vllm/config/vllm.py`` (``_set_cudagraph_sizes``: which batch sizes get a graph) and
-``vllm/v1/worker/gpu/cudagraph_utils.py`` (``dispatch``: the smallest captured size that fits; a
-FULL graph bakes in every per-request shape, so a batch of 5 replays the graph captured for 8 and the
-3 extra rows, the *padded rows*, are processed too, reading whatever the persistent buffers hold there).
-
-Why graphs at all: a decode step of a small model is dozens of tiny kernels, and at small batch the
-host spends longer launching them than the GPU spends running them. A graph records the launches once
-and replays them with one call, which only works if every launch sees the same shapes and the same
-buffer addresses on every replay: hence fixed sizes, persistent buffers and padding.
+``vllm/v1/worker/gpu/cudagraph_utils.py`` (``dispatch``: the smallest captured size that fits). A graph
+replays a step's many small launches with one call, so every replay must see the same shapes and buffer
+addresses: a batch of 5 replays the graph captured for 8, and its 3 *padded rows* run too, reading whatever
+the persistent buffers hold there. Read ``CudaGraphDispatcher.dispatch`` first.
 """
 
 from __future__ import annotations
@@ -53,14 +49,8 @@ def capture_sizes(
     *,
     v1_runner: bool = False,
 ) -> list[int]:
-    """vLLM 0.33.0's default capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``, balanced mode,
-    ceiling 512): the grid up to :func:`default_max_capture_size`, ``max_num_batched_tokens`` if it fits,
-    and every uniform decode size ``n * (1 + k)`` for ``n`` on a request-count grid up to ``max_num_seqs``.
-
-    ``v1_runner=True`` then rounds each size up to a multiple of ``1 + k`` and drops those past the
-    largest, as the V1 runner does under FULL decode graphs (``adjust_cudagraph_sizes_for_spec_decode`` in
-    vLLM 0.33.0's ``vllm/config/compilation.py``); MRV2 skips that step (vLLM PR #45953).
-    """
+    """vLLM 0.33.0's default capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``, balanced mode):
+    the grid, ``max_num_batched_tokens`` if it fits, and every uniform decode size ``n * (1 + k)``."""
     for name, value, low in (
         ("max_num_seqs", max_num_seqs, 1),
         ("num_speculative_tokens", num_speculative_tokens, 0),
@@ -80,6 +70,9 @@ def capture_sizes(
     sizes = {*cudagraph_capture_sizes(cap), *(s for s in decode if s <= max_num_batched_tokens)}
     if max_num_batched_tokens <= cap:
         sizes.add(max_num_batched_tokens)
+    # The V1 runner under FULL decode graphs rounds each size up to a multiple of 1 + k and drops those past
+    # the largest (adjust_cudagraph_sizes_for_spec_decode, vLLM 0.33.0's vllm/config/compilation.py); MRV2
+    # skips that step (vLLM PR #45953).
     if v1_runner and q > 1:
         top = max(sizes)
         sizes = {-(-s // q) * q for s in sizes if -(-s // q) * q <= top} or ({q} if q <= top else set())
@@ -111,12 +104,8 @@ def check_num_reqs(num_reqs: object, max_num_reqs: int) -> None:
 
 
 class CudaGraphDispatcher:
-    """Maps a batch of ``num_reqs`` decode requests (one query token each, as in the drafter) to a size.
-
-    ``dispatch`` picks the smallest captured size that holds the batch, like vLLM's
-    ``CudaGraphManager.dispatch``; sizes above ``max_num_reqs`` are never captured, so a batch too big for
-    every graph runs eagerly at its exact size.
-    """
+    """Maps a batch of ``num_reqs`` decode requests (one query token each, as in the drafter) to the
+    smallest captured size that holds it, like vLLM's ``CudaGraphManager.dispatch``."""
 
     def __init__(self, max_num_reqs: int, capture_sizes: Sequence[int] | None = None):
         if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
@@ -132,17 +121,12 @@ class CudaGraphDispatcher:
         for size in self.capture_sizes:
             if size >= num_reqs:
                 return BatchDescriptor(num_reqs, size, "FULL")
-        return BatchDescriptor(num_reqs, num_reqs, "NONE")
+        return BatchDescriptor(num_reqs, num_reqs, "NONE")  # too big for every graph: eager, exact size
 
 
 class CapturedStep:
-    """One ``torch.cuda.CUDAGraph`` per size for ``step(size)``, a function over persistent buffers.
-
-    ``step`` must read and write only tensors that outlive the graphs (their addresses are baked in),
-    must not synchronise with the host, and must launch the same kernels every call. Capture follows
-    PyTorch's recipe: warm up on a side stream (Triton compiles there, allocator settles), then record,
-    largest size first, all graphs sharing one memory pool.
-    """
+    """One ``torch.cuda.CUDAGraph`` per size for ``step(size)``, which must touch only tensors that outlive
+    the graphs, never sync with the host and launch the same kernels every call."""
 
     def __init__(
         self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str, warmup: int = 2
@@ -153,8 +137,8 @@ class CapturedStep:
         self.step = step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = None
-        for size in sorted(set(sizes), reverse=True):
-            side = torch.cuda.Stream(device)
+        for size in sorted(set(sizes), reverse=True):  # PyTorch's recipe: largest first, one shared pool
+            side = torch.cuda.Stream(device)  # warm-up here: Triton compiles, the allocator settles
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(warmup):
@@ -180,11 +164,8 @@ def time_eager_vs_graph(
     iters: int = 200,
     repeats: int = 5,
 ) -> list[dict[str, float]]:
-    """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only).
-
-    Host wall time around ``iters`` back-to-back calls followed by one synchronize: what a serving loop
-    pays per decode step, launch overhead included.
-    """
+    """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only): host
+    wall time over back-to-back calls, what a serving loop pays per step, launch overhead included."""
     captured = CapturedStep(step, sizes, device)
     rows = []
     for size in sizes:
