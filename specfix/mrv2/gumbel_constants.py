@@ -1,9 +1,8 @@
 """The Gumbel kernels' constants as triton constexprs, read as attributes of this module (``K.C1``).
 
-Before every launch triton re-checks each global constexpr a kernel reads (``JITFunction.run`` compares it
-with the value it was compiled with); it skips modules. Read as ``K.NAME`` the constants of the Gumbel
-kernels cost no check at all, where as module globals they would cost more host time than the rest of the
-launch. The values are ``gumbel_reference``'s (vLLM's for the ``vllm`` noise; see that module).
+Triton re-checks before every launch each global constexpr a kernel reads, but not a module's attributes:
+as module globals these would cost more host time than the rest of the launch. The values are
+``gumbel_reference``'s (vLLM's for the ``vllm`` noise).
 """
 
 from __future__ import annotations

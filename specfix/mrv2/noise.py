@@ -1,9 +1,6 @@
-"""The Gumbel noise in Triton: the hash and logarithm functions the sampling kernel calls, one kernel that
-draws the noise alone.
-
-Each of the three modes (``NOISE_MODES``) is a pure function of (request seed, position, token id), defined
-in torch by ``specfix.mrv2.gumbel_reference``; ``gumbel_noise`` draws what ``specfix.mrv2.gumbel``'s
-sampling kernel adds to the logits, so that tests and chapter 4 can look at the noise itself.
+"""The Gumbel noise in Triton: the hash and logarithm functions the sampling kernel calls, and
+``gumbel_noise``, which draws the noise alone so that tests and chapter 4 can look at it. The torch twin that
+defines each mode is ``specfix.mrv2.gumbel_reference``; read ``NOISE_MODES`` first.
 """
 
 from __future__ import annotations
@@ -15,17 +12,13 @@ from specfix.mrv2 import gumbel_constants as K
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 
-# Three noise modes, each a pure function of (request seed, position, token id), defined in torch by
-# gumbel_reference:
-# - "exact" (default): specfix's own 32-bit hash and float32 logarithm, compiled without FMA contraction, so
-#   the GPU kernel, Triton's interpreter and the torch reference agree bit for bit (golden tests, chapters
-#   3 and 4).
-# - "fast": the same hash, the hardware's approximate lg2 (inline PTX on the GPU; tl.log2 in the
-#   interpreter) with a series for the small-u tail: the same distribution, tokens that may differ from
-#   the exact mode's in rare near-ties (chapter 5 measures both).
-# - "vllm": vLLM 0.33's noise (MurmurHash3 of seed, position and token id; its log1p series; its division
-#   by the temperature), compiled as vLLM's kernel is: from the same inputs vLLM 0.33's gumbel_sample picks
-#   the same tokens and caches the same logits (scripts/compare_vllm_noise.py, tests/test_gumbel.py).
+# Three modes, each a pure function of (request seed, position, token id):
+# - "exact" (default): specfix's 32-bit hash and float32 logarithm without FMA contraction, so the GPU,
+#   Triton's interpreter and the torch reference agree bit for bit (golden tests, chapters 3 and 4).
+# - "fast": the same hash, the hardware's approximate lg2: the same distribution, tokens that may differ
+#   from the exact mode's in rare near-ties.
+# - "vllm": vLLM 0.33's noise (MurmurHash3, its log1p series, its division by the temperature), compiled as
+#   vLLM's kernel is, so that vLLM 0.33's gumbel_sample picks the same tokens from the same inputs.
 NOISE_MODES = ref.NOISE_MODES
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -50,17 +43,14 @@ def _row_key(seed, pos):
 
 @triton.jit
 def _uniform(key_mixed, token_mult):
-    """u of each token: ``fmix32(key ^ token_mult)``, ``token_mult = token id * TOKEN_MULT``, mapped to
-    (0, 1) as the reference does.
-
-    ``key_mixed = key ^ (key >> 16)`` is fmix32's first xor-shift of the key, done once per row (an
-    xor-shift distributes over xor). ``bits * 2**-32 + 2**-33`` rounds once, exactly like the reference's
-    ``(bits + 0.5) * 2**-32`` (scaling by a power of two is exact), and is one fused multiply-add."""
+    """u in (0, 1) of each token: ``fmix32(key ^ token_mult)``, ``token_mult = token id * TOKEN_MULT``."""
+    # key_mixed = key ^ (key >> 16): fmix32's first xor-shift, once per row (it distributes over xor)
     x = key_mixed ^ token_mult ^ (token_mult >> 16)
     x = x * K.C1
     x = x ^ (x >> 13)
     x = x * K.C2
     bits = x ^ (x >> 16)
+    # bits * 2**-32 + 2**-33: one FMA, rounded once, exactly the reference's (bits + 0.5) * 2**-32
     return tl.minimum(bits.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10, K.U_MAX)
 
 
@@ -89,9 +79,8 @@ def _exact_gumbel(u):
 
 @triton.jit
 def _approx_log2(x, USE_ASM: tl.constexpr):
-    """The hardware's approximate log2, flushing subnormals (our inputs are never below 2**-33, so the
-    ``ftz`` form is exact here and spares the three instructions that rescale a subnormal input)."""
-    if USE_ASM:
+    """The hardware's approximate log2 (``tl.log2`` in the interpreter)."""
+    if USE_ASM:  # ftz: inputs are never below 2**-33, and it spares rescaling a subnormal
         return tl.inline_asm_elementwise(
             "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -101,10 +90,8 @@ def _approx_log2(x, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _fast_gumbel_log2(u, USE_ASM: tl.constexpr):
-    """The Gumbel noise divided by ln 2, up to a constant: -log2(-log2(1 - u)).
-
-    The hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series.
-    """
+    """The Gumbel noise divided by ln 2, up to a constant: -log2(-log2(1 - u))."""
+    # the hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series
     series = u * (K.S1 + u * (K.S2 + u * (K.S3 + u * K.S4)))
     e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
     return -_approx_log2(e2, USE_ASM)
@@ -170,11 +157,8 @@ def _gumbel_noise_kernel(
 def gumbel_noise(
     seed: torch.Tensor, pos: torch.Tensor, vocab_size: int, noise: str = "exact"
 ) -> torch.Tensor:
-    """``[rows, vocab_size]`` float32 noise exactly as the sampling kernel draws it (for teaching and tests).
-
-    ``"exact"``: Gumbel noise in natural-log units, bitwise equal to ``gumbel_reference.gumbel_noise``.
-    ``"fast"``: the fast mode's noise in log2 units (Gumbel / ln 2, shifted by a constant).
-    ``"vllm"``: vLLM 0.33's noise in natural-log units (``gumbel_reference.vllm_gumbel_noise``)."""
+    """``[rows, vocab_size]`` float32 noise exactly as the sampling kernel draws it: natural-log units, but
+    log2 units (Gumbel / ln 2, shifted by a constant) in the fast mode."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     check_vector("seed", seed, (torch.int64,), contiguous=True)
