@@ -1,8 +1,8 @@
 """One pass over a pasted vLLM log: the facts :mod:`specfix.tools.diagnose` judges.
 
-Read :func:`read_lines` (how a log is read, whatever its size) then :class:`Scan` (what each line adds). The
-parsers :func:`device_asserts` and :func:`traceback_frames` are chapter 2's too (:mod:`specfix.lab.
-embedding_assert` reads its own transcripts with them).
+Read :func:`read_lines` (how a log is read, whatever its size) then :class:`Scan` (what each line adds).
+Chapter 2 (:mod:`specfix.lab.embedding_assert`) reads its own transcripts with the same parsers,
+:func:`device_asserts` and :func:`traceback_frames`.
 """
 
 from __future__ import annotations
