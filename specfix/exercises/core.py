@@ -9,6 +9,7 @@ exception from the answer becomes a hint naming it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import html
 import importlib
@@ -17,6 +18,7 @@ import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from unittest import mock
 
 _use_solutions = False
 #: Every checker defined so far, by exercise id (tests walk it).
@@ -90,13 +92,6 @@ class Verdict:
         )
 
 
-def _resolve(target: str):
-    """The owner object and attribute name of ``"module:Class.attr"``."""
-    module, path = target.split(":")
-    *owner_path, attr = path.split(".")
-    return functools.reduce(getattr, owner_path, importlib.import_module(module)), attr, path
-
-
 @dataclass
 class Checker:
     exercise: str
@@ -113,22 +108,13 @@ class Checker:
 
         @functools.wraps(answer)
         def guarded(*args, **kwargs):
-            saved = []
-            try:
-                for owner, attr, path in map(_resolve, self.forbid):
-                    saved.append((owner, attr, vars(owner).get(attr)))  # None: inherited, delete to restore
-
-                    def refuse(*_, _name=path, **__):
-                        raise _Bypass(_name)
-
-                    setattr(owner, attr, refuse)
+            with contextlib.ExitStack() as patches:  # each forbidden function refuses, and is put back after
+                for target in self.forbid:
+                    module, path = target.split(":")
+                    *owner_path, attr = path.split(".")
+                    owner = functools.reduce(getattr, owner_path, importlib.import_module(module))
+                    patches.enter_context(mock.patch.object(owner, attr, side_effect=_Bypass(path)))
                 return answer(*args, **kwargs)
-            finally:
-                for owner, attr, original in reversed(saved):
-                    if original is None:
-                        delattr(owner, attr)
-                    else:
-                        setattr(owner, attr, original)
 
         return guarded
 

@@ -135,9 +135,10 @@ _K = 2  # draft tokens per step
 
 
 def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[int]]:
-    """Each response (the token ids it emitted) after decoding requests a, b, ... through ``events`` on the
-    CPU, the drafter padded to vLLM's capture sizes. Draws are keyed by (seed, position): with the fix a
-    response does not depend on the history, without it a verification can read overwritten logits."""
+    """Each request's emitted token ids after ``events`` on the CPU, the drafter padded to capture sizes.
+
+    Draws are keyed by (seed, position), so only a verification reading overwritten logits changes a response.
+    """
     target, draft = load_models("cpu")
     engine = SpecDecodeEngine(
         target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K, device="cpu", fixes=fixes
@@ -250,9 +251,8 @@ def _response_cases() -> tuple[tuple[str, ...], ...]:
 
 
 def _random_schedule(rng: random.Random) -> tuple[str, ...]:
-    """Requests arrive, a first step runs 4 or 8 of them, some finish, then one or two steps at sizes that
-    pad (3 of 4 rows, 5 to 7 of 8), each leaving out the live requests its padded rows name, then a step of
-    every live request."""
+    """Arrivals, a step of 4 or 8, maybe finishes, one or two padded steps (3 of 4 rows, 5 to 7 of 8) that
+    leave out the live requests their padded rows name, then a step of every live request."""
     names = string.ascii_lowercase[: rng.randint(5, 8)]
     first = rng.sample(names, rng.choice((4, 8)) if len(names) == 8 else 4)
     events, live, buffer = [f"arrive {names}", f"step {''.join(first)}"], list(names), [0] * 8

@@ -487,9 +487,7 @@ CLAMP_POINTS = ("scheduler", "before_metadata", "preprocess")
 
 
 def step_with_clamp_at(point: str) -> StepTrace:
-    """One greedy step of a P/D decode ("pd", padded with -1) beside a fresh prompt, with the clamp at
-    ``point``: a scheduler that writes 0, input_ids clamped before ``_calc_spec_decode_metadata``, or
-    ``_preprocess`` (the fix)."""
+    """One greedy step of a P/D decode ("pd", padded with -1) beside a fresh prompt, clamped at ``point``."""
     if point not in CLAMP_POINTS:
         raise ValueError(f"point must be one of {CLAMP_POINTS}, got {point!r}")
 
