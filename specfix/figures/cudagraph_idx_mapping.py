@@ -18,8 +18,7 @@ BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "
 
 
 def launch_overhead(rows: Sequence[dict], source: str):
-    """Host µs per drafter step, eager launches against one graph replay, per batch size (``rows``: dicts with
-    ``size``, ``eager_us`` and ``graph_us``, the recording's ``launch_overhead``)."""
+    """Host µs per drafter step, eager against one graph replay, per batch size."""
     df = pd.DataFrame(list(rows))
     missing = {"size", "eager_us", "graph_us"} - set(df.columns)
     if df.empty or missing:
@@ -76,8 +75,7 @@ def _draw_buffer(ax, state: BufferState, title: str) -> None:
 
 
 def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
-    """One panel per buffer state: ``idx_mapping`` rows on the left, ``draft_logits`` slots on the right, an
-    arrow for every padded row that writes a slot (magenta: a live request's slot; grey: a free slot)."""
+    """Per state: ``idx_mapping`` rows, ``draft_logits`` slots, an arrow per padded row's write."""
     if len(states) != len(titles) or not states:
         raise ValueError(f"need one title per state, got {len(states)} states and {len(titles)} titles")
     rows = max(len(s.idx_mapping) for s in states)
@@ -111,8 +109,7 @@ def _freq(counts) -> np.ndarray:
 
 
 def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
-    """Per label and output position: its role (the last is the bonus), trials, chi-square and threshold, and
-    the output's total variation distance to the target p and the draft q, from the counts."""
+    """Per run and position: role, chi-square, and total variation to the target p and draft q."""
     rows = []
     for label, dist in dists.items():
         p, q, last = dist["target_probs"], dist["draft_probs"], len(dist["positions"]) - 1
@@ -135,8 +132,7 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
 
 
 def output_distribution(dists: dict[str, dict], source: str = ""):
-    """A panel per output position: each run's output frequencies (bars) against the target p and the draft
-    q (marks). ``dists``: label -> :func:`specfix.lab.padding_bench.one_step_distribution`."""
+    """A panel per output position: each run's output frequencies against p and q."""
     if not dists:
         raise ValueError("dists is empty")
     first = next(iter(dists.values()))
@@ -205,8 +201,7 @@ def padded_writes_text(state: BufferState) -> str:
 
 
 def bench_text(bench_on, bench_off, sampler: str, num_requests: int) -> str:
-    """The padding bench's shapes, sampler and verdict (`bench_on`/`bench_off`: its runs with the fix on and
-    off; `sampler`: ``"kernel"`` or the torch twin's name)."""
+    """The padding bench's shapes, sampler and verdict."""
     shapes = sorted({(len(s.req_ids), s.num_reqs_padded) for s in bench_off.batched.steps})
     how = (
         "the Triton kernel"
@@ -255,8 +250,7 @@ def bonus_text(dists: dict[str, dict], trials: int) -> str:
 
 
 def recorded_text(recording: dict) -> str:
-    """The H200 recording's verdict: responses that differ, and the first position's chi² with and without
-    the fix."""
+    """The H200 recording's verdict: responses that differ, and the first position's chi²."""
     b, chi = recording["bench"], recording["chi_square"]
     p0_off, p0_on = chi["False"]["positions"][0], chi["True"]["positions"][0]
     return (

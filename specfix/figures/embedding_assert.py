@@ -21,8 +21,7 @@ _LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd"}
 
 
 def short_traceback(err: BaseException, frames: int = 2) -> str:
-    """The last ``frames`` frames of ``err``'s traceback as Python prints them, each file named from its
-    package (``torch/nn/functional.py``) or as ``<cell>``, never by a path of the machine that ran it."""
+    """The last ``frames`` frames of ``err``'s traceback, files named by package, never by a local path."""
     lines = ["Traceback (most recent call last):"]
     for frame in traceback.extract_tb(err.__traceback__)[-frames:]:
         name = frame.filename
@@ -99,8 +98,7 @@ def _cell(c: dict) -> str:
 
 
 def ops_table(rows: list[dict], live_cpu: bool = False) -> pd.DataFrame:
-    """ "Which operations assert, and how": a row per (op, bad index) of the recorder's ``rows``, a column per
-    setting; ``live_cpu`` puts this machine's answer in the CPU column."""
+    """A row per (op, bad index), a column per setting; ``live_cpu``: this machine's CPU answers."""
     table: dict = {}
     for row in rows:
         cpu = ea.cpu_outcome(row["op"], row["bad"], row["num_indices"]) if live_cpu else row["cpu"]
@@ -147,8 +145,7 @@ def kernel_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
-    """The fixes timed live on this CPU (host time only), in the columns of the bench recording's table
-    (:func:`specfix.figures.performance.fix_costs`)."""
+    """The fixes timed live on this CPU (host time only), in the bench recording's columns."""
     rows = []
     for n in num_tokens:
         for fix in pf.FIXES:
@@ -196,8 +193,7 @@ def _draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> N
 
 
 def fix_costs_figure(costs: pd.DataFrame, where: str):
-    """Cost per step of each fix against the tokens in the step (log-log, medians with p20-p80 bars) and,
-    where ``costs`` has it, the call's host time behind a busy GPU; ``where`` names the machine."""
+    """Each fix's cost per step against the step's tokens (log-log, p20-p80 bars), and behind a busy GPU."""
     busy = "host_us_behind_busy_gpu" in costs and costs["host_us_behind_busy_gpu"].notna().any()
     with style.apply():
         size = (style.WIDTH_IN, 7.0 if busy else 4.2)
@@ -243,8 +239,7 @@ def guard_timing(timing: GuardTiming, what: str):
 
 
 def acceptance_table(rows: list[dict]) -> pd.DataFrame:
-    """The runs of :func:`specfix.lab.placeholder_fixes.engine_correctness`, a row per (temperature, fix):
-    crashes, drafts and placeholder slots counted apart, and both acceptance rates."""
+    """The engine runs under each fix, a row per (temperature, fix), drafts and placeholders apart."""
     frame = pd.DataFrame(rows).set_index(["temperature", "fix"])
     counts = ["verifications", "real drafts", "accepted drafts", "placeholder slots", "placeholders accepted"]
     for column in counts:
@@ -254,8 +249,7 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
-    """:func:`acceptance_table` as the page shows it: the finished runs as columns, a row per count or rate,
-    formatted (it fits the column where ten columns would not); and a line per run that crashed."""
+    """The finished runs as formatted columns (they fit the page), and a line per run that crashed."""
     table = acceptance_table(rows)
     ran = table["crashes"] == "no"
     crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]
@@ -302,8 +296,7 @@ def embedding_kernels(rows: list[dict]) -> dict[int, str]:
 
 
 def kernel_names_text(rows: list[dict], torch_version: str) -> str:
-    """What an assert line's kernel name tells you, read from the op table (`rows`, recorded with
-    `torch_version`)."""
+    """What an assert line's kernel name tells you, read from the op table."""
     by_kernel, emb = ops_by_kernel(rows), embedding_kernels(rows)
     few, many = min(emb), max(emb)
 
@@ -333,8 +326,7 @@ def kernel_names_text(rows: list[dict], torch_version: str) -> str:
 
 
 def checklist_text(rows: list[dict]) -> str:
-    """The chapter's five steps for a ``device-side assert triggered`` in a log, naming the kernels of the
-    op table (`rows`)."""
+    """The chapter's five steps for a ``device-side assert triggered``, naming the op table's kernels."""
     emb = embedding_kernels(rows)
     few, many = emb[min(emb)], emb[max(emb)]
     return f"""1. **Read the assert line, not the traceback.** The condition says an index was out of range
@@ -434,8 +426,7 @@ def _clamp_and_zero(rows: list[dict], temperature: float) -> tuple[dict, dict]:
 
 
 def zeroing_greedy_text(rows: list[dict]) -> str:
-    """What :func:`acceptance_table` shows at temperature 0: zeroing accepts placeholders (as token 0's
-    word) without making real drafts better."""
+    """At temperature 0: zeroing accepts placeholders without making real drafts better."""
     from specfix.tokenizer import get_tokenizer
 
     zero_word = get_tokenizer().vocab[0]
@@ -466,24 +457,18 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
     """The same comparison at the highest temperature run."""
     t = max(r["temperature"] for r in rows)
     a, z = _clamp_and_zero(rows, t)
-    scarce = a[_ACC] + z[_ACC] < 10
+    both = a[_ACC] + z[_ACC]
+    scarce = f"; with {both} accepted draft(s) in both runs together, the rates say nothing either way. "
+    text = "the same as the clamp's."
+    if not z["same tokens as the clamp"]:
+        text = (
+            "different from the clamp's: an accepted placeholder emits a token, so the sampled run draws its "
+            "random numbers at other points."
+        )
     return (
         f"At temperature {t}: {a[_ACC]} of {a[_REAL]} real drafts accepted with the clamp, {z[_ACC]} of "
-        f"{z[_REAL]} with zeroing"
-        + (
-            f"; with {a[_ACC] + z[_ACC]} accepted draft(s) in both runs together, the rates say nothing "
-            "either way. "
-            if scarce
-            else ". "
-        )
-        + f"Zeroing still accepted {z['placeholders accepted']} placeholder slots, and its text is "
-        + (
-            "the same as the clamp's."
-            if z["same tokens as the clamp"]
-            else "different from the clamp's: an accepted placeholder emits a token, so the sampled run "
-            "draws "
-            "its random numbers at other points."
-        )
+        f"{z[_REAL]} with zeroing{scarce if both < 10 else '. '}Zeroing still accepted "
+        f"{z['placeholders accepted']} placeholder slots, and its text is {text}"
     )
 
 
@@ -493,29 +478,25 @@ def guard_cost_text(timing: GuardTiming, steps: int, on_gpu: bool) -> str:
     def ms(s):
         return f"median {statistics.median(s) * 1e3:,.0f} ms ({min(s) * 1e3:,.0f} to {max(s) * 1e3:,.0f})"
 
+    verdict = (
+        "the two spreads overlap: on this machine, at this size, the guard's cost is lost in the noise "
+        "between runs"
+    )
     if timing.separated:
-        verdict = (
-            "every guarded run was slower than every unguarded one: the guard costs about "
-            f"{timing.ratio - 1:.0%} here"
-        )
+        cost = f"{timing.ratio - 1:.0%}"
+        verdict = f"every guarded run was slower than every unguarded one: the guard costs about {cost} here"
     elif max(timing.guarded_s) < min(timing.plain_s):
         verdict = (
             "every guarded run was faster, which says the machine's speed drifted, not that the guard helps"
         )
-    else:
-        verdict = (
-            "the two spreads overlap: on this machine, at this size, the guard's cost is lost in the "
-            "noise between runs"
+    sync = ", each one a synchronisation on this GPU."
+    if not on_gpu:
+        sync = (
+            "; on a CPU each check reads memory the host already has, on a GPU each one is a synchronisation."
         )
     return (
         f"Over {len(timing.plain_s)} runs each: unguarded {ms(timing.plain_s)}, guarded "
         f"{ms(timing.guarded_s)}; {verdict}. The guard checked {timing.checked} index tensors per run, "
-        f"{timing.checked / steps:,.0f} per step"
-        + (
-            ", each one a synchronisation on this GPU."
-            if on_gpu
-            else "; on a CPU each check reads memory the host already has, on a GPU each one is a "
-            "synchronisation."
-        )
-        + " Either way the guard is for finding the bug, not for serving."
+        f"{timing.checked / steps:,.0f} per step{sync} Either way the guard is for finding the bug, not for "
+        "serving."
     )

@@ -1,211 +1,142 @@
-"""Chapter 4's figures and tables: Gumbel-max draws against softmax, the noise's small-u tail, tiles and their
-winners, the draft-logits buffer with and without the mask, and the H200 bench recording.
-
-One function per figure; each returns the Figure (drawn in :mod:`specfix.figures.style`, captioned) and
-leaves showing it to the notebook. The table builders return DataFrames read from a recording.
-"""
+"""Chapter 4's figures, tables and paragraphs: Gumbel-max draws against softmax, the noise's small-u tail,
+tiles and their winners, the draft-logits buffer with and without the mask, and the H200 bench recording."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.colors import ListedColormap
 
 from specfix.figures import style
 
-#: Cell categories of the draft-logits picture: untouched sentinel, written by a live row, written outside
-#: every live slot (a stray write), with a text colour that reads on each fill.
+#: The draft-logits picture's cells: untouched sentinel, written by a live row, written outside every live
+#: slot (a stray write); each with a text colour that reads on its fill.
 _CELL_FILLS = ("#f0f0f0", style.NEUTRAL, style.BUGGY)
 _CELL_TEXT = ("black", "white", "white")
 _CELL_WORDS = ("sentinel", "written", "stray write")
 
 
-def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
-    """Grouped bars: softmax(logits / T) and the frequency of each token among each sampler's draws.
-
-    ``draws`` maps a label to an int array of token ids."""
+def _bars_figure(probs, series, title: str, caption: str, height: float = 3.0):
+    """softmax(logits / T) beside each ``(label, token ids drawn, colour)`` series' frequencies, per token."""
     vocab = len(probs)
-    series = [("softmax(logits / T)", np.asarray(probs))]
-    series += [
-        (f"{name} ({len(s):,} draws)", np.bincount(s, minlength=vocab) / len(s)) for name, s in draws.items()
-    ]
-    width = 0.8 / len(series)
-    colours = [style.CEILING, style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER]
+    bars = [("softmax(logits / T)", np.asarray(probs), style.CEILING)]
+    bars += [(label, np.bincount(s, minlength=vocab) / len(s), colour) for label, s, colour in series]
     with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
-        x = np.arange(vocab)
-        for i, (label, freq) in enumerate(series):
-            ax.bar(
-                x + (i - (len(series) - 1) / 2) * width,
-                freq,
-                width,
-                label=label,
-                color=colours[i % len(colours)],
-            )
+        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, height))
+        style.grouped_bars(ax, np.arange(vocab), bars)
         style.integer_ticks(ax.xaxis)
-        ax.set(
-            xlabel="token id",
-            ylabel="frequency",
-            title=f"Gumbel-max draws against softmax, T = {temperature}",
-        )
+        ax.set(xlabel="token id", ylabel="frequency", title=title)
         style.legend_below(fig, ax)
-        style.caption(
-            fig,
-            "Every sampler's bars sit on the black softmax bar of the same token: "
-            "argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).",
-        )
+        style.caption(fig, caption)
     return fig
 
 
+def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
+    """Grouped bars: softmax(logits / T) and each sampler's token frequencies (``draws``: label -> ids)."""
+    colours = [style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER, style.CEILING]
+    series = [(f"{name} ({len(s):,} draws)", s, colours[i % 5]) for i, (name, s) in enumerate(draws.items())]
+    return _bars_figure(
+        probs,
+        series,
+        f"Gumbel-max draws against softmax, T = {temperature}",
+        "Every sampler's bars sit on the black softmax bar of the same token: argmax(logits / T + Gumbel "
+        "noise) is a draw from softmax(logits / T).",
+        height=3.2,
+    )
+
+
+def draws_at_temperature(probs, samples, temperature: float, chi2: float, threshold: float):
+    """The widget's figure: softmax(logits / T) and the frequency of each token among ``samples``."""
+    return _bars_figure(
+        probs,
+        [(f"{len(samples):,} Gumbel-max draws", samples, style.NEUTRAL)],
+        f"T = {temperature:g}, vocabulary {len(probs)}",
+        f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
+        f"{'passes' if chi2 < threshold else 'fails'} the test. Lower T piles the draws onto the top tokens; "
+        "higher T flattens them.",
+    )
+
+
 def gumbel_tail(u, exact, careful, naive):
-    """The noise g(u) at small u: exact (float64), the careful float32 form, and the naive float32 form,
-    whose +inf values are marked along the top instead of being clipped out of sight."""
+    """The noise g(u) at small u in three forms; the naive form's +inf marked, not clipped away."""
     u, exact, careful, naive = (np.asarray(a, dtype=np.float64) for a in (u, exact, careful, naive))
     overflow = ~np.isfinite(naive)
+    top = np.nanmax(exact) * 1.12
     with style.apply():
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.semilogx(u, exact, color=style.CEILING, lw=4, alpha=0.35, label="exact (float64)")
         ax.semilogx(u, careful, "--", color=style.FIXED, label="careful -log(-log1p(-u)), float32")
         finite = np.where(overflow, np.nan, naive)
         ax.semilogx(u, finite, ":", color=style.BUGGY, lw=2, label="naive -log(-log(1 - u)), float32")
-        top = np.nanmax(exact) * 1.12
         if overflow.any():
             ax.axvspan(u[overflow].min(), u[overflow].max(), color=style.BUGGY, alpha=0.08)
-            ax.plot(
-                u[overflow][::8],
-                np.full(len(u[overflow][::8]), top),
-                "^",
-                color=style.BUGGY,
-                ms=5,
-                label="naive = +inf (1 - u rounds to 1)",
-            )
+            marks = u[overflow][::8]
+            label = "naive = +inf (1 - u rounds to 1)"
+            ax.plot(marks, np.full(len(marks), top), "^", color=style.BUGGY, ms=5, label=label)
         ax.set_ylim(top=top * 1.06)
         ax.set(xlabel="u", ylabel="Gumbel noise g", title="The winners' noise lives at small u")
         style.legend_below(fig, ax)
         style.caption(
             fig,
-            "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in "
-            "float32. Just right of it, it is a staircase. The careful form follows the exact "
-            "curve everywhere.",
+            "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in float32. Just "
+            "right of it, it is a staircase. The careful form follows the exact curve everywhere.",
         )
     return fig
 
 
 def tile_winners(noisy, block: int):
-    """One row's logits + noise, shaded by tile of ``block`` tokens, each tile's maximum marked (stage 1)
-    and the best of them annotated (stage 2)."""
+    """One row's logits + noise by tiles of ``block``: each tile's maximum, then the best of them."""
     noisy = np.asarray(noisy, dtype=np.float64)
-    vocab = len(noisy)
-    starts = range(0, vocab, block)
+    starts = range(0, len(noisy), block)
     maxima = [noisy[s : s + block].max() for s in starts]
     winners = [s + int(noisy[s : s + block].argmax()) for s in starts]
     best = int(np.argmax(maxima))
     with style.apply():
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
         ax.plot(noisy, lw=0.4, color=style.PADDING)
-        for t, s in enumerate(starts):
-            if t % 2:
-                ax.axvspan(s, min(s + block, vocab), color=style.PADDING, alpha=0.12, lw=0)
+        for s in starts[1::2]:
+            ax.axvspan(s, min(s + block, len(noisy)), color=style.PADDING, alpha=0.12, lw=0)
         ax.plot(winners, maxima, "o", color=style.NEUTRAL, label="each tile's max (stage 1)")
-        ax.plot(
-            [winners[best]],
-            [maxima[best]],
-            "o",
-            ms=11,
-            mfc="none",
-            mec=style.FIXED,
-            mew=2,
-            label="best of the tiles (stage 2)",
-        )
+        best_look = dict(ms=11, mfc="none", mec=style.FIXED, mew=2, label="best of the tiles (stage 2)")
+        ax.plot([winners[best]], [maxima[best]], "o", **best_look)
         ax.set_ylim(top=maxima[best] + 0.15 * (maxima[best] - noisy.min()))
         style.integer_ticks(ax.xaxis)
-        ax.set(
-            xlabel="token id",
-            ylabel="logit + noise",
-            title=f"{len(maxima)} tiles of {block} (the last one partial)",
-        )
+        title = f"{len(maxima)} tiles of {block} (the last one partial)"
+        ax.set(xlabel="token id", ylabel="logit + noise", title=title)
         style.legend_below(fig, ax)
         style.caption(
             fig,
-            f"Each tile keeps only its maximum and its token id; the row's token is the best "
-            f"tile's winner, token {winners[best]}, whatever the tile size.",
+            f"Each tile keeps only its maximum and its token id; the row's token is the best tile's winner, "
+            f"token {winners[best]}, whatever the tile size.",
         )
     return fig
 
 
 def draft_logits_cells(buf, sentinel: float, live_slots) -> np.ndarray:
-    """``[rows, cols]`` category of each (row, column) of a guarded buffer ``[rows, cols, vocab]``:
-    0 untouched (all sentinel), 1 written inside a live slot, 2 written anywhere else."""
-    buf = np.asarray(buf)
-    written = (buf != sentinel).any(axis=-1)
-    cells = written.astype(int)
+    """Each (row, column) of ``buf``: 0 all sentinel, 1 written in a live slot, 2 written elsewhere."""
+    written = (np.asarray(buf) != sentinel).any(axis=-1)
     live = np.zeros(written.shape, dtype=bool)
     for row, col in live_slots:
         live[row, col] = True
-    cells[written & ~live] = 2
-    return cells
+    return np.where(written & ~live, 2, written.astype(int))
 
 
 def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_slots, row_labels):
-    """Side-by-side maps of a guarded draft-logits buffer after one drafter step, one per kernel variant.
-
-    ``buffers`` maps a title to the whole guarded buffer ``[rows, cols, vocab]``; ``live_slots`` lists the
-    (row, column) cells the live rows should write."""
-    cmap = ListedColormap(_CELL_FILLS)
+    """A map of the guarded draft-logits buffer per kernel variant (``buffers``: title -> buffer)."""
     with style.apply():
-        fig, axes = plt.subplots(1, len(buffers), figsize=(style.WIDTH_IN, 3.2), sharey=True)
-        axes = np.atleast_1d(axes)
-        for ax, (title, buf) in zip(axes, buffers.items(), strict=True):
+        fig, axes = plt.subplots(1, len(buffers), figsize=(style.WIDTH_IN, 3.2), sharey=True, squeeze=False)
+        for ax, (title, buf) in zip(axes[0], buffers.items(), strict=True):
             cells = draft_logits_cells(buf, sentinel, live_slots)
-            ax.imshow(cells, cmap=cmap, vmin=0, vmax=len(_CELL_FILLS) - 1, aspect="auto")
-            for (r, c), kind in np.ndenumerate(cells):
-                ax.text(c, r, _CELL_WORDS[kind], ha="center", va="center", fontsize=8, color=_CELL_TEXT[kind])
-            ax.set(
-                title=title,
-                xticks=range(cells.shape[1]),
-                xticklabels=[f"col {c}" for c in range(cells.shape[1])],
-                yticks=range(len(row_labels)),
-                yticklabels=row_labels,
-            )
-            ax.grid(False)
+            columns = [f"col {c}" for c in range(cells.shape[1])]
+            words = np.array(_CELL_WORDS)[cells]
+            style.cells(ax, cells, _CELL_FILLS, words, columns, row_labels, text_colours=_CELL_TEXT)
+            ax.set_title(title)
         style.caption(
             fig,
-            "Grey: still the sentinel. Blue: written by a live row into its own slot. "
-            "Magenta: written where no live row belongs, here the guard row just before the "
-            "table.",
+            "Grey: still the sentinel. Blue: written by a live row into its own slot. Magenta: written where "
+            "no live row belongs, here the guard row just before the table.",
         )
     return fig
-
-
-def draws_at_temperature(probs, samples, temperature: float, chi2: float, threshold: float):
-    """The widget's figure: softmax(logits / T) and the frequency of each token among ``samples``."""
-    vocab = len(probs)
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
-        x = np.arange(vocab)
-        ax.bar(x - 0.2, probs, 0.4, color=style.CEILING, label="softmax(logits / T)")
-        ax.bar(
-            x + 0.2,
-            np.bincount(samples, minlength=vocab) / len(samples),
-            0.4,
-            color=style.NEUTRAL,
-            label=f"{len(samples):,} Gumbel-max draws",
-        )
-        style.integer_ticks(ax.xaxis)
-        ax.set(xlabel="token id", ylabel="frequency", title=f"T = {temperature:g}, vocabulary {vocab}")
-        style.legend_below(fig, ax)
-        verdict = "passes" if chi2 < threshold else "fails"
-        style.caption(
-            fig,
-            f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
-            f"{verdict} the test. Lower T piles the draws onto the top tokens; higher T "
-            "flattens them.",
-        )
-    return fig
-
-
-# -- the H200 bench recording ---------------------------------------------------------------------------
 
 
 def bench_frame(bench: dict) -> pd.DataFrame:
@@ -227,6 +158,15 @@ def bench_goal(bench: dict, case: str, unit: str) -> dict:
     return next(g for g in bench["goals"] if g["case"] == case and g["unit"] == unit)
 
 
+def _gumbel_at(bench: dict, rows: int, vocab: int) -> pd.Series:
+    """us per call of every sampler at ``rows`` x ``vocab`` fp32, by impl."""
+    frame = bench_frame(bench)
+    at = frame[
+        (frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab) & (frame.dtype == "fp32")
+    ]
+    return at.set_index("impl").us
+
+
 def throughput_table(bench: dict, min_rows: int = 256) -> pd.DataFrame:
     """G logits/s of specfix's two noise modes, by vocabulary and rows (from ``min_rows`` on), per dtype."""
     frame = bench_frame(bench)
@@ -236,52 +176,38 @@ def throughput_table(bench: dict, min_rows: int = 256) -> pd.DataFrame:
 
 
 def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
-    """Above: G logits/s against rows at one vocabulary (both noise modes, fp32 and bf16, the goal line).
-    Below: us per call of every sampler at ``rows_at`` x ``vocab`` fp32."""
+    """G logits/s against rows at one vocabulary, and every sampler's us per call at one shape."""
     frame = bench_frame(bench)
-    gumbel = frame[frame.case == "gumbel"]
+    gumbel = frame[(frame.case == "gumbel") & (frame.vocab == vocab)]
     goal = bench_goal(bench, "gumbel", "G logits/s")
     names = ["torch_softmax_multinomial", "torch_gumbel_max", "specfix_exact", "specfix_fast"]
-    at = gumbel[(gumbel.rows == rows_at) & (gumbel.vocab == vocab) & (gumbel.dtype == "fp32")]
-    at = at.set_index("impl").us
+    at = _gumbel_at(bench, rows_at, vocab)
     with style.apply():
-        fig, axes = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 6.2), gridspec_kw={"height_ratios": [1.4, 1]})
+        fig, (top, bottom) = plt.subplots(
+            2, 1, figsize=(style.WIDTH_IN, 6.2), gridspec_kw={"height_ratios": [1.4, 1]}
+        )
         for impl, colour in (("specfix_exact", style.ACCENT), ("specfix_fast", style.FIXED)):
             for dtype, line in (("fp32", "-"), ("bf16", "--")):
-                sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype) & (gumbel.vocab == vocab)]
-                sel = sel.sort_values("rows")
-                axes[0].plot(
-                    sel.rows.astype(float),
-                    sel.G_logits_per_s,
-                    line,
-                    marker="o",
-                    color=colour,
-                    label=f"{impl.removeprefix('specfix_')} noise, {dtype}",
+                sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype)].sort_values("rows")
+                label = f"{impl.removeprefix('specfix_')} noise, {dtype}"
+                top.plot(
+                    sel.rows.astype(float), sel.G_logits_per_s, line, marker="o", color=colour, label=label
                 )
-        axes[0].axhline(
-            goal["target"],
-            color=style.CEILING,
-            lw=1,
-            ls=":",
-            label=f"goal: {goal['target']:.0f} G/s at >= 256 rows",
-        )
-        axes[0].set_xscale("log", base=2)
-        axes[0].set(xlabel="rows", ylabel="G logits / s", title=f"vocabulary {vocab:,}")
-        axes[0].legend(loc="upper left", fontsize=8)
-        axes[1].barh(
-            [n.replace("_", " ") for n in names],
-            [at[n] for n in names],
-            color=[style.PADDING, style.PADDING, style.ACCENT, style.FIXED],
-        )
-        axes[1].set(xlabel="us per call (median)", title=f"{rows_at} x {vocab:,}, fp32")
+        label = f"goal: {goal['target']:.0f} G/s at >= 256 rows"
+        top.axhline(goal["target"], color=style.CEILING, lw=1, ls=":", label=label)
+        top.set_xscale("log", base=2)
+        top.set(xlabel="rows", ylabel="G logits / s", title=f"vocabulary {vocab:,}")
+        top.legend(loc="upper left", fontsize=8)
+        colours = [style.PADDING, style.PADDING, style.ACCENT, style.FIXED]
+        bottom.barh([n.replace("_", " ") for n in names], [at[n] for n in names], color=colours)
+        bottom.set(xlabel="us per call (median)", title=f"{rows_at} x {vocab:,}, fp32")
         fig.tight_layout()
-        big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.vocab == vocab) & (gumbel.rows >= 256)]
-        low, high = big.G_logits_per_s.min(), big.G_logits_per_s.max()
+        big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.rows >= 256)].G_logits_per_s
         style.caption(
             fig,
-            f"Above: from 256 rows on, where the goal applies, the fast noise runs at "
-            f"{low:.0f} to {high:.0f} G logits/s; fewer rows do not fill the GPU. Below: both "
-            "noise modes against the textbook samplers at one shape (shorter is faster).",
+            f"Above: from 256 rows on, where the goal applies, the fast noise runs at {big.min():.0f} to "
+            f"{big.max():.0f} G logits/s; fewer rows do not fill the GPU. Below: both noise modes against "
+            "the textbook samplers at one shape (shorter is faster).",
         )
     return fig
 
@@ -299,13 +225,8 @@ def mask_table(bench: dict) -> pd.DataFrame:
     mask = frame[frame.case == "gumbel_mask"]
     masked = mask[mask.impl == "masked"].set_index("store_processed_logits")
     unmasked = mask[mask.impl == "unmasked"].set_index("store_processed_logits")
-    table = pd.DataFrame(
-        {
-            "masked us": masked.us.round(1),
-            "unmasked us": unmasked.us.round(1),
-            "overhead %": (100 * masked.overhead).round(2),
-        }
-    )
+    us = {"masked us": masked.us.round(1), "unmasked us": unmasked.us.round(1)}
+    table = pd.DataFrame({**us, "overhead %": (100 * masked.overhead).round(2)})
     table.index = table.index.map({False: "without", True: "with"})
     return table.rename_axis("processed-logits store")
 
@@ -336,8 +257,7 @@ def samplers_text(tests: pd.DataFrame, draws: dict[str, np.ndarray]) -> str:
 
 
 def tail_text(u, exact, careful, naive) -> str:
-    """Where the naive noise overflows, and the careful form's worst relative error (the inputs of
-    :func:`gumbel_tail`)."""
+    """Where the naive noise overflows; the careful form's worst relative error (:func:`gumbel_tail`'s)."""
     overflow = ~np.isfinite(np.asarray(naive))
     worst = np.max(np.abs(np.asarray(careful, dtype=np.float64) - exact) / np.abs(exact))
     u = np.asarray(u)
@@ -351,16 +271,9 @@ def tail_text(u, exact, careful, naive) -> str:
 
 def invariance_table(alone: dict, t_alone, t_crowd, t_moved) -> pd.DataFrame:
     """Each request's token alone, in another batch, and one position on (`alone`: the requests' batch)."""
-    return pd.DataFrame(
-        {
-            "seed": alone["seed"],
-            "pos": alone["pos"],
-            "alone": t_alone,
-            "in another batch": t_crowd,
-            "position + 1": t_moved,
-        },
-        index=[f"request {i}" for i in range(len(t_alone))],
-    )
+    tokens = {"alone": t_alone, "in another batch": t_crowd, "position + 1": t_moved}
+    index = [f"request {i}" for i in range(len(t_alone))]
+    return pd.DataFrame({"seed": alone["seed"], "pos": alone["pos"], **tokens}, index=index)
 
 
 def invariance_text(table: pd.DataFrame) -> str:
@@ -413,14 +326,7 @@ def sanitizer_text(san: dict) -> str:
 
 def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
     """The two noise modes against softmax + multinomial at one fp32 shape of the bench recording."""
-    frame = bench_frame(bench)
-    at = (
-        frame[
-            (frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab) & (frame.dtype == "fp32")
-        ]
-        .set_index("impl")
-        .us
-    )
+    at = _gumbel_at(bench, rows, vocab)
     fast, exact, slow = at["specfix_fast"], at["specfix_exact"], at["torch_softmax_multinomial"]
     return (
         f"At {rows} x {vocab:,} fp32 the fast noise takes {fast:.0f} us and the exact noise {exact:.0f} "
@@ -431,8 +337,7 @@ def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
 
 
 def graph_text(bench: dict, store: pd.DataFrame) -> str:
-    """One row in a CUDA graph against its goal, and what storing the draft logits adds (`store`:
-    :func:`drafter_store_table`)."""
+    """One row in a CUDA graph against its goal, and what storing the draft logits adds."""
     graph = graph_table(bench)
     calls = sorted({r["params"]["calls_per_graph"] for r in bench["results"] if r["case"] == "gumbel_graph"})
     goal = bench_goal(bench, "gumbel_graph", "us")
@@ -458,8 +363,7 @@ def mask_text(mask: pd.DataFrame) -> str:
 
 
 def noise_comparison_table(rec: dict) -> pd.DataFrame:
-    """The recorded comparison of the `vllm` noise mode with vLLM's own kernel, one line per fact (its
-    per-case list summed up, not dumped)."""
+    """The `vllm` noise mode against vLLM's own kernel, one line per fact."""
     cases = rec.get("cases", [])
     facts = {
         "compared with": f"vLLM {rec['vllm_version']}'s gumbel_sample, same inputs",

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from specfix.figures import style
@@ -33,8 +34,7 @@ _KIND_LABELS = [
 
 
 def _grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None, rows=None) -> Figure:
-    """A column-wide figure of token grids, one per ``(ids, kinds, title)`` panel, ticks named by ``cols`` and
-    ``rows``, with the key of the kinds shown and ``caption``; closed in pyplot."""
+    """Token grids, one per ``(ids, kinds, title)`` panel, with the kinds' key and a caption; closed."""
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, height))
         axes = np.atleast_1d(fig.subplots(len(panels), 1))
@@ -71,8 +71,7 @@ def _filled_lengths(step: StepTrace) -> list[int]:
 def token_table(
     step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | None = None, width: int = 10
 ) -> Figure:
-    """``InputBatch.token_ids_cpu`` after ``update_req_spec_token_ids``: the drafts sit verbatim after each
-    request's committed tokens. ``rows``: the requests' rows in the persistent batch (default 0, 1, ...)."""
+    """``InputBatch.token_ids_cpu`` after ``update_req_spec_token_ids``, ``rows`` its requests' rows."""
     rows = list(range(len(step.req_ids))) if rows is None else list(rows)
     if len(rows) != len(step.req_ids):
         raise ValueError(f"rows has {len(rows)} entries for {len(step.req_ids)} requests")
@@ -99,8 +98,7 @@ def draft_positions(step: StepTrace) -> np.ndarray:
 
 
 def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
-    """Three views of one step: ``input_ids`` after ``_prepare_inputs``, ``draft_token_ids`` under the
-    positions it was gathered from, and what the embedding receives after ``_preprocess``."""
+    """One step's ``input_ids``, ``draft_token_ids`` at their positions, and what the embedding reads."""
     if step.spec_decode_metadata is None:
         raise ValueError("step has no SpecDecodeMetadata: pick a step that verifies drafts")
     before = step.input_ids_before_clamp.numpy()
@@ -177,29 +175,23 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
     return fig
 
 
-# -- tables ----------------------------------------------------------------------------------------------
-
-
 def _rate(numerator: int, denominator: int) -> float:
     return round(numerator / denominator, 3) if denominator else math.nan
 
 
 def design_table(designs: Mapping[str, GenerateResult | BaseException], plain: GenerateResult):
-    """One row per placeholder design: what ran, slots and drafts counted apart, two acceptance rates, and
-    whether the text equals plain greedy decoding. A design given as an exception is shown as its crash."""
-    import pandas as pd
-
+    """A row per placeholder design (an exception: its crash), slots and drafts counted apart."""
     rows = []
     for name, result in designs.items():
         if isinstance(result, BaseException):
             rows.append({"design": name, "outcome": f"crash: {type(result).__name__}"})
             continue
         found = verifications(result)
-        slots = sum(len(v.drafts) + v.num_placeholders for v in found)
-        drafts = sum(len(v.drafts) for v in found)
-        pads = [t for v in found for t in v.placeholders]
+        drafts, pads = sum(len(v.drafts) for v in found), [t for v in found for t in v.placeholders]
+        slots = drafts + len(pads)
         accepted_pads = sum(v.accepted_placeholders for v in found)
-        accepted_drafts = sum(v.accepted_drafts for v in found)
+        accepted = sum(v.accepted_drafts for v in found)
+        same = all(a.token_ids == b.token_ids for a, b in zip(result.outputs, plain.outputs, strict=True))
         rows.append(
             {
                 "design": name,
@@ -209,12 +201,10 @@ def design_table(designs: Mapping[str, GenerateResult | BaseException], plain: G
                 "placeholders recognisable by id (< 0)": sum(t < 0 for t in pads),
                 "real drafts": drafts,
                 "placeholder slots accepted": accepted_pads,
-                "real drafts accepted": accepted_drafts,
-                "rate over all slots": _rate(accepted_drafts + accepted_pads, slots),
-                "rate over real drafts": _rate(accepted_drafts, drafts),
-                "text == plain greedy": all(
-                    a.token_ids == b.token_ids for a, b in zip(result.outputs, plain.outputs, strict=True)
-                ),
+                "real drafts accepted": accepted,
+                "rate over all slots": _rate(accepted + accepted_pads, slots),
+                "rate over real drafts": _rate(accepted, drafts),
+                "text == plain greedy": same,
             }
         )
     table = pd.DataFrame(rows).set_index("design")
@@ -224,8 +214,6 @@ def design_table(designs: Mapping[str, GenerateResult | BaseException], plain: G
 
 def comparison_table(summary: Mapping[str, Mapping[str, int]], name_a: str, name_b: str, word: str):
     """:func:`specfix.lab.placeholder_lifecycle.compare_runs`'s groups as a table, the runs named."""
-    import pandas as pd
-
     index = {
         "both": "verified by both runs",
         "only a": f"only by the {name_a} run",
@@ -249,28 +237,22 @@ def _words(ids: Sequence[int], vocab: Sequence[str]) -> str:
 
 
 def runner_paths_table(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[str]):
-    """:func:`specfix.lab.placeholder_lifecycle.runner_paths` as a table: one row per runner and switch, the
-    draft slots' ids at each stage (with their words), what the step emitted, or the error it raised."""
-    import pandas as pd
-
+    """A row per runner and switch: the draft slots' ids at each stage, or the error raised."""
+    columns = (
+        "scheduler sends",
+        "embedding reads",
+        "verification sees",
+        "step emits",
+        "placeholders accepted",
+    )
     table = {}
     for name, row in rows.items():
-        if row["error"]:
-            table[name] = {
-                "scheduler sends": "",
-                "embedding reads": row["error"],
-                "verification sees": "",
-                "step emits": "",
-                "placeholders accepted": "",
-            }
+        if row["error"]:  # the error stands where the embedding would have read the ids
+            table[name] = {**dict.fromkeys(columns, ""), "embedding reads": row["error"]}
             continue
-        table[name] = {
-            "scheduler sends": str(row["scheduler sends"]),
-            "embedding reads": _words(row["embedding reads"], vocab),
-            "verification sees": _words(row["verification sees"], vocab),
-            "step emits": _words(row["emitted"], vocab),
-            "placeholders accepted": row["placeholders accepted"],
-        }
+        ids = [_words(row[stage], vocab) for stage in ("embedding reads", "verification sees", "emitted")]
+        values = [str(row["scheduler sends"]), *ids, row["placeholders accepted"]]
+        table[name] = dict(zip(columns, values, strict=True))
     return pd.DataFrame(table).T
 
 
@@ -302,8 +284,6 @@ def runner_paths_text(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[
 
 def sources_table(counts: Mapping[str, Mapping[str, int]]):
     """:func:`specfix.lab.placeholder_lifecycle.placeholder_sources` as a table, with the -1 slots' share."""
-    import pandas as pd
-
     table = pd.DataFrame(counts).T
     table["share of -1"] = [_rate(row["-1 slots"], row["draft slots"]) for _, row in table.iterrows()]
     return table
@@ -353,8 +333,7 @@ def padding_text(step: StepTrace, capture_sizes: Sequence[int]) -> str:
 
 
 def rollback_text(step: StepTrace, request, req_id: str = "pd") -> str:
-    """How ``update_from_output`` rolled request `req_id`'s ``num_computed_tokens`` back after the step
-    (`request`: the scheduler's Request after the step)."""
+    """How ``update_from_output`` rolled `req_id`'s ``num_computed_tokens`` back after the step."""
     so = step.scheduler_output
     start = next(new.num_computed_tokens for new in so.scheduled_new_reqs if new.req_id == req_id)
     k = len(so.scheduled_spec_decode_tokens[req_id])
@@ -394,8 +373,7 @@ drafter proposed; the other slots are placeholders. Under (c) every placeholder 
 
 
 def placeholder_origin_text(result: GenerateResult, k: int) -> str:
-    """Where a run's placeholder slots sit (first decodes or later), and the verifications with fewer
-    than k drafts or none, whose missing slots are not scheduled at all."""
+    """Where a run's placeholder slots sit, and why short draft lists hold no ``-1``."""
     found = verifications(result)
     n_requests = len(result.outputs)
     first = {v.req_id: min(w.position for w in found if w.req_id == v.req_id) for v in found}

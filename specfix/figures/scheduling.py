@@ -40,8 +40,7 @@ def _require_traces(runs: Mapping[str, GenerateResult]) -> None:
 
 
 def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
-    """A panel per run, a row per request, a column per engine step: each cell coloured by what the request's
-    draft slots held when the embedding read them (:data:`SLOT_KINDS`), with the number of slots in it."""
+    """A panel per run: what each request's draft slots held at each step (:data:`SLOT_KINDS`)."""
     _require_traces(runs)
     width = max(len(r.trace) for r in runs.values())
     height = 1.0 + 0.42 * sum(len(r.outputs) for r in runs.values()) + 0.5 * len(runs)
@@ -73,8 +72,7 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
 
 
 def placeholder_table(runs: Mapping[str, GenerateResult]):
-    """A row per run: batches, draft slots verified, and the ``-1`` slots written, overwritten by the runner
-    and reaching the embedding (:func:`specfix.lab.scheduling.placeholder_counts`)."""
+    """A row per run of :func:`specfix.lab.scheduling.placeholder_counts`."""
     import pandas as pd
 
     _require_traces(runs)
@@ -97,8 +95,7 @@ _STAGES = (
 
 
 def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Figure:
-    """One request's draft slots in one step, stage by stage: what the scheduler sent (and the runner wrote
-    verbatim into ``token_ids_cpu``), ``input_ids`` on the device, and what the embedding receives."""
+    """One request's draft slots in one step, from the scheduler to the embedding."""
     spec = step.scheduler_output.scheduled_spec_decode_tokens
     if req_id not in step.req_ids or req_id not in spec:
         raise ValueError(f"request {req_id!r} has no draft slots in this step")
@@ -218,8 +215,7 @@ def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
 
 
 def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str:
-    """Where each workload crashes without the clamp (``crashes``: a DataFrame of
-    :func:`specfix.lab.scheduling.first_crash`, workloads by mode), and why only there."""
+    """Where each workload crashes without the clamp, and why only there."""
     import pandas as pd
 
     def said(name, mode):

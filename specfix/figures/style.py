@@ -124,8 +124,8 @@ def patches(fills, labels) -> list[Patch]:
 
 
 def legend_below(fig, ax=None, ncol: int = 2, handles=None, **kwargs) -> None:
-    """A legend of ``ax`` (its artists, or ``handles``), or of the figure where ``ax`` is None, in a strip under
-    the axes: the figure grows by the strip and keeps the column's width."""
+    """A legend of ``ax`` (its artists, or ``handles``), or of the figure where ``ax`` is None, in a strip
+    under the axes: the figure grows by the strip and keeps the column's width."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
     else:
