@@ -1,12 +1,10 @@
 """Re-create the embedding device-side assert for real, in child processes, and read what it leaves behind.
 
-A CUDA device-side assert poisons the CUDA context of the process that hit it, so every reproduction
-here runs in a child Python (``sys.executable``) whose merged stdout/stderr, exit status and structured
-events (``@@ {json}`` lines the child prints as it goes) come back as a :class:`ChildRun`. The caller (a
-notebook kernel, a test, the recorder script) survives and can run the next case.
+A device-side assert poisons the CUDA context of its process, so each reproduction runs in a child Python
+whose output, exit status and ``@@ {json}`` events come back as a :class:`ChildRun`.
 
 Read :func:`run_child` and :func:`minimal_crash_code` first; the comments above :func:`run_until_asserts`
-and ``PRELUDE`` say why a child may end without its assert lines and what is done about it.
+and ``PRELUDE`` say why a child may end without its assert lines.
 """
 
 from __future__ import annotations
@@ -94,9 +92,7 @@ class ChildRun:
         return next((e for e in self.events if e.get("kind") == kind), None)
 
     def transcript(self, max_asserts: int = 2) -> str:
-        """The output as a terminal shows it: events as ``[child] ...`` lines, long runs of asserts cut, files
-        named from their package (no path of the machine that ran it), and the engine's failed rollback (a
-        second exception, raised because the context is poisoned) said in one line."""
+        """The output as a terminal shows it, long assert runs cut, no machine paths."""
         lines, asserts = [], 0
         for line in self.output.splitlines():
             line = _FILE_PATH.sub(_short_path, line)
@@ -129,10 +125,7 @@ class ChildRun:
 def run_child(
     code: str, *, label: str = "", env: dict[str, str] | None = None, timeout: float = 180.0
 ) -> ChildRun:
-    """Run ``code`` in a fresh ``sys.executable`` with ``env`` added; the child's failure is data.
-
-    The code is written to a temporary ``<label>.py`` so that tracebacks show source lines.
-    """
+    """Run ``code`` as ``<label>.py`` in a fresh Python (tracebacks show its lines); failure is data."""
     if not isinstance(code, str) or not code.strip():
         raise ValueError("code must be a non-empty string of Python source")
     if timeout <= 0:
@@ -162,13 +155,9 @@ def run_child(
     return ChildRun(label, code, dict(env or {}), returncode, output, time.perf_counter() - start, events)
 
 
-# The driver's assert lines (``Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], thread: [1,0,0]
-# Assertion `srcIndex < srcSelectDimSize` failed.``, parsed by ``device_asserts``) are the device's own
-# printf: the host fetches them only when it next waits for the GPU, and a process that dies of the error at
-# a mere launch (no wait) can exit without them. Every child therefore waits for the device and flushes its
-# output before it exits (``PRELUDE``), this re-runs a child that failed without an assert line a bounded
-# number of times, and :func:`with_assert_lines` lets a chapter fall back to a recorded transcript, saying
-# so, when a live run still has none.
+# The assert lines are the device's printf, fetched only when the host next waits for the GPU: a process
+# that dies at a mere launch can exit without them. So every child waits and flushes (``PRELUDE``), this
+# re-runs one that lost them, and :func:`with_assert_lines` falls back to a recording, saying so.
 def run_until_asserts(
     code: str,
     *,
@@ -177,9 +166,7 @@ def run_until_asserts(
     timeout: float = 180.0,
     attempts: int = 3,
 ) -> ChildRun:
-    """:func:`run_child`, run again (at most ``attempts`` runs in all) while the child fails without printing
-    an assert line; ``attempts`` of the returned run says how many runs it took. A child that succeeds, prints
-    asserts, or times out is returned at once."""
+    """:func:`run_child`, re-run (``attempts`` in all) while the child fails without an assert line."""
     if not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
     for attempt in range(1, attempts + 1):
@@ -199,9 +186,7 @@ def first_assert_text(run: ChildRun) -> str:
 
 
 def with_assert_lines(live: ChildRun, recording: dict, name: str) -> tuple[ChildRun, str]:
-    """The run a text about assert lines can read, and a note: ``live`` itself (note empty) if it holds
-    assert lines, else the recorded run ``recording["runs"][name]`` with a note that says why it stands in
-    and where it was recorded."""
+    """``live`` if it holds assert lines, else the recorded run, with a note that says why it stands in."""
 
     if live.asserts:
         return live, ""
@@ -222,11 +207,8 @@ def with_assert_lines(live: ChildRun, recording: dict, name: str) -> tuple[Child
     return live, f"{why} No recorded transcript with assert lines stands in for it."
 
 
-# Helpers every child starts with: ``event`` prints a structured line, ``report`` records a caught
-# exception with the innermost frame it was raised from, ``probe_context`` tries a few CUDA calls.
-# ``drain_device_output`` runs before the traceback of an uncaught exception and at exit: the device's assert
-# text is its printf, which the host fetches only when it waits for the GPU (the wait itself then fails), and
-# C's stdout buffers it in a pipe.
+# Helpers every child starts with. ``drain_device_output`` runs before an uncaught traceback and at exit:
+# the host fetches the assert printf only when it waits for the GPU, and C's stdout buffers it in a pipe.
 PRELUDE = r'''
 import atexit, ctypes, json, os, sys, time, traceback
 import torch
@@ -291,14 +273,9 @@ def probe_context(before):
 '''
 
 
-# Three kinds of child:
-#
-# * :func:`minimal_crash_code` -- ``F.embedding`` with a ``-1`` in the ids, with events marking where
-#   the launch returned and where the error surfaced, then probes showing the context is poisoned;
-# * :func:`pipeline_crash_code` -- the specfix engine with ``Fixes(clamp_placeholders=False)`` (what
-#   vLLM did before PR #47029), left to crash as a serving worker would;
-# * :func:`op_case_code` -- one row of the table "which operations assert, and how" (:data:`OPS`); the
-#   CPU column comes from :func:`cpu_outcome`, run in-process since CPU errors are ordinary exceptions.
+# Three kinds of child: :func:`minimal_crash_code` (``F.embedding`` of a ``-1``), :func:`pipeline_crash_code`
+# (the engine as vLLM ran before PR #47029) and :func:`op_case_code` (one row of :data:`OPS`; its CPU
+# column comes from :func:`cpu_outcome`, in-process since CPU errors are ordinary exceptions).
 def minimal_crash_code(ids: tuple[int, ...] = (5, -1, 7), vocab: int = 32, hidden: int = 16) -> str:
     """``F.embedding`` on CUDA with a bad id, instrumented: a warm-up launch with valid ids (so that the timed
     launch carries no one-time set-up), then the bad launch, its return, synchronize, and probes."""
@@ -442,9 +419,8 @@ def cuda_outcome(run: ChildRun) -> dict:
 
 
 def pipeline_crash_code(steps: int = 4) -> str | None:
-    """The specfix engine (``run_demo``) on CUDA with ``Fixes(clamp_placeholders=False)``, left to crash
-    on its own (no try/except: the exit status and traceback are the real ones). A global forward hook
-    prints an event each time an ``nn.Embedding`` returns. None if the engine is not available."""
+    """The engine's demo on CUDA without the clamp, left to crash (no try/except: the real exit status and
+    traceback); None if the engine is not available."""
     import importlib.util
 
     if importlib.util.find_spec("specfix.v1.engine") is None:
@@ -514,9 +490,8 @@ def op_table_rows(
 
 
 def live_or_recorded_ops(live_rows: list[dict], recording: dict) -> tuple[list[dict], str]:
-    """The op table's rows and a note: ``live_rows`` if every case that asserted left its assert line, else
-    the rows of ``recording`` (``embedding_assert_ops``), since the kernel names are what the table is read
-    for, with a note naming the lost cases and the recording."""
+    """``live_rows`` if every asserting case left its line, else the recording's (the kernel names are what
+    the table is read for), with a note."""
     lost = [
         f"{r['op']} ({r['bad']}, {r['num_indices']:,} indices)"
         for r in live_rows

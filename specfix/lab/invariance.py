@@ -1,17 +1,15 @@
 """A padding-invariance checker: live results must not depend on what the padded rows hold.
 
-A step that runs at a padded size (a CUDA-graph replay, say) reads whole persistent buffers, padded
-rows included. A correct step gives its live requests the same outputs and leaves their state the
-same *whatever* the padding holds; :func:`check_padding_invariance` tests exactly that (read it first):
+A step run at a padded size (a CUDA-graph replay) reads whole persistent buffers, padded rows included;
+a correct one gives its live requests the same results *whatever* the padding holds. Read
+:func:`check_padding_invariance` first:
 
     report = check_padding_invariance(
         step=lambda: speculator.propose(...),              # any callable over persistent buffers
         buffers={"idx_mapping": spec.idx_mapping, ...},    # every buffer the step reads or writes
         padded={"idx_mapping": slice(num_reqs, None), ...},# the rows that are padding, per buffer
         live={"draft_logits": live_slots, ...},            # the rows that must not change, per buffer
-        bounds={"idx_mapping": (-1, max_num_reqs), ...},   # value range of integer index buffers
     )
-    assert report.ok, report
 """
 
 from __future__ import annotations
@@ -125,21 +123,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return eq.reshape(a.shape[0], -1).all(dim=1)
 
 
-# Padded rows hold whatever was there: zeros from allocation, an earlier larger batch, a finished request.
-# The check runs the step once on the buffers as it finds them (the ``"stale"`` run: the padding as the
-# engine left it), then once per garbage pattern (random values, NaN, -1, huge ids), each time over the same
-# live inputs with the padded region of every buffer overwritten, and compares the live rows it was told to
-# watch with the stale run's. So a report says both *whether* the padding can leak into live results and,
-# where the stale run differs from a harmless pattern (``minus_one`` for an index buffer) or from the
-# reference, *which* live rows the padding as it stands corrupts.
-#
-# Corruption that writes a *fixed* wrong value (DFlash's padded samples all point at row 0 and slot 0)
-# looks the same under every pattern. For that, pass ``reference``: the same step run at the exact batch
-# size, without padding; every pattern's live rows must also equal the reference's.
-#
-# The buffers are snapshotted first and restored after every run and at the end, so the check leaves
-# them as it found them. On a GPU the step may replay a CUDA graph: the checker only writes into the
-# buffers in place (``copy_`` / ``fill_``), never reallocates them.
+# The step runs once on the buffers as found (the ``"stale"`` run), then once per garbage pattern over the
+# padded rows, and the watched live rows are compared: a report says whether the padding can leak and
+# which live rows the padding as it stands corrupts. A *fixed* wrong value (DFlash's padded samples all
+# name row 0) looks the same under every pattern, so ``reference`` (the exact-size step) is compared too.
+# Buffers are written only in place (a CUDA graph may replay them) and restored at the end.
 def check_padding_invariance(
     step: Callable[[], object],
     buffers: Mapping[str, torch.Tensor],
@@ -152,15 +140,8 @@ def check_padding_invariance(
     seed: int = 0,
     stale: bool = True,
 ) -> InvarianceReport:
-    """Run ``step`` once per garbage pattern and report live rows that change (see the comment above).
-
-    ``buffers``: name -> persistent tensor, every buffer the step reads or writes. ``padded``: name -> rows
-    (along dim 0) that are padding and get garbage before each run. ``live``: name -> rows that must come
-    out identical in every run. ``patterns``: two or more of ``GARBAGE_PATTERNS``. ``bounds``: name ->
-    (low, high), so that an index buffer's garbage stays in [low, high) and the step can use it without
-    faulting (``huge`` = high - 1). ``reference``: the step at the exact size, without padding; live rows
-    must match it too. ``seed`` seeds ``random``. ``stale``: first run the step on the buffers as found
-    (run ``"stale"``), the baseline; with ``False`` the first pattern is the baseline."""
+    """Run ``step`` once per garbage pattern and report the live rows that change; ``bounds`` keeps an
+    index buffer's garbage in range so the step cannot fault."""
     bounds = dict(bounds or {})
     _check_arguments(buffers, padded, live, bounds, patterns)
     pad_rows = {n: _row_index(r, buffers[n].shape[0], buffers[n].device) for n, r in padded.items()}
@@ -237,18 +218,9 @@ def check_speculator(
     reference: bool = True,
     unscheduled: Sequence[int] = (),
 ) -> InvarianceReport:
-    """:func:`check_padding_invariance` for one ``DraftModelSpeculator.propose`` call.
-
-    Padding: rows ``num_reqs..`` of the batch-row buffers and the free slots of ``draft_logits``. Watched:
-    the live rows' drafts, the batch's slots of ``draft_logits`` and the ``unscheduled`` slots (live
-    requests left out of this step: their cached draft logits wait for their next verification). With
-    ``reference``, the exact-size eager step is the reference. On a GPU with captured graphs, every run is
-    a real graph replay.
-
-    A stale row naming a batch slot races the live row that writes the same slot in the same launch: on a
-    GPU either store may land last, so that corruption shows only when the padded row's wins. A stale row
-    naming an unscheduled slot is the only writer there: its corruption shows on every device.
-    """
+    """:func:`check_padding_invariance` for one ``DraftModelSpeculator.propose`` call. Watch the
+    ``unscheduled`` slots: there a stale row is the only writer, so it shows on every device (a batch slot
+    is a race on a GPU)."""
     slots = idx_mapping[:num_reqs].tolist()
     waiting = list(unscheduled)
     if any(not is_int(s) or not 0 <= s < spec.max_num_reqs or s in slots for s in waiting) or len(
@@ -284,9 +256,8 @@ def check_speculator(
 def check_dflash(
     drafter, num_reqs: int, idx_mapping: torch.Tensor, last_sampled: torch.Tensor, num_computed: torch.Tensor
 ) -> InvarianceReport:
-    """:func:`check_padding_invariance` for one ``DFlashDrafter.propose`` call, with the eager
-    exact-size step as the reference (the DFlash bug writes a *fixed* wrong value: see the comment above
-    :func:`check_padding_invariance`)."""
+    """:func:`check_padding_invariance` for one ``DFlashDrafter.propose`` call, against the exact-size step
+    (the DFlash bug writes a *fixed* wrong value)."""
     k, m = drafter.inputs.num_speculative_steps, drafter.inputs.max_num_reqs
     slots = idx_mapping[:num_reqs].tolist()
     queries, samples = slice(num_reqs * (k + 1), None), slice(num_reqs * k, None)
