@@ -4,15 +4,14 @@
     with check_indices():
         model(input_ids)        # raises IndexGuardError naming the op, the bad values and where they sit
 
-While active, :func:`check_indices` checks the index tensor of every embedding lookup (``nn.Embedding``
-too), ``index_select``, ``gather``, ``take`` and integer-tensor indexing against the size of the dimension
-it indexes, and raises :class:`IndexGuardError` (an ``IndexError``) *before* the op runs, so no CUDA kernel
-ever gets the chance to assert and poison the process. Read :class:`check_indices` first: the comment
-above it says what it costs, how strict it is and what it does not cover.
+Embedding lookups, ``index_select``, ``gather``, ``take`` and integer-tensor indexing are checked *before*
+the op runs, so no CUDA kernel gets to assert and poison the process. Read :class:`check_indices` first:
+the comment above it says what it costs, how strict it is and what it does not cover.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import traceback
@@ -24,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-#: vLLM's speculative placeholder draft token id (vLLM 0.33.0 ``vllm/v1/sample/rejection_sampler.py``).
-PLACEHOLDER_TOKEN_ID = -1
+from specfix.checks import is_int
+from specfix.v1.rejection_sampler import PLACEHOLDER_TOKEN_ID
+
 #: How many offending positions an error message lists before it says "and N more".
 MAX_LISTED = 8
 
@@ -58,8 +58,8 @@ class IndexGuardError(IndexError):
         listed = ", ".join(f"{v} at {p}" for v, p in zip(values, positions, strict=True))
         more = f", and {num_bad - len(values)} more" if num_bad > len(values) else ""
         lines = [
-            f"{op}: {num_bad} of {_numel(index_shape)} indices fall outside the valid range [{low}, {high}), "
-            f"{extent} (shape {tuple(shape)}, device {device}).",
+            f"{op}: {num_bad} of {math.prod(index_shape)} indices fall outside the valid range "
+            f"[{low}, {high}), {extent} (shape {tuple(shape)}, device {device}).",
             f"  offending values: {listed}{more}",
             f"  (positions are in the index tensor, of shape {tuple(index_shape)})",
         ]
@@ -71,13 +71,6 @@ class IndexGuardError(IndexError):
                 "reached an index op; clamp the ids first (vLLM PR #47029, Fixes.clamp_placeholders)."
             )
         super().__init__("\n".join(lines))
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 @dataclass(frozen=True)
@@ -113,15 +106,8 @@ def _embedding(args, kwargs):  # F.embedding(input, weight, ...)
 
 
 def _torch_embedding(args, kwargs):  # torch.embedding(weight, indices, ...)
-    return [
-        _Lookup(
-            "torch.embedding",
-            _arg(args, kwargs, 0, "weight"),
-            0,
-            _arg(args, kwargs, 1, "indices", "input"),
-            False,
-        )
-    ]
+    weight, indices = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices", "input")
+    return [_Lookup("torch.embedding", weight, 0, indices, False)]
 
 
 def _along_dim(name: str) -> Callable:
@@ -181,26 +167,13 @@ def _integer_indices(source: torch.Tensor, key) -> list[tuple[int, torch.Tensor]
     return found
 
 
-# It is a :class:`torch.overrides.TorchFunctionMode`: it sits on torch's mode stack only inside the ``with``
-# block, so outside it nothing is patched and nothing costs anything.
-#
-# Cost while active: every guarded op reduces its index tensor to (min, max) and reads those two numbers on
-# the host, i.e. one device-to-host synchronisation per op on CUDA (tens of microseconds each, and it
-# serialises the host with the GPU). It cannot run inside CUDA-graph capture, which forbids synchronisation;
-# it raises a RuntimeError there rather than break the capture.
-#
-# Strictness: ``x[-1]``-style wrap-around is legal for tensor indexing and ``torch.take``, but in an
-# inference engine a negative *token id* is a leaked placeholder (vLLM's ``PLACEHOLDER_TOKEN_ID`` is -1), so
-# by default every negative index is reported. ``check_indices(allow_negative=True)`` accepts ``-size <= i <
-# 0`` for the ops that wrap (indexing and take) and keeps the strict check for the others.
-#
-# Not covered: keys given as nested Python lists (``x[[[1, 5]]]``), and the scatter family (``index_put_``,
-# ``scatter_``, ``index_add_``); those reach torch's own checks (an IndexError on CPU, an assert on CUDA).
+# A TorchFunctionMode: outside the ``with`` block nothing is patched and nothing costs anything. Inside,
+# each guarded op reads its index's (min, max) on the host: one device sync per op, so it refuses to run
+# in CUDA-graph capture. Strict by default: a negative token id is a leaked placeholder, though ``x[-1]``
+# is legal torch (``allow_negative=True`` accepts it where the op wraps). Not covered: nested-list keys
+# (``x[[[1, 5]]]``) and the scatter family, which reach torch's own checks.
 class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``with check_indices():``)
-    """Context manager: while active, out-of-range indices raise :class:`IndexGuardError` before any kernel.
-
-    ``checked`` counts the index tensors this guard has checked, i.e. the host syncs it has added.
-    """
+    """Out-of-range indices raise :class:`IndexGuardError` before any kernel; ``checked`` counts syncs."""
 
     def __init__(self, allow_negative: bool = False):
         if not isinstance(allow_negative, bool):
@@ -273,9 +246,8 @@ class GuardTiming:
 
 
 def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
-    """Time ``fn()`` ``repeats`` times unguarded and ``repeats`` times guarded, alternating (after one untimed
-    run of each), so that drift in the machine's speed hits both alike. Synchronises CUDA around each run."""
-    if not isinstance(repeats, int) or repeats < 1:
+    """Time ``fn()`` unguarded and guarded, alternating, so that drift in the machine's speed hits both."""
+    if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
