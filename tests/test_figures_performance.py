@@ -8,6 +8,7 @@ import pytest
 
 from specfix.figures import kernel_profile, style
 from specfix.figures import performance as perf
+from specfix.figures import performance_figures as figs
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
 
@@ -89,7 +90,7 @@ def _caption(fig):
 
 @pytest.mark.parametrize("name", FIGURES)
 def test_each_figure_of_the_recording_is_captioned_labelled_and_readable(name):
-    fig = getattr(perf, name)(H200, SOURCE)
+    fig = getattr(figs, name)(H200, SOURCE)
     try:
         assert len(_caption(fig)) == 1 and len(_caption(fig)[0]) > 40
         assert SOURCE in " ".join(fig._suptitle.get_text().split("\n"))  # wrapped to the figure's width
@@ -105,7 +106,7 @@ def test_each_figure_of_the_recording_is_captioned_labelled_and_readable(name):
 def test_each_figure_says_what_an_empty_report_lacks(name):
     empty = _report([], device="cpu")
     empty["unavailable"] = [{"case": c, "reason": "module missing"} for c in bench.CASES]
-    fig = getattr(perf, name)(empty, SOURCE)
+    fig = getattr(figs, name)(empty, SOURCE)
     try:
         texts = [t.get_text() for ax in fig.axes for t in ax.texts]
         assert texts and all("not measured" in t for t in texts)
@@ -160,7 +161,7 @@ def test_mask_overhead_says_whether_the_spreads_overlap():
 
 
 def test_mask_figure_draws_the_goal_as_an_upper_bound():
-    fig = perf.mask_figure(H200, SOURCE)
+    fig = figs.mask_figure(H200, SOURCE)
     try:
         (ax,) = fig.axes
         target = perf.goal(H200, "gumbel_mask", "%")["target"]
@@ -185,7 +186,7 @@ def test_padding_price_counts_the_padded_rows():
 
 
 def test_fix_costs_figure_has_one_line_per_fix_in_each_panel():
-    fig = perf.fix_costs_figure(H200, SOURCE)
+    fig = figs.fix_costs_figure(H200, SOURCE)
     try:
         fixes = perf.fix_costs(H200)["fix"].nunique()
         assert [len(ax.get_lines()) >= fixes for ax in fig.axes] == [True, True]
@@ -209,7 +210,7 @@ def test_peer_table_puts_each_vllm_version_beside_the_judged_kernel_at_every_sha
 
 
 def test_peer_figure_draws_every_version_and_the_read_ceiling_in_each_panel():
-    fig = perf.peer_figure(H200, SOURCE)
+    fig = figs.peer_figure(H200, SOURCE)
     try:
         versions = perf.peer_versions(H200)
         for ax in fig.axes:
@@ -410,7 +411,7 @@ def test_the_drafter_figure_gives_each_drafter_its_own_colour():
         for impl in ("graph", "eager")
         for b in (4, 8)
     ]
-    fig = perf.drafter_figure(_report(rows), SOURCE)
+    fig = figs.drafter_figure(_report(rows), SOURCE)
     lines = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("toy")]
     assert len(lines) == 6
     colours = {line.get_label().split(":")[0]: line.get_color() for line in lines}
@@ -455,7 +456,7 @@ def test_small_batch_goals_of_the_recording_match_its_goal_list():
         passed = sum(g["status"] == "pass" for g in judged)
         assert row["shapes met"] == f"{passed} of {len(judged)}"
         assert row["status"] == ("met" if passed == len(judged) else "missed")
-    fig = perf.small_batch_figure(H200, SOURCE)
+    fig = figs.small_batch_figure(H200, SOURCE)
     try:
         dots = sum(len(c.get_offsets()) for c in fig.axes[0].collections)
         assert dots == len(judged_goals)

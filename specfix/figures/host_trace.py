@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from specfix.figures import style
-from specfix.figures.performance import finish, log_x, log_y, missing
+from specfix.figures.performance_figures import finish, log_x, log_y, missing
 from specfix.tools import recorded
 
 HOST_TRACE = "host_trace_h200"

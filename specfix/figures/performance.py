@@ -1,29 +1,24 @@
-"""Chapter 5's tables, paragraphs and figures, all read from one ``specfix bench`` report (live, or the H200
-recording ``specfix/recorded/bench_h200.json``).
+"""Chapter 5's tables and paragraphs, all read from one ``specfix bench`` report (live, or the H200 recording
+``specfix/recorded/bench_h200.json``).
 
-Read :func:`load_report` first, then the tables, which the paragraphs and figures read. Chapter 2 imports
-:func:`fix_costs`, so both chapters show the same placeholder-fix costs. The host-side recording lives in
-:mod:`specfix.figures.host_trace`, the ncu profile and launch sweep in :mod:`specfix.figures.kernel_profile`.
+Read :func:`load_report` first, then the tables, which the paragraphs and the figures
+(:mod:`specfix.figures.performance_figures`) read. Chapter 2 imports :func:`fix_costs`, so both chapters show
+the same placeholder-fix costs. The host-side recording lives in :mod:`specfix.figures.host_trace`, the ncu
+profile and launch sweep in :mod:`specfix.figures.kernel_profile`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-import textwrap
 
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
-from specfix.figures import style
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
 
 #: Bytes per logit of each dtype the bench measures.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-_MARKERS = {"fp32": "o-", "bf16": "s--"}
 
 # --------------------------------------------------------------------------------------------- tables
 
@@ -158,7 +153,8 @@ _GOAL_SHAPE = (
 )
 
 
-def _margin_pct(g: dict) -> float:
+def margin_pct(g: dict) -> float:
+    """A judged goal's margin in % of its target (below zero a miss); NaN where it is not a percentage."""
     margin = re.match(r"([+-][\d.]+)%", g["margin"])
     return float(margin.group(1)) if margin else math.nan
 
@@ -176,7 +172,7 @@ def goal_families(report: dict) -> pd.DataFrame:
             "case": [g["case"] for g in report["goals"]],
             "status": [g["status"] for g in report["goals"]],
             "goal": [g["goal"] for g in report["goals"]],
-            "margin_pct": [_margin_pct(g) for g in report["goals"]],
+            "margin_pct": [margin_pct(g) for g in report["goals"]],
         }
     )
     worst = df.sort_values("margin_pct", kind="stable").groupby("family", sort=False).first()
@@ -200,7 +196,8 @@ SMALL_BATCH = {
 }
 
 
-def _judged(report: dict, number: int) -> list[dict]:
+def judged_goals(report: dict, number: int) -> list[dict]:
+    """The goals of small-batch goal ``number`` that the report judged (passed or missed)."""
     return [g for g in report["goals"] if g.get("issue_goal") == number and g["status"] in ("pass", "miss")]
 
 
@@ -218,7 +215,7 @@ def small_batch_goals(report: dict) -> pd.DataFrame:
     shapes pass, and the worst shape's goal, figure, vLLM's figures and margin as the report states them."""
     rows = []
     for number, demand in SMALL_BATCH.items():
-        goals = _judged(report, number)
+        goals = judged_goals(report, number)
         met = sum(g["status"] == "pass" for g in goals)
         row = {
             "goal": number,
@@ -227,7 +224,7 @@ def small_batch_goals(report: dict) -> pd.DataFrame:
             "shapes met": f"{met} of {len(goals)}",
         }
         if goals:
-            worst = min(goals, key=lambda g: (g["status"] == "pass", _margin_pct(g)))
+            worst = min(goals, key=lambda g: (g["status"] == "pass", margin_pct(g)))
             measured, beside = _figures(worst)
             status = "met" if met == len(goals) else "missed"
             row |= {"status": status, "worst": worst["goal"], "measured": measured, "vLLM": beside}
@@ -239,7 +236,7 @@ def small_batch_goals(report: dict) -> pd.DataFrame:
 def rejection_table(report: dict) -> pd.DataFrame:
     """The rejection sampler's median us per step at the figure's shape (smallest k and vocabulary): one row
     per (mode, batch), one column per sampler, "-" where a sampler was not timed."""
-    rj, shape = _smallest_rejection_shape(report)
+    rj, shape = smallest_rejection_shape(report)
     if rj.empty:
         return pd.DataFrame()
     table = rj.pivot_table(index=["mode", "batch"], columns="impl", values="median_us")
@@ -249,7 +246,8 @@ def rejection_table(report: dict) -> pd.DataFrame:
     return table
 
 
-def _smallest_rejection_shape(report: dict) -> tuple[pd.DataFrame, dict]:
+def smallest_rejection_shape(report: dict) -> tuple[pd.DataFrame, dict]:
+    """The rejection case's rows at its smallest k and vocabulary, and that shape."""
     rj = bench.frame(report, "rejection")
     shape = {c: rj[c].min() for c in ("k", "vocab") if c in rj}
     for column, value in shape.items():
@@ -493,417 +491,3 @@ def speedup_caption(report: dict) -> str:
             f"at {lo:,} row{'' if lo == 1 else 's'} to {median[hi]:.1f}x at {hi:,}"
         )
     return ("Over the shapes measured, " + "; ".join(parts) + ".") if parts else "No torch sampler was timed."
-
-
-# --------------------------------------------------------------------------------------------- drawing
-
-
-def log_x(ax, values=None) -> None:
-    ax.set_xscale("log")
-    style.log_ticks(ax.xaxis, values)
-
-
-def log_y(ax, values=None) -> None:
-    ax.set_yscale("log")
-    style.log_ticks(ax.yaxis, values)
-
-
-def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
-    """Turn ``ax`` into a note that ``case`` was not measured, and why (the report's reasons by default)."""
-    if reason is None:
-        reasons = [u["reason"] for u in report["unavailable"] if u["case"] == case]
-        reasons += [e["error"] for e in report["errors"] if e["case"] == case]
-        reason = "; ".join(reasons) or "not run in this report"
-    kw = dict(ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=9)
-    ax.text(0.5, 0.5, f"{case}: not measured\n{reason}", **kw)
-    ax.set_axis_off()
-
-
-def finish(fig, axes, title: str, source: str, caption: str) -> None:
-    """Title and source over the panels, one legend (duplicates merged) in a strip under them, never over
-    the data, the caption last: the figure keeps the column's width, growing taller by the strip."""
-    fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
-    handles, labels = [], []
-    for ax in (ax for ax in np.atleast_1d(axes) if ax.axison):
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    ncol = 2 if labels and max(map(len, labels)) <= 45 else 1
-    strip = 0.15 + 0.2 * math.ceil(len(labels) / ncol) if labels else 0.0
-    fig.set_figheight(fig.get_figheight() + strip)
-    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
-    if handles:
-        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol)
-    style.caption(fig, caption)
-
-
-def figure(report, case, empty, draw, shape, height, text, reason=None, **share):
-    """The pattern of every figure here: ``shape`` (rows, columns) panels a column wide; ``draw(axes)`` on
-    the flat axes, or, when ``empty``, each panel says why ``case`` is missing; then :func:`finish` with
-    ``text`` = (title, source, caption)."""
-    with style.apply():
-        fig, axes = plt.subplots(*shape, figsize=(style.WIDTH_IN, height), squeeze=False, **share)
-        for ax in axes.flat if empty else ():
-            missing(ax, report, case, reason)
-        if not empty:
-            draw(axes)
-        finish(fig, list(axes.flat), *text)
-    return fig
-
-
-def _errorbars(ax, rows, x, **kw) -> None:
-    err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-    ax.errorbar(rows[x], rows["median_us"], yerr=err, capsize=3, **kw)
-
-
-def _goal_line(ax, report, target, label, ls="-") -> None:
-    if report["config"]["device"] == "cuda":  # a CPU smoke run judges nothing
-        ax.axhline(target, color=style.FIXED, lw=1.2, ls=ls, label=label)
-
-
-# --------------------------------------------------------------------------------------------- figures
-
-
-def bandwidth_figure(report: dict, source: str):
-    """Read bandwidth of specfix's two samplers against the two ceilings, fp32 and bf16 side by side."""
-    g, ceil = bench.frame(report, "gumbel"), ceilings(report)
-
-    def draw(axes):
-        ours = g[g["impl"].isin(list(bench.OURS))]
-        for ax, dtype in zip(axes[:, 0], DTYPE_BYTES, strict=True):
-            for (impl, vocab), rows in ours[ours["dtype"] == dtype].groupby(["impl", "vocab"]):
-                fmt = "o-" if impl == bench.JUDGED else "x:"
-                ax.plot(rows["rows"], rows["TB_per_s_read"], fmt, label=f"{impl}, vocab {vocab:,}")
-            read = f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s"
-            ax.axhline(ceil["read"], color=style.CEILING, ls="--", lw=1, label=read)
-            copy = f"copy (read + write): {ceil['copy']:.2f} TB/s"
-            ax.axhline(ceil["copy"], color=style.PADDING, ls=":", lw=1, label=copy)
-            ax.set(ylabel="logits read, TB/s", title=f"{dtype} logits")
-            log_x(ax, ours["rows"])
-        axes[-1, 0].set_xlabel("rows (sequences sampled at once)")
-
-    caption = (
-        "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
-        "far below it; at many rows the gap left is the time spent making the noise."
-    )
-    text = ("Read bandwidth of gumbel_sample against the ceilings", source, caption)
-    return figure(report, "gumbel", g.empty, draw, (2, 1), 5.4, text, sharex=True, sharey=True)
-
-
-def throughput_figure(report: dict, source: str):
-    """Logits per second of the judged (fast-noise) kernel per dtype and vocabulary, with its rate goals."""
-    g = bench.frame(report, "gumbel")
-
-    def draw(axes):
-        ax, judged = axes[0, 0], g[g["impl"] == bench.JUDGED]
-        for (dtype, vocab), rows in judged.groupby(["dtype", "vocab"]):
-            ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
-        shapes = {}  # target -> the shapes it is judged at, in order (a dict as an ordered set)
-        for r in (r for r in report["goals"] if r["case"] == "gumbel" and r["unit"] == "G logits/s"):
-            where = re.sub(r", apply_temperature=\w+", "", r["goal"].rsplit(" at ", 1)[-1])
-            shapes.setdefault(r["target"], {})[where] = None
-        for (target, where), ls in zip(sorted(shapes.items()), ("-", "--", ":", "-."), strict=False):
-            _goal_line(ax, report, target, f"goal: {target:g} G/s at {'; '.join(where)}", ls)
-        ax.set(xlabel="rows", ylabel="G logits / s")
-        log_x(ax, judged["rows"])
-        log_y(ax)
-
-    caption = (
-        "Each green line is a goal, judged only at the shapes its label names; read those shapes' lines "
-        "against it. The other lines show how the rate grows with the rows."
-    )
-    text = (f"Throughput of gumbel_sample ({bench.JUDGED})", source, caption)
-    return figure(report, "gumbel", g.empty, draw, (1, 1), 3.4, text)
-
-
-def speedup_figure(report: dict, source: str):
-    """How many times faster the judged kernel is than each torch sampler, per dtype and vocabulary."""
-    g = bench.frame(report, "gumbel")
-
-    def draw(axes):
-        wide = g.pivot_table(
-            index=["dtype", "vocab", "rows"], columns="impl", values="median_us"
-        ).reset_index()
-        for ax, ref in zip(axes[:, 0], ("torch_softmax_multinomial", "torch_gumbel_max"), strict=True):
-            for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
-                speedup = rows[ref] / rows[bench.JUDGED]
-                ax.plot(rows["rows"], speedup, _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
-            ax.axhline(1, color=style.CEILING, lw=0.8)
-            ax.set(ylabel="torch time / specfix time", title=f"speedup against {ref}")
-            log_x(ax, wide["rows"])
-            log_y(ax)
-        target = next((r for r in report["goals"] if "softmax + multinomial" in r["goal"]), None)
-        if target:
-            _goal_line(axes[0, 0], report, target["target"], f"goal: {target['goal']}")
-        axes[-1, 0].set_xlabel("rows")
-
-    title = "How much faster the fused Triton sampler is than the torch samplers"
-    text = (title, source, speedup_caption(report))
-    return figure(report, "gumbel", g.empty, draw, (2, 1), 5.4, text, sharex=True, sharey=True)
-
-
-def graph_call_figure(report: dict, source: str):
-    """GPU time of one call inside a CUDA graph, per implementation and shape (rows x vocabulary)."""
-    gg = bench.frame(report, "gumbel_graph")
-
-    def draw(axes):
-        ax, impls = axes[0, 0], list(dict.fromkeys(gg["impl"]))
-        shapes = sorted(set(zip(gg["rows"], gg["vocab"], strict=True)), key=lambda s: (s[1], s[0]))
-        width = 0.8 / len(impls)
-        colours = itertools.cycle(
-            (style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING)
-        )
-        for i, (impl, colour) in enumerate(zip(impls, colours, strict=False)):
-            rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
-            err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-            x = np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width
-            ax.bar(x, rows["median_us"], width, yerr=err, capsize=2, color=colour, label=impl)
-        ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
-        ax.set(xlabel="rows x vocabulary", ylabel="GPU time per call, us")
-        log_y(ax)
-        target = goal(report, "gumbel_graph", "us")
-        if target:
-            _goal_line(ax, report, target["target"], f"goal: {target['goal']}")
-
-    caption = (
-        "Compare specfix_fast (the serving kernel, blue) with the vLLM bars beside it and, at one "
-        "row, with the green goal: inside a graph no host launch cost is left, so this is GPU time alone."
-    )
-    text = ("Calls captured in one CUDA graph: GPU time per call", source, caption)
-    return figure(report, "gumbel_graph", gg.empty, draw, (1, 1), 3.6, text)
-
-
-def mask_figure(report: dict, source: str):
-    """Overhead of the masked kernel over the unmasked one, against the one-sided goal (at most +target%)."""
-    mo = mask_overhead(report)
-
-    def draw(axes):
-        ax, values = axes[0, 0], mo["overhead"] * 100
-        labels = [
-            "with processed-logits store" if s else "sampling only" for s in mo["store_processed_logits"]
-        ]
-        ax.bar(labels, values, width=0.5, color=[style.FIXED if v <= 0 else style.NEUTRAL for v in values])
-        for x, v in enumerate(values):
-            offset = (0, 4 if v >= 0 else -12)
-            ax.annotate(
-                f"{v:+.1f}%", (x, v), xytext=offset, ha="center", fontsize=9, textcoords="offset points"
-            )
-        target = goal(report, "gumbel_mask", "%")
-        limit = target["target"] if target else 2.0
-        top, bottom = max(limit * 2, float(values.max()) + 1), min(-limit, float(values.min()) - 1.5)
-        miss = f"misses the goal (more than +{limit:g}%)"
-        ax.axhspan(limit, top, color=style.BUGGY, alpha=0.12, label=miss)
-        ax.axhline(limit, color=style.BUGGY, lw=1)
-        ax.axhline(0, color=style.CEILING, lw=0.8)
-        ax.set(ylim=(bottom, top), ylabel="masked / unmasked - 1, %")
-
-    caption = (
-        "The goal bounds the cost from above only: a bar below zero means the masked kernel ran "
-        "faster than the unmasked one, which passes."
-    )
-    text = ("Cost of the is_valid_req mask (vLLM PR #47066)", source, caption)
-    return figure(report, "gumbel_mask", mo.empty, draw, (1, 1), 3.2, text)
-
-
-def fix_costs_figure(report: dict, source: str):
-    """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work."""
-    fc = fix_costs(report)
-    colours = dict(zip(FIXES, (style.FIXED, style.BUGGY, style.PLACEHOLDER, style.PADDING), strict=True))
-
-    def draw(axes):
-        idle, busy = axes[:, 0]
-        for fix, rows in fc.groupby("fix", sort=False):
-            syncs = (
-                f", {rows['host_syncs_per_step'].max():g} host sync / step"
-                if "host_syncs_per_step" in rows
-                else ""
-            )
-            _errorbars(idle, rows, "num_tokens", fmt="o-", color=colours[fix], label=LABELS[fix] + syncs)
-            if "host_us_behind_busy_gpu" in fc:
-                busy.plot(rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-", color=colours[fix])
-        idle.set(ylabel="one step, us", title="idle GPU")
-        for ax in (idle, busy):
-            log_x(ax, fc["num_tokens"])
-            log_y(ax)
-        if "host_us_behind_busy_gpu" not in fc:
-            return missing(
-                busy, report, "host time behind a busy GPU", "needs a GPU; this report ran on a CPU"
-            )
-        title = "earlier GPU work still queued"
-        busy.set(xlabel="tokens in the step", ylabel="host time of the call, us", title=title)
-        idle.tick_params(labelbottom=False)
-
-    caption = (
-        "Compare the green clamp with the magenta host mask, above on an idle GPU, below with "
-        "earlier GPU work queued: a call that synchronises waits for all of that work."
-    )
-    text = ("Cost per step of each way to keep -1 out of the embedding", source, caption)
-    return figure(report, "placeholder_fixes", fc.empty, draw, (2, 1), 5.6, text, sharex=True)
-
-
-def drafter_figure(report: dict, source: str):
-    """The drafter step, eager launches against one graph replay: time per step and the speedup."""
-    dg, price = bench.frame(report, "drafter_graph"), padding_price(report)
-
-    def draw(axes):
-        colours = dict(zip(sorted(dg["model"].unique()), itertools.cycle(style.SERIES)))
-        for (model, impl), rows in dg.groupby(["model", "impl"]):
-            fmt = "o-" if impl == "graph" else "s--"
-            axes[0, 0].plot(
-                rows["live_batch"],
-                rows["median_us"],
-                fmt,
-                ms=3,
-                color=colours[model],
-                label=f"{model}: {impl}",
-            )
-        axes[0, 0].set(ylabel="time per drafter step, us")
-        log_y(axes[0, 0])
-        if price.empty:
-            return missing(
-                axes[1, 0], report, "graph replay", "CUDA graphs need a GPU; this report ran on a CPU"
-            )
-        for model, rows in price.groupby("model"):
-            axes[1, 0].plot(rows["live_batch"], rows["speedup"], "o-", ms=3, color=colours[model])
-        axes[1, 0].axhline(1, color=style.CEILING, lw=0.8)
-        axes[1, 0].set(xlabel="live batch", ylabel="graph replay speedup over eager")
-
-    caption = (
-        "The replay (solid) stays flat and low while eager launches (dashed) cost the same at every "
-        "batch: at small batch the host's launches, not the GPU, set the step time."
-    )
-    text = ("Drafter step: eager launches at the exact batch against one graph replay", source, caption)
-    return figure(report, "drafter_graph", dg.empty, draw, (2, 1), 5.4, text, sharex=True)
-
-
-def padding_price_figure(report: dict, source: str):
-    """Per live batch: the fraction of replayed rows that are padding, and the replay's speedup."""
-    price = padding_price(report)
-
-    def draw(axes):
-        top, bottom = axes[:, 0]
-        one = price[price["model"] == price["model"].iloc[0]]
-        top.bar(one["live_batch"], one["padded_fraction"] * 100, color=style.PADDING, label="padded rows")
-        top.set(ylabel="padded rows, %")
-        for model, rows in price.groupby("model"):
-            bottom.plot(rows["live_batch"], rows["speedup"], "o-", ms=3, label=f"speedup, {model}")
-        bottom.axhline(1, color=style.CEILING, lw=0.8)
-        bottom.set(xlabel="live batch", ylabel="replay speedup")
-        style.integer_ticks(bottom.xaxis)
-
-    caption = (
-        "The grey bars peak just past each captured size, where most of a replayed graph is padding; "
-        "compare the speedup below at those batches with its neighbours."
-    )
-    text = ("What the padding costs, and what the graph gives back", source, caption)
-    reason = "needs the graph replay, which needs a GPU"
-    return figure(report, "drafter_graph", price.empty, draw, (2, 1), 4.6, text, reason, sharex=True)
-
-
-#: The rejection figure's lines: label and colour per implementation.
-_REJECTION_LINES = {
-    "specfix_triton": ("Triton, eager", style.NEUTRAL),
-    "specfix_triton_graph": ("Triton, one CUDA-graph replay", style.ACCENT),
-    "torch_reference": ("torch reference, eager", style.PADDING),
-}
-
-
-def rejection_figure(report: dict, source: str):
-    """Verification time per step (``RejectionSampler.forward``): specfix's Triton sampler, eager and replayed
-    from one CUDA graph, and its torch reference, at the smallest k and vocabulary of the report."""
-    rj, shape = _smallest_rejection_shape(report)
-    rj = rj[rj["impl"].isin(list(_REJECTION_LINES))] if len(rj) else rj
-
-    def draw(axes):
-        ax = axes[0, 0]
-        for (impl, mode), rows in rj.groupby(["impl", "mode"]):
-            label, color = _REJECTION_LINES[impl]
-            _errorbars(
-                ax,
-                rows,
-                "batch",
-                fmt="o-" if mode == "greedy" else "s--",
-                color=color,
-                label=f"{label}, {mode}",
-            )
-        title = ", ".join(f"{c} = {v:,}" for c, v in shape.items())
-        ax.set(xlabel="requests in the batch", ylabel="time per verification step, us", title=title)
-        log_x(ax, rj["batch"])
-        log_y(ax)
-
-    caption = (
-        "A replay (purple) is GPU time alone. An eager step (blue) is timed between CUDA events, so "
-        "it also counts any wait for the host's Python that the GPU work queued ahead did not cover."
-    )
-    text = ("Rejection sampler (verification of k drafts per request), per step", source, caption)
-    return figure(report, "rejection", rj.empty, draw, (1, 1), 3.6, text)
-
-
-def peer_figure(report: dict, source: str):
-    """Logits per second of the judged kernel beside each vLLM version's sampler, one panel per dtype and
-    vocabulary, under the read ceiling measured in the same run (in logits per second of that dtype)."""
-    table, versions, read = peer_table(report), peer_versions(report), ceilings(report)["read"]
-    vocabs = sorted(table["vocab"].unique()) if len(table) else [None]
-    rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
-    colours = (style.ACCENT, style.PLACEHOLDER, style.PADDING)
-
-    def draw(axes):
-        for (row, dtype), (col, vocab) in itertools.product(enumerate(DTYPE_BYTES), enumerate(vocabs)):
-            ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
-            ax.plot(
-                one["rows"],
-                rate(one, bench.JUDGED),
-                "o-",
-                color=style.NEUTRAL,
-                label=f"specfix {bench.JUDGED}",
-            )
-            for v, colour in zip(reversed(versions), itertools.cycle(colours)):
-                impl, label = bench.peer_impl(v), f"vLLM {v} gumbel_sample"
-                ax.plot(one["rows"], rate(one, impl), "s--", ms=4, color=colour, label=label)
-            label = f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype"
-            ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2, label=label)
-            ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
-            log_x(ax, sorted(table["rows"].unique())[::2])  # every other size: four panels a row
-            log_y(ax)
-        for ax in axes[-1]:
-            ax.set_xlabel("rows")
-        for ax in axes[:, 0]:
-            ax.set_ylabel("G logits / s")
-
-    names = " and ".join(f"vLLM {v}" for v in reversed(versions)) or "vLLM"
-    caption = (
-        "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
-        "that version; the gap up to the dotted read ceiling is what any sampler could still gain."
-    )
-    text = (f"specfix {bench.JUDGED} beside {names}: same inputs, same run", source, caption)
-    shape, reason = (len(DTYPE_BYTES), len(vocabs)), "no vLLM sampler in this report (bench --peer)"
-    return figure(report, "gumbel", table.empty, draw, shape, 5.6, text, reason, sharex=True, sharey=True)
-
-
-def small_batch_figure(report: dict, source: str):
-    """Every shape judged under the five small-batch goals: its margin (% of the target; below zero a miss),
-    one column per goal, so each goal's verdict and spread read at a glance."""
-    judged = {n: _judged(report, n) for n in SMALL_BATCH}
-
-    def draw(axes):
-        ax, rng = axes[0, 0], np.random.default_rng(0)  # a fixed jitter keeps the dots of a goal apart
-        for n, goals in judged.items():
-            margins = np.array([0.0 if math.isnan(m) else m for m in map(_margin_pct, goals)])
-            x = n + rng.uniform(-0.25, 0.25, len(margins))
-            ok = np.array([g["status"] == "pass" for g in goals], dtype=bool)
-            ax.scatter(x[ok], margins[ok], s=12, color=style.FIXED, label="shape meets its goal")
-            ax.scatter(x[~ok], margins[~ok], s=12, color=style.BUGGY, label="shape misses its goal")
-        ax.axhline(0, color=style.CEILING, lw=0.8)
-        names = [f"{n}. " + "\n".join(textwrap.wrap(d.split(":")[0], 16)) for n, d in SMALL_BATCH.items()]
-        ax.set_xticks(list(SMALL_BATCH), names)
-        ax.set(ylabel="margin, % of the target")
-        ax.grid(axis="x", visible=False)
-
-    caption = (
-        "A goal is met only if every one of its dots lies at or above zero (host syncs and identical "
-        "replays have no percentage and sit at zero when met); its worst dot is its figure in the table."
-    )
-    text = ("The five small-batch goals, every shape judged", source, caption)
-    empty = not any(judged.values())
-    return figure(report, "goals", empty, draw, (1, 1), 3.6, text, "the report judged no small-batch goal")
