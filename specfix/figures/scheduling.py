@@ -12,10 +12,19 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from specfix.figures import style
-from specfix.lab.scheduling import SLOT_KINDS, placeholder_counts, slot_kinds
+from specfix.lab.scheduling import (
+    NOT_SCHEDULED,
+    REACHES_EMBEDDING,
+    SLOT_KINDS,
+    WORKLOADS,
+    placeholder_counts,
+    slot_kinds,
+    wasted_steps,
+)
 from specfix.v1.engine import GenerateResult
 from specfix.v1.model_runner import StepTrace
 
@@ -73,8 +82,6 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
 
 def placeholder_table(runs: Mapping[str, GenerateResult]):
     """A row per run of :func:`specfix.lab.scheduling.placeholder_counts`."""
-    import pandas as pd
-
     _require_traces(runs)
     return pd.DataFrame({name: placeholder_counts(result) for name, result in runs.items()}).T
 
@@ -135,12 +142,8 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
 
 def workloads_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """The two workloads, one bullet each, and whether both modes wrote the same text on them."""
-    from specfix.lab.scheduling import WORKLOADS
-
-    def tokens(result):
-        return [out.token_ids for out in result.outputs]
-
-    same = all(tokens(runs[name, "sync"]) == tokens(runs[name, "async"]) for name in WORKLOADS)
+    tokens = {key: [out.token_ids for out in result.outputs] for key, result in runs.items()}
+    same = all(tokens[name, "sync"] == tokens[name, "async"] for name in WORKLOADS)
     return (
         "\n".join(f"* **{name}**: {w.description}." for name, w in WORKLOADS.items())
         + f"\n\nBoth modes write {'the same' if same else 'different'} text on both workloads."
@@ -168,8 +171,6 @@ def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
 
 def waiting_request(result: GenerateResult) -> tuple[str, int]:
     """The first request whose ``-1`` reaches the embedding, and the (0-based) step where it does."""
-    from specfix.lab.scheduling import REACHES_EMBEDDING
-
     kinds = slot_kinds(result)
     waiting = next((req for req, row in kinds.items() if REACHES_EMBEDDING in row), None)
     if waiting is None:
@@ -179,8 +180,6 @@ def waiting_request(result: GenerateResult) -> tuple[str, int]:
 
 def waiting_text(result: GenerateResult) -> str:
     """The request the async run leaves out while the budget is tight, and what it gets when it returns."""
-    from specfix.lab.scheduling import NOT_SCHEDULED
-
     waiting, back = waiting_request(result)
     row = slot_kinds(result)[waiting]
     last = max(i for i, kind in enumerate(row[:back]) if kind != NOT_SCHEDULED)
@@ -199,8 +198,6 @@ def waiting_text(result: GenerateResult) -> str:
 
 def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """What the tight budget costs async scheduling: batches, slots, and steps run for finished requests."""
-    from specfix.lab.scheduling import wasted_steps
-
     s, a = (placeholder_counts(runs["tight budget", mode]) for mode in ("sync", "async"))
     return (
         f"With the tight budget, async scheduling ran {a['batches']} batches where synchronous scheduling "
@@ -216,35 +213,31 @@ def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
 
 def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """Where each workload crashes without the clamp, and why only there."""
-    import pandas as pd
 
     def said(name, mode):
         at = crashes.loc[name, mode]
         return "finishes" if pd.isna(at) else f"crashes at step {int(at)}"
 
-    rest = all(
-        c["-1 written by the scheduler"] == c["-1 overwritten by the runner"] + c["-1 reaching the embedding"]
-        for (name, mode), result in runs.items()
-        if mode == "async"
-        for c in [placeholder_counts(result)]
+    counts = [placeholder_counts(result) for (_, mode), result in runs.items() if mode == "async"]
+    written, overwritten, reaching = (
+        "-1 written by the scheduler",
+        "-1 overwritten by the runner",
+        "-1 reaching the embedding",
     )
-    node = crashes.loc["decode node"]
-    node = (
-        f"both modes crash at step {int(node['sync'])}"
-        if node["sync"] == node["async"]
-        else f"synchronous scheduling {said('decode node', 'sync')} and async scheduling "
-        f"{said('decode node', 'async')}"
-    )
+    rest = ""
+    if all(c[written] == c[overwritten] + c[reaching] for c in counts):
+        rest = (
+            "Every other `-1` of these async runs was overwritten before the forward (in the table above, "
+            "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
+            "only where a request meets the runner without proposals from the step before."
+        )
+    node = f"synchronous scheduling {said('decode node', 'sync')} and async scheduling "
+    node += said("decode node", "async")
+    if crashes.loc["decode node", "sync"] == crashes.loc["decode node", "async"]:
+        node = f"both modes crash at step {int(crashes.loc['decode node', 'sync'])}"
     return (
         f"On the decode node {node}: the prefilled requests' first decode, the path a P/D decode node "
         f"takes. With the tight budget, synchronous scheduling {said('tight budget', 'sync')}, having "
         f"written no `-1`; async scheduling {said('tight budget', 'async')}, where the waiting request "
-        "returns with placeholders the runner cannot fill. "
-        + (
-            "Every other `-1` of these async runs was overwritten before the forward (in the table above, "
-            "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
-            "only where a request meets the runner without proposals from the step before."
-            if rest
-            else ""
-        )
+        f"returns with placeholders the runner cannot fill. {rest}"
     )
