@@ -1,17 +1,10 @@
 """Chapter 1's experiments: who verified what, step by step, requests that arrive prefilled, a prompt the
 prefix cache already holds, and one placeholder followed through both of vLLM's model runners.
 
-:func:`verifications` reads a recorded run (``generate(..., record=True)``) into one
-:class:`Verification` per request and step: where the request stood, which drafts were real, which
-slots were padding, and how many slots the rejection sampler accepted. :func:`compare_runs` lines up two
-runs of the same greedy workload by (request, position), which separates *how a draft is judged* (the
-same in both runs wherever both verified the same position) from *where the drafter was consulted*
-(which differs when one run advances faster). :func:`negative_draft_run` makes the rejection sampler meet
-``-1`` drafts on its random path (vLLM PR #46533), where vLLM writes them: the first decode of requests that
-arrive prefilled (P/D disaggregation). :func:`repeated_prompt_engine` makes a ``-1`` on a single node, from a
-prefix-cache hit; :func:`runner_paths` follows that ``-1`` through the V1 runner and Model Runner V2
-(:mod:`specfix.mrv2.draft_slots`), each with its fix on and off; :func:`placeholder_sources` counts the
-``-1`` slots everyday deployments get.
+Read :func:`verifications` first (a recorded run, one :class:`Verification` per request and step), then
+:func:`compare_runs`, which separates *how a draft is judged* from *where the drafter was consulted*.
+:func:`negative_draft_run` feeds the random path ``-1`` drafts (vLLM PR #46533); :func:`runner_paths`
+follows a prefix-cache ``-1`` through both runners.
 """
 
 from __future__ import annotations
@@ -49,13 +42,8 @@ def story_prompts(num_prompts: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Verification:
-    """One request verified in one step.
-
-    ``position`` is the index of the request's last committed token (its ``num_computed_tokens`` when the
-    step was scheduled); ``drafts`` are the drafter's real proposals, followed by the ids the scheduler
-    wrote into the padding slots (``placeholders``: -1, or 0 under ``placeholder_policy="zero"``);
-    ``accepted`` counts the slots the sampler accepted (a prefix, padding included).
-    """
+    """One request verified in one step: real ``drafts`` then padding ``placeholders``; ``accepted`` counts
+    slots (a prefix, padding included), ``position`` is the last committed token's index."""
 
     req_id: str
     position: int
@@ -108,14 +96,8 @@ def _tokens_by_request(result: GenerateResult) -> dict[str, list[int]]:
 
 
 def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dict[str, dict[str, int]]:
-    """Line up two recorded runs of one greedy workload by (request, position).
-
-    Returns three groups, ``"both"``, ``"only a"`` and ``"only b"``, each with ``verifications`` (that have
-    at least one real draft), ``drafts`` (real ones), ``accepted in a`` / ``accepted in b`` (real drafts
-    accepted; 0 for a run that did not verify there) and ``after token_id`` (verifications whose last
-    committed token is ``token_id``). Raises ValueError if the two runs' texts differ (then positions do not
-    match) or if a shared verification carried different drafts.
-    """
+    """Line up two recorded runs of one greedy workload by (request, position), in three groups: verified
+    in both, only in a, only in b. Their texts must be equal, or positions would not match."""
     tokens_a, tokens_b = _tokens_by_request(a), _tokens_by_request(b)
     if tokens_a != tokens_b:
         raise ValueError("the two runs produced different texts: their positions cannot be lined up")
@@ -154,10 +136,7 @@ def negative_draft_run(
     max_tokens: int = 32,
     device: torch.device | str = "cpu",
 ) -> dict[str, int]:
-    """Sample (temperature 1, one seed per request) while requests keep arriving from a prefill node: the
-    ``prompts`` decode for ``max_tokens`` tokens, and at every step one more prompt (cycling) joins with
-    its KV already computed (P/D disaggregation), so its first decode is padded with ``[-1] * k`` right
-    after the decoding requests' draft rows. Counts the sampler rows that hold a token *after* a ``-1``:
+    """Sample while a prefilled request (P/D) joins every step with ``[-1] * k`` drafts; count the sampler
     rows that accepted a placeholder slot."""
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
@@ -191,14 +170,10 @@ def negative_draft_run(
     }
 
 
-# -- a -1 on a single node, and on both runners -------------------------------------------------------------
-
-#: 17 tokens, one more than a block of vLLM's default 16 (``specfix.v1.scheduler.BLOCK_SIZE``): a repeat is
-#: cached up to its last token. The target's next word after it is "the", token 0, where a zero in a
-#: placeholder slot passes for a draft.
+#: One token more than a block (``specfix.v1.scheduler.BLOCK_SIZE``), so a repeat is cached up to its last
+#: token; the next word is "the", token 0, where a zero in a placeholder slot passes for a draft.
 REPEATED_PROMPT = "the fox saw the crow sitting on a tree with a piece of cheese and said to"
-#: The ways one placeholder can go, each a (runner, fixes) pair: vLLM's two model runners, each with its fix
-#: and without it.
+#: vLLM's two model runners, each with its fix and without it.
 _DEFAULT_FIXES = Fixes()
 RUNNER_PATHS = {
     "V1 runner with the clamp (0.25; 0.33's fallback)": ("v1", Fixes()),
@@ -216,9 +191,8 @@ def repeated_prompt_engine(
     models: tuple[NgramLM, NgramLM] | None = None,
     device: torch.device | str = "cpu",
 ) -> LLMEngine:
-    """One node with prefix caching on (vLLM's default): :data:`REPEATED_PROMPT` runs to the end as request
-    ``"first"``, then arrives again as ``"repeat"``. Returns the engine after the repeat's first step, which
-    is ``engine.model_runner.trace[-1]``; an error in that step propagates."""
+    """Prefix caching on: :data:`REPEATED_PROMPT` runs as ``"first"``, then again as ``"repeat"``; the engine
+    after the repeat's first step (``engine.model_runner.trace[-1]``)."""
     engine = LLMEngine(
         num_speculative_tokens=k,
         enable_prefix_caching=True,
@@ -248,11 +222,8 @@ def _draft_slots(step: StepTrace, req_id: str, ids: torch.Tensor) -> list[int]:
 def runner_paths(
     *, k: int = 3, models: tuple[NgramLM, NgramLM] | None = None
 ) -> dict[str, dict[str, object]]:
-    """The repeat's first step (:func:`repeated_prompt_engine`) on each of :data:`RUNNER_PATHS`: the ids of
-    its draft slots as the scheduler sent them, as the embedding read them and as verification saw them, the
-    tokens the step emitted and how many placeholder slots were accepted; ``"error"`` names what the step
-    raised, if it did. Runs on the CPU (``models`` must live there): without the clamp a GPU would hit a
-    device-side assert, which leaves the process unusable."""
+    """The repeat's draft slots on each of :data:`RUNNER_PATHS`, as sent, embedded and verified. CPU only:
+    without the clamp a GPU's device-side assert would leave the process unusable."""
     rows = {}
     for name, (runner, fixes) in RUNNER_PATHS.items():
         try:
@@ -283,9 +254,7 @@ def placeholder_sources(
     models: tuple[NgramLM, NgramLM] | None = None,
     device: torch.device | str = "cpu",
 ) -> dict[str, dict[str, int]]:
-    """Four everyday deployments, run live: how many draft slots each verified and how many of them the
-    scheduler wrote as placeholders (``-1``). New prompts on one node; a prompt sent twice with prefix caching
-    on; a P/D decode node (every prompt prefilled elsewhere); one node with async scheduling."""
+    """Four everyday deployments, run live: draft slots verified, and how many were ``-1`` placeholders."""
     prompts = story_prompts(num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     common = dict(
