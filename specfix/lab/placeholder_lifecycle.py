@@ -64,12 +64,17 @@ class Verification:
         return self.accepted - self.accepted_drafts
 
 
+def check_recorded(result: object, name: str = "result") -> None:
+    """A ``GenerateResult`` with its step trace (``record=True``), which chapter 1's readers need."""
+    if not isinstance(result, GenerateResult):
+        raise TypeError(f"{name} must be a GenerateResult, got {type(result).__name__}")
+    if result.num_steps and not result.trace:
+        raise ValueError(f"{name} has no trace: run it with record=True")
+
+
 def verifications(result: GenerateResult) -> list[Verification]:
     """Every verification in a recorded run, step by step (requests without draft slots are skipped)."""
-    if not isinstance(result, GenerateResult):
-        raise TypeError(f"result must be a GenerateResult, got {type(result).__name__}")
-    if result.num_steps and not result.trace:
-        raise ValueError("result has no trace: run generate(..., record=True)")
+    check_recorded(result)
     found = []
     for step in result.trace:
         out = step.scheduler_output

@@ -1,11 +1,8 @@
 """Chapter 1's scheduling experiments: one workload under synchronous and async scheduling, what each
 request's draft slots held when the embedding read them, and where a ``-1`` gets that far.
 
-:data:`WORKLOADS` holds two small greedy workloads: a decode node of a P/D disaggregated deployment (two of
-four requests arrive with their prompt already prefilled) and a batch whose token budget fits only two
-decodes of ``1 + k`` tokens, so a third running request waits. :func:`run` records one of them in one
-mode; :func:`slot_kinds`, :func:`placeholder_counts` and :func:`wasted_steps` read the recording;
-:func:`first_crash` runs it with the clamp switched off and says at which engine step the embedding raised.
+Read :data:`WORKLOADS` (a P/D decode node, and a budget that makes a third request wait) and :func:`run`
+first; :func:`slot_kinds`, :func:`placeholder_counts` and :func:`wasted_steps` read its recording.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import numpy as np
 import torch
 
 from specfix.fixes import Fixes
+from specfix.lab.placeholder_lifecycle import check_recorded
 from specfix.v1.engine import DEMO_PROMPTS, GenerateResult, LLMEngine, SamplingParams, generate
 from specfix.v1.model_runner import StepTrace
 
@@ -123,17 +121,9 @@ def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
     return FILLED if step.num_filled_spec_tokens.get(req_id, 0) else SCHEDULER_DRAFTS
 
 
-def _check_recorded(result: object) -> None:
-    if not isinstance(result, GenerateResult):
-        raise TypeError(f"result must be a GenerateResult, got {type(result).__name__}")
-    if result.num_steps and not result.trace:
-        raise ValueError("result has no trace: run it with record=True")
-
-
 def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
-    """Per request (in the order of ``result.outputs``), per recorded step: an index into
-    :data:`SLOT_KINDS`."""
-    _check_recorded(result)
+    """Per request, per recorded step: an index into :data:`SLOT_KINDS`."""
+    check_recorded(result)
     req_ids = [out.request_id for out in result.outputs]
     kinds: dict[str, list[int]] = {r: [] for r in req_ids}
     for step in result.trace:
@@ -145,7 +135,7 @@ def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
 
 def placeholder_counts(result: GenerateResult) -> dict[str, int]:
     """Batches run, draft slots verified, and what became of the ``-1`` slots the scheduler wrote."""
-    _check_recorded(result)
+    check_recorded(result)
     written = filled = reaching = slots = 0
     for step in result.trace:
         spec = step.scheduler_output.scheduled_spec_decode_tokens
@@ -165,9 +155,8 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
 
 
 def wasted_steps(result: GenerateResult) -> int:
-    """(request, step) pairs that ran after the request had already produced all its tokens: async
-    scheduling planned them before the step that finished the request came back."""
-    _check_recorded(result)
+    """(request, step) pairs async scheduling planned after the request had all its tokens."""
+    check_recorded(result)
     left = {out.request_id: len(out.token_ids) for out in result.outputs}
     wasted = 0
     for step in result.trace:
@@ -178,9 +167,8 @@ def wasted_steps(result: GenerateResult) -> int:
 
 
 def first_crash(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: int = 12) -> int | None:
-    """Run the workload with ``Fixes(clamp_placeholders=False)``, on the CPU (on a GPU the device-side
-    assert would poison the process): the 0-based engine step whose embedding raised ``IndexError``, or
-    None if the run finished."""
+    """The engine step whose embedding raised without the clamp (None: none did); CPU only, as a GPU's
+    device-side assert would poison the process."""
     w = _workload(name)
     engine = LLMEngine(
         num_speculative_tokens=k,
