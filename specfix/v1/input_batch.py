@@ -1,13 +1,9 @@
 """The model runner's persistent batch: one row per request, token ids kept on the CPU.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_input_batch.py`` (``CachedRequestState``, ``InputBatch``),
-keeping what speculative decoding touches: ``token_ids_cpu`` (every request's prompt, outputs and,
-tentatively, this step's drafts), ``num_tokens_no_spec``, ``num_computed_tokens_cpu``, ``spec_token_ids`` and
-``update_req_spec_token_ids``, which writes the scheduler's drafts, ``-1`` placeholders included,
-*verbatim* into the table (the placeholders stay ``-1`` here; the runner clamps only its ``input_ids``).
-
-One simplification: vLLM condenses the batch after a request leaves (moving the last rows into the
-hole); here a new request takes the lowest free row and rows never move.
+Mirrors vLLM 0.33.0's ``vllm/v1/worker/gpu_input_batch.py``, keeping what speculative decoding touches.
+Read ``update_req_spec_token_ids``: the scheduler's drafts, ``-1`` included, go *verbatim* into
+``token_ids_cpu`` (the runner clamps only its ``input_ids``). Unlike vLLM, rows never move: a new request
+takes the lowest free row instead of the batch being condensed.
 """
 
 from __future__ import annotations
@@ -120,12 +116,8 @@ class InputBatch:
     def update_req_spec_token_ids(
         self, request: CachedRequestState, scheduled_spec_tokens: Mapping[str, list[int]]
     ) -> None:
-        """Make this step's drafts for ``request`` the row's tentative tail, placeholders verbatim.
-
-        Clears the row's old drafts; writes ``scheduled_spec_tokens[req_id]`` into ``token_ids_cpu`` just
-        past the committed tokens (``num_tokens_no_spec`` does not move: drafts are tentative) and into
-        ``spec_token_ids``.
-        """
+        """This step's drafts become the row's tentative tail, placeholders verbatim (``num_tokens_no_spec``
+        does not move)."""
         index = self.req_id_to_index.get(request.req_id)
         if index is None:
             raise ValueError(f"request {request.req_id!r} is not in the batch")

@@ -1,16 +1,10 @@
 """Per-request sampling parameters for one step, as the rejection sampler needs them.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), keeping only what specfix
-uses: temperature (below ``SAMPLING_EPS`` means greedy) and per-request seeded generators. vLLM's
-top-k/top-p, penalties, logits processors and logprobs are left out.
+Mirrors vLLM 0.33.0's ``vllm/v1/sample/metadata.py``, keeping temperature and seeded generators only.
 
-The greedy rule, in one place for every sampler in specfix (the engine's ``SamplingParams``, the
-rejection sampler, the Gumbel sampler): a temperature below ``SAMPLING_EPS`` (vLLM 0.33.0's ``_SAMPLING_EPS``,
-``vllm/sampling_params.py``) is greedy decoding. vLLM decides it there, per request
-(``SamplingType.GREEDY``), after raising every temperature in (0, 0.01) to 0.01 (0.33's ``__post_init__``;
-specfix's ``SamplingParams`` does too), so only 0 is greedy; its input batch then stores
-``GREEDY_TEMPERATURE`` for that row, so that no kernel ever divides by a temperature that small: 1e-40 in
-float32 is subnormal, ``logits / T`` overflows to infinity and the softmax turns NaN.
+The greedy rule, said once for every sampler in specfix: a temperature below ``SAMPLING_EPS`` (vLLM 0.33.0's
+``_SAMPLING_EPS``, ``vllm/sampling_params.py``) is greedy, and its row stores ``GREEDY_TEMPERATURE`` so that
+no kernel divides by a tiny T (``logits / T`` would overflow and the softmax turn NaN).
 """
 
 from __future__ import annotations
@@ -31,20 +25,12 @@ GREEDY_TEMPERATURE = 0
 
 @dataclass
 class SamplingMetadata:
-    """Sampling parameters of a batch of B requests.
+    """Sampling parameters of a batch of B requests."""
 
-    Fields:
-        temperature: [B] float32, or None when every request is greedy (as in vLLM).
-        all_greedy: every request's temperature is below ``SAMPLING_EPS``.
-        all_random: no request's temperature is below ``SAMPLING_EPS``.
-        generators: batch index -> torch.Generator, for seeded random requests only; unseeded requests
-            draw from torch's global generator.
-    """
-
-    temperature: torch.Tensor | None
+    temperature: torch.Tensor | None  # [B] float32; None when every request is greedy (as in vLLM)
     all_greedy: bool
     all_random: bool
-    generators: dict[int, torch.Generator]
+    generators: dict[int, torch.Generator]  # seeded random requests only; the rest use the global one
 
     def __post_init__(self) -> None:
         if not isinstance(self.generators, dict) or not all(
@@ -65,7 +51,7 @@ class SamplingMetadata:
             raise TypeError(f"temperature must be a 1-D float tensor, got {t!r}")
         if t.numel() == 0:
             raise ValueError("temperature is empty: a batch needs at least one request")
-        bad = [i for i in self.generators if not (isinstance(i, int) and 0 <= i < t.numel())]
+        bad = [i for i in self.generators if not (is_int(i) and 0 <= i < t.numel())]
         if bad:
             raise ValueError(f"generators keys must be batch indices in [0, {t.numel()}), got {bad}")
         if not device_checks.wanted(t):
@@ -84,23 +70,18 @@ class SamplingMetadata:
     def from_requests(
         cls, temperatures: list[float], seeds: list[int | None], device: torch.device | str = "cpu"
     ) -> SamplingMetadata:
-        """Build from per-request temperatures and seeds (None = unseeded).
-
-        A temperature below ``SAMPLING_EPS`` is greedy and stored as ``GREEDY_TEMPERATURE``. Seeded
-        random requests get their own ``torch.Generator`` on ``device``; seeds of greedy requests are
-        ignored, as in vLLM (greedy needs no randomness).
-        """
+        """Build from per-request temperatures and seeds (None: unseeded; a greedy request's is ignored)."""
         if len(temperatures) == 0:
             raise ValueError("temperatures is empty: a batch needs at least one request")
         if len(seeds) != len(temperatures):
             raise ValueError(f"seeds has {len(seeds)} entries but temperatures has {len(temperatures)}")
         for i, t in enumerate(temperatures):
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            if not (is_int(t) or isinstance(t, float)) or not math.isfinite(t):
                 raise TypeError(f"temperatures[{i}] must be a finite number, got {t!r}")
             if t < 0:
                 raise ValueError(f"temperatures[{i}] = {t} is negative; use 0 for greedy decoding")
         for i, s in enumerate(seeds):
-            if s is not None and (not is_int(s)):
+            if s is not None and not is_int(s):
                 raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
             if s is not None and not -(2**63) <= s < 2**63:
                 raise ValueError(f"seeds[{i}] must fit in an int64, got {s}")

@@ -1,12 +1,8 @@
 """Where each request's draft tokens sit in a batch, and which logits rows verify them.
 
-Mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/metadata.py`` (``SpecDecodeMetadata``). The model runner's
-``_calc_spec_decode_metadata`` builds one per step; the rejection sampler reads it.
-
-For a batch of B requests where request i carries k_i drafts (k_i = 0 allowed), the model computes
-logits at k_i + 1 positions per request: row j < k_i verifies draft j, row k_i yields the bonus token.
-``draft_token_ids`` keeps the scheduler's ``-1`` placeholders verbatim: the rejection sampler must see
-them to reject them.
+Mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/metadata.py``. Request i's k_i drafts get k_i + 1 logits rows:
+row j < k_i verifies draft j, row k_i yields the bonus token. ``draft_token_ids`` keeps the ``-1``
+placeholders verbatim: the rejection sampler must see them to reject them.
 """
 
 from __future__ import annotations
@@ -25,28 +21,16 @@ def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:
 
 @dataclass
 class SpecDecodeMetadata:
-    """One step's speculative-decoding layout (B = number of requests in the batch).
+    """One step's speculative-decoding layout for B requests (shapes as in vLLM)."""
 
-    Fields (shapes as in vLLM):
-        draft_token_ids: [sum k_i] int32, all drafts flattened request by request; may contain -1.
-        num_draft_tokens: list of B ints, k_i (0 for a request with no drafts).
-        cu_num_draft_tokens: [B] int32, inclusive cumulative sum of k_i (no leading 0).
-        cu_num_sampled_tokens: [B] int32, inclusive cumulative sum of k_i + 1.
-        target_logits_indices: [sum k_i], row of the compact logits that verifies each draft.
-        bonus_logits_indices: [B], row of the compact logits that yields each request's bonus token.
-        logits_indices: [sum k_i + B], positions of the model's token stream whose logits are computed.
-        max_spec_len: derived, max k_i (0 when no request has drafts); the output has max_spec_len + 1
-            columns.
-    """
-
-    draft_token_ids: torch.Tensor
-    num_draft_tokens: list[int]
-    cu_num_draft_tokens: torch.Tensor
-    cu_num_sampled_tokens: torch.Tensor
-    target_logits_indices: torch.Tensor
-    bonus_logits_indices: torch.Tensor
-    logits_indices: torch.Tensor
-    max_spec_len: int = field(init=False)
+    draft_token_ids: torch.Tensor  # [sum k_i] int32, request by request; may hold -1
+    num_draft_tokens: list[int]  # [B] k_i, 0 for a request without drafts
+    cu_num_draft_tokens: torch.Tensor  # [B] int32, inclusive cumsum of k_i (no leading 0)
+    cu_num_sampled_tokens: torch.Tensor  # [B] int32, inclusive cumsum of k_i + 1
+    target_logits_indices: torch.Tensor  # [sum k_i] the compact logits row verifying each draft
+    bonus_logits_indices: torch.Tensor  # [B] the compact logits row of each bonus token
+    logits_indices: torch.Tensor  # [sum k_i + B] token-stream positions whose logits are computed
+    max_spec_len: int = field(init=False)  # max k_i; the output has max_spec_len + 1 columns
 
     def __post_init__(self) -> None:
         k = self.num_draft_tokens
@@ -92,15 +76,8 @@ class SpecDecodeMetadata:
     def make_dummy(
         cls, draft_token_ids: list[list[int]], device: torch.device | str = "cpu"
     ) -> SpecDecodeMetadata:
-        """Metadata for drafts given per request, with the logits laid out compactly.
-
-        Unlike vLLM's ``make_dummy`` (which zeroes the index tensors because its tests mock the bonus
-        sampler), the index tensors here describe the natural compact layout: request i owns logits rows
-        ``[cu_num_sampled[i] - k_i - 1, cu_num_sampled[i])``, its k_i target rows first and its bonus
-        row last; ``logits_indices`` is the identity. This is what ``_calc_spec_decode_metadata`` returns
-        when every request schedules exactly k_i + 1 tokens, so ``RejectionSampler.forward`` can be fed
-        a logits tensor of ``sum k_i + B`` rows directly.
-        """
+        """Metadata for per-request drafts with compact logits (unlike vLLM's zeroed indices), so
+        ``RejectionSampler.forward`` takes ``sum k_i + B`` logits rows directly."""
         if not isinstance(draft_token_ids, (list, tuple)) or not all(
             isinstance(row, (list, tuple)) for row in draft_token_ids
         ):
