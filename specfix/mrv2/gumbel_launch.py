@@ -36,13 +36,10 @@ _REGISTER_CAP = {} if INTERPRET else {"maxnreg": 96}
 
 @functools.cache
 def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``; a tile of BLOCK logits is laid out by
-    ``tile_shape``.
-
-    Interpreter: one program per row, tiles as large as possible (its cost is per program instance). GPU:
-    small programs, each row split over several, as the constants above say."""
+    """(BLOCK, num_warps, tiles_per_program) for ``gumbel_sample``: on a GPU small programs, each row split
+    over several, as the constants above say."""
     fits = max(16, triton.next_power_of_2(vocab_size))  # a tiny vocabulary needs no larger tile
-    if INTERPRET:
+    if INTERPRET:  # one program per row, tiles as large as possible: the interpreter pays per program
         block = min(fits, 1 << 16)
         return block, 4, triton.cdiv(vocab_size, block)
     if num_tokens >= _FEW_ROWS and vocab_size < _LARGE_VOCAB:
@@ -57,9 +54,8 @@ def launch_config(num_tokens: int, vocab_size: int) -> tuple[int, int, int]:
 
 
 def tile_shape(block: int, num_warps: int, itemsize: int) -> tuple[int, int]:
-    """(DEPTH, LANES) of a tile of ``block`` logits of ``itemsize`` bytes handled by ``num_warps`` warps:
-    a 16-byte load per thread per row of the tile, so that a thread holds whole columns and the tile's
-    reduction along its first axis never leaves its registers."""
+    """(DEPTH, LANES) of a tile: a 16-byte load per thread per tile row, so that a thread holds whole columns
+    and the tile's reduction along its first axis never leaves its registers."""
     lanes = min(block, _BYTES_PER_LOAD // itemsize * 32 * num_warps)
     return block // lanes, lanes
 
@@ -149,11 +145,9 @@ def _check_overrides(block_size, tiles_per_program) -> None:
         raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
 
 
-#: Scratch of split rows in eager calls, kept per (device, stream): the arrival counters, one int32 per row,
-#: which the kernel leaves at 0 (so a call needs no memset), and the splits' keys, which each call writes
-#: before it reads them (so a call needs no allocation). Calls on one stream run one after another; calls
-#: that may overlap (two streams) get separate scratch. A captured call allocates its own keys, inside the
-#: graph's memory pool, and uses no counters (two kernels instead).
+#: Scratch of split rows in eager calls, per (device, stream) since calls on two streams may overlap: the
+#: arrival counters, which the kernel leaves at 0 (no memset), and the splits' keys, written before they are
+#: read (no allocation). A captured call allocates its own keys in the graph's pool and uses no counters.
 _SPLIT_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 

@@ -1,11 +1,9 @@
 """The Gumbel noise of specfix's sampler, defined in plain torch, and a reference ``gumbel_sample``.
 
-Mirrors the contract of vLLM 0.33.0's Model Runner V2 ``vllm/v1/worker/gpu/sample/gumbel.py`` (see
-``specfix.mrv2.gumbel`` for the Triton kernel). The noise for token ``v`` of a row is a pure function of
-(request seed, position, v), so a draw does not depend on what else is in the batch, and the Triton
-kernel, Triton's interpreter and this file all produce the same bits. Two of the sampler's noise modes are
-defined here, each recipe in a comment above its functions: specfix's own ("exact") and vLLM 0.33's
-("vllm").
+Mirrors the contract of vLLM 0.33.0's Model Runner V2 ``vllm/v1/worker/gpu/sample/gumbel.py`` (the Triton
+kernel is ``specfix.mrv2.gumbel``). The noise of token ``v`` is a pure function of (request seed, position,
+v), so a draw does not depend on the rest of the batch. Two noise modes are defined here, each recipe in a
+comment above its functions: specfix's own ("exact") and vLLM 0.33's ("vllm").
 
 Read ``gumbel_noise`` and ``vllm_gumbel_noise`` first, then ``gumbel_sample_reference``.
 """
@@ -99,14 +97,11 @@ def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
 
 
 def careful_log(x: torch.Tensor) -> torch.Tensor:
-    """ln(x) for positive normal float32 x, from float32 adds and multiplies only.
-
-    Accurate relative to ln(x) even for x next to 1, because f = m - 1 is exact.
-    """
+    """ln(x) for positive normal float32 x, from float32 adds and multiplies only."""
     bits = x.view(torch.int32)
     exponent = (bits - SQRT_HALF_BITS) >> 23
     m = (bits - exponent * (1 << 23)).view(torch.float32)
-    f = m - 1.0
+    f = m - 1.0  # exact, so the result is accurate relative to ln(x) even next to 1
     p = torch.full_like(f, LN1P_POLY[-1])
     for c in LN1P_POLY[-2::-1]:
         p = p * f + c
@@ -140,12 +135,10 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torc
 # 2. ``u`` from the two 16-bit halves of ``bits``: ``hi * 2**-16 + (lo + 0.5) * 2**-32`` in float32, i.e.
 #    ``(bits + 0.5) * 2**-32`` rounded once (it can round up to 1.0; step 3 guards that).
 # 3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
-#    ``log(max(1 - u, 2**-24))`` above; the logarithms are the platform's (``torch.log`` here, ``tl.log`` in
-#    the kernel), so this reference matches the kernel's hash and uniforms bit for bit and its noise to
-#    within a rounding of the logarithm. The kernel also divides by the temperature as vLLM does (on a GPU
-#    triton's ``/`` is ``div.full.f32``, within 2 ulp), this file with IEEE division: on a GPU the two can
-#    pick different tokens in a near-tie, which vLLM's own kernel and the vllm mode never do (they make the
-#    same float operations). The draft-logits cache receives the logits before temperature, in every mode.
+#    ``log(max(1 - u, 2**-24))`` above. The logarithms are the platform's, so this reference matches the
+#    kernel's hash and uniforms bit for bit and its noise within a rounding of the logarithm. The kernel
+#    divides by the temperature as vLLM does (``div.full.f32`` on a GPU), this file with IEEE division: in a
+#    near-tie on a GPU the two can differ, which vLLM's own kernel and the vllm mode never do.
 # 4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
 #    a draft and the residual it may be resampled from must not share noise). When the call fills the
 #    drafter's logits cache, the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
@@ -176,9 +169,8 @@ def murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def murmur3_x86_32(words: list[torch.Tensor], seed: int = 0) -> torch.Tensor:
-    """MurmurHash3_x86_32 of a key made of whole 32-bit little-endian words (no tail bytes), with ``seed``.
-
-    ``words`` are int tensors of one shape holding values in [0, 2**32); returns the hashes, likewise."""
+    """MurmurHash3_x86_32 of a key of whole 32-bit little-endian words (int tensors of one shape holding
+    values in [0, 2**32)), with ``seed``; no tail bytes."""
     h = torch.full_like(words[0], seed & MASK32, dtype=torch.int64)
     for k in words:
         h = murmur3_mix(h, k.to(torch.int64) & MASK32)
@@ -233,25 +225,15 @@ def gumbel_sample_reference(
     *,
     noise: str = "exact",
 ) -> torch.Tensor:
-    """What the fixed kernel computes, row by row in torch (same noise, same tokens, same stores), with
-    ``gumbel_sample``'s arguments.
-
-    As vLLM 0.33's kernel, in every mode: only a temperature of 0 is greedy (a plain argmax, no noise); a
-    NaN score never wins (ties go to the lowest token id; a row of only NaN and ``-inf`` gives token 0).
-    Rows with ``expanded_idx_mapping < 0`` are padding: temperature 0 (plain argmax), nothing stored.
-    ``noise`` is ``"exact"`` or ``"vllm"`` (the fast mode's hardware logarithm has no torch twin). The cache
-    receives each valid row's logits before temperature (``logits_cache_source`` if given), as they are.
-    Where several rows store into one ``[req_state_idx, col]`` (a stale padded row and the live row it
-    collides with) the highest row wins, as in Triton's interpreter, which runs programs in order (on a GPU
-    they race).
-    """
+    """What the fixed kernel computes, in torch with ``gumbel_sample``'s arguments: the same noise, tokens and
+    stores (the fast mode's hardware logarithm has no torch twin)."""
     if noise not in ("exact", "vllm"):
         raise ValueError(f"noise must be 'exact' or 'vllm' for the torch reference, got {noise!r}")
     if use_fp64:
         raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
     num_tokens, vocab_size = logits.shape
     idx = expanded_idx_mapping.to(torch.int64)
-    valid = idx >= 0
+    valid = idx >= 0  # padding rows: temperature 0 (a plain argmax), nothing stored
     safe = idx.clamp(min=0)
     temp = torch.where(valid, temperature[safe], torch.zeros((), dtype=temperature.dtype, device=idx.device))
     row_seed = torch.where(valid, seed[safe], torch.zeros((), dtype=seed.dtype, device=idx.device))
@@ -268,12 +250,14 @@ def gumbel_sample_reference(
             (logits_cache.shape[0] * logits_cache.shape[1],), -1, dtype=torch.int64, device=idx.device
         )
         rows = torch.arange(num_tokens, device=idx.device)
+        # rows storing into one [req_state_idx, col]: the highest wins, as in the interpreter (GPU: a race)
         last.scatter_reduce_(0, slot[valid], rows[valid], reduce="amax")
         keep = valid & (last[slot] == rows)
-        source = logits if logits_cache_source is None else logits_cache_source
+        source = logits if logits_cache_source is None else logits_cache_source  # before temperature, as is
         logits_cache[idx[keep], cols[keep], :vocab_size] = source[keep].to(logits_cache.dtype)
         if noise == "vllm":
             row_seed = row_seed ^ (cols << 32)
     g = (vllm_gumbel_noise if noise == "vllm" else gumbel_noise)(row_seed, row_pos, vocab_size)
     scores = torch.where(sampling[:, None], x + g, x)
+    # a NaN never wins; ties go to the lowest token; a row of only NaN and -inf gives token 0
     return torch.where(scores.isnan(), float("-inf"), scores).argmax(dim=-1)
