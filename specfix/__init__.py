@@ -14,11 +14,9 @@ Layout, by role:
 * top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``checks`` (the
   argument checks every role uses), ``models`` and ``tokenizer`` (the tiny word-level models).
 
-Importing specfix imports no torch (``specfix diagnose`` needs none). It checks the ``SPECFIX_*``
-settings and, where torch cannot see a GPU (``SPECFIX_DEVICE=cpu``, or no GPU device on this machine),
-switches Triton's interpreter on before anything imports triton; elsewhere ``specfix.runtime`` decides
-with torch when it first loads. Modules keep their short names here: ``from specfix import gumbel``
-loads ``specfix.mrv2.gumbel`` on first use, and ``specfix.runtime`` loads the same way.
+Importing specfix imports no torch (``specfix diagnose`` needs none); where no GPU is visible it switches
+Triton's interpreter on before anything imports triton. ``from specfix import gumbel`` loads
+``specfix.mrv2.gumbel`` on first use.
 """
 
 from __future__ import annotations

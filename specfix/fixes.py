@@ -26,9 +26,8 @@ class Fixes:
     pad_idx_mapping: bool = True
     #: vLLM PR #47066: DFlash input preparation pads ``sample_idx_mapping`` with -1, not 0 (chapter 3).
     dflash_pad_idx: bool = True
-    #: vLLM 0.33 Model Runner V2 (not 0.25): ``gather_draft_sampled`` marks the draft slots of a step that
-    #: starts inside the prefill as -1 before verification, so the zeros the draft table fed there are
-    #: rejected, not judged as drafts (chapter 1).
+    #: vLLM 0.33 Model Runner V2 (not 0.25): ``gather_draft_sampled`` marks the zeroed draft slots of a step
+    #: that starts inside the prefill -1, so they are rejected, not judged as drafts (chapter 1).
     mark_placeholder_drafts: bool = True
 
     @classmethod
@@ -47,11 +46,8 @@ class Fixes:
         return dataclasses.replace(self, **{name: False for name in names})
 
 
-# -- showing a fix as code ------------------------------------------------------------------------------
-#
-# The lines a switch changes carry a trailing ``# [fix]`` (they run only with the fix on) or ``# [no fix]``
-# (they run only with it off). ``show_fix`` reads the live source of each site below, so what a chapter
-# shows is what runs; a test fails if a site loses its marked lines.
+# The lines a switch changes end in ``# [fix]`` (run only with the fix on) or ``# [no fix]`` (only with it
+# off); ``show_fix`` reads the live source of each site, so what a chapter shows is what runs.
 
 #: Where each switch acts: ``module:qualname`` of the functions (Triton kernels included) holding its lines.
 FIX_SITES: dict[str, tuple[str, ...]] = {

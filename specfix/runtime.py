@@ -1,10 +1,7 @@
 """Where specfix runs: device choice, Triton (compiled or interpreted), problem scale.
 
-specfix's modules import triton through this one. On a machine without a usable GPU it turns on Triton's
-interpreter (``TRITON_INTERPRET=1``), which must happen before ``import triton`` because triton's own
-helpers (``tl.rand``...) are decorated at import time (``import specfix`` already does so where it can tell
-without torch that no GPU is usable). Without triton, a stand-in ``triton.jit`` still defines every kernel
-(no ``if HAS_TRITON:`` blocks); launchers check ``HAS_TRITON`` and run their torch reference.
+specfix's modules import triton through this one: without a GPU it turns the interpreter on first, and
+without triton a stand-in ``triton.jit`` still defines every kernel (launchers check ``HAS_TRITON``).
 
 Interpreter workarounds (triton 3.6), which the kernels refer to as "(interpreter: see specfix.runtime)":
 a runtime or loaded value cannot bound a ``range()`` (kernels loop to a static bound and mask off the rest);
@@ -12,7 +9,7 @@ a store cannot be masked by a scalar comparison (the mask is built per lane); an
 such as ``1 + NUM_SPEC`` becomes a tensor ``range()`` cannot take (the host passes it as its own constexpr).
 
 Environment: SPECFIX_DEVICE ``cuda`` or ``cpu`` (default: ``cuda`` when available); SPECFIX_SCALE ``ci``
-(small, fast; the default) or ``full`` (the sizes a GPU run uses).
+(the default) or ``full``.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ INTERPRET: bool = DEVICE.type == "cpu"
 
 
 class _Unlaunchable:
-    """A kernel defined without triton: launching it is a bug in its launcher, which should have taken the
-    torch reference."""
+    """A kernel defined without triton: its launcher should have taken the torch reference."""
 
     def __init__(self, fn):
         self.fn = fn

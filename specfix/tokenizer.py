@@ -1,10 +1,8 @@
 """A word-level tokenizer over the fables shipped in ``specfix/data/fables.txt``.
 
-Stands in for the Hugging Face tokenizer that vLLM loads (in vLLM 0.33.0, ``get_tokenizer`` of
-``vllm/tokenizers/registry.py``, which wraps ``AutoTokenizer`` in ``vllm/tokenizers/hf.py``): ``encode``
-turns text into token ids, ``decode`` turns ids back into readable words, so a reader sees a
-corrupted output (a repeated or missing word) with their own eyes. Two ids are chosen on purpose, because
-placeholders meet them: the comment above ``TOKEN_ZERO`` says which and why.
+Stands in for the Hugging Face tokenizer vLLM loads (in vLLM 0.33.0, ``get_tokenizer`` of
+``vllm/tokenizers/registry.py``, wrapping ``AutoTokenizer`` in ``vllm/tokenizers/hf.py``), so a reader sees
+a corrupted output (a repeated or missing word) with their own eyes.
 """
 
 from __future__ import annotations
@@ -16,14 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CORPUS_PATH = Path(__file__).with_name("data") / "fables.txt"
-# Two ids are chosen on purpose, because placeholders meet them:
-# * Token 0 is ``"the"``, the commonest word. The "zero the placeholders" design alternative of chapter 1
-#   turns every ``-1`` placeholder into a draft of token 0, which the target accepts whenever its own choice
-#   is ``"the"``.
-# * The last id, ``V - 1``, is ``"."``. Words come first (by frequency), then ``"<unk>"``, then the
-#   punctuation marks, commonest last. Before vLLM PR #46533 the random rejection kernel used a ``-1`` draft
-#   as a column index and so read the *previous row's* last probability, P(id V-1); with ``"."`` there, that
-#   bug accepts a placeholder about as often as the target would end a sentence, so chapter 1 can show it.
+# Two ids meet placeholders, so they are chosen on purpose. Token 0 is ``"the"``, the commonest word: a
+# placeholder zeroed into token 0 is accepted whenever the target would say "the". The last id is ``"."``:
+# before vLLM PR #46533 a ``-1`` draft read the previous row's P(id V-1), so a placeholder was accepted
+# about as often as the target would end a sentence.
 #: Token id 0: a real, frequent word.
 TOKEN_ZERO = "the"
 UNK = "<unk>"
