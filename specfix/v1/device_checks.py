@@ -1,10 +1,8 @@
 """The debug switch for value checks that would make the host wait for the GPU.
 
-A serving step must not synchronise: every ``.tolist()`` or ``.item()`` on a CUDA tensor stalls the host until
-the GPU has caught up, and async scheduling exists to keep that queue full. So the checks that read values
-(ids in range, probabilities free of NaN, cumulative sums that agree with their counts) run where they cost
-no sync (on CPU tensors) and, on a GPU, only when this switch is on. Shapes, dtypes and devices are checked
-always: they live on the host.
+A serving step must not synchronise (a ``.tolist()`` on a CUDA tensor stalls the host), so checks that
+read values run on CPU tensors always and on GPU tensors only with this switch on; shapes, dtypes and
+devices live on the host and are checked always.
 
     SPECFIX_DEVICE_CHECKS=1 python ...        # on from the start
     with device_checks.enabled():             # on for a block (tests, debugging a crash)
@@ -39,8 +37,7 @@ def enabled(value: bool = True) -> Iterator[None]:
 
 
 def wanted(*tensors: torch.Tensor | None) -> bool:
-    """Whether to run a value check on ``tensors``: always when none is on a GPU (no sync), else only when
-    the switch is on."""
+    """Whether to run a value check on ``tensors``: always when none is on a GPU (no sync)."""
     return _on or all(t is None or t.device.type == "cpu" for t in tensors)
 
 

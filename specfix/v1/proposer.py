@@ -1,15 +1,9 @@
 """Drafters: propose up to k next tokens per request for the target to verify.
 
-``NgramProposer`` mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/ngram_proposer.py`` (prompt lookup: the
-longest n in ``[prompt_lookup_min, prompt_lookup_max]`` whose last n tokens occurred before, the
-*earliest* such occurrence, and the tokens that followed it, at most ``max_model_len - len(tokens)``).
-It may propose fewer than k tokens, or none when nothing matches; the scheduler then verifies only the
-drafts it has. vLLM's defaults are ``prompt_lookup_min = prompt_lookup_max = 5`` (0.33.0
-``vllm/config/speculative.py``).
-
-``DraftModelProposer`` mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/draft_model.py`` with greedy drafting
-(``draft_sample_method="greedy"``): the small draft model is run k times, each time appending its argmax.
-It always proposes exactly k tokens.
+``NgramProposer`` mirrors vLLM 0.33.0's ``vllm/v1/spec_decode/ngram_proposer.py`` (prompt lookup, the
+earliest longest match, defaults from 0.33.0's ``vllm/config/speculative.py``): it may propose fewer than k
+tokens, and the scheduler then verifies only those. ``DraftModelProposer`` mirrors vLLM 0.33.0's
+``vllm/v1/spec_decode/draft_model.py`` with greedy drafting: always exactly k tokens.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Save what an engine step may change, and put it back if the step fails: steps are all-or-nothing.
 
-vLLM has no such thing (a worker that raises takes the engine down with it); specfix runs in notebooks,
-where a user changes one thing, re-runs a cell, and must never be left with an engine that only a kernel
-restart cures. ``LLMEngine.step`` saves the scheduler's, the runner's and its own state before it starts
-and restores them if anything raises.
+vLLM has no such thing (a worker that raises takes the engine down); specfix runs in notebooks, where a
+failed cell must never leave an engine that only a kernel restart cures.
 
 Read :class:`Snapshot` first: the comment above it says what is saved and how.
 """
@@ -71,19 +69,10 @@ def _put_back(leaf, saved) -> None:
         leaf.set_state(saved)
 
 
-# ``Snapshot(obj, skip)`` records every attribute of ``obj`` except those named in ``skip``, without a list
-# of which attributes there are, so a field added later is covered too:
-#
-# * tensors, numpy arrays and ``torch.Generator``s, wherever they sit (an attribute, inside a list or a
-#   dict, in a nested object), keep their identity and get their contents (a generator: its state) back
-#   in place, so persistent buffers keep their addresses and a numpy view of a tensor stays its view;
-# * torch modules (weights, which a step reads but never writes), functions and classes are shared as
-#   they are;
-# * everything else (lists, dicts, dataclasses, plain objects) is deep-copied, and on ``restore`` the
-#   copies replace the live values; attributes the step added are removed.
-#
-# ``skip`` names what is not per-step state: models, drafters, samplers, or an append-only log that the
-# owner truncates itself.
+# ``Snapshot(obj, skip)`` records every attribute but ``skip`` (models, drafters, logs), with no list of
+# fields, so a field added later is covered too. Tensors, arrays and generators get their contents back in
+# place (buffers keep their addresses, numpy views stay views); modules, functions and classes are shared;
+# everything else is deep-copied and replaces the live value on ``restore``.
 class Snapshot:
     """The state of ``obj``'s attributes (all but ``skip``), restorable once; see the comment above."""
 
