@@ -8,7 +8,7 @@ runner: ``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/
 (:mod:`specfix.v1.model_runner`), which this one extends.
 
 Read ``GPUModelRunnerV2._prepare_input_ids`` (the draft table) and ``gather_draft_sampled`` (the
-placeholders marked again) first; the comment above each says what MRV2 does there and why.
+placeholders marked again) first.
 """
 
 from __future__ import annotations
@@ -25,32 +25,23 @@ from specfix.v1.scheduler import SchedulerOutput
 _DEFAULT_FIXES = Fixes()
 
 
-# Placeholders marked again before verification: token 0 is a real token. vLLM 0.33's
-# ``gather_draft_sampled`` (a Triton kernel there, a few torch ops here) reads each logits row's input token
-# and sets it to ``-1`` where ``is_placeholder = (local_pos > 0) & (pos - local_pos < prefill_len)``: a draft
-# row of a step that starts inside the request's prefill, where nothing has been drafted yet. The rejection
-# sampler then rejects those slots. 0.24.0 and 0.25.0 verify ``input_ids[logits_indices]`` as they are, so
-# 0.25's padded steps (0.24's scheduler did not pad yet) had their zeros judged as drafts, accepted wherever
-# the target agreed (greedy: its next token is 0; vLLM PR #54137, closed unmerged, reported BOS emitted this
-# way on P/D decode nodes).
-# ``Fixes.mark_placeholder_drafts`` switches the marking; off, this runner verifies as 0.25's MRV2 did.
+# Token 0 is a real token, so vLLM 0.33 marks placeholders -1 again before verification, and the rejection
+# sampler rejects them. 0.24.0 and 0.25.0 verify input_ids[logits_indices] as they are, so 0.25's padded
+# steps had their zeros judged as drafts, accepted wherever the target agreed (vLLM PR #54137, closed
+# unmerged, reported BOS emitted this way on P/D decode nodes). Off, Fixes.mark_placeholder_drafts verifies
+# as 0.25's MRV2 did.
 def gather_draft_sampled(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-    logits_indices: torch.Tensor,
-    expanded_idx_mapping: torch.Tensor,
-    expanded_local_pos: torch.Tensor,
-    prefill_len: torch.Tensor,
+    logits_indices: torch.Tensor,  # [num_logits]: row i checks the draft that is row i + 1's token
+    expanded_idx_mapping: torch.Tensor,  # [num_logits]: each row's request-state row
+    expanded_local_pos: torch.Tensor,  # [num_logits]: 0 for the last committed token, j for draft j
+    prefill_len: torch.Tensor,  # [max_num_reqs]
     *,
     fixes: Fixes = _DEFAULT_FIXES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input token and position of every logits row, draft rows of a step that starts in the prefill set
-    to -1 (vLLM 0.33.0 ``spec_decode/rejection_sampler.py``, same arguments).
-
-    Row ``i`` is logits row ``i``: ``expanded_idx_mapping[i]`` is its request's state row,
-    ``expanded_local_pos[i]`` its place in the request's span (0: the last committed token; j > 0: draft j).
-    The draft checked by row ``i`` is the token of row ``i + 1``.
-    """
+    """The input token and position of every logits row, -1 for the drafts of a step that starts inside the
+    prefill (nothing drafted yet), as vLLM 0.33.0's ``gather_draft_sampled`` (a Triton kernel there)."""
     token_ids = input_ids[logits_indices.long()]
     pos = positions[logits_indices.long()]
     if fixes.mark_placeholder_drafts:  # [fix]
@@ -62,11 +53,8 @@ def gather_draft_sampled(
 
 
 class GPUModelRunnerV2(GPUModelRunner):
-    """specfix's runner with MRV2's draft slots; same arguments as the V1 runner.
-
-    ``draft_tokens`` [max_num_reqs, k] int64 and ``prefill_len`` [max_num_reqs] are indexed by the request's
-    row of the input batch, which plays MRV2's ``req_state_idx``.
-    """
+    """specfix's runner with MRV2's draft slots; same arguments as the V1 runner. Its tables are indexed by
+    the request's row of the input batch, which plays MRV2's ``req_state_idx``."""
 
     def __init__(self, model: NgramLM, **kwargs):
         super().__init__(model, **kwargs)
@@ -84,18 +72,12 @@ class GPUModelRunnerV2(GPUModelRunner):
             self.prefill_len[row] = len(new.prompt_token_ids)
             self.draft_tokens[row].zero_()
 
-    # A draft table, not the scheduler's ids: MRV2 reads ``scheduled_spec_decode_tokens`` only for each
-    # request's draft *count*. The draft ids it feeds the model come from ``draft_tokens``, one row per
-    # request, which the runner writes with the speculator's proposals after every step
-    # (``vllm/v1/worker/gpu/model_runner.py``: ``req_states.draft_tokens[input_batch.idx_mapping] =
-    # draft_tokens``) and ``add_request`` zeroes when a request arrives (0.24.0, 0.25.0 and 0.33.0 alike).
-    # ``combine_sampled_and_draft_tokens`` copies the row into the draft slots of ``input_ids``. A request
-    # whose first step is padded (a P/D decode node's first step, a prompt the prefix cache holds up to its
-    # last token) so feeds token 0 in its placeholder slots: no ``-1`` reaches the embedding, and MRV2 has no
-    # clamp (:meth:`GPUModelRunnerV2._preprocess`).
-    #
-    # Under async scheduling the table is what makes the scheduler's ``-1`` harmless too: MRV2 never scatters
-    # the scheduler's ids into ``input_ids``, so a request the drafter has not seen yet reads its zeroed row.
+    # MRV2 reads scheduled_spec_decode_tokens only for each request's draft *count*; the ids come from the
+    # draft table, which the runner writes after every step (vllm/v1/worker/gpu/model_runner.py:
+    # req_states.draft_tokens[input_batch.idx_mapping] = draft_tokens) and add_request zeroes (0.24.0, 0.25.0
+    # and 0.33.0 alike). So a padded first step (a P/D decode node's, a prompt the prefix cache holds up to
+    # its last token) and, under async scheduling, a request the drafter has not seen yet feed token 0: no -1
+    # reaches the embedding, and MRV2 has no clamp.
     def _prepare_input_ids(
         self, scheduler_output: SchedulerOutput, req_ids: list[str], cu_num_scheduled: np.ndarray
     ) -> dict[str, int]:
