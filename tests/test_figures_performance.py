@@ -446,6 +446,7 @@ def test_small_batch_goals_give_each_goal_its_verdict_and_its_worst_shape():
     assert text.startswith("Met: goals 2, 4. Missed: goals 1.")
     assert "- **1, host cost per call: missed**, 1 of 3 shapes; the worst miss: *the worse one*" in text
     assert text.count("\n- ") == 3 and "vLLM beside it: 0.33.0: 7 us." in text
+    assert "\n  - *the worse one*: 1 of 1 shapes miss" in text  # each family's misses under its goal
 
 
 def test_small_batch_goals_of_the_recording_match_its_goal_list():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 
 from specfix.exercises.core import checker
-from specfix.figures.performance import ceilings, floor_us
+from specfix.figures.performance import ceilings, fix_costs, floor_us
 from specfix.mrv2.cudagraph import cudagraph_capture_sizes
 from specfix.tools import bench, recorded
 
@@ -147,8 +147,6 @@ def check_replayed_rows(answer, verdict):
 
 def _fix_names() -> dict[str, str]:
     """Every way the chapter names a fix (its key, its label, its letter) -> its key."""
-    from specfix.figures.performance import fix_costs
-
     names = {}
     for fix, label in fix_costs(_h200())[["fix", "label"]].drop_duplicates().itertuples(index=False):
         letter = label.rsplit("(", 1)[-1].rstrip(")")
@@ -158,8 +156,6 @@ def _fix_names() -> dict[str, str]:
 
 def syncing_fixes() -> set[str]:
     """The fixes whose step made the host wait for the GPU in the H200 run."""
-    from specfix.figures.performance import fix_costs
-
     costs = fix_costs(_h200())
     return set(costs.loc[costs["host_syncs_per_step"] > 0, "fix"])
 

@@ -25,19 +25,12 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
     """The report chapter 5 plots and the line that says where it comes from: a live run on this GPU when
-    ``live``, else the H200 recording (or, if none ships, a CPU smoke run whose timings mean nothing)."""
+    ``live``, else the H200 recording."""
     if live:
         report = bench.run("cuda", scale)
         return report, "MEASURED LIVE on this machine, " + recorded.label(report["meta"])
-    try:
-        report = recorded.load("bench_h200")
-        return report, "RECORDED ON THE H200, not on this machine: " + recorded.label(report["meta"])
-    except FileNotFoundError:
-        report = bench.run("cpu", "ci", progress=False)
-        return report, (
-            "NO H200 RECORDING SHIPPED: a CPU SMOKE RUN through Triton's interpreter, whose "
-            "timings mean NOTHING about GPU speed"
-        )
+    report = recorded.load("bench_h200")
+    return report, "RECORDED ON THE H200, not on this machine: " + recorded.label(report["meta"])
 
 
 def fix_costs(report: dict | None = None) -> pd.DataFrame:
@@ -159,16 +152,21 @@ def margin_pct(g: dict) -> float:
     return float(margin.group(1)) if margin else math.nan
 
 
+def goal_family(g: dict) -> str:
+    """What a goal demands, its shape cut out (a rejection goal keeps its mode)."""
+    cut = re.sub(_GOAL_SHAPE, lambda m: f" ({m['mode']})" if m["mode"] else m["rest"], g["goal"])
+    return cut.replace(", (", " (")
+
+
 def goal_families(report: dict) -> pd.DataFrame:
     """The report's goals grouped by what they demand, the shape cut out: per family the number of goals,
     passes and misses, and the worst margin (% of the target, below zero a miss) with its goal."""
     columns = ["family", "case", "goals", "passed", "missed", "worst_margin_pct", "worst_goal"]
     if not report["goals"]:
         return pd.DataFrame(columns=columns)
-    family = lambda g: re.sub(_GOAL_SHAPE, lambda m: f" ({m['mode']})" if m["mode"] else m["rest"], g["goal"])
     df = pd.DataFrame(
         {
-            "family": [family(g).replace(", (", " (") for g in report["goals"]],
+            "family": [goal_family(g) for g in report["goals"]],
             "case": [g["case"] for g in report["goals"]],
             "status": [g["status"] for g in report["goals"]],
             "goal": [g["goal"] for g in report["goals"]],
@@ -191,7 +189,7 @@ SMALL_BATCH = {
     1: "host cost per call",
     2: "back to back per call",
     3: "logits per second",
-    4: "drafting step: no host sync, one graph replays eager",
+    4: "drafting steps: no sync, replay = eager",
     5: "mask overhead",
 }
 
@@ -204,7 +202,7 @@ def judged_goals(report: dict, number: int) -> list[dict]:
 def _figures(g: dict) -> tuple[str, str]:
     """A judged goal's figure against its target, and vLLM's figures beside it (in us where the goal is a
     ratio of times, else in the goal's unit)."""
-    unit = "x" if g["unit"] == "x" else f" {g['unit']}"
+    unit = g["unit"] if g["unit"] in ("x", "%") else f" {g['unit']}"
     beside_unit = "us" if g["unit"] == "x" else g["unit"]
     beside = "; ".join(f"{v}: {x:,.3g} {beside_unit}" for v, x in g.get("vllm", {}).items())
     return f"{g['measured']:,.3g}{unit} (target {g['target']:g}{unit})", beside or "-"
@@ -442,11 +440,15 @@ def small_batch_text(report: dict) -> str:
             f"- **{number}, {r.demands}: {r.status}**, {r['shapes met']} shapes; {which}: *{r.worst}*: "
             f"{r.measured}, {r.margin}" + ("." if r.vLLM == "-" else f"; vLLM beside it: {r.vLLM}.")
         )
+        misses = pd.Series([goal_family(g) for g in judged_goals(report, number) if g["status"] == "miss"])
+        for family, n in misses.value_counts(sort=False).items():
+            of = sum(goal_family(g) == family for g in judged_goals(report, number))
+            lines.append(f"  - *{family}*: {n} of {of} shapes miss")
     return "\n".join(lines)
 
 
 def host_text(report: dict) -> str:
-    """The judged kernel's host cost per call beside the goal's vLLM version, and the validation's share."""
+    """The judged kernel's host cost per call beside the goal's vLLM version's."""
     host, peer = bench.frame(report, "gumbel_host"), bench.peer_impl(bench.GOAL_PEER)
     if host.empty:
         return ""
@@ -454,17 +456,9 @@ def host_text(report: dict) -> str:
     if peer not in wide:
         return ""
     gap, times = wide[bench.JUDGED] - wide[peer], wide[bench.JUDGED] / wide[peer]
-    text = (
+    return (
         f"A call of `{bench.JUDGED}` costs the host {gap.min():+.1f} to {gap.max():+.1f} us beside vLLM "
         f"{bench.GOAL_PEER}'s ({times.min():.2f} to {times.max():.2f} times)."
-    )
-    if "specfix_validation_only" not in wide:  # reports made before the bench stopped timing it apart
-        return text
-    valid = wide["specfix_validation_only"]
-    without = (wide[bench.JUDGED] - valid) / wide[peer]
-    return (
-        f"{text} Validating the arguments alone takes {valid.min():.1f} to {valid.max():.1f} us of it; "
-        f"without it a call would cost the host {without.min():.2f} to {without.max():.2f} times vLLM's."
     )
 
 
