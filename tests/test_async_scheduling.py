@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specfix.fixes import Fixes
+from specfix.lab.placeholder_lifecycle import story_prompts
 from specfix.models import load_models
 from specfix.v1.engine import LLMEngine, SamplingParams, generate
 from specfix.v1.model_runner import DraftTokenIds, ModelRunnerOutput
@@ -13,14 +14,7 @@ from specfix.v1.scheduler import AsyncScheduler, Request
 VOCAB = 512
 K = 3
 MODELS = load_models("cpu")
-PROMPTS = [
-    "the fox saw the crow",
-    "a lion was asleep",
-    "the north wind",
-    "the mice",
-    "an ant went to",
-    "the boy cried",
-]
+PROMPTS = story_prompts(6)  # chapter 1's story openings
 GREEDY = SamplingParams(temperature=0.0, max_tokens=15)
 RUN = dict(models=MODELS, sampler_backend="torch")
 

@@ -10,18 +10,12 @@ import pytest
 import torch
 
 from specfix.fixes import Fixes
+from specfix.lab.placeholder_lifecycle import story_prompts
 from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
 from specfix.v1.engine import LLMEngine, SamplingParams, generate, run_demo
 
-PROMPTS = [
-    "the fox saw the crow",
-    "a lion was asleep",
-    "the north wind",
-    "the mice",
-    "an ant went to",
-    "the boy cried",
-]
+PROMPTS = story_prompts(6)  # chapter 1's story openings
 MODELS = load_models("cpu")
 
 
