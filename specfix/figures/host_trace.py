@@ -10,12 +10,11 @@ from __future__ import annotations
 import itertools
 import math
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from specfix.figures import style
-from specfix.figures.performance_figures import finish, log_x, log_y, missing
+from specfix.figures.performance_figures import figure, log_x, log_y, missing
 from specfix.tools import recorded
 
 HOST_TRACE = "host_trace_h200"
@@ -116,10 +115,9 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
     batch = max(t["batch"] for t in trace["timelines"]) if batch is None else batch
     impls = [i for i in trace["impls"] if _timeline(trace, i, batch)]
     end = max((s["end_us"] for i in impls for s in _timeline(trace, i, batch)["spans"]), default=1.0)
-    with style.apply():
-        fig, axes = plt.subplots(len(impls), 1, figsize=(style.WIDTH_IN, 1.0 + 1.5 * len(impls)), sharex=True)
-        axes = np.atleast_1d(axes)
-        for ax, impl in zip(axes, impls, strict=True):
+
+    def draw(axes):
+        for ax, impl in zip(axes[:, 0], impls, strict=True):
             t = _timeline(trace, impl, batch)
             _lanes(ax, t, end)
             ax.set_title(
@@ -127,15 +125,18 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
                 f"{t['gpu_busy_us']:,.0f} us, {t['kernels']} kernels, {t['launches']} launch calls",
                 fontsize=9,
             )
-        axes[-1].set(xlim=(0, end * 1.02), xlabel="microseconds from the start of the step")
-        k, vocab = t["k"], t["vocab"]
-        title = f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), host against GPU"
-        caption = (
-            "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
-            "GPU waits for the host. The profiler adds its own time to every host span."
-        )
-        finish(fig, axes, title, source, caption)
-    return fig
+        axes[-1, 0].set(xlim=(0, end * 1.02), xlabel="microseconds from the start of the step")
+
+    k, vocab = _timeline(trace, impls[-1], batch)["k"], _timeline(trace, impls[-1], batch)["vocab"]
+    title = f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), host against GPU"
+    caption = (
+        "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
+        "GPU waits for the host. The profiler adds its own time to every host span."
+    )
+    height = 1.0 + 1.5 * len(impls)
+    return figure(
+        trace, "timeline", False, draw, (len(impls), 1), height, (title, source, caption), sharex=True
+    )
 
 
 def host_regime_figure(trace: dict, source: str):
@@ -143,8 +144,9 @@ def host_regime_figure(trace: dict, source: str):
     step per batch, eager against one CUDA-graph replay, beside its GPU time alone."""
     df, steps = host_rows(trace), step_table(trace)
     colours = dict(zip(trace["impls"], itertools.cycle(style.SERIES)))
-    with style.apply():
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(style.WIDTH_IN, 6.0))
+
+    def draw(axes):
+        top, bottom = axes[:, 0]
         for impl, one in df.groupby("impl", sort=False):
             name = _impl_name(trace, impl)
             top.plot(one["rows"], one["host_us"], "o-", ms=3, color=colours[impl], label=f"{name}: host")
@@ -154,29 +156,25 @@ def host_regime_figure(trace: dict, source: str):
         log_x(top, df["rows"])
         log_y(top)
         if steps.empty:
-            missing(bottom, {"unavailable": [], "errors": []}, "graph", "the recording has no step timings")
-        else:
-            series = [(label, steps[f"{mode}_{key}_us"], colour) for mode, key, label, colour in _STEP_BARS]
-            style.grouped_bars(bottom, np.arange(len(steps)), series)
-            for xi in np.flatnonzero(steps["graph_back_to_back_us"].isna().to_numpy()):
-                bottom.text(xi, 0, "not\ncaptured", ha="center", va="bottom", fontsize=style.SMALLEST_PT)
-            names = [f"{_impl_name(trace, r.impl)}\n{r.batch} req." for r in steps.itertuples()]
-            bottom.set_xticks(np.arange(len(steps)), names)
-            bottom.set(ylabel="time per step, us")
-            bottom.grid(axis="x", visible=False)
-        caption = (
-            "Above, where a solid line (host) lies over the dashed one of its colour (GPU), the host "
-            "sets the pace. Below, the replay's bar drops to its GPU time: the graph removes the host's "
-            "work, not the GPU's."
-        )
-        finish(
-            fig,
-            (top, bottom),
-            "Where the host sets the pace, and what a CUDA graph takes away",
-            source,
-            caption,
-        )
-    return fig
+            return missing(
+                bottom, {"unavailable": [], "errors": []}, "graph", "the recording has no step timings"
+            )
+        series = [(label, steps[f"{mode}_{key}_us"], colour) for mode, key, label, colour in _STEP_BARS]
+        style.grouped_bars(bottom, np.arange(len(steps)), series)
+        for xi in np.flatnonzero(steps["graph_back_to_back_us"].isna().to_numpy()):
+            bottom.text(xi, 0, "not\ncaptured", ha="center", va="bottom", fontsize=style.SMALLEST_PT)
+        names = [f"{_impl_name(trace, r.impl)}\n{r.batch} req." for r in steps.itertuples()]
+        bottom.set_xticks(np.arange(len(steps)), names)
+        bottom.set(ylabel="time per step, us")
+        bottom.grid(axis="x", visible=False)
+
+    caption = (
+        "Above, where a solid line (host) lies over the dashed one of its colour (GPU), the host "
+        "sets the pace. Below, the replay's bar drops to its GPU time: the graph removes the host's "
+        "work, not the GPU's."
+    )
+    text = ("Where the host sets the pace, and what a CUDA graph takes away", source, caption)
+    return figure(trace, "regime", False, draw, (2, 1), 6.0, text)
 
 
 def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
