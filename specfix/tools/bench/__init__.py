@@ -156,10 +156,8 @@ def run(
     progress: bool = True,
     peer: str | Path | None = None,
 ) -> dict:
-    """Run the named cases (all by default) and return the report (schema: :mod:`.report`).
-
-    ``peer``: a folder filled by ``scripts/fetch_vllm_peer.py``; vLLM's samplers found there are timed
-    beside specfix's on the same inputs, and the per-shape goals are judged against vLLM 0.33."""
+    """Run the named cases (all by default) and return the report (schema: :mod:`.report`); with ``peer``
+    (filled by ``scripts/fetch_vllm_peer.py``) vLLM's samplers are timed beside specfix's."""
     settings, names = _settings(device, scale, only, peer)
     started = time.perf_counter()
     report = {

@@ -44,9 +44,8 @@ class Peer:
 
 
 def load_peer(path: str | Path) -> Peer:
-    """Every ``vllm_gumbel_<version>.py`` and ``vllm_rejection_<version>.py`` in ``path``, imported.
-
-    ValueError when the folder is missing or holds neither (it names the script that fills it)."""
+    """Every ``vllm_gumbel_<version>.py`` and ``vllm_rejection_<version>.py`` in ``path``, imported; a
+    missing or empty folder raises, naming the script that fills it."""
     folder = Path(path).resolve()
     found = {kind: sorted(folder.glob(f"vllm_{kind}_*.py")) for kind in ("gumbel", "rejection")}
     if not folder.is_dir() or not any(found.values()):
@@ -114,9 +113,7 @@ def sampling_metadata(module, mode: str, seeds: list, device):
 
 def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str) -> torch.Tensor:
     """The calls vLLM's ``RejectionSampler.forward`` makes, without logprobs and logits processors (which
-    specfix's forward has not either): gather the bonus rows and sample them (argmax, or softmax divided by
-    exponentials as vLLM's sampler draws), gather the target rows in fp32, apply the sampling constraints,
-    then ``rejection_sample``."""
+    specfix's forward has not either), so that both sides time the same work."""
     bonus = logits[metadata.bonus_logits_indices]
     if mode == "greedy":
         bonus_ids = bonus.argmax(dim=-1)

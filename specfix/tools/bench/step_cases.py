@@ -57,9 +57,8 @@ def goals_placeholder_fixes(results, s):
 
 
 class StandInDrafter(torch.nn.Module):
-    """A drafter head of realistic shape (embedding, two MLP layers, LM head) for timing chapter 3's step:
-    the suite's n-gram draft model is a few table lookups, this gives the step the kernel count and weight
-    traffic of a small MTP/EAGLE-style head. It reads the last token of each context row."""
+    """A drafter head of realistic shape (embedding, two MLP layers, LM head): the n-gram draft model is a few
+    table lookups, this gives chapter 3's step the kernels and weight traffic of a small MTP/EAGLE head."""
 
     def __init__(self, vocab_size: int, hidden: int, device):
         super().__init__()

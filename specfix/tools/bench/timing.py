@@ -1,13 +1,9 @@
 """The one timing harness: every specfix measurement (the bench, ``scripts/time_gumbel.py``, chapter 4) times
 through :class:`Timer`.
 
-On CUDA a call is bracketed by CUDA events after a warm-up. Four ways, each answering one question:
-``time`` (L2 flushed before each call; ``shield=True`` keeps the GPU busy while the host launches, so only
-GPU time counts; ``shield=False`` is back-to-back, as ``triton.testing.do_bench`` takes it, and a slow host
-shows), ``time_in_graph`` (many calls in one CUDA graph: GPU time per call, no launch cost), ``host_cost``
-(host wall time per call while the GPU is busy with earlier work: launch cost alone) and
-``time_throughput`` (host wall time per call over back-to-back calls: what a serving loop pays). On a CPU
-every way falls back to ``perf_counter`` around each call: those timings say nothing about GPU speed.
+On CUDA a call is bracketed by CUDA events after a warm-up, in four ways that each answer one question
+(read :meth:`Timer.time`, ``time_in_graph``, ``host_cost`` and ``time_throughput``). On a CPU every way falls
+back to ``perf_counter`` around each call: those timings say nothing about GPU speed.
 """
 
 from __future__ import annotations
@@ -144,8 +140,8 @@ class Timer:
             torch.cuda.synchronize()
 
     def time(self, fn: Callable[[], object], flush: bool = True, shield: bool = True) -> list[float]:
-        """Per-call time of ``fn``: L2 flushed first (``flush``); ``shield``: the GPU kept busy while the
-        host records the start event and launches, so that a short kernel is timed alone."""
+        """Per-call time of ``fn``, L2 flushed first (``flush``); ``shield`` keeps the GPU busy while the host
+        launches, so a short kernel is timed alone (False: back-to-back as ``do_bench``, slow hosts show)."""
         self.warm(fn)
         if not self.settings.cuda:
             return _cpu_samples(fn, self.min_reps)
