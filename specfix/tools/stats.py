@@ -1,9 +1,7 @@
 """The chi-square goodness-of-fit test every chapter uses to say "these samples follow that distribution".
 
-Bins are merged until each expects at least 5 samples (most likely tokens first; a leftover tail joins the
-last bin), and the threshold is ``df + 10 * sqrt(2 * df)``: ten standard deviations of the chi-square
-distribution above its mean. A correct sampler essentially never fails it, while a biased one (a stale draft
-distribution, a placeholder accepted as a token) fails it by orders of magnitude.
+A correct sampler essentially never fails it, while a biased one (a stale draft distribution, a placeholder
+accepted as a token) fails it by orders of magnitude. Read :func:`chi_square` first.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ def chi_square(counts, probs) -> dict:
     if counts.sum() <= 0:
         raise ValueError("counts is empty: nothing to test")
     expected = probs / probs.sum() * counts.sum()
+    # merge bins, most likely tokens first, until each expects at least 5 samples
     obs_bins, exp_bins, o_acc, e_acc = [], [], 0.0, 0.0
     for i in np.argsort(-expected, kind="stable"):
         o_acc, e_acc = o_acc + counts[i], e_acc + expected[i]
@@ -32,13 +31,13 @@ def chi_square(counts, probs) -> dict:
             o_acc = e_acc = 0.0
     if not exp_bins:  # too few samples for even one full bin
         obs_bins, exp_bins = [o_acc], [e_acc]
-    else:
+    else:  # a leftover tail joins the last bin
         obs_bins[-1] += o_acc
         exp_bins[-1] += e_acc
     obs, exp = np.array(obs_bins), np.array(exp_bins)
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     df = len(exp) - 1
-    threshold = df + 10 * math.sqrt(2 * df)
+    threshold = df + 10 * math.sqrt(2 * df)  # ten standard deviations above the chi-square's mean
     return {
         "chi2": chi2,
         "df": df,
@@ -54,13 +53,11 @@ def chi_square_samples(samples, probs) -> dict:
 
 
 def chi_square_power(probs, wrong, n: int, alpha: float) -> float:
-    """The probability that n draws from ``wrong`` give a p_value below ``alpha`` against ``probs``.
-
-    Under ``wrong`` the statistic is about noncentral chi-square: df = len(probs) - 1, noncentrality
-    n * sum((wrong - probs)**2 / probs). Exact only while no bins merge (every n * probs >= 5).
-    """
+    """The probability that n draws from ``wrong`` give a p_value below ``alpha`` against ``probs``; exact
+    only while no bins merge (every n * probs >= 5)."""
     p, q = np.asarray(probs, dtype=float), np.asarray(wrong, dtype=float)
     df = len(p) - 1
+    # under wrong the statistic is about noncentral chi-square, noncentrality n * sum((q - p)**2 / p)
     return float(stats.ncx2.sf(stats.chi2.isf(alpha, df), df, n * float(((q - p) ** 2 / p).sum())))
 
 

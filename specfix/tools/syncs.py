@@ -1,11 +1,8 @@
 """Counting host-device synchronisations, the cost a serving step must not pay.
 
-torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns in the code paths that make
-the host wait for the GPU: ``.item()``, blocking copies, ``nonzero``... :func:`sync_warnings` runs a
-function once under it and returns those warnings. Garbage is collected first and the collector is paused
-while the function runs, so that freeing some earlier object (a CUDA graph's memory pool, which
-synchronises) is not charged to the function being measured. :func:`host_reads` needs no GPU: it lists the
-tensor methods a function calls that hand a value to the host, each one a synchronisation on a GPU.
+:func:`sync_warnings` runs a function under torch's sync debug mode, which warns wherever the host waits for
+the GPU (``.item()``, blocking copies, ``nonzero``...); :func:`host_reads` needs no GPU: it lists the tensor
+methods a function calls that hand a value to the host, each one a synchronisation on a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +21,8 @@ _SYNC_WARNING = "called a synchronizing CUDA operation"
 
 def sync_warnings(fn: Callable[[], object]) -> list[str]:
     """The first line of every synchronisation warning torch raises while ``fn()`` runs once on CUDA."""
+    # Collect garbage first and pause the collector: freeing an earlier object (a CUDA graph's memory pool
+    # synchronises) must not be charged to fn.
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.synchronize()
