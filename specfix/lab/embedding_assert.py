@@ -449,8 +449,7 @@ event("end", "run_demo returned without an error")
 
 
 def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
-    """The innermost frame inside ``package`` (else the innermost one) of the child's last error, or of the
-    first error of its chain (see :func:`traceback_frames`)."""
+    """The innermost frame inside ``package`` (else the innermost one) of the child's error."""
     frames = traceback_frames(run.output)
     if not frames:
         return "no traceback"

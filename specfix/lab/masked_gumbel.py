@@ -95,8 +95,7 @@ def repeated_rows(
 def random_batch(
     rows: int, vocab_size: int, seed: int = 0, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """``rows`` rows of random logits, one request each, at random positions, with temperatures between 0.3
-    and 2 except request 0, which is greedy (temperature 0)."""
+    """``rows`` random rows, one request each; request 0 is greedy, the rest have T in [0.3, 2]."""
     temperature = torch.rand(max(rows, 1), generator=torch.Generator().manual_seed(seed)) * 1.7 + 0.3
     temperature[0] = 0.0
     return gumbel_batch(rows, vocab_size, temperature=temperature, seed=seed, first_pos=None, device=device)
@@ -199,8 +198,7 @@ def alone_and_crowded(vocab_size: int = 5000) -> tuple[dict, dict, list[int]]:
 
 
 def sample(batch: dict, device: torch.device | str = "cpu", **kwargs) -> torch.Tensor:
-    """``gumbel_sample`` of ``batch`` on ``device``, temperature applied (a target's draw unless
-    ``is_drafting=True``); the tokens on the CPU."""
+    """``gumbel_sample`` of ``batch`` on ``device``, temperature applied; the tokens on the CPU."""
     on = {k: batch[k].to(device) for k in BATCH_KEYS}
     return gumbel.gumbel_sample(**on, apply_temperature=True, **{"is_drafting": False, **kwargs}).cpu()
 

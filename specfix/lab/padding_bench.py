@@ -545,8 +545,7 @@ class StaleRowScenario:
 
 
 def padded_step_scenario(events, **kwargs) -> BufferState:
-    """The last step's buffer state of ``events`` on a fresh :class:`StaleRowScenario`, e.g.
-    ``["step abcdef", "finish c", "step abdef"]``."""
+    """The last step's buffer state of ``events``, e.g. ``["step abcdef", "finish c", "step abdef"]``."""
     scenario = StaleRowScenario(**kwargs)
     _parse_events(events, set(), set(), scenario.states.max_num_reqs)
     if events[-1].split()[0] != "step":

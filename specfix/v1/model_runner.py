@@ -206,8 +206,7 @@ class GPUModelRunner:
         return sorted(scheduler_output.num_scheduled_tokens, key=index.__getitem__)
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput):
-        """Fill ``input_ids``/``positions``/``slot_mapping``; return (req_ids, cu_num_scheduled_tokens,
-        logits_indices, spec_decode_metadata)."""
+        """Fill ``input_ids``, ``positions`` and ``slot_mapping``, and say which logits rows to compute."""
         req_ids = self._batch_order(scheduler_output)
         rows = np.array([self.input_batch.req_id_to_index[r] for r in req_ids], dtype=np.int64)
         num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
@@ -336,8 +335,7 @@ class GPUModelRunner:
     # -- the step ---------------------------------------------------------------------------------
 
     def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
-        """Greedy requests (temperature below ``SAMPLING_EPS``) get ``GREEDY_TEMPERATURE``, as in vLLM's
-        input batch, so no sampler divides by a vanishing temperature."""
+        """Greedy rows get ``GREEDY_TEMPERATURE``, as in vLLM, so no sampler divides by a vanishing T."""
         params = [self.requests[r].sampling_params for r in req_ids]
         temps = [GREEDY_TEMPERATURE if p.is_greedy else p.temperature for p in params]
         all_greedy = all(p.is_greedy for p in params)
@@ -425,8 +423,7 @@ class GPUModelRunner:
     def _keep_proposals_on_device(
         self, drafts: DraftTokenIds | None, req_ids: list[str], sampled: list[list[int]]
     ) -> None:
-        """Async scheduling: this step's proposals stay with the runner (on the device) for the next
-        step's ``_prepare_input_ids``; the scheduler never sees them."""
+        """Async scheduling: this step's proposals stay on the device, unseen by the scheduler."""
         num_sampled = dict(zip(req_ids, map(len, sampled), strict=True))
         if drafts is None or not drafts.req_ids:
             self._prev_draft_token_ids, self.prev_req_id_to_index, self._prev_num_sampled = None, {}, []

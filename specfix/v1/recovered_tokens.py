@@ -27,8 +27,7 @@ def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Ten
 def _exponential_noise(
     batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: Sequence, device
 ) -> torch.Tensor:
-    """[B, V] Exp(1) noise; rows of seeded requests with ``redraw[i]`` (truthy) are redrawn from their
-    generator."""
+    """[B, V] Exp(1) noise; seeded rows with ``redraw[i]`` are redrawn from their own generator."""
     noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
     for i, gen in sorted(generators.items()):
         if redraw[i]:

@@ -92,8 +92,7 @@ def rejection_greedy_sample(
     *,
     backend: str = "auto",
 ) -> None:
-    """Write the greedy rows of ``output_token_ids`` in place, whole: their tokens, then
-    ``PLACEHOLDER_TOKEN_ID`` (Triton kernel or torch reference). Other rows are left as they are."""
+    """Write the greedy rows of ``output_token_ids`` in place, whole (Triton kernel or torch twin)."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_greedy_sample_ref(
             output_token_ids,
@@ -317,8 +316,7 @@ def rejection_random_sample_ref(
     *,
     reject_negative_drafts=True,
 ) -> None:
-    """Torch twin of ``rejection_random_sample_kernel`` (see there for the ``-1`` behaviour when
-    ``reject_negative_drafts`` is False). ``is_greedy`` None = every row random."""
+    """Torch twin of ``rejection_random_sample_kernel``, ``-1`` behaviour included."""
     num_tokens, vocab_size = target_probs.shape
     req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
     draft = draft_token_ids.long()
