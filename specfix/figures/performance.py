@@ -67,19 +67,17 @@ def floor_us(rows: int, vocab: int, dtype: str, read_tb_per_s: float) -> float:
     return rows * vocab * DTYPE_BYTES[dtype] / (read_tb_per_s * 1e6)
 
 
-def _floors(df: pd.DataFrame, report: dict) -> list[float]:
-    read = ceilings(report)["read"]
-    return [floor_us(r, v, d, read) for r, v, d in zip(df["rows"], df["vocab"], df["dtype"], strict=True)]
-
-
 def floor_table(report: dict) -> pd.DataFrame:
     """specfix's samplers at every measured shape: median, floor, and the fraction of the read ceiling."""
     g = bench.frame(report, "gumbel")
     if g.empty:
         return g
     g = g[g["impl"].isin(list(bench.OURS))].copy()
-    g["floor_us"] = _floors(g, report)
-    g["of_read_ceiling"] = g["TB_per_s_read"] / ceilings(report)["read"]
+    read = ceilings(report)["read"]
+    g["floor_us"] = [
+        floor_us(r, v, d, read) for r, v, d in zip(g["rows"], g["vocab"], g["dtype"], strict=True)
+    ]
+    g["of_read_ceiling"] = g["TB_per_s_read"] / read
     cols = ["impl", "dtype", "vocab", "rows", "median_us", "floor_us", "G_logits_per_s", "of_read_ceiling"]
     return g[cols].reset_index(drop=True)
 
@@ -125,14 +123,13 @@ def peer_versions(report: dict) -> list[str]:
 
 
 def peer_table(report: dict) -> pd.DataFrame:
-    """Per shape (dtype, vocab, rows): the judged kernel's median, each vLLM version's, the floor at the read
-    ceiling, and the speedup over each version (vLLM time / specfix time). Empty without a vLLM peer."""
+    """Per shape (dtype, vocab, rows): the judged kernel's median, each vLLM version's, and the speedup over
+    each version (vLLM time / specfix time). Empty without a vLLM peer."""
     g, versions = bench.frame(report, "gumbel"), peer_versions(report)
     if not versions:
-        return pd.DataFrame(columns=["dtype", "vocab", "rows", bench.JUDGED, "floor_us"])
+        return pd.DataFrame(columns=["dtype", "vocab", "rows", bench.JUDGED])
     wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
-    wide["floor_us"] = _floors(wide, report)
-    cols = ["dtype", "vocab", "rows", bench.JUDGED] + [bench.peer_impl(v) for v in versions] + ["floor_us"]
+    cols = ["dtype", "vocab", "rows", bench.JUDGED] + [bench.peer_impl(v) for v in versions]
     for v in versions:
         wide[f"speedup_vs_{v}"] = wide[bench.peer_impl(v)] / wide[bench.JUDGED]
         cols.append(f"speedup_vs_{v}")
