@@ -1,6 +1,7 @@
-"""How ``specfix.mrv2.gumbel_sample`` lays its kernel out: the launch configuration per shape (tuned on the
-H200 with ``scripts/time_gumbel.py --sweep``), the tile shape, the plan kept per shape, and the scratch of
-rows split over several programs. Everything here is host work done once per shape, not once per call.
+"""How ``specfix.mrv2.gumbel_sample`` lays its kernel out: host work done once per shape, not per call.
+
+The launch configuration per shape (tuned with ``scripts/time_gumbel.py --sweep``), the tile shape, the plan
+kept per shape, and the scratch of rows split over several programs. Read :func:`launch_config` first.
 """
 
 from __future__ import annotations

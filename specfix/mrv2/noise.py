@@ -1,5 +1,6 @@
-"""The Gumbel noise in Triton: the hash and logarithm functions the sampling kernel calls, and
-``gumbel_noise``, which draws the noise alone so that tests and chapter 4 can look at it. The torch twin that
+"""The Gumbel noise in Triton: the hash and logarithm functions the sampling kernel calls.
+
+``gumbel_noise`` draws the noise alone, so that tests and chapter 4 can look at it. The torch twin that
 defines each mode is ``specfix.mrv2.gumbel_reference``; read ``NOISE_MODES`` first.
 """
 

@@ -1,9 +1,7 @@
 """Which vLLM file each specfix module mirrors, read from the modules' own docstrings.
 
-Every module that mirrors vLLM names the file(s) in its docstring (``vllm/...py``); this keeps the
-chapter-0 map true by construction instead of maintaining a second list by hand. Each module's *role* is the
-subpackage it lives in (``v1``, ``mrv2``, ``lab``, ``tools``, ``figures``, ``exercises``; ``specfix`` for
-the top level), described by that subpackage's own docstring.
+Reading the ``vllm/...py`` paths from the docstrings keeps chapter 0's map true with no second list kept by
+hand; a module's role is its subpackage, described by that subpackage's docstring.
 
 :data:`RELEASES` holds what changed about placeholders between the vLLM releases the course compares
 (chapter 0's table by release); a test reads each fact again from that release's source.

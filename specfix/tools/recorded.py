@@ -1,11 +1,9 @@
 """Results recorded on a GPU and shipped with the repo, so CPU-only readers see real GPU evidence.
 
-Every recording is a JSON file under ``specfix/recorded/`` (or a golden file under ``tests/golden/``) with a
-``meta`` block (device, driver, versions, date, and the code it measured: the commit and a hash of each
-source file in :data:`SOURCES`) written by :func:`save` or :func:`gpu_meta`; scripts under ``scripts/``
-produce them on a GPU machine, and notebooks show them with :func:`label` so that a reader always knows
-where a number came from, and whether the code has changed since. A recording made before recordings named
-their code carries ``"stale"``: a sentence that says so, which :func:`label` shows.
+Scripts under ``scripts/`` write each recording (``specfix/recorded/*.json``, golden files under
+``tests/golden/``) with a ``meta`` block: the machine, and the code it measured (the commit and a hash of
+each file in :data:`SOURCES`). Notebooks show it with :func:`label`, so a reader knows where a number came
+from and whether its code has changed since (``"stale"``: a sentence saying it has). Read :data:`SOURCES`.
 """
 
 from __future__ import annotations
@@ -81,10 +79,10 @@ SOURCES: dict[str, tuple[str, ...]] = {
 
 
 def code_digest(source: bytes) -> str:
-    """sha256 (first 16 hex digits) of a Python file's code: its syntax tree without docstrings, comments or
-    layout, so that reformatting a file or rewording its prose does not make a recording of it stale, while
-    any change to what runs does. Written out field by field (not ``ast.dump``, whose text differs between
-    Python versions), skipping empty fields, so the GPU machine's Python and the CPU's agree."""
+    """sha256 (16 hex digits) of a Python file's syntax tree without docstrings, comments or layout: rewording
+    prose leaves a recording of it fresh, any change to what runs makes it stale."""
+    # field by field, not ast.dump (whose text differs between Python versions), skipping empty fields, so
+    # that the GPU machine's Python and the CPU's agree
     parts: list[str] = []
 
     def walk(node) -> None:

@@ -1,5 +1,4 @@
-"""The Gumbel sampler's cases: the hardware ceilings, ``gumbel_sample`` eager (GPU time and back to back),
-in a CUDA graph, its host cost per call, and the mask's cost."""
+"""The Gumbel sampler's bench cases: hardware ceilings, eager, graph and host timings, the mask's cost."""
 
 from __future__ import annotations
 

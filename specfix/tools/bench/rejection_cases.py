@@ -1,5 +1,6 @@
-"""The rejection sampler's cases: ``RejectionSampler.forward``, ``rejection_sample`` and its core per step
-(greedy, random) beside vLLM's, one CUDA graph of the whole step, and the host cost per call."""
+"""The rejection sampler's bench cases, beside vLLM's: per step, in one CUDA graph, and host cost per call.
+
+``RejectionSampler.forward``, ``rejection_sample`` and its core, greedy and random."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Whole steps: chapter 2's placeholder fixes, chapter 3's drafter step (eager against CUDA-graph replay)
-and the DFlash drafting step: host syncs counted, and whether one CUDA graph of the step replays the eager
-drafts."""
+"""Whole-step bench cases: chapter 2's placeholder fixes, chapter 3's drafter step and the DFlash step.
+
+Each counts its host syncs, and checks that one CUDA graph of the step replays the eager drafts."""
 
 from __future__ import annotations
 

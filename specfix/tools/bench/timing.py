@@ -1,5 +1,4 @@
-"""The one timing harness: every specfix measurement (the bench, ``scripts/time_gumbel.py``, chapter 4) times
-through :class:`Timer`.
+"""The one timing harness: the bench, ``scripts/time_gumbel.py`` and chapter 4 time through :class:`Timer`.
 
 On CUDA a call is bracketed by CUDA events after a warm-up, in four ways that each answer one question
 (read :meth:`Timer.time`, ``time_in_graph``, ``host_cost`` and ``time_throughput``). On a CPU every way falls
