@@ -130,22 +130,19 @@ def _commit() -> str | None:
     commit they are), else the checkout's commit (``+changes`` if it has uncommitted changes), or None."""
     if os.environ.get("SPECFIX_COMMIT"):
         return os.environ["SPECFIX_COMMIT"]
+    head = _output("git", "rev-parse", "HEAD")
+    if not head:
+        return None
+    return head + ("+changes" if _output("git", "status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _output(*command: str) -> str:
+    """A command's stdout, stripped; "" where it cannot run or fails (no git, no GPU driver)."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        head = dirty = None
-    if head is not None and head.returncode == 0 and head.stdout.strip():
-        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-    return None
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def changed_sources(name: str, meta: dict) -> list[str]:
@@ -161,20 +158,8 @@ def gpu_meta(name: str | None = None) -> dict:
     from specfix import runtime  # here: reading a recording needs no torch (``specfix diagnose``)
 
     meta = dict(runtime.describe())
-    try:
-        driver = (
-            subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-        meta["driver"] = driver[0] if driver else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        meta["driver"] = "unknown"
+    driver = _output("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").splitlines()
+    meta["driver"] = driver[0] if driver else "unknown"
     meta["date"] = datetime.date.today().isoformat()
     if name is not None:
         meta["commit"] = _commit()
