@@ -153,8 +153,7 @@ class Checker:
 
 
 def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], forbid: tuple[str, ...] = ()):
-    """Register ``body(answer, verdict)`` as ``exercise``'s checker; an answer that calls one of ``forbid``
-    (``"module:Class.attr"``, specfix's own version of the exercise) gets the ``bypass`` hint."""
+    """Register ``body(answer, verdict)`` as ``exercise``'s checker (``forbid``: specfix's own versions)."""
 
     def wrap(body: Callable) -> Checker:
         made = Checker(exercise, solution, todo, dict(hints), body, tuple(forbid))
@@ -178,8 +177,7 @@ def value_of(answer):
 
 
 def as_int(value) -> int | None:
-    """A whole number in any container (int, numpy integer, one-element integer tensor or array), else None:
-    bools and floats included, since a count is not a truth value or a ratio."""
+    """A whole number in any container, else None (a bool or a float is no count)."""
     if hasattr(value, "dtype") and getattr(value, "shape", ()) in ((), (1,)):  # tensor or numpy scalar/array
         return int(value.item()) if "int" in str(value.dtype) else None
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

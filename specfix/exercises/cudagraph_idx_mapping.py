@@ -196,8 +196,7 @@ def _corrupted(events: tuple[str, ...]) -> frozenset[str]:
 
 
 def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]]:
-    """(event index, write) for every padded row of ``events``' steps whose stale entry names a slot, played
-    on the real unfixed speculator (a table drafter: the buffers do not depend on the model)."""
+    """(event index, write) of each padded row naming a slot in ``events``, on the unfixed speculator."""
     scenario, writes = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs, device="cpu"), []
     for number, event in enumerate(events):
         state = scenario.play([event])
@@ -207,8 +206,7 @@ def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]
 
 
 def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
-    """Requests by what a padded write did to them, each kind named by its hint (``"in_batch"``: written
-    while in the batch, a race on a GPU; ``"earlier"``: a victim of a padded step before the last one)."""
+    """Requests by what a padded write did to them, each kind named by the hint it earns."""
     kinds = {k: set() for k in ("victim", "in_batch", "undrafted", "unread", "finished", "earlier")}
     ran = [(i, e.split()[1]) for i, e in enumerate(events) if e.startswith("step")]
     writes = padded_writes(events)
@@ -219,7 +217,7 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
             kinds["finished"] |= {n for n in gone if _slots(events[:i])[n] == w.slot}
             continue
         if w.victim in events[i].split()[1]:
-            kind = "in_batch"
+            kind = "in_batch"  # its own row writes the slot too: a race on a GPU
         elif not any(w.victim in names for j, names in ran if j < i):
             kind = "undrafted"  # waiting, nothing drafted yet
         elif not any(w.victim in names for j, names in ran if j > i):
@@ -227,7 +225,7 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
         else:
             kind = "victim"
         kinds[kind].add(w.victim)
-        if kind == "victim" and i != last:
+        if kind == "victim" and i != last:  # hit by a padded step before the last one
             kinds["earlier"].add(w.victim)
     return kinds
 
