@@ -65,9 +65,8 @@ def _validate(
     block_size=None,
     tiles_per_program=None,
 ):
-    """Refuse bad input before launching anything. Dtypes, shapes and devices live on the host and are always
-    checked; values (a host sync on a GPU, impossible inside a CUDA graph) only where ``device_checks``
-    wants them: on CPU tensors, or on a GPU with the debug switch on."""
+    """Refuse bad input before any launch: dtypes, shapes and devices always; values (a host sync on a GPU,
+    impossible in a CUDA graph) only where ``device_checks`` wants them."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     if use_fp64:
