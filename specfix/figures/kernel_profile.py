@@ -21,16 +21,14 @@ PROFILE_COLUMNS = tuple(
     "instructions_per_logit registers_per_thread grid_size block_size waves_per_sm "
     "achieved_occupancy_pct stall_long_scoreboard".split()
 )
-#: The columns the chapter's text reads, under the names the page shows.
-_PROFILE_SHOWN = {
-    "kernel": "kernel",
-    "shape": "shape",
-    "store": "store",
-    "run": "run",
+#: The columns the chapter's text reads, renamed for the page where their names are not plain words.
+_PROFILE_SHOWN = tuple(
+    "kernel shape store run time_us dram_pct_of_peak instructions_per_logit registers_per_thread "
+    "achieved_occupancy_pct".split()
+)
+_PROFILE_NAMES = {
     "time_us": "time (us)",
     "dram_pct_of_peak": "DRAM % of peak",
-    "instructions_per_logit": "instructions per logit",
-    "registers_per_thread": "registers per thread",
     "achieved_occupancy_pct": "occupancy %",
 }
 
@@ -68,8 +66,8 @@ def profile_table(profile: dict) -> pd.DataFrame:
 def profile_summary(profile: dict) -> pd.DataFrame:
     """:func:`profile_table`'s columns that the text reads, under short names, formatted to fit the page."""
     table = profile_table(profile)
-    shown = [c for c in _PROFILE_SHOWN if c in table]
-    return style.tidy(table[shown].rename(columns=_PROFILE_SHOWN), digits=2)
+    shown = table[[c for c in _PROFILE_SHOWN if c in table]]
+    return style.tidy(shown.rename(columns=lambda c: _PROFILE_NAMES.get(c, c.replace("_", " "))), digits=2)
 
 
 def _profiled(prof, shape, kernel="today", store=False, masked=True, run="final") -> pd.Series:
