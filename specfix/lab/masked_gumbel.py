@@ -1,5 +1,4 @@
-"""Chapter 4's experiments around the Gumbel sampler: shared-logits batches, requests alone and in a crowd,
-a padded drafter step between guard rows, and a draft-logits table corrupted by stale padded rows.
+"""Chapter 4's experiments: the Gumbel sampler on shared logits, in crowds, between guard rows, padded.
 
 Read :func:`gumbel_batch` (the one input builder), then :func:`run_drafter_step`: a ``-1`` row's access one
 row before a table lands in a guard row we can inspect. :func:`stale_padding_step` is chapter 3's other

@@ -1,5 +1,4 @@
-"""Chapter 1's experiments: who verified what, step by step, requests that arrive prefilled, a prompt the
-prefix cache already holds, and one placeholder followed through both of vLLM's model runners.
+"""Chapter 1's experiments: who verified what, step by step, and where each ``-1`` placeholder goes.
 
 Read :func:`verifications` first (a recorded run, one :class:`Verification` per request and step), then
 :func:`compare_runs`, which separates *how a draft is judged* from *where the drafter was consulted*.

@@ -1,8 +1,8 @@
-"""Chapter 1's scheduling experiments: one workload under synchronous and async scheduling, what each
-request's draft slots held when the embedding read them, and where a ``-1`` gets that far.
+"""Chapter 1's scheduling experiments: one workload, synchronous and async, and how far a ``-1`` gets.
 
 Read :data:`WORKLOADS` (a P/D decode node, and a budget that makes a third request wait) and :func:`run`
-first; :func:`slot_kinds`, :func:`placeholder_counts` and :func:`wasted_steps` read its recording.
+first; :func:`slot_kinds`, :func:`placeholder_counts` and :func:`wasted_steps` read its recording: what each
+request's draft slots held when the embedding read them.
 """
 
 from __future__ import annotations
