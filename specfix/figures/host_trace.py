@@ -1,6 +1,7 @@
-"""Chapter 5's host side of a small step, read from ``scripts/record_host_trace.py``'s recording: one small
-speculative step under the profiler, ``gumbel_sample`` by rows, eager against one CUDA-graph replay, specfix
-beside vLLM's own functions.
+"""Chapter 5's host side of a small step, read from the recording of ``scripts/record_host_trace.py``.
+
+It holds one small speculative step under the profiler, ``gumbel_sample`` by rows, and eager against one
+CUDA-graph replay, specfix beside vLLM's own functions.
 
 Read :func:`host_rows` and :func:`step_table` first: the figures and :func:`host_trace_text` read them.
 """

@@ -1,6 +1,7 @@
-"""Why the Gumbel kernel lands where it does, for chapter 5: the Nsight Compute profile
-(``scripts/profile_gumbel.py``, recording ``gumbel_ncu_h200``) and the launch sweep against the older kernels
-(``scripts/time_gumbel.py --sweep --before``, recording ``gumbel_sweep_before_after_h200``).
+"""Why the Gumbel kernel lands where it does, for chapter 5: its Nsight Compute profile and a launch sweep.
+
+The profile is ``scripts/profile_gumbel.py``'s recording ``gumbel_ncu_h200``; the sweep against the older
+kernels is ``scripts/time_gumbel.py --sweep --before``'s, ``gumbel_sweep_before_after_h200``.
 
 Read :func:`profile_table` and :func:`before_after` first: the paragraphs read them.
 """

@@ -1,10 +1,9 @@
-"""Chapter 5's tables and paragraphs, all read from one ``specfix bench`` report (live, or the H200 recording
-``specfix/recorded/bench_h200.json``).
+"""Chapter 5's tables and paragraphs, read from one ``specfix bench`` report: a live run or the recording.
 
-Read :func:`load_report` first, then the tables, which the paragraphs and the figures
-(:mod:`specfix.figures.performance_figures`) read. Chapter 2 imports :func:`fix_costs`, so both chapters show
-the same placeholder-fix costs. The host-side recording lives in :mod:`specfix.figures.host_trace`, the ncu
-profile and launch sweep in :mod:`specfix.figures.kernel_profile`.
+The recording is ``specfix/recorded/bench_h200.json``. Read :func:`load_report` first, then the tables, which
+the paragraphs and the figures (:mod:`specfix.figures.performance_figures`) read. Chapter 2 imports
+:func:`fix_costs`, so both chapters show the same placeholder-fix costs. The host-side recording lives in
+:mod:`specfix.figures.host_trace`, the ncu profile and launch sweep in :mod:`specfix.figures.kernel_profile`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Chapter 5's figures of one ``specfix bench`` report, each drawn in the same frame (:func:`figure`): panels
-a column wide, a panel that says why where the report lacks a case, title and source above, one legend in a
-strip below, a caption that says what to look at.
+"""Chapter 5's figures of one ``specfix bench`` report, each drawn in the same frame, :func:`figure`.
+
+The frame: panels a column wide, a panel that says why where the report lacks a case, title and source
+above, one legend in a strip below, a caption that says what to look at.
 
 Read :func:`figure` first; every figure reads its numbers from :mod:`specfix.figures.performance`'s tables.
 """
