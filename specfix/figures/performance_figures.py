@@ -82,13 +82,14 @@ def finish(fig, axes, title: str, source: str, caption: str) -> None:
 
 def figure(report, case, empty, draw, shape, height, text, reason=None, **share):
     """The pattern of every figure here: ``shape`` (rows, columns) panels a column wide; ``draw(axes)`` on
-    the flat axes, or, when ``empty``, each panel says why ``case`` is missing; then :func:`finish` with
+    their 2-D array, or, when ``empty``, each panel says why ``case`` is missing; then :func:`finish` with
     ``text`` = (title, source, caption)."""
     with style.apply():
         fig, axes = plt.subplots(*shape, figsize=(style.WIDTH_IN, height), squeeze=False, **share)
-        for ax in axes.flat if empty else ():
-            missing(ax, report, case, reason)
-        if not empty:
+        if empty:
+            for ax in axes.flat:
+                missing(ax, report, case, reason)
+        else:
             draw(axes)
         finish(fig, list(axes.flat), *text)
     return fig
