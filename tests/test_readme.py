@@ -366,7 +366,7 @@ H200_SMS = "the H200's SM count (NVIDIA's specification; multi_processor_count i
 #: returns the figure from the package or a recording (checked), or a sentence naming its source.
 FIGURES = {
     ("05", "20 ms", "then more calls for"): _bench_warm_ms,
-    ("05", "1,024 x", "a shape that meets its goal"): _profiled_shape,
+    ("05", "1,024 x", "the largest shape"): _profiled_shape,
     ("05", "132 SMs", "the waves it makes on the"): H200_SMS,
     ("04", "132 SMs", "keeps one of the H200's"): H200_SMS,
     ("04", "4 bytes", "a pointer offset of -1 is the"): lambda: _itemsize("float32"),
