@@ -1,5 +1,7 @@
-"""Chapter 2's exercises: write the clamp, predict which ops end in a kernel, find the first bad op, and map
-the index guard's positions back to requests.
+"""Chapter 2's exercises on the embedding's index assert, with their checkers.
+
+Write the clamp, predict which ops end in a kernel, find the first bad op, and map the index guard's
+positions back to requests.
 
 The op table and the transcripts they read were recorded on a GPU (``specfix.tools.recorded``); the rest
 runs the unfixed engine on the CPU.

@@ -1,6 +1,8 @@
-"""Chapter 4's exercises: the ``is_valid_req`` mask in Triton kernels of your own (``ch4.mask_kernel``,
-``ch4.mask_seed``), the token of a padded row (``ch4.padded_token``), and the request slot that a stale
-padded row overwrote (``ch4.find_overwritten``).
+"""Chapter 4's exercises on the ``is_valid_req`` mask of padded rows, with their checkers.
+
+Write the mask in Triton kernels of your own (``ch4.mask_kernel``, ``ch4.mask_seed``), predict the token of a
+padded row (``ch4.padded_token``), and find the request slot that a stale padded row overwrote
+(``ch4.find_overwritten``).
 
 The kernels run on tables that sit between guard rows, so a stray read or write one row before a table shows.
 """

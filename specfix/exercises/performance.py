@@ -1,5 +1,7 @@
-"""Chapter 5's exercises: the floor time of a sampler from its bytes, which fixes make the host wait, and the
-rows a CUDA-graph replay runs.
+"""Chapter 5's exercises on what sampling and the placeholder fixes cost, with their checkers.
+
+Work out the floor time of a sampler from its bytes, which fixes make the host wait, and the rows a
+CUDA-graph replay runs.
 
 All three are checked against the H200 recording ``specfix/recorded/bench_h200.json``: the read ceiling
 measured in that run, the host synchronisations it counted per step, and the batch sizes its drafter steps

@@ -1,5 +1,7 @@
-"""Chapter 1's exercises: one greedy step, draft_token_ids, where the clamp goes, a step's draft layout, what
-zeroing accepts, and rejecting negative drafts.
+"""Chapter 1's exercises on the ``-1`` placeholder's path through one engine step, with their checkers.
+
+Write one greedy step and ``draft_token_ids``, place the clamp, lay out a step's drafts, predict what zeroing
+accepts, and reject negative drafts.
 
 Each checker runs the reader's answer against specfix's own model runner, engine or rejection sampler, on
 the chapter's batch and on crafted and seeded ones it never prints; everything runs on the CPU.

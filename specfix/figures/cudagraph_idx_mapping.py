@@ -1,5 +1,7 @@
-"""Chapter 3's figures and tables: graph launch overhead, the padded ``idx_mapping`` rows and where they
-point, the padding bench's counts, and the output distribution with and without the fix."""
+"""Chapter 3's figures and tables of the ``-1`` rows that CUDA-graph padding adds to ``idx_mapping``.
+
+They show graph launch overhead, the padded rows and where they point, the padding bench's counts, and the
+output distribution with and without the fix."""
 
 from __future__ import annotations
 

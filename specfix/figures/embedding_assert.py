@@ -1,6 +1,8 @@
-"""Chapter 2's figures, tables and paragraphs: the crash timeline, which kernel asserts for which op, what
-each placeholder fix costs per step (the bench recording chapter 5 shows too, case ``placeholder_fixes``),
-the guard's overhead, and what the engine counts under each fix."""
+"""Chapter 2's figures, tables and paragraphs on the embedding's index assert and the placeholder fixes.
+
+They show the crash timeline, which kernel asserts for which op, what each placeholder fix costs per step
+(the bench recording chapter 5 shows too, case ``placeholder_fixes``), the guard's overhead, and what the
+engine counts under each fix."""
 
 from __future__ import annotations
 

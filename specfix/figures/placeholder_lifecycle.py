@@ -1,5 +1,7 @@
-"""Chapter 1's figures, tables and paragraphs: one engine step's tensors as token grids, the acceptance plots,
-the tables that compare placeholder designs, and one placeholder on both model runners.
+"""Chapter 1's figures, tables and paragraphs on the ``-1`` placeholder's life through one engine step.
+
+They show the step's tensors as token grids, the acceptance plots, the tables that compare placeholder
+designs, and one placeholder on both model runners.
 
 A grid cell is one token id with its word under it, coloured by what it is: a ``-1`` placeholder, an id that
 was ``-1`` a stage earlier, an unused cell, or padding. Figures come back closed in pyplot, so a notebook

@@ -1,5 +1,7 @@
-"""Chapter 1's figures and paragraphs for the two scheduling modes: what every request's draft slots held in
-every engine step, what became of the ``-1`` slots, and one request's slots from scheduler to embedding.
+"""Chapter 1's figures and paragraphs for the two scheduling modes, synchronous and asynchronous.
+
+They show what every request's draft slots held in every engine step, what became of the ``-1`` slots, and
+one request's slots from scheduler to embedding.
 
 The data come from :mod:`specfix.lab.scheduling`. Orange is a ``-1`` that reaches the embedding (only the
 clamp keeps it from crashing there), green a ``-1`` the runner overwrote with a real draft. Figures come back

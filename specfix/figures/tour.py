@@ -1,5 +1,7 @@
-"""Chapter 0's figures and tables: one speculative step drawn box by box, the course map read from the
-chapters, the package map read from the modules' docstrings, and the vLLM releases side by side."""
+"""Chapter 0's figures and tables, each read from the chapters, the package or vLLM's releases.
+
+They show one speculative step drawn box by box, the course map read from the chapters, the package map read
+from the modules' docstrings, and the vLLM releases side by side."""
 
 from __future__ import annotations
 
