@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from specfix.figures import style
+from specfix.lab.placeholder_lifecycle import check_recorded
 from specfix.lab.scheduling import (
     NOT_SCHEDULED,
     REACHES_EMBEDDING,
@@ -44,10 +45,7 @@ def _require_traces(runs: Mapping[str, GenerateResult]) -> None:
     if not runs:
         raise ValueError("runs is empty: pass at least one recorded run")
     for name, result in runs.items():
-        if not isinstance(result, GenerateResult):
-            raise TypeError(f"runs[{name!r}] must be a GenerateResult, got {type(result).__name__}")
-        if not result.trace:
-            raise ValueError(f"runs[{name!r}] has no trace: run it with record=True")
+        check_recorded(result, name=f"runs[{name!r}]")
 
 
 def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
