@@ -191,6 +191,8 @@ def test_fix_costs_figure_has_one_line_per_fix_in_each_panel():
         fixes = perf.fix_costs(H200)["fix"].nunique()
         assert [len(ax.get_lines()) >= fixes for ax in fig.axes] == [True, True]
         assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in fig.axes)
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert "clamp (a), 0 host sync / step" in legend and "host_mask (b), 1 host sync / step" in legend
     finally:
         plt.close(fig)
 

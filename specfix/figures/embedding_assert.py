@@ -165,7 +165,7 @@ def fix_cost_facts(costs: pd.DataFrame) -> dict:
     return {"sizes": sorted(int(n) for n in costs["num_tokens"].unique()), **facts}
 
 
-#: Colour, marker and line of each fix: the colours of chapter 5's figure of the same recording.
+#: Colour, marker and line of each fix, in both chapters that draw them (2 and 5).
 _LOOK = {
     "clamp": (style.FIXED, "o", "-"),
     "host_mask": (style.BUGGY, "s", "-"),
@@ -174,14 +174,19 @@ _LOOK = {
 }
 
 
-def _draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> None:
+def draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> None:
+    """One panel of :func:`fix_costs_figure`: column ``key`` of ``costs`` per fix against the step's tokens,
+    log-log; chapter 5 draws the same recording with it."""
     fixes = [fix for fix in pf.FIXES if fix in set(costs["fix"])]
     for i, fix in enumerate(fixes):
         rows = costs[costs["fix"] == fix].sort_values("num_tokens")
         nudge = 1.09 ** (i - (len(fixes) - 1) / 2)  # side by side on the log axis, so no line hides another
         colour, marker, line = _LOOK[fix]
         face = "white" if line == "--" else colour
-        look = dict(color=colour, marker=marker, linestyle=line, label=pf.LABELS[fix], markerfacecolor=face)
+        label = pf.LABELS[fix]
+        if "host_syncs_per_step" in rows:  # measured on a GPU only
+            label += f", {rows['host_syncs_per_step'].max():g} host sync / step"
+        look = dict(color=colour, marker=marker, linestyle=line, label=label, markerfacecolor=face)
         x, y = rows["num_tokens"] * nudge, rows[key]
         if key == "median_us":  # medians get their p20-p80 bars
             ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, markersize=6, **look)
@@ -201,10 +206,10 @@ def fix_costs_figure(costs: pd.DataFrame, where: str):
         size = (style.WIDTH_IN, 7.0 if busy else 4.2)
         fig, axes = plt.subplots(2 if busy else 1, 1, figsize=size, squeeze=False, layout="constrained")
         title = f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step"
-        _draw_fixes(axes[0][0], costs, "median_us", title, "cost per step (us)")
+        draw_fixes(axes[0][0], costs, "median_us", title, "cost per step (us)")
         if busy:  # under the first panel: the figure keeps the column's width
             title = f"{where}: earlier GPU work still queued"
-            _draw_fixes(axes[1][0], costs, "host_us_behind_busy_gpu", title, "host time of the call (us)")
+            draw_fixes(axes[1][0], costs, "host_us_behind_busy_gpu", title, "host time of the call (us)")
         fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside upper center", ncols=2)
         style.caption(
             fig,

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specfix.figures import style
+from specfix.figures.embedding_assert import draw_fixes
 from specfix.figures.performance import (
     DTYPE_BYTES,
     SMALL_BATCH,
@@ -32,7 +33,6 @@ from specfix.figures.performance import (
     smallest_rejection_shape,
     speedup_caption,
 )
-from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench
 
 _MARKERS = {"fp32": "o-", "bf16": "s--"}
@@ -259,31 +259,20 @@ def mask_figure(report: dict, source: str):
 
 
 def fix_costs_figure(report: dict, source: str):
-    """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work."""
+    """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work, in
+    chapter 2's panels (:func:`specfix.figures.embedding_assert.draw_fixes`)."""
     fc = fix_costs(report)
-    colours = dict(zip(FIXES, (style.FIXED, style.BUGGY, style.PLACEHOLDER, style.PADDING), strict=True))
 
     def draw(axes):
         idle, busy = axes[:, 0]
-        for fix, rows in fc.groupby("fix", sort=False):
-            syncs = (
-                f", {rows['host_syncs_per_step'].max():g} host sync / step"
-                if "host_syncs_per_step" in rows
-                else ""
-            )
-            _errorbars(idle, rows, "num_tokens", fmt="o-", color=colours[fix], label=LABELS[fix] + syncs)
-            if "host_us_behind_busy_gpu" in fc:
-                busy.plot(rows["num_tokens"], rows["host_us_behind_busy_gpu"], "o-", color=colours[fix])
-        idle.set(ylabel="one step, us", title="idle GPU")
-        for ax in (idle, busy):
-            log_x(ax, fc["num_tokens"])
-            log_y(ax)
+        draw_fixes(idle, fc, "median_us", "idle GPU", "one step, us")
         if "host_us_behind_busy_gpu" not in fc:
             return missing(
                 busy, report, "host time behind a busy GPU", "needs a GPU; this report ran on a CPU"
             )
         title = "earlier GPU work still queued"
-        busy.set(xlabel="tokens in the step", ylabel="host time of the call, us", title=title)
+        draw_fixes(busy, fc, "host_us_behind_busy_gpu", title, "host time of the call, us")
+        idle.set(xlabel="")
         idle.tick_params(labelbottom=False)
 
     caption = (
