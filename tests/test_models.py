@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from specfix.lab.placeholder_lifecycle import story_prompts
 from specfix.models import ALPHA, BETA, PAD_SLOT_ID, build_model, load_models
 from specfix.tokenizer import Tokenizer, corpus_text, get_tokenizer, words
 from specfix.v1.engine import SamplingParams, generate
@@ -137,16 +138,7 @@ def test_score_refuses_what_is_not_a_token_sequence(models):
         target.score([-1, 3])
 
 
-PROMPTS = [
-    "the fox saw the crow",
-    "a lion was asleep",
-    "the north wind",
-    "the mice",
-    "an ant went to",
-    "the boy cried",
-    "the tortoise said",
-    "once a hungry fox",
-]
+PROMPTS = story_prompts(8)  # chapter 1's eight story openings, each once
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
