@@ -58,14 +58,8 @@ class Fix:
     last_release_without: str = "0.24.0"
 
 
-_FIX_KEYS = (
-    "short",
-    "what",
-    "where",
-    "first_release",
-    "verified",
-    "chapter",
-)  # as the JSON report names them
+# The fields the JSON report gives of each fix, besides its PR and verdict.
+_FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")
 
 
 # Checked in the source of vLLM's release wheels (``scripts/fetch_vllm_peer.py`` unpacks them into
@@ -316,13 +310,11 @@ def _placeholder_embedding(f: _Facts):
     state, reason = f.fix_reason("placeholder_embedding")
     reasons.append(reason)
     if state is True:
-        reasons.append(
-            (
-                "this version clamps in the V1 runner's _preprocess, so the -1 came another way "
-                "(a multimodal embedding path: PR #46947 reports one)",
-                [],
-            )
+        text = (
+            "this version clamps in the V1 runner's _preprocess, so the -1 came another way (a multimodal "
+            "embedding path: PR #46947 reports one)"
         )
+        reasons.append((text, []))
         confidence = "medium" if f.spec is True else "low"
     elif f.spec is True and state is False:
         confidence = "high"
@@ -368,14 +360,11 @@ def _other_failure(f: _Facts):
     if fatal:
         reasons.append((f"the log reports {ERRORS[fatal[0]][1]}", [f.scan.errors[fatal[0]]["line"]]))
     if fatal[:1] == ["device_assert"]:
-        reasons.append(
-            (
-                "but no 'Assertion ... failed' line: the device prints it only when the host next waits, "
-                "and a process can die first; paste the lines above the traceback, or rerun with "
-                "CUDA_LAUNCH_BLOCKING=1",
-                [],
-            )
+        text = (
+            "but no 'Assertion ... failed' line: the device prints it only when the host next waits, and a "
+            "process can die first; paste the lines above the traceback, or rerun with CUDA_LAUNCH_BLOCKING=1"
         )
+        reasons.append((text, []))
     if raised:
         reasons.append((f"Python raised {f.err['exception']}: {f.err['message']}"[:300], [f.err["line"]]))
     if fatal == ["device_assert"]:
@@ -383,27 +372,20 @@ def _other_failure(f: _Facts):
     return "different_error", "high", reasons
 
 
-def _padded_graph_outputs(f: _Facts):
+def _cudagraph_outputs(f: _Facts):
     s, lines = f.scan.setup, f.scan.setup_lines
     if not (f.spec is True and s.get("draft_sample_method") == "probabilistic"):
         return None
     state, reason = f.fix_reason("cudagraph_outputs")
-    reasons = [
-        *f.spec_reasons,
-        (
-            "drafts are sampled probabilistically: Model Runner V2's drafter caches their logits, which "
-            "the padded rows of a CUDA-graph replay could overwrite",
-            [lines["draft_sample_method"]],
-        ),
-        reason,
-    ]
+    sampled = (
+        "drafts are sampled probabilistically: Model Runner V2's drafter caches their logits, which the "
+        "padded rows of a CUDA-graph replay could overwrite"
+    )
+    reasons = [*f.spec_reasons, (sampled, [lines["draft_sample_method"]]), reason]
     if s.get("enforce_eager") is True or s.get("cudagraph_mode") == "NONE":
         off_line = lines.get("enforce_eager", lines.get("cudagraph_mode"))
-        return (
-            "inconclusive",
-            "low",
-            [*reasons, ("CUDA graphs are off, so no padded rows replay", [off_line])],
-        )
+        off = ("CUDA graphs are off, so no padded rows replay", [off_line])
+        return "inconclusive", "low", [*reasons, off]
     if f.scan.acceptance:
         rate, n = min(f.scan.acceptance)
         reasons.append((f"the lowest logged draft acceptance rate is {rate:g}%", [n]))
@@ -412,26 +394,22 @@ def _padded_graph_outputs(f: _Facts):
     if "cudagraph_mode" in s:
         reasons.append((f"CUDA graph mode {s['cudagraph_mode']}", [lines["cudagraph_mode"]]))
     else:
-        reasons.append(
-            ("CUDA graphs are on unless --enforce-eager is given, and the log does not give it", [])
-        )
+        text = "CUDA graphs are on unless --enforce-eager is given, and the log does not give it"
+        reasons.append((text, []))
     graphs = s.get("cudagraph_mode") not in ("NONE", None) or s.get("enforce_eager") is False
     return "cudagraph_outputs", "medium" if state is False and graphs else "low", reasons
 
 
 def _nothing_found(f: _Facts):
-    reasons = [
-        (f"no 'Assertion ... failed' line, no Python error and no CUDA error in {f.scan.lines:,} lines", [])
-    ]
+    text = f"no 'Assertion ... failed' line, no Python error and no CUDA error in {f.scan.lines:,} lines"
+    reasons = [(text, [])]
     if f.spec is True:
         method_line = f.scan.setup_lines.get("draft_sample_method")
-        reasons.append(
-            (
-                "drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits "
-                "are cached for padded rows to overwrite, which PR #47066's bug needs",
-                [method_line] if method_line else [],
-            )
+        text = (
+            "drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits are cached "
+            "for padded rows to overwrite, which PR #47066's bug needs"
         )
+        reasons.append((text, [method_line] if method_line else []))
     return "inconclusive", "low", reasons
 
 
@@ -441,7 +419,7 @@ _RULES = (
     _placeholder_embedding,
     _negative_draft,
     _other_failure,
-    _padded_graph_outputs,
+    _cudagraph_outputs,
     _nothing_found,
 )
 
@@ -635,12 +613,33 @@ def _cases_text(cases: list[dict]) -> str:
     )
 
 
-# -- the JSON report: its JSON Schema (draft 2020-12) -------------------------------------------------------
+# -- the JSON report: its JSON Schema (draft 2020-12), written in short -------------------------------------
 SCHEMA_ID = "specfix.diagnose/1"
+# A type in short: a name in _TYPES, "T?" (T or null), "[T]" (an array of T) or "[T]+" (at least one T).
+_TYPES = {
+    "str": {"type": "string"},
+    "int": {"type": "integer"},
+    "size": {"type": "integer", "minimum": 0},
+    "count": {"type": "integer", "minimum": 1},
+    "bool": {"type": "boolean"},
+}
 
 
-def _object(properties: dict, required: Iterable[str] | None = None) -> dict:
-    """A closed object; every property required unless ``required`` names some."""
+def _type(short: str) -> dict:
+    if short.endswith("+"):
+        return {**_type(short[:-1]), "minItems": 1}
+    if short.startswith("["):
+        return {"type": "array", "items": _type(short[1:-1])}
+    if short.endswith("?"):
+        return {"type": [_TYPES[short[:-1]]["type"], "null"]}
+    return _TYPES[short]
+
+
+def _object(fields: str = "", required: list[str] | None = None, **schemas: dict) -> dict:
+    """A closed object: the properties ``"name: type, ..."`` gives in short, then ``schemas``; every property
+    required unless ``required`` names some."""
+    short = {name: _type(t) for name, t in (f.split(": ") for f in fields.split(", ") if f)}
+    properties = short | schemas
     return {
         "type": "object",
         "required": list(properties if required is None else required),
@@ -649,86 +648,46 @@ def _object(properties: dict, required: Iterable[str] | None = None) -> dict:
     }
 
 
-_INT, _STR, _COUNT = {"type": "integer"}, {"type": "string"}, {"type": "integer", "minimum": 1}
-_STR_OR_NULL = {"type": ["string", "null"]}
-_REASON = _object({"text": _STR, "lines": {"type": "array", "items": _COUNT}})
-_FRAME = _object({"file": _STR, "line": _INT, "func": _STR, "source": _STR})
+_TYPES["reason"] = _object("text: str, lines: [count]")
+_TYPES["frame"] = _object("file: str, line: int, func: str, source: str")
+_TYPES["assert"] = _object(
+    "where: str, file: str, line: int, kernel: str, condition: str, count: count, first_line: count"
+)
+_TYPES["case"] = _object("op: str, bad: str, num_indices: int")
+_TYPES["ops"] = _object("kernel: str, where: str, note: str, cases: [case]")
+_TYPES["fix"] = _object(
+    "pr: int, logged_version_has_it: bool?",
+    verdict={"enum": list(FIXES)},
+    **dict.fromkeys(_FIX_KEYS, _TYPES["str"]),
+)
 _ERROR = _object(
-    {
-        "process": _STR_OR_NULL,
-        "exception": _STR_OR_NULL,
-        "message": _STR_OR_NULL,
-        "line": _COUNT,
-        "complete": {"type": "boolean"},
-        "frames": {"type": "array", "items": _FRAME},
-        "ends_at": _STR_OR_NULL,
-        "last_engine_frame": _STR_OR_NULL,
-        "processes": {"type": "array", "items": _STR},
-        "why_not_there": _STR,
-    }
+    "process: str?, exception: str?, message: str?, line: count, complete: bool, frames: [frame], "
+    "ends_at: str?, last_engine_frame: str?, processes: [str], why_not_there: str"
 )
-_ASSERT = _object(
-    {
-        "where": _STR,
-        "file": _STR,
-        "line": _INT,
-        "kernel": _STR,
-        "condition": _STR,
-        "count": _COUNT,
-        "first_line": _COUNT,
-    }
-)
-_SETUP = {
-    "speculative_decoding": {"type": ["boolean", "null"]},
-    "launch_blocking": {"type": "boolean"},
-    "lines": {"type": "object", "additionalProperties": _INT},
+_SETUP = _object(
+    "speculative_decoding: bool?, launch_blocking: bool",
+    required=["speculative_decoding", "launch_blocking", "lines"],
+    lines={"type": "object", "additionalProperties": _TYPES["int"]},
     **{k: {"type": ["string", "integer", "boolean", "null"]} for k in SETUP},
-}
-_FIX = {k: _STR for k in _FIX_KEYS} | {"pr": _INT, "verdict": {"enum": list(FIXES)}}
-_OPS = _object({"op": _STR, "bad": _STR, "num_indices": _INT})
+)
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     **_object(
-        {
-            "schema": {"const": SCHEMA_ID},
-            "source": _STR,
-            "lines": {"type": "integer", "minimum": 0},
-            "verdict": _object(
-                {
-                    "id": {"enum": list(VERDICTS)},
-                    "title": _STR,
-                    "confidence": {"enum": ["high", "medium", "low"]},
-                    "reasons": {"type": "array", "minItems": 1, "items": _REASON},
-                }
-            ),
-            "asserts": _object(
-                {
-                    "lines": {"type": "integer", "minimum": 0},
-                    "first_kernel": _STR_OR_NULL,
-                    "distinct": {"type": "array", "items": _ASSERT},
-                }
-            ),
-            "python_error": {"oneOf": [{"type": "null"}, _ERROR]},
-            "errors": {
-                "type": "object",
-                "propertyNames": {"enum": list(ERRORS)},
-                "additionalProperties": _object({"count": _COUNT, "line": _COUNT, "text": _STR}),
-            },
-            "setup": _object(_SETUP, required=["speculative_decoding", "launch_blocking", "lines"]),
-            "ops": {
-                "type": "array",
-                "items": _object(
-                    {"kernel": _STR, "where": _STR, "note": _STR, "cases": {"type": "array", "items": _OPS}}
-                ),
-            },
-            "op_table": _STR,
-            "fixes": {
-                "type": "array",
-                "items": _object(_FIX | {"logged_version_has_it": {"type": ["boolean", "null"]}}),
-            },
-            "advice": {"type": "array", "minItems": 1, "items": _STR},
-            "chapter": _STR,
-        }
+        "source: str, lines: size, ops: [ops], op_table: str, fixes: [fix], advice: [str]+, chapter: str",
+        schema={"const": SCHEMA_ID},
+        verdict=_object(
+            "title: str, reasons: [reason]+",
+            id={"enum": list(VERDICTS)},
+            confidence={"enum": ["high", "medium", "low"]},
+        ),
+        asserts=_object("lines: size, first_kernel: str?, distinct: [assert]"),
+        python_error={"oneOf": [{"type": "null"}, _ERROR]},
+        errors={
+            "type": "object",
+            "propertyNames": {"enum": list(ERRORS)},
+            "additionalProperties": _object("count: count, line: count, text: str"),
+        },
+        setup=_SETUP,
     ),
 }
 
