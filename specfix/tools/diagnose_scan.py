@@ -1,4 +1,4 @@
-"""One pass over a pasted vLLM log: the facts :mod:`specfix.tools.diagnose` judges.
+"""One pass over a pasted vLLM log: the facts :mod:`specfix.tools.diagnose_rules` judges.
 
 Read :func:`read_lines` (how a log is read, whatever its size) then :class:`Scan` (what each line adds).
 Chapter 2 (:mod:`specfix.lab.embedding_assert`) reads its own transcripts with the same parsers,
