@@ -87,6 +87,9 @@ def test_schema_refuses_a_broken_report():
         {**report, "verdict": {**report["verdict"], "id": "probably_fine"}},
         {k: v for k, v in report.items() if k != "fixes"},
         {**report, "asserts": {**report["asserts"], "lines": "many"}},
+        {**report, "lines": -1},
+        {**report, "advice": []},
+        {**report, "python_error": {**report["python_error"], "frames": [{"file": "x.py"}]}},
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, dg.SCHEMA)

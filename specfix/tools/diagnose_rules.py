@@ -192,9 +192,8 @@ def _spec_state(scan: Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
         k = f", k = {s['num_speculative_tokens']}" if "num_speculative_tokens" in s else ""
         return True, [(f"speculative decoding is on ({what}{k})", [lines[key]])]
     if scan.spec_marker:
-        return True, [
-            ("the log shows speculative decoding at work (spec-decode code or metrics)", [scan.spec_marker])
-        ]
+        text = "the log shows speculative decoding at work (spec-decode code or metrics)"
+        return True, [(text, [scan.spec_marker])]
     if scan.spec_off_line:
         text = "the engine arguments hold no speculative config: speculative decoding is off"
         return False, [(text, [scan.spec_off_line])]
