@@ -417,14 +417,14 @@ _ADVICE = {
     ],
     "negative_draft": [
         "{upgrade}",
-        "Until then: greedy requests (temperature 0) always rejected a -1 draft (it never equals the "
+        "{until}: greedy requests (temperature 0) always rejected a -1 draft (it never equals the "
         "argmax); the sampled path is the one PR #46533 fixed.",
         "{name_op}",
     ],
     "other_index": ["This is not the placeholder bug this suite covers. {name_op}", _RESTART],
     "cudagraph_outputs": [
         "{upgrade}",
-        "Until then: draft_sample_method='greedy' (the default) caches no draft logits, and "
+        "{until}: draft_sample_method='greedy' (the default) caches no draft logits, and "
         "--enforce-eager replays no padded rows.",
         "To test an engine for this class of bug: specfix.lab.invariance.check_padding_invariance "
         "(chapter 3) runs a step with garbage in its padded rows and compares the live rows.",
