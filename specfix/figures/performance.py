@@ -8,6 +8,7 @@ the paragraphs and the figures (:mod:`specfix.figures.performance_figures`) read
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 
@@ -436,10 +437,10 @@ def small_batch_text(report: dict) -> str:
             f"- **{number}, {r.demands}: {r.status}**, {r['shapes met']} shapes; {which}: *{r.worst}*: "
             f"{r.measured}, {r.margin}" + ("." if r.vLLM == "-" else f"; vLLM beside it: {r.vLLM}.")
         )
-        misses = pd.Series([goal_family(g) for g in judged_goals(report, number) if g["status"] == "miss"])
-        for family, n in misses.value_counts(sort=False).items():
-            of = sum(goal_family(g) == family for g in judged_goals(report, number))
-            lines.append(f"  - *{family}*: {n} of {of} shapes miss")
+        goals = judged_goals(report, number)
+        judged = collections.Counter(goal_family(g) for g in goals)
+        missed = collections.Counter(goal_family(g) for g in goals if g["status"] == "miss")
+        lines += [f"  - *{family}*: {n} of {judged[family]} shapes miss" for family, n in missed.items()]
     return "\n".join(lines)
 
 
