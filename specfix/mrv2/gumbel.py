@@ -51,31 +51,66 @@ _DEFAULT_FIXES = Fixes()
 # -- validation: said once, before anything is launched -------------------------------------------------
 
 
-def _validate(
-    logits,
-    expanded_idx_mapping,
-    temperature,
-    seed,
-    pos,
-    cache,
-    col,
-    source,
-    use_fp64=False,
-    noise="exact",
-    block_size=None,
-    tiles_per_program=None,
-):
+def _validate(logits, mapping, temperature, seed, pos, cache, col, source, use_fp64, noise, block, tiles):
     """Refuse bad input before any launch: dtypes, shapes and devices always; values (a host sync on a GPU,
     impossible in a CUDA graph) only where ``device_checks`` wants them."""
-    if noise not in NOISE_MODES:
-        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
-    if use_fp64:
-        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
-    _check_overrides(block_size, tiles_per_program)
+    plain = cache is None and col is None and source is None and block is None and tiles is None
+    if not (plain and _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise)):
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+        if use_fp64:
+            raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
+        _check_overrides(block, tiles)
+        _check_structure(logits, mapping, temperature, seed, pos, cache, col, source)
+    if device_checks.wanted(logits):
+        _check_values(mapping, temperature, col, cache, logits.shape[0])
+
+
+def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> bool:
+    """The serving call (no cache, no override) accepted in one expression, a few microseconds where the
+    checks below take several times that; False sends it through them, which name what is wrong."""
+    tensor = torch.Tensor
+    if not (
+        type(logits) is tensor
+        and type(mapping) is tensor
+        and type(temperature) is tensor
+        and type(seed) is tensor
+        and type(pos) is tensor
+        and logits.dim() == 2
+    ):
+        return False
+    rows, device = logits.shape[:1], logits.device
+    return (
+        not use_fp64
+        and noise in NOISE_MODES
+        and logits.dtype in _LOGIT_DTYPES
+        and logits.shape[1] > 0
+        and logits.stride(1) == 1
+        and mapping.dtype in _INDEX_DTYPES
+        and pos.dtype in _INDEX_DTYPES
+        and temperature.dtype == torch.float32
+        and seed.dtype == torch.int64
+        and mapping.shape == rows
+        and pos.shape == rows
+        and temperature.dim() == 1
+        and seed.shape == temperature.shape
+        and mapping.is_contiguous()
+        and pos.is_contiguous()
+        and temperature.is_contiguous()
+        and seed.is_contiguous()
+        and mapping.device == device
+        and pos.device == device
+        and temperature.device == device
+        and seed.device == device
+    )
+
+
+def _check_structure(logits, mapping, temperature, seed, pos, cache, col, source) -> None:
+    """The tensors' checks in turn, raising on the first that fails with the argument's name."""
     num_tokens = _check_logits(logits)
-    _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens)
+    _check_tables(mapping, temperature, seed, pos, num_tokens)
     tensors = [
-        ("expanded_idx_mapping", expanded_idx_mapping),
+        ("expanded_idx_mapping", mapping),
         ("temperature", temperature),
         ("seed", seed),
         ("pos", pos),
@@ -86,8 +121,6 @@ def _validate(
         raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
     for name, t in tensors:
         check_device(name, t, logits.device, "logits")
-    if device_checks.wanted(logits):
-        _check_values(expanded_idx_mapping, temperature, col, cache, num_tokens)
 
 
 def _check_logits(logits) -> int:
@@ -536,74 +569,36 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     """One token per row, ``argmax(logits / T + Gumbel noise)``, with no host sync and no value-dependent
     allocation, so a CUDA graph can capture it; a row of only NaN or -inf gives token 0."""
     fixes = _DEFAULT_FIXES if fixes is None else fixes
-    _validate(
-        logits,
-        expanded_idx_mapping,
-        temperature,
-        seed,
-        pos,
-        logits_cache,
-        logits_cache_col,
-        logits_cache_source,
-        use_fp64,
-        noise,
-        block_size,
-        tiles_per_program,
-    )
+    tables = (logits, expanded_idx_mapping, temperature, seed, pos)
+    cache, col, source = logits_cache, logits_cache_col, logits_cache_source
+    _validate(*tables, cache, col, source, use_fp64, noise, block_size, tiles_per_program)
     if not HAS_TRITON:
-        return _sample_reference(
-            logits,
-            expanded_idx_mapping,
-            temperature,
-            seed,
-            pos,
-            apply_temperature,
-            is_drafting,
-            logits_cache,
-            logits_cache_col,
-            logits_cache_source,
-            fixes,
-            noise,
-        )
+        return _sample_reference(*tables, apply_temperature, is_drafting, cache, col, source, fixes, noise)
     num_tokens, vocab_size = logits.shape
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return out
     plan = _plan(num_tokens, vocab_size, logits.element_size(), block_size, num_warps, tiles_per_program)
-    col_tensor, col_scalar, source = _cache_args(logits, logits_cache_col, logits_cache_source)
+    cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source)
     two_kernels = plan.num_splits > 1 and _capturing(logits.device)
     split_best, arrivals = _split_buffers(out, plan, two_kernels)
-    strides = (0, 0) if logits_cache is None else (logits_cache.stride(0), logits_cache.stride(1))
     _gumbel_sample_kernel[plan.grid](
         out,
         split_best,
         arrivals,
         logits,
         logits.stride(0),
-        expanded_idx_mapping,
-        temperature,
-        seed,
-        pos,
-        logits_cache,
-        *strides,
-        col_tensor,
-        source,
-        0 if source is None else source.stride(0),
-        col_scalar,
-        0 if col_tensor is None else col_tensor.stride(0),
-        vocab_size,
-        plan.num_tiles,
-        plan.num_full_tiles,
-        plan.tiles_per_program,
-        plan.num_splits,
+        *tables[1:],
+        *cache_args,
+        *plan.sizes,
         **_constexprs(
             plan,
             noise,
             bool(is_drafting),
             bool(apply_temperature),
-            col_tensor is not None,
+            cache_args[3] is not None,  # a column per row
             fixes.mask_invalid_reqs,
-            not two_kernels,
+            plan.num_splits > 1 and not two_kernels,  # the row's last program to arrive picks its token
         ),
     )
     if two_kernels:
@@ -614,18 +609,7 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
 
 
 def _sample_reference(
-    logits,
-    expanded_idx_mapping,
-    temperature,
-    seed,
-    pos,
-    apply_temperature,
-    is_drafting,
-    cache,
-    col,
-    source,
-    fixes,
-    noise,
+    logits, mapping, temperature, seed, pos, apply_t, drafting, cache, col, source, fixes, noise
 ):
     """Without triton: the torch reference, which is the fixed kernel in the exact and vllm modes."""
     if not fixes.mask_invalid_reqs:
@@ -634,12 +618,12 @@ def _sample_reference(
         raise RuntimeError("the fast noise needs triton")
     return ref.gumbel_sample_reference(
         logits,
-        expanded_idx_mapping,
+        mapping,
         temperature,
         seed,
         pos,
-        apply_temperature,
-        is_drafting,
+        apply_t,
+        drafting,
         cache,
         col,
         logits_cache_source=source,
@@ -647,27 +631,37 @@ def _sample_reference(
     )
 
 
-def _cache_args(logits, col, source):
-    """(per-row column tensor or None, column as an int, source or None) as the kernel takes them."""
-    if col is None and source is None:
-        return None, 0, None
+#: The kernel's cache arguments without a cache, from ``cache_ptr`` to ``col_stride``.
+_NO_CACHE = (None, 0, 0, None, None, 0, 0, 0)
+
+
+def _cache_args(logits, cache, col, source) -> tuple:
+    """The kernel's arguments from ``cache_ptr`` to ``col_stride``: the cache and its strides, the column as
+    a per-row tensor or an int, the source (None where it is the logits themselves)."""
     col_tensor = col if isinstance(col, torch.Tensor) else None
     if col_tensor is not None and col_tensor.dim() == 0:
         col_tensor = col_tensor.expand(logits.shape[0])  # stride 0: every row reads the one column, no sync
     if source is not None and (source.data_ptr(), source.stride(0)) == (logits.data_ptr(), logits.stride(0)):
         source = None  # the kernel stores the tile it has loaded
-    return col_tensor, col if isinstance(col, int) else 0, source
+    return (
+        cache,
+        cache.stride(0),
+        cache.stride(1),
+        col_tensor,
+        source,
+        0 if source is None else source.stride(0),
+        col if isinstance(col, int) else 0,
+        0 if col_tensor is None else col_tensor.stride(0),
+    )
 
 
 def _split_buffers(out: torch.Tensor, plan: _Plan, two_kernels: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(split keys, arrival counters). Eagerly a row's last program picks its token (one launch: an eager
     call pays host time most); in a graph a second kernel does (cheaper on the GPU than arrival atomics)."""
-    if plan.num_splits == 1:  # neither is read: any memory of the dtype will do
-        return out, out.view(torch.int32)
+    if plan.num_splits == 1:  # neither is read (and no arrival is compiled): any memory will do
+        return out, out
     if two_kernels:
-        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out.view(
-            torch.int32
-        )
+        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out
     arrivals, keys = _split_scratch(out.device, plan.grid[0], plan.num_splits)
     return keys, arrivals
 

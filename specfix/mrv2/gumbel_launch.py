@@ -73,6 +73,9 @@ class _Plan(NamedTuple):
     depth: int
     lanes: int
     splits_bound: int
+    #: the kernel's size arguments, in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
+    #: num_splits
+    sizes: tuple[int, int, int, int, int]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,6 +106,7 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, block_size, num_warps
         depth,
         lanes,
         splits_bound,
+        (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits),
     )
 
 
