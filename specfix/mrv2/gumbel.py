@@ -414,25 +414,20 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source)
     two_kernels = plan.num_splits > 1 and _capturing(logits.device)
     split_best, arrivals = _split_buffers(out, plan, two_kernels)
-    _gumbel_sample_kernel[plan.grid](
-        out,
-        split_best,
-        arrivals,
-        logits,
-        logits.stride(0),
-        *tables[1:],
-        *cache_args,
-        *plan.sizes,
-        **_constexprs(
-            plan,
-            noise,
-            bool(is_drafting),
-            bool(apply_temperature),
-            cache_args[3] is not None,  # a column per row
-            fixes.mask_invalid_reqs,
-            plan.num_splits > 1 and not two_kernels,  # the row's last program to arrive picks its token
-        ),
+    per_token_col = cache_args[3] is not None
+    arrive = plan.num_splits > 1 and not two_kernels  # the row's last program to arrive picks its token
+    switches = _constexprs(
+        plan,
+        noise,
+        bool(is_drafting),
+        bool(apply_temperature),
+        per_token_col,
+        fixes.mask_invalid_reqs,
+        arrive,
     )
+    args = (out, split_best, arrivals, logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
+    # .run, not [grid](): triton's __getitem__ only wraps it in a lambda that packs every argument once more
+    _gumbel_sample_kernel.run(*args, grid=plan.grid, warmup=False, **switches)
     if two_kernels:
         _gumbel_reduce_kernel[(num_tokens,)](
             out, split_best, plan.num_splits, SPLITS=plan.splits_bound, num_warps=1
