@@ -13,7 +13,7 @@ import torch
 
 from specfix import runtime
 from specfix.runtime import tl, triton
-from specfix.v1.rejection_kernels import _use_triton
+from specfix.v1.rejection_kernels import _as, _use_triton
 from specfix.v1.sampling_metadata import SamplingMetadata
 
 
@@ -156,13 +156,13 @@ def sample_recovered_tokens(
         if splits == 1
         else torch.empty((num_tokens, splits), dtype=torch.int64, device=target_probs.device)
     )
-    target_probs = target_probs.to(torch.float32).contiguous()
+    target_probs = _as(target_probs, torch.float32)
     sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
         out,
         split_best,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
+        _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
         target_probs,
         noise,
         vocab_size,

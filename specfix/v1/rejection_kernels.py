@@ -50,7 +50,7 @@ def rejection_greedy_sample_kernel(
     cu_num_draft_tokens_ptr,  # [B] int32, inclusive
     draft_token_ids_ptr,  # [T] int32
     target_argmax_ptr,  # [T] int32 or int64
-    bonus_token_ids_ptr,  # [B] int32
+    bonus_token_ids_ptr,  # [B] int32 or int64
     is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
     max_spec_len,  # a runtime int: one compilation serves every k
     HAS_IS_GREEDY: tl.constexpr,
@@ -108,15 +108,20 @@ def rejection_greedy_sample(
     batch_size = output_token_ids.shape[0]
     rejection_greedy_sample_kernel[(batch_size,)](
         output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
         target_argmax.contiguous(),  # argmax's int64 as it comes: a conversion would cost a launch
-        bonus_token_ids.to(torch.int32).contiguous(),
+        bonus_token_ids.contiguous(),  # any int dtype: the store converts it
         is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
         max_spec_len,
         HAS_IS_GREEDY=is_greedy is not None,
         ROW=_ROW_BLOCK,
     )
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor, checked on the host first: a no-op ``.to`` costs a dispatch."""
+    return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
 
 
 def _check_row_block(max_spec_len: int) -> None:
@@ -131,7 +136,7 @@ def rejection_random_sample_kernel(
     draft_token_ids_ptr,  # [T] int32
     draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
     target_probs_ptr,  # [T, V] float32
-    bonus_token_ids_ptr,  # [B] int32
+    bonus_token_ids_ptr,  # [B] int32 or int64
     recovered_token_ids_ptr,  # [T] int32
     uniform_probs_ptr,  # [T] float64
     is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
@@ -221,15 +226,15 @@ def rejection_random_sample(
         return
     _check_row_block(max_spec_len)
     batch_size = output_token_ids.shape[0]
-    target_probs = target_probs.to(torch.float32).contiguous()
+    target_probs = _as(target_probs, torch.float32)
     rejection_random_sample_kernel[(batch_size,)](
         output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
+        _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
         target_probs,
-        bonus_token_ids.to(torch.int32).contiguous(),
-        recovered_token_ids.to(torch.int32).contiguous(),
+        bonus_token_ids.contiguous(),  # any int dtype: the store converts it
+        _as(recovered_token_ids, torch.int32),
         uniform_probs.contiguous(),
         is_greedy if is_greedy is not None else output_token_ids,
         max_spec_len,
