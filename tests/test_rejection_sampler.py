@@ -609,6 +609,33 @@ def test_forward_is_identical_on_both_backends(case):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="no triton")
+@pytest.mark.parametrize("splits", [2, 5])
+@pytest.mark.parametrize("with_q", [False, True], ids=["no-draft-probs", "draft-probs"])
+def test_split_recovered_keys_reduced_in_the_random_kernel_give_the_same_table(monkeypatch, splits, with_q):
+    # the GPU's launch for few tokens: rows split over programs, their keys read by the random kernel itself
+    from specfix.v1 import recovered_tokens
+
+    drafts, vocab = [[5, -1, 7], [], [3, 3], [-1]], 300
+    md = SpecDecodeMetadata.make_dummy(drafts, DEVICE)
+    g = torch.Generator().manual_seed(splits)
+    logits = torch.randn(md.draft_token_ids.numel() + len(drafts), vocab, generator=g).to(DEVICE) * 3
+    q = torch.softmax(torch.randn(md.draft_token_ids.numel(), vocab, generator=g), -1) if with_q else None
+
+    def sampling():  # fresh generators for each run
+        return SamplingMetadata.from_requests([1.0, 0.8, 0.0, 1.3], [11, None, None, 12], DEVICE)
+
+    torch.manual_seed(4)
+    ref = RejectionSampler(backend="torch")(md, q, logits, sampling())
+    monkeypatch.setattr(recovered_tokens, "recovered_launch", lambda programs, v: (64, splits))
+    launched = []
+    monkeypatch.setattr(recovered_tokens, "_recovered_tokens_reduce_kernel", launched)  # never indexed
+    torch.manual_seed(4)
+    ours = RejectionSampler(backend="triton")(md, q, logits, sampling())
+    assert torch.equal(ours, ref) and not launched
+    assert bool((ref[:, 0] != PLACEHOLDER_TOKEN_ID).all())  # every row emitted a token
+
+
 # ----------------------------------------------------------------------------------------------------
 # bad input: a clear error naming the argument, and no randomness consumed
 

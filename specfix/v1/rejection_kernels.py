@@ -129,6 +129,15 @@ def _check_row_block(max_spec_len: int) -> None:
         raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
 
 
+@triton.jit
+def _best_split_token(keys_ptr, token_idx, num_splits, SPLITS: tl.constexpr):
+    """The recovered token of one draft from its ``num_splits`` split keys (``specfix.v1.recovered_tokens``):
+    the largest key holds the best score, then the lowest column."""
+    s = tl.arange(0, SPLITS)
+    keys = tl.load(keys_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
+    return (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32)
+
+
 @triton.jit(do_not_specialize=["max_spec_len"])
 def rejection_random_sample_kernel(
     output_token_ids_ptr,  # [B, max_spec_len + 1] int32
@@ -137,11 +146,13 @@ def rejection_random_sample_kernel(
     draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
     target_probs_ptr,  # [T, V] float32
     bonus_token_ids_ptr,  # [B] int32 or int64
-    recovered_token_ids_ptr,  # [T] int32
+    recovered_token_ids_ptr,  # [T] int32, or [T, num_splits] int64 split keys when SPLITS > 1
     uniform_probs_ptr,  # [T] float64
     is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
     max_spec_len,  # a runtime int: one compilation serves every k
     vocab_size,
+    num_splits,
+    SPLITS: tl.constexpr,  # 1, or a power of 2 >= num_splits: the split keys are reduced here
     NO_DRAFT_PROBS: tl.constexpr,
     HAS_IS_GREEDY: tl.constexpr,
     REJECT_NEGATIVE_DRAFTS: tl.constexpr,
@@ -185,7 +196,10 @@ def rejection_random_sample_kernel(
                 else:
                     rejected = True
                     last = pos
-                    token = tl.load(recovered_token_ids_ptr + token_idx)
+                    if SPLITS == 1:
+                        token = tl.load(recovered_token_ids_ptr + token_idx)
+                    else:  # only a rejected draft needs its recovered token: no reduce kernel
+                        token = _best_split_token(recovered_token_ids_ptr, token_idx, num_splits, SPLITS)
                 tl.store(row_ptr + pos, token)
         if not rejected:
             tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
@@ -206,9 +220,11 @@ def rejection_random_sample(
     *,
     reject_negative_drafts: bool = True,
     backend: str = "auto",
+    num_splits: int = 1,
 ) -> None:
     """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
-    inputs (``rejection_sample`` checks them)."""
+    inputs (``rejection_sample`` checks them). ``num_splits`` > 1: ``recovered_token_ids`` holds the
+    recovered draw's split keys (Triton only)."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -234,11 +250,13 @@ def rejection_random_sample(
         _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
         target_probs,
         bonus_token_ids.contiguous(),  # any int dtype: the store converts it
-        _as(recovered_token_ids, torch.int32),
+        _as(recovered_token_ids, torch.int32) if num_splits == 1 else recovered_token_ids.contiguous(),
         uniform_probs.contiguous(),
         is_greedy if is_greedy is not None else output_token_ids,
         max_spec_len,
         target_probs.shape[1],
+        num_splits,
+        SPLITS=1 if num_splits == 1 else triton.next_power_of_2(num_splits),
         NO_DRAFT_PROBS=draft_probs is None,
         HAS_IS_GREEDY=is_greedy is not None,
         REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,

@@ -25,6 +25,7 @@ from specfix.v1.recovered_tokens import (
     MAX_RECOVERED_SPLITS,
     RECOVERED_PROGRAMS,
     _exponential_noise,
+    _recovered_draws,
     _token_to_request,
     recovered_launch,
     sample_recovered_tokens,
@@ -553,8 +554,9 @@ def _write_random_rows(
         uniform_probs = generate_uniform_probs(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
         )
-    if recovered_token_ids is None:
-        recovered_token_ids = sample_recovered_tokens(
+    num_splits = 1
+    if recovered_token_ids is None:  # drawn here: split keys go to the random kernel unreduced
+        recovered_token_ids, num_splits = _recovered_draws(
             max_spec_len,
             num_draft_tokens,
             cu_num_draft_tokens,
@@ -563,7 +565,7 @@ def _write_random_rows(
             target_probs,
             sampling_metadata,
             device,
-            backend=backend,
+            backend,
         )
     rejection_random_sample(
         output_token_ids,
@@ -578,4 +580,5 @@ def _write_random_rows(
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
+        num_splits=num_splits,
     )
