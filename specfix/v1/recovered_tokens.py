@@ -59,6 +59,13 @@ def _gpu_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
     return block, max(1, min(wanted, MAX_RECOVERED_SPLITS, triton.cdiv(vocab_size, block)))
 
 
+@functools.cache
+def _split_geometry(block: int, splits: int, vocab_size: int) -> tuple[int, int, int]:
+    """``(BLOCK, columns per split, splits)``, cached: Triton's ``cdiv`` costs microseconds per call."""
+    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
+    return block, split_size, triton.cdiv(vocab_size, split_size)  # every split holds a column
+
+
 # The draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch, keyed by the
 # requests' generators, as does the bonus token.
 @triton.jit
@@ -178,9 +185,9 @@ def _recovered_draws(
         ), 1
     if num_tokens == 0:
         return torch.empty(0, dtype=torch.int32, device=target_probs.device), 1
-    block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
-    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
-    splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
+    block, split_size, splits = _split_geometry(
+        *recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size), vocab_size
+    )
     shape, dtype = ((num_tokens,), torch.int32) if splits == 1 else ((num_tokens, splits), torch.int64)
     out = torch.empty(shape, dtype=dtype, device=target_probs.device)
     target_probs = _as(target_probs, torch.float32)

@@ -256,7 +256,7 @@ def rejection_random_sample(
         max_spec_len,
         target_probs.shape[1],
         num_splits,
-        SPLITS=1 if num_splits == 1 else triton.next_power_of_2(num_splits),
+        SPLITS=1 << (num_splits - 1).bit_length(),  # the next power of 2, in plain ints
         NO_DRAFT_PROBS=draft_probs is None,
         HAS_IS_GREEDY=is_greedy is not None,
         REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,

@@ -302,19 +302,25 @@ def _check_rejection_inputs(
             raise TypeError("uniform_probs must be a float64 tensor")
         if uniform_probs.shape != (total,):
             raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
-    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
-    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
-    if uniform_probs is not None:
-        ranges["uniform_probs"] = (uniform_probs, 0, 1)
     if recovered_token_ids is not None:
         check_id_tensor("recovered_token_ids", recovered_token_ids, total)
-        ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
     if bonus_token_ids is not None:
         check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
-        ranges["bonus_token_ids"] = (bonus_token_ids, 0, vocab_size)
+    scores = scores or {}
+    if not device_checks.wanted(draft_token_ids, *scores.values()):
+        return  # a GPU tensor among them and the switch off: skip building what _check_values would skip
+    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
+    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
+    for name, t, high in (
+        ("uniform_probs", uniform_probs, 1),
+        ("recovered_token_ids", recovered_token_ids, vocab_size),
+        ("bonus_token_ids", bonus_token_ids, vocab_size),
+    ):
+        if t is not None:
+            ranges[name] = (t, 0, high)
     for name, (index, high) in (index_ranges or {}).items():
         ranges[name] = (index, 0, high)
-    _check_values(ranges, scores or {}, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
+    _check_values(ranges, scores, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
 
 
 def _check_num_draft_tokens(num_draft_tokens: object) -> None:
