@@ -112,14 +112,29 @@ def test_greedy_outputs_worked_out_by_hand(name, fixes, backend):
     check_output_contract(out, md.num_draft_tokens, vocab_size)
 
 
-def test_forward_reads_rows_through_the_metadata_indices():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_reads_rows_through_the_metadata_indices(backend):
     # Same request, logits rows shuffled: the indices must follow them.
     md = SpecDecodeMetadata.make_dummy([[1, 2]])
     md.target_logits_indices = torch.tensor([2, 0], dtype=torch.int32)
     md.bonus_logits_indices = torch.tensor([1], dtype=torch.int32)
     logits = logits_with_argmax([2, 9, 1], 10)  # row 2 verifies draft 1, row 0 draft 2, row 1 is the bonus
-    out = RejectionSampler(backend="torch")(md, None, logits, greedy(1))
+    out = RejectionSampler(backend=backend)(md, None, logits, greedy(1))
     assert out.tolist() == [[1, 2, 9]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_forward_on_bfloat16_logits_matches_their_float32_copy(backend):
+    # the all-greedy forward takes its argmax on the logits as they come: bf16 -> fp32 is exact
+    md = SpecDecodeMetadata.make_dummy([[1, 2, 3], [], [4, -1]], DEVICE)
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(8, 6, generator=g) * 2).to(torch.bfloat16).to(DEVICE)
+    logits[0, 1] = logits[0].max()  # a tie, which goes to the first column either way
+    sampler = RejectionSampler(backend=backend)
+    ours = sampler(md, None, logits, greedy(3, DEVICE))
+    assert torch.equal(ours, sampler(md, None, logits.float(), greedy(3, DEVICE)))
+    expected = logits.float().argmax(-1)
+    assert ours[1, 0] == expected[4]  # the request without drafts emits its bonus row's argmax
 
 
 def test_forward_leaves_the_logits_alone():

@@ -94,6 +94,8 @@ class RejectionSampler(torch.nn.Module):
         modified. A seeded request's draws come from its own generator alone."""
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
+        if sampling_metadata.all_greedy:
+            return _greedy_forward(metadata, logits, self.backend)
         # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place.
         bonus_logits = _float32(logits[metadata.bonus_logits_indices])
         target_logits = _float32(logits[metadata.target_logits_indices])
@@ -152,6 +154,26 @@ class RejectionSampler(torch.nn.Module):
             [] if i in discard else [t for t in row if t != PLACEHOLDER_TOKEN_ID and t < vocab_size]
             for i, row in enumerate(rows)
         ]
+
+
+def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend: str) -> torch.Tensor:
+    """``forward`` when every request is greedy: one argmax over every row, then the ids are gathered, not
+    the rows (an argmax is exact in any float dtype, so no float32 copy either)."""
+    argmax = logits.argmax(dim=-1)
+    output_token_ids = torch.empty(
+        (metadata.batch_size, metadata.max_spec_len + 1), dtype=torch.int32, device=logits.device
+    )
+    rejection_greedy_sample(
+        output_token_ids,
+        metadata.cu_num_draft_tokens,
+        metadata.draft_token_ids,
+        argmax[metadata.target_logits_indices],
+        argmax[metadata.bonus_logits_indices],
+        None,
+        metadata.max_spec_len,
+        backend=backend,
+    )
+    return output_token_ids
 
 
 # Validation
