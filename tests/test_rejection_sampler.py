@@ -627,7 +627,10 @@ def test_forward_is_identical_on_both_backends(case):
 @pytest.mark.skipif(not HAS_TRITON, reason="no triton")
 @pytest.mark.parametrize("splits", [2, 5])
 @pytest.mark.parametrize("with_q", [False, True], ids=["no-draft-probs", "draft-probs"])
-def test_split_recovered_keys_reduced_in_the_random_kernel_give_the_same_table(monkeypatch, splits, with_q):
+@pytest.mark.parametrize("temps", [[1.0, 0.8, 0.0, 1.3], [1.0, 0.8, 0.5, 1.3]], ids=["mixed", "all-random"])
+def test_split_recovered_keys_reduced_in_the_random_kernel_give_the_same_table(
+    monkeypatch, splits, with_q, temps
+):
     # the GPU's launch for few tokens: rows split over programs, their keys read by the random kernel itself
     from specfix.v1 import recovered_tokens
 
@@ -638,7 +641,7 @@ def test_split_recovered_keys_reduced_in_the_random_kernel_give_the_same_table(m
     q = torch.softmax(torch.randn(md.draft_token_ids.numel(), vocab, generator=g), -1) if with_q else None
 
     def sampling():  # fresh generators for each run
-        return SamplingMetadata.from_requests([1.0, 0.8, 0.0, 1.3], [11, None, None, 12], DEVICE)
+        return SamplingMetadata.from_requests(temps, [11, None, None, 12], DEVICE)
 
     torch.manual_seed(4)
     ref = RejectionSampler(backend="torch")(md, q, logits, sampling())
