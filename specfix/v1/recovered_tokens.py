@@ -70,7 +70,7 @@ def _split_geometry(block: int, splits: int, vocab_size: int) -> tuple[int, int,
 # requests' generators, as does the bonus token.
 @triton.jit
 def sample_recovered_tokens_kernel(
-    output_ptr,  # [T] int32
+    output_ptr,  # [T] int32 (ignored when num_splits > 1)
     split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
     cu_num_draft_tokens_ptr,  # [B] int32, inclusive
     draft_token_ids_ptr,  # [T] int32
@@ -123,7 +123,8 @@ def sample_recovered_tokens_kernel(
 
 @triton.jit
 def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
-    """Grid (T,): each token's largest split key gives its recovered token."""
+    """Grid (T,): each token's largest split key gives its recovered token (``sample_recovered_tokens``
+    only: the rejection path leaves the keys to the random kernel)."""
     token_idx = tl.program_id(0).to(tl.int64)
     tl.store(output_ptr + token_idx, _best_split_token(split_best_ptr, token_idx, num_splits, SPLITS))
 
