@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from specfix import Fixes, runtime
 from specfix.lab.masked_gumbel import BATCH_KEYS, gumbel_batch
-from specfix.mrv2 import gumbel
+from specfix.mrv2 import gumbel, gumbel_launch
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.tools.stats import chi_square, chi_square_power, chi_square_samples, samples_for_power
 
@@ -752,6 +752,35 @@ def test_bad_output_buffer_is_refused(buf, col, error, words):
     assert buffer is None or torch.equal(buffer, before)
 
 
+@pytest.mark.parametrize(
+    "changes,settings",
+    [
+        ({"pos": torch.arange(6)[::2]}, {}),  # not contiguous
+        ({"seed": torch.tensor([[1, 2]])}, {}),
+        ({"temperature": torch.ones(1, 2)}, {}),
+        ({"temperature": torch.tensor([1.0, 0.5, 0.2])}, {}),  # one length for temperature, another for seed
+        ({"expanded_idx_mapping": torch.tensor([0, 1, 0], dtype=torch.int16)}, {}),
+        ({"logits": torch.randn(3, 100).unsqueeze(0)}, {}),
+        ({"logits": torch.randn(100, 3).t()}, {}),
+        ({"logits": torch.randn(3, 0)}, {}),
+        ({"logits": torch.randn(2, 100)}, {}),
+        ({"logits": torch.randn(3, 100, dtype=torch.float64)}, {}),
+        ({}, {"noise": "approximate"}),
+        ({}, {"use_fp64": True}),
+        # valid, but not the plain call: a tensor subclass goes the long way round
+        ({"pos": torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)}, {}),
+    ],
+)
+def test_the_quick_acceptance_takes_the_serving_call_and_nothing_else(changes, settings):
+    """``_plainly_valid`` spares the serving call the per-argument checks (host time per call, goal 1): it
+    accepts the plain batch and sends every other one, bad or merely unusual, through the full checks."""
+    plain = [_bad()[k] for k in BATCH_KEYS]
+    assert gumbel_launch._plainly_valid(*plain, False, "fast")
+    b = _bad(**{k: v.to(DEVICE) for k, v in changes.items()})
+    use_fp64, noise = settings.get("use_fp64", False), settings.get("noise", "fast")
+    assert not gumbel_launch._plainly_valid(*(b[k] for k in BATCH_KEYS), use_fp64, noise)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="noise must be one of"):
         sample(_bad(), noise="approximate")
@@ -925,8 +954,8 @@ def test_the_launch_path_reads_nothing_back_unless_device_checks_is_on(monkeypat
     launches = []
 
     class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(grid)
+        def run(self, *args, grid, warmup, **kwargs):
+            launches.append(grid)
 
     monkeypatch.setattr(device_checks, "wanted", lambda *tensors: device_checks.on())
     monkeypatch.setattr(gumbel, "_gumbel_sample_kernel", Kernel())

@@ -112,14 +112,29 @@ def test_greedy_outputs_worked_out_by_hand(name, fixes, backend):
     check_output_contract(out, md.num_draft_tokens, vocab_size)
 
 
-def test_forward_reads_rows_through_the_metadata_indices():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_reads_rows_through_the_metadata_indices(backend):
     # Same request, logits rows shuffled: the indices must follow them.
     md = SpecDecodeMetadata.make_dummy([[1, 2]])
     md.target_logits_indices = torch.tensor([2, 0], dtype=torch.int32)
     md.bonus_logits_indices = torch.tensor([1], dtype=torch.int32)
     logits = logits_with_argmax([2, 9, 1], 10)  # row 2 verifies draft 1, row 0 draft 2, row 1 is the bonus
-    out = RejectionSampler(backend="torch")(md, None, logits, greedy(1))
+    out = RejectionSampler(backend=backend)(md, None, logits, greedy(1))
     assert out.tolist() == [[1, 2, 9]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_forward_on_bfloat16_logits_matches_their_float32_copy(backend):
+    # the all-greedy forward takes its argmax on the logits as they come: bf16 -> fp32 is exact
+    md = SpecDecodeMetadata.make_dummy([[1, 2, 3], [], [4, -1]], DEVICE)
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(8, 6, generator=g) * 2).to(torch.bfloat16).to(DEVICE)
+    logits[0, 1] = logits[0].max()  # a tie, which goes to the first column either way
+    sampler = RejectionSampler(backend=backend)
+    ours = sampler(md, None, logits, greedy(3, DEVICE))
+    assert torch.equal(ours, sampler(md, None, logits.float(), greedy(3, DEVICE)))
+    expected = logits.float().argmax(-1)
+    assert ours[1, 0] == expected[4]  # the request without drafts emits its bonus row's argmax
 
 
 def test_forward_leaves_the_logits_alone():
@@ -607,6 +622,36 @@ def test_forward_is_identical_on_both_backends(case):
         outs.append(RejectionSampler(FIX_OFF if seed % 2 else Fixes(), backend=backend)(
             md, q, logits, SamplingMetadata.from_requests(temps, seeds, DEVICE)))  # fmt: skip
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="no triton")
+@pytest.mark.parametrize("splits", [2, 5])
+@pytest.mark.parametrize("with_q", [False, True], ids=["no-draft-probs", "draft-probs"])
+@pytest.mark.parametrize("temps", [[1.0, 0.8, 0.0, 1.3], [1.0, 0.8, 0.5, 1.3]], ids=["mixed", "all-random"])
+def test_split_recovered_keys_reduced_in_the_random_kernel_give_the_same_table(
+    monkeypatch, splits, with_q, temps
+):
+    # the GPU's launch for few tokens: rows split over programs, their keys read by the random kernel itself
+    from specfix.v1 import recovered_tokens
+
+    drafts, vocab = [[5, -1, 7], [], [3, 3], [-1]], 300
+    md = SpecDecodeMetadata.make_dummy(drafts, DEVICE)
+    g = torch.Generator().manual_seed(splits)
+    logits = torch.randn(md.draft_token_ids.numel() + len(drafts), vocab, generator=g).to(DEVICE) * 3
+    q = torch.softmax(torch.randn(md.draft_token_ids.numel(), vocab, generator=g), -1) if with_q else None
+
+    def sampling():  # fresh generators for each run
+        return SamplingMetadata.from_requests(temps, [11, None, None, 12], DEVICE)
+
+    torch.manual_seed(4)
+    ref = RejectionSampler(backend="torch")(md, q, logits, sampling())
+    monkeypatch.setattr(recovered_tokens, "recovered_launch", lambda programs, v: (64, splits))
+    launched = []
+    monkeypatch.setattr(recovered_tokens, "_recovered_tokens_reduce_kernel", launched)  # never indexed
+    torch.manual_seed(4)
+    ours = RejectionSampler(backend="triton")(md, q, logits, sampling())
+    assert torch.equal(ours, ref) and not launched
+    assert bool((ref[:, 0] != PLACEHOLDER_TOKEN_ID).all())  # every row emitted a token
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from specfix.checks import check_device, check_vector, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_constants as K
 from specfix.mrv2 import gumbel_reference as ref
-from specfix.mrv2.gumbel_launch import (  # noqa: F401 (launch_config, tile_shape, _REGISTER_CAP re-exported)
+from specfix.mrv2.gumbel_launch import (  # noqa: F401 (some re-exported: scripts and tests read them here)
     _REGISTER_CAP,
     _SPLIT_SCRATCH,
     _capturing,
@@ -27,6 +26,7 @@ from specfix.mrv2.gumbel_launch import (  # noqa: F401 (launch_config, tile_shap
     _Plan,
     _plan,
     _split_scratch,
+    _validate,
     launch_config,
     tile_shape,
 )
@@ -41,143 +41,8 @@ from specfix.mrv2.noise import (  # noqa: F401 (what the kernels call; gumbel_no
     gumbel_noise,
 )
 from specfix.runtime import HAS_TRITON, tl, triton
-from specfix.v1 import device_checks
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEFAULT_FIXES = Fixes()
-
-
-# -- validation: said once, before anything is launched -------------------------------------------------
-
-
-def _validate(
-    logits,
-    expanded_idx_mapping,
-    temperature,
-    seed,
-    pos,
-    cache,
-    col,
-    source,
-    use_fp64=False,
-    noise="exact",
-    block_size=None,
-    tiles_per_program=None,
-):
-    """Refuse bad input before any launch: dtypes, shapes and devices always; values (a host sync on a GPU,
-    impossible in a CUDA graph) only where ``device_checks`` wants them."""
-    if noise not in NOISE_MODES:
-        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
-    if use_fp64:
-        raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
-    _check_overrides(block_size, tiles_per_program)
-    num_tokens = _check_logits(logits)
-    _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens)
-    tensors = [
-        ("expanded_idx_mapping", expanded_idx_mapping),
-        ("temperature", temperature),
-        ("seed", seed),
-        ("pos", pos),
-    ]
-    if cache is not None:
-        tensors += _check_cache(cache, col, source, logits, temperature.shape[0])
-    elif col is not None or source is not None:
-        raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
-    for name, t in tensors:
-        check_device(name, t, logits.device, "logits")
-    if device_checks.wanted(logits):
-        _check_values(expanded_idx_mapping, temperature, col, cache, num_tokens)
-
-
-def _check_logits(logits) -> int:
-    """A 2-D float tensor with a vocabulary and contiguous rows; its number of rows."""
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"logits must be float32, float16 or bfloat16; got {logits.dtype}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [num_tokens, vocab_size], got shape {tuple(logits.shape)}")
-    if logits.shape[1] == 0:
-        raise ValueError("logits has an empty vocabulary (vocab_size 0)")
-    if logits.stride(1) != 1:
-        raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
-    return logits.shape[0]
-
-
-def _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens: int) -> None:
-    """The per-row vectors (mapping, positions) and the per-request tables (temperature, seed)."""
-    dtype = expanded_idx_mapping.dtype if isinstance(expanded_idx_mapping, torch.Tensor) else None
-    if dtype is not None and dtype not in _INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
-        raise TypeError(
-            "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
-            f"or floating type would turn into a huge index or a fraction); got {dtype}"
-        )
-    check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens, contiguous=True)
-    check_vector("temperature", temperature, (torch.float32,), contiguous=True)
-    check_vector("seed", seed, (torch.int64,), contiguous=True)
-    check_vector("pos", pos, _INDEX_DTYPES, num_tokens, contiguous=True)
-    if temperature.shape != seed.shape:
-        raise ValueError(
-            "temperature and seed are per-request tables of one length; "
-            f"got {temperature.shape[0]} and {seed.shape[0]}"
-        )
-
-
-def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, torch.Tensor]]:
-    """The draft-logits cache, its column and its source; the tensors among them, by name."""
-    if not isinstance(cache, torch.Tensor):
-        raise TypeError(f"logits_cache must be a torch.Tensor, got {type(cache).__name__}")
-    vocab_size = logits.shape[1]
-    if cache.dim() != 3 or cache.shape[2] < vocab_size:
-        raise ValueError(
-            f"logits_cache must have shape [max_num_reqs, num_cols, >= {vocab_size}]; "
-            f"got {tuple(cache.shape)}"
-        )
-    if cache.shape[0] != num_reqs:
-        raise ValueError(f"logits_cache has {cache.shape[0]} request rows but temperature has {num_reqs}")
-    if cache.stride(2) != 1:
-        raise ValueError(f"logits_cache must have last stride 1, got strides {cache.stride()}")
-    tensors = [("logits_cache", cache)]
-    if source is not None:
-        if not isinstance(source, torch.Tensor) or source.shape != logits.shape or source.stride(1) != 1:
-            raise ValueError(
-                "logits_cache_source must be a tensor of logits' shape "
-                f"{tuple(logits.shape)} with last stride 1"
-            )
-        tensors.append(("logits_cache_source", source))
-    src_dtype = logits.dtype if source is None else source.dtype
-    if cache.dtype != src_dtype:  # the cache holds the source's values as they are (vLLM 0.33)
-        raise TypeError(
-            f"logits_cache ({cache.dtype}) must have the dtype of the logits it caches, "
-            f"{'logits_cache_source' if source is not None else 'logits'} ({src_dtype})"
-        )
-    if isinstance(col, torch.Tensor):
-        length = None if col.dim() == 0 else logits.shape[0]
-        check_vector(
-            "logits_cache_col", col.view(1) if length is None else col, _INDEX_DTYPES, length, contiguous=True
-        )
-        tensors.append(("logits_cache_col", col))
-    elif col is not None:
-        if not is_int(col):
-            raise TypeError(f"logits_cache_col must be an int or an int tensor, got {type(col).__name__}")
-        if not 0 <= col < cache.shape[1]:
-            raise ValueError(f"logits_cache_col={col} outside [0, {cache.shape[1]})")
-    return tensors
-
-
-def _check_values(expanded_idx_mapping, temperature, col, cache, num_tokens: int) -> None:
-    """What only the tensors' values can say: temperatures, request rows and cache columns in range."""
-    if temperature.numel() and not bool((temperature >= 0).all()):  # NaN is refused too
-        bad = temperature[~(temperature >= 0)][:4].tolist()
-        raise ValueError(f"temperature must be >= 0 (0 means greedy); got {bad}")
-    if num_tokens and bool((expanded_idx_mapping >= temperature.shape[0]).any()):
-        raise ValueError(
-            f"expanded_idx_mapping holds {expanded_idx_mapping.max().item()}, beyond the "
-            f"{temperature.shape[0]} request-state rows"
-        )
-    if isinstance(col, torch.Tensor) and num_tokens and bool(((col < 0) | (col >= cache.shape[1])).any()):
-        raise ValueError(f"logits_cache_col must lie in [0, {cache.shape[1]})")
 
 
 # vLLM 0.33's contract: one loaded tile in, its max and index out; the loop over tiles is the caller's.
@@ -536,76 +401,33 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     """One token per row, ``argmax(logits / T + Gumbel noise)``, with no host sync and no value-dependent
     allocation, so a CUDA graph can capture it; a row of only NaN or -inf gives token 0."""
     fixes = _DEFAULT_FIXES if fixes is None else fixes
-    _validate(
-        logits,
-        expanded_idx_mapping,
-        temperature,
-        seed,
-        pos,
-        logits_cache,
-        logits_cache_col,
-        logits_cache_source,
-        use_fp64,
-        noise,
-        block_size,
-        tiles_per_program,
-    )
+    tables = (logits, expanded_idx_mapping, temperature, seed, pos)
+    cache, col, source = logits_cache, logits_cache_col, logits_cache_source
+    _validate(*tables, cache, col, source, use_fp64, noise, block_size, tiles_per_program)
     if not HAS_TRITON:
-        return _sample_reference(
-            logits,
-            expanded_idx_mapping,
-            temperature,
-            seed,
-            pos,
-            apply_temperature,
-            is_drafting,
-            logits_cache,
-            logits_cache_col,
-            logits_cache_source,
-            fixes,
-            noise,
-        )
+        return _sample_reference(*tables, apply_temperature, is_drafting, cache, col, source, fixes, noise)
     num_tokens, vocab_size = logits.shape
     out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return out
     plan = _plan(num_tokens, vocab_size, logits.element_size(), block_size, num_warps, tiles_per_program)
-    col_tensor, col_scalar, source = _cache_args(logits, logits_cache_col, logits_cache_source)
+    cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source)
     two_kernels = plan.num_splits > 1 and _capturing(logits.device)
     split_best, arrivals = _split_buffers(out, plan, two_kernels)
-    strides = (0, 0) if logits_cache is None else (logits_cache.stride(0), logits_cache.stride(1))
-    _gumbel_sample_kernel[plan.grid](
-        out,
-        split_best,
-        arrivals,
-        logits,
-        logits.stride(0),
-        expanded_idx_mapping,
-        temperature,
-        seed,
-        pos,
-        logits_cache,
-        *strides,
-        col_tensor,
-        source,
-        0 if source is None else source.stride(0),
-        col_scalar,
-        0 if col_tensor is None else col_tensor.stride(0),
-        vocab_size,
-        plan.num_tiles,
-        plan.num_full_tiles,
-        plan.tiles_per_program,
-        plan.num_splits,
-        **_constexprs(
-            plan,
-            noise,
-            bool(is_drafting),
-            bool(apply_temperature),
-            col_tensor is not None,
-            fixes.mask_invalid_reqs,
-            not two_kernels,
-        ),
+    per_token_col = cache_args[3] is not None
+    arrive = plan.num_splits > 1 and not two_kernels  # the row's last program to arrive picks its token
+    switches = _constexprs(
+        plan,
+        noise,
+        bool(is_drafting),
+        bool(apply_temperature),
+        per_token_col,
+        fixes.mask_invalid_reqs,
+        arrive,
     )
+    args = (out, split_best, arrivals, logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
+    # .run, not [grid](): triton's __getitem__ only wraps it in a lambda that packs every argument once more
+    _gumbel_sample_kernel.run(*args, grid=plan.grid, warmup=False, **switches)
     if two_kernels:
         _gumbel_reduce_kernel[(num_tokens,)](
             out, split_best, plan.num_splits, SPLITS=plan.splits_bound, num_warps=1
@@ -614,18 +436,7 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
 
 
 def _sample_reference(
-    logits,
-    expanded_idx_mapping,
-    temperature,
-    seed,
-    pos,
-    apply_temperature,
-    is_drafting,
-    cache,
-    col,
-    source,
-    fixes,
-    noise,
+    logits, mapping, temperature, seed, pos, apply_t, drafting, cache, col, source, fixes, noise
 ):
     """Without triton: the torch reference, which is the fixed kernel in the exact and vllm modes."""
     if not fixes.mask_invalid_reqs:
@@ -634,12 +445,12 @@ def _sample_reference(
         raise RuntimeError("the fast noise needs triton")
     return ref.gumbel_sample_reference(
         logits,
-        expanded_idx_mapping,
+        mapping,
         temperature,
         seed,
         pos,
-        apply_temperature,
-        is_drafting,
+        apply_t,
+        drafting,
         cache,
         col,
         logits_cache_source=source,
@@ -647,27 +458,37 @@ def _sample_reference(
     )
 
 
-def _cache_args(logits, col, source):
-    """(per-row column tensor or None, column as an int, source or None) as the kernel takes them."""
-    if col is None and source is None:
-        return None, 0, None
+#: The kernel's cache arguments without a cache, from ``cache_ptr`` to ``col_stride``.
+_NO_CACHE = (None, 0, 0, None, None, 0, 0, 0)
+
+
+def _cache_args(logits, cache, col, source) -> tuple:
+    """The kernel's arguments from ``cache_ptr`` to ``col_stride``: the cache and its strides, the column as
+    a per-row tensor or an int, the source (None where it is the logits themselves)."""
     col_tensor = col if isinstance(col, torch.Tensor) else None
     if col_tensor is not None and col_tensor.dim() == 0:
         col_tensor = col_tensor.expand(logits.shape[0])  # stride 0: every row reads the one column, no sync
     if source is not None and (source.data_ptr(), source.stride(0)) == (logits.data_ptr(), logits.stride(0)):
         source = None  # the kernel stores the tile it has loaded
-    return col_tensor, col if isinstance(col, int) else 0, source
+    return (
+        cache,
+        cache.stride(0),
+        cache.stride(1),
+        col_tensor,
+        source,
+        0 if source is None else source.stride(0),
+        col if isinstance(col, int) else 0,
+        0 if col_tensor is None else col_tensor.stride(0),
+    )
 
 
 def _split_buffers(out: torch.Tensor, plan: _Plan, two_kernels: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(split keys, arrival counters). Eagerly a row's last program picks its token (one launch: an eager
     call pays host time most); in a graph a second kernel does (cheaper on the GPU than arrival atomics)."""
-    if plan.num_splits == 1:  # neither is read: any memory of the dtype will do
-        return out, out.view(torch.int32)
+    if plan.num_splits == 1:  # neither is read (and no arrival is compiled): any memory will do
+        return out, out
     if two_kernels:
-        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out.view(
-            torch.int32
-        )
+        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out
     arrivals, keys = _split_scratch(out.device, plan.grid[0], plan.num_splits)
     return keys, arrivals
 

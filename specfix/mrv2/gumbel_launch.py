@@ -1,7 +1,9 @@
-"""How ``specfix.mrv2.gumbel_sample`` lays its kernel out: host work done once per shape, not per call.
+"""The host side of ``specfix.mrv2.gumbel_sample``: what it checks and how it lays its kernel out.
 
 The launch configuration per shape (tuned with ``scripts/time_gumbel.py --sweep``), the tile shape, the plan
-kept per shape, and the scratch of rows split over several programs. Read :func:`launch_config` first.
+kept per shape, the scratch of rows split over several programs, and the argument checks. Each is paid per
+call in host time, so each is done once per shape where it can be, and in a few microseconds where it cannot.
+Read :func:`launch_config` first.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from typing import NamedTuple
 
 import torch
 
-from specfix.checks import is_int
+from specfix.checks import check_device, check_vector, is_int
 from specfix.mrv2.noise import NOISE_MODES
 from specfix.runtime import INTERPRET, triton
+from specfix.v1 import device_checks
 
 #: Below _FEW_ROWS rows, each row's vocabulary is split over several programs, about _PROGRAMS in all; from
 #: _FEW_ROWS rows on, over _ROW_SPLITS of them (_SMALL_VOCAB_SPLITS for a vocabulary under _LARGE_VOCAB).
@@ -73,6 +76,9 @@ class _Plan(NamedTuple):
     depth: int
     lanes: int
     splits_bound: int
+    #: the kernel's size arguments, in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
+    #: num_splits
+    sizes: tuple[int, int, int, int, int]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,6 +109,7 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, block_size, num_warps
         depth,
         lanes,
         splits_bound,
+        (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits),
     )
 
 
@@ -169,3 +176,171 @@ def _split_scratch(device: torch.device, rows: int, splits: int) -> tuple[torch.
             torch.empty(keys, dtype=torch.int64, device=device),
         )
     return cached
+
+
+# -- validation: said once, before anything is launched -------------------------------------------------
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _validate(logits, mapping, temperature, seed, pos, cache, col, source, use_fp64, noise, block, tiles):
+    """Refuse bad input before any launch: dtypes, shapes and devices always; values (a host sync on a GPU,
+    impossible in a CUDA graph) only where ``device_checks`` wants them."""
+    plain = cache is None and col is None and source is None and block is None and tiles is None
+    if not (plain and _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise)):
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+        if use_fp64:
+            raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
+        _check_overrides(block, tiles)
+        _check_structure(logits, mapping, temperature, seed, pos, cache, col, source)
+    if device_checks.wanted(logits):
+        _check_values(mapping, temperature, col, cache, logits.shape[0])
+
+
+def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> bool:
+    """The serving call (no cache, no override) accepted in one expression, a few microseconds where the
+    checks below take several times that; False sends it through them, which name what is wrong."""
+    tensor = torch.Tensor
+    if not (
+        type(logits) is tensor
+        and type(mapping) is tensor
+        and type(temperature) is tensor
+        and type(seed) is tensor
+        and type(pos) is tensor
+        and logits.dim() == 2
+    ):
+        return False
+    rows, device = logits.shape[:1], logits.device
+    return (
+        not use_fp64
+        and noise in NOISE_MODES
+        and logits.dtype in _LOGIT_DTYPES
+        and logits.shape[1] > 0
+        and logits.stride(1) == 1
+        and mapping.dtype in _INDEX_DTYPES
+        and pos.dtype in _INDEX_DTYPES
+        and temperature.dtype == torch.float32
+        and seed.dtype == torch.int64
+        and mapping.shape == rows
+        and pos.shape == rows
+        and temperature.dim() == 1
+        and seed.shape == temperature.shape
+        and mapping.is_contiguous()
+        and pos.is_contiguous()
+        and temperature.is_contiguous()
+        and seed.is_contiguous()
+        and mapping.device == device
+        and pos.device == device
+        and temperature.device == device
+        and seed.device == device
+    )
+
+
+def _check_structure(logits, mapping, temperature, seed, pos, cache, col, source) -> None:
+    """The tensors' checks in turn, raising on the first that fails with the argument's name."""
+    num_tokens = _check_logits(logits)
+    _check_tables(mapping, temperature, seed, pos, num_tokens)
+    tensors = [
+        ("expanded_idx_mapping", mapping),
+        ("temperature", temperature),
+        ("seed", seed),
+        ("pos", pos),
+    ]
+    if cache is not None:
+        tensors += _check_cache(cache, col, source, logits, temperature.shape[0])
+    elif col is not None or source is not None:
+        raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
+    for name, t in tensors:
+        check_device(name, t, logits.device, "logits")
+
+
+def _check_logits(logits) -> int:
+    """A 2-D float tensor with a vocabulary and contiguous rows; its number of rows."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"logits must be float32, float16 or bfloat16; got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [num_tokens, vocab_size], got shape {tuple(logits.shape)}")
+    if logits.shape[1] == 0:
+        raise ValueError("logits has an empty vocabulary (vocab_size 0)")
+    if logits.stride(1) != 1:
+        raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
+    return logits.shape[0]
+
+
+def _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens: int) -> None:
+    """The per-row vectors (mapping, positions) and the per-request tables (temperature, seed)."""
+    dtype = expanded_idx_mapping.dtype if isinstance(expanded_idx_mapping, torch.Tensor) else None
+    if dtype is not None and dtype not in _INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
+        raise TypeError(
+            "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
+            f"or floating type would turn into a huge index or a fraction); got {dtype}"
+        )
+    check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens, contiguous=True)
+    check_vector("temperature", temperature, (torch.float32,), contiguous=True)
+    check_vector("seed", seed, (torch.int64,), contiguous=True)
+    check_vector("pos", pos, _INDEX_DTYPES, num_tokens, contiguous=True)
+    if temperature.shape != seed.shape:
+        raise ValueError(
+            "temperature and seed are per-request tables of one length; "
+            f"got {temperature.shape[0]} and {seed.shape[0]}"
+        )
+
+
+def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, torch.Tensor]]:
+    """The draft-logits cache, its column and its source; the tensors among them, by name."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"logits_cache must be a torch.Tensor, got {type(cache).__name__}")
+    vocab_size = logits.shape[1]
+    if cache.dim() != 3 or cache.shape[2] < vocab_size:
+        raise ValueError(
+            f"logits_cache must have shape [max_num_reqs, num_cols, >= {vocab_size}]; "
+            f"got {tuple(cache.shape)}"
+        )
+    if cache.shape[0] != num_reqs:
+        raise ValueError(f"logits_cache has {cache.shape[0]} request rows but temperature has {num_reqs}")
+    if cache.stride(2) != 1:
+        raise ValueError(f"logits_cache must have last stride 1, got strides {cache.stride()}")
+    tensors = [("logits_cache", cache)]
+    if source is not None:
+        if not isinstance(source, torch.Tensor) or source.shape != logits.shape or source.stride(1) != 1:
+            raise ValueError(
+                "logits_cache_source must be a tensor of logits' shape "
+                f"{tuple(logits.shape)} with last stride 1"
+            )
+        tensors.append(("logits_cache_source", source))
+    src_dtype = logits.dtype if source is None else source.dtype
+    if cache.dtype != src_dtype:  # the cache holds the source's values as they are (vLLM 0.33)
+        raise TypeError(
+            f"logits_cache ({cache.dtype}) must have the dtype of the logits it caches, "
+            f"{'logits_cache_source' if source is not None else 'logits'} ({src_dtype})"
+        )
+    if isinstance(col, torch.Tensor):
+        length = None if col.dim() == 0 else logits.shape[0]
+        check_vector(
+            "logits_cache_col", col.view(1) if length is None else col, _INDEX_DTYPES, length, contiguous=True
+        )
+        tensors.append(("logits_cache_col", col))
+    elif col is not None:
+        if not is_int(col):
+            raise TypeError(f"logits_cache_col must be an int or an int tensor, got {type(col).__name__}")
+        if not 0 <= col < cache.shape[1]:
+            raise ValueError(f"logits_cache_col={col} outside [0, {cache.shape[1]})")
+    return tensors
+
+
+def _check_values(expanded_idx_mapping, temperature, col, cache, num_tokens: int) -> None:
+    """What only the tensors' values can say: temperatures, request rows and cache columns in range."""
+    if temperature.numel() and not bool((temperature >= 0).all()):  # NaN is refused too
+        bad = temperature[~(temperature >= 0)][:4].tolist()
+        raise ValueError(f"temperature must be >= 0 (0 means greedy); got {bad}")
+    if num_tokens and bool((expanded_idx_mapping >= temperature.shape[0]).any()):
+        raise ValueError(
+            f"expanded_idx_mapping holds {expanded_idx_mapping.max().item()}, beyond the "
+            f"{temperature.shape[0]} request-state rows"
+        )
+    if isinstance(col, torch.Tensor) and num_tokens and bool(((col < 0) | (col >= cache.shape[1])).any()):
+        raise ValueError(f"logits_cache_col must lie in [0, {cache.shape[1]})")

@@ -174,16 +174,10 @@ class DraftModelSpeculator:
 
     # -- the step that a graph captures ------------------------------------------------------------
 
-    def _copy_request_inputs(
-        self,
-        num_reqs: int,
-        idx_mapping: torch.Tensor,
-        temperature: torch.Tensor,
-        seeds: torch.Tensor,
-        dummy_run: bool = False,
+    def _check_request_inputs(
+        self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor
     ) -> None:
-        """Copy this step's request inputs into the persistent buffers, outside the graph; padded rows get -1
-        (with ``Fixes.pad_idx_mapping``) so that a padded replay writes no ``draft_logits``."""
+        """Refuse bad request inputs before any buffer is written."""
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
         for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
@@ -196,7 +190,7 @@ class DraftModelSpeculator:
         # Value checks read the tensors back: free on a CPU, a host sync on a GPU (there only under
         # specfix.v1.device_checks, so that a drafting step never stalls the host).
         if device_checks.wanted(temperature, idx_mapping):
-            if not bool((temperature >= 0).all()):  # NaN fails too; checked before any buffer is written
+            if not bool((temperature >= 0).all()):  # NaN fails too
                 raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
             live = idx_mapping[:num_reqs].to("cpu")
             if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
@@ -204,12 +198,25 @@ class DraftModelSpeculator:
                     "idx_mapping[:num_reqs] must be distinct slots in "
                     f"[0, {self.max_num_reqs}), got {live.tolist()}"
                 )
+
+    def _copy_request_inputs(
+        self,
+        num_reqs: int,
+        idx_mapping: torch.Tensor,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        dummy_run: bool = False,
+    ) -> None:
+        """Copy this step's request inputs into the persistent buffers, outside the graph."""
+        self._check_request_inputs(num_reqs, idx_mapping, temperature, seeds)
         self.temperature.copy_(temperature)  # whole tables: rows are addressed by req_state_idx
         self.seeds.copy_(seeds)
         if dummy_run:  # a warm-up batch stands for no request, as in vLLM 0.33's _copy_request_inputs
             self.idx_mapping.fill_(-1)
             return
         self.idx_mapping[:num_reqs].copy_(idx_mapping[:num_reqs])
+        # padded rows replay with whatever an earlier, larger batch left here, and a stale slot makes the
+        # replay write that request's draft_logits: -1 marks them as no request (vLLM PR #47066)
         if self.fixes.pad_idx_mapping:  # [fix]
             self.idx_mapping[num_reqs:].fill_(-1)  # [fix]
 
@@ -304,6 +311,24 @@ def keyed_generator(seed: int, position: int, device: torch.device | str) -> tor
     return torch.Generator(device=device).manual_seed(key)
 
 
+def _check_verification_shapes(target_logits, draft_token_ids, draft_logits, idx_mapping) -> None:
+    """``rejection_sample_mrv2``'s shapes: k from the drafts, V from the draft logits."""
+    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
+        raise ValueError("draft_token_ids must be a [num_reqs, k] tensor")
+    num_reqs, k = draft_token_ids.shape
+    check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
+    if draft_logits.dim() != 3 or draft_logits.shape[1] != k:
+        raise ValueError(
+            f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
+            f"got shape {tuple(draft_logits.shape)}"
+        )
+    if target_logits.shape != (num_reqs * (k + 1), draft_logits.shape[2]):
+        raise ValueError(
+            f"target_logits must be [num_reqs * (k + 1), V] = "
+            f"{(num_reqs * (k + 1), draft_logits.shape[2])}, got {tuple(target_logits.shape)}"
+        )
+
+
 # Verification accepts draft d with probability min(1, p(d) / q(d)), q read from draft_logits by
 # req_state_idx, and otherwise resamples max(p - q, 0) (specfix.v1.rejection_sampler). The draft was sampled
 # from the right q; if a padded row overwrote q since, the output no longer follows the target distribution.
@@ -320,21 +345,8 @@ def rejection_sample_mrv2(
     """``(sampled [num_reqs, k + 1] int32, -1 after the last emitted token; num_sampled [num_reqs])``; all
     randomness is keyed by (seed, position), so a request's tokens do not depend on the rest of the batch."""
     fixes = fixes or Fixes()
-    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dim() != 2:
-        raise ValueError("draft_token_ids must be a [num_reqs, k] tensor")
-    num_reqs, k = draft_token_ids.shape
-    check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
-    if draft_logits.dim() != 3 or draft_logits.shape[1] != k:
-        raise ValueError(
-            f"draft_logits must be [max_num_reqs, k={k}, V] to match draft_token_ids' k, "
-            f"got shape {tuple(draft_logits.shape)}"
-        )
-    vocab_size = draft_logits.shape[2]
-    if target_logits.shape != (num_reqs * (k + 1), vocab_size):
-        raise ValueError(
-            f"target_logits must be [num_reqs * (k + 1), V] = "
-            f"{(num_reqs * (k + 1), vocab_size)}, got {tuple(target_logits.shape)}"
-        )
+    _check_verification_shapes(target_logits, draft_token_ids, draft_logits, idx_mapping)
+    (num_reqs, k), vocab_size = draft_token_ids.shape, draft_logits.shape[2]
     slots = idx_mapping[:num_reqs].long()
     if bool(((slots < 0) | (slots >= draft_logits.shape[0])).any()):
         raise ValueError(f"idx_mapping must lie in [0, {draft_logits.shape[0]}), got {slots.tolist()}")

@@ -53,6 +53,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "specfix/mrv2/speculator.py",
         "specfix/mrv2/dflash.py",
         "specfix/lab/padding_bench.py",
+        "specfix/lab/stale_rows.py",
         "specfix/lab/invariance.py",
         *_GUMBEL,
     ),

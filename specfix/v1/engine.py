@@ -82,6 +82,35 @@ class _StepUndo:
             torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])
 
 
+def _check_engine_args(
+    num_speculative_tokens: int | None, proposer: str, async_scheduling: bool, model_runner: str
+) -> None:
+    check_num_spec_tokens(num_speculative_tokens)
+    if model_runner not in MODEL_RUNNERS:
+        raise ValueError(f"model_runner must be one of {MODEL_RUNNERS}, got {model_runner!r}")
+    if proposer not in PROPOSERS:
+        raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
+    if not isinstance(async_scheduling, bool):
+        raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
+    if async_scheduling and num_speculative_tokens is not None and proposer == "ngram":
+        raise ValueError(
+            "async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
+            "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
+            "scheduling with it too"
+        )
+
+
+def _make_drafter(
+    proposer: str, num_speculative_tokens: int | None, draft: NgramLM, max_model_len: int
+) -> DraftModelProposer | NgramProposer | None:
+    """None without speculative decoding."""
+    if num_speculative_tokens is None:
+        return None
+    if proposer == "draft_model":
+        return DraftModelProposer(draft, num_speculative_tokens)
+    return NgramProposer(num_speculative_tokens, max_model_len=max_model_len)
+
+
 class LLMEngine:
     """One scheduler, one model runner, one tokenizer; a ``step()`` is all-or-nothing, so a failed one
     leaves the engine as it was and usable.
@@ -110,30 +139,12 @@ class LLMEngine:
         model_runner: str = "v1",
         enable_prefix_caching: bool = False,
     ):
-        check_num_spec_tokens(num_speculative_tokens)
-        if model_runner not in MODEL_RUNNERS:
-            raise ValueError(f"model_runner must be one of {MODEL_RUNNERS}, got {model_runner!r}")
-        if proposer not in PROPOSERS:
-            raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
-        if not isinstance(async_scheduling, bool):
-            raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
-        if async_scheduling and num_speculative_tokens is not None and proposer == "ngram":
-            raise ValueError(
-                "async_scheduling=True does not work with proposer='ngram': the n-gram drafter "
-                "may propose fewer than k tokens, and vLLM's V1 runner refuses async "
-                "scheduling with it too"
-            )
+        _check_engine_args(num_speculative_tokens, proposer, async_scheduling, model_runner)
         self.tokenizer: Tokenizer = get_tokenizer()
         target, draft = models if models is not None else load_models(device)
         if target.embed_tokens.weight.device.type != torch.device(device).type:
             raise ValueError(f"models live on {target.embed_tokens.weight.device}, but device={device!r}")
-        drafter = None
-        if num_speculative_tokens is not None:
-            drafter = (
-                DraftModelProposer(draft, num_speculative_tokens)
-                if proposer == "draft_model"
-                else NgramProposer(num_speculative_tokens, max_model_len=max_model_len)
-            )
+        drafter = _make_drafter(proposer, num_speculative_tokens, draft, max_model_len)
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = scheduler_cls(
             vocab_size=target.vocab_size,

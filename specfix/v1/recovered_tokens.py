@@ -13,7 +13,7 @@ import torch
 
 from specfix import runtime
 from specfix.runtime import tl, triton
-from specfix.v1.rejection_kernels import _use_triton
+from specfix.v1.rejection_kernels import _as, _best_split_token, _use_triton
 from specfix.v1.sampling_metadata import SamplingMetadata
 
 
@@ -59,11 +59,18 @@ def _gpu_launch(num_programs: int, vocab_size: int) -> tuple[int, int]:
     return block, max(1, min(wanted, MAX_RECOVERED_SPLITS, triton.cdiv(vocab_size, block)))
 
 
+@functools.cache
+def _split_geometry(block: int, splits: int, vocab_size: int) -> tuple[int, int, int]:
+    """``(BLOCK, columns per split, splits)``, cached: Triton's ``cdiv`` costs microseconds per call."""
+    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
+    return block, split_size, triton.cdiv(vocab_size, split_size)  # every split holds a column
+
+
 # The draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch, keyed by the
 # requests' generators, as does the bonus token.
 @triton.jit
 def sample_recovered_tokens_kernel(
-    output_ptr,  # [T] int32
+    output_ptr,  # [T] int32 (ignored when num_splits > 1)
     split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
     cu_num_draft_tokens_ptr,  # [B] int32, inclusive
     draft_token_ids_ptr,  # [T] int32
@@ -116,11 +123,10 @@ def sample_recovered_tokens_kernel(
 
 @triton.jit
 def _recovered_tokens_reduce_kernel(output_ptr, split_best_ptr, num_splits, SPLITS: tl.constexpr):
-    """Grid (T,): each token's largest split key gives its recovered token."""
+    """Grid (T,): each token's largest split key gives its recovered token (``sample_recovered_tokens``
+    only: the rejection path leaves the keys to the random kernel)."""
     token_idx = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, SPLITS)
-    keys = tl.load(split_best_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
-    tl.store(output_ptr + token_idx, (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32))
+    tl.store(output_ptr + token_idx, _best_split_token(split_best_ptr, token_idx, num_splits, SPLITS))
 
 
 def sample_recovered_tokens(
@@ -137,6 +143,39 @@ def sample_recovered_tokens(
 ) -> torch.Tensor:
     """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E`` needs no
     normalising); the noise comes from torch, so a seed gives the same tokens on every backend."""
+    draws, splits = _recovered_draws(
+        max_spec_len,
+        num_draft_tokens,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        sampling_metadata,
+        device,
+        backend,
+    )
+    if splits == 1:
+        return draws
+    out = torch.empty(draws.shape[0], dtype=torch.int32, device=draws.device)
+    _recovered_tokens_reduce_kernel[(draws.shape[0],)](
+        out, draws, splits, SPLITS=triton.next_power_of_2(splits)
+    )
+    return out
+
+
+def _recovered_draws(
+    max_spec_len,
+    num_draft_tokens,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    sampling_metadata,
+    device,
+    backend,
+) -> tuple[torch.Tensor, int]:
+    """``(tokens, 1)``, or ``(split keys [T, splits] int64, splits)`` left for the random kernel to reduce
+    at the drafts it rejects (one launch fewer than a reduce kernel)."""
     num_tokens, vocab_size = target_probs.shape
     noise = _exponential_noise(
         len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device
@@ -144,25 +183,21 @@ def sample_recovered_tokens(
     if not _use_triton(backend, target_probs.device):
         return sample_recovered_tokens_ref(
             cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
-        )
-    out = torch.empty(num_tokens, dtype=torch.int32, device=target_probs.device)
+        ), 1
     if num_tokens == 0:
-        return out
-    block, splits = recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size)
-    split_size = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block
-    splits = triton.cdiv(vocab_size, split_size)  # every split holds at least one column
-    split_best = (
-        out
-        if splits == 1
-        else torch.empty((num_tokens, splits), dtype=torch.int64, device=target_probs.device)
+        return torch.empty(0, dtype=torch.int32, device=target_probs.device), 1
+    block, split_size, splits = _split_geometry(
+        *recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size), vocab_size
     )
-    target_probs = target_probs.to(torch.float32).contiguous()
+    shape, dtype = ((num_tokens,), torch.int32) if splits == 1 else ((num_tokens, splits), torch.int64)
+    out = torch.empty(shape, dtype=dtype, device=target_probs.device)
+    target_probs = _as(target_probs, torch.float32)
     sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
         out,
-        split_best,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        out,  # the keys are the output when rows are split
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
+        _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
         target_probs,
         noise,
         vocab_size,
@@ -172,11 +207,7 @@ def sample_recovered_tokens(
         NO_DRAFT_PROBS=draft_probs is None,
         num_warps=8,
     )
-    if splits > 1:
-        _recovered_tokens_reduce_kernel[(num_tokens,)](
-            out, split_best, splits, SPLITS=triton.next_power_of_2(splits)
-        )
-    return out
+    return out, splits
 
 
 def sample_recovered_tokens_ref(

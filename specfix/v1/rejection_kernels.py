@@ -50,7 +50,7 @@ def rejection_greedy_sample_kernel(
     cu_num_draft_tokens_ptr,  # [B] int32, inclusive
     draft_token_ids_ptr,  # [T] int32
     target_argmax_ptr,  # [T] int32 or int64
-    bonus_token_ids_ptr,  # [B] int32
+    bonus_token_ids_ptr,  # [B] int32 or int64
     is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
     max_spec_len,  # a runtime int: one compilation serves every k
     HAS_IS_GREEDY: tl.constexpr,
@@ -108,10 +108,10 @@ def rejection_greedy_sample(
     batch_size = output_token_ids.shape[0]
     rejection_greedy_sample_kernel[(batch_size,)](
         output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
         target_argmax.contiguous(),  # argmax's int64 as it comes: a conversion would cost a launch
-        bonus_token_ids.to(torch.int32).contiguous(),
+        bonus_token_ids.contiguous(),  # any int dtype: the store converts it
         is_greedy if is_greedy is not None else output_token_ids,  # dummy pointer when every row is greedy
         max_spec_len,
         HAS_IS_GREEDY=is_greedy is not None,
@@ -119,9 +119,23 @@ def rejection_greedy_sample(
     )
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor, checked on the host first: a no-op ``.to`` costs a dispatch."""
+    return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
+
+
 def _check_row_block(max_spec_len: int) -> None:
     if not 0 <= max_spec_len < _ROW_BLOCK:
         raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
+
+
+@triton.jit
+def _best_split_token(keys_ptr, token_idx, num_splits, SPLITS: tl.constexpr):
+    """The recovered token of one draft from its ``num_splits`` split keys (``specfix.v1.recovered_tokens``):
+    the largest key holds the best score, then the lowest column."""
+    s = tl.arange(0, SPLITS)
+    keys = tl.load(keys_ptr + token_idx * num_splits + s, mask=s < num_splits, other=-1)
+    return (2147483647 - (tl.max(keys, axis=0) & 0xFFFFFFFF)).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["max_spec_len"])
@@ -131,12 +145,14 @@ def rejection_random_sample_kernel(
     draft_token_ids_ptr,  # [T] int32
     draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
     target_probs_ptr,  # [T, V] float32
-    bonus_token_ids_ptr,  # [B] int32
-    recovered_token_ids_ptr,  # [T] int32
+    bonus_token_ids_ptr,  # [B] int32 or int64
+    recovered_token_ids_ptr,  # [T] int32, or [T, num_splits] int64 split keys when SPLITS > 1
     uniform_probs_ptr,  # [T] float64
     is_greedy_ptr,  # [B] bool (ignored unless HAS_IS_GREEDY)
     max_spec_len,  # a runtime int: one compilation serves every k
     vocab_size,
+    num_splits,
+    SPLITS: tl.constexpr,  # 1, or a power of 2 >= num_splits: the split keys are reduced here
     NO_DRAFT_PROBS: tl.constexpr,
     HAS_IS_GREEDY: tl.constexpr,
     REJECT_NEGATIVE_DRAFTS: tl.constexpr,
@@ -180,7 +196,10 @@ def rejection_random_sample_kernel(
                 else:
                     rejected = True
                     last = pos
-                    token = tl.load(recovered_token_ids_ptr + token_idx)
+                    if SPLITS == 1:
+                        token = tl.load(recovered_token_ids_ptr + token_idx)
+                    else:  # only a rejected draft needs its recovered token: no reduce kernel
+                        token = _best_split_token(recovered_token_ids_ptr, token_idx, num_splits, SPLITS)
                 tl.store(row_ptr + pos, token)
         if not rejected:
             tl.store(row_ptr + num_draft, tl.load(bonus_token_ids_ptr + req_idx))
@@ -201,9 +220,11 @@ def rejection_random_sample(
     *,
     reject_negative_drafts: bool = True,
     backend: str = "auto",
+    num_splits: int = 1,
 ) -> None:
     """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
-    inputs (``rejection_sample`` checks them)."""
+    inputs (``rejection_sample`` checks them). ``num_splits`` > 1: ``recovered_token_ids`` holds the
+    recovered draw's split keys (Triton only)."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -221,19 +242,21 @@ def rejection_random_sample(
         return
     _check_row_block(max_spec_len)
     batch_size = output_token_ids.shape[0]
-    target_probs = target_probs.to(torch.float32).contiguous()
+    target_probs = _as(target_probs, torch.float32)
     rejection_random_sample_kernel[(batch_size,)](
         output_token_ids,
-        cu_num_draft_tokens.to(torch.int32).contiguous(),
-        draft_token_ids.to(torch.int32).contiguous(),
-        draft_probs.to(torch.float32).contiguous() if draft_probs is not None else target_probs,
+        _as(cu_num_draft_tokens, torch.int32),
+        _as(draft_token_ids, torch.int32),
+        _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
         target_probs,
-        bonus_token_ids.to(torch.int32).contiguous(),
-        recovered_token_ids.to(torch.int32).contiguous(),
+        bonus_token_ids.contiguous(),  # any int dtype: the store converts it
+        _as(recovered_token_ids, torch.int32) if num_splits == 1 else recovered_token_ids.contiguous(),
         uniform_probs.contiguous(),
         is_greedy if is_greedy is not None else output_token_ids,
         max_spec_len,
         target_probs.shape[1],
+        num_splits,
+        SPLITS=1 << (num_splits - 1).bit_length(),  # the next power of 2, in plain ints
         NO_DRAFT_PROBS=draft_probs is None,
         HAS_IS_GREEDY=is_greedy is not None,
         REJECT_NEGATIVE_DRAFTS=reject_negative_drafts,

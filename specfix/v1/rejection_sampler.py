@@ -25,6 +25,7 @@ from specfix.v1.recovered_tokens import (
     MAX_RECOVERED_SPLITS,
     RECOVERED_PROGRAMS,
     _exponential_noise,
+    _recovered_draws,
     _token_to_request,
     recovered_launch,
     sample_recovered_tokens,
@@ -93,15 +94,28 @@ class RejectionSampler(torch.nn.Module):
         modified. A seeded request's draws come from its own generator alone."""
         # Validate everything before drawing random numbers, so a bad call consumes no randomness.
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
-        # Advanced indexing copies (int32 indices as they come): no second copy, no cast of the indices.
-        bonus_logits = logits[metadata.bonus_logits_indices].to(torch.float32)
-        target_logits = logits[metadata.target_logits_indices].to(torch.float32)
-        # The greedy mask and the divisors, once for the step (each is a kernel launch on a GPU).
-        is_greedy = sampling_metadata.is_greedy
-        divisors = None if sampling_metadata.all_greedy else _divisors(is_greedy, sampling_metadata)
+        if sampling_metadata.all_greedy:
+            return _greedy_forward(metadata, logits, self.backend)
+        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place.
+        bonus_logits = _float32(logits[metadata.bonus_logits_indices])
+        target_logits = _float32(logits[metadata.target_logits_indices])
+        # The greedy mask and the divisors, once for the step (each is a kernel launch on a GPU); neither is
+        # needed when every request samples alike.
+        is_greedy = _mixed_greedy_mask(sampling_metadata)
+        divisors = None
+        if not sampling_metadata.all_greedy:
+            divisors = (
+                sampling_metadata.temperature
+                if is_greedy is None
+                else _divisors(is_greedy, sampling_metadata)
+            )
         bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, is_greedy, divisors)
         target_logits = apply_sampling_constraints(
-            target_logits, metadata.cu_num_draft_tokens, sampling_metadata, temperature=divisors
+            target_logits,
+            metadata.cu_num_draft_tokens,
+            sampling_metadata,
+            temperature=divisors,
+            num_draft_tokens=metadata.num_draft_tokens,
         )
         return _rejection_sample(
             metadata.draft_token_ids,
@@ -140,6 +154,26 @@ class RejectionSampler(torch.nn.Module):
             [] if i in discard else [t for t in row if t != PLACEHOLDER_TOKEN_ID and t < vocab_size]
             for i, row in enumerate(rows)
         ]
+
+
+def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend: str) -> torch.Tensor:
+    """``forward`` when every request is greedy: one argmax over every row, then the ids are gathered, not
+    the rows (an argmax is exact in any float dtype, so no float32 copy either)."""
+    argmax = logits.argmax(dim=-1)
+    output_token_ids = torch.empty(
+        (metadata.batch_size, metadata.max_spec_len + 1), dtype=torch.int32, device=logits.device
+    )
+    rejection_greedy_sample(
+        output_token_ids,
+        metadata.cu_num_draft_tokens,
+        metadata.draft_token_ids,
+        argmax[metadata.target_logits_indices],
+        argmax[metadata.bonus_logits_indices],
+        None,
+        metadata.max_spec_len,
+        backend=backend,
+    )
+    return output_token_ids
 
 
 # Validation
@@ -290,19 +324,25 @@ def _check_rejection_inputs(
             raise TypeError("uniform_probs must be a float64 tensor")
         if uniform_probs.shape != (total,):
             raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
-    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
-    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
-    if uniform_probs is not None:
-        ranges["uniform_probs"] = (uniform_probs, 0, 1)
     if recovered_token_ids is not None:
         check_id_tensor("recovered_token_ids", recovered_token_ids, total)
-        ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
     if bonus_token_ids is not None:
         check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
-        ranges["bonus_token_ids"] = (bonus_token_ids, 0, vocab_size)
+    scores = scores or {}
+    if not device_checks.wanted(draft_token_ids, *scores.values()):
+        return  # a GPU tensor among them and the switch off: skip building what _check_values would skip
+    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
+    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
+    for name, t, high in (
+        ("uniform_probs", uniform_probs, 1),
+        ("recovered_token_ids", recovered_token_ids, vocab_size),
+        ("bonus_token_ids", bonus_token_ids, vocab_size),
+    ):
+        if t is not None:
+            ranges[name] = (t, 0, high)
     for name, (index, high) in (index_ranges or {}).items():
         ranges[name] = (index, 0, high)
-    _check_values(ranges, scores or {}, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
+    _check_values(ranges, scores, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
 
 
 def _check_num_draft_tokens(num_draft_tokens: object) -> None:
@@ -340,12 +380,17 @@ def apply_sampling_constraints(
     sampling_metadata: SamplingMetadata,
     *,
     temperature: torch.Tensor | None = None,
+    num_draft_tokens: list[int] | None = None,
 ) -> torch.Tensor:
-    """Divide each token's logits by its request's temperature in place (greedy rows by 1)."""
+    """Divide each token's logits by its request's temperature in place (greedy rows by 1). With
+    ``num_draft_tokens`` all equal, one broadcast division replaces the per-token expansion (3 launches)."""
     if sampling_metadata.all_greedy:
         return logits
     if temperature is None:
         temperature = _divisors(sampling_metadata.is_greedy, sampling_metadata)
+    if num_draft_tokens and len(set(num_draft_tokens)) == 1 and num_draft_tokens[0] > 0:
+        logits.view(len(num_draft_tokens), num_draft_tokens[0], -1).div_(temperature.view(-1, 1, 1))
+        return logits
     temperature = expand_batch_to_tokens(temperature, cu_num_draft_tokens, logits.shape[0])
     return logits.div_(temperature.unsqueeze(-1))
 
@@ -369,16 +414,33 @@ def _divisors(is_greedy: torch.Tensor, sampling_metadata: SamplingMetadata) -> t
     return torch.where(is_greedy, 1.0, sampling_metadata.temperature)
 
 
+def _mixed_greedy_mask(sampling_metadata: SamplingMetadata) -> torch.Tensor | None:
+    """[B] bool greedy mask when the batch mixes greedy and random requests; None (no launch) when every
+    request samples alike, which the kernels read as every row theirs."""
+    if sampling_metadata.all_greedy or sampling_metadata.all_random:
+        return None
+    return sampling_metadata.is_greedy
+
+
+def _float32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
+
+
 def _sample_bonus_tokens(
     logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None, temperature=None
 ) -> torch.Tensor:
-    """[B] int32: argmax for greedy requests, a draw from softmax(logits / T) for random ones."""
-    argmax = logits.argmax(dim=-1)
+    """[B] int token ids: argmax for greedy requests, a draw from softmax(logits / T) for random ones
+    (``is_greedy`` None: every request alike). ``logits`` is a scratch copy, scaled in place."""
     if sampling_metadata.all_greedy:
-        return argmax.to(torch.int32)
-    is_greedy = sampling_metadata.is_greedy if is_greedy is None else is_greedy
-    temperature = _divisors(is_greedy, sampling_metadata) if temperature is None else temperature
-    probs = torch.softmax(logits / temperature.unsqueeze(-1), dim=-1)
+        return logits.argmax(dim=-1)
+    if is_greedy is None:
+        is_greedy = _mixed_greedy_mask(sampling_metadata)
+    argmax = None if is_greedy is None else logits.argmax(dim=-1)
+    if temperature is None:
+        temperature = (
+            sampling_metadata.temperature if is_greedy is None else _divisors(is_greedy, sampling_metadata)
+        )
+    probs = torch.softmax(logits.div_(temperature.unsqueeze(-1)), dim=-1)
     noise = _exponential_noise(
         logits.shape[0],
         logits.shape[1],
@@ -386,8 +448,8 @@ def _sample_bonus_tokens(
         [True] * logits.shape[0],
         logits.device,
     )
-    sampled = (probs / noise).argmax(dim=-1)
-    return torch.where(is_greedy, argmax, sampled).to(torch.int32)
+    sampled = probs.div_(noise).argmax(dim=-1)
+    return sampled if is_greedy is None else torch.where(is_greedy, argmax, sampled)
 
 
 # Dispatch
@@ -462,7 +524,8 @@ def _rejection_sample(
     batch_size = len(num_draft_tokens)
     # Every row is written whole (its tokens, then PLACEHOLDER_TOKEN_ID) by the greedy or the random kernel.
     output_token_ids = torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
-    is_greedy = sampling_metadata.is_greedy if is_greedy is None else is_greedy
+    if is_greedy is None:
+        is_greedy = _mixed_greedy_mask(sampling_metadata)
     if not sampling_metadata.all_random:
         target_argmax = target_logits.argmax(dim=-1)
         rejection_greedy_sample(
@@ -519,8 +582,9 @@ def _write_random_rows(
         uniform_probs = generate_uniform_probs(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
         )
-    if recovered_token_ids is None:
-        recovered_token_ids = sample_recovered_tokens(
+    num_splits = 1
+    if recovered_token_ids is None:  # drawn here: split keys go to the random kernel unreduced
+        recovered_token_ids, num_splits = _recovered_draws(
             max_spec_len,
             num_draft_tokens,
             cu_num_draft_tokens,
@@ -529,7 +593,7 @@ def _write_random_rows(
             target_probs,
             sampling_metadata,
             device,
-            backend=backend,
+            backend,
         )
     rejection_random_sample(
         output_token_ids,
@@ -544,4 +608,5 @@ def _write_random_rows(
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
+        num_splits=num_splits,
     )
