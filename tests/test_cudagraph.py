@@ -10,7 +10,6 @@ from specfix.mrv2.cudagraph import (
     CudaGraphDispatcher,
     capture_sizes,
     cudagraph_capture_sizes,
-    default_max_capture_size,
     time_eager_vs_graph,
 )
 
@@ -24,12 +23,6 @@ def test_capture_sizes_follow_vllm_rule():
     assert cudagraph_capture_sizes(20) == [1, 2, 4, 8, 16]
 
 
-def test_default_max_capture_size():
-    assert default_max_capture_size(64, 3) == 512  # 64 * 4 * 2 = 512
-    assert default_max_capture_size(8, 3) == 64
-    assert default_max_capture_size(64, 3, max_num_batched_tokens=100) == 100
-
-
 def test_capture_sizes_by_hand_as_vllm_0_33_computes_them():
     # 4 seqs, k = 2: ceiling min(4 * 3 * 2, 512) = 24; grid 1, 2, 4, 8, 16, 24; decode sizes 3 * (1, 2, 4)
     assert capture_sizes(4, 2) == [1, 2, 3, 4, 6, 8, 12, 16, 24]
@@ -37,6 +30,8 @@ def test_capture_sizes_by_hand_as_vllm_0_33_computes_them():
     assert capture_sizes(4, 2, v1_runner=True) == [3, 6, 9, 12, 18, 24]
     # no speculation: max_num_seqs itself is captured; max_num_batched_tokens too when it fits
     assert capture_sizes(5, 0, 9) == [1, 2, 4, 5, 8, 9] == capture_sizes(5, 0, 9, v1_runner=True)
+    # 64 seqs, k = 3: the ceiling is min(64 * 4 * 2, 512) = 512, then max_num_batched_tokens caps it
+    assert capture_sizes(64, 3)[-1] == 512 and capture_sizes(64, 3, 100)[-1] == 100
     with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 0"):
         capture_sizes(4, -1)
 

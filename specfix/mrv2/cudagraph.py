@@ -23,23 +23,10 @@ MAX_CAPTURE_SIZE = 512
 
 def cudagraph_capture_sizes(max_capture_size: int = MAX_CAPTURE_SIZE) -> list[int]:
     """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to the maximum."""
-    if not isinstance(max_capture_size, int) or max_capture_size < 1:
+    if not is_int(max_capture_size) or max_capture_size < 1:
         raise ValueError(f"max_capture_size must be a positive int, got {max_capture_size!r}")
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_capture_size + 1, 16)]
     return [s for s in sizes if s <= max_capture_size]
-
-
-def default_max_capture_size(
-    max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int | None = None
-) -> int:
-    """vLLM's rule: ``min(max_num_seqs * (1 + k) * 2, 512)``, capped by ``max_num_batched_tokens``."""
-    if max_num_seqs < 1 or num_speculative_tokens < 0:
-        raise ValueError(
-            f"need max_num_seqs >= 1 and num_speculative_tokens >= 0, got "
-            f"{max_num_seqs}, {num_speculative_tokens}"
-        )
-    size = min(max_num_seqs * (1 + num_speculative_tokens) * 2, MAX_CAPTURE_SIZE)
-    return size if max_num_batched_tokens is None else min(size, max_num_batched_tokens)
 
 
 def capture_sizes(
@@ -59,13 +46,9 @@ def capture_sizes(
         if not is_int(value) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     q = 1 + num_speculative_tokens
-    ceiling = default_max_capture_size(max_num_seqs, num_speculative_tokens)
-    if q > 1:
-        counts = [1, 2, 4, *range(8, 256, 8), *range(256, MAX_CAPTURE_SIZE + 1, 16)]
-        counts = {n for n in counts if n <= max_num_seqs} | {min(max_num_seqs, MAX_CAPTURE_SIZE)}
-        decode = [n * q for n in counts if n * q <= ceiling]
-    else:
-        decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    ceiling = min(max_num_seqs * q * 2, MAX_CAPTURE_SIZE)  # vLLM's default max_cudagraph_capture_size
+    seqs = {n for n in cudagraph_capture_sizes() if n <= max_num_seqs} | {min(max_num_seqs, MAX_CAPTURE_SIZE)}
+    decode = [n * q for n in seqs if n * q <= ceiling]
     cap = min(ceiling, max_num_batched_tokens)
     sizes = {*cudagraph_capture_sizes(cap), *(s for s in decode if s <= max_num_batched_tokens)}
     if max_num_batched_tokens <= cap:
@@ -75,7 +58,7 @@ def capture_sizes(
     # skips that step (vLLM PR #45953).
     if v1_runner and q > 1:
         top = max(sizes)
-        sizes = {-(-s // q) * q for s in sizes if -(-s // q) * q <= top} or ({q} if q <= top else set())
+        sizes = {-(-s // q) * q for s in sizes if -(-s // q) * q <= top}
         if not sizes:
             raise ValueError(f"no capture size is a multiple of 1 + k = {q} within {top}")
     return sorted(sizes)
@@ -108,10 +91,10 @@ class CudaGraphDispatcher:
     smallest captured size that holds it, like vLLM's ``CudaGraphManager.dispatch``."""
 
     def __init__(self, max_num_reqs: int, capture_sizes: Sequence[int] | None = None):
-        if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
+        if not is_int(max_num_reqs) or max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be a positive int, got {max_num_reqs!r}")
         sizes = cudagraph_capture_sizes() if capture_sizes is None else list(capture_sizes)
-        if any(not isinstance(s, int) or s < 1 for s in sizes):
+        if any(not is_int(s) or s < 1 for s in sizes):
             raise ValueError(f"capture_sizes must be positive ints, got {sizes}")
         self.max_num_reqs = max_num_reqs
         self.capture_sizes = sorted({s for s in sizes if s <= max_num_reqs})
