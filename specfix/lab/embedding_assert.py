@@ -9,6 +9,7 @@ and ``PRELUDE`` say why a child may end without its assert lines.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F  # noqa: F401  (used by the op expressions, evaluated in this namespace)
 
+from specfix.checks import is_int
 from specfix.tools import recorded
 from specfix.tools.diagnose import (  # noqa: F401  (chapter 2 names them here too)
     DeviceAssert,
@@ -36,8 +38,7 @@ _CHAINED_NOTE = "During handling of the above exception, another exception occur
 
 
 def _short_path(match: re.Match) -> str:
-    """``File "/any/where/site-packages/torch/x.py"`` -> ``File "torch/x.py"``; specfix's files from
-    ``specfix/``; any other file (the child's temporary script) by its name."""
+    """A ``File "..."`` without the machine's part: from ``site-packages/`` or ``specfix/``, else its name."""
     path = match.group(1)
     if "site-packages/" in path:
         return f'File "{path.split("site-packages/")[-1]}"'
@@ -128,8 +129,6 @@ def run_child(
     """Run ``code`` as ``<label>.py`` in a fresh Python (tracebacks show its lines); failure is data."""
     if not isinstance(code, str) or not code.strip():
         raise ValueError("code must be a non-empty string of Python source")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), full_env.get("PYTHONPATH")) if p)
@@ -158,19 +157,12 @@ def run_child(
 # The assert lines are the device's printf, fetched only when the host next waits for the GPU: a process
 # that dies at a mere launch can exit without them. So every child waits and flushes (``PRELUDE``), this
 # re-runs one that lost them, and :func:`with_assert_lines` falls back to a recording, saying so.
-def run_until_asserts(
-    code: str,
-    *,
-    label: str = "",
-    env: dict[str, str] | None = None,
-    timeout: float = 180.0,
-    attempts: int = 3,
-) -> ChildRun:
+def run_until_asserts(code: str, *, attempts: int = 3, **child) -> ChildRun:
     """:func:`run_child`, re-run (``attempts`` in all) while the child fails without an assert line."""
-    if not isinstance(attempts, int) or attempts < 1:
+    if not is_int(attempts) or attempts < 1:
         raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
     for attempt in range(1, attempts + 1):
-        run = run_child(code, label=label, env=env, timeout=timeout)
+        run = run_child(code, **child)
         run.attempts = attempt
         if not run.failed_without_assert_line:
             break
@@ -187,7 +179,6 @@ def first_assert_text(run: ChildRun) -> str:
 
 def with_assert_lines(live: ChildRun, recording: dict, name: str) -> tuple[ChildRun, str]:
     """``live`` if it holds assert lines, else the recorded run, with a note that says why it stands in."""
-
     if live.asserts:
         return live, ""
     why = (
@@ -276,27 +267,25 @@ def probe_context(before):
 # Three kinds of child: :func:`minimal_crash_code` (``F.embedding`` of a ``-1``), :func:`pipeline_crash_code`
 # (the engine as vLLM ran before PR #47029) and :func:`op_case_code` (one row of :data:`OPS`; its CPU
 # column comes from :func:`cpu_outcome`, in-process since CPU errors are ordinary exceptions).
-def minimal_crash_code(ids: tuple[int, ...] = (5, -1, 7), vocab: int = 32, hidden: int = 16) -> str:
-    """``F.embedding`` on CUDA with a bad id, instrumented: a warm-up launch with valid ids (so that the timed
-    launch carries no one-time set-up), then the bad launch, its return, synchronize, and probes."""
-    if not ids or not all(isinstance(i, int) for i in ids):
-        raise ValueError(f"ids must be a non-empty tuple of ints, got {ids!r}")
-    body = f"""
-ids_list = {list(ids)!r}
-weight = torch.randn({vocab}, {hidden}, device="cuda")
+def minimal_crash_code() -> str:
+    """``F.embedding`` on CUDA with a ``-1`` id, instrumented: a warm-up launch with valid ids (so that the
+    timed launch carries no one-time set-up), then the bad launch, its return, synchronize, and probes."""
+    body = """
+ids_list = [5, -1, 7]
+weight = torch.randn(32, 16, device="cuda")
 ids = torch.tensor(ids_list, device="cuda")
 torch.cuda.synchronize()
 blocking = os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"
 # The first launch of a kernel pays one-time set-up on the host (CUDA loads the kernel's code on first
 # use); a warm-up with valid ids takes that cost, so the timed call below shows a plain launch.
 start = time.perf_counter()
-F.embedding(ids.clamp(0, {vocab} - 1), weight)
+F.embedding(ids.clamp(0, 31), weight)
 first_us = (time.perf_counter() - start) * 1e6
 torch.cuda.synchronize()
-event("warmup", f"warm-up: F.embedding with valid ids returned after {{first_us:.0f}} us of host time "
+event("warmup", f"warm-up: F.embedding with valid ids returned after {first_us:.0f} us of host time "
       "(first launch, one-time set-up included)", first_launch_us=first_us)
-event("start", f"CUDA_LAUNCH_BLOCKING={{int(blocking)}}; calling F.embedding(ids, weight) with "
-      f"ids={{ids_list}} and a weight of shape {{tuple(weight.shape)}}", blocking=blocking)
+event("start", f"CUDA_LAUNCH_BLOCKING={int(blocking)}; calling F.embedding(ids, weight) with "
+      f"ids={ids_list} and a weight of shape {tuple(weight.shape)}", blocking=blocking)
 start = time.perf_counter()
 try:
     out = F.embedding(ids, weight)
@@ -305,8 +294,8 @@ except Exception as exc:
     probe_context(weight)
     sys.exit(1)
 launch_us = (time.perf_counter() - start) * 1e6
-event("returned", f"F.embedding returned normally after {{launch_us:.0f}} us of host time: out has shape "
-      f"{{tuple(out.shape)}}, but the kernel computing it was only queued", launch_us=launch_us)
+event("returned", f"F.embedding returned normally after {launch_us:.0f} us of host time: out has shape "
+      f"{tuple(out.shape)}, but the kernel computing it was only queued", launch_us=launch_us)
 event("host", "the host keeps running Python; nothing has failed yet from its point of view")
 event("sync", "calling torch.cuda.synchronize() (any call that waits for the GPU would do: .item(), .cpu())")
 try:
@@ -324,19 +313,13 @@ sys.exit(1)
 # -- which operations assert, and how ------------------------------------------------------------------
 ROWS, COLS = 1000, 64
 
-#: op name -> (expression over ``w`` [ROWS, COLS] and ``idx``, size the index is checked against,
-#: expression for "what slot 1 of the result holds", expression for "slot 1 if the op wrapped -1 around")
-OPS: dict[str, tuple[str, str, str, str]] = {
-    "F.embedding": ("F.embedding(idx, w)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
-    "torch.index_select": ("torch.index_select(w, 0, idx)", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
-    "torch.gather": (
-        "torch.gather(w, 0, idx[:, None].expand(-1, w.shape[1]))",
-        "w.shape[0]",
-        "out[1]",
-        "w[bad % w.shape[0]]",
-    ),
-    "w[idx]": ("w[idx]", "w.shape[0]", "out[1]", "w[bad % w.shape[0]]"),
-    "torch.take": ("torch.take(w, idx)", "w.numel()", "out[1]", "w.flatten()[bad % w.numel()]"),
+#: op name -> (expression over ``w`` [ROWS, COLS] and ``idx``, size the index is checked against)
+OPS = {
+    "F.embedding": ("F.embedding(idx, w)", "w.shape[0]"),
+    "torch.index_select": ("torch.index_select(w, 0, idx)", "w.shape[0]"),
+    "torch.gather": ("torch.gather(w, 0, idx[:, None].expand(-1, w.shape[1]))", "w.shape[0]"),
+    "w[idx]": ("w[idx]", "w.shape[0]"),
+    "torch.take": ("torch.take(w, idx)", "w.numel()"),
 }
 #: the two bad values tried for every op: the placeholder, and one past the end
 BAD_VALUES = ("-1", "size")
@@ -347,9 +330,7 @@ def _case_source(op: str, bad: str, num_indices: int) -> str:
         raise ValueError(f"op must be one of {list(OPS)}, got {op!r}")
     if bad not in BAD_VALUES:
         raise ValueError(f"bad must be one of {BAD_VALUES}, got {bad!r}")
-    if not isinstance(num_indices, int) or num_indices < 3:
-        raise ValueError(f"num_indices must be an int >= 3, got {num_indices!r}")
-    expr, size, slot, wrapped = OPS[op]
+    expr, size = OPS[op]
     return f"""
 w = torch.arange({ROWS} * {COLS}, dtype=torch.float32, device=DEVICE).reshape({ROWS}, {COLS})
 size = {size}
@@ -359,7 +340,8 @@ idx[1] = bad
 out = {expr}
 if DEVICE == "cuda":
     torch.cuda.synchronize()
-got, wrapped = ({slot}).tolist(), ({wrapped}).tolist()
+# slot 1 of the result, and what it holds if the op wrapped -1 around to the last entry
+got, wrapped = out[1].reshape(-1).tolist(), w.reshape(size, -1)[bad % size].tolist()
 """
 
 
@@ -418,13 +400,9 @@ def cuda_outcome(run: ChildRun) -> dict:
     return summary
 
 
-def pipeline_crash_code(steps: int = 4) -> str | None:
+def pipeline_crash_code(steps: int = 4) -> str:
     """The engine's demo on CUDA without the clamp, left to crash (no try/except: the real exit status and
-    traceback); None if the engine is not available."""
-    import importlib.util
-
-    if importlib.util.find_spec("specfix.v1.engine") is None:
-        return None
+    traceback)."""
     body = f"""
 from torch import nn
 from specfix import Fixes
@@ -459,32 +437,29 @@ def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
 
 
 def op_table_rows(
-    index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, on_gpu: bool = True, progress=None
+    index_counts: tuple[int, ...] = (3, 4096), timeout: float = 180.0, progress=None
 ) -> list[dict]:
-    """Every (op, bad index, index count) case: CUDA in its own child (if ``on_gpu``), the CPU in-process."""
+    """Every (op, bad index, index count) case: CUDA in its own child, the CPU in-process."""
     rows = []
-    for op in OPS:
-        for bad in BAD_VALUES:
-            for num_indices in index_counts:
-                row = {
-                    "op": op,
-                    "bad": bad,
-                    "num_indices": num_indices,
-                    "cpu": cpu_outcome(op, bad, num_indices),
-                    "cuda": {"outcome": "not run"},
-                }
-                if on_gpu:
-                    if progress:
-                        progress(f"{op} bad={bad} n={num_indices}")
-                    run = run_until_asserts(
-                        op_case_code(op, bad, num_indices),
-                        label=f"{op} {bad} {num_indices}",
-                        env={"CUDA_LAUNCH_BLOCKING": "0"},
-                        timeout=timeout,
-                    )
-                    row["cuda"] = dict(cuda_outcome(run), attempts=run.attempts)
-                    row["transcript"] = run.transcript(max_asserts=1)[-3000:]
-                rows.append(row)
+    for op, bad, num_indices in itertools.product(OPS, BAD_VALUES, index_counts):
+        if progress:
+            progress(f"{op} bad={bad} n={num_indices}")
+        run = run_until_asserts(
+            op_case_code(op, bad, num_indices),
+            label=f"{op} {bad} {num_indices}",
+            env={"CUDA_LAUNCH_BLOCKING": "0"},
+            timeout=timeout,
+        )
+        rows.append(
+            {
+                "op": op,
+                "bad": bad,
+                "num_indices": num_indices,
+                "cpu": cpu_outcome(op, bad, num_indices),
+                "cuda": dict(cuda_outcome(run), attempts=run.attempts),
+                "transcript": run.transcript(max_asserts=1)[-3000:],
+            }
+        )
     return rows
 
 
