@@ -135,7 +135,6 @@ def state(e: LLMEngine) -> dict:
             batch.token_ids_cpu.tolist(),
             batch.num_tokens_no_spec.tolist(),
             batch.num_computed_tokens_cpu.tolist(),
-            batch.temperature_cpu.tolist(),
             batch.spec_token_ids,
         ),
         "kv_cache": r.kv_cache.tolist(),

@@ -94,29 +94,6 @@ def test_preprocess_clamps_input_ids_only(models, clamp, spec, expect_clamped):
     assert runner.input_ids.gpu[10:].ge(0).all()  # nothing past num_input_tokens was touched... or needed
 
 
-@pytest.mark.parametrize(
-    "num_draft, cu, error, word",
-    [
-        ([2, 1], [3, 5, 8], ValueError, "num_draft_tokens has 2 entries but cu_num_scheduled_tokens has 3"),
-        ([], [], ValueError, "num_draft_tokens is empty"),
-        ([2.0, 1.0], [3, 5], TypeError, "num_draft_tokens must be a 1-D array of signed integers"),
-        (np.array([2, 1], dtype=np.uint8), [3, 5], TypeError, "num_draft_tokens must be .* got uint8"),
-        ([3, 1], [3, 5], ValueError, "at least its drafts \\+ 1 tokens"),  # 3 drafts need 4 tokens
-        ([-1, 1], [3, 5], ValueError, r"num_draft_tokens must lie in \[0, 128\]"),
-        ([129, 0], [130, 131], ValueError, r"must lie in \[0, 128\], got \[129, 0\]"),  # > MAX_SPEC_LEN
-    ],
-)
-def test_bad_metadata_inputs_are_refused(models, num_draft, cu, error, word):
-    runner = _runner(models)
-    before = runner.input_ids.gpu.clone()
-    with pytest.raises(error, match=word):
-        as_array = lambda x: (
-            x if isinstance(x, np.ndarray) else np.array(x, dtype=np.asarray(x).dtype if len(x) else np.int64)
-        )
-        runner._calc_spec_decode_metadata(as_array(num_draft), as_array(cu))
-    assert torch.equal(before, runner.input_ids.gpu)
-
-
 def test_one_step_through_scheduler_runner_and_sampler(models):
     """A padded new decode: -1 in token_ids_cpu and in the metadata, 0 at the embedding, rejected."""
     target, _ = models

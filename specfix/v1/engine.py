@@ -62,21 +62,27 @@ class GenerateResult:
 
 
 class _StepUndo:
-    """What a failed ``LLMEngine.step`` puts back, the global generators too (unseeded requests use them)."""
+    """What a failed ``LLMEngine.step`` puts back, the global generators too (unseeded requests use them).
+    The model, drafter and sampler never change in a step; the runner's trace, an append-only log, is cut
+    back to its length."""
 
     def __init__(self, engine: LLMEngine):
+        runner = engine.model_runner
         self.parts = [
-            engine.scheduler.snapshot(),
-            engine.model_runner.snapshot(),
+            Snapshot(engine.scheduler),
+            Snapshot(runner, skip=("model", "drafter", "rejection_sampler", "trace")),
             Snapshot(engine, skip=("scheduler", "model_runner", "tokenizer")),
         ]
+        self.trace, self.trace_len = runner.trace, len(runner.trace)
         self.cpu_rng = torch.get_rng_state()
-        device = engine.model_runner.device
-        self.cuda = (device, torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+        self.cuda = (
+            (runner.device, torch.cuda.get_rng_state(runner.device)) if runner.device.type == "cuda" else None
+        )
 
     def restore(self) -> None:
         for part in self.parts:
             part.restore()
+        del self.trace[self.trace_len :]
         torch.set_rng_state(self.cpu_rng)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])

@@ -20,10 +20,9 @@ from specfix.models import PAD_SLOT_ID, NgramLM
 from specfix.mrv2.cudagraph import capture_sizes
 from specfix.v1.input_batch import CachedRequestState, InputBatch
 from specfix.v1.proposer import DraftModelProposer, NgramProposer
-from specfix.v1.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
+from specfix.v1.rejection_sampler import RejectionSampler
 from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SamplingMetadata
-from specfix.v1.scheduler import SchedulerOutput, check_num_spec_tokens, check_token_ids
-from specfix.v1.snapshot import Snapshot
+from specfix.v1.scheduler import SchedulerOutput, check_token_ids
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
 
 _DEFAULT_FIXES = Fixes()
@@ -106,8 +105,6 @@ class GPUModelRunner:
         record: bool = False,
         async_scheduling: bool = False,
     ):
-        if not isinstance(fixes, Fixes):
-            raise TypeError(f"fixes must be a specfix.Fixes, got {type(fixes).__name__}")
         self.model = model
         self.drafter = drafter
         self.fixes = fixes
@@ -116,7 +113,6 @@ class GPUModelRunner:
         self.max_model_len = max_model_len
         self.speculative_config = None
         if drafter is not None:
-            check_num_spec_tokens(drafter.k)
             method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
             self.speculative_config = SpeculativeConfig(drafter.k, method)
         if cudagraph_capture_sizes is None:  # token counts a FULL graph is captured for, by vLLM 0.33's rule
@@ -125,7 +121,7 @@ class GPUModelRunner:
             )
         self.max_num_tokens = max(max_num_batched_tokens, max(cudagraph_capture_sizes, default=0))
         self.cudagraph_capture_sizes = sorted(cudagraph_capture_sizes)
-        self.input_batch = InputBatch(max_num_reqs, max_model_len, self.vocab_size)
+        self.input_batch = InputBatch(max_num_reqs, max_model_len)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_ids = CpuGpuBuffer(self.max_num_tokens, torch.int32, self.device)
         self.positions = CpuGpuBuffer(self.max_num_tokens, torch.int64, self.device)
@@ -133,8 +129,6 @@ class GPUModelRunner:
         self.kv_cache = model.make_kv_cache(max_num_reqs * max_model_len, self.device)
         self.rejection_sampler = RejectionSampler(fixes, backend=sampler_backend)
         self._draft_token_ids: DraftTokenIds | None = None
-        if not isinstance(async_scheduling, bool):
-            raise TypeError(f"async_scheduling must be a bool, got {async_scheduling!r}")
         self.use_async_scheduling = async_scheduling
         # Async scheduling: the previous step's proposals, their rows (vLLM: on its InputBatch), counts
         self._prev_draft_token_ids: torch.Tensor | None = None
@@ -185,8 +179,7 @@ class GPUModelRunner:
             )
 
     def _rejected_in_previous_step(self, req_id: str) -> int:
-        """Async scheduling: the drafts ``req_id`` had rejected in the previous step, which the scheduler
-        counted as computed when it planned this step (0 in sync mode, or if it was not in that step)."""
+        """Async scheduling: drafts rejected in the previous step, which the scheduler counted as computed."""
         prev_index = self.prev_req_id_to_index.get(req_id)
         if not self.use_async_scheduling or prev_index is None:
             return 0
@@ -268,33 +261,6 @@ class GPUModelRunner:
     ) -> SpecDecodeMetadata:
         """Where each request's drafts sit and which logits rows verify them; ``draft_token_ids`` is a
         copy, so clamping ``input_ids`` later leaves its ``-1`` alone."""
-        num_draft_tokens = np.asarray(num_draft_tokens)
-        cu_num_scheduled_tokens = np.asarray(cu_num_scheduled_tokens)
-        for name, arr in [
-            ("num_draft_tokens", num_draft_tokens),
-            ("cu_num_scheduled_tokens", cu_num_scheduled_tokens),
-        ]:
-            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.signedinteger):
-                raise TypeError(f"{name} must be a 1-D array of signed integers, got {arr.dtype} {arr.shape}")
-        if len(num_draft_tokens) == 0:
-            raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
-        if len(num_draft_tokens) != len(cu_num_scheduled_tokens):
-            raise ValueError(
-                f"num_draft_tokens has {len(num_draft_tokens)} entries but cu_num_scheduled_tokens has "
-                f"{len(cu_num_scheduled_tokens)}"
-            )
-        num_scheduled = np.diff(cu_num_scheduled_tokens, prepend=0)
-        if (num_draft_tokens < 0).any() or (num_draft_tokens > MAX_SPEC_LEN).any():
-            raise ValueError(
-                f"num_draft_tokens must lie in [0, {MAX_SPEC_LEN}], got {num_draft_tokens.tolist()}"
-            )
-        if (num_scheduled < num_draft_tokens + 1).any():
-            raise ValueError(
-                "each request must schedule at least its drafts + 1 tokens: cu_num_scheduled_tokens "
-                f"{cu_num_scheduled_tokens.tolist()} vs num_draft_tokens {num_draft_tokens.tolist()}"
-            )
-        if cu_num_scheduled_tokens[-1] > self.max_num_tokens:
-            raise ValueError(f"cu_num_scheduled_tokens exceeds the input buffer ({self.max_num_tokens})")
         num_sampled = num_draft_tokens + 1
         cu_num_sampled, arange = cumsum_and_arange(num_sampled)
         logits_indices = np.repeat(cu_num_scheduled_tokens - num_sampled, num_sampled) + arange
@@ -369,7 +335,6 @@ class GPUModelRunner:
         token_table = self.input_batch.token_ids_cpu.copy() if self.record else None
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput([], {}, [])
-        self._check_async_positions(scheduler_output)
         req_ids, cu_num_scheduled, logits_indices, spec_metadata = self._prepare_inputs(scheduler_output)
         num_tokens = int(cu_num_scheduled[-1])
         num_input_tokens = self._get_num_input_tokens(num_tokens)
@@ -442,20 +407,6 @@ class GPUModelRunner:
         self.prev_req_id_to_index = {r: i for i, r in enumerate(drafts.req_ids)}
         self._prev_num_sampled = [num_sampled[r] for r in drafts.req_ids]
 
-    def _check_async_positions(self, scheduler_output: SchedulerOutput) -> None:
-        """Async scheduling: after the correction, a request with drafts must start at its last committed
-        token; anything else means the runner and the scheduler disagree on where it stands."""
-        if not self.use_async_scheduling:
-            return
-        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
-            state = self.requests[req_id]
-            if state.num_computed_tokens != state.num_tokens - 1:
-                raise RuntimeError(
-                    f"request {req_id!r}: the runner has {state.num_tokens} tokens but "
-                    f"num_computed_tokens={state.num_computed_tokens} after the async correction "
-                    f"({len(drafts)} drafts scheduled)"
-                )
-
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
         """Next step's drafts, checked here: under async scheduling they skip the scheduler, and a bad one
         would reach the next step's embedding."""
@@ -467,10 +418,6 @@ class GPUModelRunner:
             row = self.input_batch.req_id_to_index[r]
             histories.append(self.input_batch.token_ids_cpu[row, : self.input_batch.num_tokens_no_spec[row]])
         proposals = self.drafter.propose_batch(histories)
-        if not isinstance(proposals, list) or len(proposals) != len(ready):
-            raise ValueError(
-                f"the drafter must return one draft list per request ({len(ready)}), got {proposals!r}"
-            )
         k = self.speculative_config.num_speculative_tokens
         checked = [
             check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size) for i, d in enumerate(proposals)
@@ -484,23 +431,3 @@ class GPUModelRunner:
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         drafts, self._draft_token_ids = self._draft_token_ids, None
         return drafts
-
-    def snapshot(self) -> RunnerSnapshot:
-        """All of the runner's per-step state, to restore if a step fails (``LLMEngine.step``)."""
-        return RunnerSnapshot(self)
-
-
-class RunnerSnapshot:
-    """A runner's state: everything but the model, the drafter and the sampler (none of which a step
-    changes); the trace, an append-only log, is cut back to its length."""
-
-    NOT_STEP_STATE = ("model", "drafter", "rejection_sampler", "trace")
-
-    def __init__(self, runner: GPUModelRunner):
-        self._runner = runner
-        self._state = Snapshot(runner, skip=self.NOT_STEP_STATE)
-        self._trace_len = len(runner.trace)
-
-    def restore(self) -> None:
-        self._state.restore()
-        del self._runner.trace[self._trace_len :]

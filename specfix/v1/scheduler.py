@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from specfix.checks import is_int
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
-from specfix.v1.snapshot import Snapshot
 
 #: ``"zero"`` pads with token 0, as 0.25's Model Runner V2 verified its slots (0.33 re-marks them ``-1``).
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
@@ -350,10 +349,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
-
-    def snapshot(self) -> Snapshot:
-        """All of the scheduler's state, to restore if a step fails (``LLMEngine.step``)."""
-        return Snapshot(self)
 
     def _schedule_running(self, request: Request, budget: int) -> tuple[int, list[int]]:
         """Tokens and drafts for a running request (vLLM's running loop); 0 tokens: skip it this step."""
