@@ -56,3 +56,10 @@ def check_device(name: str, tensor: torch.Tensor, device: torch.device, other: s
 def check_id_tensor(name: str, tensor: object, length: int | None = None, min_length: int = 0) -> None:
     """A 1-D signed-integer tensor (token ids, indices, cumulative counts)."""
     check_vector(name, tensor, ID_DTYPES, length, min_length)
+
+
+def check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:
+    """Distinct request-state slots in ``[0, num_slots)`` (two rows naming one slot would both write it);
+    ``slots`` already read back to the host."""
+    if bool(((slots < 0) | (slots >= num_slots)).any()) or slots.unique().numel() != slots.numel():
+        raise ValueError(f"{name} must be distinct slots in [0, {num_slots}), got {slots.tolist()}")

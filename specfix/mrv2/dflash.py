@@ -16,14 +16,13 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.checks import check_device, check_id_tensor, is_int
+from specfix.checks import check_device, check_id_tensor, check_slots, is_int
 from specfix.fixes import Fixes
-from specfix.mrv2.cudagraph import check_num_reqs
+from specfix.mrv2.cudagraph import CapturedStep, check_num_reqs
+from specfix.mrv2.gumbel import gumbel_sample
 from specfix.runtime import HAS_TRITON, tl, triton
 from specfix.v1 import device_checks
 
-#: Padded query rows get this token id (a valid one: the padded rows still run through the model).
-PAD_TOKEN_ID = 0
 #: Elements per program when writing the padded tail.
 PAD_BLOCK = 256
 
@@ -77,16 +76,14 @@ def _validate(
     """Every check ``prepare_dflash_inputs`` makes, all before its first write."""
     check_num_reqs(num_reqs, out.max_num_reqs)
     check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
+    check_device("idx_mapping", idx_mapping, out.sample_idx_mapping.device, "out")
     for name, t in (("last_sampled", last_sampled), ("num_computed", num_computed)):
         if not isinstance(t, torch.Tensor) or t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
             raise ValueError(
                 f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
                 f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
             )
-    device = out.sample_idx_mapping.device
-    tables = (("idx_mapping", idx_mapping), ("last_sampled", last_sampled), ("num_computed", num_computed))
-    for name, t in tables:
-        check_device(name, t, device, "out")
+        check_device(name, t, out.sample_idx_mapping.device, "out")
     if not is_int(mask_token_id) or mask_token_id < 0:
         raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
     if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
@@ -94,10 +91,7 @@ def _validate(
     if not device_checks.wanted(idx_mapping, last_sampled, num_computed):
         return  # reading GPU values back is a host sync: checked only under device_checks
     live = idx_mapping[:num_reqs].long().cpu()
-    if bool(((live < 0) | (live >= out.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
-        raise ValueError(
-            f"idx_mapping[:num_reqs] must be distinct slots in [0, {out.max_num_reqs}), got {live.tolist()}"
-        )
+    check_slots("idx_mapping[:num_reqs]", live, out.max_num_reqs)
     anchors, positions = last_sampled.cpu()[live], num_computed.cpu()[live]
     high = vocab_size if vocab_size is not None else torch.iinfo(torch.int64).max
     if bool(((anchors < 0) | (anchors >= high)).any()):
@@ -128,7 +122,7 @@ def _prepare_dflash_inputs_kernel(
     pad_sample_idx,
     MAX_NUM_REQS: tl.constexpr,
     NUM_SPEC: tl.constexpr,
-    Q_LEN: tl.constexpr,
+    Q_LEN: tl.constexpr,  # 1 + NUM_SPEC, from the host (interpreter: see specfix.runtime)
     BLOCK: tl.constexpr,
     PAD_BLOCK: tl.constexpr,
 ):
@@ -136,18 +130,16 @@ def _prepare_dflash_inputs_kernel(
     req_state_idx = tl.load(idx_mapping_ptr + batch_idx).to(tl.int64)
     anchor = tl.load(last_sampled_ptr + req_state_idx)
     anchor_pos = tl.load(num_computed_ptr + req_state_idx)
-    # Q_LEN = 1 + NUM_SPEC comes from the host (interpreter: see specfix.runtime).
-    q_len = Q_LEN
-    q_start = batch_idx * q_len
+    q_start = batch_idx * Q_LEN
     offs = tl.arange(0, BLOCK)
-    in_query = offs < q_len
+    in_query = offs < Q_LEN
     ids = tl.where(offs == 0, anchor, mask_token_id)
     tl.store(input_ids_ptr + q_start + offs, ids, mask=in_query)
     tl.store(positions_ptr + q_start + offs, anchor_pos + offs, mask=in_query)
-    tl.store(query_start_loc_ptr + batch_idx + 1, (q_start + q_len).to(tl.int32))
+    tl.store(query_start_loc_ptr + batch_idx + 1, (q_start + Q_LEN).to(tl.int32))
     if batch_idx == 0:
         tl.store(query_start_loc_ptr, 0)
-    tl.store(seq_lens_ptr + batch_idx, (anchor_pos + q_len).to(tl.int32))
+    tl.store(seq_lens_ptr + batch_idx, (anchor_pos + Q_LEN).to(tl.int32))
     # The k MASK positions are the drafted tokens: row q_start + 1 + j holds the logits of draft j.
     is_sample = offs < NUM_SPEC
     s_start = batch_idx * NUM_SPEC
@@ -161,11 +153,11 @@ def _prepare_dflash_inputs_kernel(
         # The last request's program pads every array up to max_num_reqs for the graph replay, looping
         # over the static extent and masking off the live part (interpreter: see specfix.runtime).
         pad = tl.arange(0, PAD_BLOCK)
-        live_tokens = num_reqs * q_len
+        live_tokens = num_reqs * Q_LEN
         for start in range(0, MAX_NUM_REQS * Q_LEN, PAD_BLOCK):
             o = start + pad
-            m = (o >= live_tokens) & (o < MAX_NUM_REQS * q_len)
-            tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64) + 0, mask=m)
+            m = (o >= live_tokens) & (o < MAX_NUM_REQS * Q_LEN)
+            tl.store(input_ids_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)  # token 0: a real id
             tl.store(positions_ptr + o, tl.zeros([PAD_BLOCK], tl.int64), mask=m)
         for start in range(0, MAX_NUM_REQS, PAD_BLOCK):
             o = start + pad
@@ -229,36 +221,25 @@ def prepare_dflash_inputs(
 
 def _prepare_reference(num_reqs, idx_mapping, last_sampled, num_computed, mask_token_id, out, pad_sample_idx):
     """The kernel's contract in plain torch (the tests tie the two together)."""
-    k = out.num_speculative_steps
-    q_len = 1 + k
+    k, device = out.num_speculative_steps, out.input_ids.device
     slots = idx_mapping[:num_reqs].long()
     anchor, anchor_pos = last_sampled[slots], num_computed[slots]
-    offs = torch.arange(q_len, device=slots.device)
-    ids = torch.full((num_reqs, q_len), mask_token_id, dtype=torch.int64, device=slots.device)
+    offs = torch.arange(1 + k, device=device)
+    ids = torch.full((num_reqs, 1 + k), mask_token_id, dtype=torch.int64, device=device)
     ids[:, 0] = anchor
-    n_live = num_reqs * q_len
+    n_live, n_samples = num_reqs * (1 + k), num_reqs * k
+    for t in (out.input_ids, out.positions, out.seq_lens, out.sample_indices, out.sample_pos):
+        t.zero_()  # the padding: token 0 (padded rows still run the model) at position 0, sample row 0
     out.input_ids[:n_live] = ids.flatten()
     out.positions[:n_live] = (anchor_pos[:, None] + offs).flatten()
-    out.input_ids[n_live:] = PAD_TOKEN_ID
-    out.positions[n_live:] = 0
-    out.query_start_loc[: num_reqs + 1] = (torch.arange(num_reqs + 1, device=slots.device) * q_len).int()
-    out.query_start_loc[num_reqs + 1 :] = n_live
-    out.seq_lens[:num_reqs] = (anchor_pos + q_len).int()
-    out.seq_lens[num_reqs:] = 0
-    rows = torch.arange(num_reqs, device=slots.device)[:, None] * q_len + 1 + offs[:k]
-    n_samples = num_reqs * k
+    out.query_start_loc.copy_((torch.arange(out.max_num_reqs + 1, device=device) * (1 + k)).clamp(max=n_live))
+    out.seq_lens[:num_reqs] = (anchor_pos + 1 + k).int()
+    rows = torch.arange(num_reqs, device=device)[:, None] * (1 + k) + 1 + offs[:k]
     out.sample_indices[:n_samples] = rows.flatten()
     out.sample_pos[:n_samples] = (anchor_pos[:, None] + 1 + offs[:k]).flatten()
+    out.sample_idx_mapping.fill_(pad_sample_idx)
     out.sample_idx_mapping[:n_samples] = slots.repeat_interleave(k)
-    out.sample_indices[n_samples:] = 0
-    out.sample_pos[n_samples:] = 0
-    out.sample_idx_mapping[n_samples:] = pad_sample_idx
     return out
-
-
-def sample_columns(num_speculative_steps: int, max_num_reqs: int, device=None) -> torch.Tensor:
-    """Per sample entry, the ``draft_logits`` column it fills: ``[0, 1, .., k-1]`` repeated per request."""
-    return torch.arange(num_speculative_steps, device=device).repeat(max_num_reqs)
 
 
 class ToyDFlashModel(torch.nn.Module):
@@ -290,8 +271,6 @@ class DFlashDrafter:
         fixes: Fixes | None = None,
         sampler=None,
     ):
-        from specfix.mrv2.gumbel import gumbel_sample
-
         self.model, self.fixes = model, fixes or Fixes()
         self.sampler = sampler or gumbel_sample
         self.device = torch.device(device)
@@ -301,17 +280,12 @@ class DFlashDrafter:
         self.seeds = torch.zeros(max_num_reqs, dtype=torch.int64, device=self.device)
         self.draft_logits = torch.zeros(max_num_reqs, k, v, device=self.device)
         self.draft_tokens = torch.zeros(max_num_reqs * k, dtype=torch.int64, device=self.device)
-        self.columns = sample_columns(k, max_num_reqs, self.device)
+        self.columns = torch.arange(k, device=self.device).repeat(max_num_reqs)  # each sample's column
         self.graph = None
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        return {
-            "draft_logits": self.draft_logits,
-            "draft_tokens": self.draft_tokens,
-            "temperature": self.temperature,
-            "seeds": self.seeds,
-            **self.inputs.as_dict(),
-        }
+        names = ("draft_logits", "draft_tokens", "temperature", "seeds")
+        return {n: getattr(self, n) for n in names} | self.inputs.as_dict()
 
     def _sample(self, num_samples: int) -> None:
         """The half a FULL graph captures: no host sync, fixed buffers."""
@@ -339,8 +313,6 @@ class DFlashDrafter:
         self.inputs.sample_idx_mapping.fill_(-1)
 
     def capture_cuda_graph(self) -> None:
-        from specfix.mrv2.cudagraph import CapturedStep
-
         full = self.inputs.max_num_reqs * self.inputs.num_speculative_steps
         self.reset_for_capture()
         self.graph = CapturedStep(lambda _: self._sample(full), [full], self.device)

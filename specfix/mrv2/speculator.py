@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfix.checks import ID_DTYPES, check_id_tensor, is_int
+from specfix.checks import ID_DTYPES, check_id_tensor, check_slots, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
@@ -192,12 +192,7 @@ class DraftModelSpeculator:
         if device_checks.wanted(temperature, idx_mapping):
             if not bool((temperature >= 0).all()):  # NaN fails too
                 raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature.tolist()}")
-            live = idx_mapping[:num_reqs].to("cpu")
-            if bool(((live < 0) | (live >= self.max_num_reqs)).any()) or live.unique().numel() != num_reqs:
-                raise ValueError(
-                    "idx_mapping[:num_reqs] must be distinct slots in "
-                    f"[0, {self.max_num_reqs}), got {live.tolist()}"
-                )
+            check_slots("idx_mapping[:num_reqs]", idx_mapping[:num_reqs].cpu(), self.max_num_reqs)
 
     def _copy_request_inputs(
         self,
