@@ -13,8 +13,10 @@ import pytest
 import torch
 from scipy import stats
 
+from specfix import runtime
 from specfix.tools import bench
 from specfix.tools.bench import gumbel_cases, peer, rejection_cases, report, step_cases, timing
+from specfix.tools.bench.report import Job
 
 CPU = bench.Settings(torch.device("cpu"), "ci")
 GPU = bench.Settings(torch.device("cuda"), "full")  # only its .cuda flag is used: no GPU needed
@@ -25,27 +27,27 @@ GPU = bench.Settings(torch.device("cuda"), "full")  # only its .cuda flag is use
 
 def test_bandwidth_by_hand():
     # one terabyte in one second
-    assert bench.tb_per_s(1e12, 1e6) == pytest.approx(1.0)
+    assert timing.tb_per_s(1e12, 1e6) == pytest.approx(1.0)
     # copying 1 GiB reads 1 GiB and writes 1 GiB: 2 * 2**30 bytes in 503 us is 4.269 TB/s
-    assert bench.tb_per_s(2 * 2**30, 503.0) == pytest.approx(2 * 1073741824 / 503e-6 / 1e12)
-    assert bench.tb_per_s(2 * 2**30, 503.0) == pytest.approx(4.2693, abs=1e-4)
+    assert timing.tb_per_s(2 * 2**30, 503.0) == pytest.approx(2 * 1073741824 / 503e-6 / 1e12)
+    assert timing.tb_per_s(2 * 2**30, 503.0) == pytest.approx(4.2693, abs=1e-4)
     # 256 rows x 151,936 fp32 logits = 155,582,464 bytes; read in 166 us = 0.937 TB/s
-    assert bench.tb_per_s(256 * 151_936 * 4, 166.0) == pytest.approx(0.93724, abs=1e-5)
+    assert timing.tb_per_s(256 * 151_936 * 4, 166.0) == pytest.approx(0.93724, abs=1e-5)
 
 
 def test_logit_rate_by_hand():
     # 256 x 151,936 = 38,895,616 logits in 166 us: 234.3 G logits/s (vLLM 0.33.0's figure in issue 6)
-    assert bench.g_logits_per_s(256, 151_936, 166.0) == pytest.approx(234.31, abs=0.01)
+    assert timing.g_logits_per_s(256, 151_936, 166.0) == pytest.approx(234.31, abs=0.01)
     # a million logits in a millisecond is one G logit/s
-    assert bench.g_logits_per_s(1000, 1000, 1000.0) == pytest.approx(1.0)
+    assert timing.g_logits_per_s(1000, 1000, 1000.0) == pytest.approx(1.0)
 
 
 def test_element_sizes():
-    assert [bench.elem_bytes(d) for d in (torch.float32, torch.bfloat16, torch.int64)] == [4, 2, 8]
+    assert [timing.elem_bytes(d) for d in (torch.float32, torch.bfloat16, torch.int64)] == [4, 2, 8]
 
 
 def test_summarize_by_hand():
-    s = bench.summarize([float(x) for x in range(10, 0, -1)])  # 1..10, unsorted
+    s = timing.summarize([float(x) for x in range(10, 0, -1)])  # 1..10, unsorted
     # median of 1..10 = 5.5; p20 at position 9*0.2 = 1.8 -> 2 + 0.8 = 2.8; p80 at 7.2 -> 8.2
     assert s == {"median_us": 5.5, "p20_us": pytest.approx(2.8), "p80_us": pytest.approx(8.2), "n": 10}
 
@@ -56,7 +58,7 @@ def test_summarize_by_hand():
 )
 def test_percentile_rejects_bad_input(samples, q, word):
     with pytest.raises(ValueError, match=word):
-        bench.percentile(samples, q)
+        timing.percentile(samples, q)
 
 
 # ---------------------------------------------------------------------------------------- goals
@@ -139,13 +141,13 @@ def test_rate_goals_judge_both_temperature_paths_in_bf16():
     for vocab in (151_936, 248_320):
         for impl, us in ((bench.JUDGED, 150.0), (gumbel_cases.WITH_TEMPERATURE, 250.0)):
             r = _row("gumbel", impl, us, vocab=vocab, rows=1024, dtype="bf16")
-            r["metrics"]["G_logits_per_s"] = bench.g_logits_per_s(1024, vocab, us)
+            r["metrics"]["G_logits_per_s"] = timing.g_logits_per_s(1024, vocab, us)
             results.append(r)
     theirs = _row("gumbel", bench.peer_impl(bench.GOAL_PEER), 300.0, vocab=151_936, rows=1024, dtype="bf16")
     theirs["metrics"]["G_logits_per_s"] = 518.6
     results.append(theirs)
     small = _row("gumbel", bench.JUDGED, 10.0, vocab=32_000, rows=256, dtype="fp32")
-    small["metrics"]["G_logits_per_s"] = bench.g_logits_per_s(256, 32_000, 10.0)  # 819.2
+    small["metrics"]["G_logits_per_s"] = timing.g_logits_per_s(256, 32_000, 10.0)  # 819.2
     rates = {g["goal"]: g for g in gumbel_cases.goals_gumbel(results + [small], GPU) if g["issue_goal"] == 3}
     assert len(rates) == 5
     # 1,024 x 151,936 in 150 us: 1,037.2 G logits/s passes 1,000; with the temperature, 250 us: 622.3 misses
@@ -183,7 +185,7 @@ def test_per_shape_goals_against_the_peer():
         r = _row("gumbel", bench.JUDGED, ours_us, vocab=32_000, rows=rows, dtype="bf16")
         r["metrics"] = {
             key: theirs_us / ours_us,
-            "G_logits_per_s": bench.g_logits_per_s(rows, 32_000, ours_us),
+            "G_logits_per_s": timing.g_logits_per_s(rows, 32_000, ours_us),
         }
         results.append(r)
     ratio = {g["goal"]: g for g in gumbel_cases.goals_gumbel(results, GPU) if "vLLM" in g["goal"]}
@@ -303,7 +305,7 @@ def test_torch_reference_samplers_follow_softmax():
     logits = probs.log().expand(n, -1).contiguous()
     expected = probs.numpy() * n
     df = len(probs) - 1
-    for sampler in (bench.torch_gumbel_max, bench.torch_softmax_multinomial):
+    for sampler in (gumbel_cases.torch_gumbel_max, gumbel_cases.torch_softmax_multinomial):
         counts = np.bincount(sampler(logits).numpy(), minlength=len(probs))
         chi2 = stats.chisquare(counts, expected).statistic
         assert chi2 < df + 10 * np.sqrt(2 * df), (sampler.__name__, counts)
@@ -400,7 +402,7 @@ def test_failing_job_is_recorded_and_the_run_goes_on(monkeypatch):
         def boom():
             raise RuntimeError("kaput")
 
-        return [bench.Job("boom", boom), bench.Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])])]
+        return [Job("boom", boom), Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])])]
 
     monkeypatch.setitem(bench.CASES, "ghost", bench.Case("ghost", "fails", plan, lambda r, s: []))
     report = _cpu_report(["ghost"])
@@ -417,9 +419,9 @@ def test_a_cuda_error_stops_the_run_and_names_the_job_that_raised_it(monkeypatch
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
         return [
-            bench.Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])]),
-            bench.Job("lost", lost),
-            bench.Job("after", lambda: [bench.result("ghost", "y", {}, [1.0])]),
+            Job("fine", lambda: [bench.result("ghost", "x", {}, [1.0])]),
+            Job("lost", lost),
+            Job("after", lambda: [bench.result("ghost", "y", {}, [1.0])]),
         ]
 
     monkeypatch.setitem(bench.CASES, "ghost", bench.Case("ghost", "fails", plan, lambda r, s: []))
@@ -456,7 +458,7 @@ def test_cli_smoke_run_on_cpu(tmp_path):
     assert {r["case"] for r in report["results"]} == set(bench.CASES)
     assert all(g["status"] in ("n/a", "not measured") for g in report["goals"])  # never judged on a CPU
     # the five small-batch goals all stand in the report, each with its figure or none
-    goals = bench.goal_table(report)
+    goals = report.goal_table(report)
     assert sorted(set(goals["issue_goal"])) == [1, 2, 3, 4, 5]
     assert "Goals (1-5" in out.stdout
     assert "mean nothing" in out.stdout and "median_us" in out.stdout
@@ -531,9 +533,7 @@ def test_frame_flattens_one_case(ceilings_report):
 # ---------------------------------------------------------------------------------------- on the GPU
 
 CUDA = bench.Settings(torch.device("cuda"), "ci")
-needs_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available() or bench.runtime.INTERPRET, reason="needs a CUDA GPU"
-)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or runtime.INTERPRET, reason="needs a CUDA GPU")
 
 
 @pytest.mark.cuda

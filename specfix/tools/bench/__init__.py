@@ -21,40 +21,12 @@ from specfix import runtime
 from specfix.tools import recorded
 from specfix.tools.bench import gumbel_cases as gc
 from specfix.tools.bench import rejection_cases as rc
-from specfix.tools.bench import report as _report
+from specfix.tools.bench import report as report_module
 from specfix.tools.bench import step_cases as sc
-from specfix.tools.bench.gumbel_cases import (  # noqa: F401  (the public names chapters and tests use)
-    DTYPES,
-    JUDGED,
-    OURS,
-    ROWS,
-    VOCABS,
-    torch_gumbel_max,
-    torch_softmax_multinomial,
-)
-from specfix.tools.bench.peer import GOAL_PEER, Peer, load_peer, peer_impl, speedup_key  # noqa: F401
-from specfix.tools.bench.report import (  # noqa: F401
-    GOALS,
-    SCHEMA,
-    Case,
-    Job,
-    Unavailable,
-    frame,
-    goal_table,
-    render,
-    result,
-    table,
-)
-from specfix.tools.bench.timing import (  # noqa: F401
-    Settings,
-    Timer,
-    capture_graph,
-    elem_bytes,
-    g_logits_per_s,
-    percentile,
-    summarize,
-    tb_per_s,
-)
+from specfix.tools.bench.gumbel_cases import JUDGED, OURS  # noqa: F401  (the names chapters and scripts use)
+from specfix.tools.bench.peer import GOAL_PEER, load_peer, peer_impl, speedup_key  # noqa: F401
+from specfix.tools.bench.report import Case, Unavailable, frame, render, result, validate, write_json  # noqa: F401
+from specfix.tools.bench.timing import Settings, Timer, capture_graph  # noqa: F401
 
 CPU_NOTE = (
     "CPU smoke run: Triton kernels ran in the interpreter and GPU work on the CPU. These timings mean "
@@ -161,7 +133,7 @@ def run(
     settings, names = _settings(device, scale, only, peer)
     started = time.perf_counter()
     report = {
-        "schema": SCHEMA,
+        "schema": report_module.SCHEMA,
         "meta": {**recorded.gpu_meta("bench_h200"), "scale": scale},
         "config": {"device": settings.device.type, "scale": scale, "cases": names},
         "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
@@ -171,13 +143,11 @@ def run(
         "errors": [],
     }
     if peer is not None and settings.peer is None:
-        report["unavailable"].append(
-            {
-                "case": "peer",
-                "reason": "vLLM's kernels were not timed: they need a "
-                "GPU (they call libdevice, which Triton's interpreter lacks)",
-            }
+        why = (
+            "vLLM's kernels were not timed: they need a GPU (they call libdevice, which Triton's "
+            "interpreter lacks)"
         )
+        report["unavailable"].append({"case": "peer", "reason": why})
     if settings.peer:
         report["meta"]["peer"] = settings.peer.describe()
     _run_jobs(report, names, settings, progress)
@@ -186,13 +156,3 @@ def run(
             report["goals"] += CASES[name].goals(report["results"], settings)
     report["elapsed_s"] = round(time.perf_counter() - started, 2)
     return report
-
-
-def validate(report: dict) -> None:
-    """Raise ValueError if ``report`` does not follow the schema (:mod:`.report`)."""
-    _report.validate(report, CASES)
-
-
-def write_json(report: dict, path: str | Path) -> Path:
-    """Write ``report`` to ``path``, then validate it: a long GPU run is never lost to a schema slip."""
-    return _report.write_json(report, path, CASES)

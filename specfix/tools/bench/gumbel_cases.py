@@ -34,11 +34,7 @@ def call_gumbel(
     filled as a drafter's call fills it)."""
     col = None if logits_cache is None else 0
     args = (*(inp[k] for k in BATCH_KEYS), apply_temperature, False, logits_cache, col)
-
-    def call():
-        return gumbel_sample(*args, noise=noise, fixes=fixes or Fixes())
-
-    return call
+    return functools.partial(gumbel_sample, *args, noise=noise, fixes=fixes or Fixes())
 
 
 def torch_softmax_multinomial(logits: torch.Tensor) -> torch.Tensor:
@@ -52,19 +48,17 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
     return (logits.float() - noise).argmax(dim=-1)
 
 
-def _with_speedups(rows: list[dict], peers, key_of=vllm.speedup_key, field="median_us") -> list[dict]:
-    """Add ``key_of(v)`` (the peer's ``field`` over ours: how many times faster) to each specfix row of one
-    shape that has ``field`` (the median, or a metric)."""
+def _with_speedups(rows: list[dict], peers, b2b: bool = False) -> list[dict]:
+    """Add the peer's time over ours (how many times faster) to each specfix row of one shape: the median's
+    (``speedup_vs_vllm_<v>``) or, with ``b2b``, the back-to-back time's (``back_to_back_speedup_vs_...``)."""
+    field = "back_to_back_us" if b2b else "median_us"
     times = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
     for r in rows:
         for v in peers:
             if r["impl"] in OURS and times[r["impl"]] and times[vllm.peer_impl(v)]:
-                r["metrics"][key_of(v)] = times[vllm.peer_impl(v)] / times[r["impl"]]
+                key = ("back_to_back_" if b2b else "") + vllm.speedup_key(v)
+                r["metrics"][key] = times[vllm.peer_impl(v)] / times[r["impl"]]
     return rows
-
-
-def b2b_key(version: str) -> str:
-    return f"back_to_back_{vllm.speedup_key(version)}"
 
 
 # ---- ceilings
@@ -79,28 +73,15 @@ def plan_ceilings(s, timer) -> list[Job]:
         dst = torch.empty_like(src)
         t = timer.time(functools.partial(dst.copy_, src))
         nbytes = 2 * src.numel() * src.element_size()
-        return [
-            result(
-                "ceilings",
-                "copy",
-                {"bytes_moved": nbytes, "dtype": "fp32"},
-                t,
-                TB_per_s=tb_per_s(nbytes, statistics.median(t)),
-            )
-        ]
+        rate = tb_per_s(nbytes, statistics.median(t))
+        return [result("ceilings", "copy", {"bytes_moved": nbytes, "dtype": "fp32"}, t, TB_per_s=rate)]
 
     def argmax():
         x = torch.randn(rows, vocab, device=s.device)
         t = timer.time(functools.partial(x.argmax, dim=-1))
-        return [
-            result(
-                "ceilings",
-                "argmax_read",
-                {"rows": rows, "vocab": vocab, "dtype": "fp32"},
-                t,
-                TB_per_s=tb_per_s(x.numel() * x.element_size(), statistics.median(t)),
-            )
-        ]
+        rate = tb_per_s(x.numel() * x.element_size(), statistics.median(t))
+        params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
+        return [result("ceilings", "argmax_read", params, t, TB_per_s=rate)]
 
     return [Job("copy bandwidth", copy), Job("fp32 argmax read bandwidth", argmax)]
 
@@ -135,7 +116,7 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
             m["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
         shape.append(result("gumbel", impl, params, t, **m))
     _with_speedups(shape, peers)
-    return _with_speedups(shape, peers, b2b_key, "back_to_back_us")
+    return _with_speedups(shape, peers, b2b=True)
 
 
 def plan_gumbel(s, timer) -> list[Job]:
@@ -153,22 +134,9 @@ def plan_gumbel(s, timer) -> list[Job]:
 
 def _peer_goals(ours, s) -> list[dict]:
     key = vllm.speedup_key(vllm.GOAL_PEER)
-    goals = []
-    for r in ours:
-        p, m = r["params"], r["metrics"]
-        if key in m and p["vocab"] in GOAL_VOCABS:
-            gid = "gpu_vs_peer_many" if p["rows"] >= GOAL_MANY_ROWS else "gpu_vs_peer"
-            goals.append(
-                goal(
-                    gid,
-                    m[key],
-                    s,
-                    f"{r['median_us']:,.1f} us vs {r['median_us'] * m[key]:,.1f} us",
-                    peer=vllm.GOAL_PEER,
-                    shape=shape_label(p),
-                )
-            )
-    return goals
+    judged = [r for r in ours if key in r["metrics"] and r["params"]["vocab"] in GOAL_VOCABS]
+    many = {True: "gpu_vs_peer_many", False: "gpu_vs_peer"}
+    return [vllm.vs_peer(many[r["params"]["rows"] >= GOAL_MANY_ROWS], r, s, shape_label) for r in judged]
 
 
 def _rate(results, impl: str, p: dict):
@@ -225,9 +193,7 @@ def goals_gumbel(results, s):
             speedups.append((ref[0]["median_us"] / mine[0]["median_us"], dname))
     worst = min(speedups, default=None)
     multinomial = goal("vs_multinomial", worst and worst[0], s, worst and f"worst in {worst[1]}" or "")
-    b2b = vllm.goals_beside(
-        "back_to_back", results, s, "gumbel", JUDGED, "gumbel_sample", shape_label, field="back_to_back_us"
-    )
+    b2b = vllm.goals_beside("back_to_back", results, s, "gumbel", JUDGED, "gumbel_sample", shape_label)
     return _peer_goals(ours, s) + b2b + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
 
 
@@ -262,20 +228,8 @@ def goals_gumbel_graph(results, s):
     r = find(results, "gumbel_graph", JUDGED, vocab=248_320, rows=1)
     goals = [goal("graph_one_row", r[0]["median_us"] if r else None, s)]
     key = vllm.speedup_key(vllm.GOAL_PEER)
-    for r in find(results, "gumbel_graph", JUDGED):
-        if key in r["metrics"]:
-            ratio = 1 / r["metrics"][key]
-            goals.append(
-                goal(
-                    "graph_vs_peer",
-                    ratio,
-                    s,
-                    f"{r['median_us']:,.2f} us vs {r['median_us'] / ratio:,.2f} us",
-                    peer=vllm.GOAL_PEER,
-                    shape=shape_label(r["params"]),
-                )
-            )
-    return goals
+    judged = [r for r in find(results, "gumbel_graph", JUDGED) if key in r["metrics"]]
+    return goals + [vllm.vs_peer("graph_vs_peer", r, s, shape_label, invert=True) for r in judged]
 
 
 # ---- host cost per call (goal 1)
@@ -295,11 +249,8 @@ def plan_gumbel_host(s, timer) -> list[Job]:
         impls = {JUDGED: call_gumbel(inp, OURS[JUDGED])}
         impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
         out = [result("gumbel_host", impl, params, timer.host_cost(call)) for impl, call in impls.items()]
-        medians = {r["impl"]: r["median_us"] for r in out}
-        for v in peers:
-            out[0]["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = (
-                medians[JUDGED] / medians[vllm.peer_impl(v)]
-            )
+        for theirs in out[1:]:
+            out[0]["metrics"][f"host_ratio_vs_{theirs['impl']}"] = out[0]["median_us"] / theirs["median_us"]
         return out
 
     return [
@@ -308,9 +259,7 @@ def plan_gumbel_host(s, timer) -> list[Job]:
 
 
 def goals_gumbel_host(results, s):
-    return vllm.goals_beside(
-        "host_cost", results, s, "gumbel_host", JUDGED, "gumbel_sample", shape_label, ours_over_theirs=True
-    )
+    return vllm.goals_beside("host_cost", results, s, "gumbel_host", JUDGED, "gumbel_sample", shape_label)
 
 
 # ---- the mask's cost (goal 5)
@@ -326,21 +275,12 @@ def plan_gumbel_mask(s, timer) -> list[Job]:
         masked = call_gumbel(inp, OURS[JUDGED], Fixes(), processed)
         unmasked = call_gumbel(inp, OURS[JUDGED], Fixes(mask_invalid_reqs=False), processed)
         a, b = timer.interleaved(masked, unmasked, repeats)
-        overheads = [x / y - 1 for x, y in zip(a, b, strict=True)]
+        over = [x / y - 1 for x, y in zip(a, b, strict=True)]
         params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "store_processed_logits": store}
-        return [
-            result(
-                "gumbel_mask",
-                "masked",
-                params,
-                a,
-                overhead=statistics.median(overheads),
-                overhead_p20=percentile(overheads, 20),
-                overhead_p80=percentile(overheads, 80),
-                repeats=repeats,
-            ),
-            result("gumbel_mask", "unmasked", params, b),
-        ]
+        spread = {"overhead_p20": percentile(over, 20), "overhead_p80": percentile(over, 80)}
+        masked = result("gumbel_mask", "masked", params, a, overhead=statistics.median(over), **spread)
+        masked["metrics"]["repeats"] = float(repeats)
+        return [masked, result("gumbel_mask", "unmasked", params, b)]
 
     return [
         Job("masked vs unmasked, sampling only", functools.partial(run, False)),
@@ -354,17 +294,6 @@ def goals_gumbel_mask(results, s):
     if worst is None:
         return [goal("mask", None, s, repeats=10)]
     m = worst["metrics"]
-    spread = (
-        f"spread p20..p80 {m['overhead_p20'] * 100:+.2f}..{m['overhead_p80'] * 100:+.2f}%"
-        if "overhead_p20" in m
-        else "no spread recorded"
-    )
-    return [
-        goal(
-            "mask",
-            m["overhead"] * 100,
-            s,
-            f"{spread}; worst with store={worst['params']['store_processed_logits']}",
-            repeats=int(m.get("repeats", 1)),
-        )
-    ]
+    spread = f"spread p20..p80 {m['overhead_p20'] * 100:+.2f}..{m['overhead_p80'] * 100:+.2f}%"
+    detail = f"{spread}; worst with store={worst['params']['store_processed_logits']}"
+    return [goal("mask", m["overhead"] * 100, s, detail, repeats=int(m["repeats"]))]

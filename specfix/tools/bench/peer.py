@@ -31,15 +31,12 @@ class Peer:
     gumbel: dict[str, object]
     rejection: dict[str, object]
 
-    @property
-    def versions(self) -> list[str]:
-        return sorted(set(self.gumbel) | set(self.rejection), key=_version_key)
-
     def describe(self) -> dict:
+        gumbel, rejection = (sorted(m, key=_version_key) for m in (self.gumbel, self.rejection))
         return {
-            "vllm": self.versions,
-            "gumbel": sorted(self.gumbel, key=_version_key),
-            "rejection": sorted(self.rejection, key=_version_key),
+            "vllm": sorted({*gumbel, *rejection}, key=_version_key),
+            "gumbel": gumbel,
+            "rejection": rejection,
         }
 
 
@@ -134,49 +131,32 @@ def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str)
     )
 
 
-def goals_beside(
-    goal_id: str,
-    results,
-    s,
-    case: str,
-    impl: str,
-    fn: str,
-    shape,
-    field: str = "median_us",
-    ours_over_theirs: bool = False,
-) -> list[dict]:
-    """Goal ``goal_id`` for each ``case``/``impl`` result: its metric ``<prefix>vllm_<v>`` (the prefix is the
-    goal's: ``host_ratio_vs_`` or ``back_to_back_speedup_vs_``) judged at :data:`GOAL_PEER`, each vLLM
-    version's time shown beside ours (``field``); not measured when no vLLM was timed."""
-    prefix = "host_ratio_vs_vllm_" if ours_over_theirs else "back_to_back_speedup_vs_vllm_"
+def vs_peer(goal_id: str, r: dict, s, shape, invert: bool = False) -> dict:
+    """Goal ``goal_id`` on result ``r``'s speedup over :data:`GOAL_PEER` (its time over ours; ``invert``: ours
+    over its)."""
+    speedup = r["metrics"][speedup_key(GOAL_PEER)]
+    detail = f"{r['median_us']:,.2f} us vs {r['median_us'] * speedup:,.2f} us"
+    measured = 1 / speedup if invert else speedup
+    return goal(goal_id, measured, s, detail, peer=GOAL_PEER, shape=shape(r["params"]))
+
+
+def goals_beside(goal_id: str, results, s, case: str, impl: str, fn: str, shape) -> list[dict]:
+    """Goal ``host_cost`` (our host time over vLLM's, metric ``host_ratio_vs_vllm_<v>``) or ``back_to_back``
+    (vLLM's back-to-back time over ours, ``back_to_back_speedup_vs_vllm_<v>``) for each ``case``/``impl``
+    result, judged at :data:`GOAL_PEER`, each vLLM version's time beside ours; not measured when no vLLM
+    was timed."""
+    host = goal_id == "host_cost"
+    prefix = "host_ratio_vs_vllm_" if host else "back_to_back_speedup_vs_vllm_"
+    common = {"case": case, "fn": fn, "peer": GOAL_PEER}
     goals = []
     for r in find(results, case, impl):
-        mine = r.get(field, r["metrics"].get(field))
         ratios = {k.removeprefix(prefix): x for k, x in r["metrics"].items() if k.startswith(prefix)}
         if GOAL_PEER in ratios:
-            beside = {v: mine / x if ours_over_theirs else mine * x for v, x in ratios.items()}
+            mine = r["median_us"] if host else r["metrics"]["back_to_back_us"]
+            beside = {v: mine / x if host else mine * x for v, x in ratios.items()}
+            label = shape(r["params"])
             goals.append(
-                goal(
-                    goal_id,
-                    ratios[GOAL_PEER],
-                    s,
-                    f"{mine:,.1f} us",
-                    case=case,
-                    vllm=beside,
-                    fn=fn,
-                    peer=GOAL_PEER,
-                    shape=shape(r["params"]),
-                )
+                goal(goal_id, ratios[GOAL_PEER], s, f"{mine:,.1f} us", vllm=beside, shape=label, **common)
             )
-    return goals or [
-        goal(
-            goal_id,
-            None,
-            s,
-            "no vLLM timed beside it (bench --peer, on a GPU)",
-            case=case,
-            fn=fn,
-            peer=GOAL_PEER,
-            shape="every shape",
-        )
-    ]
+    missing = "no vLLM timed beside it (bench --peer, on a GPU)"
+    return goals or [goal(goal_id, None, s, missing, shape="every shape", **common)]

@@ -44,13 +44,10 @@ class Step:
         self.bonus = torch.randint(
             0, self.vocab, (self.batch,), dtype=torch.int32, generator=gen, device=self.device
         )
-        self.q = (
-            None
-            if self.mode == "greedy"
-            else torch.softmax(
-                torch.randn(self.batch * self.k, self.vocab, generator=gen, device=self.device), dim=-1
-            )
-        )
+        self.q = None
+        if self.mode == "random":
+            draft_logits = torch.randn(self.batch * self.k, self.vocab, generator=gen, device=self.device)
+            self.q = torch.softmax(draft_logits, dim=-1)
         self.sampler = rs.RejectionSampler(backend="triton")
 
     @property
@@ -64,16 +61,8 @@ class Step:
 
     def core_args(self, sampling) -> tuple:
         m = self.metadata
-        return (
-            m.draft_token_ids,
-            m.num_draft_tokens,
-            m.max_spec_len,
-            m.cu_num_draft_tokens,
-            self.q,
-            self.target,
-            self.bonus,
-            sampling,
-        )
+        drafts = (m.draft_token_ids, m.num_draft_tokens, m.max_spec_len, m.cu_num_draft_tokens)
+        return (*drafts, self.q, self.target, self.bonus, sampling)
 
     def calls(self, sampler=None) -> dict:
         """impl -> a no-argument call of specfix's forward (``sampler``: a torch backend instead), public
@@ -106,10 +95,6 @@ class Step:
         return float(torch.equal(ours, theirs))
 
 
-def _rate(step: Step, t: list[float]) -> float:
-    return step.batch * step.k / (statistics.median(t) * 1e-6)
-
-
 def _forward_in_graph(timer, step: Step) -> dict:
     """The whole ``RejectionSampler.forward`` captured in one CUDA graph: GPU time per replay and (greedy)
     whether a replay writes the eager call's table."""
@@ -124,40 +109,26 @@ def _forward_in_graph(timer, step: Step) -> dict:
 def _shape(s, timer, step: Step) -> list[dict]:
     out = []
     torch_forward = step.calls(rs.RejectionSampler(backend="torch"))[FORWARD]
-    for impl, call in {**step.calls(), "torch_reference": torch_forward}.items():
+    peers = vllm.rejection_peers(s.peer, step.mode)
+    calls = {**step.calls(), "torch_reference": torch_forward}
+    calls.update({vllm.peer_impl(v): step.peer_core(module) for v, module in peers.items()})
+    for impl, call in calls.items():
         t = timer.time(call)
-        b2b = statistics.median(timer.time(call, shield=False)) if s.cuda and impl == PUBLIC else None
-        out.append(
-            result(
-                "rejection",
-                impl,
-                step.params,
-                t,
-                draft_tokens_per_s=_rate(step, t),
-                host_syncs_per_step=count_host_syncs(call, s.device),
-                back_to_back_us=b2b,
-            )
-        )
+        metrics = {"draft_tokens_per_s": step.batch * step.k / (statistics.median(t) * 1e-6)}
+        if s.cuda and (impl == PUBLIC or impl.startswith("vllm_")):  # back to back: the host shows
+            metrics["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
+        if not impl.startswith("vllm_"):
+            metrics["host_syncs_per_step"] = count_host_syncs(call, s.device)
+        out.append(result("rejection", impl, step.params, t, **metrics))
+    core, public = (next(r for r in out if r["impl"] == i) for i in (CORE, PUBLIC))
+    for v, module in peers.items():
+        theirs = next(r for r in out if r["impl"] == vllm.peer_impl(v))
+        core["metrics"][vllm.speedup_key(v)] = theirs["median_us"] / core["median_us"]
+        core["metrics"][f"tables_identical_{vllm.peer_impl(v)}"] = step.tables_identical(module)
+        b2b = theirs["metrics"]["back_to_back_us"] / public["metrics"]["back_to_back_us"]
+        public["metrics"][f"back_to_back_{vllm.speedup_key(v)}"] = b2b
     if s.cuda:
         out.append(_forward_in_graph(timer, step))
-    core, public = (next(r for r in out if r["impl"] == i) for i in (CORE, PUBLIC))
-    for v, module in vllm.rejection_peers(s.peer, step.mode).items():
-        call = step.peer_core(module)
-        t = timer.time(call)
-        b2b = statistics.median(timer.time(call, shield=False))
-        out.append(
-            result(
-                "rejection",
-                vllm.peer_impl(v),
-                step.params,
-                t,
-                draft_tokens_per_s=_rate(step, t),
-                back_to_back_us=b2b,
-            )
-        )
-        core["metrics"][vllm.speedup_key(v)] = statistics.median(t) / core["median_us"]
-        core["metrics"][f"tables_identical_{vllm.peer_impl(v)}"] = step.tables_identical(module)
-        public["metrics"][f"back_to_back_{vllm.speedup_key(v)}"] = b2b / public["metrics"]["back_to_back_us"]
     return out
 
 
@@ -199,48 +170,22 @@ def _peer_goals(results, s) -> list[dict]:
     goals = []
     for r in find(results, "rejection", CORE):
         if key in r["metrics"]:
-            label = shape_label(r["params"])
-            goals.append(
-                goal(
-                    "rejection_core",
-                    1 / r["metrics"][key],
-                    s,
-                    f"{r['median_us']:,.1f} us vs {r['median_us'] * r['metrics'][key]:,.1f} us",
-                    peer=vllm.GOAL_PEER,
-                    shape=label,
-                )
-            )
             same = r["metrics"].get(f"tables_identical_{vllm.peer_impl(vllm.GOAL_PEER)}")
-            goals.append(goal("rejection_tables", same, s, peer=vllm.GOAL_PEER, shape=label))
-    return goals + vllm.goals_beside(
-        "back_to_back",
-        results,
-        s,
-        "rejection",
-        PUBLIC,
-        "rejection_sample",
-        shape_label,
-        field="back_to_back_us",
-    )
+            goals.append(vllm.vs_peer("rejection_core", r, s, shape_label, invert=True))
+            goals.append(
+                goal("rejection_tables", same, s, peer=vllm.GOAL_PEER, shape=shape_label(r["params"]))
+            )
+    b2b = vllm.goals_beside("back_to_back", results, s, "rejection", PUBLIC, "rejection_sample", shape_label)
+    return goals + b2b
 
 
 def goals_rejection(results, s):
     goals = []
     graphs = find(results, "rejection", "specfix_triton_graph")
     if graphs:  # GPU runs only
-        same = [
-            r["metrics"]["graph_replays_eager_table"]
-            for r in graphs
-            if "graph_replays_eager_table" in r["metrics"]
-        ]
-        goals.append(
-            goal(
-                "rejection_graph",
-                min(same, default=None),
-                s,
-                f"{len(graphs)} shapes captured, greedy and random",
-            )
-        )
+        same = [r["metrics"]["graph_replays_eager_table"] for r in graphs if r["metrics"]]
+        detail = f"{len(graphs)} shapes captured, greedy and random"
+        goals.append(goal("rejection_graph", min(same, default=None), s, detail))
     return goals + _sync_goals(results, s) + _peer_goals(results, s)
 
 
@@ -260,15 +205,10 @@ def plan_rejection_host(s, timer) -> list[Job]:
         for impl, call, peer_call in pairs:
             mine = result("rejection_host", impl, step.params, timer.host_cost(call))
             for v, module in peers.items():
-                theirs = result(
-                    "rejection_host",
-                    f"{vllm.peer_impl(v)}_{NAMES[impl]}",
-                    step.params,
-                    timer.host_cost(getattr(step, peer_call)(module)),
-                )
-                mine["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = (
-                    mine["median_us"] / theirs["median_us"]
-                )
+                t = timer.host_cost(getattr(step, peer_call)(module))
+                theirs = result("rejection_host", f"{vllm.peer_impl(v)}_{NAMES[impl]}", step.params, t)
+                ratio = mine["median_us"] / theirs["median_us"]
+                mine["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = ratio
                 out.append(theirs)
             out.append(mine)
         return out
@@ -280,7 +220,5 @@ def goals_rejection_host(results, s):
     return [
         g
         for impl, fn in NAMES.items()
-        for g in vllm.goals_beside(
-            "host_cost", results, s, "rejection_host", impl, fn, shape_label, ours_over_theirs=True
-        )
+        for g in vllm.goals_beside("host_cost", results, s, "rejection_host", impl, fn, shape_label)
     ]

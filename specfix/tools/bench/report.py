@@ -28,6 +28,10 @@ from specfix.tools.bench.timing import summarize
 SCHEMA = "specfix.bench/1"
 TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")
 GOAL_STATUSES = ("pass", "miss", "not measured", "n/a")
+# fmt: off
+_TOP = {"schema": str, "meta": dict, "config": dict, "timing_note": str, "elapsed_s": float | int,
+        "results": list, "goals": list, "unavailable": list, "errors": list}
+# fmt: on
 
 
 class Unavailable(Exception):
@@ -158,20 +162,9 @@ def shape_label(p: dict) -> str:
     return f"{p['rows']:,} x {p['vocab']:,} {p['dtype']}"
 
 
-def validate(report: dict, cases=None) -> None:
-    """Raise ValueError if ``report`` does not follow the schema in the module docstring (``cases``: the
-    known case names)."""
-    for key, kind in [
-        ("schema", str),
-        ("meta", dict),
-        ("config", dict),
-        ("timing_note", str),
-        ("elapsed_s", float | int),
-        ("results", list),
-        ("goals", list),
-        ("unavailable", list),
-        ("errors", list),
-    ]:
+def validate(report: dict) -> None:
+    """Raise ValueError if ``report`` does not follow the schema in the module docstring."""
+    for key, kind in _TOP.items():
         if not isinstance(report.get(key), kind):
             raise ValueError(f"report[{key!r}] missing or not {kind}")
     if report["schema"] != SCHEMA:
@@ -180,55 +173,27 @@ def validate(report: dict, cases=None) -> None:
     if missing:
         raise ValueError(f"meta lacks {missing[0]!r}")
     for r in report["results"]:
-        _check_result(r, cases)
+        known = r.get("case") in report["config"].get("cases", ())
+        if not (known and isinstance(r.get("impl"), str) and isinstance(r.get("params"), dict)):
+            raise ValueError(f"bad result {r}")
+        if not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS) or not (
+            r["p20_us"] <= r["median_us"] <= r["p80_us"]
+        ):
+            raise ValueError(f"bad timing fields in {r}")
+        if not isinstance(r.get("metrics"), dict):
+            raise ValueError(f"result without metrics: {r}")
     for g in report["goals"]:
         if g.get("status") not in GOAL_STATUSES or not {"case", "goal", "target", "unit", "margin"} <= set(g):
             raise ValueError(f"bad goal {g}")
 
 
-def _check_result(r: dict, cases) -> None:
-    if (
-        (cases is not None and r.get("case") not in cases)
-        or not isinstance(r.get("impl"), str)
-        or not isinstance(r.get("params"), dict)
-    ):
-        raise ValueError(f"bad result {r}")
-    if (
-        not all(isinstance(r.get(k), float | int) for k in TIME_FIELDS)
-        or not r["p20_us"] <= r["median_us"] <= r["p80_us"]
-    ):
-        raise ValueError(f"bad timing fields in {r}")
-    if not isinstance(r.get("metrics"), dict):
-        raise ValueError(f"result without metrics: {r}")
-
-
-def write_json(report: dict, path: str | Path, cases=None) -> Path:
+def write_json(report: dict, path: str | Path) -> Path:
     """Write ``report`` to ``path``, then validate it: a long GPU run is never lost to a schema slip."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
-    validate(report, cases)
+    validate(report)
     return path
-
-
-def _params_text(params: dict) -> str:
-    return ", ".join(f"{k}={v:,}" if is_int(v) else f"{k}={v}" for k, v in params.items())
-
-
-def table(report: dict):
-    """The results as a pandas DataFrame, one row per (case, impl, params)."""
-    import pandas as pd
-
-    columns = ["case", "impl", "params", "median_us", "p20_us", "p80_us", "n", "metrics"]
-    rows = [
-        {
-            **{k: r[k] for k in ("case", "impl", *TIME_FIELDS)},
-            "params": _params_text(r["params"]),
-            "metrics": ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items()),
-        }
-        for r in report["results"]
-    ]
-    return pd.DataFrame(rows, columns=columns)
 
 
 def frame(report: dict, case: str):
@@ -250,14 +215,9 @@ def goal_table(report: dict):
 
     rows = [
         {
-            "issue_goal": g["issue_goal"],
-            "goal": g["goal"],
-            "measured": g["measured"],
-            "unit": g["unit"],
-            "target": g["target"],
+            **{k: g[k] for k in ("issue_goal", "goal", "measured", "unit", "target")},
             **{f"vllm_{v}": x for v, x in g.get("vllm", {}).items()},
-            "status": g["status"],
-            "margin": g["margin"],
+            **{k: g[k] for k in ("status", "margin")},
         }
         for g in report["goals"]
         if g.get("issue_goal")
@@ -279,20 +239,16 @@ def render(report: dict) -> str:
     import pandas as pd
 
     lines = [recorded.label(report["meta"]), report["timing_note"], ""]
-    with pd.option_context(
-        "display.max_rows",
-        None,
-        "display.max_columns",
-        None,
-        "display.width",
-        200,
-        "display.max_colwidth",
-        80,
-        "display.float_format",
-        "{:,.2f}".format,
-    ):
-        df = table(report)
-        lines.append(df.to_string(index=False) if len(df) else "(no results)")
+    rows = [
+        {
+            **{k: r[k] for k in ("case", "impl", *TIME_FIELDS)},
+            "params": ", ".join(f"{k}={v:,}" if is_int(v) else f"{k}={v}" for k, v in r["params"].items()),
+            "metrics": ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items()),
+        }
+        for r in report["results"]
+    ]
+    table = pd.DataFrame(rows).to_string(index=False, max_colwidth=80, float_format="{:,.2f}".format)
+    lines.append(table if rows else "(no results)")
     ordered = sorted(report["goals"], key=lambda g: g.get("issue_goal") or 99)
     lines += ["", "Goals (1-5: the small-batch goals, beside vLLM):"] + [_goal_line(g) for g in ordered]
     lines += [f"[NOT AVAILABLE] {u['case']}: {u['reason']}" for u in report["unavailable"]]

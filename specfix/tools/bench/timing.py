@@ -76,6 +76,11 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+def _sync(settings: Settings) -> None:
+    if settings.cuda:
+        torch.cuda.synchronize()
+
+
 def _cpu_samples(fn: Callable[[], object], reps: int) -> list[float]:
     out = []
     for _ in range(reps):
@@ -83,14 +88,6 @@ def _cpu_samples(fn: Callable[[], object], reps: int) -> list[float]:
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
     return out
-
-
-def _repeat(fn: Callable[[], object], calls: int) -> Callable[[], None]:
-    def many():
-        for _ in range(calls):
-            fn()
-
-    return many
 
 
 class Timer:
@@ -104,10 +101,6 @@ class Timer:
         self.max_reps = settings.pick(cpu=3, ci=50, full=200)
         self.warm_ms = settings.pick(cpu=0.0, ci=5.0, full=20.0)
         self._flush = None
-
-    def _sync(self):
-        if self.settings.cuda:
-            torch.cuda.synchronize()
 
     def _flush_l2(self):
         if self._flush is None:
@@ -166,8 +159,20 @@ class Timer:
         samples = []
         for _ in range(self.max_reps if self.settings.cuda else self.min_reps):
             setup()
-            samples += self.time_once(fn, flush=False)
+            samples += self._once(fn)
         return samples
+
+    def _once(self, fn: Callable[[], object]) -> list[float]:
+        """One call on an idle GPU, events around it."""
+        if not self.settings.cuda:
+            return _cpu_samples(fn, 1)
+        torch.cuda.synchronize()
+        start, end = _event_pair()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return [start.elapsed_time(end) * 1e3]
 
     def time_throughput(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
         """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
@@ -176,11 +181,11 @@ class Timer:
         self.warm(fn)
         samples = []
         for _ in range(self.settings.pick(cpu=self.min_reps, ci=5, full=7)):
-            self._sync()
+            _sync(self.settings)
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            self._sync()
+            _sync(self.settings)
             samples.append((time.perf_counter() - t0) * 1e6 / calls)
         return samples
 
@@ -198,22 +203,8 @@ class Timer:
             for _ in range(calls):
                 fn()
             samples.append((time.perf_counter() - t0) * 1e6 / calls)
-        self._sync()
+        _sync(self.settings)
         return samples
-
-    def time_once(self, fn: Callable[[], object], flush: bool = True) -> list[float]:
-        """One call on an idle GPU, events around it (L2 flushed first with ``flush``)."""
-        if not self.settings.cuda:
-            return _cpu_samples(fn, 1)
-        torch.cuda.synchronize()
-        start, end = _event_pair()
-        if flush:
-            self._flush_l2()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return [start.elapsed_time(end) * 1e3]
 
     def interleaved(self, fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
         """``repeats`` medians of A then B, alternating (A, B, A, B...), each the median of a full
@@ -228,7 +219,11 @@ class Timer:
     def time_in_graph(self, fn: Callable[[], object], calls: int) -> list[float]:
         """GPU time per call: ``calls`` calls captured in one CUDA graph, each replay divided by ``calls``.
         On a CPU (no graphs) the calls simply run in a loop."""
-        many = _repeat(fn, calls)
+
+        def many():
+            for _ in range(calls):
+                fn()
+
         replay = capture_graph(many).replay if self.settings.cuda else many
         return [t / calls for t in self.time(replay, flush=False)]
 
