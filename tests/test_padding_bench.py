@@ -7,10 +7,6 @@ from scipy import stats
 
 from specfix import Fixes
 from specfix.lab.padding_bench import (
-    ORIGIN_EARLIER,
-    ORIGIN_FREE,
-    ORIGIN_FRESH,
-    ORIGIN_REUSED,
     StaleRowScenario,
     count_repeats,
     first_divergence,
@@ -23,6 +19,7 @@ from specfix.lab.padding_bench import (
     total_variation,
     two_step_events,
 )
+from specfix.lab.stale_rows import ORIGIN_EARLIER, ORIGIN_FREE, ORIGIN_FRESH, ORIGIN_REUSED
 from specfix.models import load_models
 from specfix.tools.stats import chi_square, chi_square_power
 

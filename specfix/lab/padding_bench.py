@@ -22,10 +22,7 @@ from specfix import runtime
 from specfix.checks import is_int
 from specfix.fixes import Fixes
 from specfix.lab.stale_rows import (  # noqa: F401  (chapter 3, its exercises and tests import them from here)
-    ORIGIN_EARLIER,
     ORIGIN_FREE,
-    ORIGIN_FRESH,
-    ORIGIN_REUSED,
     SAMPLERS,
     BufferState,
     PaddedWrite,
@@ -53,28 +50,23 @@ class BenchRequest:
 
 
 def make_requests(
-    num_requests: int,
-    *,
-    seed: int = 0,
-    prompt_words: tuple[int, int] = (3, 6),
-    max_tokens: tuple[int, int] = (16, 32),
-    temperature: float = 1.0,
+    num_requests: int, *, seed: int = 0, max_tokens: tuple[int, int] = (16, 32)
 ) -> list[BenchRequest]:
-    """Seeded requests whose prompts are the opening words of sentences from the fables."""
+    """Seeded requests at temperature 1, prompted with the first 3 to 6 words of sentences from the fables."""
     if not is_int(num_requests) or num_requests < 1:
         raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
     tok = get_tokenizer()
-    sentences = [s for s in re.split(r"(?<=[.!?])\s+", corpus_text()) if len(s.split()) >= prompt_words[1]]
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", corpus_text()) if len(s.split()) >= 6]
     rng = random.Random(seed)
     requests = []
     for i in range(num_requests):
-        words = rng.choice(sentences).split()[: rng.randint(*prompt_words)]
+        words = rng.choice(sentences).split()[: rng.randint(3, 6)]
         requests.append(
             BenchRequest(
                 i,
                 tuple(tok.encode(" ".join(words))),
                 rng.randint(*max_tokens),
-                temperature,
+                1.0,
                 rng.randrange(2**31),
             )
         )
@@ -126,8 +118,6 @@ class SpecDecodeEngine:
         max_model_len: int = 128,
         device: torch.device | str | None = None,
         fixes: Fixes | None = None,
-        capture_sizes: list[int] | None = None,
-        cuda_graphs: bool | None = None,
         sampler: str = "auto",
     ):
         self.device = torch.device(device or runtime.DEVICE)
@@ -145,13 +135,10 @@ class SpecDecodeEngine:
             context_len=draft.order - 1,
             device=self.device,
             fixes=self.fixes,
-            capture_sizes=capture_sizes,
             sampler=SAMPLERS[self.sampler],
         )
         self.kv_cache = target.make_kv_cache(max_num_reqs * max_model_len, self.device)
-        if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda"
-        if cuda_graphs:
+        if self.device.type == "cuda":
             self.spec.capture_cuda_graphs()
         self._row_writer: list[int | None] = [None] * max_num_reqs
 
@@ -340,12 +327,8 @@ def run_padding_bench(
     fixes: Fixes | None = None,
     max_batch: int = 6,
     max_num_reqs: int = 8,
-    num_speculative_steps: int = 3,
-    seed: int = 0,
     max_tokens: tuple[int, int] = (16, 32),
     device: torch.device | str | None = None,
-    capture_sizes: list[int] | None = None,
-    cuda_graphs: bool | None = None,
     models=None,
     solo: RunResult | None = None,
     sampler: str = "auto",
@@ -354,16 +337,8 @@ def run_padding_bench(
     earlier bench with the same requests is reused whatever the fixes."""
     device = torch.device(device or runtime.DEVICE)
     target, draft = models or load_models(device)
-    requests = make_requests(num_requests, seed=seed, max_tokens=max_tokens)
-    kw = dict(
-        max_num_reqs=max_num_reqs,
-        num_speculative_steps=num_speculative_steps,
-        device=device,
-        fixes=fixes,
-        capture_sizes=capture_sizes,
-        cuda_graphs=cuda_graphs,
-        sampler=sampler,
-    )
+    requests = make_requests(num_requests, max_tokens=max_tokens)
+    kw = dict(max_num_reqs=max_num_reqs, device=device, fixes=fixes, sampler=sampler)
     batched = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=max_batch)
     if solo is None:
         solo = SpecDecodeEngine(target, draft, **kw).generate(requests, max_batch=1)

@@ -157,24 +157,21 @@ class StaleRowScenario:
         *,
         fixes: Fixes | None = None,
         max_num_reqs: int = 16,
-        num_speculative_steps: int = 1,
-        vocab_size: int = 32,
         device: torch.device | str | None = None,
-        sampler: str = "auto",
     ):
         self.device = torch.device(device or runtime.DEVICE)
         self.fixes = fixes or Fixes()
-        table = torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
-        self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
+        table = torch.randn(32, 32, generator=torch.Generator().manual_seed(7)) * 3  # a vocab of 32
+        self.states = RequestStates(max_num_reqs, 1, self.device)
         self.spec = DraftModelSpeculator(
             TableDraft(table).to(self.device),
             max_num_reqs=max_num_reqs,
-            num_speculative_steps=num_speculative_steps,
-            vocab_size=vocab_size,
+            num_speculative_steps=1,
+            vocab_size=32,
             context_len=1,
             device=self.device,
             fixes=self.fixes,
-            sampler=SAMPLERS[resolve_sampler(sampler, self.device, self.fixes)],
+            sampler=SAMPLERS[resolve_sampler("auto", self.device, self.fixes)],
         )
         self.row_writer: list[str | None] = [None] * max_num_reqs
         self.finished: set[str] = set()
@@ -258,9 +255,6 @@ def one_step_distribution(
     num_trials: int,
     *,
     fixes: Fixes | None = None,
-    vocab_size: int = 16,
-    num_speculative_steps: int = 2,
-    seed: int = 0,
     device: torch.device | str | None = None,
     sampler: str = "auto",
 ) -> dict:
@@ -271,8 +265,8 @@ def one_step_distribution(
     device = torch.device(device or runtime.DEVICE)
     fixes = fixes or Fixes()
     sampler = resolve_sampler(sampler, device, fixes)
-    g = torch.Generator().manual_seed(seed)
-    v, k, t = vocab_size, num_speculative_steps, num_trials
+    g = torch.Generator().manual_seed(0)
+    v, k, t = 16, 2, num_trials  # vocab, draft steps, trials
     p_logits = torch.randn(v, generator=g)
     table = torch.randn(v, generator=g).repeat(v, 1)  # the draft ignores its context: q
     stale = v - 1
