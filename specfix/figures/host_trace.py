@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from specfix.figures import style
-from specfix.figures.performance_figures import figure, log_x, log_y, missing
+from specfix.figures.performance_figures import figure, missing
 from specfix.tools import recorded
 
 HOST_TRACE = "host_trace_h200"
@@ -101,10 +101,8 @@ def _lanes(ax, t: dict, end: float) -> None:
         ]
         ax.broken_barh(spans, (len(_LANES) - y - 1.4, 0.8), color=colour, label=label)
     for s in (s for s in t["spans"] if s["lane"] == "call" and s["end_us"] - s["start_us"] > end / 8):
-        x = (s["start_us"] + s["end_us"]) / 2
-        ax.text(
-            x, len(_LANES) - 1, s["name"], ha="center", va="center", fontsize=style.SMALLEST_PT, clip_on=True
-        )
+        x, look = (s["start_us"] + s["end_us"]) / 2, dict(ha="center", va="center", clip_on=True)
+        ax.text(x, len(_LANES) - 1, s["name"], fontsize=style.SMALLEST_PT, **look)
     ax.set_yticks(range(len(_LANES)), [label for label, _ in reversed(_LANES.values())])
     ax.set_ylim(-0.6, len(_LANES) - 0.4)
     ax.grid(axis="y", visible=False)
@@ -134,10 +132,8 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
         "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
         "GPU waits for the host. The profiler adds its own time to every host span."
     )
-    height = 1.0 + 1.5 * len(impls)
-    return figure(
-        trace, "timeline", False, draw, (len(impls), 1), height, (title, source, caption), sharex=True
-    )
+    text, height = (title, source, caption), 1.0 + 1.5 * len(impls)
+    return figure(trace, "timeline", False, draw, (len(impls), 1), height, text, sharex=True)
 
 
 def host_regime_figure(trace: dict, source: str):
@@ -154,12 +150,11 @@ def host_regime_figure(trace: dict, source: str):
             if one["gpu_us"].notna().any():
                 top.plot(one["rows"], one["gpu_us"], "s--", ms=3, color=colours[impl], label=f"{name}: GPU")
         top.set(xlabel="rows sampled by one gumbel_sample call", ylabel="time per call, us")
-        log_x(top, df["rows"])
-        log_y(top)
+        style.log_ticks(top.xaxis, df["rows"])
+        style.log_ticks(top.yaxis)
         if steps.empty:
-            return missing(
-                bottom, {"unavailable": [], "errors": []}, "graph", "the recording has no step timings"
-            )
+            no_reasons = {"unavailable": [], "errors": []}
+            return missing(bottom, no_reasons, "graph", "the recording has no step timings")
         series = [(label, steps[f"{mode}_{key}_us"], colour) for mode, key, label, colour in _STEP_BARS]
         style.grouped_bars(bottom, np.arange(len(steps)), series)
         for xi in np.flatnonzero(steps["graph_back_to_back_us"].isna().to_numpy()):
@@ -185,11 +180,9 @@ def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
     for impl in trace["impls"] if df["gpu_us"].notna().any() else ():
         until, one = host_bound_until(trace, impl), df.query("impl == @impl")
         after = one[one["rows"] > (until or 0)]["rows"].min()
-        where = (
-            "not host-bound even at the fewest rows measured"
-            if until is None
-            else f"host-bound up to {until:,} rows"
-        )
+        where = "not host-bound even at the fewest rows measured"
+        if until is not None:
+            where = f"host-bound up to {until:,} rows"
         if until is not None and not math.isnan(after):
             where += f"; from {int(after):,} rows the GPU sets the pace"
         lines.append(f"- **{_impl_name(trace, impl)} `gumbel_sample` by rows**: {where}.")
@@ -202,9 +195,7 @@ def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
             for r in (1, 8, 64)
             if r in wide.index
         ]
-        lines.append(
-            f"- **Host cost per call**, specfix over {_impl_name(trace, peer)}: " + "; ".join(at) + "."
-        )
+        lines.append(f"- **Host cost per call**, specfix over {_impl_name(trace, peer)}: {'; '.join(at)}.")
     return lines
 
 

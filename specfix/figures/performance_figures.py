@@ -1,8 +1,5 @@
 """Chapter 5's figures of one ``specfix bench`` report, each drawn in the same frame, :func:`figure`.
 
-The frame: panels a column wide, a panel that says why where the report lacks a case, title and source
-above, one legend in a strip below, a caption that says what to look at.
-
 Read :func:`figure` first; every figure reads its numbers from :mod:`specfix.figures.performance`'s tables.
 """
 
@@ -37,18 +34,6 @@ from specfix.tools import bench
 
 _MARKERS = {"fp32": "o-", "bf16": "s--"}
 
-# --------------------------------------------------------------------------------------------- drawing
-
-
-def log_x(ax, values=None) -> None:
-    ax.set_xscale("log")
-    style.log_ticks(ax.xaxis, values)
-
-
-def log_y(ax, values=None) -> None:
-    ax.set_yscale("log")
-    style.log_ticks(ax.yaxis, values)
-
 
 def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
     """Turn ``ax`` into a note that ``case`` was not measured, and why (the report's reasons by default)."""
@@ -61,43 +46,21 @@ def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
     ax.set_axis_off()
 
 
-def finish(fig, axes, title: str, source: str, caption: str) -> None:
-    """Title and source over the panels, one legend (duplicates merged) in a strip under them, never over
-    the data, the caption last: the figure keeps the column's width, growing taller by the strip."""
-    fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
-    handles, labels = [], []
-    for ax in (ax for ax in np.atleast_1d(axes) if ax.axison):
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    ncol = 2 if labels and max(map(len, labels)) <= 45 else 1
-    strip = 0.15 + 0.2 * math.ceil(len(labels) / ncol) if labels else 0.0
-    fig.set_figheight(fig.get_figheight() + strip)
-    fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
-    if handles:
-        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol)
-    style.caption(fig, caption)
-
-
 def figure(report, case, empty, draw, shape, height, text, reason=None, **share):
-    """The pattern of every figure here: ``shape`` (rows, columns) panels a column wide; ``draw(axes)`` on
-    their 2-D array, or, when ``empty``, each panel says why ``case`` is missing; then :func:`finish` with
-    ``text`` = (title, source, caption)."""
+    """The frame of every figure here: ``shape`` (rows, columns) panels a column wide; ``draw(axes)`` on their
+    2-D array, or, when ``empty``, each panel says why ``case`` is missing; ``text`` = (title, source,
+    caption): title and source above, one legend in a strip below, never over the data, the caption last."""
+    title, source, caption = text
     with style.apply():
         fig, axes = plt.subplots(*shape, figsize=(style.WIDTH_IN, height), squeeze=False, **share)
-        if empty:
-            for ax in axes.flat:
-                missing(ax, report, case, reason)
-        else:
+        for ax in axes.flat if empty else ():
+            missing(ax, report, case, reason)
+        if not empty:
             draw(axes)
-        finish(fig, list(axes.flat), *text)
+        fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
+        style.legend_below(fig)
+        style.caption(fig, caption)
     return fig
-
-
-def _errorbars(ax, rows, x, **kw) -> None:
-    err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-    ax.errorbar(rows[x], rows["median_us"], yerr=err, capsize=3, **kw)
 
 
 def _goal_line(ax, report, target, label, ls="-") -> None:
@@ -123,7 +86,7 @@ def bandwidth_figure(report: dict, source: str):
             copy = f"copy (read + write): {ceil['copy']:.2f} TB/s"
             ax.axhline(ceil["copy"], color=style.PADDING, ls=":", lw=1, label=copy)
             ax.set(ylabel="logits read, TB/s", title=f"{dtype} logits")
-            log_x(ax, ours["rows"])
+            style.log_ticks(ax.xaxis, ours["rows"])
         axes[-1, 0].set_xlabel("rows (sequences sampled at once)")
 
     caption = (
@@ -144,13 +107,8 @@ def throughput_figure(report: dict, source: str):
             ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
         warm = g[g["impl"] == "fast_apply_temperature"]  # goal 3 also times the call that applies temperature
         if len(warm):
-            ax.plot(
-                warm["rows"],
-                warm["G_logits_per_s"],
-                "k*",
-                ms=7,
-                label="fast, apply_temperature=True (all vocabs)",
-            )
+            label = "fast, apply_temperature=True (all vocabs)"
+            ax.plot(warm["rows"], warm["G_logits_per_s"], "k*", ms=7, label=label)
         shapes = {}  # target -> the shapes it is judged at, in order (a dict as an ordered set)
         for r in (r for r in report["goals"] if r["case"] == "gumbel" and r["unit"] == "G logits/s"):
             where = re.sub(r", apply_temperature=\w+", "", r["goal"].rsplit(" at ", 1)[-1])
@@ -158,8 +116,8 @@ def throughput_figure(report: dict, source: str):
         for (target, where), ls in zip(sorted(shapes.items()), ("-", "--", ":", "-."), strict=False):
             _goal_line(ax, report, target, f"goal: {target:g} G/s at {'; '.join(where)}", ls)
         ax.set(xlabel="rows", ylabel="G logits / s")
-        log_x(ax, judged["rows"])
-        log_y(ax)
+        style.log_ticks(ax.xaxis, judged["rows"])
+        style.log_ticks(ax.yaxis)
 
     caption = (
         "Each green line is a goal, judged only at the shapes its label names; read those shapes' lines "
@@ -174,17 +132,16 @@ def speedup_figure(report: dict, source: str):
     g = bench.frame(report, "gumbel")
 
     def draw(axes):
-        wide = g.pivot_table(
-            index=["dtype", "vocab", "rows"], columns="impl", values="median_us"
-        ).reset_index()
+        wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us")
+        wide = wide.reset_index()
         for ax, ref in zip(axes[:, 0], ("torch_softmax_multinomial", "torch_gumbel_max"), strict=True):
             for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
                 speedup = rows[ref] / rows[bench.JUDGED]
                 ax.plot(rows["rows"], speedup, _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
             ax.axhline(1, color=style.CEILING, lw=0.8)
             ax.set(ylabel="torch time / specfix time", title=f"speedup against {ref}")
-            log_x(ax, wide["rows"])
-            log_y(ax)
+            style.log_ticks(ax.xaxis, wide["rows"])
+            style.log_ticks(ax.yaxis)
         target = next((r for r in report["goals"] if "softmax + multinomial" in r["goal"]), None)
         if target:
             _goal_line(axes[0, 0], report, target["target"], f"goal: {target['goal']}")
@@ -202,18 +159,16 @@ def graph_call_figure(report: dict, source: str):
     def draw(axes):
         ax, impls = axes[0, 0], list(dict.fromkeys(gg["impl"]))
         shapes = sorted(set(zip(gg["rows"], gg["vocab"], strict=True)), key=lambda s: (s[1], s[0]))
+        colours = (style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING)
         width = 0.8 / len(impls)
-        colours = itertools.cycle(
-            (style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING)
-        )
-        for i, (impl, colour) in enumerate(zip(impls, colours, strict=False)):
+        for i, (impl, colour) in enumerate(zip(impls, itertools.cycle(colours), strict=False)):
             rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
             err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
             x = np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width
             ax.bar(x, rows["median_us"], width, yerr=err, capsize=2, color=colour, label=impl)
         ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
         ax.set(xlabel="rows x vocabulary", ylabel="GPU time per call, us")
-        log_y(ax)
+        style.log_ticks(ax.yaxis)
         target = goal(report, "gumbel_graph", "us")
         if target:
             _goal_line(ax, report, target["target"], f"goal: {target['goal']}")
@@ -232,15 +187,11 @@ def mask_figure(report: dict, source: str):
 
     def draw(axes):
         ax, values = axes[0, 0], mo["overhead"] * 100
-        labels = [
-            "with processed-logits store" if s else "sampling only" for s in mo["store_processed_logits"]
-        ]
+        labels = ["with processed-logits store" if s else "sampling only" for s in mo.store_processed_logits]
         ax.bar(labels, values, width=0.5, color=[style.FIXED if v <= 0 else style.NEUTRAL for v in values])
         for x, v in enumerate(values):
-            offset = (0, 4 if v >= 0 else -12)
-            ax.annotate(
-                f"{v:+.1f}%", (x, v), xytext=offset, ha="center", fontsize=9, textcoords="offset points"
-            )
+            offset = dict(xytext=(0, 4 if v >= 0 else -12), textcoords="offset points")
+            ax.annotate(f"{v:+.1f}%", (x, v), ha="center", fontsize=9, **offset)
         target = goal(report, "gumbel_mask", "%")
         limit = target["target"] if target else 2.0
         top, bottom = max(limit * 2, float(values.max()) + 1), min(-limit, float(values.min()) - 1.5)
@@ -267,9 +218,8 @@ def fix_costs_figure(report: dict, source: str):
         idle, busy = axes[:, 0]
         draw_fixes(idle, fc, "median_us", "idle GPU", "one step, us")
         if "host_us_behind_busy_gpu" not in fc:
-            return missing(
-                busy, report, "host time behind a busy GPU", "needs a GPU; this report ran on a CPU"
-            )
+            why = "needs a GPU; this report ran on a CPU"
+            return missing(busy, report, "host time behind a busy GPU", why)
         title = "earlier GPU work still queued"
         draw_fixes(busy, fc, "host_us_behind_busy_gpu", title, "host time of the call, us")
         idle.set(xlabel="")
@@ -294,7 +244,7 @@ def drafter_figure(report: dict, source: str):
             fmt, label = "o-" if impl == "graph" else "s--", f"{model}: {impl}"
             ax.plot(rows["live_batch"], rows["median_us"], fmt, ms=3, color=colours[model], label=label)
         ax.set(xlabel="live batch", ylabel="time per drafter step, us")
-        log_y(ax)
+        style.log_ticks(ax.yaxis)
 
     caption = (
         "The replay (solid) stays flat and low while eager launches (dashed) cost the same at every "
@@ -346,18 +296,12 @@ def rejection_figure(report: dict, source: str):
         ax = axes[0, 0]
         for (impl, mode), rows in rj.groupby(["impl", "mode"]):
             label, color = _REJECTION_LINES[impl]
-            _errorbars(
-                ax,
-                rows,
-                "batch",
-                fmt="o-" if mode == "greedy" else "s--",
-                color=color,
-                label=f"{label}, {mode}",
-            )
+            fmt = "o-" if mode == "greedy" else "s--"
+            style.errorbars(ax, rows["batch"], rows, fmt=fmt, color=color, label=f"{label}, {mode}")
         title = ", ".join(f"{c} = {v:,}" for c, v in shape.items())
         ax.set(xlabel="requests in the batch", ylabel="time per verification step, us", title=title)
-        log_x(ax, rj["batch"])
-        log_y(ax)
+        style.log_ticks(ax.xaxis, rj["batch"])
+        style.log_ticks(ax.yaxis)
 
     caption = (
         "A replay (purple) is GPU time alone. An eager step (blue) is timed between CUDA events, so "
@@ -378,21 +322,16 @@ def peer_figure(report: dict, source: str):
     def draw(axes):
         for (row, dtype), (col, vocab) in itertools.product(enumerate(DTYPE_BYTES), enumerate(vocabs)):
             ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
-            ax.plot(
-                one["rows"],
-                rate(one, bench.JUDGED),
-                "o-",
-                color=style.NEUTRAL,
-                label=f"specfix {bench.JUDGED}",
-            )
+            label = f"specfix {bench.JUDGED}"
+            ax.plot(one["rows"], rate(one, bench.JUDGED), "o-", color=style.NEUTRAL, label=label)
             for v, colour in zip(reversed(versions), itertools.cycle(colours)):
                 impl, label = bench.peer_impl(v), f"vLLM {v} gumbel_sample"
                 ax.plot(one["rows"], rate(one, impl), "s--", ms=4, color=colour, label=label)
             label = f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype"
             ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2, label=label)
             ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
-            log_x(ax, sorted(table["rows"].unique())[::2])  # every other size: four panels a row
-            log_y(ax)
+            style.log_ticks(ax.xaxis, sorted(table["rows"].unique())[::2])  # every other size: 4 panels a row
+            style.log_ticks(ax.yaxis)
         for ax in axes[-1]:
             ax.set_xlabel("rows")
         for ax in axes[:, 0]:

@@ -123,18 +123,29 @@ def patches(fills, labels) -> list[Patch]:
     return [Patch(facecolor=f, edgecolor="#888888", label=k) for f, k in zip(fills, labels, strict=True)]
 
 
-def legend_below(fig, ax=None, ncol: int = 2, handles=None, **kwargs) -> None:
-    """A legend of ``ax`` (its artists, or ``handles``), or of the figure where ``ax`` is None, in a strip
-    under the axes: the figure grows by the strip and keeps the column's width."""
+def legend_below(fig, ax=None, ncol=None, handles=None, **kwargs) -> None:
+    """A legend of ``ax`` (its artists, or ``handles``), or of every panel (duplicates merged) where ``ax``
+    is None, in a strip under the axes: the figure grows by the strip and keeps the column's width."""
     if handles is None:
-        handles, labels = ax.get_legend_handles_labels()
-    else:
-        labels = [h.get_label() for h in handles]
-    strip = 0.15 + 0.2 * -(-len(labels) // ncol)
+        found = {}
+        for each in [ax] if ax else fig.axes:
+            for handle, label in zip(*each.get_legend_handles_labels(), strict=True):
+                found.setdefault(label, handle)
+        handles = list(found.values())
+    labels = [h.get_label() for h in handles]
+    ncol = ncol or (2 if max(map(len, labels), default=0) <= 45 else 1)
+    strip = 0.15 + 0.2 * -(-len(labels) // ncol) if labels else 0.0
     fig.set_figheight(fig.get_figheight() + strip)
     fig.tight_layout(rect=(0, strip / fig.get_figheight(), 1, 1))
     where = dict(loc="lower center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure, ncol=ncol)
-    (fig if ax is None else ax).legend(handles, labels, **where, **kwargs)
+    if labels:
+        (fig if ax is None else ax).legend(handles, labels, **where, **kwargs)
+
+
+def errorbars(ax, x, rows, **kwargs) -> None:
+    """``rows``' medians against ``x``, with bars from their 20th to their 80th percentile."""
+    y = rows["median_us"]
+    ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, **kwargs)
 
 
 def cells(ax, kinds, fills, texts=None, xlabels=None, ylabels=None, text_colours=None) -> None:
@@ -180,8 +191,9 @@ def integer_ticks(axis) -> None:
 
 
 def log_ticks(axis, values=None) -> None:
-    """Log-axis labels that cannot collide: at ``values`` only, or at 1, 2 and 5 times each power of ten;
-    thousands separated, no minor labels."""
+    """A log scale on ``axis`` whose labels cannot collide: at ``values`` only, or at 1, 2 and 5 times each
+    power of ten; thousands separated, no minor labels."""
+    getattr(axis.axes, f"set_{axis.axis_name}scale")("log")
     locator = FixedLocator(sorted({float(v) for v in values})) if values is not None else None
     axis.set_major_locator(locator or LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
