@@ -199,7 +199,7 @@ def test_automatic_ids_skip_the_ids_in_use():
     engine = LLMEngine(models=MODELS, sampler_backend="torch")
     assert engine.add_request("the fox", SamplingParams(), request_id="1") == "1"
     assert [engine.add_request("the fox", SamplingParams()) for _ in range(3)] == ["0", "2", "3"]
-    with pytest.raises(TypeError, match="request_id must be a non-empty str or None, got 5"):
+    with pytest.raises(TypeError, match="request_id must be a non-empty str, got 5"):
         engine.add_request("the fox", SamplingParams(), request_id=5)
     with pytest.raises(ValueError, match="request_id '2' is already in the scheduler"):
         engine.add_request("the fox", SamplingParams(), request_id="2")
@@ -223,8 +223,8 @@ def _engine_snapshot(engine):
 @pytest.mark.parametrize(
     "prompt, params, error, word",
     [
-        ([0, 512], SamplingParams(), ValueError, r"prompt must lie in \[0, vocab_size=\d+\), got 512"),
-        (torch.tensor([1.0, 2.0]), SamplingParams(), TypeError, "prompt must hold signed integers"),
+        ([0, 512], SamplingParams(), ValueError, r"prompt_token_ids must lie in \[0, vocab_size=\d+\), got 512"),
+        (torch.tensor([1.0, 2.0]), SamplingParams(), TypeError, "prompt_token_ids must hold signed integers"),
         (torch.tensor([1, 2], dtype=torch.uint8), SamplingParams(), TypeError, "torch.uint8"),
         ([1, 2], {"temperature": 0.5}, TypeError, "sampling_params must be a SamplingParams, got dict"),
         ("the fox " * 200, SamplingParams(), ValueError, "exceeds max_model_len=256"),

@@ -200,7 +200,7 @@ def test_the_seed_that_used_to_break_the_engine_is_refused_up_front():
 # -- the state machine -------------------------------------------------------------------------------------
 
 BAD_REQUESTS = [  # (prompt, sampling params as kwargs, add_request kwargs, error, message)
-    ([0, VOCAB], {}, {}, ValueError, r"prompt must lie in \[0, vocab_size="),
+    ([0, VOCAB], {}, {}, ValueError, r"prompt_token_ids must lie in \[0, vocab_size="),
     ([], {}, {}, ValueError, "prompt_token_ids is empty"),
     ("the fox " * 40, {}, {}, ValueError, "exceeds max_model_len=64"),
     ("the fox", {"seed": 2**64}, {}, ValueError, "seed must fit in an int64"),

@@ -32,7 +32,6 @@ from specfix.v1.scheduler import (
     SchedulerOutput,
     SpecDecodingStats,
     check_num_spec_tokens,
-    check_token_ids,
 )
 from specfix.v1.snapshot import Snapshot
 
@@ -192,15 +191,11 @@ class LLMEngine:
         request_id: str | None = None,
         remote_prefill: bool = False,
     ) -> str:
-        """Queue a prompt; ``remote_prefill`` (P/D disaggregation) leaves only its last token to compute."""
-        if request_id is not None and (not isinstance(request_id, str) or not request_id):
-            raise TypeError(f"request_id must be a non-empty str or None, got {request_id!r}")
+        """Queue a prompt; ``remote_prefill`` (P/D disaggregation) leaves only its last token to compute. The
+        scheduler checks the request (ids, prompt, sampling_params) before anything changes."""
         if not isinstance(remote_prefill, bool):
             raise TypeError(f"remote_prefill must be a bool, got {remote_prefill!r}")
-        if isinstance(prompt, str):
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = check_token_ids("prompt", prompt, self.tokenizer.vocab_size)
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         req_id, next_id = request_id, self._next_id
         if request_id is None:  # an automatic id: the next number not in use
             while self.scheduler.is_request_id_in_use(str(next_id)):
@@ -212,9 +207,11 @@ class LLMEngine:
             sampling_params,
             num_computed_tokens=max(len(token_ids) - 1, 0) if remote_prefill else 0,
         )
-        self.scheduler.add_request(request)  # checks the rest (sampling_params too) before anything changes
+        self.scheduler.add_request(request)
         self._next_id = next_id
-        self._prompts[req_id] = prompt if isinstance(prompt, str) else self.tokenizer.decode(token_ids)
+        self._prompts[req_id] = (
+            prompt if isinstance(prompt, str) else self.tokenizer.decode(request.prompt_token_ids)
+        )
         return req_id
 
     def has_unfinished_requests(self) -> bool:
