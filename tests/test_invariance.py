@@ -68,10 +68,6 @@ def test_a_fault_under_garbage_is_reported():
 
 def test_bad_arguments():
     t = torch.zeros(4)
-    with pytest.raises(ValueError, match="patterns"):
-        check_padding_invariance(lambda: None, {"t": t}, {}, {"t": [0]}, patterns=["random"])
-    with pytest.raises(ValueError, match="patterns"):
-        check_padding_invariance(lambda: None, {"t": t}, {}, {"t": [0]}, patterns=["random", "zeros"])
     with pytest.raises(ValueError, match="not in buffers"):
         check_padding_invariance(lambda: None, {"t": t}, {"u": [0]}, {"t": [0]})
     assert set(GARBAGE_PATTERNS) == {"random", "nan", "minus_one", "huge"}
@@ -115,7 +111,7 @@ def _earlier_larger_batch(spec, device="cpu"):
 
 @pytest.mark.parametrize("fix", [True, False])
 def test_finds_the_stale_idx_mapping_bug(fix):
-    report = check_speculator(_speculator(fix), *_speculator_args(), reference=False)
+    report = check_speculator(_speculator(fix), *_speculator_args())
     assert report.ok == fix, str(report)
     if not fix:
         assert "draft_logits" in report.buffers
@@ -200,17 +196,3 @@ def test_the_stale_run_comes_first_and_names_what_the_padding_corrupts_now():
     assert report.rows("table", "minus_one") == [1]  # -1 padding writes nothing: only row 5's harm shows
     with pytest.raises(ValueError, match="run must be one of"):
         report.rows("table", "zeros")
-
-
-def test_without_the_stale_run_the_first_pattern_is_the_baseline():
-    step, bufs = _toy(False)
-    report = check_padding_invariance(
-        step,
-        bufs,
-        padded={"idx": slice(LIVE, None)},
-        live={"table": [3, 1]},
-        bounds={"idx": (-1, N)},
-        stale=False,
-    )
-    assert report.runs == list(GARBAGE_PATTERNS)
-    assert {d.run_a for d in report.differences} <= {GARBAGE_PATTERNS[0]}
