@@ -86,42 +86,22 @@ class Release:
     cache_before_temperature: bool  # the draft cache holds logits before temperature (else logits / T, fp32)
 
 
+def _archs(names: str) -> frozenset[str]:
+    return frozenset(f"{name}ForCausalLM" for name in names.split())
+
+
+# After the architectures, the booleans in field order: v2_for_dense_models, sync_scheduler_pads, v1_clamp,
+# mrv2_marks_placeholders, masks_47066, dummy_runs_minus_one, murmur3_noise, cache_before_temperature.
+# fmt: off
 RELEASES = (
-    Release(
-        "0.24.0",
-        frozenset(
-            {
-                "LlamaForCausalLM",
-                "MistralForCausalLM",
-                "Qwen3ForCausalLM",
-                "DeepseekV2ForCausalLM",
-                "Qwen2MoeForCausalLM",
-                "GraniteMoeForCausalLM",
-            }
-        ),
-        False,
-        False,
-        False,
-        False,
-        False,
-        False,
-        False,
-        False,
-    ),
-    Release(
-        "0.25.0",
-        frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
-        True,
-        True,
-        True,
-        False,
-        True,
-        False,
-        False,
-        False,
-    ),
-    Release("0.33.0", None, False, True, True, True, True, True, True, True),
+    Release("0.24.0", _archs("Llama Mistral Qwen3 DeepseekV2 Qwen2Moe GraniteMoe"),
+            False, False, False, False, False, False, False, False),
+    Release("0.25.0", _archs("DeepseekV2 Qwen2Moe GraniteMoe"),
+            True, True, True, False, True, False, False, False),
+    Release("0.33.0", None,
+            False, True, True, True, True, True, True, True),
 )
+# fmt: on
 
 
 def release_rows() -> list[dict[str, str]]:
@@ -137,11 +117,9 @@ def release_rows() -> list[dict[str, str]]:
         born = "async scheduling: every decode's drafts until the runner fills them"
         if r.sync_scheduler_pads:
             born = "a new decode with one token left (P/D first decode, full prefix-cache hit); " + born
-        v1 = (
-            "V1: `_preprocess` clamps to 0"
-            if r.v1_clamp
-            else "V1: no clamp (under async scheduling the runner writes real drafts over them)"
-        )
+        v1 = "V1: no clamp (under async scheduling the runner writes real drafts over them)"
+        if r.v1_clamp:
+            v1 = "V1: `_preprocess` clamps to 0"
         mrv2 = "MRV2: its own draft table, zeroed per request" + (
             ", slots marked -1 again before verification" if r.mrv2_marks_placeholders else ""
         )
@@ -150,6 +128,9 @@ def release_rows() -> list[dict[str, str]]:
             masks = "kernel skips `req_state_idx < 0`; padded rows get -1" + (
                 ", dummy runs and DFlash capture too" if r.dummy_runs_minus_one else ""
             )
+        cache = (
+            "logits before temperature, head dtype" if r.cache_before_temperature else "logits / T, float32"
+        )
         rows.append(
             {
                 "vLLM": r.version,
@@ -160,11 +141,7 @@ def release_rows() -> list[dict[str, str]]:
                 "noise": "murmur3 hash, drafting salt"
                 if r.murmur3_noise
                 else "Philox (`tl.randint`, `tl.rand`)",
-                "draft cache holds": (
-                    "logits before temperature, head dtype"
-                    if r.cache_before_temperature
-                    else "logits / T, float32"
-                ),
+                "draft cache holds": cache,
             }
         )
     return rows

@@ -52,19 +52,7 @@ def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | No
 
 #: Tensor methods that hand a value to the host, so on a GPU they wait for every kernel queued before them.
 HOST_READS = frozenset(
-    {
-        "__bool__",
-        "__int__",
-        "__float__",
-        "__index__",
-        "item",
-        "tolist",
-        "numpy",
-        "cpu",
-        "nonzero",
-        "masked_select",
-        "unique",
-    }
+    "__bool__ __int__ __float__ __index__ item tolist numpy cpu nonzero masked_select unique".split()
 )
 
 

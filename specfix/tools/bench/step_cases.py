@@ -34,9 +34,8 @@ def plan_placeholder_fixes(s, timer) -> list[Job]:
                 metrics["host_syncs_per_step"] = syncs["debug_mode"]
                 metrics["host_syncs_profiler"] = syncs.get("profiler")
                 # a fix that synchronises makes the host wait for the GPU work queued before it
-                metrics["host_us_behind_busy_gpu"] = pf.time_fix(fix, step, repeats=50, busy_us=200.0)[
-                    "host_us"
-                ]
+                behind = pf.time_fix(fix, step, repeats=50, busy_us=200.0)
+                metrics["host_us_behind_busy_gpu"] = behind["host_us"]
             t = timer.time_step(functools.partial(pf.APPLY[fix], step), setup=restore)
             out.append(result("placeholder_fixes", fix, {"num_tokens": num_tokens, "k": 3}, t, **metrics))
         return out
@@ -95,18 +94,11 @@ class Drafter:
         else:
             model, context_len, extra = StandInDrafter(vocab, hidden, s.device), 1, {"hidden": hidden}
         self.device = s.device
-        self.spec = DraftModelSpeculator(
-            model,
-            max_num_reqs=MAX_REQS,
-            num_speculative_steps=K,
-            vocab_size=model.vocab_size,
-            context_len=context_len,
-            device=s.device,
-        )
+        sizes = {"max_num_reqs": MAX_REQS, "num_speculative_steps": K, "vocab_size": model.vocab_size}
+        self.spec = DraftModelSpeculator(model, **sizes, context_len=context_len, device=s.device)
         gen = torch.Generator(device=s.device).manual_seed(3)
-        self.context = torch.randint(
-            0, model.vocab_size, (MAX_REQS, context_len), generator=gen, device=s.device
-        )
+        shape = (MAX_REQS, context_len)
+        self.context = torch.randint(0, model.vocab_size, shape, generator=gen, device=s.device)
         self.spec.context_ids.copy_(self.context)
         self.params = {"k": K, "vocab": model.vocab_size, "model": model_name, **extra}
         self.eager_us: dict[int, float] = {}
@@ -164,13 +156,10 @@ def plan_drafter_graph(s, timer) -> list[Job]:
     batches = s.pick(cpu=(3,), ci=(1, 5, 16, 64), full=tuple(range(1, MAX_REQS + 1)))
     built: dict[str, Drafter] = {}
 
-    def drafter(name: str) -> Drafter:
-        if name not in built:
-            built[name] = Drafter(s, name)
-        return built[name]
-
     def run(name: str, graph: bool) -> list[dict]:
-        d = drafter(name)
+        if name not in built:  # the eager and the graph job share one drafter (the graph job reads its times)
+            built[name] = Drafter(s, name)
+        d = built[name]
         if graph:
             d.spec.capture_cuda_graphs()
         out = []
@@ -187,25 +176,16 @@ def plan_drafter_graph(s, timer) -> list[Job]:
                 metrics["speedup"] = d.eager_us[b] / statistics.median(t)
             if not graph and b == batches[-1]:
                 metrics["whole_step_graph_replays_eager"] = replays_eager(propose, s)
-            out.append(
-                result(
-                    "drafter_graph",
-                    "graph" if graph else "eager",
-                    {"live_batch": b, "padded_batch": padded, **d.params},
-                    t,
-                    **metrics,
-                )
-            )
+            params = {"live_batch": b, "padded_batch": padded, **d.params}
+            out.append(result("drafter_graph", "graph" if graph else "eager", params, t, **metrics))
         return out
 
     span = f"live batches {batches[0]}..{batches[-1]}"
     jobs = [Job("DFlash drafting step", functools.partial(run_dflash, s, timer))]
     for m in ("standin_mlp", "ngram_draft"):
-        jobs.append(Job(f"drafter step ({m}), eager, {span}", functools.partial(run, m, False)))
-        if s.cuda:
-            jobs.append(
-                Job(f"drafter step ({m}), CUDA-graph replay, {span}", functools.partial(run, m, True))
-            )
+        for graph in (False, True) if s.cuda else (False,):
+            how = "CUDA-graph replay" if graph else "eager"
+            jobs.append(Job(f"drafter step ({m}), {how}, {span}", functools.partial(run, m, graph)))
     return jobs
 
 
@@ -213,9 +193,8 @@ def run_dflash(s, timer) -> list[dict]:
     """The DFlash drafting step (inputs prepared, block drafter, every draft sampled), eager: its time,
     host syncs, and whether the whole step captured in one CUDA graph replays the eager drafts."""
     vocab, m, k, live = s.pick(cpu=(64, 4, 3, 2), ci=(4096, 16, 3, 8), full=(32_000, 64, 3, 32))
-    drafter = DFlashDrafter(
-        ToyDFlashModel(vocab).to(s.device), max_num_reqs=m, num_speculative_steps=k, device=s.device
-    )
+    model = ToyDFlashModel(vocab).to(s.device)
+    drafter = DFlashDrafter(model, max_num_reqs=m, num_speculative_steps=k, device=s.device)
     gen = torch.Generator(device=s.device).manual_seed(5)
     idx = torch.randperm(m, generator=gen, device=s.device)[:live].int()
     last = torch.randint(0, vocab, (m,), generator=gen, device=s.device)
@@ -236,24 +215,19 @@ def run_dflash(s, timer) -> list[dict]:
 
 def goals_drafter_graph(results, s):
     goals = []
+    dflash = find(results, "drafter_graph", "dflash_eager")
+    drafter = [r for r in find(results, "drafter_graph") if r["impl"] != "dflash_eager"]
     for fn, rows in (
-        ("the DFlash drafting step", find(results, "drafter_graph", "dflash_eager")),
-        (
-            "a drafting step (propose, eager or replayed)",
-            [r for r in find(results, "drafter_graph") if r["impl"] != "dflash_eager"],
-        ),
+        ("the DFlash drafting step", dflash),
+        ("a drafting step (propose, eager or replayed)", drafter),
     ):
         counted = [r for r in rows if "host_syncs_per_step" in r["metrics"]]
         worst = max(counted, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
-        detail = (
-            worst
-            and (
-                f"worst: {worst['impl']}, {worst['params']['model']}, live batch "
-                f"{worst['params']['live_batch']}"
-            )
-            or ""
-        )
-        goals.append(goal("step_syncs", worst and worst["metrics"]["host_syncs_per_step"], s, detail, fn=fn))
+        syncs, detail = None, ""
+        if worst:
+            p, syncs = worst["params"], worst["metrics"]["host_syncs_per_step"]
+            detail = f"worst: {worst['impl']}, {p['model']}, live batch {p['live_batch']}"
+        goals.append(goal("step_syncs", syncs, s, detail, fn=fn))
         same = [
             r["metrics"]["whole_step_graph_replays_eager"]
             for r in rows
