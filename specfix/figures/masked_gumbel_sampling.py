@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 
 from specfix.figures import style
+from specfix.figures.performance import goal, mask_overhead
+from specfix.tools import bench
 
 #: The draft-logits picture's cells: untouched sentinel, written by a live row, written outside every live
 #: slot (a stray write); each with a text colour that reads on its fill.
@@ -141,49 +143,27 @@ def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_sl
     return fig
 
 
-def bench_frame(bench: dict) -> pd.DataFrame:
-    """One row per recorded measurement: case, impl, its parameters, the median in us and its metrics."""
-    frame = pd.DataFrame(
-        [
-            {"case": r["case"], "impl": r["impl"], **r["params"], "us": r["median_us"], **r["metrics"]}
-            for r in bench["results"]
-        ]
-    )
-    for column in ("vocab", "rows"):
-        if column in frame:
-            frame[column] = frame[column].astype("Int64")
-    return frame
-
-
-def bench_goal(bench: dict, case: str, unit: str) -> dict:
-    """The recorded goal of ``case`` measured in ``unit`` (target, measured, status)."""
-    return next(g for g in bench["goals"] if g["case"] == case and g["unit"] == unit)
-
-
-def _gumbel_at(bench: dict, rows: int, vocab: int) -> pd.Series:
+def _gumbel_at(report: dict, rows: int, vocab: int) -> pd.Series:
     """us per call of every sampler at ``rows`` x ``vocab`` fp32, by impl."""
-    frame = bench_frame(bench)
-    at = frame[
-        (frame.case == "gumbel") & (frame.rows == rows) & (frame.vocab == vocab) & (frame.dtype == "fp32")
-    ]
-    return at.set_index("impl").us
+    g = bench.frame(report, "gumbel")
+    return g[(g.rows == rows) & (g.vocab == vocab) & (g.dtype == "fp32")].set_index("impl").median_us
 
 
-def throughput_table(bench: dict, min_rows: int = 256) -> pd.DataFrame:
+def throughput_table(report: dict, min_rows: int = 256) -> pd.DataFrame:
     """G logits/s of specfix's two noise modes, by vocabulary and rows (from ``min_rows`` on), per dtype."""
-    frame = bench_frame(bench)
-    ours = frame[(frame.case == "gumbel") & frame.impl.str.startswith("specfix") & (frame.rows >= min_rows)]
-    table = ours.pivot_table(index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s")
-    return table.round(0)
+    g = bench.frame(report, "gumbel")
+    ours = g[g.impl.str.startswith("specfix") & (g.rows >= min_rows)]
+    return ours.pivot_table(
+        index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s"
+    ).round(0)
 
 
-def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
+def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
     """G logits/s against rows at one vocabulary, and every sampler's us per call at one shape."""
-    frame = bench_frame(bench)
-    gumbel = frame[(frame.case == "gumbel") & (frame.vocab == vocab)]
-    goal = bench_goal(bench, "gumbel", "G logits/s")
+    gumbel = bench.frame(report, "gumbel").query("vocab == @vocab")
+    target = goal(report, "gumbel", "G logits/s")["target"]
     names = ["torch_softmax_multinomial", "torch_gumbel_max", "specfix_exact", "specfix_fast"]
-    at = _gumbel_at(bench, rows_at, vocab)
+    at = _gumbel_at(report, rows_at, vocab)
     with style.apply():
         fig, (top, bottom) = plt.subplots(
             2, 1, figsize=(style.WIDTH_IN, 6.2), gridspec_kw={"height_ratios": [1.4, 1]}
@@ -192,11 +172,9 @@ def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
             for dtype, line in (("fp32", "-"), ("bf16", "--")):
                 sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype)].sort_values("rows")
                 label = f"{impl.removeprefix('specfix_')} noise, {dtype}"
-                top.plot(
-                    sel.rows.astype(float), sel.G_logits_per_s, line, marker="o", color=colour, label=label
-                )
-        label = f"goal: {goal['target']:.0f} G/s at >= 256 rows"
-        top.axhline(goal["target"], color=style.CEILING, lw=1, ls=":", label=label)
+                top.plot(sel.rows, sel.G_logits_per_s, line, marker="o", color=colour, label=label)
+        label = f"goal: {target:.0f} G/s at >= 256 rows"
+        top.axhline(target, color=style.CEILING, lw=1, ls=":", label=label)
         top.set_xscale("log", base=2)
         top.set(xlabel="rows", ylabel="G logits / s", title=f"vocabulary {vocab:,}")
         top.legend(loc="upper left", fontsize=8)
@@ -214,21 +192,20 @@ def bench_speed(bench: dict, vocab: int = 151_936, rows_at: int = 256):
     return fig
 
 
-def graph_table(bench: dict) -> pd.DataFrame:
+def graph_table(report: dict) -> pd.DataFrame:
     """us per call of one row sampled inside a CUDA graph, by vocabulary and sampler."""
-    frame = bench_frame(bench)
-    graph = frame[frame.case == "gumbel_graph"]
-    return graph.pivot_table(index="vocab", columns="impl", values="us").round(2)
+    return (
+        bench.frame(report, "gumbel_graph")
+        .pivot_table(index="vocab", columns="impl", values="median_us")
+        .round(2)
+    )
 
 
-def mask_table(bench: dict) -> pd.DataFrame:
+def mask_table(report: dict) -> pd.DataFrame:
     """The mask's recorded overhead (masked / unmasked - 1, in %), with and without the logits store."""
-    frame = bench_frame(bench)
-    mask = frame[frame.case == "gumbel_mask"]
-    masked = mask[mask.impl == "masked"].set_index("store_processed_logits")
-    unmasked = mask[mask.impl == "unmasked"].set_index("store_processed_logits")
-    us = {"masked us": masked.us.round(1), "unmasked us": unmasked.us.round(1)}
-    table = pd.DataFrame({**us, "overhead %": (100 * masked.overhead).round(2)})
+    mo = mask_overhead(report).set_index("store_processed_logits")
+    us = {"masked us": mo.masked_us.round(1), "unmasked us": mo.unmasked_us.round(1)}
+    table = pd.DataFrame({**us, "overhead %": (100 * mo.overhead).round(2)})
     table.index = table.index.map({False: "without", True: "with"})
     return table.rename_axis("processed-logits store")
 
@@ -326,9 +303,9 @@ def sanitizer_text(san: dict) -> str:
     )
 
 
-def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
+def noise_speed_text(report: dict, rows: int = 256, vocab: int = 151_936) -> str:
     """The two noise modes against softmax + multinomial at one fp32 shape of the bench recording."""
-    at = _gumbel_at(bench, rows, vocab)
+    at = _gumbel_at(report, rows, vocab)
     fast, exact, slow = at["specfix_fast"], at["specfix_exact"], at["torch_softmax_multinomial"]
     return (
         f"At {rows} x {vocab:,} fp32 the fast noise takes {fast:.0f} us and the exact noise {exact:.0f} "
@@ -338,16 +315,15 @@ def noise_speed_text(bench: dict, rows: int = 256, vocab: int = 151_936) -> str:
     )
 
 
-def graph_text(bench: dict, store: pd.DataFrame) -> str:
+def graph_text(report: dict, store: pd.DataFrame) -> str:
     """One row in a CUDA graph against its goal, and what storing the draft logits adds."""
-    graph = graph_table(bench)
-    calls = sorted({r["params"]["calls_per_graph"] for r in bench["results"] if r["case"] == "gumbel_graph"})
-    goal = bench_goal(bench, "gumbel_graph", "us")
+    graph, target = graph_table(report), goal(report, "gumbel_graph", "us")
+    calls = sorted(set(bench.frame(report, "gumbel_graph")["calls_per_graph"]))
     adds = store["store adds (us)"]
     return (
         f"{', '.join(map(str, calls))} calls per graph. One row of {graph.index.max():,} logits with the "
-        f"fast noise: {graph['specfix_fast'].max():.2f} us per call (goal: at most {goal['target']:.0f} "
-        f"us, {goal['status']}). Storing the draft logits on the way adds {adds.min():.2f} to "
+        f"fast noise: {graph['specfix_fast'].max():.2f} us per call (goal: at most {target['target']:.0f} "
+        f"us, {target['status']}). Storing the draft logits on the way adds {adds.min():.2f} to "
         f"{adds.max():.2f} us per call."
     )
 
