@@ -11,6 +11,7 @@ This module builds the report from them, renders it as text and holds its JSON S
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the 
 
 # The fields the JSON report gives of each fix, besides its PR and verdict.
 _FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")
+_fill = functools.partial(textwrap.fill, break_long_words=False, break_on_hyphens=False)
 
 
 def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
@@ -47,6 +49,7 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
     asserts = facts.asserts  # in log order
     version = scan.setup.get("vllm_version")
     fixed = {v: has_fix(version, fix) for v, fix in FIXES.items()}
+    fixes = sorted(FIXES.items(), key=lambda item: item[0] != verdict)  # the verdict's own fix first
     return {
         "schema": SCHEMA_ID,
         "source": source,
@@ -70,28 +73,30 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
             **scan.setup,
             "lines": dict(scan.setup_lines),
         },
-        "ops": [
-            {
-                "kernel": a["kernel"],
-                "where": a["where"],
-                "cases": ops_for(a, rows),
-                "note": kernel_note(a, rows),
-            }
-            for a in asserts[:4]
-        ],
+        "ops": [_op(a, rows) for a in asserts[:4]],
         "op_table": f"chapter 2's op table, recorded on {meta.get('device')} with torch {meta.get('torch')} "
         f"on {meta.get('date')}",
-        "fixes": [  # the verdict's own fix first
-            {
-                "pr": f.pr,
-                "verdict": v,
-                **{k: getattr(f, k) for k in _FIX_KEYS},
-                "logged_version_has_it": fixed[v],
-            }
-            for v, f in sorted(FIXES.items(), key=lambda item: item[0] != verdict)
-        ],
+        "fixes": [_fix(v, f, fixed[v]) for v, f in fixes],
         "advice": advice(verdict, fixed.get(verdict), scan.blocking),
         "chapter": FIXES[verdict].chapter if verdict in FIXES else "notebooks/02_embedding_assert.ipynb",
+    }
+
+
+def _op(a: dict, rows: list[dict]) -> dict:
+    return {
+        "kernel": a["kernel"],
+        "where": a["where"],
+        "cases": ops_for(a, rows),
+        "note": kernel_note(a, rows),
+    }
+
+
+def _fix(verdict: str, fix, has_it: bool | None) -> dict:
+    return {
+        "pr": fix.pr,
+        "verdict": verdict,
+        **{k: getattr(fix, k) for k in _FIX_KEYS},
+        "logged_version_has_it": has_it,
     }
 
 
@@ -100,14 +105,8 @@ def render(report: dict, width: int = 100) -> str:
     """The report as a person reads it: verdict first, then the evidence, then what to do."""
 
     def para(text: str, indent: str = "  ", first: str | None = None) -> str:
-        return textwrap.fill(
-            text,
-            width,
-            initial_indent=indent if first is None else first,
-            subsequent_indent=indent,
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
+        first = indent if first is None else first
+        return _fill(text, width, initial_indent=first, subsequent_indent=indent)
 
     v, s = report["verdict"], report["setup"]
     out = [f"specfix diagnose: {report['source']} ({report['lines']:,} lines)", ""]
