@@ -117,11 +117,6 @@ def test_fix_costs_figure_one_line_per_fix_ticks_at_the_measured_sizes(busy):
     plt.close(fig)
 
 
-def test_fix_cost_facts_index_by_fix_and_size():
-    facts = fig2.fix_cost_facts(_costs(True))
-    assert facts["sizes"] == [256, 8192] and facts["clamp"][8192]["median_us"] == 320.0
-
-
 def test_guard_timing_figure_shows_every_run():
     timing = GuardTiming((0.010, 0.012, 0.011), (0.020, 0.019, 0.021), checked=5)
     fig = fig2.guard_timing(timing, "4 engine steps")

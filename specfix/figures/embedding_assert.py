@@ -57,13 +57,8 @@ def _timeline(run: ea.ChildRun, ax) -> None:
         for start, width, text, kind in bars:
             ax.barh(lane, width, left=start, color=_LIGHT[kind], edgecolor=style.CEILING, height=0.6)
             ax.text(start + width / 2, lane, text, ha="center", va="center", fontsize=8)
-    ax.set(
-        yticks=[0, 1],
-        yticklabels=["GPU", "host (Python)"],
-        xticks=[],
-        xlim=(0, end),
-        xlabel="time (schematic)",
-    )
+    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, end))
+    ax.set_xlabel("time (schematic)")
     blocking = int(bool((run.first("start") or {}).get("blocking")))
     where = raised.get("during", "?")
     ax.set_title(f"CUDA_LAUNCH_BLOCKING={blocking}: the error reaches Python at {where}", loc="left")
@@ -157,12 +152,9 @@ def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def fix_cost_facts(costs: pd.DataFrame) -> dict:
-    """The numbers the chapter's prose quotes: ``{fix: {num_tokens: row}}``, and ``sizes`` measured."""
-    facts = {
-        fix: {int(r["num_tokens"]): r for r in rows.to_dict("records")} for fix, rows in costs.groupby("fix")
-    }
-    return {"sizes": sorted(int(n) for n in costs["num_tokens"].unique()), **facts}
+def _by_size(costs: pd.DataFrame, key: str = "median_us") -> pd.DataFrame:
+    """Column ``key`` of ``costs``: a row per fix, a column per token count measured."""
+    return costs.pivot(index="fix", columns="num_tokens", values=key)
 
 
 #: Colour, marker and line of each fix, in both chapters that draw them (2 and 5).
@@ -187,13 +179,12 @@ def draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> No
         if "host_syncs_per_step" in rows:  # measured on a GPU only
             label += f", {rows['host_syncs_per_step'].max():g} host sync / step"
         look = dict(color=colour, marker=marker, linestyle=line, label=label, markerfacecolor=face)
-        x, y = rows["num_tokens"] * nudge, rows[key]
         if key == "median_us":  # medians get their p20-p80 bars
-            ax.errorbar(x, y, yerr=[y - rows["p20_us"], rows["p80_us"] - y], capsize=3, markersize=6, **look)
+            style.errorbars(ax, rows["num_tokens"] * nudge, rows, markersize=6, **look)
         else:
-            ax.plot(x, y, markersize=6, **look)
+            ax.plot(rows["num_tokens"] * nudge, rows[key], markersize=6, **look)
     counts = sorted(int(n) for n in costs["num_tokens"].unique())
-    ax.set(xscale="log", yscale="log", xlim=(min(counts) / 1.6, max(counts) * 1.6))
+    ax.set(xlim=(min(counts) / 1.6, max(counts) * 1.6))
     style.log_ticks(ax.xaxis, counts)  # the measured token counts only
     style.log_ticks(ax.yaxis)
     ax.set(xlabel="tokens in the step", ylabel=ylabel, title=title)
@@ -230,12 +221,8 @@ def guard_timing(timing: GuardTiming, what: str):
             ax.plot(ms, [lane] * len(ms), "o", color=colour, alpha=0.6, label=label)
             median = statistics.median(ms)
             ax.plot([median, median], [lane - 0.25, lane + 0.25], color=colour, linewidth=2.5)
-        ax.set(
-            yticks=[0, 1],
-            yticklabels=["unguarded", "guarded"],
-            ylim=(-0.6, 1.6),
-            xlabel=f"wall time of {what} (ms)",
-        )
+        ax.set(yticks=[0, 1], yticklabels=["unguarded", "guarded"], ylim=(-0.6, 1.6))
+        ax.set_xlabel(f"wall time of {what} (ms)")
         ax.grid(True, axis="x")
         style.caption(
             fig,
@@ -357,22 +344,15 @@ Other tools worth knowing: `compute-sanitizer` (reports the first out-of-bounds 
 thread), and PyTorch builds with `TORCH_USE_CUDA_DSA` (device-side assertions that record the launch site)."""
 
 
-def _cost(facts: dict, fix: str, n: int, key: str = "median_us") -> float:
-    return facts[fix][n][key]
-
-
 def fix_costs_text(costs: pd.DataFrame) -> str:
     """What the bench recording says about each fix's cost per step, one bullet per fix."""
-    f = fix_cost_facts(costs)
-    lo, hi = f["sizes"][0], f["sizes"][-1]
+    median, syncs = _by_size(costs), _by_size(costs, "host_syncs_per_step").max(axis=1)  # syncs: any size
+    lo, hi = median.columns[0], median.columns[-1]
 
     def c(fix, n):
-        return _cost(f, fix, n)
+        return median.loc[fix, n]
 
-    def syncs(fix):  # per step, at any size
-        return max(_cost(f, fix, n, "host_syncs_per_step") for n in f["sizes"])
-
-    clamp = [c("clamp", n) for n in f["sizes"]]
+    clamp = median.loc["clamp"]
     slower = (
         f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
         "host_mask does, plus a copy into pinned (page-locked) host memory every step."
@@ -382,13 +362,13 @@ def fix_costs_text(costs: pd.DataFrame) -> str:
     return f"""What the recording says, one fix at a time:
 
 * **clamp** costs {min(clamp):,.0f} to {max(clamp):,.0f} us per step at every size measured, without growing
-  with the step, and makes {syncs("clamp"):g} host synchronisations per step. Since the events span the
+  with the step, and makes {syncs["clamp"]:g} host synchronisations per step. Since the events span the
   call's host work, its GPU time is smaller still.
 * **host_mask** grows with the step, from {c("host_mask", lo):,.0f} us at {lo:,} tokens to
   {c("host_mask", hi):,.0f} us at {hi:,}: Python walks every draft list, then
   `torch.tensor(list, device=...)` copies from pageable host memory, which PyTorch does as a *blocking* copy,
-  {syncs("host_mask"):g} host synchronisation per step.
-* **host_mask_async** makes {syncs("host_mask_async"):g} synchronisations but keeps the host work:
+  {syncs["host_mask"]:g} host synchronisation per step.
+* **host_mask_async** makes {syncs["host_mask_async"]:g} synchronisations but keeps the host work:
   {c("host_mask_async", lo):,.0f} us at {lo:,} tokens and {c("host_mask_async", hi):,.0f} us at {hi:,},
   against host_mask's {c("host_mask", lo):,.0f} and {c("host_mask", hi):,.0f}.{slower}
 * **scheduler_zero** does no GPU work at all, but its host work in the scheduler grows with the step, from
@@ -398,28 +378,24 @@ def fix_costs_text(costs: pd.DataFrame) -> str:
 
 def busy_gpu_text(costs: pd.DataFrame) -> str:
     """What the fixes cost behind a busy GPU: host_mask waits for the queue, the clamp does not."""
-    f = fix_cost_facts(costs)
-    lo, hi = f["sizes"][0], f["sizes"][-1]
-
-    def busy(fix, n):
-        return _cost(f, fix, n, "host_us_behind_busy_gpu")
-
-    wait = {n: busy("host_mask", n) - _cost(f, "host_mask", n) for n in f["sizes"]}
-    n_wait = max(wait, key=wait.get)
+    idle, busy = _by_size(costs), _by_size(costs, "host_us_behind_busy_gpu")
+    lo, hi = idle.columns[0], idle.columns[-1]
+    wait = busy.loc["host_mask"] - idle.loc["host_mask"]
+    n_wait = wait.idxmax()
     tail = (
-        f"At {hi:,} tokens the call took {busy('host_mask', hi):,.0f} us against "
-        f"{_cost(f, 'host_mask', hi):,.0f} idle: its own host work outlasts the queued work, so by the "
+        f"At {hi:,} tokens the call took {busy.loc['host_mask', hi]:,.0f} us against "
+        f"{idle.loc['host_mask', hi]:,.0f} idle: its own host work outlasts the queued work, so by the "
         "time it copies there is nothing left to wait for."
         if abs(wait[hi]) < wait[n_wait] / 2
         else ""
     )
     return (
         f"**The synchronisation's price is the queue, not the copy.** Behind a busy GPU (lower panel) "
-        f"host_mask's call took {busy('host_mask', n_wait):,.0f} us at {n_wait:,} tokens, "
+        f"host_mask's call took {busy.loc['host_mask', n_wait]:,.0f} us at {n_wait:,} tokens, "
         f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
         "the queued work, and so did the host, which could not prepare the next step meanwhile. "
-        f"{tail} The clamp's call took {busy('clamp', lo):,.0f} to "
-        f"{max(busy('clamp', n) for n in f['sizes']):,.0f} us behind the same queue: it waits for "
+        f"{tail} The clamp's call took {busy.loc['clamp', lo]:,.0f} to "
+        f"{busy.loc['clamp'].max():,.0f} us behind the same queue: it waits for "
         "nothing."
     )
 
