@@ -1,9 +1,8 @@
 """What every checker shares: a verdict that displays well, hints with ids, and no exception ever escaping.
 
-A chapter's module registers each checker with :func:`checker`; its body calls the reader's ``answer`` and
-records failures with ``verdict.require(ok, hint_id)``, the first failure ending the check. An unsolved stub
-(it raises ``NotImplementedError``, or the answer is ``None`` or ``...``) gets the ``todo`` text; any other
-exception from the answer becomes a hint naming it.
+A chapter registers each checker with :func:`checker`; its body calls the reader's ``answer`` and stops at the
+first failed ``verdict.require(ok, hint_id)``. An unsolved stub (``NotImplementedError``, ``None`` or ``...``)
+gets the ``todo`` text; any other exception from the answer becomes a hint naming it.
 """
 
 from __future__ import annotations
@@ -64,11 +63,12 @@ class Verdict:
             self.hints.append((hint_id, f"{message} {detail}".strip()))
             raise _Stop
 
-    def explain(self, detail: str, last: str = "wrong", **slipped: bool) -> None:
-        """Stop a wrong answer with the hint of the first slip it made (in the order given), else ``last``."""
-        for hint_id, made in slipped.items():
-            self.require(not made, hint_id, detail)
-        self.require(False, last, detail)
+    def match(self, ok: bool, detail: str, last: str = "wrong", **slipped: bool) -> None:
+        """Unless ``ok``, stop with the hint of the first slip made (in the order given), else ``last``."""
+        if not ok:
+            for hint_id, made in slipped.items():
+                self.require(not made, hint_id, detail)
+            self.require(False, last, detail)
 
     def __str__(self) -> str:
         if self.solved:
@@ -78,31 +78,28 @@ class Verdict:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        div = "<div style='border-left:4px solid {};padding:4px 8px'><b>{}</b>: <code>{}</code>{}</div>"
         if self.solved:
-            return (
-                f"<div style='border-left:4px solid #1b7837;padding:4px 8px'><b>Solved</b>: "
-                f"<code>{self.exercise}</code> is correct.</div>"
-            )
+            return div.format("#1b7837", "Solved", self.exercise, " is correct.")
         # a hint's `name` in backticks shows as code, as in the chapters' markdown
         spans = (re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(m)) for _, m in self.hints)
         items = "".join(f"<li>{span}</li>" for span in spans)
-        return (
-            f"<div style='border-left:4px solid #f1a340;padding:4px 8px'><b>Not yet</b>: "
-            f"<code>{self.exercise}</code><ul style='margin:2px 0'>{items}</ul></div>"
-        )
+        return div.format("#f1a340", "Not yet", self.exercise, f"<ul style='margin:2px 0'>{items}</ul>")
 
 
 @dataclass
 class Checker:
     exercise: str
-    solution: str
+    solution: str  # "module:name" under specfix.exercises.solutions
     todo: str
     hints: dict[str, str]
     body: Callable
-    forbid: tuple[str, ...] = ()
+    forbid: tuple[
+        str, ...
+    ] = ()  # "module:owner.attr" of specfix's own versions, refused if the answer calls one
 
     def _guarded(self, answer):
-        """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid``."""
+        """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid`` (a kernel: as it is)."""
         if not self.forbid or not callable(answer) or hasattr(answer, "fn") or hasattr(answer, "__getitem__"):
             return answer
 
@@ -123,9 +120,7 @@ class Checker:
         return importlib.import_module(f"specfix.exercises.solutions.{module}"), name
 
     def reference(self):
-        """The reference answer: ``module:name`` under ``specfix.exercises.solutions``."""
-        module, name = self._solution_module()
-        return getattr(module, name)
+        return getattr(*self._solution_module())
 
     def __call__(self, answer=None) -> Verdict:
         if _use_solutions:
@@ -153,11 +148,10 @@ class Checker:
 
 
 def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], forbid: tuple[str, ...] = ()):
-    """Register ``body(answer, verdict)`` as ``exercise``'s checker (``forbid``: specfix's own versions)."""
+    """Register ``body(answer, verdict)`` as ``exercise``'s checker."""
 
     def wrap(body: Callable) -> Checker:
-        made = Checker(exercise, solution, todo, dict(hints), body, tuple(forbid))
-        functools.update_wrapper(made, body)
+        made = functools.update_wrapper(Checker(exercise, solution, todo, dict(hints), body, forbid), body)
         CHECKERS[exercise] = made
         return made
 
@@ -195,6 +189,14 @@ def as_int_list(value) -> list[int] | None:
         return None
     ints = [as_int(v) for v in value]
     return None if None in ints else ints
+
+
+def as_str_set(value) -> set[str] | None:
+    """A set of names from a set, list, tuple or 1-D array of strings, else None."""
+    if hasattr(value, "tolist") and not isinstance(value, str):  # a numpy array of names
+        value = value.tolist()
+    ok = isinstance(value, (set, frozenset, list, tuple)) and all(isinstance(v, str) for v in value)
+    return set(value) if ok else None
 
 
 def summary(prefix: str = "") -> dict[str, bool]:

@@ -1,8 +1,7 @@
-"""Chapter 3's exercises: the ``-1`` padding of ``idx_mapping``, and the stale rows that corrupt responses.
+"""Chapter 3's exercises on the ``-1`` padding of ``idx_mapping`` and the stale rows that corrupt responses.
 
-Write ``ch3.pad_idx_mapping``, ``ch3.simulate_idx_mapping`` and ``ch3.dflash_padding``; predict
-``ch3.stale_victims`` and ``ch3.corrupted_responses``; debug ``ch3.find_stale_row``. Each is checked on the
-chapter's history, then on crafted and seeded ones the reader never sees, against the real speculator.
+Each checker runs the chapter's history, then crafted and seeded ones the reader never sees, against the real
+speculator on the CPU.
 """
 
 from __future__ import annotations
@@ -14,17 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.exercises.core import as_int_list, checker, value_of
+from specfix.exercises.core import as_int_list, as_str_set, checker, value_of
 from specfix.fixes import Fixes
-from specfix.lab.padding_bench import (
-    PaddedWrite,
-    SpecDecodeEngine,
-    StaleRowScenario,
-    make_requests,
-    padded_step_scenario,
-)
+from specfix.lab.padding_bench import SpecDecodeEngine, _Live, make_requests
+from specfix.lab.stale_rows import ORIGIN_FRESH, PaddedWrite, StaleRowScenario, padded_step_scenario
 from specfix.models import load_models
-from specfix.mrv2.speculator import rejection_sample_mrv2
 
 #: ch3.pad_idx_mapping: the buffer as an earlier batch of 8 left it, and the two batches written into it.
 STALE_BUFFER = (7, 6, 5, 4, 3, 2, 1, 0)
@@ -32,6 +25,11 @@ BATCHES = ((5, 3, 0, 1, 4, 2), (4, 0, 2))
 #: ch3.stale_victims: the history to predict from (requests are letters; see StaleRowScenario.play).
 PREDICT_EVENTS = ("step abcdefg", "finish cf", "step abdeg")
 UNFIXED = Fixes(pad_idx_mapping=False)
+#: The hints of the exercises answered with a set of requests.
+_NAME_HINTS = {
+    "format": "answer with a set of request names (letters), e.g. {'a', 'b'}.",
+    "unknown": "name only requests of the history.",
+}
 
 
 @checker(
@@ -75,18 +73,15 @@ def check_pad_idx_mapping(answer, verdict):
 
 
 def _names(answer) -> set[str] | None:
-    """A set of request names from a set, list or string of letters; None if it is none of those."""
-    if hasattr(answer, "tolist") and not isinstance(answer, str):  # a numpy array of names
-        answer = answer.tolist()
-    if isinstance(answer, str):
-        return {c for c in answer if c.isalpha()}
-    if isinstance(answer, (set, frozenset, list, tuple)) and all(isinstance(a, str) for a in answer):
-        return {c for a in answer for c in a if c.isalpha()}
-    return None
+    """The request letters of a set, list or string of names; None if it is none of those."""
+    names = as_str_set([answer] if isinstance(answer, str) else answer)
+    return None if names is None else {c for name in names for c in name if c.isalpha()}
 
 
-def _everyone(events) -> set[str]:
-    return {c for event in events for c in event.split()[1]}
+def _check_names(verdict, names, events) -> None:
+    verdict.require(names is not None, "format")
+    everyone = {c for event in events for c in event.split()[1]}
+    verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
 
 
 @checker(
@@ -94,8 +89,7 @@ def _everyone(events) -> set[str]:
     solution="cudagraph_idx_mapping:stale_victims",
     todo="set stale_victims to the set of requests whose draft logits the padded rows overwrite, e.g. {'a'}",
     hints={
-        "format": "answer with a set of request names (letters), e.g. {'a', 'b'}.",
-        "unknown": "name only requests of the history.",
+        **_NAME_HINTS,
         "finished": "a finished request has no draft logits to lose: its slot is free, and a padded row "
         "writing a free slot harms nobody (until a new request takes that slot).",
         "not_written": "you missed a victim of a padded row that no step ever wrote: such a row still holds "
@@ -107,16 +101,14 @@ def _everyone(events) -> set[str]:
 )
 def check_stale_victims(answer, verdict):
     names = _names(value_of(answer))  # a function may compute the prediction
-    verdict.require(names is not None, "format")
+    _check_names(verdict, names, PREDICT_EVENTS)
     state = padded_step_scenario(list(PREDICT_EVENTS), fixes=UNFIXED)
-    everyone = _everyone(PREDICT_EVENTS)
-    verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
     live, truth = set(state.owners.values()), set(state.victims)
     verdict.require(not names - live, "finished", f"({sorted(names - live)} finished)")
     for w in state.writes:
         if w.victim in truth - names:
             # No row or slot in the message: the hint names the misconception, not where the answer sits.
-            verdict.require(False, "not_written" if w.origin == "fresh buffer (zeros)" else "moved")
+            verdict.require(False, "not_written" if w.origin == ORIGIN_FRESH else "moved")
     verdict.require(names == truth, "too_many", f"({sorted(names - truth)} are not named by a padded row)")
 
 
@@ -143,49 +135,43 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
     engine = SpecDecodeEngine(
         target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K, device="cpu", fixes=fixes
     )
-    states, width = engine.states, engine.spec.context_ids.shape[1]
+    width = engine.spec.context_ids.shape[1]
     requests = {chr(ord("a") + i): r for i, r in enumerate(make_requests(26, seed=3, max_tokens=(1, 1)))}
-    tokens, responses, drafts = {}, {}, {}
+    live, drafts = {}, {}
     for event in events:
         verb, names = event.split()
         if verb == "finish":
             for name in names:
-                states.remove_request(name)
+                engine.states.remove_request(name)
             continue
-        for name in (n for n in names if n not in tokens):  # arrives: a slot, its prompt prefilled
-            tokens[name], responses[name] = list(requests[name].prompt), []
-            slot = states.add_request(name, 1.0, requests[name].seed)
-            prompt, positions = torch.tensor(tokens[name]), torch.arange(len(tokens[name]))
-            target(prompt, positions, slot * engine.max_model_len + positions, engine.kv_cache)
+        for name in (n for n in names if n not in live):  # arrives: a slot, its prompt prefilled
+            req = requests[name]
+            live[name] = _Live(req, engine.states.add_request(name, 1.0, req.seed), list(req.prompt))
+            engine._prefill(live[name])
         if verb == "arrive":
             continue
         verify = [n for n in names if n in drafts]  # a request's first step has nothing to verify
         if verify:
-            for name, new in zip(verify, _verify(engine, verify, tokens, drafts), strict=True):
-                tokens[name] += new
-                responses[name] += new
-        idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
-        context = torch.tensor([tokens[n][-width:] for n in names])
-        pos = torch.tensor([len(tokens[n]) - 1 for n in names])
-        proposal = engine.spec.propose(len(names), idx, states.temperature, states.seeds, context, pos)
+            rows, proposed = [live[n] for n in verify], torch.stack([drafts[n] for n in verify])
+            idx, pos = _batch(rows)
+            sampled, num_sampled = engine._verify(rows, idx, pos, proposed)  # MRV2's rejection step
+            for e, row, count in zip(rows, sampled.tolist(), num_sampled.tolist(), strict=True):
+                e.tokens += row[:count]
+                e.out += row[:count]
+        rows = [live[n] for n in names]
+        idx, pos = _batch(rows)
+        context = torch.tensor([e.tokens[-width:] for e in rows])
+        proposal = engine.spec.propose(
+            len(names), idx, engine.states.temperature, engine.states.seeds, context, pos
+        )
         drafts.update((n, d.clone()) for n, d in zip(names, proposal.draft_tokens, strict=True))
-    return responses
+    return {name: e.out for name, e in live.items()}
 
 
-def _verify(engine, names, tokens, drafts) -> list[list[int]]:
-    """What each of ``names`` emits when the target verifies its cached drafts (MRV2's rejection step)."""
-    states, proposed = engine.states, torch.stack([drafts[n] for n in names])
-    idx = torch.tensor([states.req_id_to_index[n] for n in names], dtype=torch.int32)
-    pos = torch.tensor([len(tokens[n]) - 1 for n in names])
-    positions = pos[:, None] + torch.arange(_K + 1)
-    last = torch.tensor([tokens[n][-1] for n in names])
-    slot_mapping = idx.long()[:, None] * engine.max_model_len + positions
-    inputs = torch.cat([last[:, None], proposed], dim=1).flatten()
-    logits = engine.target(inputs, positions.flatten(), slot_mapping.flatten(), engine.kv_cache)
-    sampled, num_sampled = rejection_sample_mrv2(
-        logits, proposed, engine.spec.draft_logits, idx, states.temperature, states.seeds, pos, engine.fixes
-    )
-    return [row[:count] for row, count in zip(sampled.tolist(), num_sampled.tolist(), strict=True)]
+def _batch(rows: list[_Live]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``idx_mapping`` and the last token's position of each row."""
+    idx = torch.tensor([e.slot for e in rows], dtype=torch.int32)
+    return idx, torch.tensor([len(e.tokens) - 1 for e in rows])
 
 
 @functools.cache
@@ -277,8 +263,7 @@ def _random_schedule(rng: random.Random) -> tuple[str, ...]:
     todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the unfixed "
     "engine corrupts",
     hints={
-        "format": "return a set of request names (letters), e.g. {'a', 'b'}.",
-        "unknown": "name only requests of the history.",
+        **_NAME_HINTS,
         "finished": "a padded row that names the slot of a finished request writes a free slot: that "
         "request's response is complete, and a later owner of the slot writes its own draft logits before "
         "anything reads them.",
@@ -294,16 +279,14 @@ def _random_schedule(rng: random.Random) -> tuple[str, ...]:
     },
     forbid=(
         "specfix.exercises.cudagraph_idx_mapping:run_schedule",
-        "specfix.lab.padding_bench:StaleRowScenario.play",
+        "specfix.lab.stale_rows:StaleRowScenario.play",
         "specfix.mrv2.speculator:DraftModelSpeculator.propose",
     ),
 )
 def check_corrupted_responses(answer, verdict):
     for events in _response_cases():
         names = _names(answer(list(events), 8))
-        verdict.require(names is not None, "format")
-        everyone = _everyone(events)
-        verdict.require(names <= everyone, "unknown", f"(the history has {sorted(everyone)})")
+        _check_names(verdict, names, events)
         truth, kinds = _corrupted(events), _write_kinds(events)
         said = f"(history {list(events)})"
         for kind in ("finished", "undrafted", "unread"):
@@ -346,6 +329,10 @@ def mystery_batch(seed: int | None = None) -> Mystery:
     """A fresh copy of the corrupted drafter and its next batch, on the CPU, where the padded row's store
     lands after the live row's (a GPU launch leaves that to chance): the notebook's, or a seeded one."""
     events, batch = (_MYSTERY_HISTORY, MYSTERY_BATCH) if seed is None else _random_history(seed)
+    return _mystery(events, batch)
+
+
+def _mystery(events, batch: str) -> Mystery:
     scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8, device="cpu")
     scenario.play(list(events))
     return Mystery(scenario, batch)
@@ -367,16 +354,13 @@ def _random_history(seed: int) -> tuple[list[str], str]:
             events.append(f"arrive {newcomers}")
         pool = live + list(newcomers)
         batch = "".join(rng.sample(pool, len(pool)))  # every live request runs: a victim is in the batch
-        scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8, device="cpu")
-        scenario.play(list(events))
-        if _culprits(Mystery(scenario, batch)):
+        if _culprits(_mystery(events, batch)):
             return events, batch
 
 
 def _hidden_seeds() -> tuple[int, ...]:
     """The first seed whose first padded row names a free slot, the first whose culprit row was never
     written (it names slot 0 from the buffer's zeros), then one more of the family."""
-
     tests = (
         lambda m: m.spec.idx_mapping[len(m.batch)].item() not in m.owners,
         lambda m: any(m.scenario.row_writer[row] is None for row, _ in _culprits(m)),
@@ -480,7 +464,7 @@ def _simulation_cases(seed: int = 0, count: int = 8) -> list[tuple[list[str], in
         "wrong": "not the buffer the unfixed speculator ends with.",
     },
     forbid=(
-        "specfix.lab.padding_bench:StaleRowScenario.play",
+        "specfix.lab.stale_rows:StaleRowScenario.play",
         "specfix.mrv2.speculator:DraftModelSpeculator.propose",
     ),
 )
@@ -491,11 +475,10 @@ def check_simulate_idx_mapping(answer, verdict):
         scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs)  # the real thing, unfixed
         scenario.play(list(events))
         want = scenario.spec.idx_mapping.tolist()
-        if got != want:
-            slips = _wrong_simulations(events, max_num_reqs)
-            verdict.explain(
-                f"(after {events} you gave {got})", **{h: got == s != want for h, s in slips.items()}
-            )
+        slips = _wrong_simulations(events, max_num_reqs) if got != want else {}
+        verdict.match(
+            got == want, f"(after {events} you gave {got})", **{h: got == s for h, s in slips.items()}
+        )
 
 
 def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[int]]:
@@ -579,13 +562,12 @@ def check_dflash_padding(answer, verdict):
     for idx, n, k, max_num_reqs in _dflash_cases():
         got = as_int_list(answer(torch.tensor(idx, dtype=torch.int32), n, k, max_num_reqs))
         verdict.require(got is not None and len(got) == max_num_reqs * k, "format", f"(you returned {got!r})")
-        want = _dflash_truth(idx, n, k, max_num_reqs)
-        if got != want:
-            pad = [-1] * ((max_num_reqs - n) * k)
-            verdict.explain(
-                f"(idx_mapping {idx}, num_reqs {n}, k {k}: you returned {got})",
-                pads_zero=got == want[: n * k] + [0] * len(pad),
-                interleaved=got == idx[:n] * k + pad and n > 1 and k > 1,
-                not_expanded=got[:n] == idx[:n] and k > 1,
-                stale_rows=got[n * k :] == [s for s in idx[n:] for _ in range(k)],
-            )
+        want, pad = _dflash_truth(idx, n, k, max_num_reqs), [-1] * ((max_num_reqs - n) * k)
+        verdict.match(
+            got == want,
+            f"(idx_mapping {idx}, num_reqs {n}, k {k}: you returned {got})",
+            pads_zero=got == want[: n * k] + [0] * len(pad),
+            interleaved=got == idx[:n] * k + pad and n > 1 and k > 1,
+            not_expanded=got[:n] == idx[:n] and k > 1,
+            stale_rows=got[n * k :] == [s for s in idx[n:] for _ in range(k)],
+        )

@@ -1,10 +1,7 @@
 """Chapter 2's exercises on the embedding's index assert, with their checkers.
 
-Write the clamp, predict which ops end in a kernel, find the first bad op, and map the index guard's
-positions back to requests.
-
-The op table and the transcripts they read were recorded on a GPU (``specfix.tools.recorded``); the rest
-runs the unfixed engine on the CPU.
+The op table and the transcripts they read were recorded on a GPU (``specfix.tools.recorded``); the rest runs
+the unfixed engine on the CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.exercises.core import as_int_list, checker, value_of
+from specfix.exercises.core import as_int_list, as_str_set, checker, value_of
 from specfix.lab import embedding_assert as ea
 from specfix.lab.guard import IndexGuardError, check_indices
 from specfix.tools import recorded
@@ -125,10 +122,8 @@ def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
     },
 )
 def check_which_ops(answer, verdict):
-    answer, names = value_of(answer), set(ea.OPS)  # a set, or a function that returns one
-    ok = isinstance(answer, set | frozenset | list | tuple) and all(isinstance(a, str) for a in answer)
-    verdict.require(ok and set(answer) <= names, "not_ops", f"(names: {sorted(names)})")
-    answer = set(answer)
+    answer, names = as_str_set(value_of(answer)), set(ea.OPS)  # a set, or a function that returns one
+    verdict.require(answer is not None and answer <= names, "not_ops", f"(names: {sorted(names)})")
     verdict.require(not answer & {"w[idx]", "torch.take"}, "wraps")
     verdict.require(answer != {"torch.gather"}, "gather_only")
     verdict.require("F.embedding" in answer, "missed_embedding")
@@ -183,13 +178,13 @@ def check_first_bad_op(answer, verdict):
     line = _squeeze(answer)
     verdict.require(line != _squeeze(heard), "traceback_line")
     verdict.require(line in {_squeeze(code) for code in forward_lines()}, "not_in_forward")
-    if line != _squeeze(expected):
-        verdict.explain(
-            "",
-            "wrong_line",
-            other_embedding=bool(re.search(r"\btable\(", line)),
-            indexing=bool(re.search(r"[\w)]\[(?!:)", line)),
-        )
+    verdict.match(
+        line == _squeeze(expected),
+        "",
+        "wrong_line",
+        other_embedding=bool(re.search(r"\btable\(", line)),
+        indexing=bool(re.search(r"[\w)]\[(?!:)", line)),
+    )
 
 
 # -- ch2.guard_positions ----------------------------------------------------------------------------------
@@ -281,10 +276,9 @@ def check_guard_positions(answer, verdict):
         ok = isinstance(got, (list, tuple)) and len(got) == len(positions) and all(g in req_ids for g in got)
         verdict.require(ok, "format", f"(you returned {got!r})")
         got = [req_ids.index(g) for g in got]
-        if got == truth:
-            continue
         empty = {i for i, c in enumerate(cu) if c == (cu[i - 1] if i else 0)}
-        verdict.explain(
+        verdict.match(
+            got == truth,
             f"(positions {positions}, cu_num_tokens {cu}: you said {[req_ids[g] for g in got]})",
             boundary=got == [bisect.bisect_left(cu, p) for p in positions],
             exclusive=got == [max(bisect.bisect_right(cu, p) - 1, 0) for p in positions],

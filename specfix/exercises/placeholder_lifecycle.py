@@ -1,10 +1,7 @@
 """Chapter 1's exercises on the ``-1`` placeholder's path through one engine step, with their checkers.
 
-Write one greedy step and ``draft_token_ids``, place the clamp, lay out a step's drafts, predict what zeroing
-accepts, and reject negative drafts.
-
-Each checker runs the reader's answer against specfix's own model runner, engine or rejection sampler, on
-the chapter's batch and on crafted and seeded ones it never prints; everything runs on the CPU.
+Each runs the reader's answer against specfix's own model runner, engine or rejection sampler on the CPU, on
+the chapter's batch and on crafted and seeded ones it never prints.
 """
 
 from __future__ import annotations
@@ -20,13 +17,8 @@ from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
 from specfix.v1.engine import LLMEngine, generate
 from specfix.v1.model_runner import GPUModelRunner, StepTrace
-from specfix.v1.rejection_sampler import rejection_random_sample
-from specfix.v1.scheduler import (
-    CachedRequestData,
-    NewRequestData,
-    SamplingParams,
-    SchedulerOutput,
-)
+from specfix.v1.rejection_kernels import rejection_random_sample
+from specfix.v1.scheduler import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -89,18 +81,16 @@ def metadata_table():
 
     output = metadata_scheduler_output()
     columns = ["prompt tokens", "already computed", "num_scheduled_tokens", "scheduled_spec_decode_tokens"]
-    rows = [
-        (
+    rows = {
+        r: (
             len(prompt),
             computed,
             output.num_scheduled_tokens[r],
             output.scheduled_spec_decode_tokens.get(r, []),
         )
         for r, prompt, computed, _ in METADATA_BATCH
-    ]
-    return pd.DataFrame(
-        rows, columns=columns, index=pd.Index([r for r, *_ in METADATA_BATCH], name="request")
-    )
+    }
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("request")
 
 
 @checker(
@@ -230,7 +220,8 @@ def check_draft_ids(answer, verdict):
             verdict.require(not shares and after == want, "view", said)
             continue
         rows, targets = metadata.logits_indices.long(), metadata.target_logits_indices.long()
-        verdict.explain(
+        verdict.match(
+            False,
             said,
             logits_rows=got == before[rows].tolist(),
             echo=got in (before.tolist(), before[: int(cu_num_scheduled[-1])].tolist()),
@@ -348,23 +339,12 @@ def _random_rows(num_slots: int = 64, vocab_size: int = 16, seed: int = 0):
 
 def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Tensor:
     """Which slots specfix's rejection sampler accepts, each slot run as a request with one draft."""
-    num_slots = drafts.numel()
-    output = torch.full((num_slots, 2), -1, dtype=torch.int32)
-    rejected_marker = torch.full((num_slots,), -2)  # "recovered token" no draft can equal
-    rejection_random_sample(
-        output,
-        torch.arange(1, num_slots + 1, dtype=torch.int32),
-        drafts,
-        draft_probs,
-        target_probs,
-        torch.zeros(num_slots, dtype=torch.int32),
-        rejected_marker,
-        uniforms,
-        None,
-        1,
-        reject_negative_drafts=True,
-        backend="torch",
-    )
+    n = drafts.numel()
+    output = torch.full((n, 2), -1, dtype=torch.int32)
+    cu, bonus = torch.arange(1, n + 1, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
+    rejected = torch.full((n,), -2)  # the "recovered token": no draft can equal it
+    args = (output, cu, drafts, draft_probs, target_probs, bonus, rejected, uniforms, None, 1)
+    rejection_random_sample(*args, reject_negative_drafts=True, backend="torch")
     return output[:, 0] != -2
 
 
@@ -469,10 +449,9 @@ def check_emitted(answer, verdict):
         got = as_int_list(answer(list(drafts), list(choices)))
         verdict.require(got is not None, "format")
         want = emitted_reference(drafts, choices)
-        if got == want:
-            continue
         n = len(want) - 1  # accepted drafts
-        verdict.explain(
+        verdict.match(
+            got == want,
             f"(drafts {drafts}, target choices {choices}: you emitted {got})",
             placeholder=-1 in got,
             no_bonus=got == want[:-1] and n == len(drafts),
