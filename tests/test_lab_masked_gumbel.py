@@ -50,7 +50,7 @@ def test_sample_matches_the_reference_for_the_crowd():
 
 
 def test_padded_drafter_step_with_the_mask_writes_only_live_slots():
-    step = lab.padded_drafter_step(vocab_size=64)
+    step = lab.padded_drafter_step()
     tokens, buffers = lab.run_drafter_step(step, device=DEVICE)
     whole = buffers["draft_logits"]
     written = (whole != lab.SENTINEL).any(-1)
@@ -62,16 +62,11 @@ def test_padded_drafter_step_with_the_mask_writes_only_live_slots():
 
 
 def test_padded_drafter_step_without_the_mask_writes_the_guard_row():
-    step = lab.padded_drafter_step(vocab_size=64)
+    step = lab.padded_drafter_step()
     _, buffers = lab.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=DEVICE)
     guard = buffers["draft_logits"][0, step.col]
     assert torch.equal(guard, step.logits[5])  # its logits, before temperature
     assert buffers["temperature"][0] == step.guard_temperature  # the guard itself is read, never written
-
-
-def test_padded_drafter_step_refuses_a_tiny_vocabulary():
-    with pytest.raises(ValueError, match=r"vocab_size must be >= 2, got 1"):
-        lab.padded_drafter_step(vocab_size=1)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -107,9 +102,9 @@ def test_load_vllm_sampler_imports_vllms_own_file(vllm_gumbel):
     """Its gumbel_sample runs in Triton's interpreter too, the draft-logits cache included (vLLM masks that
     store by a scalar, which the interpreter needs as an int1 mask: load_vllm_sampler gives it one)."""
     assert vllm_gumbel.__file__ == str(lab.PEER_DIR / "vllm_gumbel_0_33_0.py")
-    step = lab.padded_drafter_step(vocab_size=64)
+    step = lab.padded_drafter_step()
     b = {k: getattr(step, k).to(DEVICE) for k in lab.BATCH_KEYS}
-    cache = torch.full((4, 2, 64), lab.SENTINEL, device=DEVICE)
+    cache = torch.full((4, 2, step.logits.shape[1]), lab.SENTINEL, device=DEVICE)
     tokens = vllm_gumbel.gumbel_sample(*b.values(), True, True, cache, torch.tensor(1, device=DEVICE))
     _, buffers = lab.run_drafter_step(step, device=DEVICE)
     assert torch.equal(cache.cpu(), buffers["draft_logits"][1:-1]) and tokens.shape == (6,)

@@ -224,13 +224,11 @@ class DrafterStep:
         return [(int(r), self.col) for r in idx[idx >= 0]]
 
 
-def padded_drafter_step(vocab_size: int = 600) -> DrafterStep:
+def padded_drafter_step() -> DrafterStep:
     """The chapter's example: 4 live rows in 4 request slots (one greedy), then 2 padded rows (``-1``)
     sharing one set of logits, so that both write the same values wherever they write."""
-    if vocab_size < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     gen = torch.Generator().manual_seed(5)
-    logits = torch.randn(6, vocab_size, generator=gen) * 3
+    logits = torch.randn(6, 600, generator=gen) * 3
     logits[5] = logits[4]
     return DrafterStep(
         logits=logits,
@@ -300,27 +298,21 @@ def stale_padding_step(seed: int, device: torch.device | str = "cpu") -> tuple[d
     col = int(torch.randint(0, num_cols, (1,), generator=gen))
     idx = torch.cat([live, stale])
     pos = torch.arange(6) + 10
-    seeds = torch.arange(max_reqs, dtype=torch.int64)
-    on = {
-        k: v.to(device)
-        for k, v in dict(
-            logits=logits, idx=idx, pos=pos, temperature=temperature, seed=seeds, table=table
-        ).items()
-    }
+    seeds, on_device = torch.arange(max_reqs), table.to(device)
     for rows in (slice(0, live_rows), slice(live_rows, 6)):  # live rows first, padded rows last
         gumbel.gumbel_sample(
-            on["logits"][rows],
-            on["idx"][rows],
-            on["temperature"],
-            on["seed"],
-            on["pos"][rows],
+            logits[rows].to(device),
+            idx[rows].to(device),
+            temperature.to(device),
+            seeds.to(device),
+            pos[rows].to(device),
             True,
             True,
-            on["table"],
+            on_device,
             col,
         )
     puzzle = {
-        "table": on["table"].cpu(),
+        "table": on_device.cpu(),
         "col": col,
         "logits": logits[:live_rows].clone(),
         "idx_mapping": idx[:live_rows].clone(),

@@ -9,6 +9,7 @@ Read :func:`make_step` first, then :func:`time_fix` and :func:`count_syncs`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 import time
@@ -150,25 +151,16 @@ def _check_fix(fix: str) -> Callable[[Step], object]:
 
 
 # -- measuring ------------------------------------------------------------------------------------------
-def _busy_gpu(microseconds: float) -> None:
-    """Queue roughly ``microseconds`` of GPU work, as if the previous step's forward were still running."""
-    if microseconds > 0:
-        torch.cuda._sleep(int(microseconds * _cycles_per_us()))
-
-
-_CYCLES_PER_US: list[float] = []
-
-
+@functools.cache
 def _cycles_per_us() -> float:
-    if not _CYCLES_PER_US:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # warm up
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_US.append(10_000_000 / (start.elapsed_time(end) * 1e3))
-    return _CYCLES_PER_US[0]
+    """How many ``torch.cuda._sleep`` cycles this GPU spins per microsecond, measured once."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm up
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) * 1e3)
 
 
 def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us: float = 0.0) -> dict:
@@ -185,7 +177,8 @@ def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us
         step.input_ids.copy_(step.pristine)
         if cuda:
             torch.cuda.synchronize()
-            _busy_gpu(busy_us)
+            if busy_us:  # GPU work still queued, as if the previous step's forward were running
+                torch.cuda._sleep(int(busy_us * _cycles_per_us()))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
