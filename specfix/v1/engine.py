@@ -11,8 +11,6 @@ Read :meth:`LLMEngine.step` first.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -324,63 +322,18 @@ def generate(
 DEMO_PROMPTS = ("the fox saw the crow and", "a lion was asleep in", "the north wind and", "the mice ran to")
 
 
-# Chapter 2's crash: python -m specfix.v1.engine --no-clamp --device cuda --steps 4
+# Chapter 2's crash, run on CUDA in a child process by ``specfix.lab.embedding_assert``.
 def run_demo(
-    fixes: Fixes = _DEFAULT_FIXES,
-    device: torch.device | str = "cpu",
-    steps: int | None = None,
-    k: int = 3,
-    proposer: str = "draft_model",
-    async_scheduling: bool = False,
+    fixes: Fixes = _DEFAULT_FIXES, device: torch.device | str = "cpu", steps: int | None = None
 ) -> GenerateResult:
-    """A batch of four whose two prefilled requests get ``[-1] * k`` drafts in the first step: with
+    """A batch of four whose two prefilled requests get ``[-1] * 3`` drafts in the first step: with
     ``fixes.clamp_placeholders`` off the embedding fails (IndexError on CPU, device-side assert on CUDA)."""
     return generate(
         list(DEMO_PROMPTS),
         SamplingParams(temperature=0.7, seed=0, max_tokens=24),
-        num_speculative_tokens=k,
+        num_speculative_tokens=3,
         remote_prefill=[True, False, True, False],
-        proposer=proposer,
         fixes=fixes,
         device=device,
         max_steps=steps,
-        async_scheduling=async_scheduling,
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specfix.v1.engine", description=run_demo.__doc__)
-    parser.add_argument("--no-clamp", action="store_true", help="switch Fixes.clamp_placeholders off")
-    parser.add_argument("--no-reject", action="store_true", help="switch Fixes.reject_negative_drafts off")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many engine steps")
-    parser.add_argument("--proposer", default="draft_model", choices=list(PROPOSERS))
-    parser.add_argument("--async-scheduling", action="store_true", help="vLLM's AsyncScheduler")
-    args = parser.parse_args(argv)
-    off = [
-        name
-        for name, flag in [("clamp_placeholders", args.no_clamp), ("reject_negative_drafts", args.no_reject)]
-        if flag
-    ]
-    result = run_demo(
-        Fixes().without(*off),
-        device=args.device,
-        steps=args.steps,
-        proposer=args.proposer,
-        async_scheduling=args.async_scheduling,
-    )
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    for out in result.outputs:
-        print(f"[{out.request_id}] {out.prompt!r} -> {out.text!r}")
-    s = result.stats
-    print(
-        f"steps={result.num_steps} drafted={s.num_draft_tokens} accepted={s.num_accepted_tokens} "
-        f"acceptance_rate={s.acceptance_rate:.3f} mean_acceptance_length={s.mean_acceptance_length:.3f} "
-        f"placeholder_slots={s.num_placeholder_slots}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -242,6 +242,9 @@ class Scheduler:
     """vLLM's synchronous scheduler: each step's output (and drafts) come back before the next
     ``schedule``."""
 
+    #: Whether a running request's drafts are placeholders (async) rather than the drafter's proposals.
+    drafts_are_placeholders = False
+
     def __init__(
         self,
         *,
@@ -368,10 +371,6 @@ class Scheduler:
         drafts = request.spec_token_ids[:num_spec] if num_spec > 0 else []
         return num_new, drafts
 
-    def _num_placeholder_drafts(self, drafts: list[int]) -> int:
-        """How many of a running request's drafts are placeholders: none, they are the drafter's."""
-        return 0
-
     # vLLM PR #45237 (not in 0.24.0): a waiting request with one token left (a P/D decode node's first
     # decode, a prompt the prefix cache holds, a one-token prompt) is scheduled as ``1 + k`` tokens with
     # drafts ``[-1] * k``, keeping the uniform query length a FULL CUDA graph replays. 0.33 asks for no
@@ -424,7 +423,7 @@ class Scheduler:
             output.scheduled_cached_reqs.num_computed_tokens.append(request.num_computed_tokens)
             prefill_scheduled |= request.is_prefill_chunk  # a running request's prefill chunk is in this step
             budget -= n
-            self._add(output, request, n, drafts, self._num_placeholder_drafts(drafts))
+            self._add(output, request, n, drafts, len(drafts) if self.drafts_are_placeholders else 0)
             request.spec_token_ids = []
         self._schedule_waiting(output, budget, prefill_scheduled)
         output.total_num_scheduled_tokens = sum(output.num_scheduled_tokens.values())
@@ -567,9 +566,7 @@ class AsyncScheduler(Scheduler):
     request past its prefill gets ``[-1] * k`` drafts that the model runner overwrites with its proposals
     (a request absent from that step keeps its ``-1`` up to the embedding)."""
 
-    def _num_placeholder_drafts(self, drafts: list[int]) -> int:
-        """All of them: a running request's drafts are the placeholders set after its last step."""
-        return len(drafts)
+    drafts_are_placeholders = True  # set after the request's last step
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         raise RuntimeError(

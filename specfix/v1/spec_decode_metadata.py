@@ -15,10 +15,6 @@ from specfix.checks import check_id_tensor, is_int
 from specfix.v1 import device_checks
 
 
-def _cumsum(values: list[int], device: torch.device | str) -> torch.Tensor:
-    return device_checks.to_device(torch.tensor(values, dtype=torch.int64).cumsum(0).to(torch.int32), device)
-
-
 @dataclass
 class SpecDecodeMetadata:
     """One step's speculative-decoding layout for B requests (shapes as in vLLM)."""
@@ -88,16 +84,18 @@ class SpecDecodeMetadata:
         if any(t < -1 for t in flat):
             raise ValueError(f"draft_token_ids must be token ids or -1 (a placeholder), got {flat!r}")
         k = [len(row) for row in draft_token_ids]
-        batch, total = len(k), len(flat)
-        cu_sampled = torch.tensor([n + 1 for n in k], dtype=torch.int64).cumsum(0)
-        sampled_start = (cu_sampled - torch.tensor(k) - 1).tolist()
-        target = [start + j for start, n in zip(sampled_start, k, strict=True) for j in range(n)]
+        cu_sampled = torch.tensor(k, dtype=torch.int64).add(1).cumsum(0)  # [B] inclusive cumsum of k_i + 1
+        target = [end - 1 - n + j for end, n in zip(cu_sampled.tolist(), k, strict=True) for j in range(n)]
+
+        def put(values) -> torch.Tensor:  # an int32 tensor on ``device``, without a blocking copy
+            return device_checks.to_device(torch.as_tensor(values).to(torch.int32), device)
+
         return cls(
-            draft_token_ids=device_checks.to_device(torch.tensor(flat, dtype=torch.int32), device),
+            draft_token_ids=put(flat),
             num_draft_tokens=k,
-            cu_num_draft_tokens=_cumsum(k, device),
-            cu_num_sampled_tokens=device_checks.to_device(cu_sampled.to(torch.int32), device),
-            target_logits_indices=device_checks.to_device(torch.tensor(target, dtype=torch.int32), device),
-            bonus_logits_indices=device_checks.to_device((cu_sampled - 1).to(torch.int32), device),
-            logits_indices=torch.arange(total + batch, dtype=torch.int32, device=device),
+            cu_num_draft_tokens=put(torch.tensor(k, dtype=torch.int64).cumsum(0)),
+            cu_num_sampled_tokens=put(cu_sampled),
+            target_logits_indices=put(target),
+            bonus_logits_indices=put(cu_sampled - 1),
+            logits_indices=torch.arange(len(flat) + len(k), dtype=torch.int32, device=device),
         )
