@@ -76,6 +76,91 @@ triton, tl = _load_triton()
 HAS_TRITON: bool = triton is not _NO_TRITON
 
 
+#: The triton versions whose JITFunction.run ``launch`` repeats (triton/runtime/jit.py, compiler/compiler.py,
+#: backends/nvidia/driver.py read for each); any other launches through triton's own path.
+_DIRECT_VERSIONS = ("3.6.0",)
+_DIRECT = HAS_TRITON and not INTERPRET and triton.__version__ in _DIRECT_VERSIONS
+#: (kernel, device, compile-time values, each argument's specialisation) -> the compiled kernel's launch.
+_LAUNCHES: dict[tuple, tuple] = {}
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
+    """``kernel[grid](*args, **constexprs)`` at a fraction of the host cost: the first call of a
+    specialisation goes through triton (which compiles), later ones call the compiled kernel's C launcher
+    directly, skipping triton's re-binding of every argument and its string cache key.
+
+    Skipped as well: the check that a global constexpr kept its value (specfix's kernels read none), and
+    triton's launch hooks (the direct path is taken only while none is set). ``constexprs`` are the
+    keyword arguments (constexprs and compile options: hashable values), in the same order call after call.
+    """
+    key = _launch_key(kernel, grid, args, constexprs) if _DIRECT else None
+    hit = _LAUNCHES.get(key) if key is not None else None
+    if hit is None:
+        if key is None:  # the interpreter, no triton or another version, or an argument not keyed
+            if not HAS_TRITON:
+                kernel[grid](*args, **constexprs)  # the stand-in's error
+            kernel.run(*args, grid=grid, warmup=False, **constexprs)
+            return
+        compiled = kernel.run(*args, grid=grid, warmup=False, **constexprs)
+        if len(_LAUNCHES) > 4096:  # a bound on memory, should keys ever vary without end
+            _LAUNCHES.clear()
+        params = list(kernel.signature.parameters.values())[len(args) :]
+        tail = tuple(constexprs.get(p.name, p.default) for p in params)  # bound in triton's order
+        _LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+        return
+    run, function, metadata, tail = hit
+    stream = torch._C._cuda_getCurrentRawStream(key[1])
+    # JITFunction.run's own call (triton 3.6), with no launch metadata and no hooks
+    grid = grid + (1, 1)
+    run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *tail)
+
+
+class _Unkeyed(Exception):
+    """An argument whose specialisation ``launch`` does not know: triton launches it."""
+
+
+def _launch_key(kernel, grid, args, constexprs) -> tuple | None:
+    """What triton 3.6 compiles a separate kernel for: the keyword values, each pointer's dtype and 16-byte
+    alignment, None, and each int's width, == 1 and % 16 == 0 (not for ``do_not_specialize`` ones)."""
+    if type(kernel) is not _JITFunction or type(grid) is not tuple or _hooked():
+        return None
+    flags = _SPECIALIZED.get(id(kernel))
+    if flags is None:
+        flags = _SPECIALIZED[id(kernel)] = tuple(not p.do_not_specialize for p in kernel.params)
+    try:
+        specs = tuple(map(_arg_key, args, flags))
+    except _Unkeyed:
+        return None
+    return id(kernel), torch._C._cuda_getDevice(), tuple(constexprs.items()), specs
+
+
+def _arg_key(arg, specialize: bool):
+    """One argument's share of the key, as triton 3.6's ``native_specialize_impl`` tells it apart."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    kind = type(arg)
+    if kind is int:
+        width = 0 if -(1 << 31) <= arg < 1 << 31 else 1 if arg < 1 << 63 else 2  # i32, i64, u64
+        return (width, arg == 1, arg % 16 == 0) if specialize else width
+    if arg is None or kind is bool or kind is float:  # None a constexpr; bools and floats by type only
+        return kind
+    raise _Unkeyed
+
+
+def _hooked() -> bool:
+    """Has anyone (a profiler) hooked triton's launches?"""
+    enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    return bool(enter is not None and getattr(enter, "calls", True)) or bool(
+        leave is not None and getattr(leave, "calls", True)
+    )
+
+
+_SPECIALIZED: dict[int, tuple[bool, ...]] = {}
+if _DIRECT:
+    from triton import knobs as _knobs
+    from triton.runtime.jit import JITFunction as _JITFunction
+
+
 def scaled(ci, full):
     """Pick a problem size by ``SPECFIX_SCALE``."""
     return full if SCALE == "full" else ci

@@ -40,7 +40,7 @@ from specfix.mrv2.noise import (  # noqa: F401 (what the kernels call; gumbel_no
     _vllm_row_state,
     gumbel_noise,
 )
-from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.runtime import HAS_TRITON, launch, tl, triton
 
 _DEFAULT_FIXES = Fixes()
 
@@ -426,11 +426,16 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
         arrive,
     )
     args = (out, split_best, arrivals, logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
-    # .run, not [grid](): triton's __getitem__ only wraps it in a lambda that packs every argument once more
-    _gumbel_sample_kernel.run(*args, grid=plan.grid, warmup=False, **switches)
+    launch(_gumbel_sample_kernel, plan.grid, *args, **switches)
     if two_kernels:
-        _gumbel_reduce_kernel[(num_tokens,)](
-            out, split_best, plan.num_splits, SPLITS=plan.splits_bound, num_warps=1
+        launch(
+            _gumbel_reduce_kernel,
+            (num_tokens,),
+            out,
+            split_best,
+            plan.num_splits,
+            SPLITS=plan.splits_bound,
+            num_warps=1,
         )
     return out
 
