@@ -11,7 +11,6 @@ the comment above it says what it costs, how strict it is and what it does not c
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import traceback
@@ -33,38 +32,26 @@ MAX_LISTED = 8
 class IndexGuardError(IndexError):
     """An index tensor holds values outside the indexed dimension (found before any kernel ran)."""
 
-    def __init__(
-        self,
-        op: str,
-        values: list[int],
-        positions: list[tuple[int, ...]],
-        num_bad: int,
-        low: int,
-        high: int,
-        shape: tuple[int, ...],
-        dim: int | None,
-        index_shape: tuple[int, ...],
-        device: str,
-        caller: str = "",
-    ):
-        self.op, self.values, self.positions, self.num_bad = op, values, positions, num_bad
-        self.valid_range, self.shape, self.dim = (low, high), shape, dim
-        self.index_shape, self.device, self.caller = index_shape, device, caller
+    def __init__(self, lookup: _Lookup, low: int, values: list[int], positions: list[tuple], num_bad: int):
+        self.op, self.values, self.positions, self.num_bad = lookup.op, values, positions, num_bad
+        self.valid_range, self.index_shape = (low, lookup.size), tuple(lookup.index.shape)
+        self.caller = _caller()
         extent = (
             "the number of elements of the indexed tensor (take indexes it flattened)"
-            if dim is None
-            else f"the size of dim {dim} of the indexed tensor"
+            if lookup.dim is None
+            else f"the size of dim {lookup.dim} of the indexed tensor"
         )
         listed = ", ".join(f"{v} at {p}" for v, p in zip(values, positions, strict=True))
         more = f", and {num_bad - len(values)} more" if num_bad > len(values) else ""
         lines = [
-            f"{op}: {num_bad} of {math.prod(index_shape)} indices fall outside the valid range "
-            f"[{low}, {high}), {extent} (shape {tuple(shape)}, device {device}).",
+            f"{self.op}: {num_bad} of {lookup.index.numel()} indices fall outside the valid range "
+            f"[{low}, {lookup.size}), {extent} (shape {tuple(lookup.source.shape)}, "
+            f"device {lookup.index.device}).",
             f"  offending values: {listed}{more}",
-            f"  (positions are in the index tensor, of shape {tuple(index_shape)})",
+            f"  (positions are in the index tensor, of shape {self.index_shape})",
         ]
-        if caller:
-            lines.append(f"  called from {caller}")
+        if self.caller:
+            lines.append(f"  called from {self.caller}")
         if PLACEHOLDER_TOKEN_ID in values:
             lines.append(
                 f"  {PLACEHOLDER_TOKEN_ID} is PLACEHOLDER_TOKEN_ID: a speculative-decoding placeholder "
@@ -211,19 +198,7 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
         else:
             coords = torch.stack(torch.unravel_index(flat, index.shape), dim=1)
             positions = [tuple(p) for p in coords.tolist()]
-        raise IndexGuardError(
-            op=lookup.op,
-            values=values,
-            positions=positions,
-            num_bad=int(bad.sum()),
-            low=low,
-            high=size,
-            shape=tuple(lookup.source.shape),
-            dim=lookup.dim,
-            index_shape=tuple(index.shape),
-            device=str(index.device),
-            caller=_caller(),
-        )
+        raise IndexGuardError(lookup, low, values, positions, int(bad.sum()))
 
 
 @dataclass(frozen=True)
