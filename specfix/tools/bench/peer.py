@@ -7,6 +7,7 @@ imported and timed here, never copied into specfix. Per-shape goals are judged a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from pathlib import Path
 
@@ -82,17 +83,13 @@ def speedup_key(version: str) -> str:
     return f"speedup_vs_{peer_impl(version)}"
 
 
-def gumbel_call(module, inp: dict, apply_temperature: bool = False):
+def gumbel_call(module, inp: dict):
     """A no-argument call of a vLLM release's ``gumbel_sample`` on ``inp`` (a target draw: 0.33's
-    ``is_drafting`` False)."""
+    ``is_drafting`` False), built as specfix's call is (``gumbel_cases.call_gumbel``): a partial."""
     drafting = "is_drafting" in inspect.signature(module.gumbel_sample).parameters
     extra = {"is_drafting": False} if drafting else {}
-    args = tuple(inp[k] for k in BATCH_KEYS)
-
-    def call():
-        return module.gumbel_sample(*args, apply_temperature, **extra)
-
-    return call
+    args = (*(inp[k] for k in BATCH_KEYS), False)  # apply_temperature False: vLLM applies it beforehand
+    return functools.partial(module.gumbel_sample, *args, **extra)
 
 
 def sampling_metadata(module, mode: str, seeds: list, device):
