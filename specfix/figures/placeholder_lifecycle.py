@@ -1,11 +1,7 @@
 """Chapter 1's figures, tables and paragraphs on the ``-1`` placeholder's life through one engine step.
 
-They show the step's tensors as token grids, the acceptance plots, the tables that compare placeholder
-designs, and one placeholder on both model runners.
-
-A grid cell is one token id with its word under it, coloured by what it is: a ``-1`` placeholder, an id that
-was ``-1`` a stage earlier, an unused cell, or padding. Figures come back closed in pyplot, so a notebook
-shows each once, as the cell's value.
+A grid cell is one token id with its word under it, coloured by what it is (:data:`_KIND_LABELS`). Figures
+come back closed in pyplot, so a notebook shows each once, as the cell's value.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ def _grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None,
             ax.set_title(title, loc="left", fontsize=9)
             shown |= set(np.unique(kinds).tolist())
         key = style.patches([_FILL[k] for k in sorted(shown)], [_KIND_LABELS[k] for k in sorted(shown)])
-        style.legend_below(
-            fig, ncol=3, handles=key, fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5
-        )
+        tight = dict(fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5)
+        style.legend_below(fig, ncol=3, handles=key, **tight)
         style.caption(fig, caption)
     plt.close(fig)
     return fig
@@ -60,19 +55,14 @@ def _filled_lengths(step: StepTrace) -> list[int]:
     """Cells of ``token_ids_cpu`` in use per request after this step's update: prompt, outputs and drafts."""
     out = step.scheduler_output
     start = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-    start.update(
-        zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens, strict=True)
-    )
+    cached = out.scheduled_cached_reqs
+    start.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     prompt = {new.req_id: len(new.prompt_token_ids) for new in out.scheduled_new_reqs}
-    return [
-        max(prompt.get(r, 0), start[r] + n)
-        for r, n in zip(step.req_ids, step.num_scheduled_tokens, strict=True)
-    ]
+    scheduled = zip(step.req_ids, step.num_scheduled_tokens, strict=True)
+    return [max(prompt.get(r, 0), start[r] + n) for r, n in scheduled]
 
 
-def token_table(
-    step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | None = None, width: int = 10
-) -> Figure:
+def token_table(step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | None = None, width: int = 10):
     """``InputBatch.token_ids_cpu`` after ``update_req_spec_token_ids``, ``rows`` its requests' rows."""
     rows = list(range(len(step.req_ids))) if rows is None else list(rows)
     if len(rows) != len(step.req_ids):
@@ -81,14 +71,11 @@ def token_table(
     kinds = np.where(table == -1, PLACEHOLDER, ORDINARY)
     kinds[np.arange(width)[None, :] >= np.array(_filled_lengths(step))[:, None]] = UNUSED
     title = f"InputBatch.token_ids_cpu, first {width} positions, after update_req_spec_token_ids"
-    fig = _grids(
-        [(table, kinds, title)],
-        vocab,
-        0.6 + 0.55 * len(rows),
+    caption = (
         "The scheduler's drafts, -1 included, are written right after each request's committed tokens: "
-        "the -1 is still only a value in a CPU table.",
-        rows=step.req_ids,
+        "the -1 is still only a value in a CPU table."
     )
+    fig = _grids([(table, kinds, title)], vocab, 0.6 + 0.55 * len(rows), caption, rows=step.req_ids)
     fig.axes[0].set_xlabel("position in the request")
     return fig
 
@@ -113,38 +100,29 @@ def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
     kinds_drafts = np.full(len(before), UNUSED)
     kinds_drafts[positions] = np.where(drafts[positions] == -1, PLACEHOLDER, ORDINARY)
     was = np.where(padding, PADDING, np.where(before == -1, WAS_PLACEHOLDER, ORDINARY))
+    copy = "SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions"
     panels = [
         (before, np.where(was == WAS_PLACEHOLDER, PLACEHOLDER, was), "input_ids after _prepare_inputs"),
-        (
-            drafts,
-            kinds_drafts,
-            "SpecDecodeMetadata.draft_token_ids (a copy made before the clamp), at its positions",
-        ),
+        (drafts, kinds_drafts, copy),
         (step.embedding_input.numpy(), was, "input_ids after _preprocess: what nn.Embedding receives"),
     ]
-    return _grids(
-        panels,
-        vocab,
-        3.9,
+    caption = (
         "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has it clamped to 0 "
-        "(green). Column labels name the request each token belongs to.",
-        cols=labels,
+        "(green). Column labels name the request each token belongs to."
     )
+    return _grids(panels, vocab, 3.9, caption, cols=labels)
 
 
 def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
     """The rejection sampler's output matrix ``[B, max_spec_len + 1]`` of one step."""
     out = step.sampler_output.numpy()
-    title = "RejectionSampler output [B, max_spec_len + 1]"
-    return _grids(
-        [(out, np.where(out == -1, PLACEHOLDER, ORDINARY), title)],
-        vocab,
-        0.7 + 0.45 * out.shape[0],
+    panel = (out, np.where(out == -1, PLACEHOLDER, ORDINARY), "RejectionSampler output [B, max_spec_len + 1]")
+    caption = (
         "Each row holds the tokens its request produced, left to right, then -1. A request with k drafts has "
-        "its bonus column at k: column 0 for one without drafts.",
-        cols=[f"column {j}" for j in range(out.shape[1])],
-        rows=step.req_ids,
+        "its bonus column at k: column 0 for one without drafts."
     )
+    cols = [f"column {j}" for j in range(out.shape[1])]
+    return _grids([panel], vocab, 0.7 + 0.45 * out.shape[0], caption, cols=cols, rows=step.req_ids)
 
 
 def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
@@ -164,9 +142,8 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
         ax1.set(ylabel="accepted / drafted", title="acceptance rate per position")
         ax2.set(xticks=range(1, k + 2), xlabel="tokens per target pass (1 + accepted)", ylabel="fraction")
         ax2.set_title("acceptance length")
-        fig.legend(
-            *ax1.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(stats)
-        )
+        top = dict(loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(stats))
+        fig.legend(*ax1.get_legend_handles_labels(), **top)
         fig.subplots_adjust(top=0.78, wspace=0.3)
         style.caption(
             fig,
