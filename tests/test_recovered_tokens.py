@@ -53,7 +53,7 @@ def test_ties_go_to_the_first_column(monkeypatch):
     cu = torch.tensor([2], dtype=torch.int32)
     noise = torch.ones(1, 64)
     drafts = torch.tensor([0, 5], dtype=torch.int32)
-    ref = rs.sample_recovered_tokens_ref(cu, drafts, None, target, noise)
+    ref = recovered_tokens.sample_recovered_tokens_ref(cu, drafts, None, target, noise)
     assert ref.tolist() == [1, 0]  # row 0 zeroed its draft (column 0), so column 1 is the first maximum
     monkeypatch.setattr(recovered_tokens, "_exponential_noise", lambda *args: noise)
     meta = SamplingMetadata.from_requests([1.0], [None])
@@ -98,11 +98,13 @@ def test_ties_across_splits_go_to_the_first_column(monkeypatch):
 
 def test_recovered_launch_fills_the_gpu_at_small_batches(monkeypatch):
     monkeypatch.setattr(recovered_tokens.runtime, "INTERPRET", False)
-    block, one = rs.recovered_launch(1, 151_936)
-    assert one == rs.MAX_RECOVERED_SPLITS and block * one <= 151_936
-    assert rs.recovered_launch(1280, 151_936)[1] == 1  # enough tokens: one program each, as vLLM
-    assert rs.recovered_launch(64, 151_936)[1] * 64 >= rs.RECOVERED_PROGRAMS
-    assert rs.recovered_launch(1, 3000)[1] == 2  # never more splits than tiles
+    block, one = recovered_tokens.recovered_launch(1, 151_936)
+    assert one == recovered_tokens.MAX_RECOVERED_SPLITS and block * one <= 151_936
+    assert (
+        recovered_tokens.recovered_launch(1280, 151_936)[1] == 1
+    )  # enough tokens: one program each, as vLLM
+    assert recovered_tokens.recovered_launch(64, 151_936)[1] * 64 >= recovered_tokens.RECOVERED_PROGRAMS
+    assert recovered_tokens.recovered_launch(1, 3000)[1] == 2  # never more splits than tiles
 
 
 @needs_triton

@@ -143,7 +143,7 @@ def sample_recovered_tokens(
 ) -> torch.Tensor:
     """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E`` needs no
     normalising); the noise comes from torch, so a seed gives the same tokens on every backend."""
-    draws, splits = _recovered_draws(
+    draws = _recovered_draws(
         max_spec_len,
         num_draft_tokens,
         cu_num_draft_tokens,
@@ -151,12 +151,12 @@ def sample_recovered_tokens(
         draft_probs,
         target_probs,
         sampling_metadata,
-        device,
         backend,
     )
-    if splits == 1:
+    if draws.dim() == 1:
         return draws
     out = torch.empty(draws.shape[0], dtype=torch.int32, device=draws.device)
+    splits = draws.shape[1]
     _recovered_tokens_reduce_kernel[(draws.shape[0],)](
         out, draws, splits, SPLITS=triton.next_power_of_2(splits)
     )
@@ -171,26 +171,26 @@ def _recovered_draws(
     draft_probs,
     target_probs,
     sampling_metadata,
-    device,
     backend,
-) -> tuple[torch.Tensor, int]:
-    """``(tokens, 1)``, or ``(split keys [T, splits] int64, splits)`` left for the random kernel to reduce
-    at the drafts it rejects (one launch fewer than a reduce kernel)."""
+) -> torch.Tensor:
+    """[T] int32 tokens, or [T, splits] int64 split keys left for the random kernel to reduce at the drafts
+    it rejects (one launch fewer than a reduce kernel)."""
     num_tokens, vocab_size = target_probs.shape
+    device = target_probs.device
     noise = _exponential_noise(
         len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device
     )
-    if not _use_triton(backend, target_probs.device):
+    if not _use_triton(backend, device):
         return sample_recovered_tokens_ref(
             cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
-        ), 1
+        )
     if num_tokens == 0:
-        return torch.empty(0, dtype=torch.int32, device=target_probs.device), 1
+        return torch.empty(0, dtype=torch.int32, device=device)
     block, split_size, splits = _split_geometry(
         *recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size), vocab_size
     )
     shape, dtype = ((num_tokens,), torch.int32) if splits == 1 else ((num_tokens, splits), torch.int64)
-    out = torch.empty(shape, dtype=dtype, device=target_probs.device)
+    out = torch.empty(shape, dtype=dtype, device=device)
     target_probs = _as(target_probs, torch.float32)
     sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
         out,
@@ -207,7 +207,7 @@ def _recovered_draws(
         NO_DRAFT_PROBS=draft_probs is None,
         num_warps=8,
     )
-    return out, splits
+    return out
 
 
 def sample_recovered_tokens_ref(

@@ -220,11 +220,10 @@ def rejection_random_sample(
     *,
     reject_negative_drafts: bool = True,
     backend: str = "auto",
-    num_splits: int = 1,
 ) -> None:
     """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
-    inputs (``rejection_sample`` checks them). ``num_splits`` > 1: ``recovered_token_ids`` holds the
-    recovered draw's split keys (Triton only)."""
+    inputs (``rejection_sample`` checks them). ``recovered_token_ids`` [T, splits] int64: the recovered
+    draw's split keys (Triton only)."""
     if not _use_triton(backend, output_token_ids.device):
         rejection_random_sample_ref(
             output_token_ids,
@@ -242,6 +241,7 @@ def rejection_random_sample(
         return
     _check_row_block(max_spec_len)
     batch_size = output_token_ids.shape[0]
+    num_splits = 1 if recovered_token_ids.dim() == 1 else recovered_token_ids.shape[1]
     target_probs = _as(target_probs, torch.float32)
     rejection_random_sample_kernel[(batch_size,)](
         output_token_ids,

@@ -8,7 +8,7 @@ A ``-1`` placeholder draft is always rejected: greedy because it never equals an
 of vLLM PR #46533's ``draft < 0`` guard (``Fixes.reject_negative_drafts``).
 
 Read ``rejection_sample`` first. The kernels sit in ``specfix.v1.rejection_kernels`` and
-``specfix.v1.recovered_tokens``; their public names are importable from here too.
+``specfix.v1.recovered_tokens``.
 """
 
 from __future__ import annotations
@@ -22,48 +22,20 @@ from specfix.checks import check_device, check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.v1 import device_checks
 from specfix.v1.recovered_tokens import (
-    MAX_RECOVERED_SPLITS,
-    RECOVERED_PROGRAMS,
     _exponential_noise,
     _recovered_draws,
     _token_to_request,
-    recovered_launch,
-    sample_recovered_tokens,
-    sample_recovered_tokens_ref,
+    sample_recovered_tokens,  # noqa: F401  (the speculator imports it from here)
 )
 from specfix.v1.rejection_kernels import (
     PLACEHOLDER_TOKEN_ID,
     _use_triton,
     rejection_greedy_sample,
-    rejection_greedy_sample_ref,
     rejection_random_sample,
-    rejection_random_sample_kernel,
-    rejection_random_sample_ref,
+    rejection_random_sample_kernel,  # noqa: F401  (show_fix reads the reject_negative_drafts fix here)
 )
-from specfix.v1.sampling_metadata import GREEDY_TEMPERATURE, SAMPLING_EPS, SamplingMetadata
+from specfix.v1.sampling_metadata import SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
-
-__all__ = [
-    "GREEDY_TEMPERATURE",
-    "MAX_RECOVERED_SPLITS",
-    "MAX_SPEC_LEN",
-    "PLACEHOLDER_TOKEN_ID",
-    "RECOVERED_PROGRAMS",
-    "RejectionSampler",
-    "SAMPLING_EPS",
-    "apply_sampling_constraints",
-    "expand_batch_to_tokens",
-    "generate_uniform_probs",
-    "rejection_greedy_sample",
-    "rejection_greedy_sample_ref",
-    "rejection_random_sample",
-    "rejection_random_sample_kernel",
-    "rejection_random_sample_ref",
-    "recovered_launch",
-    "rejection_sample",
-    "sample_recovered_tokens",
-    "sample_recovered_tokens_ref",
-]
 
 #: Most drafts one request may carry in one step.
 MAX_SPEC_LEN = 128
@@ -96,21 +68,13 @@ class RejectionSampler(torch.nn.Module):
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
         if sampling_metadata.all_greedy:
             return _greedy_forward(metadata, logits, self.backend)
-        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place.
+        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place by the
+        # divisors, computed once for both (a launch on a GPU unless every request is random).
         bonus_logits = _float32(logits[metadata.bonus_logits_indices])
         target_logits = _float32(logits[metadata.target_logits_indices])
-        # The greedy mask and the divisors, once for the step (each is a kernel launch on a GPU); neither is
-        # needed when every request samples alike.
-        is_greedy = _mixed_greedy_mask(sampling_metadata)
-        divisors = None
-        if not sampling_metadata.all_greedy:
-            divisors = (
-                sampling_metadata.temperature
-                if is_greedy is None
-                else _divisors(is_greedy, sampling_metadata)
-            )
-        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, is_greedy, divisors)
-        target_logits = apply_sampling_constraints(
+        divisors = _divisors(sampling_metadata)
+        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, divisors)
+        apply_sampling_constraints(
             target_logits,
             metadata.cu_num_draft_tokens,
             sampling_metadata,
@@ -128,7 +92,6 @@ class RejectionSampler(torch.nn.Module):
             sampling_metadata,
             reject_negative_drafts=self.fixes.reject_negative_drafts,
             backend=self.backend,
-            is_greedy=is_greedy,
         )
 
     @staticmethod
@@ -160,9 +123,8 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
     """``forward`` when every request is greedy: one argmax over every row, then the ids are gathered, not
     the rows (an argmax is exact in any float dtype, so no float32 copy either)."""
     argmax = logits.argmax(dim=-1)
-    output_token_ids = torch.empty(
-        (metadata.batch_size, metadata.max_spec_len + 1), dtype=torch.int32, device=logits.device
-    )
+    shape = (metadata.batch_size, metadata.max_spec_len + 1)
+    output_token_ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
     rejection_greedy_sample(
         output_token_ids,
         metadata.cu_num_draft_tokens,
@@ -176,7 +138,7 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
     return output_token_ids
 
 
-# Validation
+# Validation: types, shapes and devices always; values (a host sync on a GPU) only under device_checks.
 
 
 def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
@@ -184,11 +146,9 @@ def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
     if not isinstance(metadata, SpecDecodeMetadata):
         raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
     _check_logits("logits", logits)
-    expected_rows = metadata.draft_token_ids.numel() + metadata.batch_size
-    if logits.shape[0] != expected_rows:
-        raise ValueError(
-            f"logits must have num_draft_total + B = {expected_rows} rows, got {logits.shape[0]}"
-        )
+    rows = metadata.draft_token_ids.numel() + metadata.batch_size
+    if logits.shape[0] != rows:
+        raise ValueError(f"logits must have num_draft_total + B = {rows} rows, got {logits.shape[0]}")
     _check_sampling_metadata(sampling_metadata, metadata.batch_size, logits.device)
     _check_rejection_inputs(
         metadata.draft_token_ids,
@@ -197,11 +157,11 @@ def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
         metadata.cu_num_draft_tokens,
         draft_probs,
         (metadata.draft_token_ids.numel(), logits.shape[1]),
-        index_ranges={
-            "metadata.target_logits_indices": (metadata.target_logits_indices, expected_rows),
-            "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, expected_rows),
+        {"logits": logits, "draft_probs": draft_probs},
+        {
+            "metadata.target_logits_indices": (metadata.target_logits_indices, 0, rows),
+            "metadata.bonus_logits_indices": (metadata.bonus_logits_indices, 0, rows),
         },
-        scores={"logits": logits, "draft_probs": draft_probs},
     )
 
 
@@ -216,9 +176,7 @@ def _check_logits(name: str, logits: object) -> None:
         )
 
 
-def _check_sampling_metadata(
-    sampling_metadata: object, batch_size: int, device: torch.device | None = None
-) -> None:
+def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device: torch.device) -> None:
     if not isinstance(sampling_metadata, SamplingMetadata):
         raise TypeError(
             f"sampling_metadata must be a SamplingMetadata, got {type(sampling_metadata).__name__}"
@@ -226,64 +184,11 @@ def _check_sampling_metadata(
     t = sampling_metadata.temperature
     if t is not None and t.numel() != batch_size:
         raise ValueError(f"sampling_metadata.temperature has {t.numel()} entries for a batch of {batch_size}")
-    if t is not None and device is not None:
+    if t is not None:
         check_device("sampling_metadata.temperature", t, device, "the logits")
     bad = [i for i in sampling_metadata.generators if not 0 <= i < batch_size]
     if bad:
         raise ValueError(f"sampling_metadata.generators keys {bad} are outside the batch of {batch_size}")
-
-
-def _check_values(
-    ranges: dict[str, tuple[torch.Tensor, float, float]],
-    scores: dict[str, torch.Tensor | None],
-    cumsums: dict[str, tuple[torch.Tensor, list[int]]] | None = None,
-) -> None:
-    """Every value check in one host sync (on a GPU only under ``device_checks``): a NaN row would
-    silently emit token 0, so scores must be finite-softmaxable, ranges in bounds, cumsums consistent."""
-    cumsums = cumsums or {}
-    tensors = (
-        [t for t, _, _ in ranges.values()]
-        + [t for t in scores.values() if t is not None]
-        + [t for t, _ in cumsums.values()]
-    )
-    if not device_checks.wanted(*tensors):
-        return
-    named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
-    floats = [(name, t) for name, t in scores.items() if t is not None and t.numel()]
-    stats = [torch.stack([t.min().double(), t.max().double()]) for _, t, _, _ in named]
-    for t, counts in cumsums.values():
-        expected = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(t.device)
-        wrong = t.long() != expected
-        stats.append(torch.stack([wrong.sum().double(), wrong.long().argmax().double()]))
-    for name, t in floats:
-        bad_rows = (t.isnan() | t.isposinf()).any(dim=-1) | (t.amax(dim=-1) == float("-inf"))
-        if name == "draft_probs":  # probabilities, where a row of zeros (nothing drafted) is fine
-            bad_rows = t.isnan().any(dim=-1) | (t < 0).any(dim=-1) | (t > 1).any(dim=-1)
-        stats.append(torch.stack([bad_rows.sum().double(), bad_rows.long().argmax().double()]))
-    if not stats:
-        return
-    values = torch.stack([x.to(stats[0].device) for x in stats]).tolist()
-    for (name, t, lo, hi), (smallest, largest) in zip(named, values[: len(named)], strict=True):
-        if not lo <= smallest <= largest < hi:  # False for NaN too
-            show = (lambda x: f"{x:g}") if t.dtype.is_floating_point else int
-            raise ValueError(
-                f"{name} must lie in [{lo:g}, {hi:g}), got min {show(smallest)}, max {show(largest)}"
-            )
-    for (name, (_, counts)), (num_bad, first_bad) in zip(
-        cumsums.items(), values[len(named) : len(named) + len(cumsums)], strict=True
-    ):
-        if num_bad:
-            raise ValueError(
-                f"{name} must be the inclusive cumulative sum of num_draft_tokens "
-                f"{list(counts)}; {int(num_bad)} entries are not, the first is entry "
-                f"{int(first_bad)}"
-            )
-    for (name, _), (num_bad, first_bad) in zip(floats, values[len(named) + len(cumsums) :], strict=True):
-        if num_bad:
-            rule = "in [0, 1]" if name == "draft_probs" else "free of NaN, +inf and all -inf rows"
-            raise ValueError(
-                f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row {int(first_bad)}"
-            )
 
 
 def _check_rejection_inputs(
@@ -293,12 +198,11 @@ def _check_rejection_inputs(
     cu_num_draft_tokens,
     draft_probs,
     target_shape: tuple[int, int],
-    uniform_probs=None,
-    recovered_token_ids=None,
-    index_ranges: dict[str, tuple[torch.Tensor, int]] | None = None,
-    scores: dict[str, torch.Tensor | None] | None = None,
-    bonus_token_ids=None,
+    scores: dict[str, torch.Tensor | None],
+    ranges: dict[str, tuple[torch.Tensor, float, float]],
 ) -> None:
+    """The drafts' shapes always; ``ranges`` (name -> tensor, low, high) and ``scores`` (name -> float table)
+    read under ``device_checks``, with the drafts and the cumulative counts."""
     _check_num_draft_tokens(num_draft_tokens)
     total = sum(num_draft_tokens)
     if max_spec_len != max(num_draft_tokens):
@@ -311,7 +215,6 @@ def _check_rejection_inputs(
     check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
     if target_shape[0] != total:
         raise ValueError(f"target_logits must have num_draft_total = {total} rows, got {target_shape[0]}")
-    vocab_size = target_shape[1]
     if draft_probs is not None:
         _check_logits("draft_probs", draft_probs)
         if tuple(draft_probs.shape) != tuple(target_shape):
@@ -319,30 +222,10 @@ def _check_rejection_inputs(
                 f"draft_probs must have shape {tuple(target_shape)} like the target logits, "
                 f"got {tuple(draft_probs.shape)}"
             )
-    if uniform_probs is not None:
-        if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
-            raise TypeError("uniform_probs must be a float64 tensor")
-        if uniform_probs.shape != (total,):
-            raise ValueError(f"uniform_probs must have shape ({total},), got {tuple(uniform_probs.shape)}")
-    if recovered_token_ids is not None:
-        check_id_tensor("recovered_token_ids", recovered_token_ids, total)
-    if bonus_token_ids is not None:
-        check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
-    scores = scores or {}
-    if not device_checks.wanted(draft_token_ids, *scores.values()):
-        return  # a GPU tensor among them and the switch off: skip building what _check_values would skip
-    # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
-    ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size)}
-    for name, t, high in (
-        ("uniform_probs", uniform_probs, 1),
-        ("recovered_token_ids", recovered_token_ids, vocab_size),
-        ("bonus_token_ids", bonus_token_ids, vocab_size),
-    ):
-        if t is not None:
-            ranges[name] = (t, 0, high)
-    for name, (index, high) in (index_ranges or {}).items():
-        ranges[name] = (index, 0, high)
-    _check_values(ranges, scores, {"cu_num_draft_tokens": (cu_num_draft_tokens, num_draft_tokens)})
+    if device_checks.wanted(draft_token_ids, *scores.values()):
+        # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
+        ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, target_shape[1]), **ranges}
+        _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens)
 
 
 def _check_num_draft_tokens(num_draft_tokens: object) -> None:
@@ -354,6 +237,41 @@ def _check_num_draft_tokens(num_draft_tokens: object) -> None:
     bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
     if bad:
         raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
+
+
+def _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens) -> None:
+    """Every value check in one host sync: a NaN row would silently emit token 0, so scores must be
+    finite-softmaxable, ranges in bounds, the cumulative counts those of ``num_draft_tokens``."""
+    named = [(name, t, lo, hi) for name, (t, lo, hi) in ranges.items() if t.numel()]
+    floats = [(name, t) for name, t in scores.items() if t is not None and t.numel()]
+    stats = [torch.stack([t.min().double(), t.max().double()]) for _, t, _, _ in named]
+    expected = torch.tensor(num_draft_tokens, dtype=torch.int64).cumsum(0).to(cu_num_draft_tokens.device)
+    wrong = cu_num_draft_tokens.long() != expected
+    stats.append(torch.stack([wrong.sum().double(), wrong.long().argmax().double()]))
+    for name, t in floats:
+        bad_rows = (t.isnan() | t.isposinf()).any(dim=-1) | (t.amax(dim=-1) == float("-inf"))
+        if name == "draft_probs":  # probabilities, where a row of zeros (nothing drafted) is fine
+            bad_rows = t.isnan().any(dim=-1) | (t < 0).any(dim=-1) | (t > 1).any(dim=-1)
+        stats.append(torch.stack([bad_rows.sum().double(), bad_rows.long().argmax().double()]))
+    values = iter(torch.stack([x.to(stats[0].device) for x in stats]).tolist())
+    for (name, t, lo, hi), (smallest, largest) in zip(named, values, strict=False):  # values goes on
+        if not lo <= smallest <= largest < hi:  # False for NaN too
+            show = (lambda x: f"{x:g}") if t.dtype.is_floating_point else int
+            raise ValueError(
+                f"{name} must lie in [{lo:g}, {hi:g}), got min {show(smallest)}, max {show(largest)}"
+            )
+    num_bad, first_bad = next(values)
+    if num_bad:
+        raise ValueError(
+            f"cu_num_draft_tokens must be the inclusive cumulative sum of num_draft_tokens "
+            f"{list(num_draft_tokens)}; {int(num_bad)} entries are not, the first is entry {int(first_bad)}"
+        )
+    for (name, _), (num_bad, first_bad) in zip(floats, values, strict=True):
+        if num_bad:
+            rule = "in [0, 1]" if name == "draft_probs" else "free of NaN, +inf and all -inf rows"
+            raise ValueError(
+                f"{name} must be {rule}; {int(num_bad)} row(s) are not, the first is row {int(first_bad)}"
+            )
 
 
 # Batch -> token helpers, sampling constraints, randomness
@@ -387,7 +305,7 @@ def apply_sampling_constraints(
     if sampling_metadata.all_greedy:
         return logits
     if temperature is None:
-        temperature = _divisors(sampling_metadata.is_greedy, sampling_metadata)
+        temperature = _divisors(sampling_metadata)
     if num_draft_tokens and len(set(num_draft_tokens)) == 1 and num_draft_tokens[0] > 0:
         logits.view(len(num_draft_tokens), num_draft_tokens[0], -1).div_(temperature.view(-1, 1, 1))
         return logits
@@ -409,14 +327,16 @@ def generate_uniform_probs(
     return uniform_probs
 
 
-def _divisors(is_greedy: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+def _divisors(sampling_metadata: SamplingMetadata) -> torch.Tensor:
     """[B] what each request's logits are divided by: its temperature, 1 for a greedy one."""
-    return torch.where(is_greedy, 1.0, sampling_metadata.temperature)
+    if sampling_metadata.all_random:
+        return sampling_metadata.temperature
+    return torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
 
 
 def _mixed_greedy_mask(sampling_metadata: SamplingMetadata) -> torch.Tensor | None:
-    """[B] bool greedy mask when the batch mixes greedy and random requests; None (no launch) when every
-    request samples alike, which the kernels read as every row theirs."""
+    """[B] bool greedy mask when the batch mixes greedy and random requests; None when every request
+    samples alike, which the kernels read as every row theirs."""
     if sampling_metadata.all_greedy or sampling_metadata.all_random:
         return None
     return sampling_metadata.is_greedy
@@ -427,26 +347,16 @@ def _float32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _sample_bonus_tokens(
-    logits: torch.Tensor, sampling_metadata: SamplingMetadata, is_greedy=None, temperature=None
+    logits: torch.Tensor, sampling_metadata: SamplingMetadata, divisors: torch.Tensor
 ) -> torch.Tensor:
-    """[B] int token ids: argmax for greedy requests, a draw from softmax(logits / T) for random ones
-    (``is_greedy`` None: every request alike). ``logits`` is a scratch copy, scaled in place."""
-    if sampling_metadata.all_greedy:
-        return logits.argmax(dim=-1)
-    if is_greedy is None:
-        is_greedy = _mixed_greedy_mask(sampling_metadata)
+    """[B] int token ids: argmax for greedy requests, a draw from softmax(logits / T) for random ones.
+    ``logits`` is a scratch copy, scaled in place."""
+    is_greedy = _mixed_greedy_mask(sampling_metadata)
     argmax = None if is_greedy is None else logits.argmax(dim=-1)
-    if temperature is None:
-        temperature = (
-            sampling_metadata.temperature if is_greedy is None else _divisors(is_greedy, sampling_metadata)
-        )
-    probs = torch.softmax(logits.div_(temperature.unsqueeze(-1)), dim=-1)
+    probs = torch.softmax(logits.div_(divisors.unsqueeze(-1)), dim=-1)
+    batch_size, vocab_size = logits.shape
     noise = _exponential_noise(
-        logits.shape[0],
-        logits.shape[1],
-        sampling_metadata.generators,
-        [True] * logits.shape[0],
-        logits.device,
+        batch_size, vocab_size, sampling_metadata.generators, [True] * batch_size, logits.device
     )
     sampled = probs.div_(noise).argmax(dim=-1)
     return sampled if is_greedy is None else torch.where(is_greedy, argmax, sampled)
@@ -475,17 +385,30 @@ def rejection_sample(
     _check_num_draft_tokens(num_draft_tokens)
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
+    total, vocab_size = target_logits.shape
+    ranges = {}
+    if uniform_probs is not None:
+        if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
+            raise TypeError("uniform_probs must be a float64 tensor")
+        if uniform_probs.shape != (sum(num_draft_tokens),):
+            raise ValueError(
+                f"uniform_probs must have shape ({sum(num_draft_tokens)},), got {tuple(uniform_probs.shape)}"
+            )
+        ranges["uniform_probs"] = (uniform_probs, 0, 1)
+    if recovered_token_ids is not None:
+        check_id_tensor("recovered_token_ids", recovered_token_ids, sum(num_draft_tokens))
+        ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
+    check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
+    ranges["bonus_token_ids"] = (bonus_token_ids, 0, vocab_size)
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
-        tuple(target_logits.shape),
-        uniform_probs,
-        recovered_token_ids,
-        scores={"target_logits": target_logits, "draft_probs": draft_probs},
-        bonus_token_ids=bonus_token_ids,
+        (total, vocab_size),
+        {"target_logits": target_logits, "draft_probs": draft_probs},
+        ranges,
     )
     return _rejection_sample(
         draft_token_ids,
@@ -517,22 +440,16 @@ def _rejection_sample(
     recovered_token_ids=None,
     reject_negative_drafts=True,
     backend="auto",
-    is_greedy=None,
 ) -> torch.Tensor:
-    """``rejection_sample`` on inputs already validated (``is_greedy``: the step's mask, if it has it)."""
-    device = target_logits.device
-    batch_size = len(num_draft_tokens)
-    # Every row is written whole (its tokens, then PLACEHOLDER_TOKEN_ID) by the greedy or the random kernel.
-    output_token_ids = torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
-    if is_greedy is None:
-        is_greedy = _mixed_greedy_mask(sampling_metadata)
+    """``rejection_sample`` on validated inputs: each kernel writes its rows whole, placeholders included."""
+    output_token_ids = target_logits.new_empty((len(num_draft_tokens), max_spec_len + 1), dtype=torch.int32)
+    is_greedy = _mixed_greedy_mask(sampling_metadata)
     if not sampling_metadata.all_random:
-        target_argmax = target_logits.argmax(dim=-1)
         rejection_greedy_sample(
             output_token_ids,
             cu_num_draft_tokens,
             draft_token_ids,
-            target_argmax,
+            target_logits.argmax(dim=-1),
             bonus_token_ids,
             is_greedy,
             max_spec_len,
@@ -540,51 +457,13 @@ def _rejection_sample(
         )
         if sampling_metadata.all_greedy:
             return output_token_ids
-    _write_random_rows(
-        output_token_ids,
-        draft_token_ids,
-        num_draft_tokens,
-        max_spec_len,
-        cu_num_draft_tokens,
-        draft_probs,
-        target_logits,
-        bonus_token_ids,
-        sampling_metadata,
-        is_greedy,
-        uniform_probs,
-        recovered_token_ids,
-        reject_negative_drafts,
-        backend,
-    )
-    return output_token_ids
-
-
-def _write_random_rows(
-    output_token_ids,
-    draft_token_ids,
-    num_draft_tokens,
-    max_spec_len,
-    cu_num_draft_tokens,
-    draft_probs,
-    target_logits,
-    bonus_token_ids,
-    sampling_metadata,
-    is_greedy,
-    uniform_probs,
-    recovered_token_ids,
-    reject_negative_drafts,
-    backend,
-) -> None:
-    """The random half of ``_rejection_sample``: draw what the caller did not pass, then verify."""
-    device = target_logits.device
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
     if uniform_probs is None:
         uniform_probs = generate_uniform_probs(
-            draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
+            draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, target_probs.device
         )
-    num_splits = 1
     if recovered_token_ids is None:  # drawn here: split keys go to the random kernel unreduced
-        recovered_token_ids, num_splits = _recovered_draws(
+        recovered_token_ids = _recovered_draws(
             max_spec_len,
             num_draft_tokens,
             cu_num_draft_tokens,
@@ -592,7 +471,6 @@ def _write_random_rows(
             draft_probs,
             target_probs,
             sampling_metadata,
-            device,
             backend,
         )
     rejection_random_sample(
@@ -608,5 +486,5 @@ def _write_random_rows(
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
-        num_splits=num_splits,
     )
+    return output_token_ids
