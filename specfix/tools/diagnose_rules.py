@@ -89,12 +89,10 @@ _KNOWN_ELSEWHERE = [
     ("IndexKernel.cu", "sizes[i]", "advanced indexing (x[idx], index_put_), not an embedding lookup"),
 ]
 # Exceptions that re-raise another process's error: the traceback under them says less.
-_WRAPPERS = (
-    "EngineDeadError",
-    "Worker failed with error",
-    "Engine core initialization failed",
-    "EngineCore encountered an issue",
-)
+# fmt: off
+_WRAPPERS = ("EngineDeadError", "Worker failed with error", "Engine core initialization failed",
+             "EngineCore encountered an issue")
+# fmt: on
 
 
 def has_fix(version: str | None, fix: Fix) -> bool | None:
@@ -395,14 +393,10 @@ def _nothing_found(f: Facts):
 
 
 # Asserts first (the first kernel says most), then what can happen without one; the last rule always fits.
-_RULES = (
-    _other_index,
-    _placeholder_embedding,
-    _negative_draft,
-    _other_failure,
-    _cudagraph_outputs,
-    _nothing_found,
-)
+# fmt: off
+_RULES = (_other_index, _placeholder_embedding, _negative_draft, _other_failure, _cudagraph_outputs,
+          _nothing_found)
+# fmt: on
 
 _RESTART = "Restart the worker: after a device-side assert its CUDA context is unusable."
 # verdict -> what to do; advice() fills in {upgrade} (left out once fixed), {until} and {name_op}.

@@ -45,39 +45,33 @@ _EXCEPTION = re.compile(
 _BOOL = {"true": True, "false": False, "none": None}
 
 # setup key -> patterns; the first match in the log wins (flags become booleans in _setup_value)
+# fmt: off
 SETUP = {
-    "vllm_version": [
-        r"vLLM API server version (\S+)",
-        r"Initializing a V1 LLM engine \(v([^)\s]+)\)",
-        r"vLLM Version\s*:\s*(\S+)",
-        r"\bvllm[= ]=(\d\S*)",
-    ],
+    "vllm_version": [r"vLLM API server version (\S+)", r"Initializing a V1 LLM engine \(v([^)\s]+)\)",
+                     r"vLLM Version\s*:\s*(\S+)", r"\bvllm[= ]=(\d\S*)"],
     "speculative_method": [r"speculative[-_]config\W.*?\bmethod\W{1,4}([\w-]+)"],
     "num_speculative_tokens": [r"num_spec(?:ulative)?_tokens\W{1,4}(\d+)"],
     "draft_sample_method": [r"draft_sample_method\W{1,4}(\w+)"],
     "async_scheduling": [
-        r"async_scheduling\W{1,4}(True|False|true|false)",
-        r"(--(?:no-)?async-scheduling)\b",
+        r"async_scheduling\W{1,4}(True|False|true|false)", r"(--(?:no-)?async-scheduling)\b"
     ],
     "cudagraph_mode": [
         r"cudagraph_mode\W{1,4}(?:CUDAGraphMode\.)?(FULL_AND_PIECEWISE|FULL_DECODE_ONLY|PIECEWISE|FULL|NONE)\b"
     ],
     "enforce_eager": [r"enforce_eager\W{1,4}(True|False|true|false)", r"(--enforce-eager)\b"],
     "tensor_parallel_size": [
-        r"tensor_parallel_size\W{1,4}(\d+)",
-        r"(?:--tensor-parallel-size|\s-tp)[ =](\d+)",
+        r"tensor_parallel_size\W{1,4}(\d+)", r"(?:--tensor-parallel-size|\s-tp)[ =](\d+)"
     ],
     "pipeline_parallel_size": [
-        r"pipeline_parallel_size\W{1,4}(\d+)",
-        r"(?:--pipeline-parallel-size|\s-pp)[ =](\d+)",
+        r"pipeline_parallel_size\W{1,4}(\d+)", r"(?:--pipeline-parallel-size|\s-pp)[ =](\d+)"
     ],
     "prefix_caching": [
-        r"enable_prefix_caching\W{1,4}(True|False|true|false|None)",
-        r"(--(?:no-)?enable-prefix-caching)\b",
+        r"enable_prefix_caching\W{1,4}(True|False|true|false|None)", r"(--(?:no-)?enable-prefix-caching)\b"
     ],
     "kv_role": [r"kv_role\W{1,4}(kv_producer|kv_consumer|kv_both)"],
     "kv_connector": [r"kv_connector\W{1,4}(\w+)"],
 }
+# fmt: on
 _SETUP_RE = {key: [re.compile(p) for p in pats] for key, pats in SETUP.items()}
 _SETUP_HINT = re.compile(
     r"version|Version|speculative|num_spec|parallel|async|cudagraph|eager|prefix|kv_|draft_sample|-tp|-pp"
