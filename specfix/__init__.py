@@ -2,21 +2,16 @@
 
 Layout, by role:
 
-* ``specfix.v1``    the V1 engine in miniature (mirrors ``vllm/v1/``): scheduler, input batch, model runner,
-  metadata, rejection sampler, drafters, engine loop.
+* ``specfix.v1``    the V1 engine in miniature (mirrors ``vllm/v1/``): scheduler, runner, samplers, engine.
 * ``specfix.mrv2``  Model Runner V2 parts (mirrors ``vllm/v1/worker/gpu/``): speculator, CUDA graphs,
   DFlash, the Triton Gumbel sampler.
-* ``specfix.lab``   the chapters' experiments: the embedding assert, the placeholder fixes, the padded-batch
-  reproduction, the invariance checker, the index guard.
-* ``specfix.tools`` benchmark, statistics, host-sync counter, GPU recordings, the vLLM map, the crash-log
-  diagnosis.
+* ``specfix.lab``   the chapters' experiments; ``specfix.tools`` bench, statistics, recordings, diagnosis.
 * ``specfix.figures`` and ``specfix.exercises``: each chapter's drawings and its exercise checkers.
-* top level: ``fixes`` (the switches), ``runtime`` (device, scale, Triton's interpreter), ``checks`` (the
-  argument checks every role uses), ``models`` and ``tokenizer`` (the tiny word-level models).
+* top level: ``fixes`` (the switches), ``runtime`` (device, scale), ``checks`` (argument checks),
+  ``models`` and ``tokenizer`` (the tiny word-level models).
 
-Importing specfix imports no torch (``specfix diagnose`` needs none); where no GPU is visible it switches
-Triton's interpreter on before anything imports triton. ``from specfix import gumbel`` loads
-``specfix.mrv2.gumbel`` on first use.
+Importing specfix imports no torch (``specfix diagnose`` needs none) and, where no GPU is visible, switches
+Triton's interpreter on first. ``from specfix import gumbel`` loads ``specfix.mrv2.gumbel`` on first use.
 """
 
 from __future__ import annotations

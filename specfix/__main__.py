@@ -29,15 +29,9 @@ def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
     b.add_argument(
         "--device",
         choices=("cpu", "cuda"),
-        default=None,
         help="where to measure (default: specfix.runtime's choice; a CPU runs tiny smoke sizes)",
     )
-    b.add_argument(
-        "--scale",
-        choices=("ci", "full"),
-        default=None,
-        help="problem sizes on a GPU (default: SPECFIX_SCALE, else ci)",
-    )
+    b.add_argument("--scale", choices=("ci", "full"), help="problem sizes on a GPU (default: SPECFIX_SCALE)")
     b.add_argument(
         "--only",
         action="append",
@@ -55,20 +49,14 @@ def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
     d = sub.add_parser(
         "diagnose",
         help="read a crashed vLLM server's log: the cause, the fix, the release",
-        description="Read a vLLM serving log (device-side asserts, tracebacks, version "
-        "banner, engine arguments) and report the asserts, what Python raised and why it "
-        "points elsewhere, the setup, the ops that launch the failing kernel, a verdict with "
-        "its reasons, and the fixes with the first vLLM release that carries each.",
+        description="Report a vLLM serving log's asserts, what Python raised and why it points elsewhere, "
+        "the setup, the ops that launch the failing kernel, a verdict, and each fix with its first release.",
     )
     d.add_argument("log", metavar="LOG", help="the log file, or - for standard input")
     d.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema: specfix.tools.diagnose.SCHEMA)"
     )
-    d.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bar (there is one only when standard error is a terminal)",
-    )
+    d.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     return parser
 
 

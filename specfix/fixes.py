@@ -9,6 +9,10 @@ Fixes.all_off()                          # the code as it was before every fix
 from __future__ import annotations
 
 import dataclasses
+import html
+import importlib
+import inspect
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,8 +86,6 @@ class FixListing:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        import html
-
         colours = {"+": "#d9f2d9", "-": "#f9d6d5", " ": "transparent"}
         parts = [
             f"<p><b><code>Fixes.{self.name}</code></b>: lines on "
@@ -108,10 +110,6 @@ class FixListing:
 
 
 def _site_source(site: str) -> tuple[str, int, list[str]]:
-    import importlib
-    import inspect
-    import textwrap
-
     module_name, qualname = site.split(":")
     obj = importlib.import_module(module_name)
     for attr in qualname.split("."):

@@ -63,11 +63,10 @@ class RequestStates:
             )
         if not is_int(seed):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        used = set(self.req_id_to_index.values())
-        free = [i for i in range(self.max_num_reqs) if i not in used]
-        if not free:
+        # the lowest free slot: deterministic, so the notebook can show reuse
+        slot = min(set(range(self.max_num_reqs)) - set(self.req_id_to_index.values()), default=None)
+        if slot is None:
             raise ValueError(f"all {self.max_num_reqs} request-state slots are taken")
-        slot = free[0]  # the lowest free slot: deterministic, so the notebook can show reuse
         self.req_id_to_index[req_id] = slot
         self.temperature[slot] = temperature
         self.seeds[slot] = seed
@@ -161,16 +160,8 @@ class DraftModelSpeculator:
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent buffer the step reads or writes, by name."""
-        names = (
-            "idx_mapping",
-            "temperature",
-            "seeds",
-            "context_ids",
-            "positions",
-            "draft_tokens",
-            "draft_logits",
-        )
-        return {n: getattr(self, n) for n in names}
+        names = "idx_mapping temperature seeds context_ids positions draft_tokens draft_logits"
+        return {n: getattr(self, n) for n in names.split()}
 
     # -- the step that a graph captures ------------------------------------------------------------
 
