@@ -40,17 +40,6 @@ def test_only_async_scheduling_runs_steps_for_requests_already_finished():
         assert waste > 0 and slots[1] - slots[0] >= 3 * waste  # each such step verified k = 3 slots
 
 
-def test_a_workload_describes_itself_from_its_fields():
-    assert lab.Workload(("a", "b", "c"), (True, False, True), 16).description == (
-        "3 requests; requests 0 and 2 arrive with their prompts prefilled elsewhere (P/D); "
-        "a token budget of 16 tokens per step"
-    )
-    assert lab.Workload(("a",), (False,), 8).description == (
-        "1 request; no request arrives prefilled; a token budget of 8 tokens per step"
-    )
-    assert "request 1 arrives with its prompt" in lab.Workload(("a", "b"), (False, True), 8).description
-
-
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match=r"workload must be one of \[.*\], got 'x'"):
         lab.run("x", False)

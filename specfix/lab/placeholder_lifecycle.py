@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specfix.checks import is_int
@@ -216,11 +217,15 @@ def repeated_prompt_engine(
     return engine
 
 
-def _draft_slots(step: StepTrace, req_id: str, ids: torch.Tensor) -> list[int]:
-    """``ids`` (one per scheduled token) at ``req_id``'s draft slots: the last ``k`` tokens of its span."""
-    num_drafts = len(step.scheduler_output.scheduled_spec_decode_tokens[req_id])
-    end = sum(step.num_scheduled_tokens[: step.req_ids.index(req_id) + 1])
-    return ids[end - num_drafts : end].tolist()
+def draft_slots(step: StepTrace, ids: torch.Tensor) -> dict[str, list[int]]:
+    """Per request with draft slots: ``ids`` (one per scheduled token) at its slots, the last of its span."""
+    spec = step.scheduler_output.scheduled_spec_decode_tokens
+    ends = np.cumsum(step.num_scheduled_tokens)
+    return {
+        r: ids[end - len(spec[r]) : end].tolist()
+        for r, end in zip(step.req_ids, ends.tolist(), strict=True)
+        if r in spec
+    }
 
 
 def runner_paths(
@@ -241,7 +246,7 @@ def runner_paths(
         rows[name] = {
             "cached tokens": step.scheduler_output.scheduled_new_reqs[0].num_computed_tokens,
             "scheduler sends": step.scheduler_output.scheduled_spec_decode_tokens["repeat"],
-            "embedding reads": _draft_slots(step, "repeat", step.embedding_input),
+            "embedding reads": draft_slots(step, step.embedding_input)["repeat"],
             "verification sees": metadata.draft_token_ids[first : first + k].tolist(),
             "emitted": step.sampled_token_ids[start],
             "placeholders accepted": engine.scheduler.spec_decoding_stats.num_placeholders_accepted,

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from specfix.fixes import Fixes
-from specfix.lab.placeholder_lifecycle import check_recorded
+from specfix.lab.placeholder_lifecycle import check_recorded, draft_slots
 from specfix.v1.engine import DEMO_PROMPTS, GenerateResult, LLMEngine, SamplingParams, generate
 from specfix.v1.model_runner import StepTrace
 
@@ -27,30 +26,22 @@ class Workload:
     prompts: tuple[str, ...]
     remote_prefill: tuple[bool, ...]
     max_num_batched_tokens: int
-
-    @property
-    def description(self) -> str:
-        """What the workload is, in one line, read from its fields."""
-        remote = [str(i) for i, r in enumerate(self.remote_prefill) if r]
-        if not remote:
-            arrive = "no request arrives prefilled"
-        elif len(remote) == 1:
-            arrive = f"request {remote[0]} arrives with its prompt prefilled elsewhere (P/D)"
-        else:
-            arrive = (
-                f"requests {', '.join(remote[:-1])} and {remote[-1]} arrive with their prompts "
-                "prefilled elsewhere (P/D)"
-            )
-        count = f"{len(self.prompts)} request{'s' if len(self.prompts) > 1 else ''}"
-        return f"{count}; {arrive}; a token budget of {self.max_num_batched_tokens} tokens per step"
+    description: str  # the fields, in one line for the chapter
 
 
 WORKLOADS = {
-    "decode node": Workload(DEMO_PROMPTS, (True, False, True, False), 256),
+    "decode node": Workload(
+        DEMO_PROMPTS,
+        (True, False, True, False),
+        256,
+        "4 requests; requests 0 and 2 arrive with their prompts prefilled elsewhere (P/D); "
+        "a token budget of 256 tokens per step",
+    ),
     "tight budget": Workload(
         ("the fox saw the crow", "a lion was asleep", "the north wind"),
         (False,) * 3,
-        max_num_batched_tokens=8,
+        8,
+        "3 requests; no request arrives prefilled; a token budget of 8 tokens per step",
     ),
 }
 
@@ -71,10 +62,6 @@ def _workload(name: str) -> Workload:
     return WORKLOADS[name]
 
 
-def _params(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
-
-
 def run(
     name: str,
     async_scheduling: bool,
@@ -88,7 +75,7 @@ def run(
     w = _workload(name)
     return generate(
         list(w.prompts),
-        _params(max_tokens),
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
         num_speculative_tokens=k,
         remote_prefill=list(w.remote_prefill),
         max_num_batched_tokens=w.max_num_batched_tokens,
@@ -97,18 +84,6 @@ def run(
         device=device,
         record=True,
     )
-
-
-def _draft_slots(step: StepTrace) -> dict[str, list[int]]:
-    """Per request with draft slots: the ids those slots held on the device just before ``_preprocess``."""
-    spec = step.scheduler_output.scheduled_spec_decode_tokens
-    ends = np.cumsum(step.num_scheduled_tokens)
-    ids = step.input_ids_before_clamp
-    return {
-        r: ids[end - len(spec[r]) : end].tolist()
-        for r, end in zip(step.req_ids, ends.tolist(), strict=True)
-        if r in spec
-    }
 
 
 def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
@@ -127,7 +102,7 @@ def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
     req_ids = [out.request_id for out in result.outputs]
     kinds: dict[str, list[int]] = {r: [] for r in req_ids}
     for step in result.trace:
-        slots = _draft_slots(step)
+        slots = draft_slots(step, step.input_ids_before_clamp)  # as the embedding read them
         for r in req_ids:
             kinds[r].append(_kind(step, r, slots))
     return kinds
@@ -140,7 +115,7 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
     for step in result.trace:
         spec = step.scheduler_output.scheduled_spec_decode_tokens
         placeholders = step.scheduler_output.num_placeholder_spec_tokens
-        for req_id, ids in _draft_slots(step).items():
+        for req_id, ids in draft_slots(step, step.input_ids_before_clamp).items():
             slots += len(spec[req_id])
             written += placeholders.get(req_id, 0)
             filled += step.num_filled_spec_tokens.get(req_id, 0)
@@ -178,7 +153,9 @@ def first_crash(name: str, async_scheduling: bool, *, k: int = 3, max_tokens: in
         async_scheduling=async_scheduling,
     )
     for prompt, remote in zip(w.prompts, w.remote_prefill, strict=True):
-        engine.add_request(prompt, _params(max_tokens), remote_prefill=remote)
+        engine.add_request(
+            prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), remote_prefill=remote
+        )
     while engine.has_unfinished_requests():
         try:
             engine.step()
