@@ -260,7 +260,7 @@ def test_floor_fallback_hint_does_not_spell_the_formula():
 
 
 def test_floor_names_a_quarter_of_the_floor():
-    read = ch5.ceilings(ch5._h200())["read"]
+    read = ch5.ceilings(ch5.recorded.load("bench_h200"))["read"]
     assert _hint(ch5.check_floor, 64 * 151_936 * 4 / (read * 1e6)) == ["quarter"]
 
 

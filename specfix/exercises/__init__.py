@@ -1,1 +1,1 @@
-"""Exercises with checkers, one module per chapter (read ``core`` first), and their reference ``solutions``."""
+"""Exercises with checkers, one module per chapter (read ``core`` first), and their reference solutions."""

@@ -77,13 +77,12 @@ def check_clamp(answer, verdict):
 KERNEL = "vectorized_gather_kernel"
 
 
-def _ops_rows() -> list[dict]:
-    return recorded.load("embedding_assert_ops")["rows"]
-
-
 def assert_line(kernel: str = KERNEL) -> str:
     """One assert line of ``kernel`` exactly as the driver printed it in the recorded op table."""
-    rows = sorted(_ops_rows(), key=lambda row: (row["op"] != "F.embedding", -row["num_indices"]))
+    rows = sorted(
+        recorded.load("embedding_assert_ops")["rows"],
+        key=lambda row: (row["op"] != "F.embedding", -row["num_indices"]),
+    )
     for row in rows:
         for a in ea.device_asserts(row.get("transcript", "")):
             if a.kernel == kernel:
@@ -97,7 +96,9 @@ def assert_line(kernel: str = KERNEL) -> str:
 def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
     """The ops whose CUDA run with a -1 among the indices asserted in ``kernel`` (at any recorded count)."""
     asserted = [
-        row for row in _ops_rows() if row["bad"] == "-1" and row["cuda"].get("outcome") == "device assert"
+        row
+        for row in recorded.load("embedding_assert_ops")["rows"]
+        if row["bad"] == "-1" and row["cuda"].get("outcome") == "device assert"
     ]
     return {row["op"] for row in asserted if row["cuda"]["kernel"] == kernel}
 
@@ -248,10 +249,6 @@ def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], lis
     return cases
 
 
-def _owner(position: int, cu: list[int]) -> int:
-    return bisect.bisect_right(cu, position)
-
-
 @checker(
     "ch2.guard_positions",
     solution="embedding_assert:requests_at",
@@ -270,7 +267,7 @@ def _owner(position: int, cu: list[int]) -> int:
 def check_guard_positions(answer, verdict):
     for positions, cu, req_ids in _position_cases():
         got = answer(list(positions), list(cu), list(req_ids))
-        truth = [_owner(p, cu) for p in positions]
+        truth = [bisect.bisect_right(cu, p) for p in positions]  # the first request ending past p
         ints = as_int_list(got)
         verdict.require(ints != truth, "indices")
         ok = isinstance(got, (list, tuple)) and len(got) == len(positions) and all(g in req_ids for g in got)

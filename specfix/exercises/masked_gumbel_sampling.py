@@ -1,10 +1,7 @@
 """Chapter 4's exercises on the ``is_valid_req`` mask of padded rows, with their checkers.
 
-Write the mask in Triton kernels of your own (``ch4.mask_kernel``, ``ch4.mask_seed``), predict the token of a
-padded row (``ch4.padded_token``), and find the request slot that a stale padded row overwrote
-(``ch4.find_overwritten``).
-
-The kernels run on tables that sit between guard rows, so a stray read or write one row before a table shows.
+The reader's kernels run on tables that sit between guard rows, so a stray read or write one row before a
+table shows.
 """
 
 from __future__ import annotations
@@ -12,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from specfix import runtime
-from specfix.checks import is_int
-from specfix.exercises.core import checker, value_of
+from specfix.exercises.core import as_int, checker, value_of
 from specfix.fixes import Fixes
 from specfix.lab import masked_gumbel
 from specfix.mrv2 import gumbel
@@ -25,6 +21,13 @@ KERNEL_IDX_MAPPING = (2, 0, 3, 1, -1, -1)
 #: What the guard rows hold: the temperature one row before the table, and the output's sentinel.
 GUARD_TEMPERATURE = 4.0
 OUT_SENTINEL = -555.0
+#: The hints both kernel exercises give.
+_KERNEL_HINTS = {
+    "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
+    "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats the "
+    "scalar as int32 and refuses the mask): make the condition per lane, e.g. `offs * 0 + req_state_idx >= "
+    "0`, or `tl.where(is_valid_req, offs < vocab_size, False)`.",
+}
 
 
 def _kernel_tables(device):
@@ -59,10 +62,7 @@ def _launch(answer, verdict, *tables) -> None:
     todo="write the @triton.jit kernel scale_rows(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, "
     "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
     hints={
-        "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
-        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats "
-        "the scalar as int32 and refuses the mask): make the condition per lane, e.g. `offs * 0 + "
-        "req_state_idx >= 0`, or `tl.where(is_valid_req, offs < vocab_size, False)`.",
+        **_KERNEL_HINTS,
         "no_mask": "neither the loads nor the store are masked: the padded rows read temperature[-1] (the "
         "guard row's 4.0 here) and wrote out[-1], the row before the table.",
         "load_unmasked": "you masked the store but not the loads: the padded row still reads "
@@ -92,41 +92,18 @@ def check_mask_kernel(answer, verdict):
     verdict.require(not stray_write, "store_unmasked")
     slot0_row = KERNEL_IDX_MAPPING.index(0)
     verdict.require(bool((out_whole[1] != OUT_SENTINEL).any()) and row_temp[slot0_row] != 0.0, "skips_slot_0")
-    live_out = [out_whole[slot + 1] for slot in KERNEL_IDX_MAPPING if slot >= 0]
-    verdict.require(
-        not any(
-            torch.allclose(stored, logits[row] / t)
-            for stored in live_out
-            for row in torch.nonzero(padded).flatten().tolist()
-            for t in (*KERNEL_TEMPERATURE, 1.0)
-            if t != 0.0
-        ),
-        "padded_wrote_live",
-    )
-    verdict.require(
-        bool((row_temp[padded] == 0.0).all()),
-        "other_not_zero",
-        f"(the padded rows ran with {row_temp[padded].tolist()})",
-    )
-    for row, slot in enumerate(KERNEL_IDX_MAPPING):
-        if slot < 0:
-            continue
+    live = [(row, slot) for row, slot in enumerate(KERNEL_IDX_MAPPING) if slot >= 0]
+    padded_rows = padded.nonzero().flatten().tolist()
+    padded_values = [logits[row] / t for row in padded_rows for t in (*KERNEL_TEMPERATURE, 1.0) if t]
+    stolen = any(torch.allclose(out_whole[slot + 1], v) for _, slot in live for v in padded_values)
+    verdict.require(not stolen, "padded_wrote_live")
+    ran = f"(the padded rows ran with {row_temp[padded].tolist()})"
+    verdict.require(bool((row_temp[padded] == 0.0).all()), "other_not_zero", ran)
+    for row, slot in live:
         temp = KERNEL_TEMPERATURE[slot]
         want = logits[row] / temp if temp != 0.0 else logits[row]
-        verdict.require(
-            torch.allclose(out_whole[slot + 1], want) and row_temp[row] == temp,
-            "wrong_values",
-            f"(row {row}, slot {slot}, temperature {temp})",
-        )
-
-
-def _padded_row_tokens():
-    """The first padded row's token from the masked kernel and from the unmasked one."""
-    step = masked_gumbel.padded_drafter_step()
-    row = int((step.expanded_idx_mapping < 0).nonzero()[0])
-    masked, _ = masked_gumbel.run_drafter_step(step, device=runtime.DEVICE)
-    unmasked, _ = masked_gumbel.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=runtime.DEVICE)
-    return int(masked[row]), int(unmasked[row])
+        ok = torch.allclose(out_whole[slot + 1], want) and row_temp[row] == temp
+        verdict.require(ok, "wrong_values", f"(row {row}, slot {slot}, temperature {temp})")
 
 
 @checker(
@@ -145,15 +122,15 @@ def _padded_row_tokens():
     },
 )
 def check_padded_token(answer, verdict):
-    answer = value_of(answer)  # a token id, or a function that returns one
-    if isinstance(answer, torch.Tensor):
-        verdict.require(answer.numel() == 1 and not answer.dtype.is_floating_point, "not_an_int")
-        answer = int(answer)
-    verdict.require(is_int(answer), "not_an_int")
-    masked, unmasked = _padded_row_tokens()
+    answer = as_int(value_of(answer))  # a token id, or a function that returns one
+    verdict.require(answer is not None, "not_an_int")
+    step = masked_gumbel.padded_drafter_step()
+    row = int((step.expanded_idx_mapping < 0).nonzero()[0])  # the first padded row
+    masked, _ = masked_gumbel.run_drafter_step(step, device=runtime.DEVICE)
+    unmasked, _ = masked_gumbel.run_drafter_step(step, Fixes(mask_invalid_reqs=False), device=runtime.DEVICE)
     verdict.require(answer != -1, "minus_one")
-    verdict.require(answer != unmasked, "guard_draw")
-    verdict.require(answer == masked, "not_greedy")
+    verdict.require(answer != int(unmasked[row]), "guard_draw")
+    verdict.require(answer == int(masked[row]), "not_greedy")
 
 
 #: The stale-padding scenarios a ``find_overwritten`` answer is checked on (the notebook shows the first).
@@ -186,11 +163,9 @@ def check_find_overwritten(answer, verdict):
     for seed in DEBUG_SEEDS:
         puzzle, truth = masked_gumbel.stale_padding_step(seed, device=runtime.DEVICE)
         got = answer(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in puzzle.items()})
-        if isinstance(got, torch.Tensor):
-            got = got.tolist()
-        verdict.require(
-            isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got), "not_a_list"
-        )
+        got = got.tolist() if isinstance(got, torch.Tensor) else got
+        ok = isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got)
+        verdict.require(ok, "not_a_list")
         got = sorted(got)
         if got == truth:
             continue
@@ -213,8 +188,9 @@ KERNEL_SEEDS = (11, 22, 33, 44)
 GUARD_SEED = 777
 
 
-def _noise_tables(device):
-    """Inputs and guarded seed table of the seed kernel (its temperature table is the write-it one)."""
+def _run_noise_kernel(answer, verdict):
+    """Launch the seed kernel on the write-it kernel's inputs and a guarded seeds table; its tables."""
+    device = runtime.DEVICE
     logits, idx, temperature, _, _, _ = _kernel_tables(device)
     seeds, _ = gumbel.guarded_table(
         (len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device
@@ -222,11 +198,7 @@ def _noise_tables(device):
     seeds.copy_(torch.tensor(KERNEL_SEEDS))
     out = torch.full((len(KERNEL_IDX_MAPPING), KERNEL_VOCAB), OUT_SENTINEL, device=device)
     row_seed = torch.full((len(KERNEL_IDX_MAPPING),), -1, dtype=torch.int64, device=device)
-    return logits, idx, temperature, seeds, out, row_seed
-
-
-def _run_noise_kernel(answer, verdict):
-    tables = _noise_tables(runtime.DEVICE)
+    tables = (logits, idx, temperature, seeds, out, row_seed)
     _launch(answer, verdict, *tables)
     return [t.cpu() for t in tables]
 
@@ -236,9 +208,7 @@ def _run_noise_kernel(answer, verdict):
     solution="masked_gumbel_sampling:add_noise_kernel",
     todo="mask the seed load of add_noise so that a padded row never reads the seeds table",
     hints={
-        "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
-        "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask: make the "
-        "condition per lane (`offs * 0 + req_state_idx >= 0`).",
+        **_KERNEL_HINTS,
         "seed_unmasked": "the padded row still read seeds[-1], the row before the table (here the guard "
         "row's seed; in an engine, memory that is not the table's, which compute-sanitizer reports). Its "
         "value is never used, but the read itself is the bug: mask it as the temperature load is masked.",
@@ -253,21 +223,11 @@ def _run_noise_kernel(answer, verdict):
 def check_mask_seed(answer, verdict):
     logits, idx, _, _, out, row_seed = _run_noise_kernel(answer, verdict)
     padded = idx < 0
-    verdict.require(
-        not bool((row_seed[padded] == GUARD_SEED).any()),
-        "seed_unmasked",
-        f"(the padded rows read the seeds {row_seed[padded].tolist()})",
-    )
+    read = f"(the padded rows read the seeds {row_seed[padded].tolist()})"
+    verdict.require(not bool((row_seed[padded] == GUARD_SEED).any()), "seed_unmasked", read)
     verdict.require(torch.equal(out[padded], logits[padded]), "noise_on_padded")
-    verdict.require(
-        all(
-            int(row_seed[row]) == KERNEL_SEEDS[slot]
-            for row, slot in enumerate(KERNEL_IDX_MAPPING)
-            if slot >= 0
-        ),
-        "seed_by_row",
-        f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})",
-    )
+    by_slot = all(int(row_seed[row]) == KERNEL_SEEDS[s] for row, s in enumerate(KERNEL_IDX_MAPPING) if s >= 0)
+    verdict.require(by_slot, "seed_by_row", f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})")
     from specfix.exercises.solutions.masked_gumbel_sampling import add_noise_kernel
 
     want = _run_noise_kernel(add_noise_kernel(), verdict)[4]

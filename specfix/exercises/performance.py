@@ -1,18 +1,14 @@
 """Chapter 5's exercises on what sampling and the placeholder fixes cost, with their checkers.
 
-Work out the floor time of a sampler from its bytes, which fixes make the host wait, and the rows a
-CUDA-graph replay runs.
-
-All three are checked against the H200 recording ``specfix/recorded/bench_h200.json``: the read ceiling
-measured in that run, the host synchronisations it counted per step, and the batch sizes its drafter steps
-were actually replayed at.
+All three are checked against the H200 recording ``specfix/recorded/bench_h200.json``: its read ceiling, the
+host synchronisations it counted per step, and the batch sizes its drafter steps were replayed at.
 """
 
 from __future__ import annotations
 
 import numbers
 
-from specfix.exercises.core import checker
+from specfix.exercises.core import as_str_set, checker, value_of
 from specfix.figures.performance import ceilings, fix_costs, floor_us
 from specfix.mrv2.cudagraph import cudagraph_capture_sizes
 from specfix.tools import bench, recorded
@@ -23,11 +19,8 @@ FLOOR_SHAPE = (256, 151_936, "fp32")
 FLOOR_TOLERANCE = 0.02
 
 
-def _h200() -> dict:
-    return recorded.load("bench_h200")
-
-
 def _close(value: float, target: float) -> bool:
+    """Within :data:`FLOOR_TOLERANCE` of ``target``."""
     return abs(value - target) <= FLOOR_TOLERANCE * abs(target)
 
 
@@ -54,13 +47,10 @@ def _close(value: float, target: float) -> bool:
     },
 )
 def check_floor(answer, verdict):
-    answer = answer() if callable(answer) else answer  # a number, or a function that returns one
-    verdict.require(
-        isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0,
-        "not_a_number",
-        f"Got {answer!r}.",
-    )
-    report = _h200()
+    answer = value_of(answer)  # a number, or a function that returns one
+    ok = isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0
+    verdict.require(ok, "not_a_number", f"Got {answer!r}.")
+    report = recorded.load("bench_h200")
     rows, vocab, dtype = FLOOR_SHAPE
     limits = ceilings(report)
     floor = floor_us(rows, vocab, dtype, limits["read"])
@@ -108,30 +98,24 @@ MAX_NUM_REQS = 64
 )
 def check_replayed_rows(answer, verdict):
     sizes = [s for s in cudagraph_capture_sizes() if s <= MAX_NUM_REQS]
-    replays = bench.frame(_h200(), "drafter_graph").query("impl == 'graph'")  # the draft models' replays
+    replays = bench.frame(recorded.load("bench_h200"), "drafter_graph").query(
+        "impl == 'graph'"
+    )  # the draft models' replays
     runs = replays[["live_batch", "padded_batch"]].drop_duplicates()
     for live, padded in sorted(runs.itertuples(index=False)):
         got = answer(int(live), list(sizes))
-        verdict.require(
-            isinstance(got, numbers.Integral) and not isinstance(got, bool),
-            "not_int",
-            f"For a live batch of {live} it returned {got!r}.",
-        )
+        ok = isinstance(got, numbers.Integral) and not isinstance(got, bool)
+        verdict.require(ok, "not_int", f"For a live batch of {live} it returned {got!r}.")
         said = f"A live batch of {live} got {got} rows."
         verdict.require(got >= live, "too_few", said)
         next_up = min((s for s in sizes if s > live), default=None)
         verdict.require(not (live in sizes and got == next_up), "exact_fit", said)
         verdict.require(got != live or live == padded, "no_padding", said)
-        verdict.require(
-            got == padded,
-            "not_smallest",
-            f"A live batch of {live} got {got} rows; the H200 run replayed {padded}.",
-        )
+        verdict.require(got == padded, "not_smallest", f"{said[:-1]}; the H200 run replayed {padded}.")
     live = sizes[2] + 1
     got = answer(live, sorted(sizes, reverse=True))
-    verdict.require(
-        got == min(s for s in sizes if s >= live), "unsorted", f"A live batch of {live} got {got} rows."
-    )
+    said = f"A live batch of {live} got {got} rows."
+    verdict.require(got == min(s for s in sizes if s >= live), "unsorted", said)
     live = max(sizes) + 6
     try:
         got = answer(live, list(sizes))
@@ -139,9 +123,8 @@ def check_replayed_rows(answer, verdict):
         raise
     except Exception as error:  # e.g. min() of no fitting size
         got = f"{type(error).__name__}: {error}"
-    verdict.require(
-        got == live, "eager", f"A live batch of {live} got {got!r}; the largest graph holds {max(sizes)}."
-    )
+    said = f"A live batch of {live} got {got!r}; the largest graph holds {max(sizes)}."
+    verdict.require(got == live, "eager", said)
 
 
 # -- ch5.which_syncs --------------------------------------------------------------------------------------
@@ -150,7 +133,9 @@ def check_replayed_rows(answer, verdict):
 def _fix_names() -> dict[str, str]:
     """Every way the chapter names a fix (its key, its label, its letter) -> its key."""
     names = {}
-    for fix, label in fix_costs(_h200())[["fix", "label"]].drop_duplicates().itertuples(index=False):
+    for fix, label in (
+        fix_costs(recorded.load("bench_h200"))[["fix", "label"]].drop_duplicates().itertuples(index=False)
+    ):
         letter = label.rsplit("(", 1)[-1].rstrip(")")
         names.update({fix: fix, label: fix, letter: fix, f"({letter})": fix})
     return names
@@ -158,7 +143,7 @@ def _fix_names() -> dict[str, str]:
 
 def syncing_fixes() -> set[str]:
     """The fixes whose step made the host wait for the GPU in the H200 run."""
-    costs = fix_costs(_h200())
+    costs = fix_costs(recorded.load("bench_h200"))
     return set(costs.loc[costs["host_syncs_per_step"] > 0, "fix"])
 
 
@@ -180,10 +165,9 @@ def syncing_fixes() -> set[str]:
     },
 )
 def check_which_syncs(answer, verdict):
-    answer = answer() if callable(answer) else answer
-    names = _fix_names()
-    ok = isinstance(answer, (set, frozenset, list, tuple)) and all(isinstance(a, str) for a in answer)
-    verdict.require(ok and all(a.strip() in names for a in answer), "format", f"(names: {sorted(names)})")
+    answer, names = as_str_set(value_of(answer)), _fix_names()
+    ok = answer is not None and all(a.strip() in names for a in answer)
+    verdict.require(ok, "format", f"(names: {sorted(names)})")
     got, truth = {names[a.strip()] for a in answer}, syncing_fixes()
     for fix, hint in (("clamp", "clamp"), ("scheduler_zero", "scheduler"), ("host_mask_async", "pinned")):
         verdict.require(fix not in got or fix in truth, hint)

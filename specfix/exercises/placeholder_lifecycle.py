@@ -299,31 +299,20 @@ def check_zero_accepts(answer, verdict):
 # -- ch1.reject_negative ---------------------------------------------------------------------------------
 
 
+#: Six slots over a vocabulary of 5, each built to catch one slip: (draft, uniform, p row, q row).
+_CRAFTED = (
+    (2, 0.9, [0.1, 0.1, 0.5, 0.2, 0.1], [0.25, 0.25, 0.25, 0.15, 0.1]),  # p/q = 2 beats u (p alone does not)
+    (1, 0.3, [0.3, 0.2, 0.2, 0.2, 0.1], [0.1, 0.5, 0.2, 0.1, 0.1]),  # p/q = 0.4 beats u
+    (-1, 0.5, [0.9, 0.025, 0.025, 0.025, 0.025], [0.3, 0.2, 0.2, 0.2, 0.1]),  # column 0 would pass
+    (-1, 0.5, [0.01, 0.01, 0.01, 0.07, 0.9], [0.5, 0.2, 0.1, 0.1, 0.1]),  # the last column would pass
+    (3, 0.1, [0.1, 0.1, 0.1, 0.6, 0.1], [0.4, 0.3, 0.3, 0.0, 0.0]),  # the drafter gave d q = 0
+    (0, 0.5, [0.2, 0.2, 0.2, 0.2, 0.2], [0.8, 0.05, 0.05, 0.05, 0.05]),  # p/q = 0.25 loses to u
+)
+
+
 def _crafted_rows():
-    """Six slots over a vocabulary of 5, each built to catch one slip (see the comments)."""
-    p = torch.tensor(
-        [
-            [0.1, 0.1, 0.5, 0.2, 0.1],  # 0: d=2, p/q = 2 beats u = 0.9 (p alone does not)
-            [0.3, 0.2, 0.2, 0.2, 0.1],  # 1: d=1, p/q = 0.4 beats u = 0.3
-            [0.9, 0.025, 0.025, 0.025, 0.025],  # 2: d=-1, column 0 would pass (0.9 / 0.3)
-            [0.01, 0.01, 0.01, 0.07, 0.9],  # 3: d=-1, the last column would pass (0.9 / 0.1)
-            [0.1, 0.1, 0.1, 0.6, 0.1],  # 4: d=3, but the drafter gave it q = 0
-            [0.2, 0.2, 0.2, 0.2, 0.2],  # 5: d=0, p/q = 0.25 loses to u = 0.5
-        ]
-    )
-    q = torch.tensor(
-        [
-            [0.25, 0.25, 0.25, 0.15, 0.1],
-            [0.1, 0.5, 0.2, 0.1, 0.1],
-            [0.3, 0.2, 0.2, 0.2, 0.1],
-            [0.5, 0.2, 0.1, 0.1, 0.1],
-            [0.4, 0.3, 0.3, 0.0, 0.0],
-            [0.8, 0.05, 0.05, 0.05, 0.05],
-        ]
-    )
-    drafts = torch.tensor([2, 1, -1, -1, 3, 0])
-    uniforms = torch.tensor([0.9, 0.3, 0.5, 0.5, 0.1, 0.5], dtype=torch.float64)
-    return drafts, p, q, uniforms
+    drafts, uniforms, p, q = zip(*_CRAFTED, strict=True)
+    return torch.tensor(drafts), torch.tensor(p), torch.tensor(q), torch.tensor(uniforms, dtype=torch.float64)
 
 
 def _random_rows(num_slots: int = 64, vocab_size: int = 16, seed: int = 0):
