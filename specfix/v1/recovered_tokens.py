@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from specfix import runtime
-from specfix.runtime import tl, triton
+from specfix.runtime import launch, tl, triton
 from specfix.v1.rejection_kernels import _as, _best_split_token, _use_triton
 from specfix.v1.sampling_metadata import SamplingMetadata
 
@@ -157,8 +157,13 @@ def sample_recovered_tokens(
         return draws
     out = torch.empty(draws.shape[0], dtype=torch.int32, device=draws.device)
     splits = draws.shape[1]
-    _recovered_tokens_reduce_kernel[(draws.shape[0],)](
-        out, draws, splits, SPLITS=triton.next_power_of_2(splits)
+    launch(
+        _recovered_tokens_reduce_kernel,
+        (out.shape[0],),
+        out,
+        draws,
+        splits,
+        SPLITS=triton.next_power_of_2(splits),
     )
     return out
 
@@ -192,7 +197,9 @@ def _recovered_draws(
     shape, dtype = ((num_tokens,), torch.int32) if splits == 1 else ((num_tokens, splits), torch.int64)
     out = torch.empty(shape, dtype=dtype, device=device)
     target_probs = _as(target_probs, torch.float32)
-    sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len, splits)](
+    launch(
+        sample_recovered_tokens_kernel,
+        (len(num_draft_tokens), max_spec_len, splits),
         out,
         out,  # the keys are the output when rows are split
         _as(cu_num_draft_tokens, torch.int32),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specfix import runtime
-from specfix.runtime import HAS_TRITON, tl, triton
+from specfix.runtime import HAS_TRITON, launch, tl, triton
 
 #: Fills the output past each request's last token, and marks a draft slot the drafter left empty.
 PLACEHOLDER_TOKEN_ID = -1
@@ -105,8 +105,9 @@ def rejection_greedy_sample(
         )
         return
     _check_row_block(max_spec_len)
-    batch_size = output_token_ids.shape[0]
-    rejection_greedy_sample_kernel[(batch_size,)](
+    launch(
+        rejection_greedy_sample_kernel,
+        (output_token_ids.shape[0],),
         output_token_ids,
         _as(cu_num_draft_tokens, torch.int32),
         _as(draft_token_ids, torch.int32),
@@ -240,10 +241,11 @@ def rejection_random_sample(
         )
         return
     _check_row_block(max_spec_len)
-    batch_size = output_token_ids.shape[0]
     num_splits = 1 if recovered_token_ids.dim() == 1 else recovered_token_ids.shape[1]
     target_probs = _as(target_probs, torch.float32)
-    rejection_random_sample_kernel[(batch_size,)](
+    launch(
+        rejection_random_sample_kernel,
+        (output_token_ids.shape[0],),
         output_token_ids,
         _as(cu_num_draft_tokens, torch.int32),
         _as(draft_token_ids, torch.int32),
