@@ -1,9 +1,8 @@
 """Chapter 5's tables and paragraphs, read from one ``specfix bench`` report: a live run or the recording.
 
-The recording is ``specfix/recorded/bench_h200.json``. Read :func:`load_report` first, then the tables, which
-the paragraphs and the figures (:mod:`specfix.figures.performance_figures`) read. Chapter 2 imports
-:func:`fix_costs`, so both chapters show the same placeholder-fix costs. The host-side recording lives in
-:mod:`specfix.figures.host_trace`, the ncu profile and launch sweep in :mod:`specfix.figures.kernel_profile`.
+Read :func:`load_report` first, then the tables, which the paragraphs and the figures
+(:mod:`specfix.figures.performance_figures`) read. Chapter 2 shows the same placeholder-fix costs
+(:func:`fix_costs`).
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from specfix.tools import bench, recorded
 
 #: Bytes per logit of each dtype the bench measures.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-
-# --------------------------------------------------------------------------------------------- tables
 
 
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
@@ -43,9 +40,7 @@ def fix_costs(report: dict | None = None) -> pd.DataFrame:
     unknown = sorted(set(df["impl"]) - set(FIXES))
     if unknown:
         raise ValueError(f"report names fixes {unknown} that specfix.lab.placeholder_fixes does not know")
-    df = df.rename(columns={"impl": "fix"})
-    df.insert(1, "label", df["fix"].map(LABELS))
-    df["order"] = df["fix"].map(FIXES.index)
+    df["fix"], df["label"], df["order"] = df["impl"], df["impl"].map(LABELS), df["impl"].map(FIXES.index)
     keep = ["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"]
     keep += [c for c in ("host_syncs_per_step", "host_us_behind_busy_gpu") if c in df]
     return df.sort_values(["order", "num_tokens"])[keep].reset_index(drop=True)
@@ -74,9 +69,7 @@ def floor_table(report: dict) -> pd.DataFrame:
         return g
     g = g[g["impl"].isin(list(bench.OURS))].copy()
     read = ceilings(report)["read"]
-    g["floor_us"] = [
-        floor_us(r, v, d, read) for r, v, d in zip(g["rows"], g["vocab"], g["dtype"], strict=True)
-    ]
+    g["floor_us"] = [floor_us(*shape, read) for shape in zip(g["rows"], g["vocab"], g["dtype"], strict=True)]
     g["of_read_ceiling"] = g["TB_per_s_read"] / read
     cols = ["impl", "dtype", "vocab", "rows", "median_us", "floor_us", "G_logits_per_s", "of_read_ceiling"]
     return g[cols].reset_index(drop=True)
@@ -161,15 +154,9 @@ def goal_families(report: dict) -> pd.DataFrame:
     columns = ["family", "case", "goals", "passed", "missed", "worst_margin_pct", "worst_goal"]
     if not report["goals"]:
         return pd.DataFrame(columns=columns)
-    df = pd.DataFrame(
-        {
-            "family": [goal_family(g) for g in report["goals"]],
-            "case": [g["case"] for g in report["goals"]],
-            "status": [g["status"] for g in report["goals"]],
-            "goal": [g["goal"] for g in report["goals"]],
-            "margin_pct": [margin_pct(g) for g in report["goals"]],
-        }
-    )
+    df = pd.DataFrame(report["goals"])[["case", "status", "goal"]]
+    df["family"] = [goal_family(g) for g in report["goals"]]
+    df["margin_pct"] = [margin_pct(g) for g in report["goals"]]
     worst = df.sort_values("margin_pct", kind="stable").groupby("family", sort=False).first()
     out = df.groupby("family", sort=False).agg(
         case=("case", "first"),
@@ -212,12 +199,8 @@ def small_batch_goals(report: dict) -> pd.DataFrame:
     for number, demand in SMALL_BATCH.items():
         goals = judged_goals(report, number)
         met = sum(g["status"] == "pass" for g in goals)
-        row = {
-            "goal": number,
-            "demands": demand,
-            "status": "not measured",
-            "shapes met": f"{met} of {len(goals)}",
-        }
+        shapes = f"{met} of {len(goals)}"
+        row = {"goal": number, "demands": demand, "status": "not measured", "shapes met": shapes}
         if goals:
             worst = min(goals, key=lambda g: (g["status"] == "pass", margin_pct(g)))
             measured, beside = _figures(worst)
@@ -287,9 +270,6 @@ def course_table(report: dict) -> pd.DataFrame:
         for name, chapters, pr, breaks in COURSE
     ]
     return pd.DataFrame(rows).set_index("switch")
-
-
-# --------------------------------------------------------------------------------------------- paragraphs
 
 
 def floor_text(report: dict) -> str:
