@@ -95,13 +95,10 @@ class DraftProposal:
     padded_writes: list[tuple[int, int]] = field(default_factory=list)
 
 
-# Two indexings meet here: *batch rows* are this step's requests in batch order, and ``idx_mapping[row]``
-# is the row's ``req_state_idx``, its slot in the per-request tables (reused after a request finishes).
-# The drafter's step runs over persistent buffers at a *padded* size (on a GPU a CUDA graph per size; on a
-# CPU the same step eagerly, which is what a replay does), so rows past ``num_reqs`` hold whatever an
-# earlier step left in ``idx_mapping``. Before vLLM PR #47066 a padded row wrote garbage logits into a live
-# request's ``draft_logits``; ``Fixes.pad_idx_mapping`` fills them with -1, which ``gumbel_sample``
-# (``Fixes.mask_invalid_reqs``) skips.
+# Batch rows are this step's requests in batch order; ``idx_mapping[row]`` is a row's ``req_state_idx``, its
+# slot in the per-request tables. The step runs at a *padded* size (a CUDA graph per size on a GPU, the same
+# step eagerly on a CPU), so rows past ``num_reqs`` hold what an earlier step left in ``idx_mapping``: before
+# vLLM PR #47066 such a row wrote into a live request's ``draft_logits`` (see ``_copy_request_inputs``).
 class DraftModelSpeculator:
     """Draft ``k`` tokens per request by Gumbel sampling over persistent buffers, as vLLM 0.33's MRV2 does."""
 
@@ -162,8 +159,6 @@ class DraftModelSpeculator:
         """Every persistent buffer the step reads or writes, by name."""
         names = "idx_mapping temperature seeds context_ids positions draft_tokens draft_logits"
         return {n: getattr(self, n) for n in names.split()}
-
-    # -- the step that a graph captures ------------------------------------------------------------
 
     def _check_request_inputs(
         self, num_reqs: int, idx_mapping: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor
@@ -237,8 +232,6 @@ class DraftModelSpeculator:
         self.idx_mapping.zero_()
         self.graphs = CapturedStep(self._draft_step, self.dispatcher.capture_sizes, self.device)
 
-    # -- one drafting step ----------------------------------------------------------------------------
-
     def propose(
         self,
         num_reqs: int,
@@ -286,9 +279,6 @@ class DraftModelSpeculator:
             self._draft_step(batch.num_reqs_padded)
             ran = "eager (padded size)" if batch.num_reqs_padded > num_reqs else "eager (exact size)"
         return DraftProposal(self.draft_tokens[:num_reqs].clone(), batch, ran, writes)
-
-
-# -- verification: MRV2 reads the cached draft distribution by req_state_idx ---------------------------
 
 
 def keyed_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
