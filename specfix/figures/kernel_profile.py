@@ -1,9 +1,6 @@
-"""Why the Gumbel kernel lands where it does, for chapter 5: its Nsight Compute profile and a launch sweep.
-
-The profile is ``scripts/profile_gumbel.py``'s recording ``gumbel_ncu_h200``; the sweep against the older
-kernels is ``scripts/time_gumbel.py --sweep --before``'s, ``gumbel_sweep_before_after_h200``.
-
-Read :func:`profile_table` and :func:`before_after` first: the paragraphs read them.
+"""Why the Gumbel kernel lands where it does, for chapter 5: its Nsight Compute profile
+(``scripts/profile_gumbel.py``) and a launch sweep against the older kernels (``scripts/time_gumbel.py
+--sweep --before``). Read :func:`profile_table` and :func:`before_after` first: the paragraphs read them.
 """
 
 from __future__ import annotations
@@ -39,12 +36,9 @@ def before_after(sweep: dict) -> pd.DataFrame:
     - 1`` as ``slower`` (above zero: today's kernel is slower than the old one)."""
     df = pd.DataFrame(sweep["configs"])
     df = df[df["config"].isin(list(SWEEP_KERNELS))]
-    for config in SWEEP_KERNELS:
-        if not (df["config"] == config).any():
-            raise ValueError(
-                f"the sweep has no {config!r} rows: run scripts/time_gumbel.py --sweep "
-                "--before old=PATH --before head=PATH"
-            )
+    for config in set(SWEEP_KERNELS) - set(df["config"]):
+        run = "run scripts/time_gumbel.py --sweep --before old=PATH --before head=PATH"
+        raise ValueError(f"the sweep has no {config!r} rows: {run}")
     wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
     wide = wide.rename(columns=SWEEP_KERNELS)
     wide["slower"] = wide["now_us"] / wide["multi_tile_us"] - 1
@@ -72,13 +66,9 @@ def profile_summary(profile: dict) -> pd.DataFrame:
 
 
 def _profiled(prof, shape, kernel="today", store=False, masked=True, run="final") -> pd.Series:
-    rows = prof[
-        (prof.kernel == kernel)
-        & (prof["shape"] == shape)
-        & (prof.store == store)
-        & (prof.masked == masked)
-        & (prof.run == run)
-    ]
+    rows = prof.query(
+        "kernel == @kernel and shape == @shape and store == @store and masked == @masked and run == @run"
+    )
     if rows.empty:
         raise ValueError(
             f"the profile has no {kernel!r} kernel at {shape} (store={store}, masked={masked}, "
