@@ -426,12 +426,12 @@ event("end", "run_demo returned without an error")
     return PRELUDE + textwrap.dedent(body)
 
 
-def where_python_heard(run: ChildRun, package: str = "specfix") -> str:
-    """The innermost frame inside ``package`` (else the innermost one) of the child's error."""
+def where_python_heard(run: ChildRun) -> str:
+    """The innermost frame inside specfix (else the innermost one) of the child's error."""
     frames = traceback_frames(run.output)
     if not frames:
         return "no traceback"
-    ours = [f for f in frames if f"/{package}/" in f["file"]] or frames
+    ours = [f for f in frames if "/specfix/" in f["file"]] or frames
     f = ours[-1]
     return f"{Path(f['file']).name}:{f['line']} in {f['func']}: {f['source']}"
 

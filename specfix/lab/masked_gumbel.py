@@ -141,10 +141,10 @@ def _with_int1_store_masks(fn):
     return run
 
 
-def vllm_mode_agreement(batch: dict, peer=None, col: int = 1) -> list[dict]:
+def vllm_mode_agreement(batch: dict, peer=None) -> list[dict]:
     """``noise="vllm"`` beside vLLM 0.33's ``gumbel_sample`` (None: a torch reference) and specfix's
     ``exact`` mode, sampled as a drafter samples: same tokens, same caches, per drafting flag."""
-    args = [batch[k] for k in BATCH_KEYS]
+    args, col = [batch[k] for k in BATCH_KEYS], 1  # col: the draft-logits column the rows cache into
     shape = (batch["temperature"].shape[0], col + 1, batch["logits"].shape[1])
     rows = []
     for drafting in (False, True):

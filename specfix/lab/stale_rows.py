@@ -124,15 +124,14 @@ def _parse_events(events, live: set[str], finished: set[str], max_num_reqs: int)
                 f"lowercase letters as names, got {event!r}"
             )
         verb, names = parts
-        if verb == "finish" and not set(names) <= live:
-            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) - live)} not live")
-        if verb == "arrive" and set(names) & live:
-            raise ValueError(f"events[{i}] {event!r}: {sorted(set(names) & live)} already live")
-        if set(names) & finished:
-            raise ValueError(
-                f"events[{i}] {event!r}: {sorted(set(names) & finished)} already finished "
-                "(a name is used once)"
-            )
+        problems = {
+            "not live": set(names) - live if verb == "finish" else set(),
+            "already live": set(names) & live if verb == "arrive" else set(),
+            "already finished (a name is used once)": set(names) & finished,
+        }
+        for what, bad in problems.items():
+            if bad:
+                raise ValueError(f"events[{i}] {event!r}: {sorted(bad)} {what}")
         if verb == "finish":
             live -= set(names)
             finished |= set(names)
@@ -235,14 +234,14 @@ def padded_step_scenario(events, **kwargs) -> BufferState:
     return scenario.play(events)
 
 
-def two_step_events(first_batch: int, second_batch: int, finished: str = "c") -> list[str]:
-    """Chapter 3's slider: a step, ``finished`` ends, a second step of survivors then newcomers (survivors
+def two_step_events(first_batch: int, second_batch: int) -> list[str]:
+    """Chapter 3's slider: a step, request ``c`` ends, a second step of survivors then newcomers (survivors
     past ``second_batch`` wait, live but not scheduled)."""
     for name, value in (("first_batch", first_batch), ("second_batch", second_batch)):
         if not is_int(value) or not 1 <= value <= 16:
             raise ValueError(f"{name} must be an int in [1, 16], got {value!r}")
     first = string.ascii_lowercase[:first_batch]
-    gone = "".join(c for c in first if c in finished)
+    gone = "c" if "c" in first else ""
     survivors = [c for c in first if c not in gone]
     newcomers = list(
         string.ascii_lowercase[first_batch : first_batch + max(0, second_batch - len(survivors))]
