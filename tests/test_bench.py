@@ -42,10 +42,6 @@ def test_logit_rate_by_hand():
     assert timing.g_logits_per_s(1000, 1000, 1000.0) == pytest.approx(1.0)
 
 
-def test_element_sizes():
-    assert [timing.elem_bytes(d) for d in (torch.float32, torch.bfloat16, torch.int64)] == [4, 2, 8]
-
-
 def test_summarize_by_hand():
     s = timing.summarize([float(x) for x in range(10, 0, -1)])  # 1..10, unsorted
     # median of 1..10 = 5.5; p20 at position 9*0.2 = 1.8 -> 2 + 0.8 = 2.8; p80 at 7.2 -> 8.2

@@ -12,7 +12,7 @@ from specfix.lab.masked_gumbel import BATCH_KEYS, gumbel_batch
 from specfix.mrv2.gumbel import gumbel_sample
 from specfix.tools.bench import peer as vllm
 from specfix.tools.bench.report import Job, find, goal, result, shape_label
-from specfix.tools.bench.timing import elem_bytes, g_logits_per_s, percentile, tb_per_s
+from specfix.tools.bench.timing import g_logits_per_s, percentile, tb_per_s
 from specfix.tools.syncs import count_host_syncs
 
 VOCABS = (32_000, 129_280, 151_936, 248_320)
@@ -37,6 +37,17 @@ def call_gumbel(
     return functools.partial(gumbel_sample, *args, noise=noise, fixes=fixes or Fixes())
 
 
+def _batch(s, rows: int, vocab: int, dname: str = "fp32") -> dict:
+    return gumbel_batch(rows, vocab, dtype=DTYPES[dname], seed=rows * 7919 + vocab, device=s.device)
+
+
+def _impls(s, inp: dict, ours: dict[str, str]) -> dict:
+    """specfix's calls (``ours``: impl -> noise) and each vLLM release's, on one batch."""
+    peers = s.peer.gumbel if s.peer else {}
+    impls = {impl: call_gumbel(inp, noise) for impl, noise in ours.items()}
+    return impls | {vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()}
+
+
 def torch_softmax_multinomial(logits: torch.Tensor) -> torch.Tensor:
     """The textbook sampler: probabilities, then torch.multinomial."""
     return torch.multinomial(torch.softmax(logits, dim=-1, dtype=torch.float32), 1).squeeze(-1)
@@ -48,16 +59,17 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
     return (logits.float() - noise).argmax(dim=-1)
 
 
-def _with_speedups(rows: list[dict], peers, b2b: bool = False) -> list[dict]:
-    """Add the peer's time over ours (how many times faster) to each specfix row of one shape: the median's
-    (``speedup_vs_vllm_<v>``) or, with ``b2b``, the back-to-back time's (``back_to_back_speedup_vs_...``)."""
+def _with_speedups(rows: list[dict], b2b: bool = False) -> list[dict]:
+    """Add each vLLM release's time over ours (how many times faster) to each specfix row of one shape: the
+    median's (``speedup_vs_vllm_<v>``) or, with ``b2b``, the back-to-back time's (``back_to_back_...``)."""
     field = "back_to_back_us" if b2b else "median_us"
     times = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
+    theirs = [impl for impl, t in times.items() if impl.startswith("vllm_") and t]
+    prefix = ("back_to_back_" if b2b else "") + "speedup_vs_"
     for r in rows:
-        for v in peers:
-            if r["impl"] in OURS and times[r["impl"]] and times[vllm.peer_impl(v)]:
-                key = ("back_to_back_" if b2b else "") + vllm.speedup_key(v)
-                r["metrics"][key] = times[vllm.peer_impl(v)] / times[r["impl"]]
+        if r["impl"] in OURS and times[r["impl"]]:
+            for impl in theirs:
+                r["metrics"][prefix + impl] = times[impl] / times[r["impl"]]
     return rows
 
 
@@ -94,11 +106,9 @@ def goals_ceilings(results, s):
 
 
 def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
-    inp = gumbel_batch(rows, vocab, dtype=DTYPES[dname], seed=rows * 7919 + vocab, device=s.device)
-    nbytes, params = rows * vocab * elem_bytes(DTYPES[dname]), {"vocab": vocab, "rows": rows, "dtype": dname}
-    peers = s.peer.gumbel if s.peer else {}
-    impls = {name: call_gumbel(inp, noise) for name, noise in OURS.items()}
-    impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+    inp = _batch(s, rows, vocab, dname)
+    nbytes, params = rows * vocab * DTYPES[dname].itemsize, {"vocab": vocab, "rows": rows, "dtype": dname}
+    impls = _impls(s, inp, OURS)
     if rows >= 256:
         impls[WITH_TEMPERATURE] = call_gumbel(inp, OURS[JUDGED], apply_temperature=True)
     impls["torch_softmax_multinomial"] = functools.partial(torch_softmax_multinomial, inp["logits"])
@@ -115,8 +125,8 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
         if s.cuda and (impl == JUDGED or impl.startswith("vllm_")):  # goal 2: back to back, host shows
             m["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
         shape.append(result("gumbel", impl, params, t, **m))
-    _with_speedups(shape, peers)
-    return _with_speedups(shape, peers, b2b=True)
+    _with_speedups(shape)
+    return _with_speedups(shape, b2b=True)
 
 
 def plan_gumbel(s, timer) -> list[Job]:
@@ -203,22 +213,20 @@ def goals_gumbel(results, s):
 def plan_gumbel_graph(s, timer) -> list[Job]:
     vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
     rows_list = s.pick(cpu=(1,), ci=(1,), full=(1, 8, 64))
-    peers = s.peer.gumbel if s.peer else {}
 
     def run(vocab: int) -> list[dict]:
         out = []
         for rows in rows_list:
             calls = s.pick(cpu=2, ci=50, full=max(10, 200 // rows))
-            inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+            inp = _batch(s, rows, vocab)
             params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "calls_per_graph": calls}
-            impls = {impl: call_gumbel(inp, noise) for impl, noise in OURS.items()}
-            impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+            impls = _impls(s, inp, OURS)
             impls["torch_gumbel_max"] = functools.partial(torch_gumbel_max, inp["logits"])
             shape = [
                 result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
                 for impl, call in impls.items()
             ]
-            out += _with_speedups(shape, peers)
+            out += _with_speedups(shape)
         return out
 
     return [Job(f"gumbel_sample in a CUDA graph, vocab {v:,}", functools.partial(run, v)) for v in vocabs]
@@ -241,13 +249,11 @@ def plan_gumbel_host(s, timer) -> list[Job]:
         ci=((1, 151_936), (8, 151_936)),
         full=((1, 151_936), (8, 151_936), (64, 151_936), (8, 32_000)),
     )
-    peers = s.peer.gumbel if s.peer else {}
 
     def run(rows: int, vocab: int) -> list[dict]:
-        inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+        inp = _batch(s, rows, vocab)
         params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
-        impls = {JUDGED: call_gumbel(inp, OURS[JUDGED])}
-        impls.update({vllm.peer_impl(v): vllm.gumbel_call(m, inp) for v, m in peers.items()})
+        impls = _impls(s, inp, {JUDGED: OURS[JUDGED]})
         out = [result("gumbel_host", impl, params, timer.host_cost(call)) for impl, call in impls.items()]
         for theirs in out[1:]:
             out[0]["metrics"][f"host_ratio_vs_{theirs['impl']}"] = out[0]["median_us"] / theirs["median_us"]
@@ -270,7 +276,7 @@ def plan_gumbel_mask(s, timer) -> list[Job]:
     repeats = s.pick(cpu=2, ci=10, full=20)
 
     def run(store: bool):
-        inp = gumbel_batch(rows, vocab, seed=rows * 7919 + vocab, device=s.device)
+        inp = _batch(s, rows, vocab)
         processed = torch.empty(rows, 1, vocab, dtype=torch.float32, device=s.device) if store else None
         masked = call_gumbel(inp, OURS[JUDGED], Fixes(), processed)
         unmasked = call_gumbel(inp, OURS[JUDGED], Fixes(mask_invalid_reqs=False), processed)

@@ -50,10 +50,6 @@ def g_logits_per_s(rows: int, vocab: int, time_us: float) -> float:
     return rows * vocab / (time_us * 1e-6) / 1e9
 
 
-def elem_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Where and how hard to measure, and the peer (vLLM's own code, ``peer.Peer``) beside specfix, if any."""
