@@ -20,16 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = ROOT / "specfix" / "recorded"
 GOLDEN_DIR = ROOT / "tests" / "golden"
 
-_GUMBEL = (
-    "specfix/mrv2/gumbel.py",
-    "specfix/mrv2/gumbel_launch.py",
-    "specfix/mrv2/noise.py",
-    "specfix/mrv2/gumbel_constants.py",
-)
-_REJECTION = (
-    "specfix/v1/rejection_sampler.py",
-    "specfix/v1/rejection_kernels.py",
-    "specfix/v1/recovered_tokens.py",
+_GUMBEL = tuple(f"specfix/mrv2/{m}.py" for m in ("gumbel", "gumbel_launch", "noise", "gumbel_constants"))
+_REJECTION = tuple(
+    f"specfix/v1/{m}.py" for m in ("rejection_sampler", "rejection_kernels", "recovered_tokens")
 )
 _BENCH = tuple(
     f"specfix/tools/bench/{m}.py"
