@@ -19,34 +19,22 @@ from specfix.tools.mirrors import release_rows, roles, vllm_map
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the chapters, next to the package
 
+# fmt: off
 #: The course in order: each chapter's notebook and, in one line, what it teaches.
 COURSE = (
-    (
-        "00_tour",
-        "speculative decoding step by step, the two kinds of padding, the map of the package, the glossary",
-    ),
-    (
-        "01_placeholder_lifecycle",
-        "one `-1` placeholder through every stage of the V1 pipeline: where it must "
-        "stay `-1`, where it must not, and what zeroing it instead breaks",
-    ),
-    (
-        "02_embedding_assert",
-        "the device-side assert a `-1` causes in the embedding: why the traceback "
-        "points at the wrong line, how to find the real one, the clamp that fixes it",
-    ),
-    (
-        "03_cudagraph_idx_mapping",
-        "CUDA-graph padding: stale `idx_mapping` rows overwrite live requests' "
-        "draft logits and corrupt their text; the `-1` fill that stops it",
-    ),
-    (
-        "04_masked_gumbel_sampling",
-        "the Triton Gumbel-max sampler of Model Runner V2, proven against softmax, "
-        "and the `req_state_idx >= 0` mask that skips padded rows",
-    ),
+    ("00_tour", "speculative decoding step by step, the two kinds of padding, the map of the package, "
+                "the glossary"),
+    ("01_placeholder_lifecycle", "one `-1` placeholder through every stage of the V1 pipeline: where it must "
+                                 "stay `-1`, where it must not, and what zeroing it instead breaks"),
+    ("02_embedding_assert", "the device-side assert a `-1` causes in the embedding: why the traceback points "
+                            "at the wrong line, how to find the real one, the clamp that fixes it"),
+    ("03_cudagraph_idx_mapping", "CUDA-graph padding: stale `idx_mapping` rows overwrite live requests' "
+                                 "draft logits and corrupt their text; the `-1` fill that stops it"),
+    ("04_masked_gumbel_sampling", "the Triton Gumbel-max sampler of Model Runner V2, proven against softmax, "
+                                  "and the `req_state_idx >= 0` mask that skips padded rows"),
     ("05_performance", "what each fix costs and how close the kernels come to the H200's limits"),
 )
+# fmt: on
 
 MAP_ROLES = ("v1", "mrv2", "lab", "tools", "specfix")  # the module map's roles, in reading order
 _CONTEXT_WORDS = 4  # context words drawn before the drafts (the last ones)
