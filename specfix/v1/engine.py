@@ -72,17 +72,16 @@ class _StepUndo:
         ]
         self.trace, self.trace_len = runner.trace, len(runner.trace)
         self.cpu_rng = torch.get_rng_state()
-        self.cuda = (
-            (runner.device, torch.cuda.get_rng_state(runner.device)) if runner.device.type == "cuda" else None
-        )
+        self.device = runner.device
+        self.cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     def restore(self) -> None:
         for part in self.parts:
             part.restore()
         del self.trace[self.trace_len :]
         torch.set_rng_state(self.cpu_rng)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng, self.device)
 
 
 def _check_engine_args(

@@ -111,10 +111,8 @@ class GPUModelRunner:
         self.device = torch.device(device)
         self.vocab_size = model.vocab_size
         self.max_model_len = max_model_len
-        self.speculative_config = None
-        if drafter is not None:
-            method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
-            self.speculative_config = SpeculativeConfig(drafter.k, method)
+        method = "ngram" if isinstance(drafter, NgramProposer) else "draft_model"
+        self.speculative_config = SpeculativeConfig(drafter.k, method) if drafter is not None else None
         if cudagraph_capture_sizes is None:  # token counts a FULL graph is captured for, by vLLM 0.33's rule
             cudagraph_capture_sizes = capture_sizes(
                 max_num_reqs, drafter.k if drafter else 0, max_num_batched_tokens, v1_runner=True
@@ -393,14 +391,6 @@ class GPUModelRunner:
         if drafts is None or not drafts.req_ids:
             self._prev_draft_token_ids, self.prev_req_id_to_index, self._prev_num_sampled = None, {}, []
             return
-        k = self.drafter.k
-        short = [r for r, d in zip(drafts.req_ids, drafts.draft_token_ids, strict=True) if len(d) != k]
-        if short:
-            raise ValueError(
-                f"async scheduling needs exactly k = {k} proposals per request, got another count for "
-                f"{short[:3]} (vLLM's V1 runner refuses async scheduling with drafters that may propose "
-                "fewer, such as the CPU n-gram drafter)"
-            )
         self._prev_draft_token_ids = torch.tensor(
             drafts.draft_token_ids, dtype=torch.int32, device=self.device
         )
@@ -413,19 +403,24 @@ class GPUModelRunner:
         if self.drafter is None:
             return None
         ready = [r for r, tokens in zip(req_ids, sampled, strict=True) if tokens]
-        histories = []
-        for r in ready:
-            row = self.input_batch.req_id_to_index[r]
-            histories.append(self.input_batch.token_ids_cpu[row, : self.input_batch.num_tokens_no_spec[row]])
-        proposals = self.drafter.propose_batch(histories)
-        k = self.speculative_config.num_speculative_tokens
+        batch = self.input_batch
+        rows = [batch.req_id_to_index[r] for r in ready]
+        proposals = self.drafter.propose_batch(
+            [batch.token_ids_cpu[i, : batch.num_tokens_no_spec[i]] for i in rows]
+        )
         checked = [
             check_token_ids(f"draft_token_ids[{i}]", d, self.vocab_size) for i, d in enumerate(proposals)
         ]
-        too_long = [i for i, d in enumerate(checked) if len(d) > k]
-        if too_long:
-            i = too_long[0]
-            raise ValueError(f"draft_token_ids[{i}] has {len(checked[i])} drafts, over k={k}")
+        # The async fill scatters exactly k per request: vLLM's V1 runner refuses async scheduling with
+        # drafters that may propose fewer, such as the n-gram drafter.
+        k, exact = self.speculative_config.num_speculative_tokens, self.use_async_scheduling
+        bad = [i for i, d in enumerate(checked) if len(d) > k or (exact and len(d) < k)]
+        if bad:
+            need = "async scheduling needs exactly" if exact else "a step takes at most"
+            raise ValueError(
+                f"draft_token_ids[{bad[0]}] has {len(checked[bad[0]])} drafts, but {need} k = {k} proposals "
+                "per request"
+            )
         return DraftTokenIds(ready, checked)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
