@@ -442,7 +442,8 @@ def _rejection_sample(
     backend="auto",
 ) -> torch.Tensor:
     """``rejection_sample`` on validated inputs: each kernel writes its rows whole, placeholders included."""
-    output_token_ids = target_logits.new_empty((len(num_draft_tokens), max_spec_len + 1), dtype=torch.int32)
+    shape = (len(num_draft_tokens), max_spec_len + 1)
+    output_token_ids = torch.empty(shape, dtype=torch.int32, device=target_logits.device)
     is_greedy = _mixed_greedy_mask(sampling_metadata)
     if not sampling_metadata.all_random:
         rejection_greedy_sample(
