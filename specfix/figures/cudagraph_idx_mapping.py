@@ -29,15 +29,13 @@ def launch_overhead(rows: Sequence[dict], source: str):
         fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
-        ax.set(xscale="log", yscale="log", xlabel="batch rows", ylabel="µs per drafter step")
+        ax.set(xlabel="batch rows", ylabel="µs per drafter step")
         title = f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}"
         ax.set_title(title, fontsize=9)
-        lo, hi = (
-            df[["eager_us", "graph_us"]].min().min() / 1.5,
-            df[["eager_us", "graph_us"]].max().max() * 1.5,
-        )
+        times = df[["eager_us", "graph_us"]].to_numpy()
         style.log_ticks(ax.xaxis, df["size"])
-        style.log_ticks(ax.yaxis, [v for v in (50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= v <= hi])
+        ticks = (50, 100, 200, 500, 1000, 2000, 5000, 10000)
+        style.log_ticks(ax.yaxis, [v for v in ticks if times.min() / 1.5 <= v <= times.max() * 1.5])
         style.legend_below(fig, ax)
         speedup = df["eager_us"] / df["graph_us"]
         style.caption(
@@ -143,9 +141,8 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
     cols = min(len(positions), 2)  # two panels a row: the figure keeps the column's width
     rows = -(-len(positions) // cols)
     with style.apply():
-        fig, grid = plt.subplots(
-            rows, cols, figsize=(style.WIDTH_IN, 0.4 + 2.7 * rows), sharey=True, squeeze=False
-        )
+        size = (style.WIDTH_IN, 0.4 + 2.7 * rows)
+        fig, grid = plt.subplots(rows, cols, figsize=size, sharey=True, squeeze=False)
         axes = grid.ravel()
         for j, (ax, at) in enumerate(zip(axes, positions, strict=False)):
             runs = [
@@ -205,12 +202,12 @@ def padded_writes_text(state: BufferState) -> str:
 def bench_text(bench_on, bench_off, sampler: str, num_requests: int) -> str:
     """The padding bench's shapes, sampler and verdict."""
     shapes = sorted({(len(s.req_ids), s.num_reqs_padded) for s in bench_off.batched.steps})
-    how = (
-        "the Triton kernel"
-        if sampler == "kernel"
-        else "the Triton kernel's torch twin (the same tokens and stores, tied to the kernel by "
-        "tests/test_speculator.py and tests/test_padding_bench.py; the kernel itself runs in section 6)"
-    )
+    how = "the Triton kernel"
+    if sampler != "kernel":
+        how += (
+            "'s torch twin (the same tokens and stores, tied to the kernel by tests/test_speculator.py and "
+            "tests/test_padding_bench.py; the kernel itself runs in section 6)"
+        )
     return (
         f"{num_requests} requests; the batched steps had (live rows, graph rows) of {shapes} and ran as "
         f"{', '.join(bench_off.summary()['ran'])}, the drafter sampling with {how}. With the fix, "
