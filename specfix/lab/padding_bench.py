@@ -45,8 +45,7 @@ class BenchRequest:
     req_id: int
     prompt: tuple[int, ...]
     max_tokens: int
-    temperature: float
-    seed: int
+    seed: int  # every request samples at temperature 1
 
 
 def make_requests(
@@ -66,7 +65,6 @@ def make_requests(
                 i,
                 tuple(tok.encode(" ".join(words))),
                 rng.randint(*max_tokens),
-                1.0,
                 rng.randrange(2**31),
             )
         )
@@ -213,9 +211,7 @@ class SpecDecodeEngine:
         while waiting or live:
             while waiting and len(live) < max_batch:
                 req = waiting.popleft()
-                entry = _Live(
-                    req, self.states.add_request(req.req_id, req.temperature, req.seed), list(req.prompt)
-                )
+                entry = _Live(req, self.states.add_request(req.req_id, 1.0, req.seed), list(req.prompt))
                 self._prefill(entry)
                 live.append(entry)
             n = len(live)
