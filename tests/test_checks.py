@@ -1,9 +1,11 @@
 """specfix.checks: the argument checks every role uses, each naming the argument it refuses."""
 
+import re
+
 import pytest
 import torch
 
-from specfix.checks import check_device, check_id_tensor, check_vector, is_int
+from specfix.checks import check_device, check_id_tensor, check_slots, check_vector, is_int
 
 
 def test_a_bool_is_not_an_int():
@@ -49,3 +51,10 @@ def test_a_strided_vector_is_refused_where_a_kernel_reads_it_with_stride_one():
     check_vector("pos", strided)
     with pytest.raises(ValueError, match="pos must be contiguous"):
         check_vector("pos", strided, contiguous=True)
+
+
+@pytest.mark.parametrize("slots", [[0, 4], [-1, 2], [1, 1]])
+def test_live_slots_must_be_distinct_and_within_the_tables(slots):
+    check_slots("idx", torch.tensor([3, 0]), 4)
+    with pytest.raises(ValueError, match=re.escape(f"idx must be distinct slots in [0, 4), got {slots}")):
+        check_slots("idx", torch.tensor(slots), 4)

@@ -16,14 +16,15 @@ from specfix.mrv2.speculator import (
 V, M, K = 16, 8, 2
 
 
-def _spec(fix=True, sampler=gumbel_sample, table=None, noise="exact"):
+def _spec(fix=True, sampler=gumbel_sample, table=None, noise="exact", device="cpu"):
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(1)) if table is None else table
     return DraftModelSpeculator(
-        TableDraft(table),
+        TableDraft(table).to(device),
         max_num_reqs=M,
         num_speculative_steps=K,
         vocab_size=V,
         context_len=1,
+        device=device,
         fixes=Fixes(pad_idx_mapping=fix),
         sampler=sampler,
         noise=noise,
@@ -237,16 +238,7 @@ def test_cuda_graph_replay_matches_eager_padded_step(fix):
         pytest.skip("needs a CUDA GPU")
     results = []
     for graphs in (True, False):
-        table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-        spec = DraftModelSpeculator(
-            TableDraft(table).cuda(),
-            max_num_reqs=M,
-            num_speculative_steps=K,
-            vocab_size=V,
-            context_len=1,
-            device="cuda",
-            fixes=Fixes(pad_idx_mapping=fix),
-        )
+        spec = _spec(fix, device="cuda")
         if graphs:
             spec.capture_cuda_graphs()
         spec.draft_logits.zero_()
@@ -400,15 +392,7 @@ def test_the_whole_drafting_step_is_one_graph_without_host_syncs_and_replays_as_
     from specfix.mrv2.cudagraph import CapturedStep
     from specfix.tools.syncs import count_host_syncs
 
-    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-    make = lambda: DraftModelSpeculator(
-        TableDraft(table).cuda(),
-        max_num_reqs=M,
-        num_speculative_steps=K,
-        vocab_size=V,
-        context_len=1,
-        device="cuda",
-    )
+    make = lambda: _spec(device="cuda")
     n, idx = 3, torch.tensor([5, 3, 0], dtype=torch.int32, device="cuda")
     temp, seeds = TEMP.cuda(), SEEDS.cuda()
     ctx, pos = torch.tensor([[1], [4], [9]], device="cuda"), torch.tensor([3, 8, 2], device="cuda")
