@@ -1,11 +1,6 @@
-"""Chapter 1's figures and paragraphs for the two scheduling modes, synchronous and asynchronous.
-
-They show what every request's draft slots held in every engine step, what became of the ``-1`` slots, and
-one request's slots from scheduler to embedding.
-
-The data come from :mod:`specfix.lab.scheduling`. Orange is a ``-1`` that reaches the embedding (only the
-clamp keeps it from crashing there), green a ``-1`` the runner overwrote with a real draft. Figures come back
-closed in pyplot.
+"""Chapter 1's figures and paragraphs for the two scheduling modes, synchronous and asynchronous, read from
+:mod:`specfix.lab.scheduling`'s runs. Orange is a ``-1`` that reaches the embedding (only the clamp keeps it
+from crashing there), green a ``-1`` the runner overwrote with a real draft. Figures come back closed.
 """
 
 from __future__ import annotations
@@ -55,9 +50,8 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
     height = 1.0 + 0.42 * sum(len(r.outputs) for r in runs.values()) + 0.5 * len(runs)
     with style.apply():
         fig = plt.figure(figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN), height))
-        for ax, (name, result) in zip(
-            fig.subplots(len(runs), 1, squeeze=False)[:, 0], runs.items(), strict=True
-        ):
+        axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
+        for ax, (name, result) in zip(axes, runs.items(), strict=True):
             kinds = slot_kinds(result)
             grid = np.zeros((len(kinds), width), dtype=int)  # a step past the run's end: kind 0
             texts = np.full((len(kinds), width), "", dtype=object)
@@ -118,14 +112,12 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, 2.6))
         ax = fig.subplots()
-        style.cells(
-            ax, kinds, _STAGE_FILLS, texts, [f"draft slot {j + 1}" for j in range(len(sent))], _STAGES
-        )
+        slots = [f"draft slot {j + 1}" for j in range(len(sent))]
+        style.cells(ax, kinds, _STAGE_FILLS, texts, slots, _STAGES)
         ax.set_title(f"request {req_id}: its draft slots in one step", loc="left")
         shown = sorted(set(np.unique(kinds).tolist()))
-        style.legend_below(
-            fig, handles=style.patches([_STAGE_FILLS[i] for i in shown], [_STAGE_LABELS[i] for i in shown])
-        )
+        key = style.patches([_STAGE_FILLS[i] for i in shown], [_STAGE_LABELS[i] for i in shown])
+        style.legend_below(fig, handles=key)
         style.caption(
             fig,
             "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
@@ -153,11 +145,9 @@ def workloads_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
 def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """Where the decode node's ``-1`` slots went, in each mode."""
     s, a = (placeholder_counts(runs["decode node", mode]) for mode in ("sync", "async"))
-    every = (
-        " (one for every draft slot of the run)"
-        if a["-1 written by the scheduler"] == a["draft slots verified"]
-        else ""
-    )
+    every = ""
+    if a["-1 written by the scheduler"] == a["draft slots verified"]:
+        every = " (one for every draft slot of the run)"
     return (
         f"Synchronous: the scheduler wrote {s['-1 written by the scheduler']} `-1` slots, in the first "
         f"decode of the prefilled requests, and {s['-1 reaching the embedding']} reached the embedding; "
