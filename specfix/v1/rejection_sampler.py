@@ -123,8 +123,7 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
     """``forward`` when every request is greedy: one argmax over every row, then the ids are gathered, not
     the rows (an argmax is exact in any float dtype, so no float32 copy either)."""
     argmax = logits.argmax(dim=-1)
-    shape = (metadata.batch_size, metadata.max_spec_len + 1)
-    output_token_ids = torch.empty(shape, dtype=torch.int32, device=logits.device)
+    output_token_ids = _output_table(metadata.batch_size, metadata.max_spec_len, logits.device)
     rejection_greedy_sample(
         output_token_ids,
         metadata.cu_num_draft_tokens,
@@ -136,6 +135,11 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
         backend=backend,
     )
     return output_token_ids
+
+
+def _output_table(batch_size: int, max_spec_len: int, device: torch.device) -> torch.Tensor:
+    """[B, max_spec_len + 1] int32, not filled: the kernels write each row whole, placeholders included."""
+    return torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
 
 
 # Validation: types, shapes and devices always; values (a host sync on a GPU) only under device_checks.
@@ -426,6 +430,7 @@ def rejection_sample(
     )
 
 
+# rejection_sample on inputs already validated: the rejection core the bench times beside vLLM's.
 def _rejection_sample(
     draft_token_ids,
     num_draft_tokens,
@@ -441,10 +446,7 @@ def _rejection_sample(
     reject_negative_drafts=True,
     backend="auto",
 ) -> torch.Tensor:
-    """``rejection_sample`` on validated inputs: each kernel writes its rows whole, placeholders included."""
-    shape = (len(num_draft_tokens), max_spec_len + 1)
-    output_token_ids = torch.empty(shape, dtype=torch.int32, device=target_logits.device)
-    is_greedy = _mixed_greedy_mask(sampling_metadata)
+    output_token_ids = _output_table(len(num_draft_tokens), max_spec_len, target_logits.device)
     if not sampling_metadata.all_random:
         rejection_greedy_sample(
             output_token_ids,
@@ -452,7 +454,7 @@ def _rejection_sample(
             draft_token_ids,
             target_logits.argmax(dim=-1),
             bonus_token_ids,
-            is_greedy,
+            _mixed_greedy_mask(sampling_metadata),
             max_spec_len,
             backend=backend,
         )
@@ -483,7 +485,7 @@ def _rejection_sample(
         bonus_token_ids,
         recovered_token_ids,
         uniform_probs,
-        is_greedy,
+        _mixed_greedy_mask(sampling_metadata),
         max_spec_len,
         reject_negative_drafts=reject_negative_drafts,
         backend=backend,
