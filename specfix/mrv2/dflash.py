@@ -12,6 +12,7 @@ the DSpark layout. Read ``prepare_dflash_inputs`` first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -269,10 +270,10 @@ class DFlashDrafter:
         num_speculative_steps: int,
         device: torch.device | str = "cpu",
         fixes: Fixes | None = None,
-        sampler=None,
+        sampler: Callable[..., torch.Tensor] = gumbel_sample,  # or speculator.reference_sampler
     ):
         self.model, self.fixes = model, fixes or Fixes()
-        self.sampler = sampler or gumbel_sample
+        self.sampler = sampler
         self.device = torch.device(device)
         k, v = num_speculative_steps, model.vocab_size
         self.inputs = DFlashInputs.allocate(max_num_reqs, k, self.device)
