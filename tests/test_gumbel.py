@@ -176,7 +176,7 @@ def test_split_rows_pick_the_reference_token_in_one_launch_or_two(monkeypatch, c
         got = sample(b, block_size=256, num_warps=num_warps, tiles_per_program=2)
         assert torch.equal(got.cpu(), want)
     assert want[3] == 0
-    assert all(int(arrivals.abs().sum()) == 0 for arrivals, _ in gumbel._SPLIT_SCRATCH.values())
+    assert all(int(arrivals.abs().sum()) == 0 for arrivals, _ in gumbel_launch._SPLIT_SCRATCH.values())
 
 
 def triton_next_pow2(n: int) -> int:
@@ -973,12 +973,15 @@ def test_the_launch_path_reads_nothing_back_unless_device_checks_is_on(monkeypat
 
 
 def test_the_launch_plan_is_chosen_once_per_shape():
-    """Two calls of one shape share one plan (and one dict of kernel switches): no launch configuration is
-    recomputed per call; another shape gets its own."""
+    """Two calls of one shape share one plan (and its dicts of kernel switches): no launch configuration is
+    recomputed per call; another shape gets its own. Float overrides are refused before they key it."""
     gumbel._plan.cache_clear()
+    key = (8, 32_000, 4, "fast", False, False, False, True, None, None, None)
     for _ in range(3):
-        gumbel._plan(8, 32_000, 4, None, None, None)
+        gumbel._plan(*key)
     assert gumbel._plan.cache_info().misses == 1 and gumbel._plan.cache_info().hits == 2
-    assert gumbel._plan(9, 32_000, 4, None, None, None) is not gumbel._plan(8, 32_000, 4, None, None, None)
+    assert gumbel._plan(9, *key[1:]) is not gumbel._plan(*key)
     with pytest.raises(ValueError, match="block_size must be a power of two"):
-        gumbel._check_overrides(16.0, None)
+        sample(_bad(), block_size=16.0)
+    with pytest.raises(ValueError, match="tiles_per_program must be a positive int"):
+        sample(_bad(), tiles_per_program=2.0)

@@ -17,20 +17,15 @@ import torch
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_constants as K
 from specfix.mrv2 import gumbel_reference as ref
-from specfix.mrv2.gumbel_launch import (  # noqa: F401 (some re-exported: scripts and tests read them here)
+from specfix.mrv2.gumbel_launch import (  # noqa: F401 (_REGISTER_CAP, launch_config: scripts read them here)
     _REGISTER_CAP,
-    _SPLIT_SCRATCH,
     _capturing,
-    _check_overrides,
-    _constexprs,
-    _Plan,
     _plan,
     _split_scratch,
     _validate,
     launch_config,
-    tile_shape,
 )
-from specfix.mrv2.noise import (  # noqa: F401 (what the kernels call; gumbel_noise re-exported)
+from specfix.mrv2.noise import (  # noqa: F401 (the kernels' helpers; NOISE_MODES, gumbel_noise re-exported)
     NOISE_MODES,
     _exact_gumbel,
     _fast_gumbel_log2,
@@ -404,35 +399,47 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     tables = (logits, expanded_idx_mapping, temperature, seed, pos)
     cache, col, source = logits_cache, logits_cache_col, logits_cache_source
     _validate(*tables, cache, col, source, use_fp64, noise, block_size, tiles_per_program)
-    if not HAS_TRITON:
-        return _sample_reference(*tables, apply_temperature, is_drafting, cache, col, source, fixes, noise)
+    if not HAS_TRITON:  # the torch reference, which is the fixed kernel in the exact and vllm modes
+        if not fixes.mask_invalid_reqs:
+            raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
+        if noise == "fast":
+            raise RuntimeError("the fast noise needs triton")
+        return ref.gumbel_sample_reference(
+            *tables, apply_temperature, is_drafting, cache, col, logits_cache_source=source, noise=noise
+        )
     num_tokens, vocab_size = logits.shape
-    out = torch.empty(num_tokens, dtype=torch.int64, device=logits.device)
+    out = logits.new_empty(num_tokens, dtype=torch.int64)
     if num_tokens == 0:
         return out
-    plan = _plan(num_tokens, vocab_size, logits.element_size(), block_size, num_warps, tiles_per_program)
-    cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source)
-    two_kernels = plan.num_splits > 1 and _capturing(logits.device)
-    split_best, arrivals = _split_buffers(out, plan, two_kernels)
-    per_token_col = cache_args[3] is not None
-    arrive = plan.num_splits > 1 and not two_kernels  # the row's last program to arrive picks its token
-    switches = _constexprs(
-        plan,
+    per_token_col = isinstance(col, torch.Tensor)
+    plan = _plan(
+        num_tokens,
+        vocab_size,
+        logits.element_size(),
         noise,
         bool(is_drafting),
         bool(apply_temperature),
         per_token_col,
         fixes.mask_invalid_reqs,
-        arrive,
+        block_size,
+        num_warps,
+        tiles_per_program,
     )
-    args = (out, split_best, arrivals, logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
-    launch(_gumbel_sample_kernel, plan.grid, *args, **switches)
-    if two_kernels:
+    cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source, per_token_col)
+    args = (logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
+    if plan.num_splits == 1:  # one program per row: no split keys, no arrivals (any memory will do)
+        launch(_gumbel_sample_kernel, plan.grid, out, out, out, *args, **plan.eager)
+    elif not _capturing(logits.device):  # the row's last program to arrive picks its token: one launch
+        arrivals, keys = _split_scratch(logits.device, num_tokens, plan.num_splits)
+        launch(_gumbel_sample_kernel, plan.grid, out, keys, arrivals, *args, **plan.eager)
+    else:  # in a graph a second kernel picks it (cheaper on the GPU than arrival atomics); keys in its pool
+        keys = out.new_empty(num_tokens * plan.num_splits)
+        launch(_gumbel_sample_kernel, plan.grid, out, keys, out, *args, **plan.captured)
         launch(
             _gumbel_reduce_kernel,
             (num_tokens,),
             out,
-            split_best,
+            keys,
             plan.num_splits,
             SPLITS=plan.splits_bound,
             num_warps=1,
@@ -440,62 +447,27 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     return out
 
 
-def _sample_reference(
-    logits, mapping, temperature, seed, pos, apply_t, drafting, cache, col, source, fixes, noise
-):
-    """Without triton: the torch reference, which is the fixed kernel in the exact and vllm modes."""
-    if not fixes.mask_invalid_reqs:
-        raise RuntimeError("the unmasked (pre-fix) kernel needs triton; the torch reference is the fix")
-    if noise == "fast":
-        raise RuntimeError("the fast noise needs triton")
-    return ref.gumbel_sample_reference(
-        logits,
-        mapping,
-        temperature,
-        seed,
-        pos,
-        apply_t,
-        drafting,
-        cache,
-        col,
-        logits_cache_source=source,
-        noise=noise,
-    )
-
-
 #: The kernel's cache arguments without a cache, from ``cache_ptr`` to ``col_stride``.
 _NO_CACHE = (None, 0, 0, None, None, 0, 0, 0)
 
 
-def _cache_args(logits, cache, col, source) -> tuple:
+def _cache_args(logits, cache, col, source, per_token_col) -> tuple:
     """The kernel's arguments from ``cache_ptr`` to ``col_stride``: the cache and its strides, the column as
     a per-row tensor or an int, the source (None where it is the logits themselves)."""
-    col_tensor = col if isinstance(col, torch.Tensor) else None
-    if col_tensor is not None and col_tensor.dim() == 0:
-        col_tensor = col_tensor.expand(logits.shape[0])  # stride 0: every row reads the one column, no sync
+    if per_token_col and col.dim() == 0:
+        col = col.expand(logits.shape[0])  # stride 0: every row reads the one column, no sync
     if source is not None and (source.data_ptr(), source.stride(0)) == (logits.data_ptr(), logits.stride(0)):
         source = None  # the kernel stores the tile it has loaded
     return (
         cache,
         cache.stride(0),
         cache.stride(1),
-        col_tensor,
+        col if per_token_col else None,
         source,
         0 if source is None else source.stride(0),
-        col if isinstance(col, int) else 0,
-        0 if col_tensor is None else col_tensor.stride(0),
+        0 if per_token_col or col is None else col,
+        col.stride(0) if per_token_col else 0,
     )
-
-
-def _split_buffers(out: torch.Tensor, plan: _Plan, two_kernels: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(split keys, arrival counters). Eagerly a row's last program picks its token (one launch: an eager
-    call pays host time most); in a graph a second kernel does (cheaper on the GPU than arrival atomics)."""
-    if plan.num_splits == 1:  # neither is read (and no arrival is compiled): any memory will do
-        return out, out
-    if two_kernels:
-        return torch.empty(plan.grid[0] * plan.num_splits, dtype=torch.int64, device=out.device), out
-    arrivals, keys = _split_scratch(out.device, plan.grid[0], plan.num_splits)
-    return keys, arrivals
 
 
 def guarded_table(

@@ -65,26 +65,36 @@ def tile_shape(block: int, num_warps: int, itemsize: int) -> tuple[int, int]:
 
 
 class _Plan(NamedTuple):
-    """A launch of ``_gumbel_sample_kernel``, fixed by the shape: chosen once per shape and kept."""
+    """A launch of ``_gumbel_sample_kernel``, fixed by the shape and the switches: chosen once and kept."""
 
     grid: tuple[int, int]
-    num_tiles: int
-    num_full_tiles: int
-    tiles_per_program: int
     num_splits: int
-    num_warps: int
-    depth: int
-    lanes: int
-    splits_bound: int
-    #: the kernel's size arguments, in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
+    splits_bound: int  # SPLITS: a few compiled variants, not one per count of splits
+    #: the kernel's size arguments in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
     #: num_splits
     sizes: tuple[int, int, int, int, int]
+    eager: (
+        dict  # the constexprs and compile options of an eager call (a split row's last program finishes it)
+    )
+    captured: dict  # and of a call under graph capture (a second kernel finishes a split row)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(num_tokens: int, vocab_size: int, itemsize: int, block_size, num_warps, tiles_per_program) -> _Plan:
+def _plan(
+    num_tokens,
+    vocab_size,
+    itemsize,
+    noise,
+    is_drafting,
+    apply_temperature,
+    per_token_col,
+    mask_invalid,
+    block_size,
+    num_warps,
+    tiles_per_program,
+) -> _Plan:
     """The launch for this shape, ``launch_config``'s unless overridden (``block_size`` alone means one tile
-    per program)."""
+    per program), with the kernel's switches."""
     default_block, default_warps, default_tiles = launch_config(num_tokens, vocab_size)
     block = default_block if block_size is None else block_size
     if block < 16 or block & (block - 1):
@@ -98,59 +108,30 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, block_size, num_warps
     num_splits = triton.cdiv(num_tiles, tiles_per_program)
     warps = num_warps or default_warps
     depth, lanes = tile_shape(block, warps, itemsize)
-    splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
-    return _Plan(
-        (num_tokens, num_splits),
-        num_tiles,
-        vocab_size // block,
-        tiles_per_program,
-        num_splits,
-        warps,
-        depth,
-        lanes,
-        splits_bound,
-        (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits),
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _constexprs(
-    plan: _Plan,
-    noise: str,
-    is_drafting: bool,
-    apply_temperature: bool,
-    per_token_col: bool,
-    mask_invalid: bool,
-    arrive: bool,
-) -> dict:
-    """The kernel's switches and compile options for one launch (kept: building them costs host time)."""
+    splits_bound = max(64, triton.next_power_of_2(num_splits))
     # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
     # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
-    return dict(
+    switches = dict(
         IS_DRAFTING=is_drafting,
         APPLY_TEMPERATURE=apply_temperature,
         PER_TOKEN_COL=per_token_col,
         MASK_INVALID=mask_invalid,
         NOISE=NOISE_MODES.index(noise),
         USE_ASM=not INTERPRET,
-        LANES=plan.lanes,
-        DEPTH=plan.depth,
-        SPLITS=plan.splits_bound,
-        ARRIVE=arrive,
-        STATIC_TILES=plan.tiles_per_program if INTERPRET else 0,
-        num_warps=plan.num_warps,
+        LANES=lanes,
+        DEPTH=depth,
+        SPLITS=splits_bound,
+        ARRIVE=num_splits > 1,
+        STATIC_TILES=tiles_per_program if INTERPRET else 0,
+        num_warps=warps,
         **fusion,
         **_REGISTER_CAP,
     )
-
-
-def _check_overrides(block_size, tiles_per_program) -> None:
-    """Ints only, before they key the plan's cache (where ``16.0`` would find the plan of ``16``)."""
-    if block_size is not None and not is_int(block_size):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-    if tiles_per_program is not None and not is_int(tiles_per_program):
-        raise ValueError(f"tiles_per_program must be a positive int, got {tiles_per_program!r}")
+    sizes = (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits)
+    return _Plan(
+        (num_tokens, num_splits), num_splits, splits_bound, sizes, switches, {**switches, "ARRIVE": False}
+    )
 
 
 #: Scratch of split rows in eager calls, per (device, stream) since calls on two streams may overlap: the
@@ -193,7 +174,11 @@ def _validate(logits, mapping, temperature, seed, pos, cache, col, source, use_f
             raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
         if use_fp64:
             raise ValueError("use_fp64=True is not supported: specfix reduces in float32, vLLM's default")
-        _check_overrides(block, tiles)
+        # ints only, before they key the plan's cache (where 16.0 would find the plan of 16)
+        if block is not None and not is_int(block):
+            raise ValueError(f"block_size must be a power of two >= 16, got {block!r}")
+        if tiles is not None and not is_int(tiles):
+            raise ValueError(f"tiles_per_program must be a positive int, got {tiles!r}")
         _check_structure(logits, mapping, temperature, seed, pos, cache, col, source)
     if device_checks.wanted(logits):
         _check_values(mapping, temperature, col, cache, logits.shape[0])
@@ -212,13 +197,13 @@ def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> 
         and logits.dim() == 2
     ):
         return False
-    rows, device = logits.shape[:1], logits.device
+    rows, device = logits.shape[:1], logits.get_device()  # get_device: an int, cheaper than a torch.device
     return (
         not use_fp64
         and noise in NOISE_MODES
         and logits.dtype in _LOGIT_DTYPES
         and logits.shape[1] > 0
-        and logits.stride(1) == 1
+        and logits.stride()[1] == 1
         and mapping.dtype in _INDEX_DTYPES
         and pos.dtype in _INDEX_DTYPES
         and temperature.dtype == torch.float32
@@ -231,33 +216,15 @@ def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> 
         and pos.is_contiguous()
         and temperature.is_contiguous()
         and seed.is_contiguous()
-        and mapping.device == device
-        and pos.device == device
-        and temperature.device == device
-        and seed.device == device
+        and mapping.get_device() == device
+        and pos.get_device() == device
+        and temperature.get_device() == device
+        and seed.get_device() == device
     )
 
 
 def _check_structure(logits, mapping, temperature, seed, pos, cache, col, source) -> None:
-    """The tensors' checks in turn, raising on the first that fails with the argument's name."""
-    num_tokens = _check_logits(logits)
-    _check_tables(mapping, temperature, seed, pos, num_tokens)
-    tensors = [
-        ("expanded_idx_mapping", mapping),
-        ("temperature", temperature),
-        ("seed", seed),
-        ("pos", pos),
-    ]
-    if cache is not None:
-        tensors += _check_cache(cache, col, source, logits, temperature.shape[0])
-    elif col is not None or source is not None:
-        raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
-    for name, t in tensors:
-        check_device(name, t, logits.device, "logits")
-
-
-def _check_logits(logits) -> int:
-    """A 2-D float tensor with a vocabulary and contiguous rows; its number of rows."""
+    """Each argument's dtype, shape and device in turn, raising on the first that fails with its name."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in _LOGIT_DTYPES:
@@ -268,26 +235,28 @@ def _check_logits(logits) -> int:
         raise ValueError("logits has an empty vocabulary (vocab_size 0)")
     if logits.stride(1) != 1:
         raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
-    return logits.shape[0]
-
-
-def _check_tables(expanded_idx_mapping, temperature, seed, pos, num_tokens: int) -> None:
-    """The per-row vectors (mapping, positions) and the per-request tables (temperature, seed)."""
-    dtype = expanded_idx_mapping.dtype if isinstance(expanded_idx_mapping, torch.Tensor) else None
+    dtype = mapping.dtype if isinstance(mapping, torch.Tensor) else None
     if dtype is not None and dtype not in _INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
         raise TypeError(
             "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
             f"or floating type would turn into a huge index or a fraction); got {dtype}"
         )
-    check_vector("expanded_idx_mapping", expanded_idx_mapping, _INDEX_DTYPES, num_tokens, contiguous=True)
+    check_vector("expanded_idx_mapping", mapping, _INDEX_DTYPES, logits.shape[0], contiguous=True)
     check_vector("temperature", temperature, (torch.float32,), contiguous=True)
     check_vector("seed", seed, (torch.int64,), contiguous=True)
-    check_vector("pos", pos, _INDEX_DTYPES, num_tokens, contiguous=True)
+    check_vector("pos", pos, _INDEX_DTYPES, logits.shape[0], contiguous=True)
     if temperature.shape != seed.shape:
         raise ValueError(
             "temperature and seed are per-request tables of one length; "
             f"got {temperature.shape[0]} and {seed.shape[0]}"
         )
+    tensors = [("expanded_idx_mapping", mapping), ("temperature", temperature), ("seed", seed), ("pos", pos)]
+    if cache is not None:
+        tensors += _check_cache(cache, col, source, logits, temperature.shape[0])
+    elif col is not None or source is not None:
+        raise ValueError("logits_cache_col and logits_cache_source need logits_cache")
+    for name, t in tensors:
+        check_device(name, t, logits.device, "logits")
 
 
 def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, torch.Tensor]]:
