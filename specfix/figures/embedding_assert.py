@@ -281,12 +281,11 @@ def launch_text(run: ea.ChildRun) -> str:
 
 def embedding_kernels(rows: list[dict]) -> dict[int, str]:
     """Index count -> the kernel in which ``F.embedding`` asserted on a ``-1`` at that count."""
-    return {
-        n: kernel
-        for kernel, by_n in ops_by_kernel(rows).items()
-        for n, cases in by_n.items()
-        if ("F.embedding", "-1") in cases
-    }
+    found = {}
+    for r in rows:
+        if (r["op"], r["bad"]) == ("F.embedding", "-1") and r["cuda"].get("outcome") == "device assert":
+            found[r["num_indices"]] = r["cuda"]["kernel"]
+    return found
 
 
 def kernel_names_text(rows: list[dict], torch_version: str) -> str:

@@ -454,11 +454,10 @@ def speedup_caption(report: dict) -> str:
             continue
         median = (wide[ref] / wide[bench.JUDGED]).groupby(wide["rows"]).median()
         lo, hi = median.index.min(), median.index.max()
-        trend = (
-            "grows" if median[hi] > median[lo] * 1.1 else "falls" if median[hi] < median[lo] / 1.1 else None
-        )
+        trend = "grows" if median[hi] > median[lo] * 1.1 else "stays about the same"
+        trend = "falls" if median[hi] < median[lo] / 1.1 else trend
         parts.append(
-            f"against {name} the median speedup {trend or 'stays about the same'}, from {median[lo]:.1f}x "
+            f"against {name} the median speedup {trend}, from {median[lo]:.1f}x "
             f"at {lo:,} row{'' if lo == 1 else 's'} to {median[hi]:.1f}x at {hi:,}"
         )
     return ("Over the shapes measured, " + "; ".join(parts) + ".") if parts else "No torch sampler was timed."
