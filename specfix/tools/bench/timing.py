@@ -170,10 +170,10 @@ class Timer:
         end.synchronize()
         return [start.elapsed_time(end) * 1e3]
 
-    def time_throughput(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
+    def time_throughput(self, fn: Callable[[], object]) -> list[float]:
         """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays
         per step, host launch cost included (no flush, which would hide launch gaps behind it)."""
-        calls = calls or self.settings.pick(cpu=1, ci=20, full=20)
+        calls = self.settings.pick(cpu=1, ci=20, full=20)
         self.warm(fn)
         samples = []
         for _ in range(self.settings.pick(cpu=self.min_reps, ci=5, full=7)):
@@ -185,10 +185,10 @@ class Timer:
             samples.append((time.perf_counter() - t0) * 1e6 / calls)
         return samples
 
-    def host_cost(self, fn: Callable[[], object], calls: int | None = None) -> list[float]:
+    def host_cost(self, fn: Callable[[], object]) -> list[float]:
         """Host wall time per call while the GPU is still busy with earlier work (nothing waits on it):
         argument checks, allocations and launches alone."""
-        calls = calls or self.settings.pick(cpu=3, ci=100, full=200)
+        calls = self.settings.pick(cpu=3, ci=100, full=200)
         self.warm(fn)
         samples = []
         for _ in range(self.settings.pick(cpu=3, ci=7, full=11)):
@@ -224,12 +224,12 @@ class Timer:
         return [t / calls for t in self.time(replay, flush=False)]
 
 
-def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up on a side stream (compiles kernels, settles allocations), then capture it."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmup):
+        for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
