@@ -18,6 +18,12 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_count(name: str, value: object, low: int = 1) -> None:
+    """An int (not a bool) >= ``low``: a size, a count, a length."""
+    if not is_int(value) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def check_vector(
     name: str,
     tensor: object,

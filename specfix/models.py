@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specfix.checks import check_id_tensor
+from specfix.checks import check_count, check_id_tensor
 from specfix.tokenizer import corpus_text, get_tokenizer
 
 #: vLLM's marker for a padded row of ``slot_mapping``: no KV-cache write.
@@ -142,8 +142,7 @@ def _tables(order: int):
 @torch.no_grad()
 def build_model(order: int, device: torch.device | str = "cpu") -> NgramLM:
     """An n-gram model of the fables (order >= 2) on ``device``, in eval mode."""
-    if not isinstance(order, int) or order < 2:
-        raise ValueError(f"order must be an int >= 2, got {order!r}")
+    check_count("order", order, low=2)
     return NgramLM(*_tables(order)).to(device).eval()
 
 

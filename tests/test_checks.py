@@ -5,12 +5,19 @@ import re
 import pytest
 import torch
 
-from specfix.checks import check_device, check_id_tensor, check_slots, check_vector, is_int
+from specfix.checks import check_count, check_device, check_id_tensor, check_slots, check_vector, is_int
 
 
 def test_a_bool_is_not_an_int():
     assert is_int(0) and is_int(-3) and is_int(2**70)
     assert not any(is_int(x) for x in (True, False, 1.0, "1", None))
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 1.5, None])
+def test_a_count_is_an_int_at_least_its_floor(bad):
+    check_count("k", 0, low=0)
+    with pytest.raises(ValueError, match=re.escape(f"k must be an int >= 1, got {bad!r}")):
+        check_count("k", bad)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfix.checks import is_int
+from specfix.checks import check_count, is_int
 
 #: Largest graph vLLM captures by default (``max_cudagraph_capture_size``).
 MAX_CAPTURE_SIZE = 512
@@ -23,8 +23,7 @@ MAX_CAPTURE_SIZE = 512
 
 def cudagraph_capture_sizes(max_capture_size: int = MAX_CAPTURE_SIZE) -> list[int]:
     """vLLM's default capture sizes: 1, 2, 4, then every 8 below 256, then every 16 up to the maximum."""
-    if not is_int(max_capture_size) or max_capture_size < 1:
-        raise ValueError(f"max_capture_size must be a positive int, got {max_capture_size!r}")
+    check_count("max_capture_size", max_capture_size)
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_capture_size + 1, 16)]
     return [s for s in sizes if s <= max_capture_size]
 
@@ -38,13 +37,9 @@ def capture_sizes(
 ) -> list[int]:
     """vLLM 0.33.0's default capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``, balanced mode):
     the grid, ``max_num_batched_tokens`` if it fits, and every uniform decode size ``n * (1 + k)``."""
-    for name, value, low in (
-        ("max_num_seqs", max_num_seqs, 1),
-        ("num_speculative_tokens", num_speculative_tokens, 0),
-        ("max_num_batched_tokens", max_num_batched_tokens, 1),
-    ):
-        if not is_int(value) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    check_count("max_num_seqs", max_num_seqs)
+    check_count("num_speculative_tokens", num_speculative_tokens, low=0)
+    check_count("max_num_batched_tokens", max_num_batched_tokens)
     q = 1 + num_speculative_tokens
     ceiling = min(max_num_seqs * q * 2, MAX_CAPTURE_SIZE)  # vLLM's default max_cudagraph_capture_size
     seqs = {n for n in cudagraph_capture_sizes() if n <= max_num_seqs} | {min(max_num_seqs, MAX_CAPTURE_SIZE)}
@@ -91,8 +86,7 @@ class CudaGraphDispatcher:
     smallest captured size that holds it, like vLLM's ``CudaGraphManager.dispatch``."""
 
     def __init__(self, max_num_reqs: int, capture_sizes: Sequence[int] | None = None):
-        if not is_int(max_num_reqs) or max_num_reqs < 1:
-            raise ValueError(f"max_num_reqs must be a positive int, got {max_num_reqs!r}")
+        check_count("max_num_reqs", max_num_reqs)
         sizes = cudagraph_capture_sizes() if capture_sizes is None else list(capture_sizes)
         if any(not is_int(s) or s < 1 for s in sizes):
             raise ValueError(f"capture_sizes must be positive ints, got {sizes}")

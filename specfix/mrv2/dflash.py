@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.checks import check_device, check_id_tensor, check_slots, is_int
+from specfix.checks import check_count, check_device, check_id_tensor, check_slots, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import CapturedStep, check_num_reqs
 from specfix.mrv2.gumbel import gumbel_sample
@@ -42,11 +42,8 @@ class DFlashInputs:
 
     @classmethod
     def allocate(cls, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
-        if max_num_reqs < 1 or num_speculative_steps < 1:
-            raise ValueError(
-                f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
-                f"{max_num_reqs}, {num_speculative_steps}"
-            )
+        check_count("max_num_reqs", max_num_reqs)
+        check_count("num_speculative_steps", num_speculative_steps)
         q, s = max_num_reqs * (1 + num_speculative_steps), max_num_reqs * num_speculative_steps
         z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
         return cls(
@@ -85,8 +82,7 @@ def _validate(
                 f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
             )
         check_device(name, t, out.sample_idx_mapping.device, "out")
-    if not is_int(mask_token_id) or mask_token_id < 0:
-        raise ValueError(f"mask_token_id must be a non-negative int, got {mask_token_id!r}")
+    check_count("mask_token_id", mask_token_id, low=0)
     if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
         raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
     if not device_checks.wanted(idx_mapping, last_sampled, num_computed):

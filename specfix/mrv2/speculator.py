@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfix.checks import ID_DTYPES, check_id_tensor, check_slots, is_int
+from specfix.checks import ID_DTYPES, check_count, check_id_tensor, check_slots, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
@@ -42,11 +42,8 @@ class RequestStates:
     """Per-request state tables, one row per ``req_state_idx``; slots are reused after a request ends."""
 
     def __init__(self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
-        if max_num_reqs < 1 or num_speculative_steps < 1:
-            raise ValueError(
-                f"need max_num_reqs >= 1 and num_speculative_steps >= 1, got "
-                f"{max_num_reqs}, {num_speculative_steps}"
-            )
+        check_count("max_num_reqs", max_num_reqs)
+        check_count("num_speculative_steps", num_speculative_steps)
         self.max_num_reqs = max_num_reqs
         self.temperature = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.seeds = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
@@ -122,8 +119,7 @@ class DraftModelSpeculator:
             ("vocab_size", vocab_size),
             ("context_len", context_len),
         ):
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_count(name, value)
         if noise not in NOISE_MODES:
             raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
         with torch.no_grad():  # one row of token 0: what vocabulary does the model's output cover?
