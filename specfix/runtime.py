@@ -110,41 +110,40 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
         return
     run, function, metadata, tail = hit
     stream = torch._C._cuda_getCurrentRawStream(key[1])
-    # JITFunction.run's own call (triton 3.6), with no launch metadata and no hooks
     grid = grid + (1, 1)
+    # JITFunction.run's own call (triton 3.6), with no launch metadata and no hooks
     run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *tail)
 
 
-class _Unkeyed(Exception):
-    """An argument whose specialisation ``launch`` does not know: triton launches it."""
-
-
 def _launch_key(kernel, grid, args, constexprs) -> tuple | None:
-    """What triton 3.6 compiles a separate kernel for: the keyword values, each pointer's dtype and 16-byte
-    alignment, None, and each int's width, == 1 and % 16 == 0 (not for ``do_not_specialize`` ones)."""
+    """The direct path's cache key, or None where triton should launch."""
     if type(kernel) is not _JITFunction or type(grid) is not tuple or _hooked():
         return None
-    flags = _SPECIALIZED.get(id(kernel))
-    if flags is None:
-        flags = _SPECIALIZED[id(kernel)] = tuple(not p.do_not_specialize for p in kernel.params)
-    try:
-        specs = tuple(map(_arg_key, args, flags))
-    except _Unkeyed:
+    specs = _args_key(args)
+    if specs is None:
         return None
     return id(kernel), torch._C._cuda_getDevice(), tuple(constexprs.items()), specs
 
 
-def _arg_key(arg, specialize: bool):
-    """One argument's share of the key, as triton 3.6's ``native_specialize_impl`` tells it apart."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    kind = type(arg)
-    if kind is int:
-        width = 0 if -(1 << 31) <= arg < 1 << 31 else 1 if arg < 1 << 63 else 2  # i32, i64, u64
-        return (width, arg == 1, arg % 16 == 0) if specialize else width
-    if arg is None or kind is bool or kind is float:  # None a constexpr; bools and floats by type only
-        return kind
-    raise _Unkeyed
+def _args_key(args: tuple) -> tuple | None:
+    """What tells apart the kernels triton 3.6 compiles for these arguments (``native_specialize_impl``), or
+    finer: a tensor's dtype and 16-byte alignment; an int, None, a bool or a float by value. None where an
+    argument is none of these (a tensor subclass, a tuple): triton launches it."""
+    tensor = torch.Tensor
+    key = [
+        a
+        if type(a) is int or a is None
+        else (a.dtype, a.data_ptr() % 16 == 0)
+        if type(a) is tensor
+        else (type(a), a)  # by type too: True == 1 == 1.0, which triton compiles apart
+        if type(a) is bool or type(a) is float
+        else _UNKEYED
+        for a in args
+    ]
+    return None if _UNKEYED in key else tuple(key)
+
+
+_UNKEYED = object()
 
 
 def _hooked() -> bool:
@@ -155,7 +154,6 @@ def _hooked() -> bool:
     )
 
 
-_SPECIALIZED: dict[int, tuple[bool, ...]] = {}
 if _DIRECT:
     from triton import knobs as _knobs
     from triton.runtime.jit import JITFunction as _JITFunction
