@@ -66,12 +66,9 @@ def _split_geometry(block: int, splits: int, vocab_size: int) -> tuple[int, int,
     return block, split_size, triton.cdiv(vocab_size, split_size)  # every split holds a column
 
 
-# The draw runs grid (B, max_spec_len, splits); its exponential noise comes from torch, keyed by the
-# requests' generators, as does the bonus token.
 @triton.jit
 def sample_recovered_tokens_kernel(
-    output_ptr,  # [T] int32 (ignored when num_splits > 1)
-    split_best_ptr,  # [T, num_splits] int64 (ignored when num_splits == 1)
+    out_ptr,  # [T] int32 tokens, or [T, num_splits] int64 split keys when num_splits > 1
     cu_num_draft_tokens_ptr,  # [B] int32, inclusive
     draft_token_ids_ptr,  # [T] int32
     draft_probs_ptr,  # [T, V] float32 (ignored when NO_DRAFT_PROBS)
@@ -115,10 +112,10 @@ def sample_recovered_tokens_kernel(
         top = tl.max(best, axis=0)
         col = tl.min(tl.where(best == top, best_col, vocab_size), axis=0)
         if num_splits == 1:
-            tl.store(output_ptr + token_idx, col)
+            tl.store(out_ptr + token_idx, col)
         else:  # top >= 0 (each split holds a column), so its bits sort as the float does
             key = top.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (2147483647 - col)
-            tl.store(split_best_ptr + token_idx * num_splits + split, key)
+            tl.store(out_ptr + token_idx * num_splits + split, key)
 
 
 @triton.jit
@@ -137,71 +134,36 @@ def sample_recovered_tokens(
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     sampling_metadata: SamplingMetadata,
-    device,
+    device=None,
     *,
     backend: str = "auto",
+    split_keys: bool = False,
 ) -> torch.Tensor:
     """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E`` needs no
-    normalising); the noise comes from torch, so a seed gives the same tokens on every backend."""
-    draws = _recovered_draws(
-        max_spec_len,
-        num_draft_tokens,
-        cu_num_draft_tokens,
-        draft_token_ids,
-        draft_probs,
-        target_probs,
-        sampling_metadata,
-        backend,
-    )
-    if draws.dim() == 1:
-        return draws
-    out = torch.empty(draws.shape[0], dtype=torch.int32, device=draws.device)
-    splits = draws.shape[1]
-    launch(
-        _recovered_tokens_reduce_kernel,
-        (out.shape[0],),
-        out,
-        draws,
-        splits,
-        SPLITS=triton.next_power_of_2(splits),
-    )
-    return out
-
-
-def _recovered_draws(
-    max_spec_len,
-    num_draft_tokens,
-    cu_num_draft_tokens,
-    draft_token_ids,
-    draft_probs,
-    target_probs,
-    sampling_metadata,
-    backend,
-) -> torch.Tensor:
-    """[T] int32 tokens, or [T, splits] int64 split keys left for the random kernel to reduce at the drafts
-    it rejects (one launch fewer than a reduce kernel)."""
+    normalising); the noise comes from torch (on ``device``, by default the probabilities'), so a seed gives
+    the same tokens on every backend. ``split_keys``: split rows return their [T, splits] int64 keys, which
+    the random kernel reduces at the drafts it rejects (one launch fewer than the reduce kernel)."""
     num_tokens, vocab_size = target_probs.shape
-    device = target_probs.device
+    device = target_probs.device if device is None else device
     noise = _exponential_noise(
         len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device
     )
-    if not _use_triton(backend, device):
+    if not _use_triton(backend, target_probs.device):
         return sample_recovered_tokens_ref(
             cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
         )
     if num_tokens == 0:
-        return torch.empty(0, dtype=torch.int32, device=device)
+        return torch.empty(0, dtype=torch.int32, device=target_probs.device)
     block, split_size, splits = _split_geometry(
         *recovered_launch(len(num_draft_tokens) * max_spec_len, vocab_size), vocab_size
     )
     shape, dtype = ((num_tokens,), torch.int32) if splits == 1 else ((num_tokens, splits), torch.int64)
-    out = torch.empty(shape, dtype=dtype, device=device)
+    out = torch.empty(shape, dtype=dtype, device=target_probs.device)
     target_probs = _as(target_probs, torch.float32)
     launch(
         sample_recovered_tokens_kernel,
         (len(num_draft_tokens), max_spec_len, splits),
         out,
-        out,  # the keys are the output when rows are split
         _as(cu_num_draft_tokens, torch.int32),
         _as(draft_token_ids, torch.int32),
         _as(draft_probs, torch.float32) if draft_probs is not None else target_probs,
@@ -214,7 +176,12 @@ def _recovered_draws(
         NO_DRAFT_PROBS=draft_probs is None,
         num_warps=8,
     )
-    return out
+    if splits == 1 or split_keys:
+        return out
+    tokens = torch.empty(num_tokens, dtype=torch.int32, device=out.device)
+    bound = 1 << (splits - 1).bit_length()  # the next power of 2, in plain ints
+    launch(_recovered_tokens_reduce_kernel, (num_tokens,), tokens, out, splits, SPLITS=bound)
+    return tokens
 
 
 def sample_recovered_tokens_ref(

@@ -34,8 +34,7 @@ def _use_triton(backend: str, device: torch.device | None = None) -> bool:
     return usable
 
 
-# The verification loops run one program per request looping over its drafts (grid (B,)); max_spec_len is
-# a runtime argument, so one compilation serves every k.
+# The verification kernels run one program per request, which walks its drafts (grid (B,)).
 @triton.jit
 def _fill_row_tail(row_ptr, last, max_spec_len, ROW: tl.constexpr):
     """PLACEHOLDER_TOKEN_ID in columns ``last + 1 .. max_spec_len`` of one output row: with every row

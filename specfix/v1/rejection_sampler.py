@@ -21,12 +21,7 @@ import torch
 from specfix.checks import check_device, check_id_tensor, is_int
 from specfix.fixes import Fixes
 from specfix.v1 import device_checks
-from specfix.v1.recovered_tokens import (
-    _exponential_noise,
-    _recovered_draws,
-    _token_to_request,
-    sample_recovered_tokens,  # noqa: F401  (the speculator imports it from here)
-)
+from specfix.v1.recovered_tokens import _exponential_noise, _token_to_request, sample_recovered_tokens
 from specfix.v1.rejection_kernels import (
     PLACEHOLDER_TOKEN_ID,
     _use_triton,
@@ -440,7 +435,6 @@ def _rejection_sample(
     target_logits,
     bonus_token_ids,
     sampling_metadata,
-    *,
     uniform_probs=None,
     recovered_token_ids=None,
     reject_negative_drafts=True,
@@ -466,7 +460,7 @@ def _rejection_sample(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, target_probs.device
         )
     if recovered_token_ids is None:  # drawn here: split keys go to the random kernel unreduced
-        recovered_token_ids = _recovered_draws(
+        recovered_token_ids = sample_recovered_tokens(
             max_spec_len,
             num_draft_tokens,
             cu_num_draft_tokens,
@@ -474,7 +468,8 @@ def _rejection_sample(
             draft_probs,
             target_probs,
             sampling_metadata,
-            backend,
+            backend=backend,
+            split_keys=True,
         )
     rejection_random_sample(
         output_token_ids,
