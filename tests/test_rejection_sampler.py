@@ -163,7 +163,6 @@ def test_expand_batch_to_tokens():
     x = torch.tensor([10.0, 0.0, 30.0])
     cu = torch.tensor([2, 5, 6], dtype=torch.int32)
     assert expand_batch_to_tokens(x, cu, 6).tolist() == [10, 10, 0, 0, 0, 30]
-    assert expand_batch_to_tokens(x, cu, 6, replace_from=0, replace_to=1).tolist() == [10, 10, 1, 1, 1, 30]
     assert expand_batch_to_tokens(x, torch.tensor([0, 2, 2]), 2).tolist() == [0, 0]
 
 

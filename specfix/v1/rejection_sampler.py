@@ -276,18 +276,11 @@ def _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens) -> None
 # Batch -> token helpers, sampling constraints, randomness
 
 
-def expand_batch_to_tokens(
-    x: torch.Tensor,
-    cu_num_tokens: torch.Tensor,
-    num_tokens: int,
-    replace_from: float = 0,
-    replace_to: float = 0,
-) -> torch.Tensor:
-    """``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` -> ``[a,a,b,b,b,c]``, ``replace_from`` -> ``replace_to``."""
+def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` -> ``[a,a,b,b,b,c]`` (vLLM's ``replace_from`` is not needed:
+    greedy requests are divided by 1 by ``_divisors`` before the expansion)."""
     if x.shape[0] != cu_num_tokens.shape[0]:
         raise ValueError(f"x has {x.shape[0]} entries but cu_num_tokens has {cu_num_tokens.shape[0]}")
-    if replace_from != replace_to:
-        x = torch.where(x == replace_from, replace_to, x)
     return x[_token_to_request(cu_num_tokens, num_tokens)]
 
 
