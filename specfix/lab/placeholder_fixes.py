@@ -242,6 +242,10 @@ def _profiled_syncs(apply: Callable[[Step], object], step: Step) -> dict:
 
 
 # -- correctness in the engine ---------------------------------------------------------------------------
+# The fixes the engine can run (host_mask_async would ship the same mask), and None: no fix.
+_ENGINE_FIXES = ("clamp", "host_mask", "scheduler_zero", None)
+
+
 def _host_mask_runner(runner_cls):
     """A ``GPUModelRunner`` whose ``_preprocess`` applies fix (b) instead of the clamp."""
 
@@ -249,15 +253,11 @@ def _host_mask_runner(runner_cls):
         def _preprocess(self, scheduler_output, num_input_tokens):
             req_ids = self._batch_order(scheduler_output)
             cu = list(itertools.accumulate(scheduler_output.num_scheduled_tokens[r] for r in req_ids))
-            step = Step(
-                req_ids,
-                scheduler_output.scheduled_spec_decode_tokens,
-                cu,
-                self.input_ids.gpu,
-                self.input_ids.gpu,
+            ids = self.input_ids.gpu
+            mask_placeholder_draft_token_ids(
+                Step(req_ids, scheduler_output.scheduled_spec_decode_tokens, cu, ids, ids)
             )
-            mask_placeholder_draft_token_ids(step)
-            return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
+            return ids[:num_input_tokens], self.positions.gpu[:num_input_tokens]
 
     return HostMaskRunner
 
@@ -271,8 +271,8 @@ def run_engine_with_fix(
     from specfix.v1.engine import DEMO_PROMPTS, LLMEngine
     from specfix.v1.scheduler import SamplingParams
 
-    if fix not in (None, "clamp", "host_mask", "scheduler_zero"):
-        raise ValueError(f"fix must be None, 'clamp', 'host_mask' or 'scheduler_zero', got {fix!r}")
+    if fix not in _ENGINE_FIXES:
+        raise ValueError(f"fix must be one of {_ENGINE_FIXES}, got {fix!r}")
     fixes = Fixes() if fix == "clamp" else Fixes(clamp_placeholders=False)
     engine = LLMEngine(
         num_speculative_tokens=3,
@@ -298,7 +298,7 @@ def engine_correctness(device: torch.device | str = "cpu", max_tokens: int = 24)
     on_cuda = torch.device(device).type == "cuda"
     for temperature in (0.0, 0.7):
         reference = None
-        for fix in ("clamp", "host_mask", "scheduler_zero", None):
+        for fix in _ENGINE_FIXES:
             row = {"fix": LABELS.get(fix, "no fix"), "temperature": temperature}
             if fix is None and on_cuda:
                 rows.append({**row, "crashes": "device-side assert (run in a child: see the transcripts)"})
