@@ -241,13 +241,14 @@ def render(report: dict) -> str:
     lines = [recorded.label(report["meta"]), report["timing_note"], ""]
     rows = [
         {
-            **{k: r[k] for k in ("case", "impl", *TIME_FIELDS)},
+            **{k: r[k] for k in ("case", "impl")},
             "params": ", ".join(f"{k}={v:,}" if is_int(v) else f"{k}={v}" for k, v in r["params"].items()),
+            **{k: r[k] for k in TIME_FIELDS},
             "metrics": ", ".join(f"{k}={v:.3g}" for k, v in r["metrics"].items()),
         }
         for r in report["results"]
     ]
-    table = pd.DataFrame(rows).to_string(index=False, max_colwidth=80, float_format="{:,.2f}".format)
+    table = pd.DataFrame(rows).to_string(index=False, float_format="{:,.2f}".format)
     lines.append(table if rows else "(no results)")
     ordered = sorted(report["goals"], key=lambda g: g.get("issue_goal") or 99)
     lines += ["", "Goals (1-5: the small-batch goals, beside vLLM):"] + [_goal_line(g) for g in ordered]
