@@ -87,13 +87,14 @@ _LAUNCHES: dict[tuple, tuple] = {}
 def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
     """``kernel[grid](*args, **constexprs)`` at a fraction of the host cost: the first call of a
     specialisation goes through triton (which compiles), later ones call the compiled kernel's C launcher
-    directly, skipping triton's re-binding of every argument and its string cache key.
+    directly, with tensors as their addresses, skipping triton's re-binding of every argument, its string
+    cache key and the launcher's driver query per pointer.
 
     Skipped as well: the check that a global constexpr kept its value (specfix's kernels read none), and
     triton's launch hooks (the direct path is taken only while none is set). ``constexprs`` are the
     keyword arguments (constexprs and compile options: hashable values), in the same order call after call.
     """
-    key = _launch_key(kernel, grid, args, constexprs) if _DIRECT else None
+    key, values = _launch_key(kernel, grid, args, constexprs) if _DIRECT else (None, None)
     hit = _LAUNCHES.get(key) if key is not None else None
     if hit is None:
         if key is None:  # the interpreter, no triton or another version, or an argument not keyed
@@ -112,35 +113,38 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
     stream = torch._C._cuda_getCurrentRawStream(key[1])
     grid = grid + (1, 1)
     # JITFunction.run's own call (triton 3.6), with no launch metadata and no hooks
-    run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *tail)
+    run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *values, *tail)
 
 
-def _launch_key(kernel, grid, args, constexprs) -> tuple | None:
-    """The direct path's cache key, or None where triton should launch."""
+def _launch_key(kernel, grid, args, constexprs) -> tuple:
+    """(the direct path's cache key, the launcher's arguments), or (None, None) where triton should launch."""
     if type(kernel) is not _JITFunction or type(grid) is not tuple or _hooked():
-        return None
-    specs = _args_key(args)
+        return None, None
+    specs, values = _args_key(args)
     if specs is None:
-        return None
-    return id(kernel), torch._C._cuda_getDevice(), tuple(constexprs.items()), specs
+        return None, None
+    return (id(kernel), torch._C._cuda_getDevice(), tuple(constexprs.items()), specs), values
 
 
-def _args_key(args: tuple) -> tuple | None:
-    """What tells apart the kernels triton 3.6 compiles for these arguments (``native_specialize_impl``), or
-    finer: a tensor's dtype and 16-byte alignment; an int, None, a bool or a float by value. None where an
-    argument is none of these (a tensor subclass, a tuple): triton launches it."""
+def _args_key(args: tuple) -> tuple:
+    """(what tells apart the kernels triton 3.6 compiles for ``args``, the arguments with each tensor as its
+    address). The first is ``native_specialize_impl``'s or finer: a tensor by its dtype, 16-byte alignment
+    and device; an int or None by value; a bool or a float by type and value (True == 1 == 1.0, which triton
+    compiles apart); None if an argument is anything else (a tensor subclass, a tuple): triton launches it.
+    The launcher takes an address as given, with no driver query."""
     tensor = torch.Tensor
-    key = [
-        a
-        if type(a) is int or a is None
-        else (a.dtype, a.data_ptr() % 16 == 0)
+    values = [a.data_ptr() if type(a) is tensor else a for a in args]
+    specs = [
+        (a.dtype, v % 16 == 0, a.get_device())
         if type(a) is tensor
-        else (type(a), a)  # by type too: True == 1 == 1.0, which triton compiles apart
+        else v
+        if type(a) is int or v is None
+        else (type(a), v)
         if type(a) is bool or type(a) is float
         else _UNKEYED
-        for a in args
+        for a, v in zip(args, values, strict=True)
     ]
-    return None if _UNKEYED in key else tuple(key)
+    return (None, None) if _UNKEYED in specs else (tuple(specs), values)
 
 
 _UNKEYED = object()
