@@ -75,8 +75,8 @@ def test_golden_from_gpu():
     (dict(idx_mapping=torch.tensor([0, 7], dtype=torch.int32)), ValueError, r"idx_mapping\[:num_reqs\]"),
     # two requests naming one slot would both write its draft logits
     (dict(idx_mapping=torch.tensor([1, 1], dtype=torch.int32)), ValueError, r"distinct slots.*got \[1, 1\]"),
-    (dict(last_sampled=torch.arange(3)), ValueError, "last_sampled must be an int64 request-state table"),
-    (dict(num_computed=torch.arange(4, dtype=torch.int32)), ValueError, "num_computed must be an int64"),
+    (dict(last_sampled=torch.arange(3)), ValueError, "last_sampled must have 4 entries, got 3"),
+    (dict(num_computed=torch.arange(4, dtype=torch.int32)), TypeError, "num_computed must hold dtype int64"),
     # a -1 anchor would go verbatim into input_ids: the very leak the suite is about
     (dict(last_sampled=torch.tensor([5, -1, 3, 3])), ValueError, r"last_sampled of the live slots \[1, 0\]"),
     (dict(last_sampled=torch.tensor([5, 8, 3, 3])), ValueError, r"must lie in \[0, vocab_size=8\)"),

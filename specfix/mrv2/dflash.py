@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.checks import check_count, check_device, check_id_tensor, check_slots, is_int
+from specfix.checks import check_count, check_device, check_id_tensor, check_slots, check_vector, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import CapturedStep, check_num_reqs
 from specfix.mrv2.gumbel import gumbel_sample
@@ -76,11 +76,7 @@ def _validate(
     check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
     check_device("idx_mapping", idx_mapping, out.sample_idx_mapping.device, "out")
     for name, t in (("last_sampled", last_sampled), ("num_computed", num_computed)):
-        if not isinstance(t, torch.Tensor) or t.shape != (out.max_num_reqs,) or t.dtype != torch.int64:
-            raise ValueError(
-                f"{name} must be an int64 request-state table of shape ({out.max_num_reqs},), "
-                f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
-            )
+        check_vector(name, t, (torch.int64,), length=out.max_num_reqs)  # a request-state table
         check_device(name, t, out.sample_idx_mapping.device, "out")
     check_count("mask_token_id", mask_token_id, low=0)
     if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfix.checks import ID_DTYPES, check_count, check_id_tensor, check_slots, is_int
+from specfix.checks import ID_DTYPES, check_count, check_id_tensor, check_slots, check_vector, is_int
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import BatchDescriptor, CapturedStep, CudaGraphDispatcher, check_num_reqs
 from specfix.mrv2.gumbel import NOISE_MODES, gumbel_sample
@@ -162,13 +162,8 @@ class DraftModelSpeculator:
         """Refuse bad request inputs before any buffer is written."""
         check_num_reqs(num_reqs, self.max_num_reqs)
         check_id_tensor("idx_mapping", idx_mapping, min_length=num_reqs)
-        for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64)):
-            if not isinstance(t, torch.Tensor) or t.shape != (self.max_num_reqs,) or t.dtype != dtype:
-                raise ValueError(
-                    f"{name} must be the {dtype} request-state table of shape "
-                    f"({self.max_num_reqs},), got {getattr(t, 'dtype', type(t))} "
-                    f"{tuple(getattr(t, 'shape', ()))}"
-                )
+        check_vector("temperature", temperature, (torch.float32,), length=self.max_num_reqs)
+        check_vector("seeds", seeds, (torch.int64,), length=self.max_num_reqs)
         # Value checks read the tensors back: free on a CPU, a host sync on a GPU (there only under
         # specfix.v1.device_checks, so that a drafting step never stalls the host).
         if device_checks.wanted(temperature, idx_mapping):
