@@ -279,18 +279,19 @@ def _token_layout(cu_num_draft_tokens: torch.Tensor, num_tokens: int):
     return req, pos, num_draft
 
 
-def _write_prefix(
-    output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active_rows
-) -> None:
-    """Write each active request's tokens up to and including its first rejection, then the bonus."""
+def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, active) -> None:
+    """Each ``active`` row whole, as the kernels write it: its tokens up to and including its first
+    rejection (``emitted``), the bonus when none is rejected, then placeholders."""
+    req, pos, num_draft = _token_layout(cu_num_draft_tokens, accepted.numel())
+    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
     rejected = (~accepted).long()
     before = torch.cumsum(rejected, 0) - rejected  # rejections before each token, across the batch
     start_of_token = torch.arange(req.numel(), device=req.device) - pos
     before_in_req = before - before[start_of_token]  # ... within its own request
-    write = (before_in_req == 0) & active_rows[req]
+    write = (before_in_req == 0) & active[req]
     output_token_ids[req[write], pos[write]] = emitted[write].to(output_token_ids.dtype)
     rejections_in_req = torch.zeros_like(num_draft).index_add_(0, req, rejected)
-    bonus_rows = torch.nonzero(active_rows & (rejections_in_req == 0)).flatten()
+    bonus_rows = torch.nonzero(active & (rejections_in_req == 0)).flatten()
     output_token_ids[bonus_rows, num_draft[bonus_rows]] = bonus_token_ids[bonus_rows].to(
         output_token_ids.dtype
     )
@@ -313,11 +314,9 @@ def rejection_greedy_sample_ref(
 ) -> None:
     """Torch twin of ``rejection_greedy_sample_kernel``: emit the argmax at every position up to the
     first draft that differs from it; bonus if none differs. ``is_greedy`` None = every row greedy."""
-    req, pos, num_draft = _token_layout(cu_num_draft_tokens, draft_token_ids.numel())
     accepted = draft_token_ids.long() == target_argmax.long()
     active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
-    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
-    _write_prefix(output_token_ids, req, pos, num_draft, accepted, target_argmax, bonus_token_ids, active)
+    _write_rows(output_token_ids, cu_num_draft_tokens, accepted, target_argmax, bonus_token_ids, active)
 
 
 def _gather_flat(table: torch.Tensor, flat: torch.Tensor, readable: torch.Tensor) -> torch.Tensor:
@@ -342,7 +341,6 @@ def rejection_random_sample_ref(
 ) -> None:
     """Torch twin of ``rejection_random_sample_kernel``, ``-1`` behaviour included."""
     num_tokens, vocab_size = target_probs.shape
-    req, pos, num_draft = _token_layout(cu_num_draft_tokens, num_tokens)
     draft = draft_token_ids.long()
     flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
     readable = draft >= 0 if reject_negative_drafts else flat >= 0
@@ -355,5 +353,4 @@ def rejection_random_sample_ref(
         accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
     emitted = torch.where(accepted, draft, recovered_token_ids.long())
     active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
-    output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
-    _write_prefix(output_token_ids, req, pos, num_draft, accepted, emitted, bonus_token_ids, active)
+    _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, active)
