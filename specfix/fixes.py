@@ -88,10 +88,9 @@ class FixListing:
     def _repr_html_(self) -> str:
         colours = {"+": "#d9f2d9", "-": "#f9d6d5", " ": "transparent"}
         parts = [
-            f"<p><b><code>Fixes.{self.name}</code></b>: lines on "
-            f"<span style='background:{colours['+']}'>green (+)</span> run only with the fix on, "
-            "lines on "
-            f"<span style='background:{colours['-']}'>red (&minus;)</span> only with it off.</p>"
+            f"<p><b><code>Fixes.{self.name}</code></b>: lines on <span style='background:{colours['+']}'>"
+            f"green (+)</span> run only with the fix on, lines on <span style='background:{colours['-']}'>"
+            "red (&minus;)</span> only with it off.</p>"
         ]
         for site, path, first, lines in self.sites:
             # a line longer than the page wraps, its continuation indented under the code (never cut off)

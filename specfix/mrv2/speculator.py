@@ -315,8 +315,7 @@ def rejection_sample_mrv2(
     _check_verification_shapes(target_logits, draft_token_ids, draft_logits, idx_mapping)
     (num_reqs, k), vocab_size = draft_token_ids.shape, draft_logits.shape[2]
     slots = idx_mapping[:num_reqs].long()
-    if bool(((slots < 0) | (slots >= draft_logits.shape[0])).any()):
-        raise ValueError(f"idx_mapping must lie in [0, {draft_logits.shape[0]}), got {slots.tolist()}")
+    check_slots("idx_mapping[:num_reqs]", slots.cpu(), draft_logits.shape[0])
     device = target_logits.device
     temp = temperature[slots].float()
     if not bool((temp >= SAMPLING_EPS).all()):
