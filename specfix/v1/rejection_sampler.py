@@ -63,12 +63,13 @@ class RejectionSampler(torch.nn.Module):
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
         if sampling_metadata.all_greedy:
             return _greedy_forward(metadata, logits, self.backend)
-        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place by the
-        # divisors, computed once for both (a launch on a GPU unless every request is random).
+        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place. The mask
+        # and the divisors are read once for the step: on a GPU each is a launch (None: no launch).
         bonus_logits = _float32(logits[metadata.bonus_logits_indices])
         target_logits = _float32(logits[metadata.target_logits_indices])
-        divisors = _divisors(sampling_metadata)
-        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, divisors)
+        is_greedy = _mixed_greedy_mask(sampling_metadata)
+        divisors = _divisors(sampling_metadata, is_greedy)
+        bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, divisors, is_greedy)
         apply_sampling_constraints(
             target_logits,
             metadata.cu_num_draft_tokens,
@@ -87,6 +88,7 @@ class RejectionSampler(torch.nn.Module):
             sampling_metadata,
             reject_negative_drafts=self.fixes.reject_negative_drafts,
             backend=self.backend,
+            is_greedy=is_greedy,
         )
 
     @staticmethod
@@ -297,7 +299,7 @@ def apply_sampling_constraints(
     if sampling_metadata.all_greedy:
         return logits
     if temperature is None:
-        temperature = _divisors(sampling_metadata)
+        temperature = _divisors(sampling_metadata, _mixed_greedy_mask(sampling_metadata))
     if num_draft_tokens and len(set(num_draft_tokens)) == 1 and num_draft_tokens[0] > 0:
         logits.view(len(num_draft_tokens), num_draft_tokens[0], -1).div_(temperature.view(-1, 1, 1))
         return logits
@@ -319,16 +321,17 @@ def generate_uniform_probs(
     return uniform_probs
 
 
-def _divisors(sampling_metadata: SamplingMetadata) -> torch.Tensor:
+def _divisors(sampling_metadata: SamplingMetadata, is_greedy: torch.Tensor | None) -> torch.Tensor:
     """[B] what each request's logits are divided by: its temperature, 1 for a greedy one."""
     if sampling_metadata.all_random:
         return sampling_metadata.temperature
-    return torch.where(sampling_metadata.is_greedy, 1.0, sampling_metadata.temperature)
+    return torch.where(is_greedy, 1.0, sampling_metadata.temperature)
 
 
 def _mixed_greedy_mask(sampling_metadata: SamplingMetadata) -> torch.Tensor | None:
-    """[B] bool greedy mask when the batch mixes greedy and random requests; None when every request
-    samples alike, which the kernels read as every row theirs."""
+    """[B] bool greedy mask when the batch mixes greedy and random requests (each read of ``is_greedy``
+    is a comparison: a launch on a GPU); None when every request samples alike, which the kernels read as
+    every row theirs."""
     if sampling_metadata.all_greedy or sampling_metadata.all_random:
         return None
     return sampling_metadata.is_greedy
@@ -338,12 +341,9 @@ def _float32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
-def _sample_bonus_tokens(
-    logits: torch.Tensor, sampling_metadata: SamplingMetadata, divisors: torch.Tensor
-) -> torch.Tensor:
+def _sample_bonus_tokens(logits, sampling_metadata: SamplingMetadata, divisors, is_greedy) -> torch.Tensor:
     """[B] int token ids: argmax for greedy requests, a draw from softmax(logits / T) for random ones.
     ``logits`` is a scratch copy, scaled in place."""
-    is_greedy = _mixed_greedy_mask(sampling_metadata)
     argmax = None if is_greedy is None else logits.argmax(dim=-1)
     probs = torch.softmax(logits.div_(divisors.unsqueeze(-1)), dim=-1)
     batch_size, vocab_size = logits.shape
@@ -432,8 +432,11 @@ def _rejection_sample(
     recovered_token_ids=None,
     reject_negative_drafts=True,
     backend="auto",
+    is_greedy=None,
 ) -> torch.Tensor:
     output_token_ids = _output_table(len(num_draft_tokens), max_spec_len, target_logits.device)
+    if is_greedy is None:  # forward passes the mask it has read
+        is_greedy = _mixed_greedy_mask(sampling_metadata)
     if not sampling_metadata.all_random:
         rejection_greedy_sample(
             output_token_ids,
@@ -441,18 +444,61 @@ def _rejection_sample(
             draft_token_ids,
             target_logits.argmax(dim=-1),
             bonus_token_ids,
-            _mixed_greedy_mask(sampling_metadata),
+            is_greedy,
             max_spec_len,
             backend=backend,
         )
         if sampling_metadata.all_greedy:
             return output_token_ids
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
+    uniform_probs, recovered_token_ids = _random_draws(
+        uniform_probs,
+        recovered_token_ids,
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_probs,
+        sampling_metadata,
+        backend,
+    )
+    rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+        max_spec_len,
+        reject_negative_drafts=reject_negative_drafts,
+        backend=backend,
+    )
+    return output_token_ids
+
+
+def _random_draws(
+    uniform_probs,
+    recovered_token_ids,
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_probs,
+    sampling_metadata,
+    backend,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the caller did not pass, drawn in vLLM's order (uniforms, then the recovered draw's noise), so
+    that a seeded request's generator gives vLLM's table; split recovered rows stay keys for the kernel."""
     if uniform_probs is None:
         uniform_probs = generate_uniform_probs(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, target_probs.device
         )
-    if recovered_token_ids is None:  # drawn here: split keys go to the random kernel unreduced
+    if recovered_token_ids is None:
         recovered_token_ids = sample_recovered_tokens(
             max_spec_len,
             num_draft_tokens,
@@ -464,18 +510,4 @@ def _rejection_sample(
             backend=backend,
             split_keys=True,
         )
-    rejection_random_sample(
-        output_token_ids,
-        cu_num_draft_tokens,
-        draft_token_ids,
-        draft_probs,
-        target_probs,
-        bonus_token_ids,
-        recovered_token_ids,
-        uniform_probs,
-        _mixed_greedy_mask(sampling_metadata),
-        max_spec_len,
-        reject_negative_drafts=reject_negative_drafts,
-        backend=backend,
-    )
-    return output_token_ids
+    return uniform_probs, recovered_token_ids
