@@ -976,7 +976,7 @@ def test_the_launch_plan_is_chosen_once_per_shape():
     """Two calls of one shape share one plan (and its dicts of kernel switches): no launch configuration is
     recomputed per call; another shape gets its own. Float overrides are refused before they key it."""
     gumbel._plan.cache_clear()
-    key = (8, 32_000, 4, "fast", False, False, False, True, None, None, None)
+    key = (8, 32_000, 4, ("fast", False, False, False, True), (None, None, None))
     for _ in range(3):
         gumbel._plan(*key)
     assert gumbel._plan.cache_info().misses == 1 and gumbel._plan.cache_info().hits == 2

@@ -412,19 +412,9 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     if num_tokens == 0:
         return out
     per_token_col = isinstance(col, torch.Tensor)
-    plan = _plan(
-        num_tokens,
-        vocab_size,
-        logits.element_size(),
-        noise,
-        bool(is_drafting),
-        bool(apply_temperature),
-        per_token_col,
-        fixes.mask_invalid_reqs,
-        block_size,
-        num_warps,
-        tiles_per_program,
-    )
+    switches = (noise, bool(is_drafting), bool(apply_temperature), per_token_col, fixes.mask_invalid_reqs)
+    overrides = (block_size, num_warps, tiles_per_program)
+    plan = _plan(num_tokens, vocab_size, logits.element_size(), switches, overrides)
     cache_args = _NO_CACHE if cache is None else _cache_args(logits, cache, col, source, per_token_col)
     args = (logits, logits.stride(0), *tables[1:], *cache_args, *plan.sizes)
     if plan.num_splits == 1:  # one program per row: no split keys, no arrivals (any memory will do)
@@ -435,15 +425,7 @@ def gumbel_sample(  # the positional arguments are vLLM 0.33's, in its order and
     else:  # in a graph a second kernel picks it (cheaper on the GPU than arrival atomics); keys in its pool
         keys = out.new_empty(num_tokens * plan.num_splits)
         launch(_gumbel_sample_kernel, plan.grid, out, keys, out, *args, **plan.captured)
-        launch(
-            _gumbel_reduce_kernel,
-            (num_tokens,),
-            out,
-            keys,
-            plan.num_splits,
-            SPLITS=plan.splits_bound,
-            num_warps=1,
-        )
+        launch(_gumbel_reduce_kernel, (num_tokens,), out, keys, plan.num_splits, **plan.reduce)
     return out
 
 

@@ -69,32 +69,23 @@ class _Plan(NamedTuple):
 
     grid: tuple[int, int]
     num_splits: int
-    splits_bound: int  # SPLITS: a few compiled variants, not one per count of splits
     #: the kernel's size arguments in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
     #: num_splits
     sizes: tuple[int, int, int, int, int]
-    eager: (
-        dict  # the constexprs and compile options of an eager call (a split row's last program finishes it)
-    )
-    captured: dict  # and of a call under graph capture (a second kernel finishes a split row)
+    #: the constexprs and compile options of an eager call (a split row's last program finishes it), of a
+    #: call under graph capture (a second kernel, ``_gumbel_reduce_kernel``, does) and of that second kernel
+    eager: dict
+    captured: dict
+    reduce: dict
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(
-    num_tokens,
-    vocab_size,
-    itemsize,
-    noise,
-    is_drafting,
-    apply_temperature,
-    per_token_col,
-    mask_invalid,
-    block_size,
-    num_warps,
-    tiles_per_program,
-) -> _Plan:
-    """The launch for this shape, ``launch_config``'s unless overridden (``block_size`` alone means one tile
-    per program), with the kernel's switches."""
+def _plan(num_tokens: int, vocab_size: int, itemsize: int, switches: tuple, overrides: tuple) -> _Plan:
+    """The launch for this shape and these ``switches`` (noise, is_drafting, apply_temperature, per-token
+    column, mask_invalid), ``launch_config``'s unless ``overrides`` (block_size, num_warps, tiles_per_program)
+    say otherwise; ``block_size`` alone means one tile per program."""
+    noise, is_drafting, apply_temperature, per_token_col, mask_invalid = switches
+    block_size, num_warps, tiles_per_program = overrides
     default_block, default_warps, default_tiles = launch_config(num_tokens, vocab_size)
     block = default_block if block_size is None else block_size
     if block < 16 or block & (block - 1):
@@ -108,11 +99,11 @@ def _plan(
     num_splits = triton.cdiv(num_tiles, tiles_per_program)
     warps = num_warps or default_warps
     depth, lanes = tile_shape(block, warps, itemsize)
-    splits_bound = max(64, triton.next_power_of_2(num_splits))
+    splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
     # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
     # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
     fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
-    switches = dict(
+    eager = dict(
         IS_DRAFTING=is_drafting,
         APPLY_TEMPERATURE=apply_temperature,
         PER_TOKEN_COL=per_token_col,
@@ -129,9 +120,8 @@ def _plan(
         **_REGISTER_CAP,
     )
     sizes = (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits)
-    return _Plan(
-        (num_tokens, num_splits), num_splits, splits_bound, sizes, switches, {**switches, "ARRIVE": False}
-    )
+    captured, reduce = {**eager, "ARRIVE": False}, dict(SPLITS=splits_bound, num_warps=1)
+    return _Plan((num_tokens, num_splits), num_splits, sizes, eager, captured, reduce)
 
 
 #: Scratch of split rows in eager calls, per (device, stream) since calls on two streams may overlap: the
@@ -187,15 +177,8 @@ def _validate(logits, mapping, temperature, seed, pos, cache, col, source, use_f
 def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> bool:
     """The serving call (no cache, no override) accepted in one expression, a few microseconds where the
     checks below take several times that; False sends it through them, which name what is wrong."""
-    tensor = torch.Tensor
-    if not (
-        type(logits) is tensor
-        and type(mapping) is tensor
-        and type(temperature) is tensor
-        and type(seed) is tensor
-        and type(pos) is tensor
-        and logits.dim() == 2
-    ):
+    same_type = type(logits) is type(mapping) is type(temperature) is type(seed) is type(pos) is torch.Tensor
+    if not (same_type and logits.dim() == 2):
         return False
     rows, device = logits.shape[:1], logits.get_device()  # get_device: an int, cheaper than a torch.device
     return (
@@ -208,18 +191,18 @@ def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> 
         and pos.dtype in _INDEX_DTYPES
         and temperature.dtype == torch.float32
         and seed.dtype == torch.int64
-        and mapping.shape == rows
-        and pos.shape == rows
+        and mapping.shape == pos.shape == rows
         and temperature.dim() == 1
         and seed.shape == temperature.shape
         and mapping.is_contiguous()
         and pos.is_contiguous()
         and temperature.is_contiguous()
         and seed.is_contiguous()
-        and mapping.get_device() == device
-        and pos.get_device() == device
-        and temperature.get_device() == device
-        and seed.get_device() == device
+        and mapping.get_device()
+        == pos.get_device()
+        == temperature.get_device()
+        == seed.get_device()
+        == device
     )
 
 

@@ -43,20 +43,11 @@ LN1P_POLY = (
 )
 
 
-# ---- specfix's noise ("exact" mode), in four steps:
-# 1. ``row_key(seed, pos)``: four rounds of murmur3's 32-bit finaliser ``fmix32`` over the seed's and the
-#    position's two 32-bit halves.
-# 2. ``token_bits = fmix32(row_key ^ (v * 0x9E3779B1))`` (a bijection of v: no two tokens of a row
-#    share bits).
-# 3. ``u = (bits + 0.5) * 2**-32``, capped at ``1 - 2**-24``: a uniform in (0, 1).
-# 4. ``g = -log(-log1p(-u))``, the careful form: the large noise that wins the argmax lives at u -> 0,
-#    where ``log1p`` keeps full precision and a naive ``log(1 - u)`` would round to 0. The logarithm is our
-#    own (exponent split + a degree-9 polynomial) built from float32 adds and multiplies only, so IEEE
-#    arithmetic makes it bit-identical on every machine (the GPU kernel is compiled without FMA
-#    contraction for this "exact" mode).
-#
-# All integer work is done in int64 holding 32-bit values (no reliance on overflow), all float work in
-# float32 in the same order as the kernel.
+# ---- specfix's noise ("exact" mode): a 32-bit row key from (seed, position), each token's bits from it, a
+# uniform, then the careful -log(-log1p(-u)) (the noise that wins the argmax lives at u -> 0, where a naive
+# log(1 - u) rounds to 0). The logarithm is built from float32 adds and multiplies only, so IEEE arithmetic
+# makes it bit-identical everywhere (the GPU kernel is compiled without FMA contraction for this mode).
+# Integers are held in int64 (no reliance on overflow), floats in float32 in the kernel's order.
 
 
 def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -125,24 +116,16 @@ def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torc
     return gumbel_from_uniform(bits_to_uniform(token_bits(row_key(seed, pos), vocab_size)))
 
 
-# ---- vLLM 0.33's noise ("vllm" mode)
-#
-# ``noise="vllm"`` is vLLM 0.33's noise instead (``vllm/v1/worker/gpu/sample/gumbel.py``, PR #51367), so
-# that specfix and vLLM pick the same tokens from the same inputs:
-#
-# 1. ``bits = MurmurHash3_x86_32`` (seed 0) of four little-endian 32-bit words: the request seed's low and
-#    high words, the position's low word and the token id (16 bytes, so the finaliser mixes in length 16).
-# 2. ``u`` from the two 16-bit halves of ``bits``: ``hi * 2**-16 + (lo + 0.5) * 2**-32`` in float32, i.e.
-#    ``(bits + 0.5) * 2**-32`` rounded once (it can round up to 1.0; step 3 guards that).
-# 3. ``g = -log(-log1p(-u))`` with ``log1p(-u)`` from a degree-8 series below u = 0.25 and
-#    ``log(max(1 - u, 2**-24))`` above. The logarithms are the platform's, so this reference matches the
-#    kernel's hash and uniforms bit for bit and its noise within a rounding of the logarithm. The kernel
-#    divides by the temperature as vLLM does (``div.full.f32`` on a GPU), this file with IEEE division: in a
-#    near-tie on a GPU the two can differ, which vLLM's own kernel and the vllm mode never do.
-# 4. A drafter's draw (``is_drafting``) adds ``DRAFT_NOISE_SALT`` to the position, in every mode (PR #54282:
-#    a draft and the residual it may be resampled from must not share noise). When the call fills the
-#    drafter's logits cache, the column is mixed into the seed's high word: ``seed ^ (col << 32)``, as
-#    vLLM 0.33's ``spec_step_seed`` does (vllm mode only; the exact mode keys by (seed, position) alone).
+# ---- vLLM 0.33's noise ("vllm" mode; ``vllm/v1/worker/gpu/sample/gumbel.py``, PR #51367), so that specfix
+# and vLLM pick the same tokens from the same inputs: MurmurHash3_x86_32 (seed 0) of the seed's two words,
+# the position's low word and the token id; u from the hash's 16-bit halves; -log(-log1p(-u)) with vLLM's
+# series. The logarithms are the platform's: this file matches the kernel's hashes and uniforms bit for bit
+# and its noise within a rounding. The kernel divides by the temperature as vLLM does (``div.full.f32`` on
+# a GPU), this file with IEEE division: in a GPU near-tie the two can differ.
+# A drafter's draw (``is_drafting``) adds DRAFT_NOISE_SALT to the position in every mode (PR #54282: a
+# draft and the residual it may be resampled from must not share noise). A call filling the drafter's
+# logits cache mixes the column into the seed's high word, ``seed ^ (col << 32)``, as vLLM 0.33's
+# ``spec_step_seed`` (vllm mode only).
 
 #: MurmurHash3_x86_32's block multipliers, rotations and the constant of its per-block update.
 MURMUR_C1 = 0xCC9E2D51
@@ -194,20 +177,16 @@ def vllm_uniform(bits: torch.Tensor) -> torch.Tensor:
     return hi * 2.0**-16 + (lo + 0.5) * 2.0**-32
 
 
-def vllm_log1p_neg(u: torch.Tensor) -> torch.Tensor:
-    """log1p(-u) as vLLM 0.33 computes it: ``-u * (1 + u/2 + u**2/3 + ... + u**7/8)`` (Horner, float32)
-    below u = 0.25, ``log(max(1 - u, 2**-24))`` above."""
+def vllm_gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[rows, vocab_size]`` float32 noise of the vllm mode (vLLM 0.33's ``murmur3_uniform32`` noise)."""
+    u = vllm_uniform(vllm_token_bits(seed, pos, vocab_size))
+    # log1p(-u) as vLLM 0.33 computes it: -u * (1 + u/2 + ... + u**7/8) (Horner, float32) below u = 0.25,
+    # log(max(1 - u, 2**-24)) above
     p = torch.full_like(u, 1.0 / 8.0)
     for k in range(7, 0, -1):
         p = torch.tensor(1.0 / k, dtype=torch.float32) + u * p
-    series = -u * p
     direct = torch.log(torch.clamp(1.0 - u, min=VLLM_ONE_MINUS_U_MIN))
-    return torch.where(u < VLLM_SERIES_BELOW, series, direct)
-
-
-def vllm_gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[rows, vocab_size]`` float32 noise of the vllm mode (vLLM 0.33's ``murmur3_uniform32`` noise)."""
-    return -torch.log(-vllm_log1p_neg(vllm_uniform(vllm_token_bits(seed, pos, vocab_size))))
+    return -torch.log(-torch.where(u < VLLM_SERIES_BELOW, -u * p, direct))
 
 
 def gumbel_sample_reference(

@@ -13,13 +13,11 @@ from specfix.mrv2 import gumbel_constants as K
 from specfix.mrv2 import gumbel_reference as ref
 from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 
-# Three modes, each a pure function of (request seed, position, token id):
-# - "exact" (default): specfix's 32-bit hash and float32 logarithm without FMA contraction, so the GPU,
-#   Triton's interpreter and the torch reference agree bit for bit (golden tests, chapters 3 and 4).
-# - "fast": the same hash, the hardware's approximate lg2: the same distribution, tokens that may differ
-#   from the exact mode's in rare near-ties.
-# - "vllm": vLLM 0.33's noise (MurmurHash3, its log1p series, its division by the temperature), compiled as
-#   vLLM's kernel is, so that vLLM 0.33's gumbel_sample picks the same tokens from the same inputs.
+#: Each a pure function of (request seed, position, token id). "exact" (default): specfix's 32-bit hash and a
+#: float32 logarithm without FMA contraction, the same bits on the GPU, in Triton's interpreter and in torch;
+#: "fast": the same hash and the hardware's approximate lg2 (the same distribution, tokens that may differ in
+#: rare near-ties); "vllm": vLLM 0.33's noise, compiled as its kernel is, so that vLLM 0.33's gumbel_sample
+#: picks the same tokens from the same inputs.
 NOISE_MODES = ref.NOISE_MODES
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
