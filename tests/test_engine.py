@@ -174,7 +174,7 @@ def test_finished_requests_are_freed_and_their_ids_can_be_used_again():
     assert sorted(done) == sorted(f"q{i}" for i in range(200)) and all(o.finished for o in done.values())
     assert engine.scheduler.requests == {} and engine._prompts == {}  # as in vLLM: gone when finished
     engine.step()  # the runner frees its rows when the next step tells it which requests finished
-    assert engine.model_runner.requests == {} and engine.model_runner.input_batch.num_reqs == 0
+    assert engine.model_runner.requests == {} and engine.model_runner.input_batch.req_id_to_index == {}
     first = done["q3"]
     engine.add_request("a lion was asleep", SamplingParams(temperature=0.0, max_tokens=5), request_id="q3")
     again = [o for _ in range(10) for o in engine.step()]

@@ -49,6 +49,6 @@ def test_rows_are_reused_after_removal():
         batch.add_request(CachedRequestState(name, [1, 2], SamplingParams(), None))
     assert batch.remove_request("a") == 0
     assert batch.add_request(CachedRequestState("c", [3], SamplingParams(), None)) == 0
-    assert batch.req_ids == ["c", "b"] and batch.num_reqs == 2
+    assert batch.req_id_to_index == {"c": 0, "b": 1}
     with pytest.raises(ValueError, match="full"):
         batch.add_request(CachedRequestState("d", [3], SamplingParams(), None))

@@ -50,14 +50,6 @@ class InputBatch:
         self._req_ids: list[str | None] = [None] * max_num_reqs
         self.req_id_to_index: dict[str, int] = {}
 
-    @property
-    def req_ids(self) -> list[str]:
-        return [r for r in self._req_ids if r is not None]
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.req_id_to_index)
-
     def add_request(self, request: CachedRequestState) -> int:
         """Give ``request`` the lowest free row, fill it with its tokens; return the row."""
         if None not in self._req_ids:

@@ -283,7 +283,6 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_spec_tokens or 0
-        self.placeholder_policy = placeholder_policy
         self.placeholder_token_id = PLACEHOLDER_TOKEN_ID if placeholder_policy == "minus_one" else 0
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
