@@ -63,10 +63,11 @@ class RejectionSampler(torch.nn.Module):
         _check_forward(metadata, draft_probs, logits, sampling_metadata)
         if sampling_metadata.all_greedy:
             return _greedy_forward(metadata, logits, self.backend)
-        # Advanced indexing copies (int32 indices as they come), so the copies are scaled in place. The mask
-        # and the divisors are read once for the step: on a GPU each is a launch (None: no launch).
-        bonus_logits = _float32(logits[metadata.bonus_logits_indices])
-        target_logits = _float32(logits[metadata.target_logits_indices])
+        # index_select copies (int32 indices as they come; logits[idx] is the same copy through more host
+        # work), so the copies are scaled in place. The mask and the divisors are read once for the step: on
+        # a GPU each is a launch (None: no launch).
+        bonus_logits = _float32(logits.index_select(0, metadata.bonus_logits_indices))
+        target_logits = _float32(logits.index_select(0, metadata.target_logits_indices))
         is_greedy = _mixed_greedy_mask(sampling_metadata)
         divisors = _divisors(sampling_metadata, is_greedy)
         bonus_token_ids = _sample_bonus_tokens(bonus_logits, sampling_metadata, divisors, is_greedy)
@@ -125,8 +126,8 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
         output_token_ids,
         metadata.cu_num_draft_tokens,
         metadata.draft_token_ids,
-        argmax[metadata.target_logits_indices],
-        argmax[metadata.bonus_logits_indices],
+        argmax.index_select(0, metadata.target_logits_indices),
+        argmax.index_select(0, metadata.bonus_logits_indices),
         None,
         metadata.max_spec_len,
         backend=backend,
