@@ -17,6 +17,7 @@ import torch
 from specfix.fixes import Fixes
 from specfix.mrv2 import gumbel_constants as K
 from specfix.mrv2 import gumbel_reference as ref
+from specfix.mrv2 import noise as N
 from specfix.mrv2.gumbel_launch import (  # noqa: F401 (_REGISTER_CAP, launch_config: scripts read them here)
     _REGISTER_CAP,
     _capturing,
@@ -25,16 +26,7 @@ from specfix.mrv2.gumbel_launch import (  # noqa: F401 (_REGISTER_CAP, launch_co
     _validate,
     launch_config,
 )
-from specfix.mrv2.noise import (  # noqa: F401 (the kernels' helpers; NOISE_MODES, gumbel_noise re-exported)
-    NOISE_MODES,
-    _exact_gumbel,
-    _fast_gumbel_log2,
-    _row_key,
-    _uniform,
-    _vllm_gumbel,
-    _vllm_row_state,
-    gumbel_noise,
-)
+from specfix.mrv2.noise import NOISE_MODES, gumbel_noise  # noqa: F401 (re-exported for callers)
 from specfix.runtime import HAS_TRITON, launch, tl, triton
 
 _DEFAULT_FIXES = Fixes()
@@ -111,19 +103,19 @@ def gumbel_block_argmax(
             else:
                 scores = tl.math.div_rn(logits, temp)
     if NOISE == K.VLLM:
-        row_state = _vllm_row_state(seed, pos)
+        row_state = N._vllm_row_state(seed, pos)
     else:
-        key = _row_key(seed, pos)
+        key = N._row_key(seed, pos)
         key_mixed = key ^ (key >> 16)
     if temp != 0.0:  # only T == 0 is greedy: plain logits, no noise
         if NOISE == K.VLLM:
-            scores = scores + _vllm_gumbel(row_state, block)
+            scores = scores + N._vllm_gumbel(row_state, block)
         elif NOISE == K.FAST:  # in log2 units: logits * log2(e) + noise / ln 2
-            scores = scores * K.LOG2E + _fast_gumbel_log2(
-                _uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
+            scores = scores * K.LOG2E + N._fast_gumbel_log2(
+                N._uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
             )
         else:
-            scores = scores + _exact_gumbel(_uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
+            scores = scores + N._exact_gumbel(N._uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
         scores = tl.where(mask, scores, float("-inf"))
     index = tl.arange(0, scores.shape[0])
     if len(scores.shape) == 2:  # specfix's tiles: each thread holds whole columns (tile_shape)
