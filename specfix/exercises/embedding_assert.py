@@ -95,11 +95,8 @@ def assert_line(kernel: str = KERNEL) -> str:
 
 def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
     """The ops whose CUDA run with a -1 among the indices asserted in ``kernel`` (at any recorded count)."""
-    asserted = [
-        row
-        for row in recorded.load("embedding_assert_ops")["rows"]
-        if row["bad"] == "-1" and row["cuda"].get("outcome") == "device assert"
-    ]
+    rows = recorded.load("embedding_assert_ops")["rows"]
+    asserted = (row for row in rows if row["bad"] == "-1" and row["cuda"].get("outcome") == "device assert")
     return {row["op"] for row in asserted if row["cuda"]["kernel"] == kernel}
 
 
@@ -211,10 +208,9 @@ def guard_report() -> GuardReport:
     from specfix.v1.engine import DEMO_PROMPTS, LLMEngine, SamplingParams
 
     engine = LLMEngine(num_speculative_tokens=3, fixes=Fixes(clamp_placeholders=False), device="cpu")
+    params = SamplingParams(temperature=0.7, seed=0, max_tokens=24)
     for prompt, remote in zip(DEMO_PROMPTS, (True, False, True, False), strict=True):
-        engine.add_request(
-            prompt, SamplingParams(temperature=0.7, seed=0, max_tokens=24), remote_prefill=remote
-        )
+        engine.add_request(prompt, params, remote_prefill=remote)
     layout, prepare = {}, engine.model_runner._prepare_inputs
 
     def recording_prepare(scheduler_output):  # the step's batch order and cu_num_scheduled_tokens
