@@ -1,4 +1,4 @@
-"""Where specfix runs: device choice, Triton (compiled or interpreted), problem scale.
+"""Where specfix runs: device choice, Triton (compiled or interpreted) and its launches, problem scale.
 
 specfix's modules import triton through this one: without a GPU it turns the interpreter on first, and
 without triton a stand-in ``triton.jit`` still defines every kernel (launchers check ``HAS_TRITON``).
@@ -85,15 +85,11 @@ _LAUNCHES: dict[tuple, tuple] = {}
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
-    """``kernel[grid](*args, **constexprs)`` at a fraction of the host cost: the first call of a
-    specialisation goes through triton (which compiles), later ones call the compiled kernel's C launcher
-    directly, with tensors as their addresses, skipping triton's re-binding of every argument, its string
-    cache key and the launcher's driver query per pointer.
-
-    Skipped as well: the check that a global constexpr kept its value (specfix's kernels read none), and
-    triton's launch hooks (the direct path is taken only while none is set). ``constexprs`` are the
-    keyword arguments (constexprs and compile options: hashable values), in the same order call after call.
-    """
+    """``kernel[grid](*args, **constexprs)`` at a fraction of the host cost: a specialisation's first call
+    goes through triton (which compiles), later ones straight to the compiled kernel's C launcher, tensors
+    as their addresses: no re-binding of every argument, no string cache key, no driver query per pointer,
+    no check of global constexprs (specfix's kernels read none). Taken only while no launch hook (a
+    profiler) is set. ``constexprs``: the keyword arguments (hashable), in the same order call after call."""
     key, values = _launch_key(kernel, grid, args, constexprs) if _DIRECT else (None, None)
     hit = _LAUNCHES.get(key) if key is not None else None
     if hit is None:
