@@ -103,13 +103,17 @@ def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
             _LAUNCHES.clear()
         params = list(kernel.signature.parameters.values())[len(args) :]
         tail = tuple(constexprs.get(p.name, p.default) for p in params)  # bound in triton's order
-        _LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+        launcher, head = compiled.run, (compiled.packed_metadata, None, None, None)  # no metadata, no hooks
+        if not (launcher.global_scratch_size or launcher.profile_scratch_size):
+            # no scratch to allocate per call: the C launch itself, as CudaLauncher.__call__ would call it
+            head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, *head)
+            launcher = launcher.launch
+        _LAUNCHES[key] = (launcher, compiled.function, head, tail)
         return
-    run, function, metadata, tail = hit
-    stream = torch._C._cuda_getCurrentRawStream(key[1])
+    launcher, function, head, tail = hit
     grid = grid + (1, 1)
-    # JITFunction.run's own call (triton 3.6), with no launch metadata and no hooks
-    run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *values, *tail)
+    # JITFunction.run's own call (triton 3.6) or, without scratch, the one CudaLauncher.__call__ makes
+    launcher(grid[0], grid[1], grid[2], _stream(key[1]), function, *head, *values, *tail)
 
 
 def _launch_key(kernel, grid, args, constexprs) -> tuple:
@@ -155,6 +159,7 @@ def _hooked() -> bool:
 
 
 if _DIRECT:
+    from torch._C import _cuda_getCurrentRawStream as _stream
     from triton import knobs as _knobs
     from triton.runtime.jit import JITFunction as _JITFunction
 
