@@ -327,6 +327,19 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     batches = sorted({r["params"]["batch"] for r in few if r["case"] == "rejection"})
     text = perf.rejection_graph_text({**H200, "results": few})
     assert f"at {batches[0]} requests and" in text and f"at {batches[-1]} (random)" in text
+    # the GPU's ci run: one k, one vocab, one batch (the text once unpacked two (k, vocab) pairs from it)
+    ci = [
+        r
+        for r in H200["results"]
+        if r["case"] != "rejection"
+        or (r["params"]["k"], r["params"]["vocab"], r["params"]["batch"]) == (5, 151_936, 64)
+    ]
+    text = perf.rejection_graph_text({**H200, "results": ci})
+    assert (
+        "at 64 requests (greedy)" in text
+        and "grows with the batch" not in text
+        and "at k = 5 and 151,936" in text
+    )
     with pytest.raises(ValueError, match="before: old"):
         only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
         kernel_profile.profile_text({**profile, "kernels": only_today}, sweep)

@@ -343,7 +343,8 @@ def rejection_graph_text(report: dict) -> str:
     )
     replay = steps["specfix_triton_graph"]
     ratio = (replay / steps["specfix_triton"]).groupby("mode").median()
-    (k_lo, v_lo), *_, (k_hi, v_hi) = sorted({key[1:3] for key in replay.index})
+    shapes = sorted({key[1:3] for key in replay.index})  # (k, vocab): one pair in a ci run, two at full
+    (k_lo, v_lo), (k_hi, v_hi) = shapes[0], shapes[-1]
 
     def say(k, v):  # at 1 and 16 requests, or the fewest and the most this report has (a smaller run)
         parts = []
@@ -352,14 +353,20 @@ def rejection_graph_text(report: dict) -> str:
             lo = 1 if 1 in by_batch.index else by_batch.index[0]
             hi = 16 if 16 in by_batch.index else by_batch.index[-1]
             req = "request" if lo == 1 else "requests"
-            parts.append(f"{by_batch[lo]:.0f} us at {lo} {req} and {by_batch[hi]:.0f} at {hi} ({m})")
+            upto = f" and {by_batch[hi]:.0f} at {hi}" if hi != lo else ""
+            parts.append(f"{by_batch[lo]:.0f} us at {lo} {req}{upto} ({m})")
         return ", ".join(parts)
 
     return (
         f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
-        f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits: a fixed cost per "
-        f"call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows with the batch: "
-        f"{say(k_hi, v_hi)}. In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
+        f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits"
+        + (
+            f": a fixed cost per call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows "
+            f"with the batch: {say(k_hi, v_hi)}"
+            if len(shapes) > 1
+            else ""
+        )
+        + f". In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
         f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
         "longer, its events counted a wait for the host (the figure above)."
     )
