@@ -36,7 +36,7 @@ def before_after(sweep: dict) -> pd.DataFrame:
     - 1`` as ``slower`` (above zero: today's kernel is slower than the old one)."""
     df = pd.DataFrame(sweep["configs"])
     df = df[df["config"].isin(list(SWEEP_KERNELS))]
-    for config in set(SWEEP_KERNELS) - set(df["config"]):
+    for config in [c for c in SWEEP_KERNELS if c not in set(df["config"])]:  # in order: the first one missing
         run = "run scripts/time_gumbel.py --sweep --before old=PATH --before head=PATH"
         raise ValueError(f"the sweep has no {config!r} rows: {run}")
     wide = df.pivot_table(index=["dtype", "vocab", "rows"], columns="config", values="us").reset_index()
