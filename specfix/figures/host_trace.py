@@ -153,8 +153,7 @@ def host_regime_figure(trace: dict, source: str):
         style.log_ticks(top.xaxis, df["rows"])
         style.log_ticks(top.yaxis)
         if steps.empty:
-            no_reasons = {"unavailable": [], "errors": []}
-            return missing(bottom, no_reasons, "graph", "the recording has no step timings")
+            return missing(bottom, trace, "graph", "the recording has no step timings")
         series = [(label, steps[f"{mode}_{key}_us"], colour) for mode, key, label, colour in _STEP_BARS]
         style.grouped_bars(bottom, np.arange(len(steps)), series)
         for xi in np.flatnonzero(steps["graph_back_to_back_us"].isna().to_numpy()):

@@ -17,7 +17,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
-from specfix.checks import is_int
+from specfix.checks import check_count, is_int
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
 
@@ -101,8 +101,7 @@ class SamplingParams:
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
             if not INT64_MIN <= self.seed <= INT64_MAX:
                 raise ValueError(f"seed must fit in an int64, [-2**63, 2**63 - 1], got {self.seed}")
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        check_count("max_tokens", self.max_tokens)
 
     @property
     def is_greedy(self) -> bool:
