@@ -100,8 +100,8 @@ def gumbel_block_argmax(
         if temp != 0.0:
             if NOISE == K.VLLM:
                 scores = logits / temp  # vLLM's division (on the GPU div.full, not rounded as div_rn)
-            else:
-                scores = tl.math.div_rn(logits, temp)
+            elif NOISE == K.EXACT:
+                scores = tl.math.div_rn(logits, temp)  # IEEE division, torch's: a dozen instructions
     if NOISE == K.VLLM:
         row_state = N._vllm_row_state(seed, pos)
     else:
@@ -110,8 +110,11 @@ def gumbel_block_argmax(
     if temp != 0.0:  # only T == 0 is greedy: plain logits, no noise
         if NOISE == K.VLLM:
             scores = scores + N._vllm_gumbel(row_state, block)
-        elif NOISE == K.FAST:  # in log2 units: logits * log2(e) + noise / ln 2
-            scores = scores * K.LOG2E + N._fast_gumbel_log2(
+        elif NOISE == K.FAST:  # in log2 units, logits * log2(e) / T + noise / ln 2: T costs no instruction
+            scale = K.LOG2E
+            if APPLY_TEMPERATURE:
+                scale = K.LOG2E / temp  # once per tile; the logit's multiply by it is rounded once, not twice
+            scores = scores * scale + N._fast_gumbel_log2(
                 N._uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
             )
         else:
