@@ -1,7 +1,5 @@
-"""Chapter 5's figures of one ``specfix bench`` report, each drawn in the same frame, :func:`figure`.
-
-Read :func:`figure` first; every figure reads its numbers from :mod:`specfix.figures.performance`'s tables.
-"""
+"""Chapter 5's figures of one ``specfix bench`` report, each in the frame of :func:`figure` (read it first),
+each reading its numbers from :mod:`specfix.figures.performance`'s tables."""
 
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ _MARKERS = {"fp32": "o-", "bf16": "s--"}
 
 
 def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
-    """Turn ``ax`` into a note that ``case`` was not measured, and why (the report's reasons by default)."""
+    """``ax`` as a note that ``case`` was not measured, and why (default: the report's reasons)."""
     if reason is None:
         reasons = [u["reason"] for u in report["unavailable"] if u["case"] == case]
         reasons += [e["error"] for e in report["errors"] if e["case"] == case]
@@ -47,9 +45,8 @@ def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
 
 
 def figure(report, case, empty, draw, shape, height, text, reason=None, **share):
-    """The frame of every figure here: ``shape`` (rows, columns) panels a column wide; ``draw(axes)`` on their
-    2-D array, or, when ``empty``, each panel says why ``case`` is missing; ``text`` = (title, source,
-    caption): title and source above, one legend in a strip below, never over the data, the caption last."""
+    """``shape`` panels a column wide, drawn by ``draw(axes)`` (``empty``: each says why ``case`` is missing),
+    ``text`` = (title, source, caption): title and source above, one legend strip below, then the caption."""
     title, source, caption = text
     with style.apply():
         fig, axes = plt.subplots(*shape, figsize=(style.WIDTH_IN, height), squeeze=False, **share)
@@ -157,15 +154,14 @@ def graph_call_figure(report: dict, source: str):
     gg = bench.frame(report, "gumbel_graph")
 
     def draw(axes):
-        ax, impls = axes[0, 0], list(dict.fromkeys(gg["impl"]))
+        ax, series = axes[0, 0], []
         shapes = sorted(set(zip(gg["rows"], gg["vocab"], strict=True)), key=lambda s: (s[1], s[0]))
         colours = (style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING)
-        width = 0.8 / len(impls)
-        for i, (impl, colour) in enumerate(zip(impls, itertools.cycle(colours), strict=False)):
+        for impl, colour in zip(dict.fromkeys(gg["impl"]), itertools.cycle(colours)):
             rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
-            err = np.vstack([rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]])
-            x = np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width
-            ax.bar(x, rows["median_us"], width, yerr=err, capsize=2, color=colour, label=impl)
+            err = [rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]]
+            series.append((impl, rows["median_us"], colour, err))
+        style.grouped_bars(ax, np.arange(len(shapes)), series, capsize=2)
         ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
         ax.set(xlabel="rows x vocabulary", ylabel="GPU time per call, us")
         style.log_ticks(ax.yaxis)
@@ -210,8 +206,7 @@ def mask_figure(report: dict, source: str):
 
 
 def fix_costs_figure(report: dict, source: str):
-    """Per-step cost of each placeholder fix on an idle GPU, and its host time behind queued GPU work, in
-    chapter 2's panels (:func:`specfix.figures.embedding_assert.draw_fixes`)."""
+    """Each placeholder fix's cost per step idle and behind queued GPU work (chapter 2's panels)."""
     fc = fix_costs(report)
 
     def draw(axes):
@@ -234,8 +229,7 @@ def fix_costs_figure(report: dict, source: str):
 
 
 def drafter_figure(report: dict, source: str):
-    """The drafter step per live batch, eager launches against one graph replay, per draft model (the
-    replay's speedup is :func:`padding_price_figure`'s)."""
+    """The drafter step per live batch and draft model, eager launches against one graph replay."""
     dg = bench.frame(report, "drafter_graph")
 
     def draw(axes):
@@ -278,7 +272,6 @@ def padding_price_figure(report: dict, source: str):
     return figure(report, "drafter_graph", price.empty, draw, (2, 1), 4.6, text, reason, sharex=True)
 
 
-#: The rejection figure's lines: label and colour per implementation.
 _REJECTION_LINES = {
     "specfix_triton": ("Triton, eager", style.NEUTRAL),
     "specfix_triton_graph": ("Triton, one CUDA-graph replay", style.ACCENT),
@@ -287,8 +280,7 @@ _REJECTION_LINES = {
 
 
 def rejection_figure(report: dict, source: str):
-    """Verification time per step (``RejectionSampler.forward``): specfix's Triton sampler, eager and replayed
-    from one CUDA graph, and its torch reference, at the smallest k and vocabulary of the report."""
+    """Verification time per step, Triton eager and replayed beside torch, at the smallest k and vocab."""
     rj, shape = smallest_rejection_shape(report)
     rj = rj[rj["impl"].isin(list(_REJECTION_LINES))] if len(rj) else rj
 
@@ -312,8 +304,7 @@ def rejection_figure(report: dict, source: str):
 
 
 def peer_figure(report: dict, source: str):
-    """Logits per second of the judged kernel beside each vLLM version's sampler, one panel per dtype and
-    vocabulary, under the read ceiling measured in the same run (in logits per second of that dtype)."""
+    """The judged kernel's logits/s beside each vLLM's, per dtype and vocab, under the read ceiling."""
     table, versions, read = peer_table(report), peer_versions(report), ceilings(report)["read"]
     vocabs = sorted(table["vocab"].unique()) if len(table) else [None]
     rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
@@ -348,8 +339,7 @@ def peer_figure(report: dict, source: str):
 
 
 def small_batch_figure(report: dict, source: str):
-    """Every shape judged under the five small-batch goals: its margin (% of the target; below zero a miss),
-    one column per goal, so each goal's verdict and spread read at a glance."""
+    """Every shape judged under the small-batch goals, its margin (% of target) in its goal's column."""
     judged = {n: judged_goals(report, n) for n in SMALL_BATCH}
 
     def draw(axes):

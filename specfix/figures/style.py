@@ -8,12 +8,17 @@ off), ``PLACEHOLDER`` (a -1 slot), ``PADDING`` (a padded row), ``NEUTRAL`` (anyt
 from __future__ import annotations
 
 import contextlib
+import io
+import re
+import sys
+import textwrap
 
 import matplotlib as mpl
 import numpy as np
 from matplotlib import colors
 from matplotlib.patches import Patch
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
+from matplotlib.text import Text
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
 FIXED = "#1b7837"  # green: the fixed code path
 BUGGY = "#c51b7d"  # magenta: the buggy path (readable with black or white text)
@@ -50,11 +55,8 @@ RC = {
 
 @contextlib.contextmanager
 def apply():
-    """The suite's rcParams inside the block; on leaving, only these keys go back.
-
-    Not ``mpl.rc_context``: it also rolls back ``interactive``, which IPython's inline backend switches on
-    at a kernel's first figure, and every later figure neither shown nor a cell's value would vanish.
-    """
+    """The suite's rcParams inside the block, only these keys restored: ``mpl.rc_context`` would also roll
+    back the ``interactive`` that IPython's first figure switches on, and later figures would vanish."""
     saved = {key: mpl.rcParams[key] for key in RC}
     mpl.rcParams.update(RC)
     try:
@@ -63,17 +65,13 @@ def apply():
         mpl.rcParams.update(saved)
 
 
-def watch_figures(shell=None) -> bool:
-    """Fail each cell that leaves a pyplot figure undisplayed; True where a shell was found to watch.
-
-    Switched on by ``SPECFIX_CHECK_FIGURES=1`` (``make notebooks``, the book, ``make lab-check``).
-    """
-    if shell is None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return False
-        shell = get_ipython()
+def watch_figures() -> bool:
+    """Fail each cell that leaves a figure undisplayed (SPECFIX_CHECK_FIGURES=1); False outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
     if shell is None:
         return False
     if not getattr(shell, "_specfix_watches_figures", False):
@@ -82,13 +80,7 @@ def watch_figures(shell=None) -> bool:
     return True
 
 
-class UndisplayedFigureError(RuntimeError):
-    """A cell created a figure that was never displayed."""
-
-
 def _fail_on_undisplayed(result) -> None:
-    import sys
-
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None or "inline" not in mpl.get_backend():
         return
@@ -98,7 +90,7 @@ def _fail_on_undisplayed(result) -> None:
     titles = [plt.figure(num).get_suptitle() or f"figure {num}" for num in left]
     plt.close("all")
     if result.success:
-        error = UndisplayedFigureError(
+        error = RuntimeError(
             f"this cell left {len(left)} figure(s) undisplayed ({'; '.join(titles)}): show each figure "
             "(plt.show()) or make it the cell's value"
         )
@@ -124,8 +116,8 @@ def patches(fills, labels) -> list[Patch]:
 
 
 def legend_below(fig, ax=None, ncol=None, handles=None, **kwargs) -> None:
-    """A legend of ``ax`` (its artists, or ``handles``), or of every panel (duplicates merged) where ``ax``
-    is None, in a strip under the axes: the figure grows by the strip and keeps the column's width."""
+    """``handles`` or ``ax``'s (None: every panel's, merged) in a strip under the axes, so the figure keeps
+    the column's width."""
     if handles is None:
         found = {}
         for each in [ax] if ax else fig.axes:
@@ -149,8 +141,7 @@ def errorbars(ax, x, rows, **kwargs) -> None:
 
 
 def cells(ax, kinds, fills, texts=None, xlabels=None, ylabels=None, text_colours=None) -> None:
-    """A grid of cells, each filled by its kind (an index into ``fills``) and labelled by ``texts`` (an
-    empty text leaves the cell blank) in black or ``text_colours[kind]``; ticks name the columns and rows."""
+    """A grid of cells filled by kind (an index into ``fills``), labelled by ``texts`` ("": blank)."""
     kinds = np.atleast_2d(kinds)
     ax.imshow(kinds, cmap=colors.ListedColormap(fills), vmin=0, vmax=len(fills) - 1, aspect="auto")
     for (r, c), text in np.ndenumerate(np.atleast_2d(np.asarray([] if texts is None else texts, object))):
@@ -167,32 +158,26 @@ def cells(ax, kinds, fills, texts=None, xlabels=None, ylabels=None, text_colours
 
 
 def grouped_bars(ax, x, series, **kwargs) -> None:
-    """Bars side by side at each ``x``: one per ``(label, heights, colour)`` of ``series`` (colour None: the
-    style's cycle)."""
+    """Bars side by side at each ``x``, one per ``(label, heights, colour)`` or ``(label, heights, colour,
+    yerr)`` of ``series`` (colour None: the style's cycle)."""
     width = 0.8 / len(series)
-    for i, (label, heights, colour) in enumerate(series):
+    for i, (label, heights, colour, *yerr) in enumerate(series):
         at = np.asarray(x) + (i - (len(series) - 1) / 2) * width
-        ax.bar(at, heights, width, label=label, color=colour, **kwargs)
+        ax.bar(at, heights, width, label=label, color=colour, yerr=yerr[0] if yerr else None, **kwargs)
 
 
 def wrap(text: str, chars: int = 110) -> str:
-    """``text`` in lines of at most ``chars`` characters (8 pt across a WIDTH_IN figure), so that a long line
-    cannot widen the figure past the column."""
-    import textwrap
-
+    """``text`` in lines of ``chars`` (8 pt across WIDTH_IN), so a long line cannot widen the figure."""
     return "\n".join(textwrap.wrap(text, chars)) or text
 
 
 def integer_ticks(axis) -> None:
     """Whole-number ticks only (token ids, counts, positions)."""
-    from matplotlib.ticker import MaxNLocator
-
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def log_ticks(axis, values=None) -> None:
-    """A log scale on ``axis`` whose labels cannot collide: at ``values`` only, or at 1, 2 and 5 times each
-    power of ten; thousands separated, no minor labels."""
+    """A log scale whose labels cannot collide: at ``values`` only, or at 1, 2 and 5 times powers of 10."""
     getattr(axis.axes, f"set_{axis.axis_name}scale")("log")
     locator = FixedLocator(sorted({float(v) for v in values})) if values is not None else None
     axis.set_major_locator(locator or LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -206,13 +191,7 @@ def text_px(natural_px: float, shown_px: float, pt: float = SMALLEST_PT) -> floa
 
 
 def legibility(fig) -> dict:
-    """What a reader gets from ``fig`` in the column: its natural width (CSS px, as the inline backend saves
-    it), its smallest text (pt), and that text's size once scaled into the column (CSS px)."""
-    import io
-    import re
-
-    from matplotlib.text import Text
-
+    """``fig``'s natural width (CSS px), smallest text (pt), and that text's CSS px shown in the column."""
     svg = io.BytesIO()
     fig.savefig(svg, format="svg", bbox_inches="tight")  # as the inline backend draws it
     natural = float(re.search(rb'<svg[^>]* width="([0-9.]+)pt"', svg.getvalue()).group(1)) * 96 / 72
@@ -226,8 +205,8 @@ def legibility(fig) -> dict:
 
 
 def tidy(frame, digits: int = 1):
-    """A copy of ``frame`` as strings for the page: whole-number columns without decimals, others to
-    ``digits`` places, thousands separated, a missing value as "-", spaces for underscores in the headers."""
+    """``frame`` as strings for the page: whole columns without decimals, a missing value as "-", headers
+    spaced."""
     import pandas as pd
 
     def missing(value) -> bool:
