@@ -238,8 +238,7 @@ class SpecDecodingStats:
 
 
 class Scheduler:
-    """vLLM's synchronous scheduler: each step's output (and drafts) come back before the next
-    ``schedule``."""
+    """vLLM's synchronous scheduler: each step's output (and drafts) come back before the next one."""
 
     #: Whether a running request's drafts are placeholders (async) rather than the drafter's proposals.
     drafts_are_placeholders = False
@@ -298,7 +297,7 @@ class Scheduler:
 
     def is_request_id_in_use(self, request_id: str) -> bool:
         """A new request may not take an id a step in flight still carries."""
-        return request_id in self.requests or self._num_steps_in_flight.get(request_id, 0) > 0
+        return request_id in self.requests or request_id in self._num_steps_in_flight
 
     def add_request(self, request: Request) -> None:
         """Queue a request; checks it first (nothing changes when it is refused)."""
@@ -320,15 +319,12 @@ class Scheduler:
                 f"request {request.request_id!r} is not new: it has output or draft tokens, "
                 f"or status {request.status.name}"
             )
-        computed = request.num_computed_tokens
-        if not is_int(computed):
-            raise TypeError(f"num_computed_tokens must be an int, got {computed!r}")
-        if request.request_id in self.requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        if not is_int(request.num_computed_tokens):
+            raise TypeError(f"num_computed_tokens must be an int, got {request.num_computed_tokens!r}")
         if self.is_request_id_in_use(request.request_id):
             raise ValueError(
-                f"request_id {request.request_id!r} finished, but a step that carries it is "
-                "still in flight (async scheduling): use another id or step once more"
+                f"request_id {request.request_id!r} is already in the scheduler, or in a step still in "
+                "flight (async scheduling): use another id or step once more"
             )
         prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         if not prompt:
@@ -489,11 +485,9 @@ class Scheduler:
         self._step_ids_in_flight.discard(scheduler_output.step_id)
         finished: list[Request] = []
         for req_id, generated in generated_by_req.items():
-            left = self._num_steps_in_flight.get(req_id, 0) - 1
-            if left > 0:
-                self._num_steps_in_flight[req_id] = left
-            else:
-                self._num_steps_in_flight.pop(req_id, None)
+            self._num_steps_in_flight[req_id] -= 1
+            if not self._num_steps_in_flight[req_id]:
+                del self._num_steps_in_flight[req_id]
             request = self.requests.get(req_id)
             if request is None:  # finished while this step was in flight
                 continue
