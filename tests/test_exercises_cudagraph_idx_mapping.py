@@ -147,7 +147,7 @@ def test_find_stale_row_hints(make, hint):
 
 #: What the padded writes of each case did, worked out before any answer runs (an answer may not play the
 #: speculator itself).
-KINDS = {events: ex._write_kinds(events) for events in ex._response_cases()}
+KINDS = {events: ex._write_kinds(events) for events in ex._RESPONSE_CASES}
 
 
 def _plus(kind, *but):
@@ -206,18 +206,17 @@ def test_corrupted_responses_accepts_the_reference_in_any_container(container):
 
 
 def test_corrupted_responses_cases_fit_and_hold_every_trap():
-    cases = ex._response_cases()
+    cases = ex._RESPONSE_CASES
     assert len(cases) >= 4 and cases[0] == ex.RESPONSE_EVENTS
     kinds = [KINDS[events] for events in cases]
     for events, kind in zip(cases, kinds, strict=True):  # real runs, fix off against fix on
         assert not kind["in_batch"] and kind["victim"] == ex._corrupted(events) != set(), events
     for kind in ("finished", "undrafted", "unread", "earlier"):
         assert any(k[kind] for k in kinds), kind
-    family = [ex._random_schedule(__import__("random").Random(seed)) for seed in ex._RESPONSE_SEEDS]
-    assert all(events in cases for events in family) and not set(family) & {ex.RESPONSE_EVENTS}
+    assert len(set(cases)) == len(cases)
 
 
 def test_corrupted_responses_victims_wait_out_the_step_that_overwrites_them():
-    for events in ex._response_cases():
+    for events in ex._RESPONSE_CASES:
         for i, write in ex.padded_writes(events):
             assert write.victim is None or write.victim not in events[i].split()[1], (events, i, write)

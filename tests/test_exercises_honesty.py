@@ -10,7 +10,9 @@ import bisect
 import importlib
 import json
 import pkgutil
+import random
 import re
+import string
 from pathlib import Path
 
 import numpy as np
@@ -221,12 +223,14 @@ def test_which_ops_names_the_family_only_prediction():
 
 
 def test_find_stale_row_hidden_cases_cover_the_traps():
-    seeds = ch3._hidden_seeds()
-    first_free, fresh = ch3.mystery_batch(seeds[0]), ch3.mystery_batch(seeds[1])
+    cases = ch3._HIDDEN_MYSTERIES
+    first_free, fresh = ch3.mystery_batch(*cases[0]), ch3.mystery_batch(*cases[1])
     assert first_free.spec.idx_mapping[len(first_free.batch)].item() not in first_free.owners
     assert any(fresh.scenario.row_writer[row] is None and slot == 0 for row, slot in ch3._culprits(fresh))
-    for seed in seeds:
-        assert ch3._culprits(ch3.mystery_batch(seed)), seed
+    for case in cases:
+        mystery = ch3.mystery_batch(*case)
+        assert ch3._culprits(mystery), case
+        assert sorted(mystery.batch) == sorted(mystery.owners.values()), case  # every live request runs
     assert ch3.check_find_stale_row(sol3.find_stale_row).solved
 
 
@@ -517,7 +521,7 @@ def test_the_new_exercises_are_checked_on_a_seeded_family_the_notebook_never_pri
     assert len(ch1._emitted_cases()) > 20 and ch1._emitted_cases(1) != ch1._emitted_cases(0)
     assert len(ch2._position_cases()) > 10
     assert any(c == (p[i - 1] if i else 0) for _, p, _ in ch2._position_cases() for i, c in enumerate(p))
-    cases = ch3._simulation_cases()
+    cases = ch3._SIMULATION_CASES
     assert len(cases) > 5 and any("finish" in " ".join(e) for e, _ in cases)
 
 
@@ -533,8 +537,38 @@ def test_dflash_padding_truth_is_the_fixed_preparation_and_the_bug_pads_zero():
     assert out.sample_idx_mapping.tolist()[num_reqs * k :] == [0] * 6
 
 
+def _random_histories(seed: int, count: int = 8) -> list[tuple[list[str], int]]:
+    """(events, max_num_reqs): arrivals, steps and finishes drawn at random (the seeded family the checker's
+    hidden histories were drawn from, at seed 0)."""
+    rng, cases = random.Random(seed), []
+    for _ in range(count):
+        events, live, used, max_num_reqs = [], [], 0, rng.choice((4, 8))
+        for _ in range(rng.randint(2, 6)):
+            if live and rng.random() < 0.3:
+                gone = rng.sample(live, rng.randint(1, len(live)))
+                events.append(f"finish {''.join(gone)}")
+                live = [c for c in live if c not in gone]
+                continue
+            newcomers = list(string.ascii_lowercase[used : used + rng.randint(0, max_num_reqs - len(live))])
+            used += len(newcomers)
+            if newcomers and rng.random() < 0.5:
+                events.append(f"arrive {''.join(newcomers)}")
+                live, newcomers = live + newcomers, []
+            if live or newcomers:  # the step runs every newcomer (that is how it arrives), and some others
+                batch = newcomers + rng.sample(live, rng.randint(0 if newcomers else 1, len(live)))
+                events.append("step " + "".join(rng.sample(batch, len(batch))))
+                live += newcomers
+        cases.append((events or ["step a"], max_num_reqs))
+    return cases
+
+
+def test_the_hidden_histories_are_the_seeded_family():
+    hidden = [(list(events), m) for events, m in ch3._SIMULATION_CASES[3:]]
+    assert hidden == _random_histories(seed=0)
+
+
 def test_simulated_idx_mapping_matches_the_real_speculator_on_random_histories():
-    for events, max_num_reqs in ch3._simulation_cases(seed=7):
+    for events, max_num_reqs in _random_histories(seed=7) + list(ch3._SIMULATION_CASES):
         want = _plays_the_real_speculator(events, max_num_reqs)
         assert sol3.simulate_idx_mapping(events, max_num_reqs) == want, events
 
