@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -61,6 +60,7 @@ import specfix  # noqa: E402,F401  (runtime first)
 from specfix.lab.masked_gumbel import load_vllm_sampler  # noqa: E402
 from specfix.mrv2.gumbel import gumbel_sample  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
+from specfix.tools.bench.timing import Settings, Timer, capture_graph, summarize  # noqa: E402
 from specfix.v1 import rejection_sampler as rs  # noqa: E402
 from specfix.v1.sampling_metadata import SamplingMetadata  # noqa: E402
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata  # noqa: E402
@@ -68,24 +68,8 @@ from specfix.v1.spec_decode_metadata import SpecDecodeMetadata  # noqa: E402
 
 def sizes(device: torch.device) -> dict:
     if device.type == "cuda":
-        return {
-            "vocab": 151_936,
-            "k": 3,
-            "trace_batches": [1, 8],
-            "rows": [2**i for i in range(11)],
-            "calls": 50,
-            "repeats": 7,
-            "gpu_repeats": 15,
-        }
-    return {
-        "vocab": 256,
-        "k": 2,
-        "trace_batches": [1, 2],
-        "rows": [1, 4],
-        "calls": 2,
-        "repeats": 2,
-        "gpu_repeats": 0,
-    }
+        return {"vocab": 151_936, "k": 3, "trace_batches": [1, 8], "rows": [2**i for i in range(11)]}
+    return {"vocab": 256, "k": 2, "trace_batches": [1, 2], "rows": [1, 4]}
 
 
 # ---- inputs and the two steps
@@ -174,127 +158,18 @@ def _step(verify, draw, annotate: bool):
     return step
 
 
-# ---- timers
+# ---- timing (specfix.tools.bench.timing: the bench's timer)
 
 
-class Timer:
-    def __init__(self, device: torch.device, calls: int, repeats: int, gpu_repeats: int):
-        self.cuda = device.type == "cuda"
-        self.calls, self.repeats, self.gpu_repeats = calls, repeats, gpu_repeats
-        self.cycles_per_us = self._calibrate() if self.cuda else 0.0
-
-    def _calibrate(self) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        torch.cuda.synchronize()
-        return 20_000_000 / (start.elapsed_time(end) * 1e3)
-
-    def _busy(self, us: float) -> None:
-        """Queue a spin kernel of about ``us`` microseconds: the host's next calls launch behind it."""
-        torch.cuda._sleep(int(us * self.cycles_per_us))
-
-    def warm(self, fn) -> float:
-        """Compile and settle (at least 3 calls and 20 ms); the host time of one call, roughly (capped)."""
-        t0 = time.perf_counter()
-        n = 0
-        while n < 3 or time.perf_counter() - t0 < (0.02 if self.cuda else 0):
-            fn()
-            n += 1
-        if self.cuda:
-            torch.cuda.synchronize()
-        once = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            once.append((time.perf_counter() - t0) * 1e6)
-        if self.cuda:
-            torch.cuda.synchronize()
-        return min(min(once), 5000.0)  # sizes the spin kernels: never minutes of them
-
-    def host(self, fn, estimate_us: float) -> tuple[list[float], bool]:
-        """Host wall time per call with the GPU still busy with earlier work (nothing waits on it), and
-        whether the GPU was still busy when the last call returned (else the sample waited too)."""
-        samples, busy = [], True
-        for _ in range(self.repeats):
-            if self.cuda:
-                torch.cuda.synchronize()
-                self._busy(4 * self.calls * estimate_us + 2000)
-            t0 = time.perf_counter()
-            for _ in range(self.calls):
-                fn()
-            samples.append((time.perf_counter() - t0) * 1e6 / self.calls)
-            if self.cuda:
-                busy &= not torch.cuda.current_stream().query()
-        if self.cuda:
-            torch.cuda.synchronize()
-        return samples, busy
-
-    def gpu(self, fn, estimate_us: float) -> list[float]:
-        """GPU time of one call: events around it, its launches queued behind a spin kernel."""
-        if not self.cuda:
-            return []
-        samples = []
-        for _ in range(self.gpu_repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            self._busy(4 * estimate_us + 500)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        return samples
-
-    def back_to_back(self, fn) -> list[float]:
-        """Wall time per call of calls issued one after another, as an eager engine issues them."""
-        samples = []
-        for _ in range(self.repeats):
-            if self.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(self.calls):
-                fn()
-            if self.cuda:
-                torch.cuda.synchronize()
-            samples.append((time.perf_counter() - t0) * 1e6 / self.calls)
-        return samples
-
-    def measure(self, fn) -> dict:
-        estimate = self.warm(fn)
-        host, busy = self.host(fn, estimate)
-        out = {
-            "host": summary(host),
-            "gpu": summary(self.gpu(fn, estimate)),
-            "back_to_back": summary(self.back_to_back(fn)),
-        }
-        if self.cuda:
-            out["gpu_busy_throughout_host_timing"] = busy
-        return out
-
-
-def summary(samples: list[float]) -> dict | None:
-    if not samples:
-        return None
-    q = statistics.quantiles(samples, n=5, method="inclusive") if len(samples) > 1 else samples * 4
-    return {"median_us": statistics.median(samples), "p20_us": q[0], "p80_us": q[3], "n": len(samples)}
-
-
-def capture(fn) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
+def measure(timer: Timer, fn) -> dict:
+    out = {
+        "host": summarize(timer.host_cost(fn)),
+        "gpu": summarize(timer.time(fn, flush=False)) if timer.settings.cuda else None,
+        "back_to_back": summarize(timer.time_throughput(fn)),
+    }
+    if timer.settings.cuda:
+        out["gpu_busy_throughout_host_timing"] = timer.gpu_stayed_busy
+    return out
 
 
 # ---- the profiler trace, reduced
@@ -417,7 +292,7 @@ def main(args) -> int:
     cuda = device.type == "cuda"
     started = time.perf_counter()
     over = lambda: time.perf_counter() - started > args.budget_s
-    timer = Timer(device, s["calls"], s["repeats"], s["gpu_repeats"])
+    timer = Timer(Settings(device, "ci"))
     gumbel_peer, rejection_peer, peer_files = peer_modules(args)
     peer = f"vllm_{args.version}"
     impls = ["specfix"] + ([peer] if gumbel_peer is not None else [])
@@ -430,11 +305,11 @@ def main(args) -> int:
         "settings": {
             **s,
             "dtype": "fp32",
-            "cycles_per_us": timer.cycles_per_us,
             "timing": (
-                "host: wall time per call over a loop of calls, the GPU kept busy by a spin kernel "
-                "queued first; gpu: CUDA events around one call queued behind a spin kernel (L2 warm); "
-                "back_to_back: wall time per call of a loop of calls, synchronised at the end; "
+                "specfix.tools.bench.timing.Timer at ci scale. host (host_cost): wall time per call over a "
+                "loop of calls, the GPU kept busy by a spin kernel queued first; gpu (time, no flush): CUDA "
+                "events around one call queued behind a spin kernel (L2 warm); back_to_back "
+                "(time_throughput): wall time per call of a loop of calls, synchronised at the end; "
                 "timelines: torch.profiler (which adds its own host time) over one step"
             ),
         },
@@ -496,11 +371,11 @@ def main(args) -> int:
                 "batch": batch,
                 "k": s["k"],
                 "vocab": s["vocab"],
-                "eager": timer.measure(make(False)),
+                "eager": measure(timer, make(False)),
             }
             if cuda:
                 try:
-                    row["graph"] = timer.measure(capture(make(False)).replay)
+                    row["graph"] = measure(timer, capture_graph(make(False)).replay)
                 except Exception as exc:  # noqa: BLE001  (a step that cannot be captured says why)
                     row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
             data["graph"].append(row)
@@ -520,7 +395,7 @@ def main(args) -> int:
             attempt(
                 f"rows {impl} {rows}",
                 lambda impl=impl, call=call, rows=rows: data["rows"].append(
-                    {"impl": impl, "rows": rows, "vocab": s["vocab"], **timer.measure(call)}
+                    {"impl": impl, "rows": rows, "vocab": s["vocab"], **measure(timer, call)}
                 ),
             )
         print(f"rows {rows} done ({time.perf_counter() - started:.0f} s)", flush=True)

@@ -8,17 +8,13 @@ back to ``perf_counter`` around each call: those timings say nothing about GPU s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-
-#: GPU cycles of spinning queued before each shielded call, longer than the host's launch work: hides it.
-HOST_SHIELD_CYCLES = 1_000_000
-#: GPU cycles queued before a host-cost loop, far more than the loop's launches take.
-HOST_COST_SLEEP_CYCLES = 20_000_000
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -77,13 +73,33 @@ def _sync(settings: Settings) -> None:
         torch.cuda.synchronize()
 
 
-def _cpu_samples(fn: Callable[[], object], reps: int) -> list[float]:
+def wall_us(fn: Callable[[], object], reps: int, setup: Callable[[], object] | None = None) -> list[float]:
+    """Host wall time of each of ``reps`` calls of ``fn``, in us; ``setup()`` runs untimed before each."""
     out = []
     for _ in range(reps):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
     return out
+
+
+@functools.cache
+def _cycles_per_us() -> float:
+    """How many ``torch.cuda._sleep`` cycles this GPU spins per microsecond, measured once."""
+    start, end = _event_pair()
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def spin(us: float) -> None:
+    """Queue about ``us`` microseconds of GPU spinning: work queued next waits behind it, not the host."""
+    torch.cuda._sleep(int(us * _cycles_per_us()))
 
 
 class Timer:
@@ -96,6 +112,8 @@ class Timer:
         self.min_reps = settings.pick(cpu=3, ci=10, full=15)
         self.max_reps = settings.pick(cpu=3, ci=50, full=200)
         self.warm_ms = settings.pick(cpu=0.0, ci=5.0, full=20.0)
+        self.host_us = 0.0  # one call's host time, set by warm(): sizes the spins queued before timed calls
+        self.gpu_stayed_busy = True  # host_cost's last loops all returned before the GPU ran dry
         self._flush = None
 
     def _flush_l2(self):
@@ -126,20 +144,22 @@ class Timer:
         while (time.perf_counter() - start) * 1e3 < self.warm_ms:
             fn()
             torch.cuda.synchronize()
+        self.host_us = min(min(wall_us(fn, 3)), 5000.0)  # capped: never minutes of spinning
+        torch.cuda.synchronize()
 
     def time(self, fn: Callable[[], object], flush: bool = True, shield: bool = True) -> list[float]:
         """Per-call time of ``fn``, L2 flushed first (``flush``); ``shield`` keeps the GPU busy while the host
         launches, so a short kernel is timed alone (False: back-to-back as ``do_bench``, slow hosts show)."""
         self.warm(fn)
         if not self.settings.cuda:
-            return _cpu_samples(fn, self.min_reps)
+            return wall_us(fn, self.min_reps)
         events = [_event_pair() for _ in range(self._reps(fn))]
         torch.cuda.synchronize()
         for start, end in events:
             if flush:
                 self._flush_l2()
-            if shield:
-                torch.cuda._sleep(HOST_SHIELD_CYCLES)
+            if shield:  # outlasts the host's launch work four times over
+                spin(4 * self.host_us + 500)
             start.record()
             fn()
             end.record()
@@ -161,7 +181,7 @@ class Timer:
     def _once(self, fn: Callable[[], object]) -> list[float]:
         """One call on an idle GPU, events around it."""
         if not self.settings.cuda:
-            return _cpu_samples(fn, 1)
+            return wall_us(fn, 1)
         torch.cuda.synchronize()
         start, end = _event_pair()
         start.record()
@@ -187,18 +207,20 @@ class Timer:
 
     def host_cost(self, fn: Callable[[], object]) -> list[float]:
         """Host wall time per call while the GPU is still busy with earlier work (nothing waits on it):
-        argument checks, allocations and launches alone."""
+        argument checks, allocations and launches alone (:attr:`gpu_stayed_busy` says whether it did)."""
         calls = self.settings.pick(cpu=3, ci=100, full=200)
         self.warm(fn)
-        samples = []
+        samples, self.gpu_stayed_busy = [], True
         for _ in range(self.settings.pick(cpu=3, ci=7, full=11)):
             if self.settings.cuda:
                 torch.cuda.synchronize()
-                torch.cuda._sleep(HOST_COST_SLEEP_CYCLES)
+                spin(4 * calls * self.host_us + 2000)  # outlasts the loop four times over
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             samples.append((time.perf_counter() - t0) * 1e6 / calls)
+            if self.settings.cuda:
+                self.gpu_stayed_busy &= not torch.cuda.current_stream().query()
         _sync(self.settings)
         return samples
 
