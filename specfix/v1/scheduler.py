@@ -17,7 +17,9 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
-from specfix.checks import check_count, is_int
+import torch
+
+from specfix.checks import check_count, check_id_tensor, is_int
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from specfix.v1.sampling_metadata import SAMPLING_EPS
 
@@ -48,13 +50,9 @@ def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
 def check_token_ids(
     name: str, token_ids: object, vocab_size: int, allow_placeholder: bool = False
 ) -> list[int]:
-    """A list of ints in ``[0, vocab_size)`` (-1 too if allowed) from a list, tensor or array."""
-    if hasattr(token_ids, "dtype"):  # torch tensor or numpy array
-        kind = str(token_ids.dtype)
-        if "int" not in kind or "uint" in kind or "bool" in kind:
-            raise TypeError(f"{name} must hold signed integers, got dtype {kind}")
-        if len(token_ids.shape) != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(token_ids.shape)}")
+    """A list of ints in ``[0, vocab_size)`` (-1 too if allowed) from a list or a 1-D tensor."""
+    if isinstance(token_ids, torch.Tensor):
+        check_id_tensor(name, token_ids)
         token_ids = token_ids.tolist()
     if not isinstance(token_ids, (list, tuple)):
         raise TypeError(
