@@ -94,9 +94,8 @@ class Checker:
     todo: str
     hints: dict[str, str]
     body: Callable
-    forbid: tuple[
-        str, ...
-    ] = ()  # "module:owner.attr" of specfix's own versions, refused if the answer calls one
+    # "module:owner.attr" of specfix's own versions, refused if the answer calls one
+    forbid: tuple[str, ...] = ()
 
     def _guarded(self, answer):
         """``answer`` made to raise :class:`_Bypass` if it calls one of ``forbid`` (a kernel: as it is)."""
@@ -161,11 +160,7 @@ def checker(exercise: str, *, solution: str, todo: str, hints: dict[str, str], f
 def value_of(answer):
     """The answer, or what a function-valued answer returns; ``None`` or ``...`` (in a dict too): unsolved."""
     value = answer() if callable(answer) else answer
-    if (
-        value is None
-        or value is Ellipsis
-        or (isinstance(value, dict) and any(v is ... for v in value.values()))
-    ):
+    if value is None or value is ... or (isinstance(value, dict) and any(v is ... for v in value.values())):
         raise NotImplementedError
     return value
 

@@ -6,9 +6,10 @@ host synchronisations it counted per step, and the batch sizes its drafter steps
 
 from __future__ import annotations
 
+import math
 import numbers
 
-from specfix.exercises.core import as_str_set, checker, value_of
+from specfix.exercises.core import as_int, as_str_set, checker, value_of
 from specfix.figures.performance import ceilings, fix_costs, floor_us
 from specfix.lab.placeholder_fixes import LABELS
 from specfix.mrv2.cudagraph import cudagraph_capture_sizes
@@ -18,11 +19,6 @@ from specfix.tools import bench, recorded
 FLOOR_SHAPE = (256, 151_936, "fp32")
 #: A prediction within this relative distance of the floor counts as right.
 FLOOR_TOLERANCE = 0.02
-
-
-def _close(value: float, target: float) -> bool:
-    """Within :data:`FLOOR_TOLERANCE` of ``target``."""
-    return abs(value - target) <= FLOOR_TOLERANCE * abs(target)
 
 
 @checker(
@@ -51,24 +47,25 @@ def check_floor(answer, verdict):
     answer = value_of(answer)  # a number, or a function that returns one
     ok = isinstance(answer, numbers.Real) and not isinstance(answer, bool) and answer > 0
     verdict.require(ok, "not_a_number", f"Got {answer!r}.")
-    report = recorded.load("bench_h200")
-    rows, vocab, dtype = FLOOR_SHAPE
+    report, (rows, vocab, dtype) = recorded.load("bench_h200"), FLOOR_SHAPE
     limits = ceilings(report)
     floor = floor_us(rows, vocab, dtype, limits["read"])
-    answer = float(answer)
-    if _close(answer, floor):
-        return
     logits_over_read = rows * vocab / (limits["read"] * 1e6)
     measured = bench.frame(report, "gumbel").query(
         "impl == @bench.JUDGED and rows == @rows and vocab == @vocab and dtype == @dtype"
     )["median_us"]
-    verdict.require(not _close(answer, floor_us(rows, vocab, dtype, limits["copy"])), "copy_ceiling")
-    verdict.require(not _close(answer, logits_over_read), "quarter")  # 1 byte per logit = 64 rows of 4
-    verdict.require(not _close(answer, 2 * logits_over_read), "bytes_per_logit")
-    verdict.require(not _close(answer, 2 * floor), "read_and_write")
-    verdict.require(not any(_close(answer, floor * 10.0**e) for e in (-9, -6, -3, 3, 6, 9)), "units")
-    verdict.require(not any(_close(answer, m) for m in measured), "measured")
-    verdict.require(False, "off", f"You said {answer:,.4g} us.")
+    near = lambda *targets: any(math.isclose(answer, t, rel_tol=FLOOR_TOLERANCE) for t in targets)
+    verdict.match(
+        near(floor),
+        f"You said {float(answer):,.4g} us.",
+        "off",
+        copy_ceiling=near(floor_us(rows, vocab, dtype, limits["copy"])),
+        quarter=near(logits_over_read),  # 1 byte per logit = 64 rows of 4
+        bytes_per_logit=near(2 * logits_over_read),
+        read_and_write=near(2 * floor),
+        units=near(*(floor * 10.0**e for e in (-9, -6, -3, 3, 6, 9))),
+        measured=near(*measured),
+    )
 
 
 #: The drafter's buffers in the H200 run hold this many requests: no graph is captured above it.
@@ -99,15 +96,12 @@ MAX_NUM_REQS = 64
 )
 def check_replayed_rows(answer, verdict):
     sizes = [s for s in cudagraph_capture_sizes() if s <= MAX_NUM_REQS]
-    replays = bench.frame(recorded.load("bench_h200"), "drafter_graph").query(
-        "impl == 'graph'"
-    )  # the draft models' replays
-    runs = replays[["live_batch", "padded_batch"]].drop_duplicates()
-    for live, padded in sorted(runs.itertuples(index=False)):
+    replays = bench.frame(recorded.load("bench_h200"), "drafter_graph").query("impl == 'graph'")
+    runs = replays[["live_batch", "padded_batch"]].drop_duplicates().itertuples(index=False)
+    for live, padded in sorted(runs):
         got = answer(int(live), list(sizes))
-        ok = isinstance(got, numbers.Integral) and not isinstance(got, bool)
-        verdict.require(ok, "not_int", f"For a live batch of {live} it returned {got!r}.")
-        said = f"A live batch of {live} got {got} rows."
+        said = f"A live batch of {live} got {got!r} rows."
+        verdict.require(as_int(got) is not None, "not_int", said)
         verdict.require(got >= live, "too_few", said)
         next_up = min((s for s in sizes if s > live), default=None)
         verdict.require(not (live in sizes and got == next_up), "exact_fit", said)
@@ -133,11 +127,8 @@ def check_replayed_rows(answer, verdict):
 
 def _fix_names() -> dict[str, str]:
     """Every way the chapter names a fix (its key, its label, its letter) -> its key."""
-    names = {}
-    for fix, label in LABELS.items():
-        letter = label.rsplit("(", 1)[-1].rstrip(")")
-        names.update({fix: fix, label: fix, letter: fix, f"({letter})": fix})
-    return names
+    letters = {fix: label.rsplit("(", 1)[-1].rstrip(")") for fix, label in LABELS.items()}
+    return {name: fix for fix, c in letters.items() for name in (fix, LABELS[fix], c, f"({c})")}
 
 
 def syncing_fixes() -> set[str]:
