@@ -82,11 +82,11 @@ def test_draft_model_proposes_k_greedy_tokens():
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(TypeError, match="prompt_lookup_min and _max must be ints, got 1.5, 3"):
+    with pytest.raises(ValueError, match="prompt_lookup_min must be an int >= 1, got 1.5"):
         NgramProposer(3, 1.5, 3)
-    with pytest.raises(ValueError, match="need 1 <= prompt_lookup_min <= prompt_lookup_max"):
+    with pytest.raises(ValueError, match="prompt_lookup_max must be an int >= 3, got 2"):
         NgramProposer(3, 3, 2)
-    with pytest.raises(ValueError, match="max_model_len must be an int >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="max_model_len must be an int >= 1, got 0"):
         NgramProposer(3, max_model_len=0)
     with pytest.raises(TypeError, match="draft_model must be a specfix.models.NgramLM, got str"):
         DraftModelProposer("draft", 3)

@@ -395,7 +395,7 @@ def test_prefix_caching_is_off_by_default_and_checked():
     assert sched.schedule().num_scheduled_tokens["again"] == 9
     with pytest.raises(TypeError, match="enable_prefix_caching must be a bool"):
         _sched(enable_prefix_caching=1)
-    with pytest.raises(ValueError, match="block_size must be a positive int"):
+    with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
         _sched(block_size=0)
 
 

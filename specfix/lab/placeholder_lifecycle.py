@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specfix.checks import is_int
+from specfix.checks import check_count
 from specfix.fixes import Fixes
 from specfix.models import NgramLM
 from specfix.v1.engine import GenerateResult, LLMEngine, SamplingParams, generate
@@ -35,8 +35,7 @@ STORY_STARTS = (
 
 def story_prompts(num_prompts: int) -> list[str]:
     """``num_prompts`` prompts, cycling through :data:`STORY_STARTS`."""
-    if not is_int(num_prompts) or num_prompts < 1:
-        raise ValueError(f"num_prompts must be an int >= 1, got {num_prompts!r}")
+    check_count("num_prompts", num_prompts)
     return [STORY_STARTS[i % len(STORY_STARTS)] for i in range(num_prompts)]
 
 
@@ -143,8 +142,7 @@ def negative_draft_run(
 ) -> dict[str, int]:
     """Sample while a prefilled request (P/D) joins every step with ``[-1] * k`` drafts; count the sampler
     rows that accepted a placeholder slot."""
-    if not is_int(k) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    check_count("k", k)
     engine = LLMEngine(
         num_speculative_tokens=k,
         fixes=fixes,

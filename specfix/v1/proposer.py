@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from specfix.checks import is_int
+from specfix.checks import check_count
 from specfix.models import NgramLM
 from specfix.v1.scheduler import check_num_spec_tokens
 
@@ -27,17 +27,10 @@ class NgramProposer:
         max_model_len: int | None = None,
     ):
         check_num_spec_tokens(num_speculative_tokens)
-        if not is_int(prompt_lookup_min) or not is_int(prompt_lookup_max):
-            raise TypeError(
-                f"prompt_lookup_min and _max must be ints, got {prompt_lookup_min!r}, {prompt_lookup_max!r}"
-            )
-        if max_model_len is not None and (not is_int(max_model_len) or max_model_len < 1):
-            raise ValueError(f"max_model_len must be an int >= 1 or None, got {max_model_len!r}")
-        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
-            raise ValueError(
-                "need 1 <= prompt_lookup_min <= prompt_lookup_max, "
-                f"got {prompt_lookup_min}, {prompt_lookup_max}"
-            )
+        check_count("prompt_lookup_min", prompt_lookup_min)
+        check_count("prompt_lookup_max", prompt_lookup_max, low=prompt_lookup_min)
+        if max_model_len is not None:
+            check_count("max_model_len", max_model_len)
         self.k = num_speculative_tokens
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max

@@ -263,8 +263,7 @@ class Scheduler:
             ("max_model_len", max_model_len),
             ("block_size", block_size),
         ]:
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_count(name, value)
         if placeholder_policy not in PLACEHOLDER_POLICIES:
             raise ValueError(
                 f"placeholder_policy must be one of {PLACEHOLDER_POLICIES}, got {placeholder_policy!r}"
