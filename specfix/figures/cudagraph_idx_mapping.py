@@ -15,7 +15,6 @@ from matplotlib.patches import Rectangle
 from specfix.figures import style
 from specfix.lab.padding_bench import BufferState, total_variation
 
-#: Columns of :func:`bench_table`, in order.
 BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_by_origin"]
 
 
@@ -48,7 +47,6 @@ def launch_overhead(rows: Sequence[dict], source: str):
 
 
 def _cell(ax, x: float, row: int, text: str, fill: str, dim: bool) -> None:
-    """One row of a buffer drawn as a column of boxes, its text greyed where ``dim``."""
     alpha = 1 if fill == "white" else 0.3
     ax.add_patch(Rectangle((x, -row), 1.6, 0.85, facecolor=fill, alpha=alpha, edgecolor="#bbbbbb", lw=0.5))
     colour = "#888888" if dim else "black"
@@ -131,7 +129,7 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def output_distribution(dists: dict[str, dict], source: str = ""):
+def output_distribution(dists: dict[str, dict]):
     """A panel per output position: each run's output frequencies against p and q."""
     if not dists:
         raise ValueError("dists is empty")
@@ -157,8 +155,6 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
             style.integer_ticks(ax.xaxis)
         for ax in grid[:, 0]:
             ax.set_ylabel("frequency")
-        if source:
-            fig.suptitle(style.wrap(source), fontsize=style.SMALLEST_PT)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.tight_layout(rect=(0, 0 if len(axes) > len(positions) else 0.5 / fig.get_figheight(), 1, 1))
         if len(axes) > len(positions):  # the key takes the spare panel's place
@@ -181,9 +177,7 @@ def output_distribution(dists: dict[str, dict], source: str = ""):
 def padded_writes_text(state: BufferState) -> str:
     """Which padded rows of an unfixed step write where: one bullet per stale write."""
 
-    def where(name):
-        return f"live at row {state.batch.index(name)}" if name in state.batch else "live, waiting"
-
+    where = lambda name: f"live at row {state.batch.index(name)}" if name in state.batch else "live, waiting"
     lines = [
         f"- padded row {w.row} still holds **{w.slot}** (source: {w.origin}); "
         + (f"slot {w.slot} belongs to **{w.victim}**, {where(w.victim)}" if w.victim else "a free slot")
@@ -191,11 +185,9 @@ def padded_writes_text(state: BufferState) -> str:
     ]
     return (
         f"Without the fix, the step runs {state.num_reqs} live rows on the graph of "
-        f"{state.num_reqs_padded}, so rows {state.num_reqs} to {state.num_reqs_padded - 1} are "
-        "padding:\n\n"
+        f"{state.num_reqs_padded}, so rows {state.num_reqs} to {state.num_reqs_padded - 1} are padding:\n\n"
         + "\n".join(lines)
-        + "\n\nWith the fix every row past the batch is -1, which the sampler skips: "
-        "no arrow."
+        + "\n\nWith the fix every row past the batch is -1, which the sampler skips: no arrow."
     )
 
 

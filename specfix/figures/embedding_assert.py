@@ -1,8 +1,6 @@
-"""Chapter 2's figures, tables and paragraphs on the embedding's index assert and the placeholder fixes.
-
-They show the crash timeline, which kernel asserts for which op, what each placeholder fix costs per step
-(the bench recording chapter 5 shows too, case ``placeholder_fixes``), the guard's overhead, and what the
-engine counts under each fix."""
+"""Chapter 2's figures, tables and paragraphs on the embedding's index assert and the placeholder fixes: the
+crash timeline, which kernel asserts for which op, each fix's cost per step (the bench case
+``placeholder_fixes``, which chapter 5 shows too), the guard's overhead, and the engine's counts per fix."""
 
 from __future__ import annotations
 
@@ -22,10 +20,10 @@ from specfix.lab.guard import GuardTiming
 _LIGHT = {"host": "#d6e4f0", "wait": "#fde2b8", "error": "#f6c6dd"}
 
 
-def short_traceback(err: BaseException, frames: int = 2) -> str:
-    """The last ``frames`` frames of ``err``'s traceback, files named by package, never by a local path."""
+def short_traceback(err: BaseException) -> str:
+    """The last two frames of ``err``'s traceback, files named by package, never by a local path."""
     lines = ["Traceback (most recent call last):"]
-    for frame in traceback.extract_tb(err.__traceback__)[-frames:]:
+    for frame in traceback.extract_tb(err.__traceback__)[-2:]:
         name = frame.filename
         if "site-packages/" in name:
             name = name.split("site-packages/")[-1]
@@ -81,7 +79,6 @@ def crash_timeline(async_run: ea.ChildRun, blocking_run: ea.ChildRun):
 
 
 def _cell(c: dict) -> str:
-    """One outcome of the op table, CPU or CUDA, in words."""
     outcome = c.get("outcome")
     if outcome == "device assert":
         return f"device assert in {c['kernel']} ({c['where']}): `{c['condition']}`"
@@ -153,7 +150,6 @@ def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
 
 
 def _by_size(costs: pd.DataFrame, key: str = "median_us") -> pd.DataFrame:
-    """Column ``key`` of ``costs``: a row per fix, a column per token count measured."""
     return costs.pivot(index="fix", columns="num_tokens", values=key)
 
 
@@ -167,8 +163,7 @@ _LOOK = {
 
 
 def draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> None:
-    """One panel of :func:`fix_costs_figure`: column ``key`` of ``costs`` per fix against the step's tokens,
-    log-log; chapter 5 draws the same recording with it."""
+    """A panel of ``costs[key]`` per fix against the step's tokens, log-log (chapter 5 draws it too)."""
     fixes = [fix for fix in pf.FIXES if fix in set(costs["fix"])]
     for i, fix in enumerate(fixes):
         rows = costs[costs["fix"] == fix].sort_values("num_tokens")
@@ -281,24 +276,16 @@ def launch_text(run: ea.ChildRun) -> str:
 
 def embedding_kernels(rows: list[dict]) -> dict[int, str]:
     """Index count -> the kernel in which ``F.embedding`` asserted on a ``-1`` at that count."""
-    found = {}
-    for r in rows:
-        if (r["op"], r["bad"]) == ("F.embedding", "-1") and r["cuda"].get("outcome") == "device assert":
-            found[r["num_indices"]] = r["cuda"]["kernel"]
-    return found
+    by_kernel = ops_by_kernel(rows).items()
+    return {n: k for k, by_n in by_kernel for n, cases in by_n.items() if ("F.embedding", "-1") in cases}
 
 
 def kernel_names_text(rows: list[dict], torch_version: str) -> str:
     """What an assert line's kernel name tells you, read from the op table."""
     by_kernel, emb = ops_by_kernel(rows), embedding_kernels(rows)
     few, many = min(emb), max(emb)
-
-    def ops_in(n):
-        return sorted({op for op, _ in by_kernel[emb[n]][n]})
-
-    def bads(n, op):
-        return " and ".join(b for o, b in by_kernel[emb[n]][n] if o == op)
-
+    ops_in = lambda n: sorted({op for op, _ in by_kernel[emb[n]][n]})
+    bads = lambda n, op: " and ".join(b for o, b in by_kernel[emb[n]][n] if o == op)
     others = ", ".join(f"`{op}` ({bads(many, op)})" for op in ops_in(many) if op != "F.embedding")
     few_ops = " and ".join(f"`{op}`" for op in ops_in(few))
     many_at_few = " or ".join(f"`{op}`" for op in sorted({o for o, _ in by_kernel[emb[many]].get(few, [])}))
@@ -347,10 +334,7 @@ def fix_costs_text(costs: pd.DataFrame) -> str:
     """What the bench recording says about each fix's cost per step, one bullet per fix."""
     median, syncs = _by_size(costs), _by_size(costs, "host_syncs_per_step").max(axis=1)  # syncs: any size
     lo, hi = median.columns[0], median.columns[-1]
-
-    def c(fix, n):
-        return median.loc[fix, n]
-
+    c = lambda fix, n: median.loc[fix, n]
     clamp = median.loc["clamp"]
     slower = (
         f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
@@ -456,10 +440,7 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
 
 def guard_cost_text(timing: GuardTiming, steps: int, on_gpu: bool) -> str:
     """What the guard cost over `steps` engine steps, and whether that stands out of the noise."""
-
-    def ms(s):
-        return f"median {statistics.median(s) * 1e3:,.0f} ms ({min(s) * 1e3:,.0f} to {max(s) * 1e3:,.0f})"
-
+    ms = lambda s: f"median {statistics.median(s) * 1e3:,.0f} ms ({min(s) * 1e3:,.0f} to {max(s) * 1e3:,.0f})"
     verdict = (
         "the two spreads overlap: on this machine, at this size, the guard's cost is lost in the noise "
         "between runs"

@@ -1,10 +1,7 @@
-"""Chapter 5's host side of a small step, read from the recording of ``scripts/record_host_trace.py``.
+"""Chapter 5's host side of a small step, from ``scripts/record_host_trace.py``'s recording: one step under
+the profiler, ``gumbel_sample`` by rows, eager against one CUDA-graph replay, specfix beside vLLM.
 
-It holds one small speculative step under the profiler, ``gumbel_sample`` by rows, and eager against one
-CUDA-graph replay, specfix beside vLLM's own functions.
-
-Read :func:`host_rows` and :func:`step_table` first: the figures and :func:`host_trace_text` read them.
-"""
+Read :func:`host_rows` and :func:`step_table` first: the figures and :func:`host_trace_text` read them."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ _STEP_BARS = (
 
 
 def load_host_trace() -> tuple[dict, str]:
-    """The recording and the line that says where it comes from (always a recording: the profiler run needs
-    a GPU and a minute)."""
+    """The recording and the line that says where it comes from (the profiler run needs a GPU)."""
     trace = recorded.load(HOST_TRACE)
     return trace, "RECORDED, not on this machine: " + recorded.label(trace["meta"])
 
@@ -51,8 +47,7 @@ def _median(timing: dict | None, key: str) -> float:
 
 
 def host_rows(trace: dict) -> pd.DataFrame:
-    """``gumbel_sample`` by rows, per (impl, rows): the medians ``host_us`` (the host's work per call, nothing
-    waiting), ``gpu_us`` and ``back_to_back_us`` (in a loop of calls), and ``host_bound`` (host > GPU)."""
+    """``gumbel_sample``'s median host, GPU and back-to-back us per (impl, rows), and ``host_bound``."""
     keys = ("host", "gpu", "back_to_back")
     rows = [
         {"impl": r["impl"], "rows": r["rows"]} | {f"{k}_us": _median(r, k) for k in keys}
@@ -64,8 +59,7 @@ def host_rows(trace: dict) -> pd.DataFrame:
 
 
 def host_bound_until(trace: dict, impl: str) -> int | None:
-    """The most rows at which ``impl``'s ``gumbel_sample`` is still host-bound (every smaller size measured
-    is too); None when it is not host-bound even at the fewest rows, or the recording has no GPU times."""
+    """The most rows up to which ``impl``'s ``gumbel_sample`` is host-bound at every size (None: none)."""
     bound = None
     for r in host_rows(trace).query("impl == @impl").itertuples():
         if not r.host_bound:
@@ -75,8 +69,7 @@ def host_bound_until(trace: dict, impl: str) -> int | None:
 
 
 def step_table(trace: dict) -> pd.DataFrame:
-    """The step (verification, then the draw) per (impl, batch): medians of host, GPU and back-to-back time
-    per step, eager and replayed from one CUDA graph (NaN where it was not captured)."""
+    """The step's median host, GPU and back-to-back us per (impl, batch), eager and replayed."""
     parts = [(mode, key) for mode in ("eager", "graph") for key in ("host", "gpu", "back_to_back")]
     out = [
         {"impl": r["impl"], "batch": r["batch"]} | {f"{m}_{k}_us": _median(r.get(m), k) for m, k in parts}
@@ -108,16 +101,14 @@ def _lanes(ax, t: dict, end: float) -> None:
     ax.grid(axis="y", visible=False)
 
 
-def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
-    """One step at ``batch`` requests (default the largest traced), one panel per implementation: the
-    step's two calls, the torch ops and launch calls under them, and the kernels on the GPU."""
-    batch = max(t["batch"] for t in trace["timelines"]) if batch is None else batch
-    impls = [i for i in trace["impls"] if _timeline(trace, i, batch)]
-    end = max((s["end_us"] for i in impls for s in _timeline(trace, i, batch)["spans"]), default=1.0)
+def host_timeline_figure(trace: dict, source: str):
+    """The largest traced step, a panel per implementation: its calls, torch ops, launches and GPU kernels."""
+    batch = max(t["batch"] for t in trace["timelines"])
+    traced = {i: t for i in trace["impls"] if (t := _timeline(trace, i, batch))}
+    end = max((s["end_us"] for t in traced.values() for s in t["spans"]), default=1.0)
 
     def draw(axes):
-        for ax, impl in zip(axes[:, 0], impls, strict=True):
-            t = _timeline(trace, impl, batch)
+        for ax, (impl, t) in zip(axes[:, 0], traced.items(), strict=True):
             _lanes(ax, t, end)
             ax.set_title(
                 f"{_impl_name(trace, impl)}: host {t['step_host_us']:,.0f} us, GPU busy "
@@ -126,19 +117,18 @@ def host_timeline_figure(trace: dict, source: str, batch: int | None = None):
             )
         axes[-1, 0].set(xlim=(0, end * 1.02), xlabel="microseconds from the start of the step")
 
-    k, vocab = _timeline(trace, impls[-1], batch)["k"], _timeline(trace, impls[-1], batch)["vocab"]
+    k, vocab = list(traced.values())[-1]["k"], list(traced.values())[-1]["vocab"]
     title = f"One speculative step at {batch} requests (k = {k}, vocabulary {vocab:,}), host against GPU"
     caption = (
         "Read down a column: wherever the top three lanes are busy and the GPU lane is empty, the "
         "GPU waits for the host. The profiler adds its own time to every host span."
     )
-    text, height = (title, source, caption), 1.0 + 1.5 * len(impls)
-    return figure(trace, "timeline", False, draw, (len(impls), 1), height, text, sharex=True)
+    text, height = (title, source, caption), 1.0 + 1.5 * len(traced)
+    return figure(trace, "timeline", False, draw, (len(traced), 1), height, text, sharex=True)
 
 
 def host_regime_figure(trace: dict, source: str):
-    """Above: ``gumbel_sample``'s host and GPU time per call by rows, for each implementation. Below: the
-    step per batch, eager against one CUDA-graph replay, beside its GPU time alone."""
+    """Above: host and GPU time per ``gumbel_sample`` call by rows. Below: the step eager and replayed."""
     df, steps = host_rows(trace), step_table(trace)
     colours = dict(zip(trace["impls"], itertools.cycle(style.SERIES)))
 
@@ -173,8 +163,7 @@ def host_regime_figure(trace: dict, source: str):
 
 
 def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
-    """Per implementation, up to how many rows ``gumbel_sample`` is host-bound; then its host cost per call
-    beside the peer's at 1, 8 and 64 rows."""
+    """Up to how many rows each implementation is host-bound; specfix's host cost per call over the peer's."""
     lines = []
     for impl in trace["impls"] if df["gpu_us"].notna().any() else ():
         until, one = host_bound_until(trace, impl), df.query("impl == @impl")
@@ -199,8 +188,7 @@ def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
 
 
 def host_trace_text(trace: dict) -> str:
-    """What the recording says, in its numbers: the step's timeline, where the host-bound regime ends, the
-    host cost per call beside vLLM's, and what a graph replay removes."""
+    """The recording's timeline, host-bound regime, host cost beside vLLM's and what a replay removes."""
     name, lines, df = lambda impl: _impl_name(trace, impl), [], host_rows(trace)
     batch = max((t["batch"] for t in trace["timelines"]), default=None)
     for impl, t in ((i, _timeline(trace, i, batch)) for i in trace["impls"]):

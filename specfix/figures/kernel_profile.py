@@ -32,8 +32,7 @@ _PROFILE_NAMES = {
 
 
 def before_after(sweep: dict) -> pd.DataFrame:
-    """Per shape of a ``--before`` sweep, the time of each of ``SWEEP_KERNELS`` and ``now_us / multi_tile_us
-    - 1`` as ``slower`` (above zero: today's kernel is slower than the old one)."""
+    """Per shape of a ``--before`` sweep, each kernel's time and ``slower`` (now / multi-tile - 1)."""
     df = pd.DataFrame(sweep["configs"])
     df = df[df["config"].isin(list(SWEEP_KERNELS))]
     for config in [c for c in SWEEP_KERNELS if c not in set(df["config"])]:  # in order: the first one missing
@@ -46,8 +45,7 @@ def before_after(sweep: dict) -> pd.DataFrame:
 
 
 def profile_table(profile: dict) -> pd.DataFrame:
-    """One row per profiled kernel: the final run's, then those of the run before the register cap
-    (``register_cap`` None on today's kernel)."""
+    """One row per profiled kernel: the final run's, then the run's before the register cap."""
     rows = profile["kernels"] + profile.get("before_register_cap", [])
     missing = [c for c in PROFILE_COLUMNS if any(c not in r for r in rows)]
     if missing:
@@ -78,8 +76,7 @@ def _profiled(prof, shape, kernel="today", store=False, masked=True, run="final"
 
 
 def profile_text(profile: dict, sweep: dict) -> str:
-    """The profile's reading: why 256 x 32,000 has too little work in flight, why 256 x 151,936 is bound by
-    instruction issue, and the multi-tile kernel beside today's; every figure from the two recordings."""
+    """Why 256 x 32,000 has too little in flight and 256 x 151,936 is issue-bound, the old kernel beside."""
     prof = profile_table(profile)
     small, big = _profiled(prof, "256 x 32,000 fp32"), _profiled(prof, "256 x 151,936 fp32")
     many, old = _profiled(prof, "1,024 x 151,936 fp32"), _profiled(prof, "256 x 151,936 fp32", "before: old")

@@ -21,8 +21,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
-    """The report chapter 5 plots and the line that says where it comes from: a live run on this GPU when
-    ``live``, else the H200 recording."""
+    """The report chapter 5 plots (``live``: run on this GPU, else the H200 recording) and its source line."""
     if live:
         report = bench.run("cuda", scale)
         return report, "MEASURED LIVE on this machine, " + recorded.label(report["meta"])
@@ -31,8 +30,7 @@ def load_report(live: bool, scale: str) -> tuple[dict, str]:
 
 
 def fix_costs(report: dict | None = None) -> pd.DataFrame:
-    """One row per (fix, tokens): the bench's ``placeholder_fixes`` case (default: the H200 recording) under
-    the chapters' labels, with host syncs and host time behind a busy GPU where it ran on a GPU."""
+    """The bench's ``placeholder_fixes`` rows (default: the H200 recording) under the chapters' labels."""
     report = recorded.load("bench_h200") if report is None else report
     df = bench.frame(report, "placeholder_fixes")
     if df.empty:
@@ -81,8 +79,7 @@ def goal(report: dict, case: str, unit: str) -> dict | None:
 
 
 def mask_overhead(report: dict) -> pd.DataFrame:
-    """Masked against unmasked kernel, one row per variant: both medians and p20-p80 spreads, the median
-    per-call ratio - 1 (``overhead``), and whether the two spreads overlap."""
+    """Masked against unmasked kernel per variant: medians, spreads, ``overhead``, overlap."""
     gm = bench.frame(report, "gumbel_mask")
     if gm.empty:
         return gm
@@ -96,8 +93,7 @@ def mask_overhead(report: dict) -> pd.DataFrame:
 
 
 def padding_price(report: dict) -> pd.DataFrame:
-    """The drafter step per live batch: rows the graph replays, how many are padding, and the speedup of
-    the replay over eager launches, per draft model."""
+    """Per draft model and live batch: the rows replayed, how many are padding, and the replay's speedup."""
     cols = ["model", "live_batch", "padded_batch", "padded_rows", "padded_fraction", "speedup"]
     dg = bench.frame(report, "drafter_graph")
     if dg.empty or "speedup" not in dg:
@@ -116,8 +112,7 @@ def peer_versions(report: dict) -> list[str]:
 
 
 def peer_table(report: dict) -> pd.DataFrame:
-    """Per shape (dtype, vocab, rows): the judged kernel's median, each vLLM version's, and the speedup over
-    each version (vLLM time / specfix time). Empty without a vLLM peer."""
+    """Per shape: the judged kernel's median, each vLLM version's, and the speedup over each."""
     g, versions = bench.frame(report, "gumbel"), peer_versions(report)
     if not versions:
         return pd.DataFrame(columns=["dtype", "vocab", "rows", bench.JUDGED])
@@ -149,8 +144,7 @@ def goal_family(g: dict) -> str:
 
 
 def goal_families(report: dict) -> pd.DataFrame:
-    """The report's goals grouped by what they demand, the shape cut out: per family the number of goals,
-    passes and misses, and the worst margin (% of the target, below zero a miss) with its goal."""
+    """Goals grouped by what they demand: per family the counts, the worst margin and goal."""
     columns = ["family", "case", "goals", "passed", "missed", "worst_margin_pct", "worst_goal"]
     if not report["goals"]:
         return pd.DataFrame(columns=columns)
@@ -184,8 +178,7 @@ def judged_goals(report: dict, number: int) -> list[dict]:
 
 
 def _figures(g: dict) -> tuple[str, str]:
-    """A judged goal's figure against its target, and vLLM's figures beside it (in us where the goal is a
-    ratio of times, else in the goal's unit)."""
+    """A judged goal's figure against its target, and vLLM's beside it (in us for a ratio of times)."""
     unit = g["unit"] if g["unit"] in ("x", "%") else f" {g['unit']}"
     beside_unit = "us" if g["unit"] == "x" else g["unit"]
     beside = "; ".join(f"{v}: {x:,.3g} {beside_unit}" for v, x in g.get("vllm", {}).items())
@@ -193,8 +186,7 @@ def _figures(g: dict) -> tuple[str, str]:
 
 
 def small_batch_goals(report: dict) -> pd.DataFrame:
-    """One row per small-batch goal: met or missed (met only if every shape judged passes), how many
-    shapes pass, and the worst shape's goal, figure, vLLM's figures and margin as the report states them."""
+    """Per small-batch goal: met (every shape passes) or missed, shapes met, and the worst shape's figures."""
     rows = []
     for number, demand in SMALL_BATCH.items():
         goals = judged_goals(report, number)
@@ -212,8 +204,7 @@ def small_batch_goals(report: dict) -> pd.DataFrame:
 
 
 def rejection_table(report: dict) -> pd.DataFrame:
-    """The rejection sampler's median us per step at the figure's shape (smallest k and vocabulary): one row
-    per (mode, batch), one column per sampler, "-" where a sampler was not timed."""
+    """The rejection sampler's median us per (mode, batch) and sampler, at the figure's shape."""
     rj, shape = smallest_rejection_shape(report)
     if rj.empty:
         return pd.DataFrame()
@@ -251,8 +242,7 @@ COURSE = (
 
 
 def course_table(report: dict) -> pd.DataFrame:
-    """Every fix of the course: where it is taught, its PR, what breaks without it, and what ``report``
-    measured it to cost (where the bench times it on its own)."""
+    """Every fix of the course: chapters, PR, what breaks without it, and its cost where timed on its own."""
     costs = {}
     clamp = fix_costs(report).query("fix == 'clamp'")
     if len(clamp):
@@ -273,8 +263,7 @@ def course_table(report: dict) -> pd.DataFrame:
 
 
 def floor_text(report: dict) -> str:
-    """The judged kernel at 256 x 151,936 fp32 against its floor, and what that floor means for a serving
-    engine; empty when the report has not that shape."""
+    """The judged kernel at 256 x 151,936 fp32 against its floor, and what it means for a serving engine."""
     floors = floor_table(report)
     if floors.empty:
         return ""

@@ -50,8 +50,7 @@ _KINDS = {
 
 
 def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
-    """Greedy verification slot by slot: ``accept`` while a draft equals the target's choice, then ``recover``
-    at the first mismatch and nothing after it; ``bonus`` when every draft was accepted."""
+    """Greedy verification: ``accept`` per matching draft, then ``recover`` at a mismatch, or ``bonus``."""
     if len(choices) != len(drafts) + 1:
         raise ValueError(
             f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, got {len(choices)}"
@@ -83,8 +82,7 @@ def step_figure(
     word: Callable[[int], str],
     title: str,
 ):
-    """One speculative step: the last context words, then a column per draft slot with the draft on top and
-    what the target emits below it, nothing past the first mismatch (``word`` names a token id)."""
+    """One speculative step: the last context words, then each draft above what the target emits there."""
     outcomes = step_outcomes(drafts, choices)
     name = lambda i: "-1" if i < 0 else word(i)
     shown = list(context[-_CONTEXT_WORDS:])
