@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from specfix.lab.guard import PLACEHOLDER_TOKEN_ID
@@ -151,53 +148,32 @@ def _check_fix(fix: str) -> Callable[[Step], object]:
 
 
 # -- measuring ------------------------------------------------------------------------------------------
-@functools.cache
-def _cycles_per_us() -> float:
-    """How many ``torch.cuda._sleep`` cycles this GPU spins per microsecond, measured once."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # warm up
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return 10_000_000 / (start.elapsed_time(end) * 1e3)
-
-
 def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us: float = 0.0) -> dict:
-    """Median microseconds of one application of ``fix``: CUDA events around it and host wall time;
-    ``busy_us`` of queued GPU work makes a synchronising fix stall the host, which ``host_us`` shows."""
+    """Host microseconds of one application of ``fix`` (median, p20, p80), the step restored before each;
+    ``busy_us`` of queued GPU work makes a synchronising fix stall the host, which the time then shows."""
+    # imported here, not above: the bench package imports this module
+    from specfix.tools.bench.timing import spin, summarize, wall_us
+
     apply = _check_fix(fix)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     cuda = step.input_ids.is_cuda
     if busy_us and not cuda:
         raise ValueError("busy_us needs a CUDA step")
-    events, hosts = [], []
-    for i in range(warmup + repeats):
+
+    def restore():
         step.input_ids.copy_(step.pristine)
         if cuda:
             torch.cuda.synchronize()
             if busy_us:  # GPU work still queued, as if the previous step's forward were running
-                torch.cuda._sleep(int(busy_us * _cycles_per_us()))
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        apply(step)
-        t1 = time.perf_counter()
-        if cuda:
-            end.record()
-            end.synchronize()
-        if i >= warmup:
-            hosts.append((t1 - t0) * 1e6)
-            if cuda:
-                events.append(start.elapsed_time(end) * 1e3)
+                spin(busy_us)
+
+    t = summarize(wall_us(functools.partial(apply, step), warmup + repeats, restore)[warmup:])
     return {
-        "host_us": statistics.median(hosts),
-        "host_p20_us": float(np.percentile(hosts, 20)),
-        "host_p80_us": float(np.percentile(hosts, 80)),
-        "event_us": statistics.median(events) if cuda else None,
-        "repeats": repeats,
-        "busy_us": busy_us,
+        "host_us": t["median_us"],
+        "host_p20_us": t["p20_us"],
+        "host_p80_us": t["p80_us"],
+        "repeats": t["n"],
     }
 
 
