@@ -9,7 +9,8 @@ the persistent buffers hold there. Read ``CudaGraphDispatcher.dispatch`` first.
 
 from __future__ import annotations
 
-import time
+import functools
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -135,28 +136,19 @@ class CapturedStep:
 
 
 def time_eager_vs_graph(
-    step: Callable[[int], None],
-    sizes: Sequence[int],
-    device: torch.device | str,
-    iters: int = 200,
-    repeats: int = 5,
+    step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str
 ) -> list[dict[str, float]]:
     """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only): host
     wall time over back-to-back calls, what a serving loop pays per step, launch overhead included."""
+    # imported here, not above: the bench package imports this module (through the speculator)
+    from specfix.tools.bench.timing import Settings, Timer
+
     captured = CapturedStep(step, sizes, device)
-    rows = []
-    for size in sizes:
-        timings = {}
-        for mode, call in (("eager", lambda s=size: step(s)), ("graph", lambda s=size: captured.replay(s))):
-            samples = []
-            for _ in range(repeats):
-                call()
-                torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                for _ in range(iters):
-                    call()
-                torch.cuda.synchronize(device)
-                samples.append((time.perf_counter() - start) / iters * 1e6)
-            timings[mode] = sorted(samples)[len(samples) // 2]
-        rows.append({"size": size, "eager_us": timings["eager"], "graph_us": timings["graph"]})
-    return rows
+    timer = Timer(Settings(torch.device(device), "full"))
+
+    def median_us(fn, size: int) -> float:
+        return statistics.median(timer.time_throughput(functools.partial(fn, size)))
+
+    return [
+        {"size": s, "eager_us": median_us(step, s), "graph_us": median_us(captured.replay, s)} for s in sizes
+    ]
