@@ -26,7 +26,7 @@ BAD = {name: e for name, e in EXPECTED.items() if "verdict" not in e}
 
 
 def _report(path: Path) -> dict:
-    status, text = dg.run(str(path), as_json=True, progress=False)
+    status, text = dg.run(str(path), as_json=True)
     assert status == 0, text
     return json.loads(text)
 
@@ -120,7 +120,7 @@ def test_standard_input(monkeypatch, capsys):
 
 
 def test_text_report_summarises_thousands_of_asserts():
-    status, text = dg.run(str(FIXTURES / "thousands_of_asserts_tp8.log"), progress=False)
+    status, text = dg.run(str(FIXTURES / "thousands_of_asserts_tp8.log"))
     assert status == 0
     assert "5,600 assert line(s), 1 distinct" in text
     assert text.count("Assertion") == 0 and len(text.splitlines()) < 60
@@ -182,15 +182,6 @@ def test_long_line_is_read_in_pieces(tmp_path):
     assert report["lines"] == 4 and report["asserts"]["first_kernel"] == "operator()"
 
 
-def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
-    log = str(FIXTURES / "startup_only.log")
-    dg.run(log)
-    assert capsys.readouterr().err == ""
-    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
-    dg.run(log)
-    assert "reading" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     "version, has",
     [
@@ -225,5 +216,5 @@ def test_readme_report_is_what_the_tool_prints(monkeypatch):
     readme = (ROOT / "README.md").read_text()
     match = re.search(r"```console\n\$ specfix diagnose (\S+)\n(.*?)```", readme, re.S)
     assert match, "README has no specfix diagnose report"
-    status, text = dg.run(match.group(1), progress=False)
+    status, text = dg.run(match.group(1))
     assert status == 0 and match.group(2).rstrip("\n") == text

@@ -4,9 +4,9 @@
     specfix diagnose - < server.log        # from standard input
     specfix diagnose --json server.log     # the same report as JSON (schema: SCHEMA below)
 
-Read :func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, and
-:mod:`specfix.tools.diagnose_rules` gives the verdict, how sure it is and the log lines that made it so.
-This module builds the report from them, renders it as text and holds its JSON Schema.
+Read :func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, then the first of
+``_RULES`` that fits gives the verdict, how sure it is and the log lines that made it so. ``FIXES`` says
+where each fix's first release was checked; the report renders as text, or as JSON following ``SCHEMA``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ import json
 import sys
 import textwrap
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from specfix.tools import recorded
-from specfix.tools.diagnose_rules import FIXES, VERDICTS, Facts, advice, has_fix, kernel_note, ops_for
 from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the parsers from here)
     ERRORS,
     SETUP,
@@ -26,10 +29,385 @@ from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the 
     LogError,
     Scan,
     device_asserts,
+    engine_frames,
     open_log,
+    python_error,
     read_lines,
+    spec_state,
     traceback_frames,
 )
+
+VERDICTS = {
+    "placeholder_embedding": "a -1 placeholder draft token reached an embedding lookup "
+    "(the vLLM PR #47029 pattern)",
+    "negative_draft": "a negative (placeholder) draft token reached the rejection sampler "
+    "(the vLLM PR #46533 pattern)",
+    "other_index": "an out-of-range index, but not this suite's placeholder bug",
+    "cudagraph_outputs": "no crash, but a setup whose outputs CUDA-graph padding corrupted "
+    "(the vLLM PR #47066 pattern)",
+    "different_error": "no device-side assert: the log shows a different failure",
+    "inconclusive": "the log does not say enough to tell",
+}
+
+
+@dataclass(frozen=True)
+class Fix:
+    pr: int
+    short: str
+    what: str
+    where: str  # vLLM file (and function) the fix changed
+    verified: str  # what was read in the release source, and where
+    chapter: str
+    first_release: str = "0.25.0"
+    last_release_without: str = "0.24.0"
+
+
+# Checked in the source of vLLM's release wheels (``scripts/fetch_vllm_peer.py`` unpacks them into
+# ``.peer/src/<version>/``): each fix's code is in 0.25.0 and 0.33.0, not in 0.24.0, and PyPI lists no
+# release between 0.24.0 and 0.25.0 (``pip index versions vllm``, 2026-12-01).
+FIXES = {
+    "placeholder_embedding": Fix(
+        47029,
+        "the clamp before the embedding",
+        "clamps input_ids to >= 0 before the embedding lookup, after the drafts were copied for the "
+        "rejection sampler",
+        "vllm/v1/worker/gpu_model_runner.py, GPUModelRunner._preprocess",
+        "`input_ids.gpu[:num_input_tokens].clamp_(min=0)` under the comment 'Clamp speculative scheduler "
+        "placeholders (-1) before embedding lookup' in _preprocess: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/02_embedding_assert.ipynb",
+    ),
+    "negative_draft": Fix(
+        46533,
+        "negative drafts always rejected",
+        "always rejects a negative draft id in the rejection sampler (V1 and Model Runner V2 kernels)",
+        "vllm/v1/sample/rejection_sampler.py (rejection_random_sample_kernel); "
+        "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py",
+        "`if draft_token_id < 0: accepted = False` in rejection_random_sample_kernel and `is_valid_draft = "
+        "draft_sampled >= 0` in rejection_sampler_utils.py: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/01_placeholder_lifecycle.ipynb",
+    ),
+    "cudagraph_outputs": Fix(
+        47066,
+        "-1 padding of the drafter's idx_mapping",
+        "pads the drafter's idx_mapping with -1 and makes Gumbel sampling skip those rows, so padded "
+        "rows of a CUDA-graph replay no longer overwrite live requests' draft logits",
+        "vllm/v1/worker/gpu/spec_decode/speculator.py; vllm/v1/worker/gpu/sample/gumbel.py",
+        "`self.idx_mapping[num_reqs:].fill_(-1)` in speculator.py and `is_valid_req = req_state_idx >= 0` in "
+        "gumbel.py: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/03_cudagraph_idx_mapping.ipynb",
+    ),
+}
+
+# The many-indices sibling of indexSelectSmallIndex (PyTorch's Indexing.cu), which chapter 2's op table
+# never reached; the table gives F.embedding's other kernels.
+_OTHER_EMBEDDING_KERNELS = {"indexSelectLargeIndex"}
+# (file name, text in the condition) -> what the kernel is, for asserts outside the recorded table.
+_KNOWN_ELSEWHERE = [
+    ("Indexing.cu", "srcIndex", "the index_select family (F.embedding, torch.index_select)"),
+    (
+        "ScatterGatherKernel.cu",
+        "",
+        "a gather or scatter along a dimension (torch.gather, scatter_): a "
+        "sampler's or a model's own gather, not an embedding lookup",
+    ),
+    ("IndexKernel.cu", "sizes[i]", "advanced indexing (x[idx], index_put_), not an embedding lookup"),
+]
+
+
+def has_fix(version: str | None, fix: Fix) -> bool | None:
+    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a
+    development build between the last release without the fix and the first with it)."""
+    try:
+        v = Version(version or "")
+    except InvalidVersion:
+        return None
+    first, last = Version(fix.first_release), Version(fix.last_release_without)
+    base = Version(v.base_version)
+    if not (v.is_prerelease or v.is_devrelease or v.is_postrelease):
+        return base >= first
+    if base > first:
+        return True
+    return False if base <= last and not v.is_postrelease else None
+
+
+def ops_for(a: dict, rows: list[dict]) -> list[dict]:
+    """The recorded cases whose CUDA run failed the same condition in the same kernel of the same file."""
+    name, c = Path(a["file"]).name, ("kernel", "condition")
+    return [
+        {"op": r["op"], "bad": r["bad"], "num_indices": r["num_indices"]}
+        for r in rows
+        if [r["cuda"].get(k) for k in c] == [a[k] for k in c]
+        and r["cuda"].get("where", "").split(":")[0] == name
+    ]
+
+
+def kernel_note(a: dict, rows: list[dict]) -> str:
+    if ops := ops_for(a, rows):
+        return "in chapter 2's op table only " + ", ".join(sorted({o["op"] for o in ops})) + " failed there"
+    name = Path(a["file"]).name
+    for file, mark, note in _KNOWN_ELSEWHERE:
+        if name == file and mark in a["condition"]:
+            return note
+    return "a kernel chapter 2's op table never reached"
+
+
+# -- from facts to a verdict: the first of _RULES that returns one ------------------------------------------
+@dataclass
+class Facts:
+    """What the rules read of one scanned log; :meth:`verdict` asks them."""
+
+    scan: Scan
+    rows: list[dict]  # chapter 2's op table
+
+    def __post_init__(self):
+        self.err = python_error(self.scan)
+        self.asserts = sorted(self.scan.asserts.values(), key=lambda a: a["first_line"])
+        self.spec, self.spec_reasons = spec_state(self.scan)
+        self.frames = self.err["frames"] if self.err else []
+        self.first = self.asserts[0] if self.asserts else None
+        if self.first:  # how the first reason of every rule about an assert starts, and its line
+            self.at = f"the first assert is in {self.first['kernel']} ({self.first['where']})"
+            self.kernel_line = [self.first["first_line"]]
+
+    def fix_reason(self, verdict: str) -> tuple[bool | None, tuple[str, list[int]]]:
+        """Whether the logged version carries the fix for ``verdict``, and the reason that says so."""
+        fix, version = FIXES[verdict], self.scan.setup.get("vllm_version")
+        state = has_fix(version, fix)
+        if version is None:
+            return state, ("the log does not state the vLLM version", [])
+        said = {
+            True: f"carries PR #{fix.pr} (first in {fix.first_release})",
+            False: f"predates PR #{fix.pr} (first in {fix.first_release})",
+            None: f"is a build the release list cannot place against PR #{fix.pr}",
+        }[state]
+        return state, (f"vLLM {version} {said}", [self.scan.setup_lines["vllm_version"]])
+
+    def verdict(self) -> tuple[str, str, list[tuple[str, list[int]]]]:
+        """(verdict, confidence, reasons): the first rule that fits gives them."""
+        return next(found for rule in _RULES if (found := rule(self)))
+
+
+def _embedding_kernels(rows: list[dict]) -> set[str]:
+    kernels = {r["cuda"]["kernel"] for r in rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
+    return kernels | _OTHER_EMBEDDING_KERNELS
+
+
+_PRE_V1 = (
+    "the log comes from vLLM's pre-V1 engine (vllm/spec_decode/, vllm/worker/), not the V1 engine whose "
+    "placeholder paths this suite studies"
+)
+_PP = (
+    "the traceback runs through the pipeline-parallel hand-off (pp_utils.py), not the embedding; vLLM PR "
+    "#55745 reports an index assert from that broadcast"
+)
+
+
+def _other_index(f: Facts):
+    """An index assert that no -1 placeholder explains: the first row that fits says why."""
+    if not f.first:
+        return None
+    note, kernels = kernel_note(f.first, f.rows), _embedding_kernels(f.rows)
+    in_pp = any("pp_utils" in fr["file"] or "broadcast" in fr["func"] for fr in f.frames)
+    no_spec = ("but without speculative decoding there are no -1 placeholder drafts", [])
+    err_line = [f.err["line"]] if f.err else []
+    table = [  # (when, confidence, what follows "the first assert is in K (where)", more reasons)
+        (f.scan.engine_v0, "medium", "", [(_PRE_V1, [f.scan.engine_v0])]),
+        (in_pp, "medium", f": {note}", [(_PP, err_line)]),
+        (
+            f.first["kernel"] not in kernels,
+            "high" if f.spec is not True else "medium",
+            f": {note}; an embedding asserts in {', '.join(sorted(kernels))}",
+            f.spec_reasons,
+        ),
+        (f.spec is False, "medium", ", which an embedding can launch", [*f.spec_reasons, no_spec]),
+    ]
+    for when, confidence, more, reasons in table:
+        if when:
+            return "other_index", confidence, [(f.at + more, f.kernel_line), *reasons]
+    return None
+
+
+def _placeholder_embedding(f: Facts):
+    if not f.first:
+        return None
+    shared = sorted({o["op"] for o in ops_for(f.first, f.rows)} - {"F.embedding"})
+    also = f", as do {', '.join(shared)}" if shared else ""
+    reasons = [(f"{f.at}, a kernel an embedding launches (chapter 2's op table){also}", f.kernel_line)]
+    reasons += f.spec_reasons
+    last = f.frames[-1] if f.frames else None
+    at_embedding = bool(last) and "embed" in f"{last['func']} {last['source']}".lower() and f.scan.blocking
+    if at_embedding:
+        text = f"with blocking launches the traceback ends at the embedding call: {f.err['ends_at']}"
+        reasons.append((text, [f.err["line"]]))
+    state, reason = f.fix_reason("placeholder_embedding")
+    reasons.append(reason)
+    if state is True:
+        text = (
+            "this version clamps in the V1 runner's _preprocess, so the -1 came another way (a multimodal "
+            "embedding path: PR #46947 reports one)"
+        )
+        reasons.append((text, []))
+        confidence = "medium" if f.spec is True else "low"
+    elif f.spec is True and state is False:
+        confidence = "high"
+    elif f.spec is True or at_embedding or f.first["kernel"].startswith("indexSelect"):
+        confidence = "medium"
+    else:
+        confidence = "low"
+    return "placeholder_embedding", confidence, reasons
+
+
+def _negative_draft(f: Facts):
+    negative = f.scan.errors.get("negative_token")
+    ours = engine_frames(f.frames)
+    cuda_fault = f.scan.errors.get("illegal_address") or f.scan.errors.get("device_assert")
+    in_sampler = bool(cuda_fault and ours and "rejection_sampler" in ours[-1]["file"])
+    if not ((negative and f.spec is not False) or in_sampler):
+        return None
+    reasons = []
+    if negative:
+        text = "a negative token id reached the detokenizer: a -1 was emitted as a real token"
+        reasons.append((text, [negative["line"]]))
+    if in_sampler:
+        how = (
+            "with blocking launches, so the fault is there"
+            if f.scan.blocking
+            else "(launches were asynchronous: the sampler may only be where the host waited)"
+        )
+        text = f"the CUDA error surfaced in the rejection sampler {how}: {f.err['last_engine_frame']}"
+        reasons.append((text, [f.err["line"]]))
+    state, reason = f.fix_reason("negative_draft")
+    reasons += [*f.spec_reasons, reason]
+    strong = (in_sampler and f.scan.blocking) or (negative and f.spec is True)
+    confidence = "high" if strong and state is False else "medium" if strong or state is False else "low"
+    return "negative_draft", confidence, reasons
+
+
+def _other_failure(f: Facts):
+    fatal = [k for k in ("cuda_oom", "illegal_address", "nccl", "device_assert") if k in f.scan.errors]
+    raised = f.err and f.err["complete"]
+    if not (fatal or raised):
+        return None
+    reasons = []
+    if fatal:
+        reasons.append((f"the log reports {ERRORS[fatal[0]][1]}", [f.scan.errors[fatal[0]]["line"]]))
+    if fatal[:1] == ["device_assert"]:
+        text = (
+            "but no 'Assertion ... failed' line: the device prints it only when the host next waits, and a "
+            "process can die first; paste the lines above the traceback, or rerun with CUDA_LAUNCH_BLOCKING=1"
+        )
+        reasons.append((text, []))
+    if raised:
+        reasons.append((f"Python raised {f.err['exception']}: {f.err['message']}"[:300], [f.err["line"]]))
+    if fatal == ["device_assert"]:
+        return "inconclusive", "low", reasons
+    return "different_error", "high", reasons
+
+
+def _cudagraph_outputs(f: Facts):
+    s, lines = f.scan.setup, f.scan.setup_lines
+    if not (f.spec is True and s.get("draft_sample_method") == "probabilistic"):
+        return None
+    state, reason = f.fix_reason("cudagraph_outputs")
+    sampled = (
+        "drafts are sampled probabilistically: Model Runner V2's drafter caches their logits, which the "
+        "padded rows of a CUDA-graph replay could overwrite"
+    )
+    reasons = [*f.spec_reasons, (sampled, [lines["draft_sample_method"]]), reason]
+    if s.get("enforce_eager") is True or s.get("cudagraph_mode") == "NONE":
+        off_line = lines.get("enforce_eager", lines.get("cudagraph_mode"))
+        off = ("CUDA graphs are off, so no padded rows replay", [off_line])
+        return "inconclusive", "low", [*reasons, off]
+    if f.scan.acceptance:
+        rate, n = min(f.scan.acceptance)
+        reasons.append((f"the lowest logged draft acceptance rate is {rate:g}%", [n]))
+    if state is True:
+        return "inconclusive", "low", reasons
+    if "cudagraph_mode" in s:
+        reasons.append((f"CUDA graph mode {s['cudagraph_mode']}", [lines["cudagraph_mode"]]))
+    else:
+        text = "CUDA graphs are on unless --enforce-eager is given, and the log does not give it"
+        reasons.append((text, []))
+    graphs = s.get("cudagraph_mode") not in ("NONE", None) or s.get("enforce_eager") is False
+    return "cudagraph_outputs", "medium" if state is False and graphs else "low", reasons
+
+
+def _nothing_found(f: Facts):
+    text = f"no 'Assertion ... failed' line, no Python error and no CUDA error in {f.scan.lines:,} lines"
+    reasons = [(text, [])]
+    if f.spec is True:
+        method_line = f.scan.setup_lines.get("draft_sample_method")
+        text = (
+            "drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits are cached "
+            "for padded rows to overwrite, which PR #47066's bug needs"
+        )
+        reasons.append((text, [method_line] if method_line else []))
+    return "inconclusive", "low", reasons
+
+
+# Asserts first (the first kernel says most), then what can happen without one; the last rule always fits.
+# fmt: off
+_RULES = (_other_index, _placeholder_embedding, _negative_draft, _other_failure, _cudagraph_outputs,
+          _nothing_found)
+# fmt: on
+
+_RESTART = "Restart the worker: after a device-side assert its CUDA context is unusable."
+# verdict -> what to do; advice() fills in {upgrade} (left out once fixed), {until} and {name_op}.
+_ADVICE = {
+    "placeholder_embedding": [
+        "{upgrade}",
+        "{until}: the -1 drafts exist only with speculative decoding; serving without --speculative-config "
+        "avoids the path. --no-async-scheduling removes the async-scheduling placeholders; the synchronous "
+        "scheduler's padding of new decodes (PR #45237) remains in the releases that have it.",
+        "{name_op}",
+        _RESTART,
+    ],
+    "negative_draft": [
+        "{upgrade}",
+        "{until}: greedy requests (temperature 0) always rejected a -1 draft (it never equals the "
+        "argmax); the sampled path is the one PR #46533 fixed.",
+        "{name_op}",
+    ],
+    "other_index": ["This is not the placeholder bug this suite covers. {name_op}", _RESTART],
+    "cudagraph_outputs": [
+        "{upgrade}",
+        "{until}: draft_sample_method='greedy' (the default) caches no draft logits, and "
+        "--enforce-eager replays no padded rows.",
+        "To test an engine for this class of bug: specfix.lab.invariance.check_padding_invariance "
+        "(chapter 3) runs a step with garbage in its padded rows and compares the live rows.",
+    ],
+    "different_error": [
+        "Not one of the bugs this suite covers: read the error above from its first traceback."
+    ],
+    "inconclusive": [
+        "Paste more of the log: from the server's start (the version banner and the engine arguments) to "
+        "the end of the first traceback, including the first 'Assertion ... failed' line."
+    ],
+}
+
+
+def advice(verdict: str, fixed: bool | None, blocking: bool) -> list[str]:
+    """What to do now, given whether the logged version carries the verdict's fix and the launches blocked."""
+    guard = "specfix.lab.guard.check_indices()"
+    fix = FIXES.get(verdict)
+    upgrade = (
+        f"Upgrade to vLLM {fix.first_release} or later (PR #{fix.pr})." if fix and fixed is not True else ""
+    )
+    if fixed is True and verdict == "placeholder_embedding":
+        upgrade = (
+            "Report it to vLLM with the first assert line and the engine arguments: this version already "
+            "clamps in the V1 runner."
+        )
+    name_op = (
+        f"The launches were blocking, so the traceback names the op; {guard} also gives the bad values and "
+        "their positions."
+        if blocking
+        else f"To name the op: rerun with CUDA_LAUNCH_BLOCKING=1 (slow, for debugging only) or wrap the step "
+        f"in {guard}."
+    )
+    words = {"upgrade": upgrade, "until": "Meanwhile" if fixed is True else "Until then", "name_op": name_op}
+    return [text for line in _ADVICE[verdict] if (text := line.format(**words))]
+
 
 # The fields the JSON report gives of each fix, besides its PR and verdict.
 _FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")
@@ -73,30 +451,28 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
             **scan.setup,
             "lines": dict(scan.setup_lines),
         },
-        "ops": [_op(a, rows) for a in asserts[:4]],
+        "ops": [
+            {
+                "kernel": a["kernel"],
+                "where": a["where"],
+                "cases": ops_for(a, rows),
+                "note": kernel_note(a, rows),
+            }
+            for a in asserts[:4]
+        ],
         "op_table": f"chapter 2's op table, recorded on {meta.get('device')} with torch {meta.get('torch')} "
         f"on {meta.get('date')}",
-        "fixes": [_fix(v, f, fixed[v]) for v, f in fixes],
+        "fixes": [
+            {
+                "pr": f.pr,
+                "verdict": v,
+                **{k: getattr(f, k) for k in _FIX_KEYS},
+                "logged_version_has_it": fixed[v],
+            }
+            for v, f in fixes
+        ],
         "advice": advice(verdict, fixed.get(verdict), scan.blocking),
         "chapter": FIXES[verdict].chapter if verdict in FIXES else "notebooks/02_embedding_assert.ipynb",
-    }
-
-
-def _op(a: dict, rows: list[dict]) -> dict:
-    return {
-        "kernel": a["kernel"],
-        "where": a["where"],
-        "cases": ops_for(a, rows),
-        "note": kernel_note(a, rows),
-    }
-
-
-def _fix(verdict: str, fix, has_it: bool | None) -> dict:
-    return {
-        "pr": fix.pr,
-        "verdict": verdict,
-        **{k: getattr(fix, k) for k in _FIX_KEYS},
-        "logged_version_has_it": has_it,
     }
 
 
@@ -245,20 +621,13 @@ SCHEMA = {
 }
 
 
-def run(path: str, as_json: bool = False, progress: bool = True) -> tuple[int, str]:
+def run(path: str, as_json: bool = False) -> tuple[int, str]:
     """(exit status, text to print) for ``specfix diagnose``; bad input: status 2 and a one-line message."""
     try:
-        stream, size, name = open_log(path)
-        bar = None
-        if progress and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading", leave=False, file=sys.stderr)
+        stream, name = open_log(path)
         try:
-            report = diagnose(read_lines(stream, name, bar.update if bar else (lambda n: None)), name)
+            report = diagnose(read_lines(stream, name), name)
         finally:
-            if bar:
-                bar.close()
             if stream is not sys.stdin.buffer:
                 stream.close()
     except LogError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,21 +139,21 @@ class LogError(ValueError):
 
 
 def open_log(path: str):
-    """(binary stream, size or None, name to report) for a path, or ``-`` for standard input."""
+    """(binary stream, name to report) for a path, or ``-`` for standard input."""
     if path == "-":
-        return sys.stdin.buffer, None, "standard input"
+        return sys.stdin.buffer, "standard input"
     p = Path(path)
     if not p.exists():
         raise LogError(f"{path}: no such file")
     if p.is_dir():
         raise LogError(f"{path} is a directory: give the log file itself")
     try:
-        return p.open("rb"), p.stat().st_size, path
+        return p.open("rb"), path
     except OSError as exc:
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
-def read_lines(stream, name: str, progress: Callable[[int], None] = lambda n: None) -> Iterator[str]:
+def read_lines(stream, name: str) -> Iterator[str]:
     """The text lines of a binary stream, decoded as UTF-8 (bad bytes replaced), at most MAX_LINE long.
 
     Read a block at a time, so memory stays bounded whatever the log's size."""
@@ -166,7 +166,6 @@ def read_lines(stream, name: str, progress: Callable[[int], None] = lambda n: No
                 "(a Windows redirect), convert it to UTF-8 first"
             )
         first = False
-        progress(len(block))
         lines = (rest + decoder.decode(block)).split("\n")
         rest = lines.pop()
         for line in lines:
@@ -320,3 +319,77 @@ def _setup_value(key: str, text: str):
     if key.endswith("_size") or key == "num_speculative_tokens":
         return int(text)
     return _BOOL.get(text.lower(), text)
+
+
+# -- what the log says about the fault and the setup ------------------------------------------------------
+# Exceptions that re-raise another process's error: the traceback under them says less.
+# fmt: off
+_WRAPPERS = ("EngineDeadError", "Worker failed with error", "Engine core initialization failed",
+             "EngineCore encountered an issue")
+# fmt: on
+
+
+def engine_frames(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if "/vllm/" in f["file"] or "/specfix/" in f["file"]]
+
+
+def frame_text(f: dict) -> str:
+    return f"{Path(f['file']).name}:{f['line']} in {f['func']}" + (f": {f['source']}" if f["source"] else "")
+
+
+def python_error(scan: Scan) -> dict | None:
+    """The traceback that says most about the fault: among those that do not re-raise another process's
+    error, the first that reports a CUDA error, else the first; else the first of all."""
+    done = [(tb, frames) for tb, frames in scan.done if frames or tb.exception]
+    if not done:
+        return None
+    plain = [d for d in done if d[0].exception and not any(w in _raised(d[0]) for w in _WRAPPERS)]
+    cuda = [d for d in plain if "CUDA" in _raised(d[0]) or "AcceleratorError" in _raised(d[0])]
+    tb, frames = (cuda or plain or done)[0]
+    ours, exc = engine_frames(frames), tb.exception or (None, None, tb.start)
+    if scan.blocking:
+        why = (
+            "The launches were blocking (CUDA_LAUNCH_BLOCKING=1), so each one waited for its kernel: the "
+            "traceback ends at the op that failed."
+        )
+    elif not scan.asserts and "CUDA" not in (exc[1] or ""):
+        why = "A Python error: it is raised where it happened."
+    else:
+        why = (
+            "CUDA reports a kernel's failure asynchronously: the launch returned long before the kernel "
+            "failed, and the error reached Python at the next call that waited for the GPU. The traceback "
+            "shows that call, not the op whose kernel asserted (chapter 2, section 1)."
+        )
+    return {
+        "process": tb.process,
+        "exception": exc[0],
+        "message": exc[1],
+        "line": exc[2],
+        "complete": tb.exception is not None,
+        "frames": frames[-12:],
+        "ends_at": frame_text(frames[-1]) if frames else None,
+        "last_engine_frame": frame_text(ours[-1]) if ours else None,
+        "processes": sorted({t.process for t, _ in scan.done if t.process}),
+        "why_not_there": why,
+    }
+
+
+def _raised(tb) -> str:
+    return f"{tb.exception[0]}: {tb.exception[1]}" if tb.exception else ""
+
+
+def spec_state(scan: Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
+    """Whether speculative decoding was on (None: the log does not say), and the reason to show."""
+    s, lines = scan.setup, scan.setup_lines
+    if "speculative_method" in s or "num_speculative_tokens" in s:
+        key = "speculative_method" if "speculative_method" in s else "num_speculative_tokens"
+        what = f"method {s['speculative_method']}" if "speculative_method" in s else "drafts"
+        k = f", k = {s['num_speculative_tokens']}" if "num_speculative_tokens" in s else ""
+        return True, [(f"speculative decoding is on ({what}{k})", [lines[key]])]
+    if scan.spec_marker:
+        text = "the log shows speculative decoding at work (spec-decode code or metrics)"
+        return True, [(text, [scan.spec_marker])]
+    if scan.spec_off_line:
+        text = "the engine arguments hold no speculative config: speculative decoding is off"
+        return False, [(text, [scan.spec_off_line])]
+    return None, [("the log does not say whether speculative decoding was on", [])]
