@@ -95,14 +95,10 @@ def verifications(result: GenerateResult) -> list[Verification]:
     return found
 
 
-def _tokens_by_request(result: GenerateResult) -> dict[str, list[int]]:
-    return {out.request_id: out.prompt_token_ids + out.token_ids for out in result.outputs}
-
-
 def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dict[str, dict[str, int]]:
     """Line up two recorded runs of one greedy workload by (request, position), in three groups: verified
     in both, only in a, only in b. Their texts must be equal, or positions would not match."""
-    tokens_a, tokens_b = _tokens_by_request(a), _tokens_by_request(b)
+    tokens_a, tokens_b = ({o.request_id: o.prompt_token_ids + o.token_ids for o in r.outputs} for r in (a, b))
     if tokens_a != tokens_b:
         raise ValueError("the two runs produced different texts: their positions cannot be lined up")
 

@@ -1,14 +1,11 @@
 """Model Runner V2's draft slots: what becomes of a scheduler's ``-1`` on vLLM 0.33's default runner.
 
-Mirrors the three places where vLLM 0.33.0's Model Runner V2 (MRV2) treats draft slots unlike the V1
-runner: ``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/states.py``),
-``combine_sampled_and_draft_tokens`` (``vllm/v1/worker/gpu/input_batch.py``) and ``gather_draft_sampled``
-(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``), with the runner's write of the draft table
-(``vllm/v1/worker/gpu/model_runner.py``). The rest of a step is specfix's V1 runner
-(:mod:`specfix.v1.model_runner`), which this one extends.
-
-Read ``GPUModelRunnerV2._prepare_input_ids`` (the draft table) and ``gather_draft_sampled`` (the
-placeholders marked again) first.
+Mirrors where vLLM 0.33.0's Model Runner V2 (MRV2) treats draft slots unlike the V1 runner:
+``RequestState.add_request`` and ``draft_tokens`` (``vllm/v1/worker/gpu/states.py``),
+``combine_sampled_and_draft_tokens`` (``vllm/v1/worker/gpu/input_batch.py``), ``gather_draft_sampled``
+(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``) and the runner's write of the draft table
+(``vllm/v1/worker/gpu/model_runner.py``); the rest of a step is :mod:`specfix.v1.model_runner`'s.
+Read ``GPUModelRunnerV2._prepare_input_ids`` and ``gather_draft_sampled`` first.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ def gather_draft_sampled(
     *,
     fixes: Fixes = _DEFAULT_FIXES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input token and position of every logits row, -1 for the drafts of a step that starts inside the
-    prefill (nothing drafted yet), as vLLM 0.33.0's ``gather_draft_sampled`` (a Triton kernel there)."""
+    """Each logits row's input token and position; -1 for drafts of a step starting inside the prefill."""
     token_ids = input_ids[logits_indices.long()]
     pos = positions[logits_indices.long()]
     if fixes.mark_placeholder_drafts:  # [fix]
@@ -53,8 +49,7 @@ def gather_draft_sampled(
 
 
 class GPUModelRunnerV2(GPUModelRunner):
-    """specfix's runner with MRV2's draft slots; same arguments as the V1 runner. Its tables are indexed by
-    the request's row of the input batch, which plays MRV2's ``req_state_idx``."""
+    """specfix's runner with MRV2's draft slots; tables are indexed by input-batch row (``req_state_idx``)."""
 
     def __init__(self, model: NgramLM, **kwargs):
         super().__init__(model, **kwargs)
@@ -75,15 +70,12 @@ class GPUModelRunnerV2(GPUModelRunner):
     # MRV2 reads scheduled_spec_decode_tokens only for each request's draft *count*; the ids come from the
     # draft table, which the runner writes after every step (vllm/v1/worker/gpu/model_runner.py:
     # req_states.draft_tokens[input_batch.idx_mapping] = draft_tokens) and add_request zeroes (0.24.0, 0.25.0
-    # and 0.33.0 alike). So a padded first step (a P/D decode node's, a prompt the prefix cache holds up to
-    # its last token) and, under async scheduling, a request the drafter has not seen yet feed token 0: no -1
-    # reaches the embedding, and MRV2 has no clamp.
+    # and 0.33.0 alike). So a padded first step (P/D, prefix cache) and, under async scheduling, a request the
+    # drafter has not seen yet feed token 0: no -1 reaches the embedding, and MRV2 has no clamp.
     def _prepare_input_ids(
         self, scheduler_output: SchedulerOutput, req_ids: list[str], cu_num_scheduled: np.ndarray
     ) -> dict[str, int]:
-        """``combine_sampled_and_draft_tokens``: each request's draft slots get its ``draft_tokens`` row,
-        whatever the scheduler wrote there. Returns, per request, the scheduler's placeholders that the row
-        fills with real proposals (async scheduling)."""
+        """``combine_sampled_and_draft_tokens``; returns, per request, the placeholders its row filled."""
         self.input_ids.copy_to_gpu(int(cu_num_scheduled[-1]))
         spec = scheduler_output.scheduled_spec_decode_tokens
         filled = {}
@@ -122,8 +114,7 @@ class GPUModelRunnerV2(GPUModelRunner):
         return self.input_ids.gpu[:num_input_tokens], self.positions.gpu[:num_input_tokens]
 
     def propose_draft_token_ids(self, req_ids: list[str], sampled: list[list[int]]) -> DraftTokenIds | None:
-        """The drafter's proposals, also written into each request's ``draft_tokens`` row (MRV2's speculator
-        does this after every step)."""
+        """The drafter's proposals, also written into each request's ``draft_tokens`` row, as MRV2 does."""
         drafts = super().propose_draft_token_ids(req_ids, sampled)
         if drafts is not None:
             for req_id, ids in zip(drafts.req_ids, drafts.draft_token_ids, strict=True):
