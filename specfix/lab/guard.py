@@ -12,7 +12,6 @@ the comment above it says what it costs, how strict it is and what it does not c
 from __future__ import annotations
 
 import statistics
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -222,28 +221,28 @@ class GuardTiming:
 
 def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
     """Time ``fn()`` unguarded and guarded, alternating, so that drift in the machine's speed hits both."""
+    # imported here, not above: the bench package imports this module (through placeholder_fixes)
+    from specfix.tools.bench.timing import wall_us
+
     if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    guards = []
 
-    def once(guarded: bool) -> tuple[float, int]:
-        sync()
-        start = time.perf_counter()
-        if guarded:
-            with check_indices() as guard:
-                fn()
-        else:
+    def guarded():
+        with check_indices() as guard:
             fn()
-        sync()
-        return time.perf_counter() - start, guard.checked if guarded else 0
+        guards.append(guard)
 
-    once(False), once(True)  # warm-up: first calls pay one-time set-up
-    plain, guarded, checked = [], [], 0
+    def seconds(call) -> float:  # one call, the GPU idle before it and waited for after it
+        return wall_us(lambda: (call(), sync()), 1, setup=sync)[0] / 1e6
+
+    seconds(fn), seconds(guarded)  # warm-up: first calls pay one-time set-up
+    plain, guarded_s = [], []
     for _ in range(repeats):
-        plain.append(once(False)[0])
-        seconds, checked = once(True)
-        guarded.append(seconds)
-    return GuardTiming(tuple(plain), tuple(guarded), checked)
+        plain.append(seconds(fn))
+        guarded_s.append(seconds(guarded))
+    return GuardTiming(tuple(plain), tuple(guarded_s), guards[-1].checked)
 
 
 def _caller() -> str:
