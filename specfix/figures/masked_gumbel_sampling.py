@@ -1,7 +1,6 @@
-"""Chapter 4's figures, tables and paragraphs on Gumbel-max sampling and its ``is_valid_req`` mask.
-
-They show Gumbel-max draws against softmax, the noise's small-u tail, tiles and their winners, the
-draft-logits buffer with and without the mask, and the H200 bench recording."""
+"""Chapter 4's figures, tables and paragraphs on Gumbel-max sampling and its ``is_valid_req`` mask: draws
+against softmax, the noise's small-u tail, tiles and their winners, the draft-logits buffer with and without
+the mask, and the H200 bench recording."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from specfix.figures import style
 from specfix.figures.performance import goal, mask_overhead
 from specfix.tools import bench
 
-#: The draft-logits picture's cells: untouched sentinel, written by a live row, written outside every live
-#: slot (a stray write); each with a text colour that reads on its fill.
+#: The draft-logits picture's cells (sentinel, written by a live row, a stray write) and their text colours.
 _CELL_FILLS = ("#f0f0f0", style.NEUTRAL, style.BUGGY)
 _CELL_TEXT = ("black", "white", "white")
 _CELL_WORDS = ("sentinel", "written", "stray write")
@@ -155,7 +153,7 @@ def throughput_table(report: dict, min_rows: int = 256) -> pd.DataFrame:
     ours = g[g.impl.str.startswith("specfix") & (g.rows >= min_rows)]
     return ours.pivot_table(
         index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s"
-    ).round(0)
+    ).round()
 
 
 def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
@@ -194,11 +192,8 @@ def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
 
 def graph_table(report: dict) -> pd.DataFrame:
     """us per call of one row sampled inside a CUDA graph, by vocabulary and sampler."""
-    return (
-        bench.frame(report, "gumbel_graph")
-        .pivot_table(index="vocab", columns="impl", values="median_us")
-        .round(2)
-    )
+    graph = bench.frame(report, "gumbel_graph")
+    return graph.pivot_table(index="vocab", columns="impl", values="median_us").round(2)
 
 
 def mask_table(report: dict) -> pd.DataFrame:

@@ -1,8 +1,7 @@
 """Chapter 1's figures, tables and paragraphs on the ``-1`` placeholder's life through one engine step.
 
-A grid cell is one token id with its word under it, coloured by what it is (:data:`_KIND_LABELS`). Figures
-come back closed in pyplot, so a notebook shows each once, as the cell's value.
-"""
+A grid cell is a token id over its word, coloured by its kind (:data:`_KIND_LABELS`). Figures come back
+closed in pyplot, so a notebook shows each once, as the cell's value."""
 
 from __future__ import annotations
 

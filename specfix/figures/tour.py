@@ -1,7 +1,5 @@
-"""Chapter 0's figures and tables, each read from the chapters, the package or vLLM's releases.
-
-They show one speculative step drawn box by box, the course map read from the chapters, the package map read
-from the modules' docstrings, and the vLLM releases side by side."""
+"""Chapter 0's figures and tables: one speculative step box by box, the course map read from the chapters,
+the package map read from the modules' docstrings, and the vLLM releases side by side."""
 
 from __future__ import annotations
 
@@ -157,17 +155,12 @@ def docstring_markdown(text: str) -> str:
     return re.sub(r":[\w:]+:`", "`", text.replace("``", "`"))
 
 
-def role_titles() -> dict[str, str]:
-    """What each role holds, from the subpackages' docstrings (as markdown)."""
-    return {role: docstring_markdown(text) for role, text in roles().items()}
-
-
 def module_map_text() -> str:
     """:func:`module_map` as markdown lists (a list wraps at any width, a table of long paths would not)."""
-    titles, parts = role_titles(), []
+    titles, parts = roles(), []
     for role, table in module_map().items():
         head = "**top level**" if role == "specfix" else f"**`specfix.{role}`**"
-        parts.append(f"{head}: {titles[role]}\n")
+        parts.append(f"{head}: {docstring_markdown(titles[role])}\n")
         for module, row in table.iterrows():
             files = ", ".join(f"`{f.strip()}`" for f in row["mirrors"].split(","))
             mirrors = "" if row["mirrors"] == "(specfix's own)" else f" (mirrors {files})"
