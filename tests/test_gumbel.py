@@ -752,33 +752,55 @@ def test_bad_output_buffer_is_refused(buf, col, error, words):
     assert buffer is None or torch.equal(buffer, before)
 
 
+def _strided(t):
+    return torch.stack([t, t], -1)[..., 0]  # the values of t, not contiguous
+
+
 @pytest.mark.parametrize(
-    "changes,settings",
+    "changes,settings,valid",
     [
-        ({"pos": torch.arange(6)[::2]}, {}),  # not contiguous
-        ({"seed": torch.tensor([[1, 2]])}, {}),
-        ({"temperature": torch.ones(1, 2)}, {}),
-        ({"temperature": torch.tensor([1.0, 0.5, 0.2])}, {}),  # one length for temperature, another for seed
-        ({"expanded_idx_mapping": torch.tensor([0, 1, 0], dtype=torch.int16)}, {}),
-        ({"logits": torch.randn(3, 100).unsqueeze(0)}, {}),
-        ({"logits": torch.randn(100, 3).t()}, {}),
-        ({"logits": torch.randn(3, 0)}, {}),
-        ({"logits": torch.randn(2, 100)}, {}),
-        ({"logits": torch.randn(3, 100, dtype=torch.float64)}, {}),
-        ({}, {"noise": "approximate"}),
-        ({}, {"use_fp64": True}),
+        ({}, {}, True),
+        ({}, {"noise": "approximate"}, False),
+        ({}, {"use_fp64": True}, False),
+        ({"logits": [[0.0] * 100] * 3}, {}, False),
+        ({"logits": torch.randn(3, 100, dtype=torch.float64)}, {}, False),
+        ({"logits": torch.randn(3, 100).unsqueeze(0)}, {}, False),
+        ({"logits": torch.randn(3, 0)}, {}, False),
+        ({"logits": torch.randn(100, 3).t()}, {}, False),
+        ({"logits": torch.randn(2, 100)}, {}, False),  # rows: 2 logits, 3 mapping and pos entries
+        ({"expanded_idx_mapping": torch.tensor([0, 1, 0], dtype=torch.int16)}, {}, False),
+        ({"expanded_idx_mapping": torch.tensor([0, 1])}, {}, False),
+        ({"expanded_idx_mapping": _strided(torch.tensor([0, 1, 0]))}, {}, False),
+        ({"pos": torch.zeros(3)}, {}, False),
+        ({"pos": torch.zeros(4, dtype=torch.int64)}, {}, False),
+        ({"pos": torch.arange(6)[::2]}, {}, False),
+        ({"pos": torch.zeros(3, dtype=torch.int64, device="meta")}, {}, False),  # another device
+        ({"temperature": torch.ones(2, dtype=torch.float64)}, {}, False),
+        ({"temperature": torch.ones(1, 2)}, {}, False),
+        ({"temperature": _strided(torch.ones(2))}, {}, False),
+        ({"temperature": torch.tensor([1.0, 0.5, 0.2])}, {}, False),  # seed has 2 entries
+        ({"seed": torch.tensor([1, 2], dtype=torch.int32)}, {}, False),
+        ({"seed": torch.tensor([[1, 2]])}, {}, False),
+        ({"seed": _strided(torch.tensor([1, 2]))}, {}, False),
         # valid, but not the plain call: a tensor subclass goes the long way round
-        ({"pos": torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)}, {}),
+        ({"pos": torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)}, {}, True),
     ],
 )
-def test_the_quick_acceptance_takes_the_serving_call_and_nothing_else(changes, settings):
+def test_the_quick_acceptance_agrees_with_the_full_checks(changes, settings, valid, monkeypatch):
     """``_plainly_valid`` spares the serving call the per-argument checks (host time per call, goal 1): it
-    accepts the plain batch and sends every other one, bad or merely unusual, through the full checks."""
-    plain = [_bad()[k] for k in BATCH_KEYS]
-    assert gumbel_launch._plainly_valid(*plain, False, "fast")
-    b = _bad(**{k: v.to(DEVICE) for k, v in changes.items()})
+    accepts a call only where the full checks do, and sends every other one, bad or merely unusual (a
+    tensor subclass), through them."""
+    moved = {
+        k: v.to(DEVICE) if isinstance(v, torch.Tensor) and not v.is_meta else v for k, v in changes.items()
+    }
+    args = [_bad(**moved)[k] for k in BATCH_KEYS]
     use_fp64, noise = settings.get("use_fp64", False), settings.get("noise", "fast")
-    assert not gumbel_launch._plainly_valid(*(b[k] for k in BATCH_KEYS), use_fp64, noise)
+    quick = gumbel_launch._plainly_valid(*args, use_fp64, noise)
+    monkeypatch.setattr(gumbel_launch, "_plainly_valid", lambda *_: False)  # the full checks alone
+    with contextlib.nullcontext() if valid else pytest.raises((TypeError, ValueError)):
+        gumbel_launch._validate(*args, None, None, None, use_fp64, noise, None, None)
+    plain = all(type(a) is torch.Tensor for a in args)
+    assert quick == (valid and plain)
 
 
 def test_bad_settings_are_refused():

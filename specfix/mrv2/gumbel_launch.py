@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from specfix.checks import check_device, check_vector, is_int
-from specfix.mrv2.noise import NOISE_MODES
+from specfix.mrv2.noise import INDEX_DTYPES, NOISE_MODES
 from specfix.runtime import INTERPRET, triton
 from specfix.v1 import device_checks
 
@@ -67,8 +67,7 @@ def tile_shape(block: int, num_warps: int, itemsize: int) -> tuple[int, int]:
 class _Plan(NamedTuple):
     """A launch of ``_gumbel_sample_kernel``, fixed by the shape and the switches: chosen once and kept."""
 
-    grid: tuple[int, int]
-    num_splits: int
+    grid: tuple[int, int]  # (num_tokens, num_splits)
     #: the kernel's size arguments in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
     #: num_splits
     sizes: tuple[int, int, int, int, int]
@@ -77,6 +76,10 @@ class _Plan(NamedTuple):
     eager: dict
     captured: dict
     reduce: dict
+
+    @property
+    def num_splits(self) -> int:  # programs per row
+        return self.grid[1]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -121,7 +124,7 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, switches: tuple, over
     )
     sizes = (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits)
     captured, reduce = {**eager, "ARRIVE": False}, dict(SPLITS=splits_bound, num_warps=1)
-    return _Plan((num_tokens, num_splits), num_splits, sizes, eager, captured, reduce)
+    return _Plan((num_tokens, num_splits), sizes, eager, captured, reduce)
 
 
 #: Scratch of split rows in eager calls, per (device, stream) since calls on two streams may overlap: the
@@ -151,7 +154,6 @@ def _split_scratch(device: torch.device, rows: int, splits: int) -> tuple[torch.
 
 # -- validation: said once, before anything is launched -------------------------------------------------
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -176,19 +178,20 @@ def _validate(logits, mapping, temperature, seed, pos, cache, col, source, use_f
 
 def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> bool:
     """The serving call (no cache, no override) accepted in one expression, a few microseconds where the
-    checks below take several times that; False sends it through them, which name what is wrong."""
+    checks below take several times that; False sends it through them, which name what is wrong (a test
+    feeds both paths the same calls: they must agree)."""
     same_type = type(logits) is type(mapping) is type(temperature) is type(seed) is type(pos) is torch.Tensor
     if not (same_type and logits.dim() == 2):
         return False
-    rows, device = logits.shape[:1], logits.get_device()  # get_device: an int, cheaper than a torch.device
+    rows, device = logits.shape[:1], logits.device
     return (
         not use_fp64
         and noise in NOISE_MODES
         and logits.dtype in _LOGIT_DTYPES
         and logits.shape[1] > 0
         and logits.stride()[1] == 1
-        and mapping.dtype in _INDEX_DTYPES
-        and pos.dtype in _INDEX_DTYPES
+        and mapping.dtype in INDEX_DTYPES
+        and pos.dtype in INDEX_DTYPES
         and temperature.dtype == torch.float32
         and seed.dtype == torch.int64
         and mapping.shape == pos.shape == rows
@@ -198,11 +201,7 @@ def _plainly_valid(logits, mapping, temperature, seed, pos, use_fp64, noise) -> 
         and pos.is_contiguous()
         and temperature.is_contiguous()
         and seed.is_contiguous()
-        and mapping.get_device()
-        == pos.get_device()
-        == temperature.get_device()
-        == seed.get_device()
-        == device
+        and mapping.device == pos.device == temperature.device == seed.device == device
     )
 
 
@@ -219,15 +218,15 @@ def _check_structure(logits, mapping, temperature, seed, pos, cache, col, source
     if logits.stride(1) != 1:
         raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
     dtype = mapping.dtype if isinstance(mapping, torch.Tensor) else None
-    if dtype is not None and dtype not in _INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
+    if dtype is not None and dtype not in INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
         raise TypeError(
             "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
             f"or floating type would turn into a huge index or a fraction); got {dtype}"
         )
-    check_vector("expanded_idx_mapping", mapping, _INDEX_DTYPES, logits.shape[0], contiguous=True)
+    check_vector("expanded_idx_mapping", mapping, INDEX_DTYPES, logits.shape[0], contiguous=True)
     check_vector("temperature", temperature, (torch.float32,), contiguous=True)
     check_vector("seed", seed, (torch.int64,), contiguous=True)
-    check_vector("pos", pos, _INDEX_DTYPES, logits.shape[0], contiguous=True)
+    check_vector("pos", pos, INDEX_DTYPES, logits.shape[0], contiguous=True)
     if temperature.shape != seed.shape:
         raise ValueError(
             "temperature and seed are per-request tables of one length; "
@@ -273,7 +272,7 @@ def _check_cache(cache, col, source, logits, num_reqs: int) -> list[tuple[str, t
     if isinstance(col, torch.Tensor):
         length = None if col.dim() == 0 else logits.shape[0]
         check_vector(
-            "logits_cache_col", col.view(1) if length is None else col, _INDEX_DTYPES, length, contiguous=True
+            "logits_cache_col", col.view(1) if length is None else col, INDEX_DTYPES, length, contiguous=True
         )
         tensors.append(("logits_cache_col", col))
     elif col is not None:

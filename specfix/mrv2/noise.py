@@ -19,7 +19,8 @@ from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 #: rare near-ties); "vllm": vLLM 0.33's noise, compiled as its kernel is, so that vLLM 0.33's gumbel_sample
 #: picks the same tokens from the same inputs.
 NOISE_MODES = ref.NOISE_MODES
-_INDEX_DTYPES = (torch.int32, torch.int64)
+#: The dtypes of a position or request-row tensor the kernels read.
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
@@ -161,7 +162,7 @@ def gumbel_noise(
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     check_vector("seed", seed, (torch.int64,), contiguous=True)
-    check_vector("pos", pos, _INDEX_DTYPES, seed.shape[0], contiguous=True)
+    check_vector("pos", pos, INDEX_DTYPES, seed.shape[0], contiguous=True)
     if not HAS_TRITON:
         if noise == "fast":
             raise RuntimeError("the fast noise needs triton")
