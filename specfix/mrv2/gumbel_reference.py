@@ -152,8 +152,7 @@ def murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def murmur3_x86_32(words: list[torch.Tensor], seed: int = 0) -> torch.Tensor:
-    """MurmurHash3_x86_32 of a key of whole 32-bit little-endian words (int tensors of one shape holding
-    values in [0, 2**32)), with ``seed``; no tail bytes."""
+    """MurmurHash3_x86_32 of a key of whole 32-bit little-endian words (int tensors of one shape)."""
     h = torch.full_like(words[0], seed & MASK32, dtype=torch.int64)
     for k in words:
         h = murmur3_mix(h, k.to(torch.int64) & MASK32)
@@ -204,8 +203,7 @@ def gumbel_sample_reference(
     *,
     noise: str = "exact",
 ) -> torch.Tensor:
-    """What the fixed kernel computes, in torch with ``gumbel_sample``'s arguments: the same noise, tokens and
-    stores (the fast mode's hardware logarithm has no torch twin)."""
+    """The fixed kernel's noise, tokens and cache stores in torch, with ``gumbel_sample``'s arguments."""
     if noise not in ("exact", "vllm"):
         raise ValueError(f"noise must be 'exact' or 'vllm' for the torch reference, got {noise!r}")
     if use_fp64:

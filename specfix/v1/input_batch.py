@@ -74,8 +74,7 @@ class InputBatch:
     def update_req_spec_token_ids(
         self, request: CachedRequestState, scheduled_spec_tokens: Mapping[str, list[int]]
     ) -> None:
-        """This step's drafts become the row's tentative tail, placeholders verbatim (``num_tokens_no_spec``
-        does not move)."""
+        """This step's drafts, placeholders verbatim, become the row's tentative tail."""
         index = self.req_id_to_index[request.req_id]
         spec = scheduled_spec_tokens.get(request.req_id, [])
         start = int(self.num_tokens_no_spec[index])

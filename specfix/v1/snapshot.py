@@ -2,8 +2,6 @@
 
 vLLM has no such thing (a worker that raises takes the engine down); specfix runs in notebooks, where a
 failed cell must never leave an engine that only a kernel restart cures.
-
-Read :class:`Snapshot` first: the comment above it says what is saved and how.
 """
 
 from __future__ import annotations
@@ -74,7 +72,7 @@ def _put_back(leaf, saved) -> None:
 # place (buffers keep their addresses, numpy views stay views); modules, functions and classes are shared;
 # everything else is deep-copied and replaces the live value on ``restore``.
 class Snapshot:
-    """The state of ``obj``'s attributes (all but ``skip``), restorable once; see the comment above."""
+    """The state of ``obj``'s attributes (all but ``skip``), restorable once."""
 
     def __init__(self, obj: object, skip: Iterable[str] = ()):
         self._obj = obj
