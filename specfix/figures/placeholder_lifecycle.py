@@ -19,18 +19,19 @@ from specfix.v1.engine import GenerateResult
 from specfix.v1.model_runner import StepTrace
 from specfix.v1.scheduler import SpecDecodingStats
 
-ORDINARY, PLACEHOLDER, WAS_PLACEHOLDER, UNUSED, PADDING = range(5)
-_FILL = ["#eeeeee", style.PLACEHOLDER, style.light(style.FIXED), "#ffffff", style.light(style.PADDING, 0.65)]
-_KIND_LABELS = [
-    "token id",
-    "-1 (PLACEHOLDER_TOKEN_ID)",
-    "was -1, clamped to 0",
-    "unused",
-    "CUDA-graph padding",
-]
+ORDINARY, PLACEHOLDER, WAS_PLACEHOLDER, UNUSED, PADDING, OVERWRITTEN = range(6)
+_FILL, _KIND_LABELS = zip(
+    ("#eeeeee", "token id"),
+    (style.PLACEHOLDER, "-1 (PLACEHOLDER_TOKEN_ID)"),
+    (style.light(style.FIXED), "was -1, clamped to 0"),
+    ("#ffffff", "unused"),
+    (style.light(style.PADDING, 0.65), "CUDA-graph padding"),
+    (style.light(style.FIXED, 0.55), "real draft written over a -1"),
+    strict=True,
+)
 
 
-def _grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None, rows=None) -> Figure:
+def token_grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None, rows=None) -> Figure:
     """Token grids, one per ``(ids, kinds, title)`` panel, with the kinds' key and a caption; closed."""
     with style.apply():
         fig = plt.figure(figsize=(style.WIDTH_IN, height))
@@ -74,7 +75,7 @@ def token_table(step: StepTrace, vocab: Sequence[str], rows: Sequence[int] | Non
         "The scheduler's drafts, -1 included, are written right after each request's committed tokens: "
         "the -1 is still only a value in a CPU table."
     )
-    fig = _grids([(table, kinds, title)], vocab, 0.6 + 0.55 * len(rows), caption, rows=step.req_ids)
+    fig = token_grids([(table, kinds, title)], vocab, 0.6 + 0.55 * len(rows), caption, rows=step.req_ids)
     fig.axes[0].set_xlabel("position in the request")
     return fig
 
@@ -109,7 +110,7 @@ def step_stages(step: StepTrace, vocab: Sequence[str]) -> Figure:
         "Follow the orange -1 down: the metadata copy keeps it, the embedding's input has it clamped to 0 "
         "(green). Column labels name the request each token belongs to."
     )
-    return _grids(panels, vocab, 3.9, caption, cols=labels)
+    return token_grids(panels, vocab, 3.9, caption, cols=labels)
 
 
 def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
@@ -121,7 +122,7 @@ def sampler_output(step: StepTrace, vocab: Sequence[str]) -> Figure:
         "its bonus column at k: column 0 for one without drafts."
     )
     cols = [f"column {j}" for j in range(out.shape[1])]
-    return _grids([panel], vocab, 0.7 + 0.45 * out.shape[0], caption, cols=cols, rows=step.req_ids)
+    return token_grids([panel], vocab, 0.7 + 0.45 * out.shape[0], caption, cols=cols, rows=step.req_ids)
 
 
 def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from specfix.figures import placeholder_lifecycle as lifecycle
 from specfix.figures import style
 from specfix.lab.placeholder_lifecycle import check_recorded
 from specfix.lab.scheduling import (
@@ -80,14 +81,6 @@ def placeholder_table(runs: Mapping[str, GenerateResult]):
     return pd.DataFrame({name: placeholder_counts(result) for name, result in runs.items()}).T
 
 
-#: Fills of :func:`follow_placeholder`: an ordinary id, a -1, a real draft written over a -1, a clamped -1.
-_STAGE_FILLS = ("#eeeeee", style.PLACEHOLDER, style.light(style.FIXED, 0.55), style.light(style.FIXED, 0.8))
-_STAGE_LABELS = (
-    "token id",
-    "-1 (PLACEHOLDER_TOKEN_ID)",
-    "real draft written over a -1",
-    "was -1, clamped to 0",
-)
 _STAGES = (
     "SchedulerOutput.scheduled_spec_decode_tokens\n(= token_ids_cpu, verbatim)",
     "input_ids on the device,\nafter _prepare_input_ids",
@@ -105,27 +98,16 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
     device = step.input_ids_before_clamp[end - len(sent) : end].numpy()
     embedded = step.embedding_input[end - len(sent) : end].numpy()
     ids = np.stack([sent, device, embedded])
-    kinds = np.where(ids == -1, 1, 0)
-    kinds[1:, (sent == -1) & (device != -1)] = 2  # the runner wrote a real draft over the -1 on the device
-    kinds[2, (device == -1) & (embedded != -1)] = 3
-    texts = [[f"{t}\n{vocab[t] if 0 <= t < len(vocab) else ''}" for t in row] for row in ids]
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, 2.6))
-        ax = fig.subplots()
-        slots = [f"draft slot {j + 1}" for j in range(len(sent))]
-        style.cells(ax, kinds, _STAGE_FILLS, texts, slots, _STAGES)
-        ax.set_title(f"request {req_id}: its draft slots in one step", loc="left")
-        shown = sorted(set(np.unique(kinds).tolist()))
-        key = style.patches([_STAGE_FILLS[i] for i in shown], [_STAGE_LABELS[i] for i in shown])
-        style.legend_below(fig, handles=key)
-        style.caption(
-            fig,
-            "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
-            "has proposals for the request from the step before, and is otherwise clamped to 0 for the "
-            "embedding.",
-        )
-    plt.close(fig)
-    return fig
+    kinds = np.where(ids == -1, lifecycle.PLACEHOLDER, lifecycle.ORDINARY)
+    kinds[1:, (sent == -1) & (device != -1)] = lifecycle.OVERWRITTEN  # the runner wrote a draft over the -1
+    kinds[2, (device == -1) & (embedded != -1)] = lifecycle.WAS_PLACEHOLDER
+    caption = (
+        "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
+        "has proposals for the request from the step before, and is otherwise clamped to 0 for the embedding."
+    )
+    panel = (ids, kinds, f"request {req_id}: its draft slots in one step")
+    slots = [f"draft slot {j + 1}" for j in range(len(sent))]
+    return lifecycle.token_grids([panel], vocab, 2.6, caption, slots, _STAGES)
 
 
 # --- the sentences that read the figures and tables above, built from the runs (Markdown) ---------------
