@@ -475,8 +475,7 @@ class Scheduler:
         self.finished_req_ids = set()
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
-        """Append sampled tokens, roll back rejected drafts, return the requests that finished. As in vLLM's
-        ``_free_request``, later output for a finished request (async) is dropped."""
+        """Append sampled tokens, roll back rejected drafts, return (and free) the requests that finished."""
         filled = model_runner_output.num_filled_spec_tokens
         generated_by_req = self._check_output(scheduler_output, model_runner_output)
         self._step_ids_in_flight.discard(scheduler_output.step_id)
@@ -486,7 +485,7 @@ class Scheduler:
             if not self._num_steps_in_flight[req_id]:
                 del self._num_steps_in_flight[req_id]
             request = self.requests.get(req_id)
-            if request is None:  # finished while this step was in flight
+            if request is None:  # freed while this step was in flight (async): dropped, as vLLM does
                 continue
             spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if spec and generated:
@@ -551,9 +550,8 @@ class Scheduler:
 
 
 class AsyncScheduler(Scheduler):
-    """vLLM's ``AsyncScheduler``: schedules step N + 1 before step N's tokens and drafts are known, so each
-    request past its prefill gets ``[-1] * k`` drafts that the model runner overwrites with its proposals
-    (a request absent from that step keeps its ``-1`` up to the embedding)."""
+    """vLLM's ``AsyncScheduler``: plans step N + 1 before step N's drafts exist, so it schedules ``[-1] * k``;
+    the runner writes its proposals over them (a request absent from step N keeps its ``-1``)."""
 
     drafts_are_placeholders = True  # set after the request's last step
 
