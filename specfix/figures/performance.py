@@ -1,9 +1,7 @@
 """Chapter 5's tables and paragraphs, read from one ``specfix bench`` report: a live run or the recording.
 
 Read :func:`load_report` first, then the tables, which the paragraphs and the figures
-(:mod:`specfix.figures.performance_figures`) read. Chapter 2 shows the same placeholder-fix costs
-(:func:`fix_costs`).
-"""
+(:mod:`specfix.figures.performance_figures`) read; chapter 2 shows :func:`fix_costs` too."""
 
 from __future__ import annotations
 
@@ -33,13 +31,13 @@ def fix_costs(report: dict | None = None) -> pd.DataFrame:
     """The bench's ``placeholder_fixes`` rows (default: the H200 recording) under the chapters' labels."""
     report = recorded.load("bench_h200") if report is None else report
     df = bench.frame(report, "placeholder_fixes")
+    keep = ["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"]
     if df.empty:
-        return pd.DataFrame(columns=["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"])
+        return pd.DataFrame(columns=keep)
     unknown = sorted(set(df["impl"]) - set(FIXES))
     if unknown:
         raise ValueError(f"report names fixes {unknown} that specfix.lab.placeholder_fixes does not know")
     df["fix"], df["label"], df["order"] = df["impl"], df["impl"].map(LABELS), df["impl"].map(FIXES.index)
-    keep = ["fix", "label", "num_tokens", "median_us", "p20_us", "p80_us"]
     keep += [c for c in ("host_syncs_per_step", "host_us_behind_busy_gpu") if c in df]
     return df.sort_values(["order", "num_tokens"])[keep].reset_index(drop=True)
 
@@ -246,9 +244,8 @@ def course_table(report: dict) -> pd.DataFrame:
     costs = {}
     clamp = fix_costs(report).query("fix == 'clamp'")
     if len(clamp):
-        syncs = (
-            f"; {clamp['host_syncs_per_step'].max():g} host syncs" if "host_syncs_per_step" in clamp else ""
-        )
+        syncs = clamp.get("host_syncs_per_step")
+        syncs = "" if syncs is None else f"; {syncs.max():g} host syncs"
         low, high = clamp["median_us"].min(), clamp["median_us"].max()
         costs["clamp_placeholders"] = f"{low:.0f}-{high:.0f} us a step, launch included{syncs}"
     mo = mask_overhead(report)
