@@ -34,8 +34,7 @@ _NAME_HINTS = {
 @checker(
     "ch3.pad_idx_mapping",
     solution="cudagraph_idx_mapping:pad_idx_mapping",
-    todo="write pad_idx_mapping(buffer, idx_mapping, num_reqs): copy the batch into buffer[:num_reqs] and "
-    "write -1 into every row after it, in place",
+    todo="write pad_idx_mapping: the batch into buffer[:num_reqs], -1 into every row after it, in place",
     hints={
         "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the name "
         "`buffer`) instead of writing into it. A captured CUDA graph reads the buffer's address, fixed at "
@@ -228,8 +227,7 @@ def _slots(events) -> dict[str, int]:
 @checker(
     "ch3.corrupted_responses",
     solution="cudagraph_idx_mapping:corrupted_responses",
-    todo="write corrupted_responses(events, max_num_reqs) -> the set of requests whose response the unfixed "
-    "engine corrupts",
+    todo="write corrupted_responses: the set of requests whose response the unfixed engine corrupts",
     hints={
         **_NAME_HINTS,
         "finished": "a padded row that names the slot of a finished request writes a free slot: that "
@@ -321,8 +319,7 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
 @checker(
     "ch3.find_stale_row",
     solution="cudagraph_idx_mapping:find_stale_row",
-    todo="write find_stale_row(mystery) -> (row, slot): the padded row whose stale idx_mapping entry "
-    "corrupts a live request, and the slot it names (run check_speculator on it first)",
+    todo="write find_stale_row: (row, slot) of the padded row whose stale entry corrupts a live request",
     hints={
         "format": "return a pair of ints: (padded row, request-state slot).",
         "swapped": "row and slot are swapped: the row is the position in idx_mapping, the slot is the value "
@@ -389,8 +386,7 @@ _SIMULATION_CASES = (
 @checker(
     "ch3.simulate_idx_mapping",
     solution="cudagraph_idx_mapping:simulate_idx_mapping",
-    todo="write simulate_idx_mapping(events, max_num_reqs) -> the unfixed idx_mapping buffer (a list of "
-    "max_num_reqs ints) after the history",
+    todo="write simulate_idx_mapping: the unfixed idx_mapping buffer (max_num_reqs ints) after events",
     hints={
         "format": "return the whole buffer: a list of max_num_reqs ints.",
         "starts_minus_one": "the buffer is created as zeros, not -1: a row no step ever wrote names slot 0.",
@@ -485,8 +481,7 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
 @checker(
     "ch3.dflash_padding",
     solution="cudagraph_idx_mapping:sample_idx_mapping",
-    todo="write sample_idx_mapping(idx_mapping, num_reqs, k, max_num_reqs) -> the max_num_reqs * k entries "
-    "DFlash's sampler reads, padded with the fix",
+    todo="write sample_idx_mapping: the max_num_reqs * k entries DFlash's sampler reads, padded with the fix",
     hints={
         "format": "return max_num_reqs * k ints: one entry per drafted token the graph samples.",
         "pads_zero": "you padded with 0, request-state slot 0: that is the bug. Every padded entry would "

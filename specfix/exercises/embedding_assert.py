@@ -31,8 +31,7 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
 @checker(
     "ch2.clamp",
     solution="embedding_assert:preprocess",
-    todo="write preprocess(input_ids, num_tokens, num_input_tokens, draft_token_ids): return what the "
-    "embedding reads, with no id below 0, while draft_token_ids keeps its -1",
+    todo="write preprocess: return what the embedding reads, no id below 0; draft_token_ids keeps its -1",
     hints={
         "shape": "return what the embedding reads: the first num_input_tokens rows of input_ids (the "
         "scheduled tokens and the CUDA-graph padding after them), as a view of the buffer.",
@@ -152,8 +151,7 @@ def forward_lines() -> list[str]:
 @checker(
     "ch2.first_bad_op",
     solution="embedding_assert:first_bad_op",
-    todo="set first_bad_op to the line of NgramLM.forward (copied from forward_lines()) whose kernel "
-    "asserted",
+    todo="set first_bad_op to the line of NgramLM.forward (from forward_lines()) whose kernel asserted",
     hints={
         "not_a_line": "answer with one line of NgramLM.forward, as a string copied from forward_lines().",
         "traceback_line": "that is the line where the traceback ends: where Python heard of the error, the "

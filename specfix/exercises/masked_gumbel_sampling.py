@@ -59,8 +59,7 @@ def _launch(answer, verdict, *tables) -> None:
 @checker(
     "ch4.mask_kernel",
     solution="masked_gumbel_sampling:scale_rows_kernel",
-    todo="write the @triton.jit kernel scale_rows(logits_ptr, idx_mapping_ptr, temperature_ptr, out_ptr, "
-    "row_temp_ptr, vocab_size, BLOCK) with is_valid_req masking the temperature load and the store",
+    todo="write scale_rows: is_valid_req masks the temperature load and the store of a padded row",
     hints={
         **_KERNEL_HINTS,
         "no_mask": "neither the loads nor the store are masked: the padded rows read temperature[-1] (the "
@@ -109,8 +108,7 @@ def check_mask_kernel(answer, verdict):
 @checker(
     "ch4.padded_token",
     solution="masked_gumbel_sampling:padded_token",
-    todo="set padded_token to the token id that the masked kernel returns for row 4 of the step (an int, or "
-    "an expression over step.logits), then run the cell",
+    todo="set padded_token to the token the masked kernel returns for row 4 (an int, or over step.logits)",
     hints={
         "not_an_int": "give one token id: an int, or a one-element tensor.",
         "minus_one": "-1 is the row's expanded_idx_mapping entry, not a token: the kernel samples every row "
@@ -140,8 +138,7 @@ DEBUG_SEEDS = (0, 1, 2, 3)
 @checker(
     "ch4.find_overwritten",
     solution="masked_gumbel_sampling:find_overwritten",
-    todo="write find_overwritten(table, col, logits, idx_mapping, temperature) returning the sorted list of "
-    "request slots whose table[slot, col] is not what their own live row stored",
+    todo="write find_overwritten: the sorted slots whose table[slot, col] is not their own live row's",
     hints={
         "not_a_list": "return a list of ints (request-state slots), sorted.",
         "all_flagged": "every live slot is flagged: read column col of each slot (table[slot, col]) and "

@@ -75,8 +75,7 @@ MAX_NUM_REQS = 64
 @checker(
     "ch5.replayed_rows",
     solution="performance:replayed_rows",
-    todo="write replayed_rows(live_batch, capture_sizes): the number of rows a drafter step processes for "
-    "live_batch requests, given the batch sizes that have a CUDA graph (in any order)",
+    todo="write replayed_rows: how many rows a step of live_batch requests runs (capture_sizes in any order)",
     hints={
         "not_int": "replayed_rows must return an int, the number of rows the step processes.",
         "too_few": "you replayed fewer rows than there are live requests: those requests would drop out of "
@@ -140,8 +139,7 @@ def syncing_fixes() -> set[str]:
 @checker(
     "ch5.which_syncs",
     solution="performance:which_syncs",
-    todo="set which_syncs to the set of fixes (a, b, b', c, or their names) whose step makes the host wait "
-    "for the GPU",
+    todo="set which_syncs to the fixes (a, b, b', c, or their names) whose step makes the host wait",
     hints={
         "format": "answer with a set of fixes, by letter ('a', \"b'\") or by name ('clamp', 'host_mask').",
         "clamp": "clamp_ is a kernel the host queues and leaves: nothing in it needs a value back from the "
