@@ -182,35 +182,6 @@ def test_long_line_is_read_in_pieces(tmp_path):
     assert report["lines"] == 4 and report["asserts"]["first_kernel"] == "operator()"
 
 
-@pytest.mark.parametrize(
-    "version, has",
-    [
-        ("0.24.0", False),
-        ("0.25.0", True),
-        ("0.33.0", True),
-        ("0.11.0+cu128", False),
-        ("0.25.0rc1", None),
-        ("0.24.1.dev45+g3fa2c71d0", None),
-        ("0.24.0.dev2", False),
-        ("0.26.0.dev3", True),
-        ("dev", None),
-        (None, None),
-    ],
-)
-def test_has_fix(version, has):
-    assert dg.has_fix(version, dg.FIXES["placeholder_embedding"]) is has
-
-
-def test_first_releases_agree_with_the_release_table():
-    from specfix.tools.mirrors import RELEASES
-
-    by_version = {r.version: r for r in RELEASES}
-    for verdict, field in (("placeholder_embedding", "v1_clamp"), ("cudagraph_outputs", "masks_47066")):
-        fix = dg.FIXES[verdict]
-        assert getattr(by_version[fix.first_release], field), verdict
-        assert not getattr(by_version[fix.last_release_without], field), verdict
-
-
 def test_readme_report_is_what_the_tool_prints(monkeypatch):
     monkeypatch.chdir(ROOT)
     readme = (ROOT / "README.md").read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specfix.tools.mirrors import RELEASES, release_rows, role_of, roles, vllm_map
+from specfix.tools.mirrors import FIXES, RELEASES, has_fix, release_rows, roles, vllm_map
 
 # Modules that re-implement a piece of vLLM (the rest are specfix's own tools: runtime, guard, bench...).
 MIRRORING = {
@@ -49,11 +49,6 @@ def test_every_role_is_described_by_its_own_docstring():
     assert "vllm/v1/" in described["v1"] and "vllm/v1/worker/gpu/" in described["mrv2"]
     assert "fixes" in described["specfix"] and "runtime" in described["specfix"]
     assert all(text and "\n" not in text for text in described.values())
-
-
-def test_role_of_refuses_a_foreign_module():
-    with pytest.raises(ValueError, match="specfix module"):
-        role_of("vllm.v1.core")
 
 
 PEER = Path(__file__).resolve().parents[1] / ".peer" / "src"
@@ -115,3 +110,30 @@ def test_release_rows_say_each_fact_in_words():
     assert rows["0.24.0"]["#47066 masks"].startswith("none")
     assert "murmur3" in rows["0.33.0"]["noise"] and "Philox" in rows["0.25.0"]["noise"]
     assert "before temperature" in rows["0.33.0"]["draft cache holds"]
+
+
+@pytest.mark.parametrize(
+    "version, has",
+    [
+        ("0.24.0", False),
+        ("0.25.0", True),
+        ("0.33.0", True),
+        ("0.11.0+cu128", False),
+        ("0.25.0rc1", None),
+        ("0.24.1.dev45+g3fa2c71d0", None),
+        ("0.24.0.dev2", False),
+        ("0.26.0.dev3", True),
+        ("dev", None),
+        (None, None),
+    ],
+)
+def test_has_fix(version, has):
+    assert has_fix(version, FIXES["placeholder_embedding"]) is has
+
+
+def test_first_releases_agree_with_the_release_table():
+    by_version = {r.version: r for r in RELEASES}
+    for verdict, field in (("placeholder_embedding", "v1_clamp"), ("cudagraph_outputs", "masks_47066")):
+        fix = FIXES[verdict]
+        assert getattr(by_version[fix.first_release], field), verdict
+        assert not getattr(by_version[fix.last_release_without], field), verdict

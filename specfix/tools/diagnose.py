@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from specfix.tools import recorded
 from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the parsers from here)
     ERRORS,
@@ -36,6 +34,7 @@ from specfix.tools.diagnose_scan import (  # noqa: F401  (chapter 2 imports the 
     spec_state,
     traceback_frames,
 )
+from specfix.tools.mirrors import FIXES, has_fix
 
 VERDICTS = {
     "placeholder_embedding": "a -1 placeholder draft token reached an embedding lookup "
@@ -49,54 +48,6 @@ VERDICTS = {
     "inconclusive": "the log does not say enough to tell",
 }
 
-
-@dataclass(frozen=True)
-class Fix:
-    pr: int
-    short: str
-    what: str
-    where: str  # vLLM file (and function) the fix changed
-    verified: str  # what was read in the release source, and where
-    chapter: str
-    first_release: str = "0.25.0"
-    last_release_without: str = "0.24.0"
-
-
-# Checked in the source of vLLM's release wheels (``scripts/fetch_vllm_peer.py`` unpacks them into
-# ``.peer/src/<version>/``): each fix's code is in 0.25.0 and 0.33.0, not in 0.24.0, and PyPI lists no
-# release between 0.24.0 and 0.25.0 (``pip index versions vllm``, 2026-12-01).
-FIXES = {
-    "placeholder_embedding": Fix(
-        47029,
-        "the clamp before the embedding",
-        "clamps input_ids to >= 0 before the embedding lookup, after the drafts were copied for the "
-        "rejection sampler",
-        "vllm/v1/worker/gpu_model_runner.py, GPUModelRunner._preprocess",
-        "`input_ids.gpu[:num_input_tokens].clamp_(min=0)` under the comment 'Clamp speculative scheduler "
-        "placeholders (-1) before embedding lookup' in _preprocess: in 0.25.0 and 0.33.0, not in 0.24.0",
-        "notebooks/02_embedding_assert.ipynb",
-    ),
-    "negative_draft": Fix(
-        46533,
-        "negative drafts always rejected",
-        "always rejects a negative draft id in the rejection sampler (V1 and Model Runner V2 kernels)",
-        "vllm/v1/sample/rejection_sampler.py (rejection_random_sample_kernel); "
-        "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py",
-        "`if draft_token_id < 0: accepted = False` in rejection_random_sample_kernel and `is_valid_draft = "
-        "draft_sampled >= 0` in rejection_sampler_utils.py: in 0.25.0 and 0.33.0, not in 0.24.0",
-        "notebooks/01_placeholder_lifecycle.ipynb",
-    ),
-    "cudagraph_outputs": Fix(
-        47066,
-        "-1 padding of the drafter's idx_mapping",
-        "pads the drafter's idx_mapping with -1 and makes Gumbel sampling skip those rows, so padded "
-        "rows of a CUDA-graph replay no longer overwrite live requests' draft logits",
-        "vllm/v1/worker/gpu/spec_decode/speculator.py; vllm/v1/worker/gpu/sample/gumbel.py",
-        "`self.idx_mapping[num_reqs:].fill_(-1)` in speculator.py and `is_valid_req = req_state_idx >= 0` in "
-        "gumbel.py: in 0.25.0 and 0.33.0, not in 0.24.0",
-        "notebooks/03_cudagraph_idx_mapping.ipynb",
-    ),
-}
 
 # The many-indices sibling of indexSelectSmallIndex (PyTorch's Indexing.cu), which chapter 2's op table
 # never reached; the table gives F.embedding's other kernels.
@@ -112,22 +63,6 @@ _KNOWN_ELSEWHERE = [
     ),
     ("IndexKernel.cu", "sizes[i]", "advanced indexing (x[idx], index_put_), not an embedding lookup"),
 ]
-
-
-def has_fix(version: str | None, fix: Fix) -> bool | None:
-    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a
-    development build between the last release without the fix and the first with it)."""
-    try:
-        v = Version(version or "")
-    except InvalidVersion:
-        return None
-    first, last = Version(fix.first_release), Version(fix.last_release_without)
-    base = Version(v.base_version)
-    if not (v.is_prerelease or v.is_devrelease or v.is_postrelease):
-        return base >= first
-    if base > first:
-        return True
-    return False if base <= last and not v.is_postrelease else None
 
 
 def ops_for(a: dict, rows: list[dict]) -> list[dict]:
@@ -154,7 +89,7 @@ def kernel_note(a: dict, rows: list[dict]) -> str:
 # -- from facts to a verdict: the first of _RULES that returns one ------------------------------------------
 @dataclass
 class Facts:
-    """What the rules read of one scanned log; :meth:`verdict` asks them."""
+    """What the rules read of one scanned log."""
 
     scan: Scan
     rows: list[dict]  # chapter 2's op table
@@ -182,15 +117,6 @@ class Facts:
         }[state]
         return state, (f"vLLM {version} {said}", [self.scan.setup_lines["vllm_version"]])
 
-    def verdict(self) -> tuple[str, str, list[tuple[str, list[int]]]]:
-        """(verdict, confidence, reasons): the first rule that fits gives them."""
-        return next(found for rule in _RULES if (found := rule(self)))
-
-
-def _embedding_kernels(rows: list[dict]) -> set[str]:
-    kernels = {r["cuda"]["kernel"] for r in rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
-    return kernels | _OTHER_EMBEDDING_KERNELS
-
 
 _PRE_V1 = (
     "the log comes from vLLM's pre-V1 engine (vllm/spec_decode/, vllm/worker/), not the V1 engine whose "
@@ -206,7 +132,9 @@ def _other_index(f: Facts):
     """An index assert that no -1 placeholder explains: the first row that fits says why."""
     if not f.first:
         return None
-    note, kernels = kernel_note(f.first, f.rows), _embedding_kernels(f.rows)
+    note = kernel_note(f.first, f.rows)
+    kernels = {r["cuda"]["kernel"] for r in f.rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
+    kernels |= _OTHER_EMBEDDING_KERNELS
     in_pp = any("pp_utils" in fr["file"] or "broadcast" in fr["func"] for fr in f.frames)
     no_spec = ("but without speculative decoding there are no -1 placeholder drafts", [])
     err_line = [f.err["line"]] if f.err else []
@@ -409,7 +337,6 @@ def advice(verdict: str, fixed: bool | None, blocking: bool) -> list[str]:
     return [text for line in _ADVICE[verdict] if (text := line.format(**words))]
 
 
-# The fields the JSON report gives of each fix, besides its PR and verdict.
 _FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")
 _fill = functools.partial(textwrap.fill, break_long_words=False, break_on_hyphens=False)
 
@@ -423,7 +350,7 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
     table = recorded.load("embedding_assert_ops")
     meta, rows = table["meta"], table["rows"]
     facts = Facts(scan, rows)
-    verdict, confidence, reasons = facts.verdict()
+    verdict, confidence, reasons = next(found for rule in _RULES if (found := rule(facts)))
     asserts = facts.asserts  # in log order
     version = scan.setup.get("vllm_version")
     fixed = {v: has_fix(version, fix) for v, fix in FIXES.items()}

@@ -4,7 +4,9 @@ Reading the ``vllm/...py`` paths from the docstrings keeps chapter 0's map true 
 hand; a module's role is its subpackage, described by that subpackage's docstring.
 
 :data:`RELEASES` holds what changed about placeholders between the vLLM releases the course compares
-(chapter 0's table by release); a test reads each fact again from that release's source.
+(chapter 0's table by release); a test reads each fact again from that release's source. :data:`FIXES`
+holds the three vLLM fixes the course re-creates, each with the first release that carries it (``specfix
+diagnose`` tells from a logged version whether it has one: :func:`has_fix`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib
 import pkgutil
 import re
 from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
 
 import specfix
 
@@ -26,14 +30,6 @@ def _summary(doc: str | None) -> str:
     return match.group(1).rstrip(":") if match else text
 
 
-def role_of(module: str) -> str:
-    """``specfix.v1.scheduler`` -> ``v1``; a top-level module (``specfix.fixes``) -> ``specfix``."""
-    if not module.startswith("specfix."):
-        raise ValueError(f"module must be a specfix module, got {module!r}")
-    parts = module.split(".")
-    return parts[1] if len(parts) > 2 else "specfix"
-
-
 def vllm_map() -> list[dict[str, str]]:
     """One row per module (subpackages included): its name, role, the vLLM files it mirrors, its summary."""
     rows = []
@@ -42,10 +38,11 @@ def vllm_map() -> list[dict[str, str]]:
             continue
         doc = importlib.import_module(info.name).__doc__ or ""
         files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
+        parts = info.name.split(".")  # specfix.v1.scheduler has the role v1, specfix.fixes the role specfix
         rows.append(
             {
                 "module": info.name,
-                "role": role_of(info.name),
+                "role": parts[1] if len(parts) > 2 else "specfix",
                 "mirrors": ", ".join(files) if files else "(specfix's own)",
                 "summary": doc.strip().splitlines()[0] if doc.strip() else "",
             }
@@ -145,3 +142,68 @@ def release_rows() -> list[dict[str, str]]:
             }
         )
     return rows
+
+
+@dataclass(frozen=True)
+class Fix:
+    pr: int
+    short: str
+    what: str
+    where: str  # vLLM file (and function) the fix changed
+    verified: str  # what was read in the release source, and where
+    chapter: str
+    first_release: str = "0.25.0"
+    last_release_without: str = "0.24.0"
+
+
+# Checked in the source of vLLM's release wheels (``scripts/fetch_vllm_peer.py`` unpacks them into
+# ``.peer/src/<version>/``): each fix's code is in 0.25.0 and 0.33.0, not in 0.24.0, and PyPI lists no
+# release between 0.24.0 and 0.25.0 (``pip index versions vllm``, 2026-12-01).
+FIXES = {
+    "placeholder_embedding": Fix(
+        47029,
+        "the clamp before the embedding",
+        "clamps input_ids to >= 0 before the embedding lookup, after the drafts were copied for the "
+        "rejection sampler",
+        "vllm/v1/worker/gpu_model_runner.py, GPUModelRunner._preprocess",
+        "`input_ids.gpu[:num_input_tokens].clamp_(min=0)` under the comment 'Clamp speculative scheduler "
+        "placeholders (-1) before embedding lookup' in _preprocess: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/02_embedding_assert.ipynb",
+    ),
+    "negative_draft": Fix(
+        46533,
+        "negative drafts always rejected",
+        "always rejects a negative draft id in the rejection sampler (V1 and Model Runner V2 kernels)",
+        "vllm/v1/sample/rejection_sampler.py (rejection_random_sample_kernel); "
+        "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py",
+        "`if draft_token_id < 0: accepted = False` in rejection_random_sample_kernel and `is_valid_draft = "
+        "draft_sampled >= 0` in rejection_sampler_utils.py: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/01_placeholder_lifecycle.ipynb",
+    ),
+    "cudagraph_outputs": Fix(
+        47066,
+        "-1 padding of the drafter's idx_mapping",
+        "pads the drafter's idx_mapping with -1 and makes Gumbel sampling skip those rows, so padded "
+        "rows of a CUDA-graph replay no longer overwrite live requests' draft logits",
+        "vllm/v1/worker/gpu/spec_decode/speculator.py; vllm/v1/worker/gpu/sample/gumbel.py",
+        "`self.idx_mapping[num_reqs:].fill_(-1)` in speculator.py and `is_valid_req = req_state_idx >= 0` in "
+        "gumbel.py: in 0.25.0 and 0.33.0, not in 0.24.0",
+        "notebooks/03_cudagraph_idx_mapping.ipynb",
+    ),
+}
+
+
+def has_fix(version: str | None, fix: Fix) -> bool | None:
+    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a
+    development build between the last release without the fix and the first with it)."""
+    try:
+        v = Version(version or "")
+    except InvalidVersion:
+        return None
+    first, last = Version(fix.first_release), Version(fix.last_release_without)
+    base = Version(v.base_version)
+    if not (v.is_prerelease or v.is_devrelease or v.is_postrelease):
+        return base >= first
+    if base > first:
+        return True
+    return False if base <= last and not v.is_postrelease else None
