@@ -96,8 +96,7 @@ def verifications(result: GenerateResult) -> list[Verification]:
 
 
 def compare_runs(a: GenerateResult, b: GenerateResult, token_id: int = 0) -> dict[str, dict[str, int]]:
-    """Line up two recorded runs of one greedy workload by (request, position), in three groups: verified
-    in both, only in a, only in b. Their texts must be equal, or positions would not match."""
+    """Two recorded runs of one text, verifications lined up by (request, position): both, only a, only b."""
     tokens_a, tokens_b = ({o.request_id: o.prompt_token_ids + o.token_ids for o in r.outputs} for r in (a, b))
     if tokens_a != tokens_b:
         raise ValueError("the two runs produced different texts: their positions cannot be lined up")
@@ -136,8 +135,7 @@ def negative_draft_run(
     max_tokens: int = 32,
     device: torch.device | str = "cpu",
 ) -> dict[str, int]:
-    """Sample while a prefilled request (P/D) joins every step with ``[-1] * k`` drafts; count the sampler
-    rows that accepted a placeholder slot."""
+    """Sampler rows that accept a ``-1`` while a P/D request with ``[-1] * k`` drafts joins every step."""
     check_count("k", k)
     engine = LLMEngine(
         num_speculative_tokens=k,
@@ -190,8 +188,7 @@ def repeated_prompt_engine(
     models: tuple[NgramLM, NgramLM] | None = None,
     device: torch.device | str = "cpu",
 ) -> LLMEngine:
-    """Prefix caching on: :data:`REPEATED_PROMPT` runs as ``"first"``, then again as ``"repeat"``; the engine
-    after the repeat's first step (``engine.model_runner.trace[-1]``)."""
+    """Prefix caching on: :data:`REPEATED_PROMPT` run as ``"first"``, then one step of it as ``"repeat"``."""
     engine = LLMEngine(
         num_speculative_tokens=k,
         enable_prefix_caching=True,
