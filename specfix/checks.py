@@ -43,12 +43,13 @@ def check_vector(
             else "dtype " + " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         )
         raise TypeError(f"{name} must hold {allowed}, got {tensor.dtype}")
-    if tensor.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
-    if length is not None and tensor.numel() != length:
-        raise ValueError(f"{name} must have {length} entries, got {tensor.numel()}")
-    if tensor.numel() < min_length:
-        raise ValueError(f"{name} must have at least {min_length} entries, got {tensor.numel()}")
+    shape = tensor.shape
+    if len(shape) != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(shape)}")
+    if length is not None and shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries, got {shape[0]}")
+    if shape[0] < min_length:
+        raise ValueError(f"{name} must have at least {min_length} entries, got {shape[0]}")
     if contiguous and not tensor.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
 

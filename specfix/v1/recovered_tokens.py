@@ -25,13 +25,15 @@ def _token_to_request(cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Ten
 
 
 def _exponential_noise(
-    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: Sequence, device
+    batch_size: int, vocab_size: int, generators: dict[int, torch.Generator], redraw: Sequence | None, device
 ) -> torch.Tensor:
-    """[B, V] Exp(1) noise; seeded rows with ``redraw[i]`` are redrawn from their own generator."""
+    """[B, V] Exp(1) noise; seeded rows with ``redraw[i]`` (every seeded row when None) are redrawn from
+    their own generator."""
     noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device).exponential_()
-    for i, gen in sorted(generators.items()):
-        if redraw[i]:
-            noise[i].exponential_(generator=gen)
+    if generators:  # the common unseeded batch skips the sort
+        for i, gen in sorted(generators.items()):
+            if redraw is None or redraw[i]:
+                noise[i].exponential_(generator=gen)
     return noise
 
 

@@ -155,6 +155,7 @@ def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
     _check_rejection_inputs(
         metadata.draft_token_ids,
         metadata.num_draft_tokens,
+        _count_drafts(metadata.num_draft_tokens),
         metadata.max_spec_len,
         metadata.cu_num_draft_tokens,
         draft_probs,
@@ -196,6 +197,7 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device:
 def _check_rejection_inputs(
     draft_token_ids,
     num_draft_tokens,
+    counts: tuple[int, int],
     max_spec_len,
     cu_num_draft_tokens,
     draft_probs,
@@ -203,12 +205,12 @@ def _check_rejection_inputs(
     scores: dict[str, torch.Tensor | None],
     ranges: dict[str, tuple[torch.Tensor, float, float]],
 ) -> None:
-    """The drafts' shapes always; ``ranges`` (name -> tensor, low, high) and ``scores`` (name -> float table)
-    read under ``device_checks``, with the drafts and the cumulative counts."""
-    _check_num_draft_tokens(num_draft_tokens)
-    total = sum(num_draft_tokens)
-    if max_spec_len != max(num_draft_tokens):
-        raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={max(num_draft_tokens)}")
+    """The drafts' shapes always (``counts``: ``_count_drafts``' total and largest); ``ranges`` (name ->
+    tensor, low, high) and ``scores`` (name -> float table) read under ``device_checks``, with the drafts
+    and the cumulative counts."""
+    total, largest = counts
+    if max_spec_len != largest:
+        raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={largest}")
     if max_spec_len > MAX_SPEC_LEN:
         raise ValueError(
             f"a request has {max_spec_len} drafts; at most MAX_SPEC_LEN={MAX_SPEC_LEN} are allowed"
@@ -230,15 +232,16 @@ def _check_rejection_inputs(
         _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens)
 
 
-def _check_num_draft_tokens(num_draft_tokens: object) -> None:
-    """A non-empty list of ints >= 0: checked first, so an empty batch is told so."""
+def _count_drafts(num_draft_tokens: object) -> tuple[int, int]:
+    """``(sum, max)`` of a non-empty list of ints >= 0, checked once per call (first in
+    ``rejection_sample``, so an empty batch is told so)."""
     if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
         raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
-    if set(map(type, num_draft_tokens)) == {int} and min(num_draft_tokens) >= 0:
-        return  # the common case, at C speed (a bool's type is not int)
-    bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
-    if bad:
-        raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
+    if set(map(type, num_draft_tokens)) != {int} or min(num_draft_tokens) < 0:  # at C speed; bool is not int
+        bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
+        if bad:
+            raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
+    return sum(num_draft_tokens), max(num_draft_tokens)
 
 
 def _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens) -> None:
@@ -301,8 +304,9 @@ def apply_sampling_constraints(
         return logits
     if temperature is None:
         temperature = _divisors(sampling_metadata, _mixed_greedy_mask(sampling_metadata))
-    if num_draft_tokens and len(set(num_draft_tokens)) == 1 and num_draft_tokens[0] > 0:
-        logits.view(len(num_draft_tokens), num_draft_tokens[0], -1).div_(temperature.view(-1, 1, 1))
+    k = num_draft_tokens[0] if num_draft_tokens else 0
+    if k > 0 and num_draft_tokens.count(k) == len(num_draft_tokens):  # no set built per call
+        logits.view(len(num_draft_tokens), k, -1).div_(temperature.view(-1, 1, 1))
         return logits
     temperature = expand_batch_to_tokens(temperature, cu_num_draft_tokens, logits.shape[0])
     return logits.div_(temperature.unsqueeze(-1))
@@ -348,9 +352,7 @@ def _sample_bonus_tokens(logits, sampling_metadata: SamplingMetadata, divisors, 
     argmax = None if is_greedy is None else logits.argmax(dim=-1)
     probs = torch.softmax(logits.div_(divisors.unsqueeze(-1)), dim=-1)
     batch_size, vocab_size = logits.shape
-    noise = _exponential_noise(
-        batch_size, vocab_size, sampling_metadata.generators, [True] * batch_size, logits.device
-    )
+    noise = _exponential_noise(batch_size, vocab_size, sampling_metadata.generators, None, logits.device)
     sampled = probs.div_(noise).argmax(dim=-1)
     return sampled if is_greedy is None else torch.where(is_greedy, argmax, sampled)
 
@@ -375,31 +377,33 @@ def rejection_sample(
 ) -> torch.Tensor:
     """Verify every request's drafts into ``[B, max_spec_len + 1]`` int32, placeholder-filled as in vLLM:
     row i holds its accepted drafts then one recovered or bonus token. ``draft_probs`` None is one-hot."""
-    _check_num_draft_tokens(num_draft_tokens)
+    counts = _count_drafts(num_draft_tokens)
+    num_tokens = counts[0]
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
-    total, vocab_size = target_logits.shape
+    rows, vocab_size = target_logits.shape
     ranges = {}
     if uniform_probs is not None:
         if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
             raise TypeError("uniform_probs must be a float64 tensor")
-        if uniform_probs.shape != (sum(num_draft_tokens),):
+        if uniform_probs.shape != (num_tokens,):
             raise ValueError(
-                f"uniform_probs must have shape ({sum(num_draft_tokens)},), got {tuple(uniform_probs.shape)}"
+                f"uniform_probs must have shape ({num_tokens},), got {tuple(uniform_probs.shape)}"
             )
         ranges["uniform_probs"] = (uniform_probs, 0, 1)
     if recovered_token_ids is not None:
-        check_id_tensor("recovered_token_ids", recovered_token_ids, sum(num_draft_tokens))
+        check_id_tensor("recovered_token_ids", recovered_token_ids, num_tokens)
         ranges["recovered_token_ids"] = (recovered_token_ids, 0, vocab_size)
     check_id_tensor("bonus_token_ids", bonus_token_ids, len(num_draft_tokens))
     ranges["bonus_token_ids"] = (bonus_token_ids, 0, vocab_size)
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
+        counts,
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
-        (total, vocab_size),
+        (rows, vocab_size),
         {"target_logits": target_logits, "draft_probs": draft_probs},
         ranges,
     )
