@@ -191,16 +191,15 @@ class SpecDecodingStats:
     num_drafts: int = 0  # verification events: one request in one step with at least one real draft
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_draft_tokens_per_pos: list[int] = field(init=False)
+    num_accepted_tokens_per_pos: list[int] = field(init=False)
     acceptance_lengths: list[int] = field(default_factory=list)  # 1 + accepted, per verification event
     num_placeholder_slots: int = 0
     num_placeholders_accepted: int = 0
 
     def __post_init__(self) -> None:
-        k = self.num_spec_tokens
-        self.num_draft_tokens_per_pos = self.num_draft_tokens_per_pos or [0] * k
-        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * k
+        self.num_draft_tokens_per_pos = [0] * self.num_spec_tokens
+        self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
 
     def observe(self, num_slots: int, num_placeholders: int, num_accepted: int) -> None:
         """One request's verification; the last ``num_placeholders`` of its slots are padding."""
