@@ -59,15 +59,13 @@ class GenerateResult:
 
 
 class _StepUndo:
-    """What a failed ``LLMEngine.step`` puts back, the global generators too (unseeded requests use them).
-    The model, drafter and sampler never change in a step; the runner's trace, an append-only log, is cut
-    back to its length."""
+    """What a failed ``LLMEngine.step`` puts back, the global generators too (unseeded requests use them)."""
 
     def __init__(self, engine: LLMEngine):
         runner = engine.model_runner
         self.parts = [
             Snapshot(engine.scheduler),
-            Snapshot(runner, skip=("model", "drafter", "rejection_sampler", "trace")),
+            Snapshot(runner, skip=runner.NOT_STEP_STATE),
             Snapshot(engine, skip=("scheduler", "model_runner", "tokenizer")),
         ]
         self.trace, self.trace_len = runner.trace, len(runner.trace)

@@ -90,6 +90,10 @@ def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class GPUModelRunner:
     """Runs the target model for a ``SchedulerOutput`` (on CUDA or CPU despite the vLLM name)."""
 
+    #: Not put back after a failed engine step: the model, drafter and sampler, which a step never changes,
+    #: and the trace, an append-only log the engine cuts back to its length.
+    NOT_STEP_STATE = ("model", "drafter", "rejection_sampler", "trace")
+
     def __init__(
         self,
         model: NgramLM,
