@@ -26,8 +26,7 @@ PLACEHOLDER = "#f1a340"  # orange: a -1 placeholder slot
 PADDING = "#9e9e9e"  # grey: a padded row or slot
 NEUTRAL = "#2166ac"  # blue: anything else (target, reference, a measured value)
 ACCENT = "#762a83"  # purple: a second series beside NEUTRAL
-THIRD = "#35978f"  # teal: a third series beside NEUTRAL and ACCENT
-SERIES = (NEUTRAL, ACCENT, THIRD)  # series colours, in order
+SERIES = (NEUTRAL, ACCENT, "#35978f")  # series colours, in order: a teal third beside NEUTRAL and ACCENT
 CEILING = "#444444"  # dark grey: a hardware ceiling or a threshold line
 
 COLUMN_PX = 688  # CSS px of the book's text column (sphinx-book-theme at 1280 px); wider figures shrink
@@ -209,9 +208,7 @@ def tidy(frame, digits: int = 1):
     spaced."""
     import pandas as pd
 
-    def missing(value) -> bool:
-        return value is None or value is pd.NA or (isinstance(value, float) and value != value)
-
+    missing = lambda value: pd.api.types.is_scalar(value) and pd.isna(value)  # None, NA, NaN
     out = frame.copy()
     for column in out.columns:
         values = out[column]
