@@ -128,9 +128,7 @@ def show_fix(name: str) -> FixListing:
         path, first, source = _site_source(site)
         lines = []
         for text in source:
-            mark = next((m for tag, m in _MARK.items() if text.rstrip().endswith(tag)), " ")
-            if mark != " ":
-                text = text.rstrip().removesuffix("# [fix]").removesuffix("# [no fix]").rstrip()
-            lines.append((mark, text))
+            tag = next((tag for tag in _MARK if text.rstrip().endswith(tag)), None)
+            lines.append((_MARK[tag], text.rstrip().removesuffix(tag).rstrip()) if tag else (" ", text))
         sites.append((site, path, first, tuple(lines)))
     return FixListing(name, tuple(sites))

@@ -13,12 +13,10 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-CORPUS_PATH = Path(__file__).with_name("data") / "fables.txt"
 # Two ids meet placeholders, so they are chosen on purpose. Token 0 is ``"the"``, the commonest word: a
 # placeholder zeroed into token 0 is accepted whenever the target would say "the". The last id is ``"."``:
 # before vLLM PR #46533 a ``-1`` draft read the previous row's P(id V-1), so a placeholder was accepted
 # about as often as the target would end a sentence.
-#: Token id 0: a real, frequent word.
 TOKEN_ZERO = "the"
 UNK = "<unk>"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[.,!?:;]")
@@ -79,7 +77,7 @@ class Tokenizer:
 
 @functools.lru_cache(maxsize=1)
 def corpus_text() -> str:
-    return CORPUS_PATH.read_text(encoding="utf-8")
+    return (Path(__file__).with_name("data") / "fables.txt").read_text(encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=1)

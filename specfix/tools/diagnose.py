@@ -337,8 +337,7 @@ def advice(verdict: str, fixed: bool | None, blocking: bool) -> list[str]:
     return [text for line in _ADVICE[verdict] if (text := line.format(**words))]
 
 
-_FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")
-_fill = functools.partial(textwrap.fill, break_long_words=False, break_on_hyphens=False)
+_FIX_KEYS = ("short", "what", "where", "first_release", "verified", "chapter")  # in the JSON report's order
 
 
 def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
@@ -404,6 +403,9 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
 
 
 # -- the report as text -------------------------------------------------------------------------------------
+_fill = functools.partial(textwrap.fill, break_long_words=False, break_on_hyphens=False)
+
+
 def render(report: dict, width: int = 100) -> str:
     """The report as a person reads it: verdict first, then the evidence, then what to do."""
 

@@ -1,6 +1,7 @@
-"""One pass over a pasted vLLM log: the facts :mod:`specfix.tools.diagnose_rules` judges.
+"""One pass over a pasted vLLM log: the facts whose verdict :mod:`specfix.tools.diagnose` gives.
 
-Read :func:`read_lines` (how a log is read, whatever its size) then :class:`Scan` (what each line adds).
+Read :func:`read_lines` (how a log is read, whatever its size), then :class:`Scan` (what each line adds),
+then :func:`python_error` and :func:`spec_state` (what the scanned log says about the fault and the setup).
 Chapter 2 (:mod:`specfix.lab.embedding_assert`) reads its own transcripts with the same parsers,
 :func:`device_asserts` and :func:`traceback_frames`.
 """
