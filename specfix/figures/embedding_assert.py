@@ -98,9 +98,7 @@ def ops_table(rows: list[dict], live_cpu: bool = False) -> pd.DataFrame:
         cpu = ea.cpu_outcome(row["op"], row["bad"], row["num_indices"]) if live_cpu else row["cpu"]
         entry = table.setdefault((row["op"], row["bad"]), {"CPU": _cell(cpu)})
         entry[f"CUDA, {row['num_indices']:,} indices"] = _cell(row["cuda"])
-    frame = pd.DataFrame.from_dict(table, orient="index")
-    frame.index.names = ["op", "bad index"]
-    return frame
+    return pd.DataFrame.from_dict(table, orient="index").rename_axis(["op", "bad index"])
 
 
 def ops_by_kernel(rows: list[dict]) -> dict[str, dict[int, list[tuple[str, str]]]]:
@@ -133,9 +131,7 @@ def kernel_table(rows: list[dict]) -> pd.DataFrame:
         }
         for kernel, by_n in ops_by_kernel(rows).items()
     }
-    frame = pd.DataFrame.from_dict(table, orient="index")
-    frame.index.name = "kernel in the assert line"
-    return frame
+    return pd.DataFrame.from_dict(table, orient="index").rename_axis("kernel in the assert line")
 
 
 def cpu_fix_costs(num_tokens: Sequence[int], repeats: int) -> pd.DataFrame:
@@ -231,9 +227,7 @@ def acceptance_table(rows: list[dict]) -> pd.DataFrame:
     """The engine runs under each fix, a row per (temperature, fix), drafts and placeholders apart."""
     frame = pd.DataFrame(rows).set_index(["temperature", "fix"])
     counts = ["verifications", "real drafts", "accepted drafts", "placeholder slots", "placeholders accepted"]
-    for column in counts:
-        if column in frame:  # whole numbers, blank where the run crashed
-            frame[column] = frame[column].astype("Int64")
+    frame = frame.astype({c: "Int64" for c in counts if c in frame})  # whole numbers, blank where it crashed
     return frame.round({"acceptance rate, real drafts": 3, "acceptance rate, all slots": 3})
 
 
