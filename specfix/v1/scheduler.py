@@ -282,10 +282,10 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
-        # Per request id, scheduled steps whose output is not back (async: a request may finish meanwhile)
-        self._num_steps_in_flight: dict[str, int] = {}
         self._num_steps = 0  # steps scheduled so far: the next SchedulerOutput's step_id
-        self._step_ids_in_flight: set[int] = set()  # steps with tokens whose output has not come back
+        # step_id -> its request ids, for steps with tokens whose output has not come back (async: a request
+        # may finish while a later step that carries it is still in flight)
+        self._steps_in_flight: dict[int, set[str]] = {}
         self.spec_decoding_stats = SpecDecodingStats(self.num_spec_tokens)
         self.enable_prefix_caching = enable_prefix_caching
         self.block_size = block_size
@@ -293,7 +293,7 @@ class Scheduler:
 
     def is_request_id_in_use(self, request_id: str) -> bool:
         """A new request may not take an id a step in flight still carries."""
-        return request_id in self.requests or request_id in self._num_steps_in_flight
+        return request_id in self.requests or any(request_id in r for r in self._steps_in_flight.values())
 
     def add_request(self, request: Request) -> None:
         """Queue a request; checks it first (nothing changes when it is refused)."""
@@ -419,7 +419,7 @@ class Scheduler:
         output.total_num_scheduled_tokens = sum(output.num_scheduled_tokens.values())
         self._num_steps += 1
         if output.num_scheduled_tokens:  # a step without tokens never runs, so no output comes back for it
-            self._step_ids_in_flight.add(output.step_id)
+            self._steps_in_flight[output.step_id] = set(output.num_scheduled_tokens)
         self._update_after_schedule(output)
         return output
 
@@ -464,7 +464,6 @@ class Scheduler:
             request.is_prefill_chunk = (
                 request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
             )
-            self._num_steps_in_flight[req_id] = self._num_steps_in_flight.get(req_id, 0) + 1
             if self.enable_prefix_caching:  # vLLM's allocate_slots caches min(computed, num_tokens) (~621)
                 self.cached_block_hashes.update(
                     self.block_hashes(
@@ -477,12 +476,9 @@ class Scheduler:
         """Append sampled tokens, roll back rejected drafts, return (and free) the requests that finished."""
         filled = model_runner_output.num_filled_spec_tokens
         generated_by_req = self._check_output(scheduler_output, model_runner_output)
-        self._step_ids_in_flight.discard(scheduler_output.step_id)
+        self._steps_in_flight.pop(scheduler_output.step_id, None)
         finished: list[Request] = []
         for req_id, generated in generated_by_req.items():
-            self._num_steps_in_flight[req_id] -= 1
-            if not self._num_steps_in_flight[req_id]:
-                del self._num_steps_in_flight[req_id]
             request = self.requests.get(req_id)
             if request is None:  # freed while this step was in flight (async): dropped, as vLLM does
                 continue
@@ -513,7 +509,7 @@ class Scheduler:
             raise TypeError(
                 f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
             )
-        if scheduler_output.num_scheduled_tokens and scheduler_output.step_id not in self._step_ids_in_flight:
+        if scheduler_output.num_scheduled_tokens and scheduler_output.step_id not in self._steps_in_flight:
             raise ValueError(
                 f"scheduler_output (step_id {scheduler_output.step_id}) is not a step of this scheduler "
                 "still in flight: its output was delivered already, or another scheduler made it"
