@@ -377,29 +377,27 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
             **scan.setup,
             "lines": dict(scan.setup_lines),
         },
-        "ops": [
-            {
-                "kernel": a["kernel"],
-                "where": a["where"],
-                "cases": ops_for(a, rows),
-                "note": kernel_note(a, rows),
-            }
-            for a in asserts[:4]
-        ],
+        "ops": [_op(a, rows) for a in asserts[:4]],
         "op_table": f"chapter 2's op table, recorded on {meta.get('device')} with torch {meta.get('torch')} "
         f"on {meta.get('date')}",
-        "fixes": [
-            {
-                "pr": f.pr,
-                "verdict": v,
-                **{k: getattr(f, k) for k in _FIX_KEYS},
-                "logged_version_has_it": fixed[v],
-            }
-            for v, f in fixes
-        ],
+        "fixes": [_fix(v, f, fixed[v]) for v, f in fixes],
         "advice": advice(verdict, fixed.get(verdict), scan.blocking),
         "chapter": FIXES[verdict].chapter if verdict in FIXES else "notebooks/02_embedding_assert.ipynb",
     }
+
+
+def _op(a: dict, rows: list[dict]) -> dict:
+    return {
+        "kernel": a["kernel"],
+        "where": a["where"],
+        "cases": ops_for(a, rows),
+        "note": kernel_note(a, rows),
+    }
+
+
+def _fix(verdict: str, fix, has_it: bool | None) -> dict:
+    fields = {k: getattr(fix, k) for k in _FIX_KEYS}
+    return {"pr": fix.pr, "verdict": verdict, **fields, "logged_version_has_it": has_it}
 
 
 # -- the report as text -------------------------------------------------------------------------------------
@@ -493,14 +491,12 @@ def _type(short: str) -> dict:
     return _TYPES[short]
 
 
-def _object(fields: str = "", required: list[str] | None = None, **schemas: dict) -> dict:
-    """A closed object: the properties ``"name: type, ..."`` gives in short, then ``schemas``; every property
-    required unless ``required`` names some."""
-    short = {name: _type(t) for name, t in (f.split(": ") for f in fields.split(", ") if f)}
-    properties = short | schemas
+def _object(fields: str = "", **schemas: dict) -> dict:
+    """A closed object; its properties, all required: ``"name: type, ..."`` in short, then ``schemas``."""
+    properties = {name: _type(t) for name, t in (f.split(": ") for f in fields.split(", ") if f)} | schemas
     return {
         "type": "object",
-        "required": list(properties if required is None else required),
+        "required": list(properties),
         "additionalProperties": False,
         "properties": properties,
     }
@@ -524,10 +520,9 @@ _ERROR = _object(
 )
 _SETUP = _object(
     "speculative_decoding: bool?, launch_blocking: bool",
-    required=["speculative_decoding", "launch_blocking", "lines"],
     lines={"type": "object", "additionalProperties": _TYPES["int"]},
-    **{k: {"type": ["string", "integer", "boolean", "null"]} for k in SETUP},
 )
+_SETUP["properties"] |= {k: {"type": ["string", "integer", "boolean", "null"]} for k in SETUP}  # optional
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     **_object(
