@@ -59,20 +59,6 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
     return (logits.float() - noise).argmax(dim=-1)
 
 
-def _with_speedups(rows: list[dict], b2b: bool = False) -> list[dict]:
-    """Add each vLLM release's time over ours (how many times faster) to each specfix row of one shape: the
-    median's (``speedup_vs_vllm_<v>``) or, with ``b2b``, the back-to-back time's (``back_to_back_...``)."""
-    field = "back_to_back_us" if b2b else "median_us"
-    times = {r["impl"]: r.get(field, r["metrics"].get(field)) for r in rows}
-    theirs = [impl for impl, t in times.items() if impl.startswith("vllm_") and t]
-    prefix = ("back_to_back_" if b2b else "") + "speedup_vs_"
-    for r in rows:
-        if r["impl"] in OURS and times[r["impl"]]:
-            for impl in theirs:
-                r["metrics"][prefix + impl] = times[impl] / times[r["impl"]]
-    return rows
-
-
 # ---- ceilings
 
 
@@ -125,8 +111,8 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
         if s.cuda and (impl == JUDGED or impl.startswith("vllm_")):  # goal 2: back to back, host shows
             m["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
         shape.append(result("gumbel", impl, params, t, **m))
-    _with_speedups(shape)
-    return _with_speedups(shape, b2b=True)
+    vllm.speedups(shape, OURS)
+    return vllm.speedups(shape, OURS, "back_to_back_us")
 
 
 def plan_gumbel(s, timer) -> list[Job]:
@@ -226,7 +212,7 @@ def plan_gumbel_graph(s, timer) -> list[Job]:
                 result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
                 for impl, call in impls.items()
             ]
-            out += _with_speedups(shape)
+            out += vllm.speedups(shape, OURS)
         return out
 
     return [Job(f"gumbel_sample in a CUDA graph, vocab {v:,}", functools.partial(run, v)) for v in vocabs]

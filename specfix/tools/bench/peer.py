@@ -128,6 +128,20 @@ def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str)
     )
 
 
+def speedups(shape: list[dict], ours, field: str = "median_us") -> list[dict]:
+    """vLLM's results of one shape beside specfix's (impls ``ours``): their ``field`` over ours, as metric
+    ``speedup_vs_vllm_<v>`` (``back_to_back_speedup_vs_vllm_<v>`` for field ``back_to_back_us``)."""
+
+    def us(r: dict) -> float | None:
+        return r.get(field, r["metrics"].get(field))
+
+    prefix = "" if field == "median_us" else "back_to_back_"
+    for mine in (r for r in shape if r["impl"] in ours and us(r)):
+        for theirs in (r for r in shape if r["impl"].startswith(peer_impl("")) and us(r)):
+            mine["metrics"][f"{prefix}speedup_vs_{theirs['impl']}"] = us(theirs) / us(mine)
+    return shape
+
+
 def vs_peer(goal_id: str, r: dict, s, shape, invert: bool = False) -> dict:
     """Goal ``goal_id`` on result ``r``'s speedup over :data:`GOAL_PEER` (its time over ours; ``invert``: ours
     over its)."""

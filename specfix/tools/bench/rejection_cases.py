@@ -120,13 +120,11 @@ def _shape(s, timer, step: Step) -> list[dict]:
         if not impl.startswith("vllm_"):
             metrics["host_syncs_per_step"] = count_host_syncs(call, s.device)
         out.append(result("rejection", impl, step.params, t, **metrics))
-    core, public = (next(r for r in out if r["impl"] == i) for i in (CORE, PUBLIC))
+    vllm.speedups(out, {CORE})
+    vllm.speedups(out, {PUBLIC}, "back_to_back_us")
+    core = next(r for r in out if r["impl"] == CORE)
     for v, module in peers.items():
-        theirs = next(r for r in out if r["impl"] == vllm.peer_impl(v))
-        core["metrics"][vllm.speedup_key(v)] = theirs["median_us"] / core["median_us"]
         core["metrics"][f"tables_identical_{vllm.peer_impl(v)}"] = step.tables_identical(module)
-        b2b = theirs["metrics"]["back_to_back_us"] / public["metrics"]["back_to_back_us"]
-        public["metrics"][f"back_to_back_{vllm.speedup_key(v)}"] = b2b
     if s.cuda:
         out.append(_forward_in_graph(timer, step))
     return out
