@@ -174,6 +174,23 @@ def test_host_and_back_to_back_goals_stand_beside_vllm():
     assert rejection_cases.goals_rejection_host([], GPU)[0]["status"] == "not measured"
 
 
+def test_speedups_set_each_vllm_result_beside_specfix_s():
+    fast, exact = _row("gumbel", bench.JUDGED, 20.0), _row("gumbel", "specfix_exact", 40.0)
+    theirs, plain = _row("gumbel", "vllm_0.33.0", 30.0), _row("gumbel", "torch_gumbel_max", 10.0)
+    fast["metrics"], theirs["metrics"] = {"back_to_back_us": 25.0}, {"back_to_back_us": 50.0}
+    shape = [fast, exact, theirs, plain]
+    peer.speedups(shape, bench.OURS)
+    peer.speedups(shape, bench.OURS, "back_to_back_us")
+    # vLLM's 30 us over ours: 1.5x and 0.75x; back to back 50 over 25: 2x, only where ours was timed so
+    assert fast["metrics"] == {
+        "back_to_back_us": 25.0,
+        "speedup_vs_vllm_0.33.0": 1.5,
+        "back_to_back_speedup_vs_vllm_0.33.0": 2.0,
+    }
+    assert exact["metrics"] == {"speedup_vs_vllm_0.33.0": 0.75}
+    assert theirs["metrics"] == {"back_to_back_us": 50.0} and plain["metrics"] == {}
+
+
 def test_per_shape_goals_against_the_peer():
     key = bench.speedup_key(bench.GOAL_PEER)
     results = []
