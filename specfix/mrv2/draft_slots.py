@@ -15,7 +15,7 @@ import torch
 
 from specfix.fixes import Fixes
 from specfix.models import NgramLM
-from specfix.v1.model_runner import DraftTokenIds, GPUModelRunner
+from specfix.v1.model_runner import DraftTokenIds, GPUModelRunner, cumsum_and_arange
 from specfix.v1.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from specfix.v1.scheduler import SchedulerOutput
 
@@ -95,8 +95,7 @@ class GPUModelRunnerV2(GPUModelRunner):
             rows = [self.input_batch.req_id_to_index[r] for r in req_ids]
             span = np.array(metadata.num_draft_tokens) + 1
             idx = torch.tensor(np.repeat(rows, span), device=self.device)
-            local_pos = torch.from_numpy(np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span))
-            local_pos = local_pos.to(self.device)
+            local_pos = torch.from_numpy(cumsum_and_arange(span)[1]).to(self.device)
             draft_sampled, _ = gather_draft_sampled(
                 self.input_ids.gpu,
                 self.positions.gpu,

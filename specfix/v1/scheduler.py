@@ -391,12 +391,9 @@ class Scheduler:
         """The tokens of a new request the prefix cache already holds (0 with prefix caching off)."""
         if not self.enable_prefix_caching:
             return 0
-        hits = 0
-        for block_hash in self.block_hashes(request.all_token_ids[: request.num_tokens - 1]):
-            if block_hash not in self.cached_block_hashes:
-                break
-            hits += 1
-        return hits * self.block_size
+        hashes = self.block_hashes(request.all_token_ids[: request.num_tokens - 1])
+        hits = next((i for i, h in enumerate(hashes) if h not in self.cached_block_hashes), len(hashes))
+        return hits * self.block_size  # the leading blocks up to the first one not cached
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then waiting ones, within the budgets."""
@@ -465,11 +462,8 @@ class Scheduler:
                 request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
             )
             if self.enable_prefix_caching:  # vLLM's allocate_slots caches min(computed, num_tokens) (~621)
-                self.cached_block_hashes.update(
-                    self.block_hashes(
-                        request.all_token_ids[: min(request.num_computed_tokens, request.num_tokens)]
-                    )
-                )
+                computed = request.all_token_ids[: request.num_computed_tokens]  # stops at num_tokens
+                self.cached_block_hashes.update(self.block_hashes(computed))
         self.finished_req_ids = set()
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output) -> list[Request]:
