@@ -121,13 +121,15 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
     """``forward`` when every request is greedy: one argmax over every row, then the ids are gathered, not
     the rows (an argmax is exact in any float dtype, so no float32 copy either)."""
     argmax = logits.argmax(dim=-1)
+    target_argmax = argmax.index_select(0, metadata.target_logits_indices)
+    bonus_token_ids = argmax.index_select(0, metadata.bonus_logits_indices)
     output_token_ids = _output_table(metadata.batch_size, metadata.max_spec_len, logits.device)
     rejection_greedy_sample(
         output_token_ids,
         metadata.cu_num_draft_tokens,
         metadata.draft_token_ids,
-        argmax.index_select(0, metadata.target_logits_indices),
-        argmax.index_select(0, metadata.bonus_logits_indices),
+        target_argmax,
+        bonus_token_ids,
         None,
         metadata.max_spec_len,
         backend=backend,
@@ -136,7 +138,8 @@ def _greedy_forward(metadata: SpecDecodeMetadata, logits: torch.Tensor, backend:
 
 
 def _output_table(batch_size: int, max_spec_len: int, device: torch.device) -> torch.Tensor:
-    """[B, max_spec_len + 1] int32, not filled: the kernels write each row whole, placeholders included."""
+    """[B, max_spec_len + 1] int32, not filled: the kernels write each row whole, placeholders included
+    (allocated after the argmax is queued, so that the GPU starts while the host allocates)."""
     return torch.empty((batch_size, max_spec_len + 1), dtype=torch.int32, device=device)
 
 
@@ -439,15 +442,16 @@ def _rejection_sample(
     backend="auto",
     is_greedy=None,
 ) -> torch.Tensor:
-    output_token_ids = _output_table(len(num_draft_tokens), max_spec_len, target_logits.device)
     if is_greedy is None:  # forward passes the mask it has read
         is_greedy = _mixed_greedy_mask(sampling_metadata)
-    if not sampling_metadata.all_random:
+    target_argmax = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)  # queued first
+    output_token_ids = _output_table(len(num_draft_tokens), max_spec_len, target_logits.device)
+    if target_argmax is not None:
         rejection_greedy_sample(
             output_token_ids,
             cu_num_draft_tokens,
             draft_token_ids,
-            target_logits.argmax(dim=-1),
+            target_argmax,
             bonus_token_ids,
             is_greedy,
             max_spec_len,
