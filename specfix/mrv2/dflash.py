@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specfix.checks import check_count, check_device, check_id_tensor, check_slots, check_vector, is_int
+from specfix.checks import check_count, check_device, check_id_tensor, check_slots, check_vector
 from specfix.fixes import Fixes
 from specfix.mrv2.cudagraph import CapturedStep, check_num_reqs
 from specfix.mrv2.gumbel import gumbel_sample
@@ -79,8 +79,8 @@ def _validate(
         check_vector(name, t, (torch.int64,), length=out.max_num_reqs)  # a request-state table
         check_device(name, t, out.sample_idx_mapping.device, "out")
     check_count("mask_token_id", mask_token_id, low=0)
-    if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
-        raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+    if vocab_size is not None:
+        check_count("vocab_size", vocab_size)
     if not device_checks.wanted(idx_mapping, last_sampled, num_computed):
         return  # reading GPU values back is a host sync: checked only under device_checks
     live = idx_mapping[:num_reqs].long().cpu()

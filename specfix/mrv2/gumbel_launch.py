@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from specfix.checks import check_device, check_vector, is_int
-from specfix.mrv2.noise import INDEX_DTYPES, NOISE_MODES
+from specfix.mrv2.noise import FP_FUSION, INDEX_DTYPES, NOISE_MODES
 from specfix.runtime import INTERPRET, triton
 from specfix.v1 import device_checks
 
@@ -103,9 +103,6 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, switches: tuple, over
     warps = num_warps or default_warps
     depth, lanes = tile_shape(block, warps, itemsize)
     splits_bound = max(64, triton.next_power_of_2(num_splits))  # a few compiled variants, not one per count
-    # The exact mode is compiled without FMA contraction (its bits are the reference's); the vllm mode as
-    # vLLM's kernel is compiled (triton's default), so that the two make the same float operations.
-    fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     eager = dict(
         IS_DRAFTING=is_drafting,
         APPLY_TEMPERATURE=apply_temperature,
@@ -119,7 +116,7 @@ def _plan(num_tokens: int, vocab_size: int, itemsize: int, switches: tuple, over
         ARRIVE=num_splits > 1,
         STATIC_TILES=tiles_per_program if INTERPRET else 0,
         num_warps=warps,
-        **fusion,
+        **FP_FUSION[noise],
         **_REGISTER_CAP,
     )
     sizes = (vocab_size, num_tiles, vocab_size // block, tiles_per_program, num_splits)

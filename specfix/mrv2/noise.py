@@ -19,6 +19,9 @@ from specfix.runtime import HAS_TRITON, INTERPRET, tl, triton
 #: rare near-ties); "vllm": vLLM 0.33's noise, compiled as its kernel is, so that vLLM 0.33's gumbel_sample
 #: picks the same tokens from the same inputs.
 NOISE_MODES = ref.NOISE_MODES
+#: Each mode's compile options: exact without FMA contraction (its bits are the reference's), vllm as vLLM's
+#: kernel is compiled (triton's default), so that the two make the same float operations.
+FP_FUSION = {"exact": {"enable_fp_fusion": False}, "fast": {"enable_fp_fusion": True}, "vllm": {}}
 #: The dtypes of a position or request-row tensor the kernels read.
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -169,7 +172,6 @@ def gumbel_noise(
         return (ref.vllm_gumbel_noise if noise == "vllm" else ref.gumbel_noise)(seed, pos, vocab_size)
     out = torch.empty((seed.shape[0], vocab_size), dtype=torch.float32, device=seed.device)
     block = min(triton.next_power_of_2(vocab_size), 1 << 16 if INTERPRET else 4096)
-    fusion = {} if noise == "vllm" else {"enable_fp_fusion": noise == "fast"}
     _gumbel_noise_kernel[(seed.shape[0], triton.cdiv(vocab_size, block))](
         out,
         seed,
@@ -178,6 +180,6 @@ def gumbel_noise(
         NOISE=NOISE_MODES.index(noise),
         USE_ASM=not INTERPRET,
         BLOCK=block,
-        **fusion,
+        **FP_FUSION[noise],
     )
     return out
