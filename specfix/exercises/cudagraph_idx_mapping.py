@@ -457,8 +457,7 @@ def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[i
 
 
 def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, int, int]]:
-    """(idx_mapping buffer, num_reqs, k, max_num_reqs): the chapter's DFlash step (2 of 4 requests, k = 3),
-    then a seeded family whose buffers hold stale slots past num_reqs."""
+    """(idx_mapping, num_reqs, k, max_num_reqs): the chapter's step, then a family with stale slots."""
     cases = [([2, 0, 1, 3], 2, 3, 4)]
     rng = random.Random(seed)
     for _ in range(count):

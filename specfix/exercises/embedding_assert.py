@@ -53,8 +53,7 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
     },
 )
 def check_clamp(answer, verdict):
-    buffer = torch.tensor(_BUFFER, dtype=torch.int32)
-    drafts = torch.tensor(_DRAFTS, dtype=torch.int32)
+    buffer, drafts = torch.tensor(_BUFFER, dtype=torch.int32), torch.tensor(_DRAFTS, dtype=torch.int32)
     before = buffer.clone()
     out, synced = host_reads(lambda: answer(buffer, _NUM_TOKENS, _NUM_INPUT_TOKENS, drafts))
     said = f"(got {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))})"
@@ -78,17 +77,12 @@ KERNEL = "vectorized_gather_kernel"
 
 def assert_line(kernel: str = KERNEL) -> str:
     """One assert line of ``kernel`` exactly as the driver printed it in the recorded op table."""
-    rows = sorted(
-        recorded.load("embedding_assert_ops")["rows"],
-        key=lambda row: (row["op"] != "F.embedding", -row["num_indices"]),
-    )
-    for row in rows:
+    rows = recorded.load("embedding_assert_ops")["rows"]
+    for row in sorted(rows, key=lambda row: (row["op"] != "F.embedding", -row["num_indices"])):
         for a in ea.device_asserts(row.get("transcript", "")):
             if a.kernel == kernel:
-                return (
-                    f"{a.where}: {a.kernel}: block: [{a.block}], thread: [{a.thread}] "
-                    f"Assertion `{a.condition}` failed."
-                )
+                where = f"{a.where}: {a.kernel}: block: [{a.block}], thread: [{a.thread}]"
+                return f"{where} Assertion `{a.condition}` failed."
     raise LookupError(f"no assert line of {kernel!r} in the recorded op table")
 
 
@@ -226,8 +220,7 @@ def guard_report() -> GuardReport:
 
 
 def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], list[int], list[str]]]:
-    """(positions, cu_num_tokens, req_ids): the guard's own step, then a seeded family with requests of 0
-    tokens (as a request without drafts has in cu_num_draft_tokens) and positions on every boundary."""
+    """(positions, cu_num_tokens, req_ids): the guard's step, then a family with 0-token requests."""
     report = guard_report()
     cases = [(report.positions, report.cu_num_tokens, report.req_ids)]
     gen = torch.Generator().manual_seed(seed)

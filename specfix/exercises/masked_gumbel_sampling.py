@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specfix import runtime
-from specfix.exercises.core import as_int, checker, value_of
+from specfix.exercises.core import as_int, as_int_list, checker, value_of
 from specfix.fixes import Fixes
 from specfix.lab import masked_gumbel
 from specfix.mrv2 import gumbel
@@ -160,9 +160,8 @@ def check_find_overwritten(answer, verdict):
     for seed in DEBUG_SEEDS:
         puzzle, truth = masked_gumbel.stale_padding_step(seed, device=runtime.DEVICE)
         got = answer(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in puzzle.items()})
-        got = got.tolist() if isinstance(got, torch.Tensor) else got
-        ok = isinstance(got, (list, tuple, set)) and all(isinstance(s, int) for s in got)
-        verdict.require(ok, "not_a_list")
+        got = as_int_list(got)
+        verdict.require(got is not None, "not_a_list")
         got = sorted(got)
         if got == truth:
             continue
