@@ -5,8 +5,9 @@
     specfix diagnose --json server.log     # the same report as JSON (schema: SCHEMA below)
 
 Read :func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, then the first of
-``_RULES`` that fits gives the verdict, how sure it is and the log lines that made it so. ``FIXES`` says
-where each fix's first release was checked; the report renders as text, or as JSON following ``SCHEMA``.
+``_RULES`` that fits gives the verdict, how sure it is and the log lines that made it so, and
+:data:`specfix.tools.mirrors.FIXES` whether the logged release has the fix. The report renders as text, or
+as JSON following ``SCHEMA``.
 """
 
 from __future__ import annotations
