@@ -57,9 +57,10 @@ if ARGS is not None:
 import torch  # noqa: E402
 
 import specfix  # noqa: E402,F401  (runtime first)
-from specfix.lab.masked_gumbel import load_vllm_sampler  # noqa: E402
-from specfix.mrv2.gumbel import gumbel_sample  # noqa: E402
+from specfix.lab.masked_gumbel import gumbel_batch, load_vllm_sampler  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
+from specfix.tools.bench.gumbel_cases import call_gumbel  # noqa: E402
+from specfix.tools.bench.peer import gumbel_call  # noqa: E402
 from specfix.tools.bench.timing import Settings, Timer, capture_graph, summarize  # noqa: E402
 from specfix.v1 import rejection_sampler as rs  # noqa: E402
 from specfix.v1.sampling_metadata import SamplingMetadata  # noqa: E402
@@ -75,45 +76,13 @@ def sizes(device: torch.device) -> dict:
 # ---- inputs and the two steps
 
 
-def gumbel_inputs(rows: int, vocab: int, device) -> dict:
-    """vLLM 0.33's layout (int64 indices): one request per row, temperature 1, distinct seeds."""
-    gen = torch.Generator(device=device).manual_seed(rows * 7919 + vocab)
-    return {
-        "logits": torch.randn(rows, vocab, generator=gen, device=device).mul_(3),
-        "expanded_idx_mapping": torch.arange(rows, dtype=torch.int64, device=device),
-        "temperature": torch.ones(rows, dtype=torch.float32, device=device),
-        "seed": torch.randint(0, 2**31, (rows,), generator=gen, dtype=torch.int64, device=device),
-        "pos": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int64, device=device),
-    }
-
-
-def specfix_gumbel(inp: dict):
-    """specfix's serving path: the fast noise, the target's draw (temperature already applied)."""
-    return lambda: gumbel_sample(
-        inp["logits"],
-        inp["expanded_idx_mapping"],
-        inp["temperature"],
-        inp["seed"],
-        inp["pos"],
-        False,
-        False,
-        noise="fast",
-    )
-
-
-def peer_gumbel(module, inp: dict):
-    return lambda: module.gumbel_sample(
-        inp["logits"], inp["expanded_idx_mapping"], inp["temperature"], inp["seed"], inp["pos"], False, False
-    )
-
-
 def step_inputs(batch: int, k: int, vocab: int, device) -> dict:
     """One verification's inputs (random mode, temperature 1, unseeded) and the draw's."""
     gen = torch.Generator(device=device).manual_seed(batch * 31 + k)
     drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=device)
     meta = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=device)
     return {
-        "draw": gumbel_inputs(batch, vocab, device),
+        "draw": gumbel_batch(batch, vocab, seed=batch * 7919 + vocab, device=device),
         "core": (
             meta.draft_token_ids,
             meta.num_draft_tokens,
@@ -131,7 +100,7 @@ def specfix_step(inp: dict, annotate: bool = False):
     sampling = SamplingMetadata.from_requests(
         [1.0] * inp["batch"], [None] * inp["batch"], device=inp["core"][5].device
     )
-    draw = specfix_gumbel(inp["draw"])
+    draw = call_gumbel(inp["draw"], "fast")
     return _step(lambda: rs.rejection_sample(*inp["core"], sampling), draw, annotate)
 
 
@@ -141,7 +110,7 @@ def peer_step(module, rejection, inp: dict, annotate: bool = False):
         temperature=torch.ones(inp["batch"], device=device), all_greedy=False, all_random=True, generators={}
     )
     *head, bonus = inp["core"]
-    draw = peer_gumbel(module, inp["draw"])
+    draw = gumbel_call(module, inp["draw"])
     return _step(lambda: rejection.rejection_sample(*head, bonus.view(-1, 1), sampling), draw, annotate)
 
 
@@ -387,10 +356,10 @@ def main(args) -> int:
         if over():
             data["skipped"].append(f"rows {rows}: over the {args.budget_s:.0f} s budget")
             continue
-        inp = gumbel_inputs(rows, s["vocab"], device)
-        calls = {"specfix": specfix_gumbel(inp)}
+        inp = gumbel_batch(rows, s["vocab"], seed=rows * 7919 + s["vocab"], device=device)
+        calls = {"specfix": call_gumbel(inp, "fast")}  # the serving path: the target's draw, fast noise
         if gumbel_peer is not None:
-            calls[peer] = peer_gumbel(gumbel_peer, inp)
+            calls[peer] = gumbel_call(gumbel_peer, inp)
         for impl, call in calls.items():
             attempt(
                 f"rows {impl} {rows}",
