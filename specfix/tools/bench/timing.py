@@ -1,4 +1,5 @@
-"""The one timing harness: the bench, ``scripts/time_gumbel.py`` and chapter 4 time through :class:`Timer`.
+"""The one timing harness: the bench, the recorders (``scripts/time_gumbel.py``, ``record_host_trace.py``),
+chapter 4 and the lab's ``time_fix``, ``time_guard`` and ``time_eager_vs_graph`` time through it.
 
 On CUDA a call is bracketed by CUDA events after a warm-up, in four ways that each answer one question
 (read :meth:`Timer.time`, ``time_in_graph``, ``host_cost`` and ``time_throughput``). On a CPU every way falls
