@@ -429,14 +429,11 @@ def _wrong_simulations(events: list[str], max_num_reqs: int) -> dict[str, list[i
             if verb == "finish":
                 for n in names:
                     gone = slots.pop(n)
-                    if clear:
-                        buffer = [-1 if s == gone else s for s in buffer]
+                    buffer = [-1 if clear and s == gone else s for s in buffer]
                 continue
-            for n in names:
-                if n not in slots:
-                    free = [s for s in range(max_num_reqs) if s not in slots.values()]
-                    slots[n] = free[0] if reuse else next_new
-                    next_new += 1
+            for n in (n for n in names if n not in slots):
+                slots[n] = min(set(range(max_num_reqs)) - set(slots.values())) if reuse else next_new
+                next_new += 1
             if verb == "step":
                 for row, n in enumerate(names):
                     buffer[slots[n] if by_name else row] = slots[n]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import itertools
+import random
 import re
 from dataclasses import dataclass
 
@@ -223,15 +225,12 @@ def _position_cases(seed: int = 0, count: int = 12) -> list[tuple[list[int], lis
     """(positions, cu_num_tokens, req_ids): the guard's step, then a family with 0-token requests."""
     report = guard_report()
     cases = [(report.positions, report.cu_num_tokens, report.req_ids)]
-    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
     for _ in range(count):
-        counts = torch.randint(0, 5, (int(torch.randint(2, 7, (1,), generator=gen)),), generator=gen).tolist()
-        counts[int(torch.randint(0, len(counts), (1,), generator=gen))] += 1  # at least one token
-        cu = [int(c) for c in torch.tensor(counts).cumsum(0)]
-        positions = sorted(
-            set(c for c in cu[:-1] if c < cu[-1])
-            | set(torch.randint(0, cu[-1], (4,), generator=gen).tolist())
-        )
+        counts = [rng.randint(0, 4) for _ in range(rng.randint(2, 6))]
+        counts[rng.randrange(len(counts))] += 1  # at least one token
+        cu = list(itertools.accumulate(counts))
+        positions = sorted({c for c in cu[:-1] if c < cu[-1]} | {rng.randrange(cu[-1]) for _ in range(4)})
         cases.append((positions, cu, [f"req-{i}" for i in range(len(counts))]))
     return cases
 

@@ -373,15 +373,10 @@ def _emitted_cases(seed: int = 0, count: int = 24) -> list[tuple[list[int], list
         ([8, -1, -1], [8, 0, 3, 3]),  # a real draft, then placeholders
         ([], [4]),  # no drafts: one plain decode step
     ]
-    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
     for _ in range(count):
-        k = int(torch.randint(0, 5, (1,), generator=gen))
-        choices = torch.randint(0, 4, (k + 1,), generator=gen).tolist()
-        drafts = [
-            c if bool(torch.rand(1, generator=gen) < 0.7) else int(torch.randint(-1, 4, (1,), generator=gen))
-            for c in choices[:k]
-        ]
-        crafted.append((drafts, choices))
+        choices = [rng.randint(0, 3) for _ in range(rng.randint(1, 5))]  # k + 1 of them, k from 0 to 4
+        crafted.append(([c if rng.random() < 0.7 else rng.randint(-1, 3) for c in choices[:-1]], choices))
     return crafted
 
 
