@@ -24,6 +24,7 @@ labelled by ``specfix.tools.recorded.save``; stops starting new sizes once ``--b
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -219,8 +220,7 @@ def reduce_trace(trace: dict) -> dict:
         )
         if outer is None or s["lane"] == "gpu":
             kept.append(s)
-    for s in kept:
-        del s["tid"]
+    kept = [{k: v for k, v in s.items() if k != "tid"} for s in kept]
     gpu = [s for s in kept if s["lane"] == "gpu"]
     return {
         "step_host_us": t1 - t0,
@@ -255,17 +255,9 @@ def peer_modules(args):
     return gumbel, rejection, files
 
 
-def main(args) -> int:
-    device = torch.device(args.device)
-    s = sizes(device)
-    cuda = device.type == "cuda"
-    started = time.perf_counter()
-    over = lambda: time.perf_counter() - started > args.budget_s
-    timer = Timer(Settings(device, "ci"))
-    gumbel_peer, rejection_peer, peer_files = peer_modules(args)
-    peer = f"vllm_{args.version}"
-    impls = ["specfix"] + ([peer] if gumbel_peer is not None else [])
-    data = {
+def header(args, s: dict, peer: str, gumbel_peer, rejection_peer, peer_files: dict) -> dict:
+    """The recording's description, settings and peer, and its empty sections."""
+    return {
         "what": (
             "one speculative step: rejection_sample (random mode, k drafts per request) then "
             "gumbel_sample (one fp32 row per request, temperature 1, specfix's fast noise); "
@@ -289,7 +281,7 @@ def main(args) -> int:
             "loaded": gumbel_peer is not None,
             "rejection_loaded": rejection_peer is not None,
         },
-        "impls": impls,
+        "impls": ["specfix"] + ([peer] if gumbel_peer is not None else []),
         "timelines": [],
         "rows": [],
         "graph": [],
@@ -297,86 +289,86 @@ def main(args) -> int:
         "skipped": [],
     }
 
-    def attempt(section: str, fn):
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001  (a section's failure is recorded; the others still run)
-            traceback.print_exc()
-            data["errors"].append(f"{section}: {type(exc).__name__}: {exc}"[:500])
 
+def graph_row(timer: Timer, head: dict, make) -> dict:
+    """One step eager and, on a GPU, replayed from one CUDA graph (or why it could not be captured)."""
+    row = {**head, "eager": measure(timer, make(False))}
+    if timer.settings.cuda:
+        try:
+            row["graph"] = measure(timer, capture_graph(make(False)).replay)
+        except Exception as exc:  # noqa: BLE001  (a step that cannot be captured says why)
+            row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def make_steps(s: dict, device, peer: str, gumbel_peer, rejection_peer) -> dict:
+    """batch -> impl -> a maker of that step (annotated for the profiler or not) on one set of inputs."""
     steps = {}
     for batch in s["trace_batches"]:
         inp = step_inputs(batch, s["k"], s["vocab"], device)
         steps[batch] = {"specfix": lambda a, inp=inp: specfix_step(inp, a)}
         if gumbel_peer is not None and rejection_peer is not None:
             steps[batch][peer] = lambda a, inp=inp: peer_step(gumbel_peer, rejection_peer, inp, a)
+    return steps
 
-    for batch, made in steps.items():
-        for impl, make in made.items():
 
-            def one(batch=batch, impl=impl, make=make):
-                data["timelines"].append(
-                    {
-                        "impl": impl,
-                        "batch": batch,
-                        "k": s["k"],
-                        "vocab": s["vocab"],
-                        **trace_step(make(True), cuda),
-                    }
-                )
+def main(args) -> int:
+    device = torch.device(args.device)
+    s = sizes(device)
+    started = time.perf_counter()
+    timer = Timer(Settings(device, "ci"))
+    gumbel_peer, rejection_peer, peer_files = peer_modules(args)
+    peer = f"vllm_{args.version}"
+    data = header(args, s, peer, gumbel_peer, rejection_peer, peer_files)
 
-            attempt(f"timeline {impl} batch {batch}", one)
-            print(f"timeline {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    def over(section: str) -> bool:
+        if time.perf_counter() - started <= args.budget_s:
+            return False
+        data["skipped"].append(f"{section}: over the {args.budget_s:.0f} s budget")
+        return True
+
+    def attempt(section: str, fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001  (a section's failure is recorded; the others still run)
+            traceback.print_exc()
+            data["errors"].append(f"{section}: {type(exc).__name__}: {exc}"[:500])
+        print(f"{section} done ({time.perf_counter() - started:.0f} s)", flush=True)
+
+    steps = make_steps(s, device, peer, gumbel_peer, rejection_peer)
+    heads = {
+        (i, b): {"impl": i, "batch": b, "k": s["k"], "vocab": s["vocab"]} for b in steps for i in steps[b]
+    }
+
+    for (impl, batch), head in heads.items():
+        traced = lambda h=head, m=steps[batch][impl]: {**h, **trace_step(m(True), device.type == "cuda")}
+        attempt(f"timeline {impl} batch {batch}", lambda traced=traced: data["timelines"].append(traced()))
 
     # specfix's steps first: a capture that fails can leave the device unusable for later captures
-    for impl, batch in sorted(((i, b) for b in steps for i in steps[b]), key=lambda ib: ib[0] != "specfix"):
-        if over():
-            data["skipped"].append(f"graph {impl} batch {batch}: over the {args.budget_s:.0f} s budget")
-            continue
-
-        def one(batch=batch, impl=impl, make=steps[batch][impl]):
-            row = {
-                "impl": impl,
-                "batch": batch,
-                "k": s["k"],
-                "vocab": s["vocab"],
-                "eager": measure(timer, make(False)),
-            }
-            if cuda:
-                try:
-                    row["graph"] = measure(timer, capture_graph(make(False)).replay)
-                except Exception as exc:  # noqa: BLE001  (a step that cannot be captured says why)
-                    row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            data["graph"].append(row)
-
-        attempt(f"graph {impl} batch {batch}", one)
-        print(f"graph {impl} batch {batch} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    for impl, batch in sorted(heads, key=lambda ib: ib[0] != "specfix"):
+        if not over(f"graph {impl} batch {batch}"):
+            row = functools.partial(graph_row, timer, heads[impl, batch], steps[batch][impl])
+            attempt(f"graph {impl} batch {batch}", lambda row=row: data["graph"].append(row()))
 
     for rows in s["rows"]:
-        if over():
-            data["skipped"].append(f"rows {rows}: over the {args.budget_s:.0f} s budget")
+        if over(f"rows {rows}"):
             continue
         inp = gumbel_batch(rows, s["vocab"], seed=rows * 7919 + s["vocab"], device=device)
         calls = {"specfix": call_gumbel(inp, "fast")}  # the serving path: the target's draw, fast noise
         if gumbel_peer is not None:
             calls[peer] = gumbel_call(gumbel_peer, inp)
         for impl, call in calls.items():
+            head = {"impl": impl, "rows": rows, "vocab": s["vocab"]}
             attempt(
-                f"rows {impl} {rows}",
-                lambda impl=impl, call=call, rows=rows: data["rows"].append(
-                    {"impl": impl, "rows": rows, "vocab": s["vocab"], **measure(timer, call)}
-                ),
+                f"rows {impl} {rows}", lambda h=head, c=call: data["rows"].append({**h, **measure(timer, c)})
             )
-        print(f"rows {rows} done ({time.perf_counter() - started:.0f} s)", flush=True)
         del inp, calls
 
     data["seconds"] = time.perf_counter() - started
     out = args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="host_trace_")
     path = recorded.save(NAME, data, out)
-    print(
-        f"wrote {path} in {data['seconds']:.0f} s; errors: {len(data['errors'])}, "
-        f"skipped: {len(data['skipped'])}"
-    )
+    errors, skipped = len(data["errors"]), len(data["skipped"])
+    print(f"wrote {path} in {data['seconds']:.0f} s; errors: {errors}, skipped: {skipped}")
     for err in data["errors"]:
         print("ERROR", err, file=sys.stderr)
     return 1 if data["errors"] else 0
