@@ -125,6 +125,7 @@ def release_rows() -> list[dict[str, str]]:
             masks = "kernel skips `req_state_idx < 0`; padded rows get -1" + (
                 ", dummy runs and DFlash capture too" if r.dummy_runs_minus_one else ""
             )
+        noise = "murmur3 hash, drafting salt" if r.murmur3_noise else "Philox (`tl.randint`, `tl.rand`)"
         cache = (
             "logits before temperature, head dtype" if r.cache_before_temperature else "logits / T, float32"
         )
@@ -135,9 +136,7 @@ def release_rows() -> list[dict[str, str]]:
                 "where -1 placeholders come from": born,
                 "what keeps them from the embedding": f"{v1}; {mrv2}",
                 "#47066 masks": masks,
-                "noise": "murmur3 hash, drafting salt"
-                if r.murmur3_noise
-                else "Philox (`tl.randint`, `tl.rand`)",
+                "noise": noise,
                 "draft cache holds": cache,
             }
         )
