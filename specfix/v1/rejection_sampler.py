@@ -208,9 +208,8 @@ def _check_rejection_inputs(
     scores: dict[str, torch.Tensor | None],
     ranges: dict[str, tuple[torch.Tensor, float, float]],
 ) -> None:
-    """The drafts' shapes always (``counts``: ``_count_drafts``' total and largest); ``ranges`` (name ->
-    tensor, low, high) and ``scores`` (name -> float table) read under ``device_checks``, with the drafts
-    and the cumulative counts."""
+    """The drafts' shapes always (``counts``: ``_count_drafts``' sum and max); ``ranges`` (name -> tensor,
+    low, high) and ``scores`` (name -> float table) read under ``device_checks``, with the drafts too."""
     total, largest = counts
     if max_spec_len != largest:
         raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={largest}")
@@ -380,8 +379,7 @@ def rejection_sample(
 ) -> torch.Tensor:
     """Verify every request's drafts into ``[B, max_spec_len + 1]`` int32, placeholder-filled as in vLLM:
     row i holds its accepted drafts then one recovered or bonus token. ``draft_probs`` None is one-hot."""
-    counts = _count_drafts(num_draft_tokens)
-    num_tokens = counts[0]
+    num_tokens, largest = _count_drafts(num_draft_tokens)
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
     rows, vocab_size = target_logits.shape
@@ -402,7 +400,7 @@ def rejection_sample(
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
-        counts,
+        (num_tokens, largest),
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
