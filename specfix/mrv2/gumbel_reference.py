@@ -151,14 +151,6 @@ def murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (_mul32(h, 5) + MURMUR_N) & MASK32
 
 
-def murmur3_x86_32(words: list[torch.Tensor], seed: int = 0) -> torch.Tensor:
-    """MurmurHash3_x86_32 of a key of whole 32-bit little-endian words (int tensors of one shape)."""
-    h = torch.full_like(words[0], seed & MASK32, dtype=torch.int64)
-    for k in words:
-        h = murmur3_mix(h, k.to(torch.int64) & MASK32)
-    return fmix32(h ^ (4 * len(words)))
-
-
 def vllm_token_bits(seed: torch.Tensor, pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[rows, vocab_size]`` hashes of (seed low word, seed high word, position low word, token id)."""
     seed, pos = seed.to(torch.int64), pos.to(torch.int64)
