@@ -70,8 +70,7 @@ def check_token_ids(
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling with vLLM 0.33's rules (``vllm/sampling_params.py``): only T == 0 is greedy,
-    seed -1 is no seed, any other seed must fit the int64 seed tables."""
+    """Per-request sampling, checked by vLLM 0.33's rules (``vllm/sampling_params.py``)."""
 
     temperature: float = 1.0
     seed: int | None = None
@@ -97,7 +96,7 @@ class SamplingParams:
         if self.seed is not None:
             if not is_int(self.seed):
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
-            if not INT64_MIN <= self.seed <= INT64_MAX:
+            if not INT64_MIN <= self.seed <= INT64_MAX:  # vLLM's seed tables are int64
                 raise ValueError(f"seed must fit in an int64, [-2**63, 2**63 - 1], got {self.seed}")
         check_count("max_tokens", self.max_tokens)
 
@@ -184,8 +183,7 @@ class SchedulerOutput:
 
 @dataclass
 class SpecDecodingStats:
-    """Acceptance counts over a run (vllm/v1/spec_decode/metrics.py); placeholder slots are counted apart
-    from real drafts, and an accepted placeholder means the "zero" policy or a sampler bug."""
+    """Acceptance counts over a run (vllm/v1/spec_decode/metrics.py), placeholder slots apart from drafts."""
 
     num_spec_tokens: int
     num_drafts: int = 0  # verification events: one request in one step with at least one real draft
@@ -195,7 +193,7 @@ class SpecDecodingStats:
     num_accepted_tokens_per_pos: list[int] = field(init=False)
     acceptance_lengths: list[int] = field(default_factory=list)  # 1 + accepted, per verification event
     num_placeholder_slots: int = 0
-    num_placeholders_accepted: int = 0
+    num_placeholders_accepted: int = 0  # only under the "zero" policy, or a sampler bug
 
     def __post_init__(self) -> None:
         self.num_draft_tokens_per_pos = [0] * self.num_spec_tokens
