@@ -97,7 +97,7 @@ class Facts:
 
     def __post_init__(self):
         self.err = python_error(self.scan)
-        self.asserts = sorted(self.scan.asserts.values(), key=lambda a: a["first_line"])
+        self.asserts = list(self.scan.asserts.values())  # in log order: each is added where first seen
         self.spec, self.spec_reasons = spec_state(self.scan)
         self.frames = self.err["frames"] if self.err else []
         self.first = self.asserts[0] if self.asserts else None
@@ -351,7 +351,7 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
     meta, rows = table["meta"], table["rows"]
     facts = Facts(scan, rows)
     verdict, confidence, reasons = next(found for rule in _RULES if (found := rule(facts)))
-    asserts = facts.asserts  # in log order
+    asserts = facts.asserts
     version = scan.setup.get("vllm_version")
     fixed = {v: has_fix(version, fix) for v, fix in FIXES.items()}
     fixes = sorted(FIXES.items(), key=lambda item: item[0] != verdict)  # the verdict's own fix first

@@ -334,7 +334,7 @@ def engine_frames(frames: list[dict]) -> list[dict]:
     return [f for f in frames if "/vllm/" in f["file"] or "/specfix/" in f["file"]]
 
 
-def frame_text(f: dict) -> str:
+def _frame_text(f: dict) -> str:
     return f"{Path(f['file']).name}:{f['line']} in {f['func']}" + (f": {f['source']}" if f["source"] else "")
 
 
@@ -368,8 +368,8 @@ def python_error(scan: Scan) -> dict | None:
         "line": exc[2],
         "complete": tb.exception is not None,
         "frames": frames[-12:],
-        "ends_at": frame_text(frames[-1]) if frames else None,
-        "last_engine_frame": frame_text(ours[-1]) if ours else None,
+        "ends_at": _frame_text(frames[-1]) if frames else None,
+        "last_engine_frame": _frame_text(ours[-1]) if ours else None,
         "processes": sorted({t.process for t, _ in scan.done if t.process}),
         "why_not_there": why,
     }
