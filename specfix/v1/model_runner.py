@@ -90,8 +90,7 @@ def cumsum_and_arange(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class GPUModelRunner:
     """Runs the target model for a ``SchedulerOutput`` (on CUDA or CPU despite the vLLM name)."""
 
-    #: Not put back after a failed engine step: the model, drafter and sampler, which a step never changes,
-    #: and the trace, an append-only log the engine cuts back to its length.
+    #: Not in a failed engine step's snapshot: what a step never changes, and the trace (cut back instead).
     NOT_STEP_STATE = ("model", "drafter", "rejection_sampler", "trace")
 
     def __init__(
