@@ -16,8 +16,6 @@ from specfix.lab.placeholder_lifecycle import check_recorded, draft_slots
 from specfix.v1.engine import DEMO_PROMPTS, GenerateResult, LLMEngine, SamplingParams, generate
 from specfix.v1.model_runner import StepTrace
 
-_DEFAULT_FIXES = Fixes()
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -68,7 +66,6 @@ def run(
     *,
     k: int = 3,
     max_tokens: int = 12,
-    fixes: Fixes = _DEFAULT_FIXES,
     device: torch.device | str = "cpu",
 ) -> GenerateResult:
     """The workload ``name`` decoded greedily with the draft model, recorded step by step."""
@@ -80,7 +77,6 @@ def run(
         remote_prefill=list(w.remote_prefill),
         max_num_batched_tokens=w.max_num_batched_tokens,
         async_scheduling=async_scheduling,
-        fixes=fixes,
         device=device,
         record=True,
     )
