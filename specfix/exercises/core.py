@@ -224,9 +224,7 @@ def show_solution(exercise: str) -> Source:
         return Source(inspect.getsource(answer).rstrip())
     text = inspect.getsource(module)
     assigned = [n for n in ast.parse(text).body if isinstance(n, ast.Assign)]
-    node = next((n for n in assigned if any(getattr(t, "id", None) == name for t in n.targets)), None)
-    if node is None:
-        return Source(f"{name} = {answer!r}")
+    node = next(n for n in assigned if any(getattr(t, "id", None) == name for t in n.targets))
     lines = text.splitlines()
     start = node.lineno - 1  # the comment lines right above the value explain it: they belong to the solution
     while start > 0 and lines[start - 1].startswith("#"):

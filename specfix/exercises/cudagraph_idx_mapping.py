@@ -127,7 +127,7 @@ _K = 2  # draft tokens per step
 
 def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[int]]:
     """Each request's emitted token ids after ``events`` on the CPU, the drafter padded to capture sizes."""
-    target, draft = load_models("cpu")  # draws keyed by (seed, position): only overwritten logits change one
+    target, draft = load_models("cpu")
     engine = SpecDecodeEngine(
         target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K, device="cpu", fixes=fixes
     )
@@ -150,7 +150,8 @@ def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[
         if verify:
             rows, proposed = [live[n] for n in verify], torch.stack([drafts[n] for n in verify])
             idx, pos = _batch(rows)
-            sampled, num_sampled = engine._verify(rows, idx, pos, proposed)  # MRV2's rejection step
+            # MRV2's rejection step: draws keyed by (seed, position), so only overwritten logits change them
+            sampled, num_sampled = engine._verify(rows, idx, pos, proposed)
             for e, row, count in zip(rows, sampled.tolist(), num_sampled.tolist(), strict=True):
                 e.tokens += row[:count]
                 e.out += row[:count]
