@@ -59,10 +59,10 @@ import torch  # noqa: E402
 
 import specfix  # noqa: E402,F401  (runtime first)
 from specfix.lab.masked_gumbel import gumbel_batch, load_vllm_sampler  # noqa: E402
+from specfix.timing import Settings, Timer, capture_graph, summarize  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
 from specfix.tools.bench.gumbel_cases import call_gumbel  # noqa: E402
 from specfix.tools.bench.peer import gumbel_call  # noqa: E402
-from specfix.tools.bench.timing import Settings, Timer, capture_graph, summarize  # noqa: E402
 from specfix.v1 import rejection_sampler as rs  # noqa: E402
 from specfix.v1.sampling_metadata import SamplingMetadata  # noqa: E402
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata  # noqa: E402
@@ -128,7 +128,7 @@ def _step(verify, draw, annotate: bool):
     return step
 
 
-# ---- timing (specfix.tools.bench.timing: the bench's timer)
+# ---- timing (specfix.timing: the bench's timer)
 
 
 def measure(timer: Timer, fn) -> dict:
@@ -267,7 +267,7 @@ def header(args, s: dict, peer: str, gumbel_peer, rejection_peer, peer_files: di
             **s,
             "dtype": "fp32",
             "timing": (
-                "specfix.tools.bench.timing.Timer at ci scale. host (host_cost): wall time per call over a "
+                "specfix.timing.Timer at ci scale. host (host_cost): wall time per call over a "
                 "loop of calls, the GPU kept busy by a spin kernel queued first; gpu (time, no flush): CUDA "
                 "events around one call queued behind a spin kernel (L2 warm); back_to_back "
                 "(time_throughput): wall time per call of a loop of calls, synchronised at the end; "

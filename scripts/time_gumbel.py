@@ -37,9 +37,9 @@ from specfix.lab.masked_gumbel import gumbel_batch  # noqa: E402
 from specfix.mrv2 import gumbel
 from specfix.mrv2 import gumbel_reference as ref  # noqa: E402
 from specfix.runtime import triton  # noqa: E402
+from specfix.timing import Settings, Timer  # noqa: E402
 from specfix.tools import recorded  # noqa: E402
 from specfix.tools.bench.gumbel_cases import torch_gumbel_max, torch_softmax_multinomial  # noqa: E402
-from specfix.tools.bench.timing import Settings, Timer  # noqa: E402
 
 GRAPH_CALLS = 100
 TIMER = Timer(Settings(torch.device("cuda"), "full"))

@@ -7,8 +7,8 @@ Layout, by role:
   DFlash, the Triton Gumbel sampler.
 * ``specfix.lab``   the chapters' experiments; ``specfix.tools`` bench, statistics, recordings, diagnosis.
 * ``specfix.figures`` and ``specfix.exercises``: each chapter's drawings and its exercise checkers.
-* top level: ``fixes`` (the switches), ``runtime`` (device, scale), ``checks`` (argument checks),
-  ``models`` and ``tokenizer`` (the tiny word-level models).
+* top level: ``fixes`` (the switches), ``runtime`` (device, scale), ``checks`` (argument checks), ``timing``
+  (the one timing harness), ``models`` and ``tokenizer`` (the tiny word-level models).
 
 Importing specfix imports no torch (``specfix diagnose`` needs none) and, where no GPU is visible, switches
 Triton's interpreter on first. ``from specfix import gumbel`` loads ``specfix.mrv2.gumbel`` on first use.

@@ -13,9 +13,9 @@ import pytest
 import torch
 from scipy import stats
 
-from specfix import runtime
+from specfix import runtime, timing
 from specfix.tools import bench
-from specfix.tools.bench import gumbel_cases, peer, rejection_cases, report, step_cases, timing
+from specfix.tools.bench import gumbel_cases, peer, rejection_cases, report, step_cases
 from specfix.tools.bench.report import Job, goal_table
 
 CPU = bench.Settings(torch.device("cpu"), "ci")

@@ -340,7 +340,7 @@ def _markdown_paragraphs() -> list[tuple[str, str]]:
 
 
 def _bench_warm_ms() -> str:
-    source = (ROOT / "specfix" / "tools" / "bench" / "timing.py").read_text()
+    source = (ROOT / "specfix" / "timing.py").read_text()
     full = float(re.search(r"warm_ms = settings.pick\(.*full=([\d.]+)\)", source).group(1))
     return f"{full:g} ms"
 

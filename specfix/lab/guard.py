@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from specfix.checks import is_int
+from specfix.timing import wall_us
 from specfix.v1.rejection_sampler import PLACEHOLDER_TOKEN_ID
 
 #: How many offending positions an error message lists before it says "and N more".
@@ -221,9 +222,6 @@ class GuardTiming:
 
 def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
     """Time ``fn()`` unguarded and guarded, alternating, so that drift in the machine's speed hits both."""
-    # imported here, not above: the bench package imports this module (through placeholder_fixes)
-    from specfix.tools.bench.timing import wall_us
-
     if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

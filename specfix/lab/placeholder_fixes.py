@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specfix.lab.guard import PLACEHOLDER_TOKEN_ID
+from specfix.timing import spin, summarize, wall_us
 from specfix.tools.syncs import sync_warnings
 
 #: The variants, in the order tables and plots show them.
@@ -151,9 +152,6 @@ def _check_fix(fix: str) -> Callable[[Step], object]:
 def time_fix(fix: str, step: Step, repeats: int = 200, warmup: int = 20, busy_us: float = 0.0) -> dict:
     """Host microseconds of one application of ``fix`` (median, p20, p80), the step restored before each;
     ``busy_us`` of queued GPU work makes a synchronising fix stall the host, which the time then shows."""
-    # imported here, not above: the bench package imports this module
-    from specfix.tools.bench.timing import spin, summarize, wall_us
-
     apply = _check_fix(fix)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specfix.checks import check_count, is_int
+from specfix.timing import Settings, Timer
 
 #: Largest graph vLLM captures by default (``max_cudagraph_capture_size``).
 MAX_CAPTURE_SIZE = 512
@@ -140,9 +141,6 @@ def time_eager_vs_graph(
 ) -> list[dict[str, float]]:
     """Median microseconds per call, eager launches versus one graph replay, for each size (GPU only): host
     wall time over back-to-back calls, what a serving loop pays per step, launch overhead included."""
-    # imported here, not above: the bench package imports this module (through the speculator)
-    from specfix.tools.bench.timing import Settings, Timer
-
     captured = CapturedStep(step, sizes, device)
     timer = Timer(Settings(torch.device(device), "full"))
 

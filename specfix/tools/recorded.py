@@ -30,10 +30,10 @@ _REJECTION = (
     *(f"specfix/v1/{m}.py" for m in ("rejection_sampler", "rejection_kernels", "recovered_tokens")),
     _LAUNCH,
 )
-_BENCH = tuple(
-    f"specfix/tools/bench/{m}.py"
-    for m in ("__init__", "timing", "report", "peer", "gumbel_cases", "rejection_cases", "step_cases")
-)
+#: the one timing harness: how every timing recording measured
+_TIMING = "specfix/timing.py"
+_BENCH_MODULES = ("__init__", "report", "peer", "gumbel_cases", "rejection_cases", "step_cases")
+_BENCH = (*(f"specfix/tools/bench/{m}.py" for m in _BENCH_MODULES), _TIMING)
 #: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
 #: code it measured: the script that records it and the modules that script runs.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -49,6 +49,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "cudagraph_h200": (
         "scripts/record_cudagraph.py",
         "specfix/mrv2/cudagraph.py",
+        _TIMING,
         "specfix/mrv2/speculator.py",
         "specfix/mrv2/dflash.py",
         "specfix/lab/padding_bench.py",
@@ -64,12 +65,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "specfix/v1/engine.py",
         "specfix/v1/model_runner.py",
     ),
-    "host_trace_h200": ("scripts/record_host_trace.py", *_GUMBEL, *_REJECTION, "specfix/checks.py"),
-    "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", *_GUMBEL),
-    "gumbel_perf": ("scripts/time_gumbel.py", *_GUMBEL),
+    "host_trace_h200": ("scripts/record_host_trace.py", _TIMING, *_GUMBEL, *_REJECTION, "specfix/checks.py"),
+    "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", _TIMING, *_GUMBEL),
+    "gumbel_perf": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
     "gumbel_sanitizer": ("scripts/sanitize_gumbel.py", *_GUMBEL),
-    "gumbel_sweep_h200": ("scripts/time_gumbel.py", *_GUMBEL),
-    "gumbel_sweep_before_after_h200": ("scripts/time_gumbel.py", *_GUMBEL),
+    "gumbel_sweep_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
+    "gumbel_sweep_before_after_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
     "vllm_noise_comparison": ("scripts/compare_vllm_noise.py", *_GUMBEL),
     "gumbel_golden": ("scripts/record_gumbel_golden.py", *_GUMBEL),
     "dflash_prepare": ("scripts/record_cudagraph.py", "specfix/mrv2/dflash.py"),

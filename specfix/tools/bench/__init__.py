@@ -1,7 +1,7 @@
 """`python -m specfix bench`: what each fix costs, how close the kernels come to the hardware limit, and the
 five small-batch goals beside vLLM's own samplers.
 
-Chapter 5's measurement harness; it has no vLLM counterpart. Read first: :mod:`.timing` (the one timing
+Chapter 5's measurement harness; it has no vLLM counterpart. Read first: :mod:`specfix.timing` (the one timing
 harness: what each timer measures), :mod:`.report` (the schema and the goals table), then one module per case
 family: :mod:`.gumbel_cases`, :mod:`.rejection_cases`, :mod:`.step_cases` (placeholder fixes, drafter and
 DFlash steps); :mod:`.peer` imports vLLM's samplers for ``--peer``. On a CPU only tiny smoke sizes run, Triton
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specfix import runtime
+from specfix.timing import Settings, Timer, capture_graph  # noqa: F401
 from specfix.tools import recorded
 from specfix.tools.bench import gumbel_cases as gc
 from specfix.tools.bench import rejection_cases as rc
@@ -26,7 +27,6 @@ from specfix.tools.bench import step_cases as sc
 from specfix.tools.bench.gumbel_cases import JUDGED, OURS  # noqa: F401  (the names chapters and scripts use)
 from specfix.tools.bench.peer import GOAL_PEER, load_peer, peer_impl, speedup_key  # noqa: F401
 from specfix.tools.bench.report import Case, Unavailable, frame, render, result, validate, write_json  # noqa: F401
-from specfix.tools.bench.timing import Settings, Timer, capture_graph  # noqa: F401
 
 CPU_NOTE = (
     "CPU smoke run: Triton kernels ran in the interpreter and GPU work on the CPU. These timings mean "

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import statistics
 
 import torch
 
+from specfix.timing import capture_graph
 from specfix.tools.bench import peer as vllm
 from specfix.tools.bench.report import Job, find, goal, result
-from specfix.tools.bench.timing import capture_graph
 from specfix.tools.syncs import count_host_syncs
 from specfix.v1 import rejection_sampler as rs
 from specfix.v1.sampling_metadata import SamplingMetadata
@@ -112,11 +113,14 @@ def _shape(s, timer, step: Step) -> list[dict]:
     peers = vllm.rejection_peers(s.peer, step.mode)
     calls = {**step.calls(), "torch_reference": torch_forward}
     calls.update({vllm.peer_impl(v): step.peer_core(module) for v, module in peers.items()})
+    # back to back, where the host shows: specfix's and vLLM's calls in turn, a few rounds
+    beside = {i: c for i, c in calls.items() if s.cuda and (i == PUBLIC or i.startswith("vllm_"))}
+    b2b = timer.rounds(beside, s.pick(cpu=1, ci=2, full=3), shield=False)
     for impl, call in calls.items():
         t = timer.time(call)
         metrics = {"draft_tokens_per_s": step.batch * step.k / (statistics.median(t) * 1e-6)}
-        if s.cuda and (impl == PUBLIC or impl.startswith("vllm_")):  # back to back: the host shows
-            metrics["back_to_back_us"] = statistics.median(timer.time(call, shield=False))
+        if impl in b2b:
+            metrics["back_to_back_us"] = statistics.median(itertools.chain(*b2b[impl]))
         if not impl.startswith("vllm_"):
             metrics["host_syncs_per_step"] = count_host_syncs(call, s.device)
         out.append(result("rejection", impl, step.params, t, **metrics))
@@ -200,14 +204,15 @@ def plan_rejection_host(s, timer) -> list[Job]:
         ours = step.calls()
         pairs = [(FORWARD, ours[FORWARD], "peer_forward"), (PUBLIC, ours[PUBLIC], "peer_core")]
         out = []
-        for impl, call, peer_call in pairs:
-            mine = result("rejection_host", impl, step.params, timer.host_cost(call))
-            for v, module in peers.items():
-                t = timer.host_cost(getattr(step, peer_call)(module))
-                theirs = result("rejection_host", f"{vllm.peer_impl(v)}_{NAMES[impl]}", step.params, t)
-                ratio = mine["median_us"] / theirs["median_us"]
-                mine["metrics"][f"host_ratio_vs_{vllm.peer_impl(v)}"] = ratio
-                out.append(theirs)
+        for impl, call, peer_call in pairs:  # specfix's call and vLLM's in turn, a few rounds
+            theirs = {vllm.peer_impl(v): getattr(step, peer_call)(module) for v, module in peers.items()}
+            rounds = timer.rounds({impl: call} | theirs, s.pick(cpu=1, ci=2, full=3), "host_cost")
+            mine = result("rejection_host", impl, step.params, list(itertools.chain(*rounds.pop(impl))))
+            for peer, t in rounds.items():
+                out.append(
+                    result("rejection_host", f"{peer}_{NAMES[impl]}", step.params, list(itertools.chain(*t)))
+                )
+                mine["metrics"][f"host_ratio_vs_{peer}"] = mine["median_us"] / out[-1]["median_us"]
             out.append(mine)
         return out
 

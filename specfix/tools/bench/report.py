@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specfix.checks import is_int
+from specfix.timing import summarize
 from specfix.tools import recorded
-from specfix.tools.bench.timing import summarize
 
 SCHEMA = "specfix.bench/1"
 TIME_FIELDS = ("median_us", "p20_us", "p80_us", "n")

@@ -13,8 +13,8 @@ from specfix.lab import placeholder_fixes as pf
 from specfix.models import load_models
 from specfix.mrv2.dflash import DFlashDrafter, ToyDFlashModel
 from specfix.mrv2.speculator import DraftModelSpeculator
+from specfix.timing import capture_graph
 from specfix.tools.bench.report import Job, find, goal, result
-from specfix.tools.bench.timing import capture_graph
 from specfix.tools.syncs import count_host_syncs
 
 # ---- chapter 2's placeholder fixes

@@ -159,8 +159,8 @@ class Timer:
         for start, end in events:
             if flush:
                 self._flush_l2()
-            if shield:  # outlasts the host's launch work four times over
-                spin(4 * self.host_us + 500)
+            if shield:  # outlasts the host's launch work twice over
+                spin(2 * self.host_us + 500)
             start.record()
             fn()
             end.record()
@@ -209,13 +209,15 @@ class Timer:
     def host_cost(self, fn: Callable[[], object]) -> list[float]:
         """Host wall time per call while the GPU is still busy with earlier work (nothing waits on it):
         argument checks, allocations and launches alone (:attr:`gpu_stayed_busy` says whether it did)."""
-        calls = self.settings.pick(cpu=3, ci=100, full=200)
+        # few calls a sample: 20 calls of ~20 launches stay under the ~1,000 launches CUDA queues before a
+        # launch blocks, which would time the GPU's throughput instead of the host's work
+        calls = self.settings.pick(cpu=3, ci=20, full=20)
         self.warm(fn)
         samples, self.gpu_stayed_busy = [], True
-        for _ in range(self.settings.pick(cpu=3, ci=7, full=11)):
+        for _ in range(self.settings.pick(cpu=3, ci=10, full=10)):
             if self.settings.cuda:
                 torch.cuda.synchronize()
-                spin(4 * calls * self.host_us + 2000)  # outlasts the loop four times over
+                spin(2 * calls * self.host_us + 1000)  # outlasts the loop twice over
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
@@ -225,15 +227,23 @@ class Timer:
         _sync(self.settings)
         return samples
 
-    def interleaved(self, fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
-        """``repeats`` medians of A then B, alternating (A, B, A, B...), each the median of a full
-        :meth:`time`: clock and thermal drift hit both alike, and the spread of the medians is the
-        measure's own uncertainty."""
-        a, b = [], []
+    def rounds(
+        self, calls: dict, repeats: int, measure: str = "time", **kwargs
+    ) -> dict[str, list[list[float]]]:
+        """Each of ``calls`` (name -> call) measured by the method ``measure`` (with ``kwargs``) once a round,
+        in turn, for ``repeats`` rounds (A, B, A, B...): a drift in the machine's speed hits every call
+        alike. Each name gets one sample list per round."""
+        out = {name: [] for name in calls}
         for _ in range(repeats):
-            a.append(statistics.median(self.time(fn_a)))
-            b.append(statistics.median(self.time(fn_b)))
-        return a, b
+            for name, fn in calls.items():
+                out[name].append(getattr(self, measure)(fn, **kwargs))
+        return out
+
+    def interleaved(self, fn_a, fn_b, repeats: int) -> tuple[list[float], list[float]]:
+        """``repeats`` medians of a full :meth:`time` of A and of B, in :meth:`rounds`: the spread of the
+        medians is the measure's own uncertainty."""
+        r = self.rounds({"a": fn_a, "b": fn_b}, repeats)
+        return [statistics.median(x) for x in r["a"]], [statistics.median(x) for x in r["b"]]
 
     def time_in_graph(self, fn: Callable[[], object], calls: int) -> list[float]:
         """GPU time per call: ``calls`` calls captured in one CUDA graph, each replay divided by ``calls``.
