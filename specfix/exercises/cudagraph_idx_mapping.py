@@ -36,18 +36,16 @@ _NAME_HINTS = {
     solution="cudagraph_idx_mapping:pad_idx_mapping",
     todo="write pad_idx_mapping: the batch into buffer[:num_reqs], -1 into every row after it, in place",
     hints={
-        "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound the name "
-        "`buffer`) instead of writing into it. A captured CUDA graph reads the buffer's address, fixed at "
-        "capture, and never sees a new tensor. Write in place (buffer[...] = ..., .copy_(), .fill_()).",
+        "new_tensor": "the persistent buffer did not change: you built a new tensor (or rebound `buffer`). "
+        "A captured CUDA graph reads the address fixed at capture: write in place (.copy_(), .fill_()).",
         "padded_live": "the live rows came out -1 too: the -1 must go only after the batch "
         "(buffer[num_reqs:]), or the live requests themselves are skipped by the sampler.",
         "live_rows": "the live rows must hold this step's idx_mapping in batch order: buffer[:num_reqs] = "
         "idx_mapping[:num_reqs].",
         "fill_zero": "you padded with 0, but 0 is a real request-state slot: every padded row would write "
         "its garbage logits into draft_logits[0], the request in slot 0. The sampler skips -1 only.",
-        "stale_tail": "rows past num_reqs still hold slots that the earlier, larger batch left there. The "
-        "copy is told only num_reqs, not which captured size the step will replay (that is picked "
-        "afterwards), so every row after the batch must be -1: fill all of buffer[num_reqs:].",
+        "stale_tail": "rows past num_reqs still hold slots an earlier, larger batch left. The copy knows "
+        "num_reqs, not the captured size the step replays (picked afterwards): every later row must be -1.",
         "pad_value": "the padded rows must be -1, the value the sampler's req_state_idx >= 0 mask skips.",
         "changed_input": "you changed the idx_mapping argument: it is the batch's own table, read again by "
         "verification; write only the persistent buffer.",

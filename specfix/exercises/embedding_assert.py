@@ -41,17 +41,14 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
         "placeholder, and would verify a real token (0) in that slot. Clamp input_ids only.",
         "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU that is the "
         "device-side assert of this chapter.",
-        "only_scheduled": "you clamped only the scheduled tokens [:num_tokens], but the embedding reads "
-        "num_input_tokens rows: the CUDA-graph padding [num_tokens:num_input_tokens] holds whatever an "
-        "earlier step left there, a -1 included. Clamp all that the embedding reads.",
+        "only_scheduled": "you clamped only [:num_tokens], but the embedding reads num_input_tokens rows: "
+        "the CUDA-graph padding after them holds what an earlier step left there, a -1 included.",
         "changed_real": "you changed real token ids: only the -1 placeholders may change (clamp(min=0) "
         "leaves every id >= 0 as it is).",
-        "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a masked copy): "
-        "it allocates on every step, and a CUDA graph captured on the persistent input_ids buffer still "
-        "reads the -1 there. Clamp the buffer in place and return a view of it.",
-        "syncs": "your preprocess reads tensor values on the host (an `if` on a tensor, .item(), .tolist(), "
-        "nonzero): on a GPU each read waits for every kernel queued before it, on every step, and a CUDA "
-        "graph cannot capture it. The fix must not branch on the data: clamp unconditionally.",
+        "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a copy): it "
+        "allocates every step, and a graph captured on input_ids still reads its -1. Clamp in place.",
+        "syncs": "your preprocess reads tensor values on the host (`if` on a tensor, .item(), nonzero): on "
+        "a GPU each read waits for the queued kernels, every step, and no CUDA graph can capture it.",
     },
 )
 def check_clamp(answer, verdict):
@@ -108,9 +105,8 @@ def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
         "torch.index_select end in this kernel too: the name does not tell these ops apart.",
         "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup "
         "runs this kernel. That is the batch size of a serving engine.",
-        "family_only": "you kept to the embedding's own family (F.embedding, index_select), as for the "
-        "kernel of a few ids; at the larger index count this kernel is shared with an op outside that "
-        "family.",
+        "family_only": "you kept to the embedding's own family (F.embedding, index_select): at the larger "
+        "index count this kernel is shared with an op outside that family.",
         "incomplete": "not the set the recorded table shows: compare each op's -1 row at both index counts.",
     },
 )
@@ -155,9 +151,8 @@ def forward_lines() -> list[str]:
         "not_in_forward": "that is not a line of NgramLM.forward: copy one from forward_lines().",
         "other_embedding": "that lookup is an embedding too (the same kernel family), but its ids come from "
         "searchsorted and torch.where and never go below 0: which lookup gets the raw input_ids?",
-        "indexing": "that line indexes with x[idx], whose kernel can assert too, but its indices cannot be "
-        "negative: they pass through torch.where(..., scratch) or come from a clamped searchsorted. Which "
-        "lookup is fed ids straight from the batch?",
+        "indexing": "that line indexes with x[idx], which can assert too, but its indices are never "
+        "negative: they pass through torch.where(..., scratch) or a clamped searchsorted.",
         "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
     },
 )

@@ -24,9 +24,8 @@ OUT_SENTINEL = -555.0
 #: The hints both kernel exercises give.
 _KERNEL_HINTS = {
     "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
-    "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats the "
-    "scalar as int32 and refuses the mask): make the condition per lane, e.g. `offs * 0 + req_state_idx >= "
-    "0`, or `tl.where(is_valid_req, offs < vocab_size, False)`.",
+    "scalar_mask": "Triton's interpreter cannot AND a scalar condition into a tensor mask (it splats it as "
+    "int32 and refuses it): make it per lane, e.g. `offs * 0 + req_state_idx >= 0`.",
 }
 
 
@@ -70,9 +69,8 @@ def _launch(answer, verdict, *tables) -> None:
         "row before the table (here the guard row; in an engine, another request's draft logits).",
         "skips_slot_0": "you compared req_state_idx > 0: request slot 0 is skipped (its row read "
         "temperature 0.0 and stored nothing). Slot 0 is a real request; only negative entries are padding.",
-        "padded_wrote_live": "a padded row wrote its values into a live request's row: mapping -1 onto a "
-        "real slot (clamping req_state_idx to 0) makes the padding overwrite that request's logits. Keep "
-        "the -1 and let the mask skip the padded row's loads and store.",
+        "padded_wrote_live": "a padded row wrote into a live request's row: mapping -1 onto a real slot "
+        "(clamping req_state_idx to 0) overwrites that request's logits. Keep the -1: the mask skips it.",
         "other_not_zero": "a padded row must come out greedy: give the masked temperature load other=0.0 "
         "(then the real kernel needs no seed and adds no noise for it).",
         "wrong_values": "a live row stored the wrong values: out[req_state_idx] must hold the row's logits "
@@ -143,9 +141,8 @@ DEBUG_SEEDS = (0, 1, 2, 3)
         "not_a_list": "return a list of ints (request-state slots), sorted.",
         "all_flagged": "every live slot is flagged: read column col of each slot (table[slot, col]) and "
         "compare it with what the kernel stores there: its own row's logits, before temperature.",
-        "divided": "you compared with logits / temperature, what vLLM 0.25's cache held. vLLM 0.33 (and "
-        "specfix) caches the logits before temperature, in the cache's dtype; the verifier divides when it "
-        "reads them.",
+        "divided": "you compared with logits / temperature, what vLLM 0.25 cached. vLLM 0.33 (and specfix) "
+        "caches the logits before temperature; the verifier divides when it reads them.",
         "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at slot "
         "idx_mapping[i].",
         "not_live": "a slot with no live row in this step has nothing to compare with: its column holds "
@@ -205,9 +202,8 @@ def _run_noise_kernel(answer, verdict):
     todo="mask the seed load of add_noise so that a padded row never reads the seeds table",
     hints={
         **_KERNEL_HINTS,
-        "seed_unmasked": "the padded row still read seeds[-1], the row before the table (here the guard "
-        "row's seed; in an engine, memory that is not the table's, which compute-sanitizer reports). Its "
-        "value is never used, but the read itself is the bug: mask it as the temperature load is masked.",
+        "seed_unmasked": "the padded row still read seeds[-1], the row before the table (in an engine, "
+        "memory that compute-sanitizer reports). The value goes unused, but the read is the bug: mask it.",
         "noise_on_padded": "a padded row came out with noise: it must run greedy (temperature 0.0 from the "
         "masked load), so its row is its logits unchanged.",
         "seed_by_row": "a live row drew its noise with another request's seed: the seeds table is indexed "

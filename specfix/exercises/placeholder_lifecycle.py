@@ -158,15 +158,12 @@ def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
         "request after request; a prefill's prompt and each request's last real token are no drafts.",
         "logits_rows": "you returned the token at every logits row: k + 1 per request, and each request's "
         "first row reads its last real token, which is no draft.",
-        "unshifted": "you read the token at each verifying row's own position. The logits of a position "
-        "predict the token that comes after it, so the token sitting at a verifying row's position is not "
-        "the draft that row verifies.",
+        "unshifted": "you read the token at each verifying row's own position: the logits of a position "
+        "predict the token after it, not the one sitting there.",
         "positions": "target_logits_indices number rows of the compact logits, not positions in input_ids: "
-        "the two agree only while no request schedules tokens that get no logits row (a prefill's prompt "
-        "does).",
-        "view": "your answer shares memory with input_ids (a view, such as a slice): when _preprocess "
-        "clamps input_ids in place, your draft_token_ids loses its -1 with it, and the rejection sampler "
-        "judges the placeholder as a draft of token 0. Return a tensor of its own.",
+        "the two differ once a request schedules tokens without a logits row (a prefill).",
+        "view": "your answer shares memory with input_ids (a view): when _preprocess clamps input_ids in "
+        "place, your draft_token_ids loses its -1, and the sampler judges the placeholder as token 0.",
         "length": "draft_token_ids has one entry per draft slot of the step (as many as "
         "target_logits_indices has).",
         "wrong": "not the draft ids of this step.",
@@ -326,9 +323,8 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
         "mutated": "your function changed its inputs in place: the caller's draft_ids (with its -1) or a "
         "probability table is no longer what the next stage expects.",
         "wrapped": "you indexed the probabilities with the -1 draft: torch wraps it to the last column (the "
-        "old kernel's flat offset read the previous row's last entry), so a placeholder is judged by "
-        "another token's p/q. Masking the slot afterwards does not undo the read: never index with -1, read "
-        "a safe column instead.",
+        "old kernel's flat offset read the previous row's last entry), so another token's p/q judges the "
+        "placeholder. Masking afterwards does not undo the read: read a safe column instead.",
         "clamp_only": "you read column 0 for the -1 draft (a clamp) but never rejected the slot: p/q of "
         "token 0 beat the uniform, and the placeholder was accepted as token 0.",
         "q_zero": "a draft the drafter gave probability q = 0 was accepted: p / 0 is inf, which beats every "
