@@ -11,16 +11,22 @@ diagnose`` tells from a logged version whether it has one: :func:`has_fix`).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import ast
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 import specfix
 
 _VLLM_PATH = re.compile(r"vllm/[\w/]+\.py")
+_ROOT = Path(specfix.__file__).parent
+
+
+def _doc(path: Path) -> str:
+    """A module's docstring, read from its source: nothing is imported (no torch, no import cycle)."""
+    return ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
 
 
 def _summary(doc: str | None) -> str:
@@ -33,15 +39,18 @@ def _summary(doc: str | None) -> str:
 def vllm_map() -> list[dict[str, str]]:
     """One row per module (subpackages included): its name, role, the vLLM files it mirrors, its summary."""
     rows = []
-    for info in sorted(pkgutil.walk_packages(specfix.__path__, "specfix."), key=lambda m: m.name):
-        if info.ispkg or info.name.rsplit(".", 1)[-1].startswith("_"):
+    modules = {
+        ".".join(("specfix", *p.relative_to(_ROOT).with_suffix("").parts)): p for p in _ROOT.rglob("*.py")
+    }
+    for name, path in sorted(modules.items()):
+        if name.rsplit(".", 1)[-1].startswith("_"):  # packages' __init__, __main__, private modules
             continue
-        doc = importlib.import_module(info.name).__doc__ or ""
+        doc = _doc(path)
         files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
-        parts = info.name.split(".")  # specfix.v1.scheduler has the role v1, specfix.fixes the role specfix
+        parts = name.split(".")  # specfix.v1.scheduler has the role v1, specfix.fixes the role specfix
         rows.append(
             {
-                "module": info.name,
+                "module": name,
                 "role": parts[1] if len(parts) > 2 else "specfix",
                 "mirrors": ", ".join(files) if files else "(specfix's own)",
                 "summary": doc.strip().splitlines()[0] if doc.strip() else "",
@@ -56,9 +65,8 @@ def roles() -> dict[str, str]:
     if top is None:
         raise LookupError("specfix's docstring lost its '* top level: ...' line, which describes that role")
     out = {"specfix": _summary(top.group(1))}
-    for info in pkgutil.iter_modules(specfix.__path__):
-        if info.ispkg:
-            out[info.name] = _summary(importlib.import_module(f"specfix.{info.name}").__doc__)
+    for init in sorted(_ROOT.glob("*/__init__.py")):
+        out[init.parent.name] = _summary(_doc(init))
     return out
 
 
