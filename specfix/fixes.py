@@ -8,10 +8,9 @@ Fixes.all_off()                          # the code as it was before every fix
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import html
-import importlib
-import inspect
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,7 @@ class Fixes:
 #: Where each switch acts: ``module:qualname`` of the functions (Triton kernels included) holding its lines.
 FIX_SITES: dict[str, tuple[str, ...]] = {
     "clamp_placeholders": ("specfix.v1.model_runner:GPUModelRunner._preprocess",),
-    "reject_negative_drafts": ("specfix.v1.rejection_sampler:rejection_random_sample_kernel",),
+    "reject_negative_drafts": ("specfix.v1.rejection_kernels:rejection_random_sample_kernel",),
     "mask_invalid_reqs": ("specfix.mrv2.gumbel:gumbel_block_argmax",),
     "pad_idx_mapping": ("specfix.mrv2.speculator:DraftModelSpeculator._copy_request_inputs",),
     "dflash_pad_idx": ("specfix.mrv2.dflash:prepare_dflash_inputs",),
@@ -109,14 +108,18 @@ class FixListing:
 
 
 def _site_source(site: str) -> tuple[str, int, list[str]]:
+    """A site's file, first line and dedented source (decorators included), read from the file with ast:
+    nothing is imported, so no module that imports this one is imported back by name."""
     module_name, qualname = site.split(":")
-    obj = importlib.import_module(module_name)
-    for attr in qualname.split("."):
-        obj = getattr(obj, attr)
-    obj = getattr(obj, "fn", obj)  # a Triton JITFunction keeps the Python function in .fn
-    lines, first = inspect.getsourcelines(obj)
-    path = Path(inspect.getsourcefile(obj)).resolve().relative_to(Path(__file__).resolve().parents[1])
-    return path.as_posix(), first, textwrap.dedent("".join(lines)).splitlines()
+    root = Path(__file__).resolve().parent
+    path = root.joinpath(*module_name.split(".")[1:]).with_suffix(".py")
+    text = path.read_text()
+    node = ast.parse(text)
+    for name in qualname.split("."):
+        node = next(n for n in node.body if getattr(n, "name", None) == name)
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
+    return path.relative_to(root.parent).as_posix(), first, textwrap.dedent("".join(lines)).splitlines()
 
 
 def show_fix(name: str) -> FixListing:
