@@ -299,9 +299,12 @@ _HIDDEN_MYSTERIES = (
 )
 
 
-def mystery_batch(events=_MYSTERY_HISTORY, batch: str = MYSTERY_BATCH) -> Mystery:
-    """A fresh copy of the corrupted drafter and its next batch, on the CPU, where the padded row's store
-    lands after the live row's (a GPU launch leaves that to chance)."""
+def mystery_batch(events=None, batch: str | None = None) -> Mystery:
+    """A fresh copy of the corrupted drafter and its next batch (the notebook's, unless ``events`` and
+    ``batch`` are given), on the CPU, where the padded row's store lands after the live row's (a GPU launch
+    leaves that to chance). No defaults in the signature Jupyter shows: the history is the puzzle."""
+    if events is None:
+        events, batch = _MYSTERY_HISTORY, MYSTERY_BATCH
     scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8, device="cpu")
     scenario.play(list(events))
     return Mystery(scenario, batch)
