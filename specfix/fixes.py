@@ -116,7 +116,9 @@ def _site_source(site: str) -> tuple[str, int, list[str]]:
     text = path.read_text()
     node = ast.parse(text)
     for name in qualname.split("."):
-        node = next(n for n in node.body if getattr(n, "name", None) == name)
+        node = next((n for n in node.body if getattr(n, "name", None) == name), None)
+        if node is None:
+            raise ValueError(f"fix site {site!r}: {path.name} defines no {name!r} at that level")
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
     lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
     return path.relative_to(root.parent).as_posix(), first, textwrap.dedent("".join(lines)).splitlines()

@@ -158,7 +158,7 @@ def test_an_id_stays_taken_while_a_step_that_carries_it_is_in_flight():
     assert third.num_scheduled_tokens == {"a": 1 + K}
     assert [r.request_id for r in _update(sched, second, {"a": [9, 10, 11, 12]})] == ["a"]
     assert "a" not in sched.requests and sched.is_request_id_in_use("a")
-    with pytest.raises(ValueError, match="'a' is already in the scheduler, or in a step still in flight"):
+    with pytest.raises(ValueError, match="request_id 'a' finished, but a step that carries it is still"):
         sched.add_request(Request("a", [7], SamplingParams()))
     assert _update(sched, third, {"a": [9, 10]}) == []  # the late output of a finished request: dropped
     assert not sched.is_request_id_in_use("a")

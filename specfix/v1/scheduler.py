@@ -316,10 +316,13 @@ class Scheduler:
         if not is_int(request.num_computed_tokens):
             raise TypeError(f"num_computed_tokens must be an int, got {request.num_computed_tokens!r}")
         if self.is_request_id_in_use(request.request_id):
-            raise ValueError(
-                f"request_id {request.request_id!r} is already in the scheduler, or in a step still in "
-                "flight (async scheduling): use another id or step once more"
+            where = (
+                "is already in the scheduler"
+                if request.request_id in self.requests
+                else "finished, but a step that carries it is still in flight (async scheduling): "
+                "use another id or step once more"
             )
+            raise ValueError(f"request_id {request.request_id!r} {where}")
         prompt = check_token_ids("prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         if not prompt:
             raise ValueError("prompt_token_ids is empty: a request needs at least one prompt token")
