@@ -284,7 +284,8 @@ def _search(page, origin, term):
     return links, excerpts
 
 
-def main(argv=None) -> int:
+def _arguments(argv):
+    """The command line, checked: (args, root, screenshots folder, pages, chapter pages)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "html",
@@ -305,7 +306,6 @@ def main(argv=None) -> int:
         help="where the chapters' first screens go (default: screenshots/ beside html)",
     )
     args = parser.parse_args(argv)
-
     root = args.html.resolve()
     if not (root / "search.html").is_file():
         parser.error(f"{args.html} holds no built book (no search.html): run `make book` first")
@@ -317,7 +317,11 @@ def main(argv=None) -> int:
     chapters = chapter_pages(pages)
     if not chapters:
         parser.error(f"{args.html} holds no chapter page (notebooks/*.html)")
+    return args, root, shots, pages, chapters
 
+
+def _browse(chromium, root, shots, pages, chapters):
+    """Serve the book, check each page (desktop and phone), search it: (origin, results, hits, excerpts)."""
     from playwright.sync_api import sync_playwright
 
     server = _serve(root)
@@ -335,7 +339,7 @@ def main(argv=None) -> int:
 
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=args.chromium, headless=True)
+            browser = pw.chromium.launch(executable_path=chromium, headless=True)
             context = browser.new_context(viewport=VIEWPORT)
             context.set_default_timeout(TIMEOUT_MS)
             context.route("**/*", route)
@@ -362,7 +366,12 @@ def main(argv=None) -> int:
             browser.close()
     finally:
         server.shutdown()
+    return origin, results, hits, excerpts
 
+
+def main(argv=None) -> int:
+    args, root, shots, pages, chapters = _arguments(argv)
+    origin, results, hits, excerpts = _browse(args.chromium, root, shots, pages, chapters)
     passed = failed = 0
     for name, checks in results.items():
         for check, problems in checks.items():
