@@ -227,6 +227,40 @@ def check_chapter(context, base: str, token: str, name: str, shots: Path, timeou
     return problems
 
 
+def _run_chapters(chromium: str, paths: list, shots: Path, timeout_s: float) -> dict:
+    """Start JupyterLab, check each chapter in it, stop it: {chapter: {check: [problems]}}."""
+    from playwright.sync_api import sync_playwright
+
+    port, token = _free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="specfix-lab-check-") as tmp:
+        log = open(Path(tmp) / "lab.log", "w")  # noqa: SIM115  (closed with the folder)
+        lab = start_lab(port, token, Path(tmp), log)
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, headless=True)
+                context = browser.new_context(viewport=VIEWPORT)
+                context.set_default_timeout(120_000)
+                # JupyterLab reads offline: any request that leaves this machine is blocked.
+                context.route(
+                    "**/*",
+                    lambda route: (
+                        route.continue_()
+                        if urlsplit(route.request.url).hostname in ("127.0.0.1", None)
+                        or not route.request.url.startswith("http")
+                        else route.abort()
+                    ),
+                )
+                for path in paths:
+                    results[path.name] = check_chapter(context, base, token, path.name, shots, timeout_s)
+                browser.close()
+        finally:
+            stop_lab(lab)
+            log.close()
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("chapters", nargs="*", help="chapter numbers to check (default: all), e.g. 03 04")
@@ -251,36 +285,7 @@ def main(argv=None) -> int:
     shots = args.screenshots.resolve()
     shots.mkdir(parents=True, exist_ok=True)
     before = _digest(paths)
-
-    from playwright.sync_api import sync_playwright
-
-    port, token = _free_port(), secrets.token_hex(16)
-    base = f"http://127.0.0.1:{port}"
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="specfix-lab-check-") as tmp:
-        log = open(Path(tmp) / "lab.log", "w")  # noqa: SIM115  (closed with the folder)
-        lab = start_lab(port, token, Path(tmp), log)
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=args.chromium, headless=True)
-                context = browser.new_context(viewport=VIEWPORT)
-                context.set_default_timeout(120_000)
-                # JupyterLab reads offline: any request that leaves this machine is blocked.
-                context.route(
-                    "**/*",
-                    lambda route: (
-                        route.continue_()
-                        if urlsplit(route.request.url).hostname in ("127.0.0.1", None)
-                        or not route.request.url.startswith("http")
-                        else route.abort()
-                    ),
-                )
-                for path in paths:
-                    results[path.name] = check_chapter(context, base, token, path.name, shots, args.timeout)
-                browser.close()
-        finally:
-            stop_lab(lab)
-            log.close()
+    results = _run_chapters(args.chromium, paths, shots, args.timeout)
     changed = sorted(name for name, digest in _digest(paths).items() if before[name] != digest)
 
     passed = failed = 0
