@@ -38,6 +38,35 @@ def first_sync(fn) -> str:
     return "none"
 
 
+def _propose_syncs(dev, gen, k: int) -> dict:
+    """The draft model's propose, eager then captured in CUDA graphs."""
+    model = load_models(dev)[1]
+    spec = DraftModelSpeculator(
+        model,
+        max_num_reqs=16,
+        num_speculative_steps=k,
+        vocab_size=model.vocab_size,
+        context_len=model.order - 1,
+        device=dev,
+    )
+    ctx = torch.randint(0, model.vocab_size, (16, model.order - 1), generator=gen, device=dev)
+    args = (
+        5,
+        torch.arange(16, dtype=torch.int32, device=dev),
+        torch.ones(16, device=dev),
+        torch.arange(16, dtype=torch.int64, device=dev),
+        ctx[:5].clone(),
+        torch.zeros(5, dtype=torch.int64, device=dev),
+    )
+    spec.propose(*args)
+    eager = first_sync(lambda: spec.propose(*args))
+    spec.capture_cuda_graphs()
+    return {
+        "DraftModelSpeculator.propose (eager)": eager,
+        "DraftModelSpeculator.propose (graph)": first_sync(lambda: spec.propose(*args)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
@@ -75,28 +104,7 @@ def main() -> None:
         out[f"RejectionSampler.forward ({mode})"] = first_sync(lambda: sampler(meta, q, logits, sm))  # noqa: B023
         out[f"rejection_sample ({mode})"] = first_sync(lambda: rejection_sample(*core))  # noqa: B023
         out[f"_rejection_sample ({mode})"] = first_sync(lambda: _rejection_sample(*core))  # noqa: B023
-    model = load_models(dev)[1]
-    spec = DraftModelSpeculator(
-        model,
-        max_num_reqs=16,
-        num_speculative_steps=k,
-        vocab_size=model.vocab_size,
-        context_len=model.order - 1,
-        device=dev,
-    )
-    ctx = torch.randint(0, model.vocab_size, (16, model.order - 1), generator=gen, device=dev)
-    args_ = (
-        5,
-        torch.arange(16, dtype=torch.int32, device=dev),
-        torch.ones(16, device=dev),
-        torch.arange(16, dtype=torch.int64, device=dev),
-        ctx[:5].clone(),
-        torch.zeros(5, dtype=torch.int64, device=dev),
-    )
-    spec.propose(*args_)
-    out["DraftModelSpeculator.propose (eager)"] = first_sync(lambda: spec.propose(*args_))
-    spec.capture_cuda_graphs()
-    out["DraftModelSpeculator.propose (graph)"] = first_sync(lambda: spec.propose(*args_))
+    out.update(_propose_syncs(dev, gen, k))
     for name, where in out.items():
         print(f"{name:45s} first host sync: {where}")
     if args.json:
