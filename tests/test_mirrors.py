@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from specfix.tools import mirrors
 from specfix.tools.mirrors import FIXES, RELEASES, has_fix, release_rows, roles, vllm_map
 
 # Modules that re-implement a piece of vLLM (the rest are specfix's own tools: runtime, guard, bench...).
@@ -137,3 +138,14 @@ def test_first_releases_agree_with_the_release_table():
         fix = FIXES[verdict]
         assert getattr(by_version[fix.first_release], field), verdict
         assert not getattr(by_version[fix.last_release_without], field), verdict
+
+
+def test_the_map_lists_importable_modules_only(tmp_path, monkeypatch):
+    """JupyterLab saves checkpoints of an opened .py file beside it; they are no modules of the package."""
+    for name in ("a.py", "_private.py", "__init__.py", "sub/__init__.py", "sub/b.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(f'"""{name}: a module."""\n')
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "a-checkpoint.py").write_text('"""a copy."""\n')
+    monkeypatch.setattr(mirrors, "_ROOT", tmp_path)
+    assert [row["module"] for row in mirrors.vllm_map()] == ["specfix.a", "specfix.sub.b"]

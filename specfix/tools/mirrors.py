@@ -43,7 +43,9 @@ def vllm_map() -> list[dict[str, str]]:
         ".".join(("specfix", *p.relative_to(_ROOT).with_suffix("").parts)): p for p in _ROOT.rglob("*.py")
     }
     for name, path in sorted(modules.items()):
-        if name.rsplit(".", 1)[-1].startswith("_"):  # packages' __init__, __main__, private modules
+        # importable names only (JupyterLab's .ipynb_checkpoints/x-checkpoint.py is not), not __init__,
+        # __main__ or a private module
+        if not all(part.isidentifier() for part in name.split(".")) or name.rsplit(".", 1)[-1][0] == "_":
             continue
         doc = _doc(path)
         files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
