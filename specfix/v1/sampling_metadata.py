@@ -23,6 +23,21 @@ SAMPLING_EPS = 1e-5
 GREEDY_TEMPERATURE = 0
 
 
+def check_temperature(name: str, t: object) -> None:
+    if not (is_int(t) or isinstance(t, float)) or not math.isfinite(t):
+        raise TypeError(f"{name} must be a finite number, got {t!r}")
+    if t < 0:
+        raise ValueError(f"{name} must be >= 0 (0 = greedy), got {t}")
+
+
+def check_seed(name: str, seed: object) -> None:
+    """None (unseeded) or an int for vLLM's int64 seed tables."""
+    if seed is not None and not is_int(seed):
+        raise TypeError(f"{name} must be an int or None, got {seed!r}")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise ValueError(f"{name} must fit in an int64, got {seed}")
+
+
 @dataclass
 class SamplingMetadata:
     """Sampling parameters of a batch of B requests."""
@@ -75,16 +90,9 @@ class SamplingMetadata:
             raise ValueError("temperatures is empty: a batch needs at least one request")
         if len(seeds) != len(temperatures):
             raise ValueError(f"seeds has {len(seeds)} entries but temperatures has {len(temperatures)}")
-        for i, t in enumerate(temperatures):
-            if not (is_int(t) or isinstance(t, float)) or not math.isfinite(t):
-                raise TypeError(f"temperatures[{i}] must be a finite number, got {t!r}")
-            if t < 0:
-                raise ValueError(f"temperatures[{i}] = {t} is negative; use 0 for greedy decoding")
-        for i, s in enumerate(seeds):
-            if s is not None and not is_int(s):
-                raise TypeError(f"seeds[{i}] must be an int or None, got {s!r}")
-            if s is not None and not -(2**63) <= s < 2**63:
-                raise ValueError(f"seeds[{i}] must fit in an int64, got {s}")
+        for i, (t, s) in enumerate(zip(temperatures, seeds, strict=True)):
+            check_temperature(f"temperatures[{i}]", t)
+            check_seed(f"seeds[{i}]", s)
         greedy = [t < SAMPLING_EPS for t in temperatures]
         generators = {
             i: torch.Generator(device=device).manual_seed(s)

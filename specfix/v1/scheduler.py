@@ -21,7 +21,7 @@ import torch
 
 from specfix.checks import check_count, check_id_tensor, is_int
 from specfix.v1.rejection_sampler import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
-from specfix.v1.sampling_metadata import SAMPLING_EPS
+from specfix.v1.sampling_metadata import SAMPLING_EPS, check_seed, check_temperature
 
 #: ``"zero"`` pads with token 0, as 0.25's Model Runner V2 verified its slots (0.33 re-marks them ``-1``).
 PLACEHOLDER_POLICIES = ("minus_one", "zero")
@@ -31,7 +31,6 @@ BLOCK_SIZE = 16
 MAX_TEMP = 1e-2
 #: The largest temperature vLLM 0.33's ``SamplingParams._verify_args`` accepts.
 MAX_TEMPERATURE = 2.0
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def check_num_spec_tokens(num_spec_tokens: int | None) -> None:
@@ -78,10 +77,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if not (is_int(t) or isinstance(t, float)) or not math.isfinite(t):
-            raise TypeError(f"temperature must be a finite number, got {t!r}")
-        if t < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}")
+        check_temperature("temperature", t)
         if t > MAX_TEMPERATURE:
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], as in vLLM 0.33, got {t}")
         if 0 < t < MAX_TEMP:
@@ -93,11 +89,7 @@ class SamplingParams:
             object.__setattr__(self, "temperature", MAX_TEMP)
         if self.seed == -1:  # vLLM's "no seed"
             object.__setattr__(self, "seed", None)
-        if self.seed is not None:
-            if not is_int(self.seed):
-                raise TypeError(f"seed must be an int or None, got {self.seed!r}")
-            if not INT64_MIN <= self.seed <= INT64_MAX:  # vLLM's seed tables are int64
-                raise ValueError(f"seed must fit in an int64, [-2**63, 2**63 - 1], got {self.seed}")
+        check_seed("seed", self.seed)
         check_count("max_tokens", self.max_tokens)
 
     @property
