@@ -21,7 +21,6 @@ from specfix.v1.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     RejectionSampler,
     apply_sampling_constraints,
-    expand_batch_to_tokens,
     generate_uniform_probs,
     rejection_greedy_sample,
     rejection_random_sample,
@@ -159,11 +158,13 @@ def test_parse_output_drops_placeholders_and_out_of_vocab_ids():
 # helpers mirrored from vLLM
 
 
-def test_expand_batch_to_tokens():
-    x = torch.tensor([10.0, 0.0, 30.0])
-    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
-    assert expand_batch_to_tokens(x, cu, 6).tolist() == [10, 10, 0, 0, 0, 30]
-    assert expand_batch_to_tokens(x, torch.tensor([0, 2, 2]), 2).tolist() == [0, 0]
+def test_apply_sampling_constraints_expands_each_temperature_over_its_requests_tokens():
+    # vLLM's expand_batch_to_tokens: counts [2, 3, 1], then [0, 2, 0] (requests without drafts own no row)
+    sm = SamplingMetadata.from_requests([0.5, 0.25, 2.0], [None, None, None])
+    out = apply_sampling_constraints(torch.ones(6, 2), torch.tensor([2, 5, 6], dtype=torch.int32), sm)
+    assert out[:, 0].tolist() == [2, 2, 4, 4, 4, 0.5]
+    out = apply_sampling_constraints(torch.ones(2, 2), torch.tensor([0, 2, 2]), sm)
+    assert out[:, 0].tolist() == [4, 4]
 
 
 def test_apply_sampling_constraints_divides_by_temperature_and_leaves_greedy_rows():

@@ -1,7 +1,7 @@
 """The verification kernels of the V1 rejection sampler: greedy and random, each with its torch twin.
 
 Mirrors the two kernels of vLLM 0.33.0's ``vllm/v1/sample/rejection_sampler.py``: one program per request
-walks its drafts. The ``*_ref`` twins restate them in torch, tied bit for bit by the tests.
+walks its drafts. Each launcher's torch branch restates its kernel, tied bit for bit by the tests.
 """
 
 from __future__ import annotations
@@ -91,19 +91,14 @@ def rejection_greedy_sample(
     *,
     backend: str = "auto",
 ) -> None:
-    """Write the greedy rows of ``output_token_ids`` in place, whole (Triton kernel or torch twin)."""
+    """Write the greedy rows of ``output_token_ids`` in place, whole: emit the argmax at every position up
+    to the first draft that differs from it, the bonus if none differs (Triton kernel or torch twin)."""
     if not _use_triton(backend, output_token_ids.device):
-        rejection_greedy_sample_ref(
-            output_token_ids,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            target_argmax,
-            bonus_token_ids,
-            is_greedy,
-            max_spec_len,
+        accepted = draft_token_ids.long() == target_argmax.long()
+        _write_rows(
+            output_token_ids, cu_num_draft_tokens, accepted, target_argmax, bonus_token_ids, is_greedy, True
         )
         return
-    _check_row_block(max_spec_len)
     launch(
         rejection_greedy_sample_kernel,
         (output_token_ids.shape[0],),
@@ -122,11 +117,6 @@ def rejection_greedy_sample(
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` as a contiguous ``dtype`` tensor, checked on the host first: a no-op ``.to`` costs a dispatch."""
     return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
-
-
-def _check_row_block(max_spec_len: int) -> None:
-    if not 0 <= max_spec_len < _ROW_BLOCK:
-        raise ValueError(f"max_spec_len must lie in [0, {_ROW_BLOCK}) for the kernels, got {max_spec_len}")
 
 
 @triton.jit
@@ -224,22 +214,23 @@ def rejection_random_sample(
     """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
     inputs (``rejection_sample`` checks them). ``recovered_token_ids`` [T, splits] int64: the recovered
     draw's split keys (Triton only)."""
-    if not _use_triton(backend, output_token_ids.device):
-        rejection_random_sample_ref(
-            output_token_ids,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            draft_probs,
-            target_probs,
-            bonus_token_ids,
-            recovered_token_ids,
-            uniform_probs,
-            is_greedy,
-            max_spec_len,
-            reject_negative_drafts=reject_negative_drafts,
+    if not _use_triton(backend, output_token_ids.device):  # the torch twin, ``-1`` behaviour included
+        num_tokens, vocab_size = target_probs.shape
+        draft = draft_token_ids.long()
+        flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
+        readable = draft >= 0 if reject_negative_drafts else flat >= 0
+        p = _gather_flat(target_probs.float().contiguous(), flat, readable)
+        if draft_probs is None:
+            accepted = readable & (p.double() >= uniform_probs)
+        else:
+            q = _gather_flat(draft_probs.float().contiguous(), flat, readable)
+            ratio = p / torch.where(q > 0, q, torch.ones_like(q))
+            accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
+        emitted = torch.where(accepted, draft, recovered_token_ids.long())
+        _write_rows(
+            output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, is_greedy, False
         )
         return
-    _check_row_block(max_spec_len)
     num_splits = 1 if recovered_token_ids.dim() == 1 else recovered_token_ids.shape[1]
     target_probs = _as(target_probs, torch.float32)
     launch(
@@ -265,28 +256,27 @@ def rejection_random_sample(
     )
 
 
-# Torch references: vectorised restatements of the kernels, tied to them bit for bit by the tests.
+# The torch twins' parts: vectorised restatements of the kernels, tied to them bit for bit by the tests.
 
 
-def _token_layout(cu_num_draft_tokens: torch.Tensor, num_tokens: int):
-    """For each flat draft token: its request, its position in the request; and each request's k."""
+def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, is_greedy, greedy):
+    """Each of the sampler's rows (``is_greedy`` None: every row) whole, as the kernels write it: its
+    tokens up to its first rejection (``emitted``) included, the bonus when none is rejected, then -1."""
+    if is_greedy is None:
+        active = torch.ones(output_token_ids.shape[0], dtype=torch.bool, device=output_token_ids.device)
+    else:
+        active = is_greedy.bool() if greedy else ~is_greedy.bool()
     cu = cu_num_draft_tokens.long()
     num_draft = torch.diff(cu, prepend=cu.new_zeros(1))
+    num_tokens = accepted.numel()
     req = torch.repeat_interleave(
         torch.arange(cu.numel(), device=cu.device), num_draft, output_size=num_tokens
     )
-    pos = torch.arange(num_tokens, device=cu.device) - (cu - num_draft)[req]
-    return req, pos, num_draft
-
-
-def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, active) -> None:
-    """Each ``active`` row whole, as the kernels write it: its tokens up to and including its first
-    rejection (``emitted``), the bonus when none is rejected, then placeholders."""
-    req, pos, num_draft = _token_layout(cu_num_draft_tokens, accepted.numel())
+    pos = torch.arange(num_tokens, device=cu.device) - (cu - num_draft)[req]  # position within the request
     output_token_ids.masked_fill_(active.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
     rejected = (~accepted).long()
     before = torch.cumsum(rejected, 0) - rejected  # rejections before each token, across the batch
-    start_of_token = torch.arange(req.numel(), device=req.device) - pos
+    start_of_token = torch.arange(num_tokens, device=req.device) - pos
     before_in_req = before - before[start_of_token]  # ... within its own request
     write = (before_in_req == 0) & active[req]
     output_token_ids[req[write], pos[write]] = emitted[write].to(output_token_ids.dtype)
@@ -297,60 +287,7 @@ def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_
     )
 
 
-def _active_rows(is_greedy: torch.Tensor | None, batch_size: int, greedy: bool, device) -> torch.Tensor:
-    if is_greedy is None:  # the caller runs only the path every row takes
-        return torch.ones(batch_size, dtype=torch.bool, device=device)
-    return is_greedy.bool() if greedy else ~is_greedy.bool()
-
-
-def rejection_greedy_sample_ref(
-    output_token_ids,
-    cu_num_draft_tokens,
-    draft_token_ids,
-    target_argmax,
-    bonus_token_ids,
-    is_greedy,
-    max_spec_len,
-) -> None:
-    """Torch twin of ``rejection_greedy_sample_kernel``: emit the argmax at every position up to the
-    first draft that differs from it; bonus if none differs. ``is_greedy`` None = every row greedy."""
-    accepted = draft_token_ids.long() == target_argmax.long()
-    active = _active_rows(is_greedy, output_token_ids.shape[0], True, output_token_ids.device)
-    _write_rows(output_token_ids, cu_num_draft_tokens, accepted, target_argmax, bonus_token_ids, active)
-
-
 def _gather_flat(table: torch.Tensor, flat: torch.Tensor, readable: torch.Tensor) -> torch.Tensor:
     """``table.flatten()[flat]`` where ``readable``, 0.0 elsewhere (a load the kernel masks off)."""
     values = table.reshape(-1)[torch.where(readable, flat, 0)]
     return torch.where(readable, values, torch.zeros_like(values))
-
-
-def rejection_random_sample_ref(
-    output_token_ids,
-    cu_num_draft_tokens,
-    draft_token_ids,
-    draft_probs,
-    target_probs,
-    bonus_token_ids,
-    recovered_token_ids,
-    uniform_probs,
-    is_greedy,
-    max_spec_len,
-    *,
-    reject_negative_drafts=True,
-) -> None:
-    """Torch twin of ``rejection_random_sample_kernel``, ``-1`` behaviour included."""
-    num_tokens, vocab_size = target_probs.shape
-    draft = draft_token_ids.long()
-    flat = torch.arange(num_tokens, device=draft.device) * vocab_size + draft
-    readable = draft >= 0 if reject_negative_drafts else flat >= 0
-    p = _gather_flat(target_probs.float().contiguous(), flat, readable)
-    if draft_probs is None:
-        accepted = readable & (p.double() >= uniform_probs)
-    else:
-        q = _gather_flat(draft_probs.float().contiguous(), flat, readable)
-        ratio = p / torch.where(q > 0, q, torch.ones_like(q))
-        accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
-    emitted = torch.where(accepted, draft, recovered_token_ids.long())
-    active = _active_rows(is_greedy, output_token_ids.shape[0], False, output_token_ids.device)
-    _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, active)

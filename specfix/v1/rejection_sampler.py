@@ -27,7 +27,6 @@ from specfix.v1.rejection_kernels import (
     _use_triton,
     rejection_greedy_sample,
     rejection_random_sample,
-    rejection_random_sample_kernel,  # noqa: F401  (show_fix reads the reject_negative_drafts fix here)
 )
 from specfix.v1.sampling_metadata import SamplingMetadata
 from specfix.v1.spec_decode_metadata import SpecDecodeMetadata
@@ -162,7 +161,7 @@ def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
         metadata.max_spec_len,
         metadata.cu_num_draft_tokens,
         draft_probs,
-        (metadata.draft_token_ids.numel(), logits.shape[1]),
+        logits.shape[1],
         {"logits": logits, "draft_probs": draft_probs},
         {
             "metadata.target_logits_indices": (metadata.target_logits_indices, 0, rows),
@@ -204,7 +203,7 @@ def _check_rejection_inputs(
     max_spec_len,
     cu_num_draft_tokens,
     draft_probs,
-    target_shape: tuple[int, int],
+    vocab_size: int,
     scores: dict[str, torch.Tensor | None],
     ranges: dict[str, tuple[torch.Tensor, float, float]],
 ) -> None:
@@ -219,18 +218,16 @@ def _check_rejection_inputs(
         )
     check_id_tensor("draft_token_ids", draft_token_ids, total)
     check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
-    if target_shape[0] != total:
-        raise ValueError(f"target_logits must have num_draft_total = {total} rows, got {target_shape[0]}")
     if draft_probs is not None:
         _check_logits("draft_probs", draft_probs)
-        if tuple(draft_probs.shape) != tuple(target_shape):
+        if tuple(draft_probs.shape) != (total, vocab_size):
             raise ValueError(
-                f"draft_probs must have shape {tuple(target_shape)} like the target logits, "
+                f"draft_probs must have shape {(total, vocab_size)} like the target logits, "
                 f"got {tuple(draft_probs.shape)}"
             )
     if device_checks.wanted(draft_token_ids, *scores.values()):
         # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
-        ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, target_shape[1]), **ranges}
+        ranges = {"draft_token_ids": (draft_token_ids, PLACEHOLDER_TOKEN_ID, vocab_size), **ranges}
         _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens)
 
 
@@ -284,14 +281,6 @@ def _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens) -> None
 # Batch -> token helpers, sampling constraints, randomness
 
 
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """``x=[a,b,c]``, ``cu_num_tokens=[2,5,6]`` -> ``[a,a,b,b,b,c]`` (vLLM's ``replace_from`` is not needed:
-    greedy requests are divided by 1 by ``_divisors`` before the expansion)."""
-    if x.shape[0] != cu_num_tokens.shape[0]:
-        raise ValueError(f"x has {x.shape[0]} entries but cu_num_tokens has {cu_num_tokens.shape[0]}")
-    return x[_token_to_request(cu_num_tokens, num_tokens)]
-
-
 def apply_sampling_constraints(
     logits: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -310,7 +299,8 @@ def apply_sampling_constraints(
     if k > 0 and num_draft_tokens.count(k) == len(num_draft_tokens):  # no set built per call
         logits.view(len(num_draft_tokens), k, -1).div_(temperature.view(-1, 1, 1))
         return logits
-    temperature = expand_batch_to_tokens(temperature, cu_num_draft_tokens, logits.shape[0])
+    # vLLM's expand_batch_to_tokens, without its replace_from: _divisors already gave greedy requests 1.
+    temperature = temperature[_token_to_request(cu_num_draft_tokens, logits.shape[0])]
     return logits.div_(temperature.unsqueeze(-1))
 
 
@@ -383,6 +373,8 @@ def rejection_sample(
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
     rows, vocab_size = target_logits.shape
+    if rows != num_tokens:
+        raise ValueError(f"target_logits must have num_draft_total = {num_tokens} rows, got {rows}")
     ranges = {}
     if uniform_probs is not None:
         if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
@@ -404,7 +396,7 @@ def rejection_sample(
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
-        (rows, vocab_size),
+        vocab_size,
         {"target_logits": target_logits, "draft_probs": draft_probs},
         ranges,
     )
@@ -458,49 +450,8 @@ def _rejection_sample(
         if sampling_metadata.all_greedy:
             return output_token_ids
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
-    uniform_probs, recovered_token_ids = _random_draws(
-        uniform_probs,
-        recovered_token_ids,
-        draft_token_ids,
-        num_draft_tokens,
-        max_spec_len,
-        cu_num_draft_tokens,
-        draft_probs,
-        target_probs,
-        sampling_metadata,
-        backend,
-    )
-    rejection_random_sample(
-        output_token_ids,
-        cu_num_draft_tokens,
-        draft_token_ids,
-        draft_probs,
-        target_probs,
-        bonus_token_ids,
-        recovered_token_ids,
-        uniform_probs,
-        is_greedy,
-        max_spec_len,
-        reject_negative_drafts=reject_negative_drafts,
-        backend=backend,
-    )
-    return output_token_ids
-
-
-def _random_draws(
-    uniform_probs,
-    recovered_token_ids,
-    draft_token_ids,
-    num_draft_tokens,
-    max_spec_len,
-    cu_num_draft_tokens,
-    draft_probs,
-    target_probs,
-    sampling_metadata,
-    backend,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the caller did not pass, drawn in vLLM's order (uniforms, then the recovered draw's noise), so
-    that a seeded request's generator gives vLLM's table; split recovered rows stay keys for the kernel."""
+    # What the caller did not pass, drawn in vLLM's order (uniforms, then the recovered draw's noise), so that
+    # a seeded request's generator gives vLLM's table; split recovered rows stay keys for the random kernel.
     if uniform_probs is None:
         uniform_probs = generate_uniform_probs(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, target_probs.device
@@ -517,4 +468,18 @@ def _random_draws(
             backend=backend,
             split_keys=True,
         )
-    return uniform_probs, recovered_token_ids
+    rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+        max_spec_len,
+        reject_negative_drafts=reject_negative_drafts,
+        backend=backend,
+    )
+    return output_token_ids
