@@ -10,21 +10,21 @@ from specfix.lab.guard import IndexGuardError, check_indices
 
 ROWS, COLS = 10, 4
 
-# name -> (call(weight, index), size of the indexed extent, op name in the message, whether the op wraps -i)
+# name -> (call(weight, index), size of the indexed extent, op name in the message)
 OPS = {
-    "F.embedding": (lambda w, i: F.embedding(i, w), ROWS, "F.embedding", False),
-    "nn.Embedding": (None, ROWS, "F.embedding", False),  # a module: built per test around the weight
-    "torch.embedding": (lambda w, i: torch.embedding(w, i), ROWS, "torch.embedding", False),
-    "torch.index_select": (lambda w, i: torch.index_select(w, 0, i), ROWS, "index_select", False),
-    "Tensor.index_select": (lambda w, i: w.index_select(-2, i), ROWS, "Tensor.index_select", False),
-    "torch.gather": (lambda w, i: torch.gather(w[:, 0], 0, i), ROWS, "gather", False),
-    "Tensor.gather": (lambda w, i: w[0].gather(-1, i), COLS, "Tensor.gather", False),
-    "w[idx]": (lambda w, i: w[i], ROWS, "Tensor.__getitem__", True),
-    "w[:, idx]": (lambda w, i: w[:, i], COLS, "Tensor.__getitem__", True),
-    "w[..., idx, None]": (lambda w, i: w[..., i, None], COLS, "Tensor.__getitem__", True),
-    "w[idx] = 0": (lambda w, i: w.clone().__setitem__(i, 0.0), ROWS, "Tensor.__setitem__", True),
-    "torch.take": (lambda w, i: torch.take(w, i), ROWS * COLS, "take", True),
-    "Tensor.take": (lambda w, i: w.take(i), ROWS * COLS, "take", True),
+    "F.embedding": (lambda w, i: F.embedding(i, w), ROWS, "F.embedding"),
+    "nn.Embedding": (None, ROWS, "F.embedding"),  # a module: built per test around the weight
+    "torch.embedding": (lambda w, i: torch.embedding(w, i), ROWS, "torch.embedding"),
+    "torch.index_select": (lambda w, i: torch.index_select(w, 0, i), ROWS, "index_select"),
+    "Tensor.index_select": (lambda w, i: w.index_select(-2, i), ROWS, "Tensor.index_select"),
+    "torch.gather": (lambda w, i: torch.gather(w[:, 0], 0, i), ROWS, "gather"),
+    "Tensor.gather": (lambda w, i: w[0].gather(-1, i), COLS, "Tensor.gather"),
+    "w[idx]": (lambda w, i: w[i], ROWS, "Tensor.__getitem__"),
+    "w[:, idx]": (lambda w, i: w[:, i], COLS, "Tensor.__getitem__"),
+    "w[..., idx, None]": (lambda w, i: w[..., i, None], COLS, "Tensor.__getitem__"),
+    "w[idx] = 0": (lambda w, i: w.clone().__setitem__(i, 0.0), ROWS, "Tensor.__setitem__"),
+    "torch.take": (lambda w, i: torch.take(w, i), ROWS * COLS, "take"),
+    "Tensor.take": (lambda w, i: w.take(i), ROWS * COLS, "take"),
 }
 
 NEEDS_GPU = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -55,7 +55,7 @@ def bad_index(size, bad, device):
 @pytest.mark.parametrize("bad", ["negative", "size"])
 @pytest.mark.parametrize("name", list(OPS))
 def test_bad_indices_are_caught_with_a_readable_message(name, bad, device):
-    _, size, op, _ = OPS[name]
+    _, size, op = OPS[name]
     index, value = bad_index(size, bad, device)
     with pytest.raises(IndexGuardError) as caught, check_indices():
         call(name, weight(device), index)
@@ -67,20 +67,6 @@ def test_bad_indices_are_caught_with_a_readable_message(name, bad, device):
     assert message.startswith(f"{op}: 2 of 4 indices") and f"[0, {size})" in message
     assert f"{value} at (1,), {value} at (3,)" in message
     assert "PLACEHOLDER_TOKEN_ID" in message if bad == "negative" else "PLACEHOLDER_TOKEN_ID" not in message
-
-
-@pytest.mark.parametrize("name", ["w[idx]", "torch.take", "F.embedding"])
-def test_allow_negative_accepts_wraparound_only_where_the_op_wraps(name):
-    _, size, _, wraps = OPS[name]
-    index = torch.tensor([0, -1, -size])
-    with check_indices(allow_negative=True):
-        if wraps:
-            assert torch.equal(call(name, weight("cpu"), index), call(name, weight("cpu"), index % size))
-        else:
-            with pytest.raises(IndexGuardError, match=r"2 of 3 indices fall outside"):
-                call(name, weight("cpu"), index)
-    with pytest.raises(IndexGuardError, match=r"1 of 1 indices"), check_indices(allow_negative=True):
-        call(name, weight("cpu"), torch.tensor([-size - 1]))
 
 
 def test_positions_are_multidimensional_and_long_lists_are_cut():
@@ -100,7 +86,7 @@ def test_positions_are_multidimensional_and_long_lists_are_cut():
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_valid_indices_pass_untouched(device, data):
-    for name, (_, size, _, _) in OPS.items():
+    for name, (_, size, _) in OPS.items():
         values = data.draw(st.lists(st.integers(0, size - 1), min_size=COLS, max_size=12), label=name)
         index = torch.tensor(values, device=device)
         expected = call(name, weight(device), index)
@@ -115,7 +101,7 @@ def test_valid_indices_pass_untouched(device, data):
 def test_nested_use_and_exceptions_leave_no_mode_behind():
     before = torch._C._len_torch_function_stack()
     with check_indices():
-        with check_indices(allow_negative=True):
+        with check_indices():
             assert torch._C._len_torch_function_stack() == before + 2
         assert torch._C._len_torch_function_stack() == before + 1
     assert torch._C._len_torch_function_stack() == before
@@ -137,11 +123,6 @@ def test_nothing_else_is_touched():
         y = (w @ w.T).sum(0)[2:5] + w[1:3].mean()  # slices and ints are not index tensors
         mask = w[w > 5]  # boolean masks are not checked
     assert guard.checked == 0 and y.shape == (3,) and mask.numel() == ROWS * COLS - 6
-
-
-def test_bad_argument_is_named():
-    with pytest.raises(TypeError, match="allow_negative"):
-        check_indices(allow_negative="yes")
 
 
 def test_time_guard_times_both_ways_and_counts_the_checks():

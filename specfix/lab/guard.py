@@ -32,9 +32,9 @@ MAX_LISTED = 8
 class IndexGuardError(IndexError):
     """An index tensor holds values outside the indexed dimension (found before any kernel ran)."""
 
-    def __init__(self, lookup: _Lookup, low: int, values: list[int], positions: list[tuple], num_bad: int):
+    def __init__(self, lookup: _Lookup, values: list[int], positions: list[tuple], num_bad: int):
         self.op, self.values, self.positions, self.num_bad = lookup.op, values, positions, num_bad
-        self.valid_range, self.index_shape = (low, lookup.size), tuple(lookup.index.shape)
+        self.valid_range, self.index_shape = (0, lookup.size), tuple(lookup.index.shape)
         self.caller = _caller()
         extent = (
             "the number of elements of the indexed tensor (take indexes it flattened)"
@@ -45,7 +45,7 @@ class IndexGuardError(IndexError):
         more = f", and {num_bad - len(values)} more" if num_bad > len(values) else ""
         lines = [
             f"{self.op}: {num_bad} of {lookup.index.numel()} indices fall outside the valid range "
-            f"[{low}, {lookup.size}), {extent} (shape {tuple(lookup.source.shape)}, "
+            f"[0, {lookup.size}), {extent} (shape {tuple(lookup.source.shape)}, "
             f"device {lookup.index.device}).",
             f"  offending values: {listed}{more}",
             f"  (positions are in the index tensor, of shape {self.index_shape})",
@@ -68,7 +68,6 @@ class _Lookup:
     source: torch.Tensor
     dim: int | None
     index: torch.Tensor
-    wraps: bool  # the op itself accepts -size <= i < 0 (tensor indexing, take)
 
     @property
     def size(self) -> int:
@@ -84,17 +83,13 @@ def _arg(args: tuple, kwargs: dict, position: int, *names: str):
     raise TypeError(f"missing argument {names[0]!r}")
 
 
-def _dim(source: torch.Tensor, dim: int) -> int:
-    return dim + source.dim() if dim < 0 else dim
-
-
 def _embedding(args, kwargs):  # F.embedding(input, weight, ...)
-    return [_Lookup("F.embedding", _arg(args, kwargs, 1, "weight"), 0, _arg(args, kwargs, 0, "input"), False)]
+    return [_Lookup("F.embedding", _arg(args, kwargs, 1, "weight"), 0, _arg(args, kwargs, 0, "input"))]
 
 
 def _torch_embedding(args, kwargs):  # torch.embedding(weight, indices, ...)
     weight, indices = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices", "input")
-    return [_Lookup("torch.embedding", weight, 0, indices, False)]
+    return [_Lookup("torch.embedding", weight, 0, indices)]
 
 
 def _along_dim(name: str) -> Callable:
@@ -103,20 +98,21 @@ def _along_dim(name: str) -> Callable:
         dim = _arg(args, kwargs, 1, "dim")
         if not isinstance(dim, int):  # named dimensions: leave them to torch
             return []
-        return [_Lookup(name, source, _dim(source, dim), _arg(args, kwargs, 2, "index"), False)]
+        dim = dim + source.dim() if dim < 0 else dim
+        return [_Lookup(name, source, dim, _arg(args, kwargs, 2, "index"))]
 
     return extract
 
 
 def _take(args, kwargs):
     source, index = _arg(args, kwargs, 0, "input", "self"), _arg(args, kwargs, 1, "index")
-    return [_Lookup("take", source, None, index, True)]
+    return [_Lookup("take", source, None, index)]
 
 
 def _subscript(name: str) -> Callable:
     def extract(args, kwargs):  # x[key] / x[key] = value
         source, key = args[0], args[1]
-        return [_Lookup(name, source, dim, index, True) for dim, index in _integer_indices(source, key)]
+        return [_Lookup(name, source, dim, index) for dim, index in _integer_indices(source, key)]
 
     return extract
 
@@ -156,17 +152,14 @@ def _integer_indices(source: torch.Tensor, key) -> list[tuple[int, torch.Tensor]
 
 # A TorchFunctionMode: outside the ``with`` block nothing is patched and nothing costs anything. Inside,
 # each guarded op reads its index's (min, max) on the host: one device sync per op, so it refuses to run
-# in CUDA-graph capture. Strict by default: a negative token id is a leaked placeholder, though ``x[-1]``
-# is legal torch (``allow_negative=True`` accepts it where the op wraps). Not covered: nested-list keys
-# (``x[[[1, 5]]]``) and the scatter family, which reach torch's own checks.
+# in CUDA-graph capture. Strict: a negative index is refused even where torch wraps it (``x[-1]``), as a
+# negative token id is a leaked placeholder. Not covered: nested-list keys (``x[[[1, 5]]]``) and the
+# scatter family, which reach torch's own checks.
 class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``with check_indices():``)
     """Out-of-range indices raise :class:`IndexGuardError` before any kernel; ``checked`` counts syncs."""
 
-    def __init__(self, allow_negative: bool = False):
-        if not isinstance(allow_negative, bool):
-            raise TypeError(f"allow_negative must be a bool, got {type(allow_negative).__name__}")
+    def __init__(self):
         super().__init__()
-        self.allow_negative = allow_negative
         self.checked = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -185,12 +178,10 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
             raise RuntimeError("check_indices cannot run in CUDA graph capture: it reads indices on the host")
         self.checked += 1
         size = lookup.size
-        low = -size if (self.allow_negative and lookup.wraps) else 0
         lo, hi = torch.aminmax(index.detach())
-        lo, hi = int(lo), int(hi)  # the one host sync per op
-        if lo >= low and hi < size:
+        if int(lo) >= 0 and int(hi) < size:  # the one host sync per op
             return
-        bad = ((index < low) | (index >= size)).reshape(-1)
+        bad = ((index < 0) | (index >= size)).reshape(-1)
         flat = bad.nonzero().reshape(-1)[:MAX_LISTED]
         values = index.reshape(-1)[flat].tolist()
         if index.dim() == 0:
@@ -198,7 +189,7 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
         else:
             coords = torch.stack(torch.unravel_index(flat, index.shape), dim=1)
             positions = [tuple(p) for p in coords.tolist()]
-        raise IndexGuardError(lookup, low, values, positions, int(bad.sum()))
+        raise IndexGuardError(lookup, values, positions, int(bad.sum()))
 
 
 @dataclass(frozen=True)
