@@ -2,14 +2,7 @@
 
 A step run at a padded size (a CUDA-graph replay) reads whole persistent buffers, padded rows included;
 a correct one gives its live requests the same results *whatever* the padding holds. Read
-:func:`check_padding_invariance` first:
-
-    report = check_padding_invariance(
-        step=lambda: speculator.propose(...),              # any callable over persistent buffers
-        buffers={"idx_mapping": spec.idx_mapping, ...},    # every buffer the step reads or writes
-        padded={"idx_mapping": slice(num_reqs, None), ...},# the rows that are padding, per buffer
-        live={"draft_logits": live_slots, ...},            # the rows that must not change, per buffer
-    )
+:func:`check_padding_invariance` first, then :func:`check_speculator`, which applies it to one drafter step.
 """
 
 from __future__ import annotations
@@ -61,11 +54,6 @@ class InvarianceReport:
         if run not in self.runs:
             raise ValueError(f"run must be one of {self.runs}, got {run!r}")
         return sorted({r for d in self.differences if d.buffer == buffer and d.run_b == run for r in d.rows})
-
-    @property
-    def buffers(self) -> list[str]:
-        """Names of the buffers whose live rows changed (each once, in the order found)."""
-        return list(dict.fromkeys(d.buffer for d in self.differences))
 
     def __str__(self) -> str:
         if self.ok:
@@ -123,10 +111,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # name row 0) looks the same under every pattern, so ``reference`` (the exact-size step) is compared too.
 # Buffers are written only in place (a CUDA graph may replay them) and restored at the end.
 def check_padding_invariance(
-    step: Callable[[], object],
-    buffers: Mapping[str, torch.Tensor],
-    padded: Mapping[str, Rows],
-    live: Mapping[str, Rows],
+    step: Callable[[], object],  # any callable over persistent buffers, e.g. lambda: spec.propose(...)
+    buffers: Mapping[str, torch.Tensor],  # every buffer the step reads or writes, by name
+    padded: Mapping[str, Rows],  # per buffer, the rows that are padding
+    live: Mapping[str, Rows],  # per buffer, the rows that must not change
     *,
     bounds: Mapping[str, tuple[int, int]] | None = None,
     reference: Callable[[], object] | None = None,

@@ -51,7 +51,7 @@ def gumbel_batch(
     if logits is None:
         logits = torch.randn(rows, vocab, generator=on_device, device=device).mul_(scale)
     elif logits.shape != (vocab,):
-        raise ValueError(f"logits must be one row [vocab={vocab}], got shape {tuple(logits.shape)}")
+        raise ValueError(f"logits must be one row [vocab], got shape {tuple(logits.shape)} (vocab={vocab})")
     temps = torch.as_tensor(temperature, dtype=torch.float32)
     index = torch.arange(rows)
     pos = (
@@ -78,8 +78,6 @@ def repeated_rows(
 ) -> dict[str, torch.Tensor]:
     """``rows`` rows that all hold ``logits`` (``[vocab]``): row i is request ``i % num_reqs`` at position
     ``i // num_reqs``, each request with its own random seed. Every row is one independent draw."""
-    if logits.dim() != 1:
-        raise ValueError(f"logits must be one row [vocab], got shape {tuple(logits.shape)}")
     return gumbel_batch(
         rows,
         logits.shape[0],
