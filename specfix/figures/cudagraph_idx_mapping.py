@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
 
 from specfix.figures import style
-from specfix.lab.padding_bench import BufferState, total_variation
+from specfix.lab.padding_bench import BufferState
 
 BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_by_origin"]
 
@@ -24,8 +23,13 @@ def launch_overhead(rows: Sequence[dict], source: str):
     missing = {"size", "eager_us", "graph_us"} - set(df.columns)
     if df.empty or missing:
         raise ValueError(f"rows must be dicts with size, eager_us and graph_us, missing {sorted(missing)}")
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
+    speedup = df["eager_us"] / df["graph_us"]
+    caption = (
+        f"The replay costs about the same at every size, eager launches {speedup.min():.0f} to "
+        f"{speedup.max():.0f} times more: at these batch sizes the host's launches, not the GPU's work, "
+        "set the step time."
+    )
+    with style.figure(caption, 3.2) as (fig, ax):
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
         ax.set(xlabel="batch rows", ylabel="µs per drafter step")
@@ -36,13 +40,6 @@ def launch_overhead(rows: Sequence[dict], source: str):
         ticks = (50, 100, 200, 500, 1000, 2000, 5000, 10000)
         style.log_ticks(ax.yaxis, [v for v in ticks if times.min() / 1.5 <= v <= times.max() * 1.5])
         style.legend_below(fig, ax)
-        speedup = df["eager_us"] / df["graph_us"]
-        style.caption(
-            fig,
-            f"The replay costs about the same at every size, eager launches {speedup.min():.0f} to "
-            f"{speedup.max():.0f} times more: at these batch sizes the host's launches, not the GPU's work, "
-            "set the step time.",
-        )
     return fig
 
 
@@ -77,18 +74,16 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
     if len(states) != len(titles) or not states:
         raise ValueError(f"need one title per state, got {len(states)} states and {len(titles)} titles")
     rows = max(len(s.idx_mapping) for s in states)
-    with style.apply():
-        fig, axes = plt.subplots(1, len(states), figsize=(style.WIDTH_IN, 0.3 * rows + 1.2), squeeze=False)
+    caption = (
+        "Blue rows are live, grey rows are padding that the graph processes anyway, white rows lie "
+        "beyond it. A magenta arrow is a padded row whose stale entry names a live request's slot: its "
+        "sampler overwrites that request's cached draft logits."
+    )
+    with style.figure(caption, 0.3 * rows + 1.2, 1, len(states), squeeze=False) as (fig, axes):
         for ax, s, title in zip(axes[0], states, titles, strict=True):
             shape = f"{s.num_reqs} live rows, graph of {s.num_reqs_padded}"
             _draw_buffer(ax, s, f"{title}\n{shape}; overwritten: {', '.join(s.victims) or 'none'}")
         fig.tight_layout()
-        style.caption(
-            fig,
-            "Blue rows are live, grey rows are padding that the graph processes anyway, white rows lie "
-            "beyond it. A magenta arrow is a padded row whose stale entry names a live request's slot: its "
-            "sampler overwrites that request's cached draft logits.",
-        )
     return fig
 
 
@@ -108,25 +103,10 @@ def _freq(counts) -> np.ndarray:
 
 def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
     """Per run and position: role, chi-square, and total variation to the target p and draft q."""
-    rows = []
-    for label, dist in dists.items():
-        p, q, last = dist["target_probs"], dist["draft_probs"], len(dist["positions"]) - 1
-        for r in dist["positions"]:
-            freq = _freq(r["counts"])
-            rows.append(
-                {
-                    "fix": label,
-                    "position": r["position"],
-                    "role": "bonus" if r["position"] == last else "draft",
-                    "trials": r["trials"],
-                    "chi2": round(r["chi2"], 1),
-                    "threshold": round(r["threshold"], 1),
-                    "passed": r["passed"],
-                    "TV to p": round(total_variation(freq, p), 3),
-                    "TV to q": round(total_variation(freq, q), 3),
-                }
-            )
-    return pd.DataFrame(rows)
+    rows = [{"fix": label} | r for label, dist in dists.items() for r in dist["positions"]]
+    table = pd.DataFrame(rows).rename(columns={"tv_to_target": "TV to p", "tv_to_draft": "TV to q"})
+    columns = ["fix", "position", "role", "trials", "chi2", "threshold", "passed", "TV to p", "TV to q"]
+    return table[columns].round({"chi2": 1, "threshold": 1, "TV to p": 3, "TV to q": 3})
 
 
 def output_distribution(dists: dict[str, dict]):
@@ -138,9 +118,11 @@ def output_distribution(dists: dict[str, dict]):
     colour = {"fix on": style.FIXED, "fix off": style.BUGGY}
     cols = min(len(positions), 2)  # two panels a row: the figure keeps the column's width
     rows = -(-len(positions) // cols)
-    with style.apply():
-        size = (style.WIDTH_IN, 0.4 + 2.7 * rows)
-        fig, grid = plt.subplots(rows, cols, figsize=size, sharey=True, squeeze=False)
+    caption = (
+        "Without the fix the bars at the drafted positions follow the draft's crosses, not the target's "
+        "black marks; the bonus position follows the target either way."
+    )
+    with style.figure(caption, 0.4 + 2.7 * rows, rows, cols, sharey=True, squeeze=False) as (fig, grid):
         axes = grid.ravel()
         for j, (ax, at) in enumerate(zip(axes, positions, strict=False)):
             runs = [
@@ -150,8 +132,7 @@ def output_distribution(dists: dict[str, dict]):
             style.grouped_bars(ax, np.arange(len(p)), runs, alpha=0.85)
             ax.plot(p, "_", color="black", ms=9, mew=2, label="target p")
             ax.plot(q, "x", color=style.NEUTRAL, ms=5, label="draft q")
-            role = f" ({at['role']})" if at.get("role") else ""
-            ax.set(title=f"position {at['position']}{role}", xlabel="token id")
+            ax.set(title=f"position {at['position']} ({at['role']})", xlabel="token id")
             style.integer_ticks(ax.xaxis)
         for ax in grid[:, 0]:
             ax.set_ylabel("frequency")
@@ -163,11 +144,6 @@ def output_distribution(dists: dict[str, dict]):
             fig.legend(handles, labels, loc="center", bbox_to_anchor=spare)
         else:
             fig.legend(handles, labels, loc="lower center", ncol=len(labels))
-        style.caption(
-            fig,
-            "Without the fix the bars at the drafted positions follow the draft's crosses, not the target's "
-            "black marks; the bonus position follows the target either way.",
-        )
     return fig
 
 

@@ -9,7 +9,6 @@ import traceback
 from collections.abc import Sequence
 from pathlib import PurePath
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from specfix.figures import style
@@ -65,16 +64,14 @@ def _timeline(run: ea.ChildRun, ax) -> None:
 
 def crash_timeline(async_run: ea.ChildRun, blocking_run: ea.ChildRun):
     """Host and GPU lanes of the two minimal children: where the kernel failed, where Python heard of it."""
-    with style.apply():
-        fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), layout="constrained")
+    caption = (
+        "Top: the launch returns at once and the failure reaches Python later, at the first call that "
+        "waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every launch waits, so the error is "
+        "raised by F.embedding itself."
+    )
+    with style.figure(caption, 4.6, 2, 1, width=8, layout="constrained") as (fig, axes):
         _timeline(async_run, axes[0])
         _timeline(blocking_run, axes[1])
-        style.caption(
-            fig,
-            "Top: the launch returns at once and the failure reaches Python later, at the first call that "
-            "waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every launch waits, so the error is "
-            "raised by F.embedding itself.",
-        )
     return fig
 
 
@@ -184,28 +181,29 @@ def draw_fixes(ax, costs: pd.DataFrame, key: str, title: str, ylabel: str) -> No
 def fix_costs_figure(costs: pd.DataFrame, where: str):
     """Each fix's cost per step against the step's tokens (log-log, p20-p80 bars), and behind a busy GPU."""
     busy = "host_us_behind_busy_gpu" in costs and costs["host_us_behind_busy_gpu"].notna().any()
-    with style.apply():
-        size = (style.WIDTH_IN, 7.0 if busy else 4.2)
-        fig, axes = plt.subplots(2 if busy else 1, 1, figsize=size, squeeze=False, layout="constrained")
+    caption = (
+        "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with the magenta "
+        "host mask and see how each line grows with the step; the points of one size sit side by side "
+        "on purpose, so that no line hides another."
+    )
+    height, rows = (7.0, 2) if busy else (4.2, 1)
+    with style.figure(caption, height, rows, 1, squeeze=False, layout="constrained") as (fig, axes):
         title = f"{where}: one step on an idle GPU" if busy else f"{where}: host time per step"
         draw_fixes(axes[0][0], costs, "median_us", title, "cost per step (us)")
         if busy:  # under the first panel: the figure keeps the column's width
             title = f"{where}: earlier GPU work still queued"
             draw_fixes(axes[1][0], costs, "host_us_behind_busy_gpu", title, "host time of the call (us)")
         fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside upper center", ncols=2)
-        style.caption(
-            fig,
-            "Medians, bars from the 20th to the 80th percentile. Compare the green clamp with the magenta "
-            "host mask and see how each line grows with the step; the points of one size sit side by side "
-            "on purpose, so that no line hides another.",
-        )
     return fig
 
 
 def guard_timing(timing: GuardTiming, what: str):
     """Every timed run, unguarded and guarded, with the medians: the spread the conclusion rests on."""
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(6.4, 2.6), layout="constrained")
+    caption = (
+        f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the median. If the "
+        "two clouds overlap, this machine cannot tell the guard's cost from the noise."
+    )
+    with style.figure(caption, 2.6, width=6.4, layout="constrained") as (fig, ax):
         runs = (("unguarded", timing.plain_s, style.NEUTRAL), ("guarded", timing.guarded_s, style.ACCENT))
         for lane, (label, samples, colour) in enumerate(runs):
             ms = [s * 1e3 for s in samples]
@@ -215,11 +213,6 @@ def guard_timing(timing: GuardTiming, what: str):
         ax.set(yticks=[0, 1], yticklabels=["unguarded", "guarded"], ylim=(-0.6, 1.6))
         ax.set_xlabel(f"wall time of {what} (ms)")
         ax.grid(True, axis="x")
-        style.caption(
-            fig,
-            f"One dot per run ({len(timing.plain_s)} of each, interleaved), the bar at the median. If the "
-            "two clouds overlap, this machine cannot tell the guard's cost from the noise.",
-        )
     return fig
 
 

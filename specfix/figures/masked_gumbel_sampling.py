@@ -4,7 +4,6 @@ the mask, and the H200 bench recording."""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -23,13 +22,11 @@ def _bars_figure(probs, series, title: str, caption: str, height: float = 3.0):
     vocab = len(probs)
     bars = [("softmax(logits / T)", np.asarray(probs), style.CEILING)]
     bars += [(label, np.bincount(s, minlength=vocab) / len(s), colour) for label, s, colour in series]
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, height))
+    with style.figure(caption, height) as (fig, ax):
         style.grouped_bars(ax, np.arange(vocab), bars)
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="frequency", title=title)
         style.legend_below(fig, ax)
-        style.caption(fig, caption)
     return fig
 
 
@@ -64,8 +61,11 @@ def gumbel_tail(u, exact, careful, naive):
     u, exact, careful, naive = (np.asarray(a, dtype=np.float64) for a in (u, exact, careful, naive))
     overflow = ~np.isfinite(naive)
     top = np.nanmax(exact) * 1.12
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.2))
+    caption = (
+        "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in float32. Just "
+        "right of it, it is a staircase. The careful form follows the exact curve everywhere."
+    )
+    with style.figure(caption, 3.2) as (fig, ax):
         ax.semilogx(u, exact, color=style.CEILING, lw=4, alpha=0.35, label="exact (float64)")
         ax.semilogx(u, careful, "--", color=style.FIXED, label="careful -log(-log1p(-u)), float32")
         finite = np.where(overflow, np.nan, naive)
@@ -78,11 +78,6 @@ def gumbel_tail(u, exact, careful, naive):
         ax.set_ylim(top=top * 1.06)
         ax.set(xlabel="u", ylabel="Gumbel noise g", title="The winners' noise lives at small u")
         style.legend_below(fig, ax)
-        style.caption(
-            fig,
-            "In the shaded band the naive form is +inf (triangles): 1 - u is exactly 1 in float32. Just "
-            "right of it, it is a staircase. The careful form follows the exact curve everywhere.",
-        )
     return fig
 
 
@@ -93,8 +88,11 @@ def tile_winners(noisy, block: int):
     maxima = [noisy[s : s + block].max() for s in starts]
     winners = [s + int(noisy[s : s + block].argmax()) for s in starts]
     best = int(np.argmax(maxima))
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 3.0))
+    caption = (
+        f"Each tile keeps only its maximum and its token id; the row's token is the best tile's winner, "
+        f"token {winners[best]}, whatever the tile size."
+    )
+    with style.figure(caption, 3.0) as (fig, ax):
         ax.plot(noisy, lw=0.4, color=style.PADDING)
         for s in starts[1::2]:
             ax.axvspan(s, min(s + block, len(noisy)), color=style.PADDING, alpha=0.12, lw=0)
@@ -106,11 +104,6 @@ def tile_winners(noisy, block: int):
         title = f"{len(maxima)} tiles of {block} (the last one partial)"
         ax.set(xlabel="token id", ylabel="logit + noise", title=title)
         style.legend_below(fig, ax)
-        style.caption(
-            fig,
-            f"Each tile keeps only its maximum and its token id; the row's token is the best tile's winner, "
-            f"token {winners[best]}, whatever the tile size.",
-        )
     return fig
 
 
@@ -125,19 +118,17 @@ def draft_logits_cells(buf, sentinel: float, live_slots) -> np.ndarray:
 
 def padded_rows_buffers(buffers: dict[str, np.ndarray], sentinel: float, live_slots, row_labels):
     """A map of the guarded draft-logits buffer per kernel variant (``buffers``: title -> buffer)."""
-    with style.apply():
-        fig, axes = plt.subplots(1, len(buffers), figsize=(style.WIDTH_IN, 3.2), sharey=True, squeeze=False)
+    caption = (
+        "Grey: still the sentinel. Blue: written by a live row into its own slot. Magenta: written where "
+        "no live row belongs, here the guard row just before the table."
+    )
+    with style.figure(caption, 3.2, 1, len(buffers), sharey=True, squeeze=False) as (fig, axes):
         for ax, (title, buf) in zip(axes[0], buffers.items(), strict=True):
             cells = draft_logits_cells(buf, sentinel, live_slots)
             columns = [f"col {c}" for c in range(cells.shape[1])]
             words = np.array(_CELL_WORDS)[cells]
             style.cells(ax, cells, _CELL_FILLS, words, columns, row_labels, text_colours=_CELL_TEXT)
             ax.set_title(title)
-        style.caption(
-            fig,
-            "Grey: still the sentinel. Blue: written by a live row into its own slot. Magenta: written where "
-            "no live row belongs, here the guard row just before the table.",
-        )
     return fig
 
 
@@ -162,10 +153,13 @@ def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
     target = goal(report, "gumbel", "G logits/s")["target"]
     names = ["torch_softmax_multinomial", "torch_gumbel_max", "specfix_exact", "specfix_fast"]
     at = _gumbel_at(report, rows_at, vocab)
-    with style.apply():
-        fig, (top, bottom) = plt.subplots(
-            2, 1, figsize=(style.WIDTH_IN, 6.2), gridspec_kw={"height_ratios": [1.4, 1]}
-        )
+    big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.rows >= 256)].G_logits_per_s
+    caption = (
+        f"Above: from 256 rows on, where the goal applies, the fast noise runs at {big.min():.0f} to "
+        f"{big.max():.0f} G logits/s; fewer rows do not fill the GPU. Below: both noise modes against "
+        "the textbook samplers at one shape (shorter is faster)."
+    )
+    with style.figure(caption, 6.2, 2, 1, height_ratios=[1.4, 1]) as (fig, (top, bottom)):
         for impl, colour in (("specfix_exact", style.ACCENT), ("specfix_fast", style.FIXED)):
             for dtype, line in (("fp32", "-"), ("bf16", "--")):
                 sel = gumbel[(gumbel.impl == impl) & (gumbel.dtype == dtype)].sort_values("rows")
@@ -180,13 +174,6 @@ def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
         bottom.barh([n.replace("_", " ") for n in names], [at[n] for n in names], color=colours)
         bottom.set(xlabel="us per call (median)", title=f"{rows_at} x {vocab:,}, fp32")
         fig.tight_layout()
-        big = gumbel[(gumbel.impl == "specfix_fast") & (gumbel.rows >= 256)].G_logits_per_s
-        style.caption(
-            fig,
-            f"Above: from 256 rows on, where the goal applies, the fast noise runs at {big.min():.0f} to "
-            f"{big.max():.0f} G logits/s; fewer rows do not fill the GPU. Below: both noise modes against "
-            "the textbook samplers at one shape (shorter is faster).",
-        )
     return fig
 
 

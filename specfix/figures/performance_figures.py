@@ -8,7 +8,6 @@ import math
 import re
 import textwrap
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from specfix.figures import style
@@ -48,15 +47,13 @@ def figure(report, case, empty, draw, shape, height, text, reason=None, **share)
     """``shape`` panels a column wide, drawn by ``draw(axes)`` (``empty``: each says why ``case`` is missing),
     ``text`` = (title, source, caption): title and source above, one legend strip below, then the caption."""
     title, source, caption = text
-    with style.apply():
-        fig, axes = plt.subplots(*shape, figsize=(style.WIDTH_IN, height), squeeze=False, **share)
+    with style.figure(caption, height, *shape, squeeze=False, **share) as (fig, axes):
         for ax in axes.flat if empty else ():
             missing(ax, report, case, reason)
         if not empty:
             draw(axes)
         fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
         style.legend_below(fig)
-        style.caption(fig, caption)
     return fig
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -33,11 +32,9 @@ _FILL, _KIND_LABELS = zip(
 
 def token_grids(panels, vocab: Sequence[str], height: float, caption: str, cols=None, rows=None) -> Figure:
     """Token grids, one per ``(ids, kinds, title)`` panel, with the kinds' key and a caption; closed."""
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, height))
-        axes = np.atleast_1d(fig.subplots(len(panels), 1))
+    with style.figure(caption, height, len(panels), 1, squeeze=False, close=True) as (fig, axes):
         shown = set()
-        for ax, (ids, kinds, title) in zip(axes, panels, strict=True):
+        for ax, (ids, kinds, title) in zip(axes[:, 0], panels, strict=True):
             ids, kinds = np.atleast_2d(ids), np.atleast_2d(kinds)
             texts = [[f"{t}\n{vocab[t] if 0 <= t < len(vocab) else ''}" for t in row] for row in ids]
             style.cells(ax, kinds, _FILL, np.where(kinds == UNUSED, "", texts), cols, rows)
@@ -46,8 +43,6 @@ def token_grids(panels, vocab: Sequence[str], height: float, caption: str, cols=
         key = style.patches([_FILL[k] for k in sorted(shown)], [_KIND_LABELS[k] for k in sorted(shown)])
         tight = dict(fontsize=style.SMALLEST_PT, columnspacing=1.2, handlelength=1.5)
         style.legend_below(fig, ncol=3, handles=key, **tight)
-        style.caption(fig, caption)
-    plt.close(fig)
     return fig
 
 
@@ -131,9 +126,11 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
         raise ValueError("stats is empty: pass at least one run's SpecDecodingStats")
     k = max(s.num_spec_tokens for s in stats.values())
     lengths = [np.bincount(s.acceptance_lengths, minlength=k + 2)[1:] for s in stats.values()]
-    with style.apply():
-        fig = plt.figure(figsize=(style.WIDTH_IN, 3.4))
-        ax1, ax2 = fig.subplots(1, 2)
+    caption = (
+        "Left: each later draft is accepted less often, because it is only verified when every draft "
+        "before it was accepted. Right: how many tokens one target pass yields."
+    )
+    with style.figure(caption, 3.4, 1, 2, close=True) as (fig, (ax1, ax2)):
         style.grouped_bars(
             ax1, np.arange(k), [(n, s.acceptance_rate_per_pos, None) for n, s in stats.items()]
         )
@@ -145,12 +142,6 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
         top = dict(loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(stats))
         fig.legend(*ax1.get_legend_handles_labels(), **top)
         fig.subplots_adjust(top=0.78, wspace=0.3)
-        style.caption(
-            fig,
-            "Left: each later draft is accepted less often, because it is only verified when every draft "
-            "before it was accepted. Right: how many tokens one target pass yields.",
-        )
-    plt.close(fig)
     return fig
 
 

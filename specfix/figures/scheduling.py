@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -49,10 +48,14 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
     _require_traces(runs)
     width = max(len(r.trace) for r in runs.values())
     height = 1.0 + 0.42 * sum(len(r.outputs) for r in runs.values()) + 0.5 * len(runs)
-    with style.apply():
-        fig = plt.figure(figsize=(min(1.6 + 0.55 * width, style.WIDTH_IN), height))
-        axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
-        for ax, (name, result) in zip(axes, runs.items(), strict=True):
+    caption = (
+        "Each number is a request's draft slots in that step. Orange: a -1 the embedding reads, which "
+        "only the clamp makes safe; green: a -1 the runner overwrote with the drafter's previous "
+        "proposals before the forward."
+    )
+    inches = min(1.6 + 0.55 * width, style.WIDTH_IN)
+    with style.figure(caption, height, len(runs), 1, width=inches, squeeze=False, close=True) as (fig, axes):
+        for ax, (name, result) in zip(axes[:, 0], runs.items(), strict=True):
             kinds = slot_kinds(result)
             grid = np.zeros((len(kinds), width), dtype=int)  # a step past the run's end: kind 0
             texts = np.full((len(kinds), width), "", dtype=object)
@@ -65,13 +68,6 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
             ax.set(xlabel="engine step")
             ax.set_title(name, loc="left")
         style.legend_below(fig, handles=style.patches(KIND_FILLS, SLOT_KINDS))
-        style.caption(
-            fig,
-            "Each number is a request's draft slots in that step. Orange: a -1 the embedding reads, which "
-            "only the clamp makes safe; green: a -1 the runner overwrote with the drafter's previous "
-            "proposals before the forward.",
-        )
-    plt.close(fig)
     return fig
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import sys
 import textwrap
 
 import matplotlib as mpl
+import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import colors
 from matplotlib.patches import Patch
@@ -80,8 +80,7 @@ def watch_figures() -> bool:
 
 
 def _fail_on_undisplayed(result) -> None:
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None or "inline" not in mpl.get_backend():
+    if "inline" not in mpl.get_backend():
         return
     left = plt.get_fignums()
     if not left:
@@ -102,6 +101,18 @@ def _fail_on_undisplayed(result) -> None:
 def caption(fig, text: str) -> None:
     """Write ``text`` under the figure: what to look at, in one or two sentences."""
     fig.text(0.01, -0.02, text, ha="left", va="top", wrap=True, fontsize=9, style="italic")
+
+
+@contextlib.contextmanager
+def figure(text: str, height: float, *shape, width: float = WIDTH_IN, close: bool = False, **kwargs):
+    """``plt.subplots(*shape)`` drawn inside :func:`apply`, then ``text`` captioned under it; ``close``:
+    closed in pyplot, so a notebook shows it once, as the cell's value."""
+    with apply():
+        fig, axes = plt.subplots(*shape, figsize=(width, height), **kwargs)
+        yield fig, axes
+        caption(fig, text)
+    if close:
+        plt.close(fig)
 
 
 def light(colour: str, amount: float = 0.7) -> str:

@@ -8,7 +8,6 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import FancyBboxPatch
 
@@ -85,8 +84,13 @@ def step_figure(
     name = lambda i: "-1" if i < 0 else word(i)
     shown = list(context[-_CONTEXT_WORDS:])
     cut = len(context) - len(shown)
-    with style.apply():
-        fig, ax = plt.subplots(figsize=(style.WIDTH_IN, 2.2))
+    left_out = f" The context shows its last {len(shown)} words ('...' marks the {cut} before them)."
+    caption = (
+        "Read each column top to bottom: the target keeps a draft it would have chosen itself, replaces "
+        "the first one it would not, and stops there; if it keeps all of them it adds its own next "
+        "token, the bonus." + (left_out if cut else "")
+    )
+    with style.figure(caption, 2.2) as (fig, ax):
         ax.set_axis_off()
         ax.set_title(title, loc="left")
         for x, token in enumerate(shown):
@@ -104,13 +108,6 @@ def step_figure(
         ax.set(xlim=(-1.2, len(shown) + len(drafts) + 1.2), ylim=(-0.4, 1.8))
         key = style.patches([style.light(c) for c in _KINDS.values()], _KINDS)
         style.legend_below(fig, ax, ncol=3, handles=key)
-        left_out = f" The context shows its last {len(shown)} words ('...' marks the {cut} before them)."
-        style.caption(
-            fig,
-            "Read each column top to bottom: the target keeps a draft it would have chosen itself, replaces "
-            "the first one it would not, and stops there; if it keeps all of them it adds its own next "
-            "token, the bonus." + (left_out if cut else ""),
-        )
     return fig
 
 
