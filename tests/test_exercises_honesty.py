@@ -225,12 +225,14 @@ def test_which_ops_names_the_family_only_prediction():
 def test_find_stale_row_hidden_cases_cover_the_traps():
     cases = ch3._HIDDEN_MYSTERIES
     first_free, fresh = ch3.mystery_batch(*cases[0]), ch3.mystery_batch(*cases[1])
-    assert first_free.spec.idx_mapping[len(first_free.batch)].item() not in first_free.owners
-    assert any(fresh.scenario.row_writer[row] is None and slot == 0 for row, slot in ch3._culprits(fresh))
+    assert first_free.states.owner(first_free.spec.idx_mapping[len(first_free.batch)].item()) is None
+    assert any(fresh.row_writer[row] is None and slot == 0 for row, slot in ch3._culprits(fresh))
     for case in cases:
         mystery = ch3.mystery_batch(*case)
         assert ch3._culprits(mystery), case
-        assert sorted(mystery.batch) == sorted(mystery.owners.values()), case  # every live request runs
+        assert sorted(mystery.batch) == sorted(mystery.states.req_id_to_index), (
+            case
+        )  # every live request runs
     assert ch3.check_find_stale_row(sol3.find_stale_row).solved
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import random
-from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +16,7 @@ from specfix.fixes import Fixes
 from specfix.lab.padding_bench import SpecDecodeEngine, _Live, make_requests
 from specfix.lab.stale_rows import ORIGIN_FRESH, PaddedWrite, StaleRowScenario, padded_step_scenario
 from specfix.models import load_models
+from specfix.mrv2 import dflash
 
 #: ch3.pad_idx_mapping: the buffer as an earlier batch of 8 left it, and the two batches written into it.
 STALE_BUFFER = (7, 6, 5, 4, 3, 2, 1, 0)
@@ -268,25 +268,17 @@ _MYSTERY_HISTORY = ("step abcdefgh", "step hgfedcba", "finish abe")
 MYSTERY_BATCH = "hgfdc"
 
 
-@dataclass
-class Mystery:
+class Mystery(StaleRowScenario):
     """A drafter as an unfixed engine left it, and its next step (``check_speculator(spec, *inputs)``)."""
 
-    scenario: StaleRowScenario
-    batch: str
-
-    @property
-    def spec(self):
-        return self.scenario.spec
+    def __init__(self, events, batch: str):
+        super().__init__(fixes=UNFIXED, max_num_reqs=8, device="cpu")
+        self.play(list(events))
+        self.batch = batch
 
     @property
     def inputs(self) -> tuple:
-        return self.scenario.step_inputs(self.batch)
-
-    @property
-    def owners(self) -> dict[int, str]:
-        """Request-state slot -> live request."""
-        return {slot: name for name, slot in self.scenario.states.req_id_to_index.items()}
+        return self.step_inputs(self.batch)
 
 
 #: The checker's mysteries after the notebook's, drawn once from a seeded family of histories whose next batch
@@ -303,11 +295,7 @@ def mystery_batch(events=None, batch: str | None = None) -> Mystery:
     """A fresh copy of the corrupted drafter and its next batch (the notebook's, unless ``events`` and
     ``batch`` are given), on the CPU, where the padded row's store lands after the live row's (a GPU launch
     leaves that to chance). No defaults in the signature Jupyter shows: the history is the puzzle."""
-    if events is None:
-        events, batch = _MYSTERY_HISTORY, MYSTERY_BATCH
-    scenario = StaleRowScenario(fixes=UNFIXED, max_num_reqs=8, device="cpu")
-    scenario.play(list(events))
-    return Mystery(scenario, batch)
+    return Mystery(events or _MYSTERY_HISTORY, batch or MYSTERY_BATCH)
 
 
 def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
@@ -315,7 +303,7 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
     n = len(mystery.batch)
     padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
     idx = mystery.spec.idx_mapping.tolist()
-    return {(r, idx[r]) for r in range(n, padded) if idx[r] in mystery.owners}
+    return {(r, idx[r]) for r in range(n, padded) if mystery.states.owner(idx[r]) is not None}
 
 
 @checker(
@@ -357,31 +345,19 @@ def check_find_stale_row(answer, verdict):
 
 #: (events, max_num_reqs): the chapter's two histories, one where f and g reuse b's and d's slots, then a
 #: family drawn once from a seeded generator (the tests hold it, and check the reference on more of it).
-_SIMULATION_CASES = (
-    (PREDICT_EVENTS, 8),
-    ((*_MYSTERY_HISTORY, f"step {MYSTERY_BATCH}"), 8),
-    (("step abcde", "finish bd", "arrive f", "step eafg"), 8),
-    (("step dbca", "step abe", "step abd", "arrive fgh", "step haegf"), 8),
-    (("step a", "step ba", "arrive c", "step cba"), 4),
-    (("arrive abcdef", "step cb", "finish cdaefb"), 8),
-    (("step badc", "step c"), 4),
-    (
-        (
-            "step acedb",
-            "arrive fg",
-            "step a",
-            "step g",
-            "finish befagd",
-            "arrive h",
-            "step c",
-            "arrive ijk",
-            "step c",
-        ),
-        8,
-    ),
-    (("arrive a", "step a", "finish a", "arrive bcde", "step edcb"), 4),
-    (("step ba", "finish ba", "step ced"), 4),
-    (("arrive abcd", "step bd", "step bdc", "step ab"), 4),
+_SIMULATION_CASES = ((PREDICT_EVENTS, 8), ((*_MYSTERY_HISTORY, f"step {MYSTERY_BATCH}"), 8)) + tuple(
+    (tuple(history.split(", ")), max_num_reqs)
+    for history, max_num_reqs in (
+        ("step abcde, finish bd, arrive f, step eafg", 8),
+        ("step dbca, step abe, step abd, arrive fgh, step haegf", 8),
+        ("step a, step ba, arrive c, step cba", 4),
+        ("arrive abcdef, step cb, finish cdaefb", 8),
+        ("step badc, step c", 4),
+        ("step acedb, arrive fg, step a, step g, finish befagd, arrive h, step c, arrive ijk, step c", 8),
+        ("arrive a, step a, finish a, arrive bcde, step edcb", 4),
+        ("step ba, finish ba, step ced", 4),
+        ("arrive abcd, step bd, step bdc, step ab", 4),
+    )
 )
 
 
@@ -467,8 +443,6 @@ def _dflash_cases(seed: int = 0, count: int = 8) -> list[tuple[list[int], int, i
 
 
 def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: int) -> list[int]:
-    from specfix.mrv2 import dflash
-
     out = dflash.DFlashInputs.allocate(max_num_reqs, k)
     out.sample_idx_mapping.fill_(99)  # what an earlier step left: the preparation must write every entry
     table, idx = torch.arange(max_num_reqs), torch.tensor(idx_mapping, dtype=torch.int32)

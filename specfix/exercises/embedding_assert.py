@@ -16,10 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from specfix.exercises.core import as_int_list, as_str_set, checker, value_of
+from specfix.fixes import Fixes
 from specfix.lab import embedding_assert as ea
 from specfix.lab.guard import IndexGuardError, check_indices
+from specfix.models import NgramLM
 from specfix.tools import recorded
 from specfix.tools.syncs import host_reads
+from specfix.v1.engine import DEMO_PROMPTS, LLMEngine, SamplingParams
 
 # -- ch2.clamp ------------------------------------------------------------------------------------------
 
@@ -128,14 +131,8 @@ def _squeeze(line: str) -> str:
     return re.sub(r"\s+", "", line)
 
 
-def _source(where: str) -> str:
-    return where.split(": ", 1)[1].strip() if ": " in where else ""
-
-
 def forward_lines() -> list[str]:
     """The code lines of the model's forward (``specfix.models.NgramLM.forward``), comments left out."""
-    from specfix.models import NgramLM
-
     lines = inspect.getsource(NgramLM.forward).splitlines()
     return [line.rstrip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
@@ -158,15 +155,18 @@ def forward_lines() -> list[str]:
 )
 def check_first_bad_op(answer, verdict):
     runs = recorded.load("embedding_assert_transcripts")["runs"]
-    expected = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline_blocking"])))
-    heard = _source(ea.where_python_heard(ea.ChildRun.from_json(runs["pipeline"])))
+    # "file:line in func: code" of each recorded run: the kernel that asserted, where Python heard of it
+    expected, heard = (
+        _squeeze(ea.where_python_heard(ea.ChildRun.from_json(runs[run])).partition(": ")[2])
+        for run in ("pipeline_blocking", "pipeline")
+    )
     answer = value_of(answer)  # a line, or a function that returns one
     verdict.require(isinstance(answer, str) and bool(answer.strip()), "not_a_line")
     line = _squeeze(answer)
-    verdict.require(line != _squeeze(heard), "traceback_line")
+    verdict.require(line != heard, "traceback_line")
     verdict.require(line in {_squeeze(code) for code in forward_lines()}, "not_in_forward")
     verdict.match(
-        line == _squeeze(expected),
+        line == expected,
         "",
         "wrong_line",
         other_embedding=bool(re.search(r"\btable\(", line)),
@@ -182,20 +182,14 @@ class GuardReport:
     """The guard's error on the unfixed engine's first step, and that step's layout in batch order."""
 
     error: IndexGuardError
+    positions: list[int]  # in input_ids, of the error's bad values
     req_ids: list[str]
     cu_num_tokens: list[int]  # inclusive running sum of each request's tokens in input_ids, no leading 0
-
-    @property
-    def positions(self) -> list[int]:
-        return [p[0] for p in self.error.positions]
 
 
 def guard_report() -> GuardReport:
     """Chapter 2's demo batch on the unfixed engine, its first step run under ``check_indices`` on the CPU
     (the guard raises before any kernel runs, so the step is the same everywhere)."""
-    from specfix.fixes import Fixes
-    from specfix.v1.engine import DEMO_PROMPTS, LLMEngine, SamplingParams
-
     engine = LLMEngine(num_speculative_tokens=3, fixes=Fixes(clamp_placeholders=False), device="cpu")
     params = SamplingParams(temperature=0.7, seed=0, max_tokens=24)
     for prompt, remote in zip(DEMO_PROMPTS, (True, False, True, False), strict=True):
@@ -212,7 +206,7 @@ def guard_report() -> GuardReport:
         with check_indices():
             engine.step()
     except IndexGuardError as error:
-        return GuardReport(error, layout["req_ids"], layout["cu"])
+        return GuardReport(error, [p[0] for p in error.positions], layout["req_ids"], layout["cu"])
     raise RuntimeError("the unfixed engine's first step passed the index guard")
 
 

@@ -376,14 +376,6 @@ def _emitted_cases(seed: int = 0, count: int = 24) -> list[tuple[list[int], list
     return crafted
 
 
-def emitted_reference(drafts: list[int], choices: list[int]) -> list[int]:
-    """Greedy verification (chapter 0): the accepted prefix of drafts, then the target's own next choice."""
-    n = 0
-    while n < len(drafts) and drafts[n] == choices[n]:
-        n += 1
-    return list(choices[: n + 1])
-
-
 @checker(
     "ch1.emitted",
     solution="placeholder_lifecycle:emitted_tokens",
@@ -406,8 +398,10 @@ def check_emitted(answer, verdict):
     for drafts, choices in _emitted_cases():
         got = as_int_list(answer(list(drafts), list(choices)))
         verdict.require(got is not None, "format")
-        want = emitted_reference(drafts, choices)
-        n = len(want) - 1  # accepted drafts
+        n = 0  # greedy verification (chapter 0): drafts accepted while they match, then the target's choice
+        while n < len(drafts) and drafts[n] == choices[n]:
+            n += 1
+        want = choices[: n + 1]
         verdict.match(
             got == want,
             f"(drafts {drafts}, target choices {choices}: you emitted {got})",
