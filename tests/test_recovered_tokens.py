@@ -53,12 +53,11 @@ def test_ties_go_to_the_first_column(monkeypatch):
     cu = torch.tensor([2], dtype=torch.int32)
     noise = torch.ones(1, 64)
     drafts = torch.tensor([0, 5], dtype=torch.int32)
-    ref = recovered_tokens.sample_recovered_tokens_ref(cu, drafts, None, target, noise)
-    assert ref.tolist() == [1, 0]  # row 0 zeroed its draft (column 0), so column 1 is the first maximum
     monkeypatch.setattr(recovered_tokens, "_exponential_noise", lambda *args: noise)
     meta = SamplingMetadata.from_requests([1.0], [None])
-    out = rs.sample_recovered_tokens(2, [2], cu, drafts, None, target, meta, "cpu", backend="triton")
-    assert out.tolist() == [1, 0]
+    for backend in ("torch", "triton"):
+        out = rs.sample_recovered_tokens(2, [2], cu, drafts, None, target, meta, "cpu", backend=backend)
+        assert out.tolist() == [1, 0], backend  # row 0 zeroed its draft (column 0): column 1 is first
 
 
 @needs_triton

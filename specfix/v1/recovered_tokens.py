@@ -141,19 +141,23 @@ def sample_recovered_tokens(
     backend: str = "auto",
     split_keys: bool = False,
 ) -> torch.Tensor:
-    """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E`` needs no
-    normalising); the noise comes from torch (on ``device``, by default the probabilities'), so a seed gives
-    the same tokens on every backend. ``split_keys``: split rows return their [T, splits] int64 keys, which
-    the random kernel reduces at the drafts it rejects (one launch fewer than the reduce kernel)."""
+    """[num_draft_total] int32 residual draws by the exponential race (``argmax residual / E``); torch draws
+    the noise (on ``device``, by default the probabilities'), so a seed gives the same tokens on every
+    backend. ``split_keys``: split rows return their [T, splits] int64 keys for the random kernel."""
     num_tokens, vocab_size = target_probs.shape
     device = target_probs.device if device is None else device
     noise = _exponential_noise(
         len(num_draft_tokens), vocab_size, sampling_metadata.generators, num_draft_tokens, device
     )
-    if not _use_triton(backend, target_probs.device):
-        return sample_recovered_tokens_ref(
-            cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, noise
-        )
+    if not _use_triton(backend, target_probs.device):  # the torch twin: the first index wins a tie
+        if draft_probs is None:  # zero each row's draft entry; a -1 draft writes its column 0 back unchanged
+            residual = target_probs.clone()
+            column = draft_token_ids.long().clamp_min(0).unsqueeze(-1)
+            residual.scatter_(1, column, residual.gather(1, column) * (draft_token_ids < 0).unsqueeze(-1))
+        else:
+            residual = (target_probs - draft_probs).clamp_min_(0)
+        inv_noise = (1.0 / noise)[_token_to_request(cu_num_draft_tokens, num_tokens)]
+        return (residual * inv_noise).argmax(dim=-1).to(torch.int32)
     if num_tokens == 0:
         return torch.empty(0, dtype=torch.int32, device=target_probs.device)
     block, split_size, splits = _split_geometry(
@@ -184,26 +188,3 @@ def sample_recovered_tokens(
     bound = 1 << (splits - 1).bit_length()  # the next power of 2, in plain ints
     launch(_recovered_tokens_reduce_kernel, (num_tokens,), tokens, out, splits, SPLITS=bound)
     return tokens
-
-
-def sample_recovered_tokens_ref(
-    cu_num_draft_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    noise: torch.Tensor,
-) -> torch.Tensor:
-    """Torch twin of ``sample_recovered_tokens_kernel``: ``argmax_v residual[t, v] * (1 / noise[req(t), v])``
-    (the first index on ties), [num_draft_total] int32."""
-    num_tokens = target_probs.shape[0]
-    if draft_probs is None:
-        # Zero each row's draft entry; a -1 draft writes its column 0 back unchanged.
-        residual = target_probs.clone()
-        column = draft_token_ids.long().clamp_min(0).unsqueeze(-1)
-        kept = residual.gather(1, column) * (draft_token_ids < 0).unsqueeze(-1)
-        residual.scatter_(1, column, kept)
-    else:
-        residual = (target_probs - draft_probs).clamp_min_(0)
-    inv_noise = 1.0 / noise
-    token_to_req = _token_to_request(cu_num_draft_tokens, num_tokens)
-    return (residual * inv_noise[token_to_req]).argmax(dim=-1).to(torch.int32)

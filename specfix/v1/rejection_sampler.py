@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specfix.checks import check_device, check_id_tensor, is_int
+from specfix.checks import check_device, check_id_tensor, check_vector, is_int
 from specfix.fixes import Fixes
 from specfix.v1 import device_checks
 from specfix.v1.recovered_tokens import _exponential_noise, _token_to_request, sample_recovered_tokens
@@ -146,7 +146,8 @@ def _output_table(batch_size: int, max_spec_len: int, device: torch.device) -> t
 
 
 def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
-    """Every check ``RejectionSampler.forward`` makes, all before it draws anything."""
+    """Every check ``RejectionSampler.forward`` makes, all before it draws anything; the metadata checked
+    its own counts and tensors when it was built."""
     if not isinstance(metadata, SpecDecodeMetadata):
         raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
     _check_logits("logits", logits)
@@ -157,7 +158,6 @@ def _check_forward(metadata, draft_probs, logits, sampling_metadata) -> None:
     _check_rejection_inputs(
         metadata.draft_token_ids,
         metadata.num_draft_tokens,
-        _count_drafts(metadata.num_draft_tokens),
         metadata.max_spec_len,
         metadata.cu_num_draft_tokens,
         draft_probs,
@@ -199,7 +199,6 @@ def _check_sampling_metadata(sampling_metadata: object, batch_size: int, device:
 def _check_rejection_inputs(
     draft_token_ids,
     num_draft_tokens,
-    counts: tuple[int, int],
     max_spec_len,
     cu_num_draft_tokens,
     draft_probs,
@@ -207,23 +206,19 @@ def _check_rejection_inputs(
     scores: dict[str, torch.Tensor | None],
     ranges: dict[str, tuple[torch.Tensor, float, float]],
 ) -> None:
-    """The drafts' shapes always (``counts``: ``_count_drafts``' sum and max); ``ranges`` (name -> tensor,
-    low, high) and ``scores`` (name -> float table) read under ``device_checks``, with the drafts too."""
-    total, largest = counts
-    if max_spec_len != largest:
-        raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={largest}")
+    """What forward and ``rejection_sample`` both check: the drafts' bound and ``draft_probs``' shape
+    always; ``ranges`` (name -> tensor, low, high) and ``scores`` (name -> float table) read under
+    ``device_checks``, with the drafts too."""
     if max_spec_len > MAX_SPEC_LEN:
         raise ValueError(
             f"a request has {max_spec_len} drafts; at most MAX_SPEC_LEN={MAX_SPEC_LEN} are allowed"
         )
-    check_id_tensor("draft_token_ids", draft_token_ids, total)
-    check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
     if draft_probs is not None:
         _check_logits("draft_probs", draft_probs)
-        if tuple(draft_probs.shape) != (total, vocab_size):
+        shape = (draft_token_ids.numel(), vocab_size)
+        if tuple(draft_probs.shape) != shape:
             raise ValueError(
-                f"draft_probs must have shape {(total, vocab_size)} like the target logits, "
-                f"got {tuple(draft_probs.shape)}"
+                f"draft_probs must have shape {shape} like the target logits, got {tuple(draft_probs.shape)}"
             )
     if device_checks.wanted(draft_token_ids, *scores.values()):
         # Drafts may be PLACEHOLDER_TOKEN_ID (-1) or a token id.
@@ -231,16 +226,21 @@ def _check_rejection_inputs(
         _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens)
 
 
-def _count_drafts(num_draft_tokens: object) -> tuple[int, int]:
-    """``(sum, max)`` of a non-empty list of ints >= 0, checked once per call (first in
-    ``rejection_sample``, so an empty batch is told so)."""
+def _check_drafts(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens) -> int:
+    """``rejection_sample``'s drafts, counts first (an empty batch is told so); returns the draft total.
+    ``forward``'s metadata made the same checks when it was built."""
     if not isinstance(num_draft_tokens, (list, tuple)) or len(num_draft_tokens) == 0:
         raise ValueError("num_draft_tokens must be a non-empty list: a batch needs at least one request")
     if set(map(type, num_draft_tokens)) != {int} or min(num_draft_tokens) < 0:  # at C speed; bool is not int
         bad = [n for n in num_draft_tokens if not is_int(n) or n < 0]
         if bad:
             raise ValueError(f"num_draft_tokens must hold ints >= 0, got {bad[0]!r}")
-    return sum(num_draft_tokens), max(num_draft_tokens)
+    total, largest = sum(num_draft_tokens), max(num_draft_tokens)
+    if max_spec_len != largest:
+        raise ValueError(f"max_spec_len={max_spec_len} but max(num_draft_tokens)={largest}")
+    check_id_tensor("draft_token_ids", draft_token_ids, total)
+    check_id_tensor("cu_num_draft_tokens", cu_num_draft_tokens, len(num_draft_tokens))
+    return total
 
 
 def _check_values(ranges, scores, cu_num_draft_tokens, num_draft_tokens) -> None:
@@ -369,7 +369,7 @@ def rejection_sample(
 ) -> torch.Tensor:
     """Verify every request's drafts into ``[B, max_spec_len + 1]`` int32, placeholder-filled as in vLLM:
     row i holds its accepted drafts then one recovered or bonus token. ``draft_probs`` None is one-hot."""
-    num_tokens, largest = _count_drafts(num_draft_tokens)
+    num_tokens = _check_drafts(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens)
     _check_logits("target_logits", target_logits)
     _check_sampling_metadata(sampling_metadata, len(num_draft_tokens), target_logits.device)
     rows, vocab_size = target_logits.shape
@@ -377,12 +377,7 @@ def rejection_sample(
         raise ValueError(f"target_logits must have num_draft_total = {num_tokens} rows, got {rows}")
     ranges = {}
     if uniform_probs is not None:
-        if not isinstance(uniform_probs, torch.Tensor) or uniform_probs.dtype != torch.float64:
-            raise TypeError("uniform_probs must be a float64 tensor")
-        if uniform_probs.shape != (num_tokens,):
-            raise ValueError(
-                f"uniform_probs must have shape ({num_tokens},), got {tuple(uniform_probs.shape)}"
-            )
+        check_vector("uniform_probs", uniform_probs, (torch.float64,), num_tokens)
         ranges["uniform_probs"] = (uniform_probs, 0, 1)
     if recovered_token_ids is not None:
         check_id_tensor("recovered_token_ids", recovered_token_ids, num_tokens)
@@ -392,7 +387,6 @@ def rejection_sample(
     _check_rejection_inputs(
         draft_token_ids,
         num_draft_tokens,
-        (num_tokens, largest),
         max_spec_len,
         cu_num_draft_tokens,
         draft_probs,
@@ -450,8 +444,49 @@ def _rejection_sample(
         if sampling_metadata.all_greedy:
             return output_token_ids
     target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
-    # What the caller did not pass, drawn in vLLM's order (uniforms, then the recovered draw's noise), so that
-    # a seeded request's generator gives vLLM's table; split recovered rows stay keys for the random kernel.
+    uniform_probs, recovered_token_ids = _random_draws(
+        uniform_probs,
+        recovered_token_ids,
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_probs,
+        sampling_metadata,
+        backend,
+    )
+    rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+        max_spec_len,
+        reject_negative_drafts=reject_negative_drafts,
+        backend=backend,
+    )
+    return output_token_ids
+
+
+def _random_draws(
+    uniform_probs,
+    recovered_token_ids,
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_probs,
+    sampling_metadata,
+    backend,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the caller did not pass, drawn in vLLM's order (uniforms, then the recovered draw's noise), so
+    that a seeded request's generator gives vLLM's table; split recovered rows stay keys for the kernel."""
     if uniform_probs is None:
         uniform_probs = generate_uniform_probs(
             draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, target_probs.device
@@ -468,18 +503,4 @@ def _rejection_sample(
             backend=backend,
             split_keys=True,
         )
-    rejection_random_sample(
-        output_token_ids,
-        cu_num_draft_tokens,
-        draft_token_ids,
-        draft_probs,
-        target_probs,
-        bonus_token_ids,
-        recovered_token_ids,
-        uniform_probs,
-        is_greedy,
-        max_spec_len,
-        reject_negative_drafts=reject_negative_drafts,
-        backend=backend,
-    )
-    return output_token_ids
+    return uniform_probs, recovered_token_ids
