@@ -127,30 +127,6 @@ def test_guard_timing_figure_shows_every_run():
     plt.close(fig)
 
 
-def test_acceptance_table_indexes_by_temperature_and_fix():
-    rows = [
-        {
-            "fix": "clamp (a)",
-            "temperature": 0.0,
-            "crashes": "no",
-            "acceptance rate, real drafts": 0.12345,
-            "acceptance rate, all slots": 0.05555,
-        }
-    ]
-    frame = fig2.acceptance_table(rows)
-    assert frame.loc[(0.0, "clamp (a)"), "acceptance rate, real drafts"] == 0.123
-
-
-def test_acceptance_table_counts_are_whole_numbers_and_blank_for_a_crash():
-    rows = [
-        {"fix": "clamp (a)", "temperature": 0.0, "crashes": "no", "real drafts": 42, "accepted drafts": 18},
-        {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"},
-    ]
-    frame = fig2.acceptance_table(rows)
-    assert str(frame["real drafts"].dtype) == "Int64" and frame.loc[(0.0, "clamp (a)"), "real drafts"] == 42
-    assert pd.isna(frame.loc[(0.0, "no fix"), "accepted drafts"])
-
-
 def test_short_traceback_names_files_by_package_never_by_this_machines_path():
     import torch
     import torch.nn.functional as F

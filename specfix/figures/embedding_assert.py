@@ -216,17 +216,10 @@ def guard_timing(timing: GuardTiming, what: str):
     return fig
 
 
-def acceptance_table(rows: list[dict]) -> pd.DataFrame:
-    """The engine runs under each fix, a row per (temperature, fix), drafts and placeholders apart."""
-    frame = pd.DataFrame(rows).set_index(["temperature", "fix"])
-    counts = ["verifications", "real drafts", "accepted drafts", "placeholder slots", "placeholders accepted"]
-    frame = frame.astype({c: "Int64" for c in counts if c in frame})  # whole numbers, blank where it crashed
-    return frame.round({"acceptance rate, real drafts": 3, "acceptance rate, all slots": 3})
-
-
 def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
-    """The finished runs as formatted columns (they fit the page), and a line per run that crashed."""
-    table = acceptance_table(rows)
+    """The engine runs that finished, a column per (temperature, fix) formatted to fit the page (counts
+    whole, rates to 3 digits), and a line per run that crashed."""
+    table = pd.DataFrame(rows).set_index(["temperature", "fix"])
     ran = table["crashes"] == "no"
     crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]
     return style.tidy(table[ran].drop(columns="crashes"), digits=3).T, crashed
