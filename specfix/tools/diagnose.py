@@ -1,20 +1,15 @@
 """``specfix diagnose LOG``: from a crashed vLLM server's log to the cause, the fix and its first release.
 
-    specfix diagnose server.log            # a report to read
-    specfix diagnose - < server.log        # from standard input
-    specfix diagnose --json server.log     # the same report as JSON (schema: SCHEMA below)
-
-Read :func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, then the first of
-``_RULES`` that fits gives the verdict, how sure it is and the log lines that made it so, and
-:data:`specfix.tools.mirrors.FIXES` whether the logged release has the fix. The report renders as text, or
-as JSON following ``SCHEMA``.
+``LOG`` ``-`` reads standard input; ``--json`` prints the report as JSON following ``SCHEMA``. Read
+:func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, the first of ``_RULES``
+that fits gives the verdict with the log lines behind it, and :data:`specfix.tools.mirrors.FIXES` whether
+the logged release has the fix.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import sys
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,9 +45,6 @@ VERDICTS = {
 }
 
 
-# The many-indices sibling of indexSelectSmallIndex (PyTorch's Indexing.cu), which chapter 2's op table
-# never reached; the table gives F.embedding's other kernels.
-_OTHER_EMBEDDING_KERNELS = {"indexSelectLargeIndex"}
 # (file name, text in the condition) -> what the kernel is, for asserts outside the recorded table.
 _KNOWN_ELSEWHERE = [
     ("Indexing.cu", "srcIndex", "the index_select family (F.embedding, torch.index_select)"),
@@ -99,6 +91,7 @@ class Facts:
         self.err = python_error(self.scan)
         self.asserts = list(self.scan.asserts.values())  # in log order: each is added where first seen
         self.spec, self.spec_reasons = spec_state(self.scan)
+        self.fixed = {v: has_fix(self.scan.setup.get("vllm_version"), fix) for v, fix in FIXES.items()}
         self.frames = self.err["frames"] if self.err else []
         self.first = self.asserts[0] if self.asserts else None
         if self.first:  # how the first reason of every rule about an assert starts, and its line
@@ -107,8 +100,7 @@ class Facts:
 
     def fix_reason(self, verdict: str) -> tuple[bool | None, tuple[str, list[int]]]:
         """Whether the logged version carries the fix for ``verdict``, and the reason that says so."""
-        fix, version = FIXES[verdict], self.scan.setup.get("vllm_version")
-        state = has_fix(version, fix)
+        fix, version, state = FIXES[verdict], self.scan.setup.get("vllm_version"), self.fixed[verdict]
         if version is None:
             return state, ("the log does not state the vLLM version", [])
         said = {
@@ -135,7 +127,7 @@ def _other_index(f: Facts):
         return None
     note = kernel_note(f.first, f.rows)
     kernels = {r["cuda"]["kernel"] for r in f.rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
-    kernels |= _OTHER_EMBEDDING_KERNELS
+    kernels.add("indexSelectLargeIndex")  # the table never reached this many-indices sibling (Indexing.cu)
     in_pp = any("pp_utils" in fr["file"] or "broadcast" in fr["func"] for fr in f.frames)
     no_spec = ("but without speculative decoding there are no -1 placeholder drafts", [])
     err_line = [f.err["line"]] if f.err else []
@@ -351,9 +343,7 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
     meta, rows = table["meta"], table["rows"]
     facts = Facts(scan, rows)
     verdict, confidence, reasons = next(found for rule in _RULES if (found := rule(facts)))
-    asserts = facts.asserts
-    version = scan.setup.get("vllm_version")
-    fixed = {v: has_fix(version, fix) for v, fix in FIXES.items()}
+    asserts, fixed = facts.asserts, facts.fixed
     fixes = sorted(FIXES.items(), key=lambda item: item[0] != verdict)  # the verdict's own fix first
     return {
         "schema": SCHEMA_ID,
@@ -548,13 +538,10 @@ SCHEMA = {
 
 def run(path: str, as_json: bool = False) -> tuple[int, str]:
     """(exit status, text to print) for ``specfix diagnose``; bad input: status 2 and a one-line message."""
+    name = "standard input" if path == "-" else path
     try:
-        stream, name = open_log(path)
-        try:
+        with open_log(path) as stream:
             report = diagnose(read_lines(stream, name), name)
-        finally:
-            if stream is not sys.stdin.buffer:
-                stream.close()
     except LogError as exc:
         return 2, f"specfix diagnose: {exc}"
     return 0, json.dumps(report, indent=1) if as_json else render(report)

@@ -9,6 +9,7 @@ Chapter 2 (:mod:`specfix.lab.embedding_assert`) reads its own transcripts with t
 from __future__ import annotations
 
 import codecs
+import contextlib
 import re
 import sys
 from collections.abc import Iterator
@@ -140,16 +141,16 @@ class LogError(ValueError):
 
 
 def open_log(path: str):
-    """(binary stream, name to report) for a path, or ``-`` for standard input."""
+    """The log as a binary stream to read in a ``with``; ``-``: standard input (left open)."""
     if path == "-":
-        return sys.stdin.buffer, "standard input"
+        return contextlib.nullcontext(sys.stdin.buffer)
     p = Path(path)
     if not p.exists():
         raise LogError(f"{path}: no such file")
     if p.is_dir():
         raise LogError(f"{path} is a directory: give the log file itself")
     try:
-        return p.open("rb"), path
+        return p.open("rb")
     except OSError as exc:
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 

@@ -92,7 +92,7 @@ def code_digest(source: bytes) -> str:
             for field, value in ast.iter_fields(node):
                 if field in ("ctx", "kind", "type_comment") or value is None or value == []:
                     continue
-                if field == "body" and isinstance(node, _DOCUMENTED) and _is_docstring(value[0]):
+                if field == "body" and isinstance(node, _DOCUMENTED) and ast.get_docstring(node) is not None:
                     value = value[1:]
                 parts.append(field)
                 walk(value)
@@ -108,15 +108,7 @@ def code_digest(source: bytes) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
-_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-
-
-def _is_docstring(statement: ast.stmt) -> bool:
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(statement.value, ast.Constant)
-        and isinstance(statement.value.value, str)
-    )
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)  # what may hold a docstring
 
 
 def source_hashes(name: str) -> dict[str, str]:

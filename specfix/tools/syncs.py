@@ -33,11 +33,9 @@ def sync_warnings(fn: Callable[[], object]) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(previous)
+            fn()
     finally:
+        torch.cuda.set_sync_debug_mode(previous)
         if collecting:
             gc.enable()
     return [str(w.message).splitlines()[0] for w in caught if _SYNC_WARNING in str(w.message)]
