@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F  # noqa: F401  (used by the op expressions, evaluated in this namespace)
 
 from specfix.checks import is_int
 from specfix.tools import recorded
@@ -129,8 +128,7 @@ def run_child(
     """Run ``code`` as ``<label>.py`` in a fresh Python (tracebacks show its lines); failure is data."""
     if not isinstance(code, str) or not code.strip():
         raise ValueError("code must be a non-empty string of Python source")
-    full_env = dict(os.environ)
-    full_env.update(env or {})
+    full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), full_env.get("PYTHONPATH")) if p)
     full_env["PYTHONUNBUFFERED"] = "1"
     start = time.perf_counter()
@@ -345,14 +343,6 @@ got, wrapped = out[1].reshape(-1).tolist(), w.reshape(size, -1)[bad % size].toli
 """
 
 
-def _describe_return(wrapped: bool) -> str:
-    return (
-        "returned; slot 1 holds the last element: -1 wrapped around"
-        if wrapped
-        else "returned; slot 1 holds something other than the wrapped-around element"
-    )
-
-
 def op_case_code(op: str, bad: str, num_indices: int = 3, device: str = "cuda") -> str:
     """A child program running ``op`` on ``device`` with a ``bad`` index at position 1 of ``num_indices``."""
     if device not in ("cuda", "cpu"):
@@ -377,8 +367,7 @@ def cpu_outcome(op: str, bad: str, num_indices: int = 3) -> dict:
         exec(_case_source(op, bad, num_indices), namespace)
     except Exception as exc:  # noqa: BLE001  (the exception *is* the result)
         return {"outcome": "raised", "type": type(exc).__name__, "message": str(exc).strip().splitlines()[0]}
-    wrapped = namespace["got"] == namespace["wrapped"]
-    return {"outcome": "returned", "wrapped": wrapped, "text": _describe_return(wrapped)}
+    return {"outcome": "returned", "wrapped": namespace["got"] == namespace["wrapped"]}
 
 
 def cuda_outcome(run: ChildRun) -> dict:
@@ -391,8 +380,7 @@ def cuda_outcome(run: ChildRun) -> dict:
     elif raised and "device-side assert" in raised["message"]:
         summary.update(outcome="device assert, line lost")  # the kernel asserted; its text never arrived
     elif result:
-        wrapped = result["wrapped"]
-        summary.update(outcome="returned", wrapped=wrapped, text=_describe_return(wrapped))
+        summary.update(outcome="returned", wrapped=result["wrapped"])
     else:
         summary.update(outcome="raised" if raised else "no result")
     if raised:
