@@ -217,8 +217,7 @@ def guard_timing(timing: GuardTiming, what: str):
 
 
 def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
-    """The engine runs that finished, a column per (temperature, fix) formatted to fit the page (counts
-    whole, rates to 3 digits), and a line per run that crashed."""
+    """The finished runs as formatted columns (they fit the page), and a line per run that crashed."""
     table = pd.DataFrame(rows).set_index(["temperature", "fix"])
     ran = table["crashes"] == "no"
     crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]
