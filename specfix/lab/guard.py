@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from specfix.checks import is_int
+from specfix.checks import check_count
 from specfix.timing import wall_us
 from specfix.v1.rejection_sampler import PLACEHOLDER_TOKEN_ID
 
@@ -213,8 +213,7 @@ class GuardTiming:
 
 def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
     """Time ``fn()`` unguarded and guarded, alternating, so that drift in the machine's speed hits both."""
-    if not is_int(repeats) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_count("repeats", repeats)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     guards = []
 
