@@ -52,12 +52,10 @@ def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
         raise ValueError(
             f"choices must hold len(drafts) + 1 = {len(drafts) + 1} target tokens, got {len(choices)}"
         )
-    out = []
-    for draft, choice in zip(drafts, choices, strict=False):
-        out.append("accept" if draft == choice else "recover")
-        if out[-1] == "recover":
-            return out
-    return [*out, "bonus"]
+    for i, (draft, choice) in enumerate(zip(drafts, choices, strict=False)):
+        if draft != choice:
+            return ["accept"] * i + ["recover"]
+    return ["accept"] * len(drafts) + ["bonus"]
 
 
 def _box(ax, x, y, text, kind):
