@@ -173,23 +173,19 @@ class Timer:
         for _ in range(self.warmup):
             setup()
             fn()
-        samples = []
-        for _ in range(self.max_reps if self.settings.cuda else self.min_reps):
-            setup()
-            samples += self._once(fn)
-        return samples
-
-    def _once(self, fn: Callable[[], object]) -> list[float]:
-        """One call on an idle GPU, events around it."""
         if not self.settings.cuda:
-            return wall_us(fn, 1)
-        torch.cuda.synchronize()
-        start, end = _event_pair()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return [start.elapsed_time(end) * 1e3]
+            return wall_us(fn, self.min_reps, setup)
+        samples = []
+        for _ in range(self.max_reps):
+            setup()
+            torch.cuda.synchronize()
+            start, end = _event_pair()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        return samples
 
     def time_throughput(self, fn: Callable[[], object]) -> list[float]:
         """Host wall time per call over back-to-back calls, then one synchronise: what a serving loop pays

@@ -13,7 +13,7 @@ from specfix.lab.masked_gumbel import BATCH_KEYS, gumbel_batch
 from specfix.mrv2.gumbel import gumbel_sample
 from specfix.timing import g_logits_per_s, percentile, tb_per_s
 from specfix.tools.bench import peer as vllm
-from specfix.tools.bench.report import Job, find, goal, result, shape_label
+from specfix.tools.bench.report import Job, find, goal, result, shape_label, worst
 from specfix.tools.syncs import count_host_syncs
 
 VOCABS = (32_000, 129_280, 151_936, 248_320)
@@ -85,10 +85,6 @@ def plan_ceilings(s, timer) -> list[Job]:
     return [Job("copy bandwidth", copy), Job("fp32 argmax read bandwidth", argmax)]
 
 
-def goals_ceilings(results, s):
-    return []
-
-
 # ---- gumbel_sample eager
 
 
@@ -100,9 +96,7 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
         impls[WITH_TEMPERATURE] = call_gumbel(inp, OURS[JUDGED], apply_temperature=True)
     impls["torch_softmax_multinomial"] = functools.partial(torch_softmax_multinomial, inp["logits"])
     impls["torch_gumbel_max"] = functools.partial(torch_gumbel_max, inp["logits"])
-    # goal 2, back to back, where the host shows: specfix's and vLLM's calls in turn, a few rounds
-    beside = {i: c for i, c in impls.items() if s.cuda and (i == JUDGED or i.startswith("vllm_"))}
-    b2b = timer.rounds(beside, s.pick(cpu=1, ci=2, full=3), shield=False)
+    b2b = vllm.back_to_back(timer, s, impls, JUDGED)
     shape = []
     for impl, call in impls.items():
         t = timer.time(call)
@@ -113,7 +107,7 @@ def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
             "host_syncs_per_call": count_host_syncs(call, s.device),
         }
         if impl in b2b:
-            m["back_to_back_us"] = statistics.median(itertools.chain(*b2b[impl]))
+            m["back_to_back_us"] = b2b[impl]
         shape.append(result("gumbel", impl, params, t, **m))
     vllm.speedups(shape, OURS)
     return vllm.speedups(shape, OURS, "back_to_back_us")
@@ -139,11 +133,6 @@ def _peer_goals(ours, s) -> list[dict]:
     return [vllm.vs_peer(many[r["params"]["rows"] >= GOAL_MANY_ROWS], r, s, shape_label) for r in judged]
 
 
-def _rate(results, impl: str, p: dict):
-    r = find(results, "gumbel", impl, **p)
-    return r[0]["metrics"]["G_logits_per_s"] if r else None
-
-
 def _rate_goals(results, s) -> list[dict]:
     """Goal 3, with vLLM's rate at the same shape beside the path it has (temperature applied before)."""
     cases = [
@@ -154,9 +143,9 @@ def _rate_goals(results, s) -> list[dict]:
     cases.append(("rate_fp32", {"rows": 256, "vocab": 32_000, "dtype": "fp32"}, JUDGED, False))
     goals = []
     for gid, p, impl, temp in cases:
-        peers = [r for r in find(results, "gumbel", **p) if r["impl"].startswith("vllm_") and not temp]
-        beside = {r["impl"].removeprefix("vllm_"): r["metrics"]["G_logits_per_s"] for r in peers}
-        goals.append(goal(gid, _rate(results, impl, p), s, vllm=beside, shape=shape_label(p), temp=temp))
+        rate = {r["impl"]: r["metrics"]["G_logits_per_s"] for r in find(results, "gumbel", **p)}
+        beside = {i.removeprefix("vllm_"): x for i, x in rate.items() if i.startswith("vllm_") and not temp}
+        goals.append(goal(gid, rate.get(impl), s, vllm=beside, shape=shape_label(p), temp=temp))
     return goals
 
 
@@ -166,17 +155,15 @@ def _never_falls(ours, s) -> list[dict]:
         series.setdefault((r["params"]["vocab"], r["params"]["dtype"]), []).append(r)
     goals = []
     for (vocab, dname), rs in series.items():
-        if len(rs) < 2:
+        steps = [(b["median_us"] / a["median_us"], a, b) for a, b in itertools.pairwise(rs)]
+        if not steps:
             continue
-        worst, a, b = min(
-            ((b["median_us"] / a["median_us"], a, b) for a, b in zip(rs, rs[1:], strict=False)),
-            key=lambda x: x[0],
-        )
+        ratio, a, b = min(steps, key=lambda x: x[0])
         detail = (
             f"worst step {a['params']['rows']:,} -> {b['params']['rows']:,} rows: "
             f"{a['median_us']:,.1f} -> {b['median_us']:,.1f} us"
         )
-        goals.append(goal("never_falls", worst, s, detail, shape=f"{vocab:,} {dname}"))
+        goals.append(goal("never_falls", ratio, s, detail, shape=f"{vocab:,} {dname}"))
     return goals
 
 
@@ -241,15 +228,10 @@ def plan_gumbel_host(s, timer) -> list[Job]:
     )
 
     def run(rows: int, vocab: int) -> list[dict]:
-        inp = _batch(s, rows, vocab)
-        params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
-        rounds = timer.rounds(
-            _impls(s, inp, {JUDGED: OURS[JUDGED]}), s.pick(cpu=1, ci=2, full=3), "host_cost"
+        impls = _impls(s, _batch(s, rows, vocab), {JUDGED: OURS[JUDGED]})
+        return vllm.host_beside(
+            timer, s, "gumbel_host", {"rows": rows, "vocab": vocab, "dtype": "fp32"}, impls
         )
-        out = [result("gumbel_host", impl, params, list(itertools.chain(*t))) for impl, t in rounds.items()]
-        for theirs in out[1:]:
-            out[0]["metrics"][f"host_ratio_vs_{theirs['impl']}"] = out[0]["median_us"] / theirs["median_us"]
-        return out
 
     return [
         Job(f"gumbel_sample host cost per call, {r} x {v:,}", functools.partial(run, r, v)) for r, v in shapes
@@ -287,11 +269,10 @@ def plan_gumbel_mask(s, timer) -> list[Job]:
 
 
 def goals_gumbel_mask(results, s):
-    rows = find(results, "gumbel_mask", "masked")
-    worst = max(rows, key=lambda r: r["metrics"]["overhead"], default=None)
-    if worst is None:
+    _, row = worst(find(results, "gumbel_mask", "masked"), "overhead")
+    if row is None:
         return [goal("mask", None, s, repeats=10)]
-    m = worst["metrics"]
+    m = row["metrics"]
     spread = f"spread p20..p80 {m['overhead_p20'] * 100:+.2f}..{m['overhead_p80'] * 100:+.2f}%"
-    detail = f"{spread}; worst with store={worst['params']['store_processed_logits']}"
+    detail = f"{spread}; worst with store={row['params']['store_processed_logits']}"
     return [goal("mask", m["overhead"] * 100, s, detail, repeats=int(m["repeats"]))]

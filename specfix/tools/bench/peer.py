@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
+import statistics
 from pathlib import Path
 
 import torch
 
 from specfix.lab.masked_gumbel import BATCH_KEYS, load_vllm_sampler
-from specfix.tools.bench.report import find, goal
+from specfix.tools.bench.report import find, goal, result
 
 #: The vLLM release every per-shape goal is judged against.
 GOAL_PEER = "0.33.0"
@@ -128,9 +130,26 @@ def forward_sequence(module, metadata, draft_probs, logits, sampling, mode: str)
     )
 
 
+def back_to_back(timer, s, calls: dict, mine: str) -> dict[str, float]:
+    """Goal 2 (GPU only): specfix's call ``mine`` and vLLM's unshielded, in turn, a few rounds; median us."""
+    beside = {i: c for i, c in calls.items() if s.cuda and (i == mine or i.startswith(peer_impl("")))}
+    rounds = timer.rounds(beside, s.pick(cpu=1, ci=2, full=3), shield=False)
+    return {i: statistics.median(itertools.chain(*t)) for i, t in rounds.items()}
+
+
+def host_beside(timer, s, case: str, params: dict, calls: dict, suffix: str = "") -> list[dict]:
+    """Goal 1: host cost per call of specfix's call (first in ``calls``) and vLLM's, in turn, a few rounds;
+    specfix's result gets ``host_ratio_vs_<impl>`` (ours over theirs); vLLM's are named impl + ``suffix``."""
+    rounds = timer.rounds(calls, s.pick(cpu=1, ci=2, full=3), "host_cost")
+    ours, *theirs = (result(case, impl, params, list(itertools.chain(*t))) for impl, t in rounds.items())
+    for r in theirs:
+        ours["metrics"][f"host_ratio_vs_{r['impl']}"] = ours["median_us"] / r["median_us"]
+        r["impl"] += suffix
+    return [ours, *theirs]
+
+
 def speedups(shape: list[dict], ours, field: str = "median_us") -> list[dict]:
-    """vLLM's results of one shape beside specfix's (impls ``ours``): their ``field`` over ours, as metric
-    ``speedup_vs_vllm_<v>`` (``back_to_back_speedup_vs_vllm_<v>`` for field ``back_to_back_us``)."""
+    """vLLM's ``field`` over specfix's (impls ``ours``), as metric ``[back_to_back_]speedup_vs_vllm_<v>``."""
 
     def us(r: dict) -> float | None:
         return r.get(field, r["metrics"].get(field))
@@ -143,8 +162,7 @@ def speedups(shape: list[dict], ours, field: str = "median_us") -> list[dict]:
 
 
 def vs_peer(goal_id: str, r: dict, s, shape, invert: bool = False) -> dict:
-    """Goal ``goal_id`` on result ``r``'s speedup over :data:`GOAL_PEER` (its time over ours; ``invert``: ours
-    over its)."""
+    """Goal ``goal_id`` on ``r``'s speedup over :data:`GOAL_PEER` (its time over ours; ``invert``: 1 / it)."""
     speedup = r["metrics"][speedup_key(GOAL_PEER)]
     detail = f"{r['median_us']:,.2f} us vs {r['median_us'] * speedup:,.2f} us"
     measured = 1 / speedup if invert else speedup
@@ -152,10 +170,8 @@ def vs_peer(goal_id: str, r: dict, s, shape, invert: bool = False) -> dict:
 
 
 def goals_beside(goal_id: str, results, s, case: str, impl: str, fn: str, shape) -> list[dict]:
-    """Goal ``host_cost`` (our host time over vLLM's, metric ``host_ratio_vs_vllm_<v>``) or ``back_to_back``
-    (vLLM's back-to-back time over ours, ``back_to_back_speedup_vs_vllm_<v>``) for each ``case``/``impl``
-    result, judged at :data:`GOAL_PEER`, each vLLM version's time beside ours; not measured when no vLLM
-    was timed."""
+    """Goal ``host_cost`` (our host time over vLLM's) or ``back_to_back`` (vLLM's time over ours) on each
+    ``case``/``impl`` result at :data:`GOAL_PEER`, each vLLM version's time beside; else not measured."""
     host = goal_id == "host_cost"
     prefix = "host_ratio_vs_vllm_" if host else "back_to_back_speedup_vs_vllm_"
     common = {"case": case, "fn": fn, "peer": GOAL_PEER}

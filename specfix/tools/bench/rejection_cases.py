@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import statistics
 
 import torch
 
 from specfix.timing import capture_graph
 from specfix.tools.bench import peer as vllm
-from specfix.tools.bench.report import Job, find, goal, result
+from specfix.tools.bench.report import Job, find, goal, result, worst
 from specfix.tools.syncs import count_host_syncs
 from specfix.v1 import rejection_sampler as rs
 from specfix.v1.sampling_metadata import SamplingMetadata
@@ -113,14 +112,12 @@ def _shape(s, timer, step: Step) -> list[dict]:
     peers = vllm.rejection_peers(s.peer, step.mode)
     calls = {**step.calls(), "torch_reference": torch_forward}
     calls.update({vllm.peer_impl(v): step.peer_core(module) for v, module in peers.items()})
-    # back to back, where the host shows: specfix's and vLLM's calls in turn, a few rounds
-    beside = {i: c for i, c in calls.items() if s.cuda and (i == PUBLIC or i.startswith("vllm_"))}
-    b2b = timer.rounds(beside, s.pick(cpu=1, ci=2, full=3), shield=False)
+    b2b = vllm.back_to_back(timer, s, calls, PUBLIC)
     for impl, call in calls.items():
         t = timer.time(call)
         metrics = {"draft_tokens_per_s": step.batch * step.k / (statistics.median(t) * 1e-6)}
         if impl in b2b:
-            metrics["back_to_back_us"] = statistics.median(itertools.chain(*b2b[impl]))
+            metrics["back_to_back_us"] = b2b[impl]
         if not impl.startswith("vllm_"):
             metrics["host_syncs_per_step"] = count_host_syncs(call, s.device)
         out.append(result("rejection", impl, step.params, t, **metrics))
@@ -159,12 +156,11 @@ def shape_label(p: dict) -> str:
 
 
 def _sync_goals(results, s) -> list[dict]:
-    goals = []
-    for impl, name in NAMES.items():
-        rows = [r for r in find(results, "rejection", impl) if "host_syncs_per_step" in r["metrics"]]
-        worst = max(rows, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
-        goals.append(goal("rejection_syncs", worst and worst["metrics"]["host_syncs_per_step"], s, fn=name))
-    return goals
+    syncs = {
+        name: worst(find(results, "rejection", impl), "host_syncs_per_step")[0]
+        for impl, name in NAMES.items()
+    }
+    return [goal("rejection_syncs", n, s, fn=name) for name, n in syncs.items()]
 
 
 def _peer_goals(results, s) -> list[dict]:
@@ -185,9 +181,8 @@ def goals_rejection(results, s):
     goals = []
     graphs = find(results, "rejection", "specfix_triton_graph")
     if graphs:  # GPU runs only
-        same = [r["metrics"]["graph_replays_eager_table"] for r in graphs if r["metrics"]]
-        detail = f"{len(graphs)} shapes captured, greedy and random"
-        goals.append(goal("rejection_graph", min(same, default=None), s, detail))
+        same, _ = worst(graphs, "graph_replays_eager_table", min)
+        goals.append(goal("rejection_graph", same, s, f"{len(graphs)} shapes captured, greedy and random"))
     return goals + _sync_goals(results, s) + _peer_goals(results, s)
 
 
@@ -202,18 +197,11 @@ def plan_rejection_host(s, timer) -> list[Job]:
     def run(batch: int) -> list[dict]:
         step = Step(batch, k, vocab, "random", s.device)
         ours = step.calls()
-        pairs = [(FORWARD, ours[FORWARD], "peer_forward"), (PUBLIC, ours[PUBLIC], "peer_core")]
         out = []
-        for impl, call, peer_call in pairs:  # specfix's call and vLLM's in turn, a few rounds
-            theirs = {vllm.peer_impl(v): getattr(step, peer_call)(module) for v, module in peers.items()}
-            rounds = timer.rounds({impl: call} | theirs, s.pick(cpu=1, ci=2, full=3), "host_cost")
-            mine = result("rejection_host", impl, step.params, list(itertools.chain(*rounds.pop(impl))))
-            for peer, t in rounds.items():
-                out.append(
-                    result("rejection_host", f"{peer}_{NAMES[impl]}", step.params, list(itertools.chain(*t)))
-                )
-                mine["metrics"][f"host_ratio_vs_{peer}"] = mine["median_us"] / out[-1]["median_us"]
-            out.append(mine)
+        for impl, peer_call in ((FORWARD, step.peer_forward), (PUBLIC, step.peer_core)):
+            theirs = {vllm.peer_impl(v): peer_call(module) for v, module in peers.items()}
+            calls = {impl: ours[impl]} | theirs
+            out += vllm.host_beside(timer, s, "rejection_host", step.params, calls, f"_{NAMES[impl]}")
         return out
 
     return [Job(f"rejection host cost per call, batch {b}", functools.partial(run, b)) for b in batches]

@@ -49,7 +49,7 @@ class Case:
     name: str
     summary: str
     plan: Callable
-    goals: Callable[[list[dict], object], list[dict]]
+    goals: Callable[[list[dict], object], list[dict]] = lambda results, settings: []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +158,13 @@ def find(results, case, impl=None, **params) -> list[dict]:
     ]
 
 
+def worst(rows: list[dict], metric: str, pick=max) -> tuple[float | None, dict | None]:
+    """The worst ``metric`` of the rows that carry it (``pick``: max for a count, min for a 1/0 check), and
+    its row; (None, None) when no row carries it."""
+    row = pick((r for r in rows if metric in r["metrics"]), key=lambda r: r["metrics"][metric], default=None)
+    return (None if row is None else row["metrics"][metric]), row
+
+
 def shape_label(p: dict) -> str:
     return f"{p['rows']:,} x {p['vocab']:,} {p['dtype']}"
 
@@ -206,23 +213,6 @@ def frame(report: dict, case: str):
         if r["case"] == case
     ]
     return pd.DataFrame(rows)
-
-
-def goal_table(report: dict):
-    """The five small-batch goals as a DataFrame: number, goal, specfix's figure, vLLM's (per version),
-    status and margin."""
-    import pandas as pd
-
-    rows = [
-        {
-            **{k: g[k] for k in ("issue_goal", "goal", "measured", "unit", "target")},
-            **{f"vllm_{v}": x for v, x in g.get("vllm", {}).items()},
-            **{k: g[k] for k in ("status", "margin")},
-        }
-        for g in report["goals"]
-        if g.get("issue_goal")
-    ]
-    return pd.DataFrame(rows).sort_values("issue_goal", kind="stable") if rows else pd.DataFrame(rows)
 
 
 def _goal_line(g: dict) -> str:

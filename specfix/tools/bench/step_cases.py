@@ -14,7 +14,7 @@ from specfix.models import load_models
 from specfix.mrv2.dflash import DFlashDrafter, ToyDFlashModel
 from specfix.mrv2.speculator import DraftModelSpeculator
 from specfix.timing import capture_graph
-from specfix.tools.bench.report import Job, find, goal, result
+from specfix.tools.bench.report import Job, find, goal, result, worst
 from specfix.tools.syncs import count_host_syncs
 
 # ---- chapter 2's placeholder fixes
@@ -44,12 +44,8 @@ def plan_placeholder_fixes(s, timer) -> list[Job]:
 
 
 def goals_placeholder_fixes(results, s):
-    counted = [
-        r["metrics"]["host_syncs_per_step"]
-        for r in find(results, "placeholder_fixes", "clamp")
-        if "host_syncs_per_step" in r["metrics"]
-    ]
-    return [goal("clamp_syncs", max(counted, default=None), s)]
+    syncs, _ = worst(find(results, "placeholder_fixes", "clamp"), "host_syncs_per_step")
+    return [goal("clamp_syncs", syncs, s)]
 
 
 # ---- chapter 3's drafter step and the DFlash step
@@ -201,16 +197,10 @@ def run_dflash(s, timer) -> list[dict]:
     num_computed = torch.randint(8, 4096, (m,), generator=gen, device=s.device)
     step = functools.partial(drafter.propose, live, idx, last, num_computed, padded=False)
     t = timer.time_throughput(step)
-    return [
-        result(
-            "drafter_graph",
-            "dflash_eager",
-            {"live_batch": live, "padded_batch": m, "k": k, "vocab": vocab, "model": "toy_dflash"},
-            t,
-            host_syncs_per_step=count_host_syncs(step, s.device),
-            whole_step_graph_replays_eager=replays_eager(step, s),
-        )
-    ]
+    params = {"live_batch": live, "padded_batch": m, "k": k, "vocab": vocab, "model": "toy_dflash"}
+    metrics = {"host_syncs_per_step": count_host_syncs(step, s.device)}
+    metrics["whole_step_graph_replays_eager"] = replays_eager(step, s)
+    return [result("drafter_graph", "dflash_eager", params, t, **metrics)]
 
 
 def goals_drafter_graph(results, s):
@@ -221,17 +211,9 @@ def goals_drafter_graph(results, s):
         ("the DFlash drafting step", dflash),
         ("a drafting step (propose, eager or replayed)", drafter),
     ):
-        counted = [r for r in rows if "host_syncs_per_step" in r["metrics"]]
-        worst = max(counted, key=lambda r: r["metrics"]["host_syncs_per_step"], default=None)
-        syncs, detail = None, ""
-        if worst:
-            p, syncs = worst["params"], worst["metrics"]["host_syncs_per_step"]
-            detail = f"worst: {worst['impl']}, {p['model']}, live batch {p['live_batch']}"
+        syncs, row = worst(rows, "host_syncs_per_step")
+        p = row["params"] if row else {}
+        detail = f"worst: {row['impl']}, {p['model']}, live batch {p['live_batch']}" if row else ""
         goals.append(goal("step_syncs", syncs, s, detail, fn=fn))
-        same = [
-            r["metrics"]["whole_step_graph_replays_eager"]
-            for r in rows
-            if "whole_step_graph_replays_eager" in r["metrics"]
-        ]
-        goals.append(goal("step_graph", min(same, default=None), s, fn=fn))
+        goals.append(goal("step_graph", worst(rows, "whole_step_graph_replays_eager", min)[0], s, fn=fn))
     return goals
