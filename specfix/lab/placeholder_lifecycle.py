@@ -170,8 +170,8 @@ def negative_draft_run(
 #: One token more than a block (``specfix.v1.scheduler.BLOCK_SIZE``), so a repeat is cached up to its last
 #: token; the next word is "the", token 0, where a zero in a placeholder slot passes for a draft.
 REPEATED_PROMPT = "the fox saw the crow sitting on a tree with a piece of cheese and said to"
-#: vLLM's two model runners, each with its fix and without it.
 _DEFAULT_FIXES = Fixes()
+#: vLLM's two model runners, each with its fix and without it.
 RUNNER_PATHS = {
     "V1 runner with the clamp (0.25; 0.33's fallback)": ("v1", Fixes()),
     "V1 runner without the clamp (before PR #47029)": ("v1", Fixes(clamp_placeholders=False)),
