@@ -313,7 +313,7 @@ def generate_uniform_probs(
     if generators:
         starts = [0, *itertools.accumulate(num_draft_tokens)]
         for i in sorted(generators):
-            if 0 <= i < len(num_draft_tokens) and num_draft_tokens[i] > 0:
+            if num_draft_tokens[i] > 0:
                 uniform_probs[starts[i] : starts[i + 1]].uniform_(generator=generators[i])
     return uniform_probs
 
