@@ -113,7 +113,6 @@ class SpecDecodeEngine:
         *,
         max_num_reqs: int = 8,
         num_speculative_steps: int = 3,
-        max_model_len: int = 128,
         device: torch.device | str | None = None,
         fixes: Fixes | None = None,
         sampler: str = "auto",
@@ -123,7 +122,7 @@ class SpecDecodeEngine:
         self.sampler = resolve_sampler(sampler, self.device, self.fixes)
         self.target, self.draft = target, draft
         self.k = num_speculative_steps
-        self.max_model_len = max_model_len
+        self.max_model_len = 128  # each request's region of the KV cache, in tokens
         self.states = RequestStates(max_num_reqs, num_speculative_steps, self.device)
         self.spec = DraftModelSpeculator(
             draft,
@@ -135,14 +134,13 @@ class SpecDecodeEngine:
             fixes=self.fixes,
             sampler=SAMPLERS[self.sampler],
         )
-        self.kv_cache = target.make_kv_cache(max_num_reqs * max_model_len, self.device)
+        self.kv_cache = target.make_kv_cache(max_num_reqs * self.max_model_len, self.device)
         if self.device.type == "cuda":
             self.spec.capture_cuda_graphs()
         self._row_writer: list[int | None] = [None] * max_num_reqs
 
     def _prefill(self, live: _Live) -> None:
-        n = len(live.tokens)
-        positions = torch.arange(n, device=self.device)
+        positions = torch.arange(len(live.tokens), device=self.device)
         self.target(
             torch.tensor(live.tokens, device=self.device),
             positions,
@@ -151,22 +149,18 @@ class SpecDecodeEngine:
         )
 
     def _padded_write(self, row: int, slot: int, req_ids: list[int], context, drafts) -> PaddedWrite:
-        """Padded ``row`` wrote ``draft_logits[slot]``: the victim, the stale value's origin, steps hit."""
-        victim = self.states.owner(slot)
-        b = None if victim is None else req_ids.index(victim)
-        cols = () if b is None else self._overwritten_cols(context[b], drafts[b], slot)
-        return PaddedWrite(row, slot, victim, write_origin(self._row_writer[row], victim), cols)
-
-    def _overwritten_cols(self, context: torch.Tensor, drafts: torch.Tensor, slot: int) -> tuple[int, ...]:
-        """Draft steps whose cached logits differ from what the victim's own row computed."""
-        ctx = context[None].clone()
-        cols = []
-        for j in range(self.k):
-            expected = self.draft.next_token_logits(ctx)[0]  # cached before temperature (vLLM 0.33)
-            if not torch.allclose(self.spec.draft_logits[slot, j], expected, rtol=1e-5, atol=1e-5):
-                cols.append(j)
-            ctx = torch.cat([ctx[:, 1:], drafts[None, j : j + 1]], dim=1)
-        return tuple(cols)
+        """Padded ``row`` wrote ``draft_logits[slot]``: the victim, the stale value's origin, and the draft
+        steps whose cached logits differ from what the victim's own row computed."""
+        victim, cols = self.states.owner(slot), []
+        if victim is not None:
+            b = req_ids.index(victim)
+            ctx = context[b][None].clone()
+            for j in range(self.k):
+                expected = self.draft.next_token_logits(ctx)[0]  # cached before temperature (vLLM 0.33)
+                if not torch.allclose(self.spec.draft_logits[slot, j], expected, rtol=1e-5, atol=1e-5):
+                    cols.append(j)
+                ctx = torch.cat([ctx[:, 1:], drafts[b][None, j : j + 1]], dim=1)
+        return PaddedWrite(row, slot, victim, write_origin(self._row_writer[row], victim), tuple(cols))
 
     def _check_requests(self, requests: list[BenchRequest], max_batch: int) -> None:
         if not 1 <= max_batch <= self.states.max_num_reqs:
@@ -201,7 +195,7 @@ class SpecDecodeEngine:
         )
 
     @torch.no_grad()
-    def generate(self, requests: list[BenchRequest], max_batch: int, trace: bool = True) -> RunResult:
+    def generate(self, requests: list[BenchRequest], max_batch: int) -> RunResult:
         """Decode every request, at most ``max_batch`` at a time (admitted in order, as slots free up)."""
         self._check_requests(requests, max_batch)
         waiting, live = deque(requests), []
@@ -219,7 +213,7 @@ class SpecDecodeEngine:
             context = torch.tensor([e.tokens[-width:] for e in live], device=dev)
             pos = torch.tensor([len(e.tokens) - 1 for e in live], device=dev)
             proposal = self.spec.propose(
-                n, idx, self.states.temperature, self.states.seeds, context, pos, trace=trace
+                n, idx, self.states.temperature, self.states.seeds, context, pos, trace=True
             )
             drafts = proposal.draft_tokens
             record = StepRecord(
@@ -297,10 +291,6 @@ class PaddingBench:
         record = self.batched.steps[step]
         return index, step, [w for w in record.writes if w.victim == req_id]
 
-    def write_origins(self) -> Counter:
-        """Padded-row writes of the batched run, by origin."""
-        return Counter(w.origin for s in self.batched.steps for w in s.writes)
-
     def summary(self) -> dict:
         return {
             "num_requests": len(self.requests),
@@ -308,7 +298,7 @@ class PaddingBench:
             "fixes": {n: getattr(self.fixes, n) for n in ("pad_idx_mapping", "mask_invalid_reqs")},
             "steps_batched": len(self.batched.steps),
             "padded_steps": sum(s.num_reqs_padded > len(s.req_ids) for s in self.batched.steps),
-            "writes_by_origin": dict(self.write_origins()),
+            "writes_by_origin": dict(Counter(w.origin for s in self.batched.steps for w in s.writes)),
             # writes the victim's own row did not overwrite in the same launch (on a GPU: a race)
             "writes_landed": sum(bool(w.overwritten_cols) for s in self.batched.steps for w in s.writes),
             "ran": sorted({s.ran for s in self.batched.steps}),
