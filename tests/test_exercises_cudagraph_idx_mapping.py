@@ -205,12 +205,18 @@ def test_corrupted_responses_accepts_the_reference_in_any_container(container):
     assert verdict.solved, str(verdict)
 
 
+def _corrupted(events):
+    """The requests whose response the unfixed engine changes: two real runs, fix on and fix off."""
+    fixed, broken = ex.run_schedule(events, ex.Fixes()), ex.run_schedule(events, ex.UNFIXED)
+    return {n for n in fixed if fixed[n] != broken[n]}
+
+
 def test_corrupted_responses_cases_fit_and_hold_every_trap():
     cases = ex._RESPONSE_CASES
     assert len(cases) >= 4 and cases[0] == ex.RESPONSE_EVENTS
     kinds = [KINDS[events] for events in cases]
     for events, kind in zip(cases, kinds, strict=True):  # real runs, fix off against fix on
-        assert not kind["in_batch"] and kind["victim"] == ex._corrupted(events) != set(), events
+        assert not kind["in_batch"] and kind["victim"] == _corrupted(events) != set(), events
     for kind in ("finished", "undrafted", "unread", "earlier"):
         assert any(k[kind] for k in kinds), kind
     assert len(set(cases)) == len(cases)

@@ -194,24 +194,18 @@ def as_str_set(value) -> set[str] | None:
     return set(value) if ok else None
 
 
-def summary(prefix: str = "") -> dict[str, bool]:
-    """Exercise id -> solved, for the exercises checked so far whose id starts with ``prefix``."""
-    return {name: verdict.solved for name, verdict in sorted(RESULTS.items()) if name.startswith(prefix)}
+def summary() -> dict[str, bool]:
+    """Exercise id -> solved, for the exercises checked so far."""
+    return {name: verdict.solved for name, verdict in sorted(RESULTS.items())}
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(str):
     """Python source that displays as a code block (the live text of a reference solution)."""
 
-    code: str
-
-    def __str__(self) -> str:
-        return self.code
-
-    __repr__ = __str__
+    __repr__ = str.__str__
 
     def _repr_markdown_(self) -> str:
-        return f"```python\n{self.code}\n```"
+        return f"```python\n{self}\n```"
 
 
 def show_solution(exercise: str) -> Source:

@@ -6,7 +6,6 @@ speculator on the CPU.
 
 from __future__ import annotations
 
-import functools
 import random
 
 import torch
@@ -120,14 +119,13 @@ _RESPONSE_CASES = (
     ("arrive abcdef", "step cdae", "finish a", "step bcf", "step bfc", "step debcf"),
     ("arrive abcdefgh", "step dhgc", "step fdcbehg", "step bhcfde", "step gdehbcaf"),
 )
-_K = 2  # draft tokens per step
 
 
 def run_schedule(events, fixes: Fixes, max_num_reqs: int = 8) -> dict[str, list[int]]:
     """Each request's emitted token ids after ``events`` on the CPU, the drafter padded to capture sizes."""
     target, draft = load_models("cpu")
-    engine = SpecDecodeEngine(
-        target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=_K, device="cpu", fixes=fixes
+    engine = SpecDecodeEngine(  # two draft tokens per step
+        target, draft, max_num_reqs=max_num_reqs, num_speculative_steps=2, device="cpu", fixes=fixes
     )
     width = engine.spec.context_ids.shape[1]
     requests = {chr(ord("a") + i): r for i, r in enumerate(make_requests(26, seed=3, max_tokens=(1, 1)))}
@@ -167,13 +165,6 @@ def _batch(rows: list[_Live]) -> tuple[torch.Tensor, torch.Tensor]:
     """``idx_mapping`` and the last token's position of each row."""
     idx = torch.tensor([e.slot for e in rows], dtype=torch.int32)
     return idx, torch.tensor([len(e.tokens) - 1 for e in rows])
-
-
-@functools.cache
-def _corrupted(events: tuple[str, ...]) -> frozenset[str]:
-    """The requests whose response the unfixed engine changes (two real runs: fix on, fix off)."""
-    fixed, broken = run_schedule(events, Fixes()), run_schedule(events, UNFIXED)
-    return frozenset(n for n in fixed if fixed[n] != broken[n])
 
 
 def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]]:
@@ -251,7 +242,8 @@ def _slots(events) -> dict[str, int]:
 def check_corrupted_responses(answer, verdict):
     for events in _RESPONSE_CASES:
         names = _names(verdict, answer(list(events), 8), events)
-        truth, kinds = _corrupted(events), _write_kinds(events)
+        kinds = _write_kinds(events)
+        truth = kinds["victim"]  # on these cases, the responses real runs change (the tests run them)
         said = f"(history {list(events)})"
         for kind in ("finished", "undrafted", "unread"):
             verdict.require(not names & (kinds[kind] - truth), kind, said)
@@ -312,10 +304,8 @@ def _culprits(mystery: Mystery) -> set[tuple[int, int]]:
     todo="write find_stale_row: (row, slot) of the padded row whose stale entry corrupts a live request",
     hints={
         "format": "return a pair of ints: (padded row, request-state slot).",
-        "swapped": "row and slot are swapped: the row is the position in idx_mapping, the slot is the value "
-        "stored there.",
-        "live_row": "that row is a live row (a request of this batch sits there); the culprit is a padded "
-        "row, at or past num_reqs.",
+        "swapped": "row and slot are swapped: the row is a position in idx_mapping, the slot its value.",
+        "live_row": "a request of this batch sits at that row: the culprit is a padded row, >= num_reqs.",
         "beyond_graph": "that row lies beyond the graph this batch replays: the replay never reads it.",
         "not_there": "that row does not hold that slot: the slot is idx_mapping[row].",
         "free_slot": "that padded row names a free slot: its write harms nobody. The report's draft_logits "
@@ -370,8 +360,7 @@ _SIMULATION_CASES = ((PREDICT_EVENTS, 8), ((*_MYSTERY_HISTORY, f"step {MYSTERY_B
         "starts_minus_one": "the buffer is created as zeros, not -1: a row no step ever wrote names slot 0.",
         "pads_minus_one": "you wrote -1 after each batch: that is the fix. Without it a step writes only "
         "its own rows, and every row after them keeps what an earlier step left there.",
-        "finish_clears": "finishing a request frees its slot but writes nothing into idx_mapping: the rows "
-        "that named it keep naming it.",
+        "finish_clears": "finishing frees a slot but writes nothing to idx_mapping: rows naming it still do.",
         "slot_not_reused": "a new request takes the lowest free slot, and a finished request's slot is free "
         "again: slots are reused, they do not keep counting up.",
         "rows_by_name": "a request's row is its position in this step's batch, not a place of its own: the "
@@ -461,8 +450,7 @@ def _dflash_truth(idx_mapping: list[int], num_reqs: int, k: int, max_num_reqs: i
         "not_expanded": "each request drafts k tokens, so it has k entries in a row, all naming its slot.",
         "interleaved": "the entries are request by request: all k of the first request, then all k of the "
         "next (repeat each slot k times, do not repeat the list k times).",
-        "stale_rows": "the rows of idx_mapping past num_reqs are stale slots from earlier steps: they are "
-        "padding, not requests.",
+        "stale_rows": "rows past num_reqs hold stale slots of earlier steps: padding, not requests.",
         "wrong": "not the sample_idx_mapping the fixed preparation writes.",
     },
     forbid=("specfix.mrv2.dflash:prepare_dflash_inputs", "specfix.mrv2.dflash:_prepare_reference"),

@@ -42,12 +42,10 @@ _DRAFTS = [42, 7, 19, -1, -1, -1]
         "scheduled tokens and the CUDA-graph padding after them), as a view of the buffer.",
         "metadata": "your clamp also rewrote draft_token_ids: the rejection sampler can no longer see the "
         "placeholder, and would verify a real token (0) in that slot. Clamp input_ids only.",
-        "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU that is the "
-        "device-side assert of this chapter.",
+        "left_negative": "the embedding still reads a -1 among this step's tokens: on a GPU, that asserts.",
         "only_scheduled": "you clamped only [:num_tokens], but the embedding reads num_input_tokens rows: "
         "the CUDA-graph padding after them holds what an earlier step left there, a -1 included.",
-        "changed_real": "you changed real token ids: only the -1 placeholders may change (clamp(min=0) "
-        "leaves every id >= 0 as it is).",
+        "changed_real": "you changed real ids: only -1s may change (clamp(min=0) leaves the rest alone).",
         "allocates": "you returned a new tensor (clamp without the underscore, torch.where, a copy): it "
         "allocates every step, and a graph captured on input_ids still reads its -1. Clamp in place.",
         "syncs": "your preprocess reads tensor values on the host (`if` on a tensor, .item(), nonzero): on "

@@ -143,21 +143,18 @@ DEBUG_SEEDS = (0, 1, 2, 3)
         "compare it with what the kernel stores there: its own row's logits, before temperature.",
         "divided": "you compared with logits / temperature, what vLLM 0.25 cached. vLLM 0.33 (and specfix) "
         "caches the logits before temperature; the verifier divides when it reads them.",
-        "rows_not_slots": "you returned batch rows; the answer is request-state slots: row i lives at slot "
-        "idx_mapping[i].",
+        "rows_not_slots": "you returned batch rows, not request-state slots (row i is slot idx_mapping[i]).",
         "not_live": "a slot with no live row in this step has nothing to compare with: its column holds "
         "older data. Look only at the slots in idx_mapping.",
         "own_logits": "a slot you flagged holds exactly its own row's logits: the cache keeps them as they "
         "are, whatever the request's temperature (0 included).",
-        "missed": "an overwritten slot is missing from your answer: compare the whole column, not one value "
-        "or the argmax.",
+        "missed": "an overwritten slot is missing: compare the whole column, not one value or the argmax.",
     },
 )
 def check_find_overwritten(answer, verdict):
     for seed in DEBUG_SEEDS:
         puzzle, truth = masked_gumbel.stale_padding_step(seed, device=runtime.DEVICE)
-        got = answer(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in puzzle.items()})
-        got = as_int_list(got)
+        got = as_int_list(answer(**{k: v.clone() if torch.is_tensor(v) else v for k, v in puzzle.items()}))
         verdict.require(got is not None, "not_a_list")
         got = sorted(got)
         if got == truth:
@@ -220,7 +217,5 @@ def check_mask_seed(answer, verdict):
     verdict.require(torch.equal(out[padded], logits[padded]), "noise_on_padded")
     by_slot = all(int(row_seed[row]) == KERNEL_SEEDS[s] for row, s in enumerate(KERNEL_IDX_MAPPING) if s >= 0)
     verdict.require(by_slot, "seed_by_row", f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})")
-    from specfix.exercises.solutions.masked_gumbel_sampling import add_noise_kernel
-
-    want = _run_noise_kernel(add_noise_kernel(), verdict)[4]
+    want = _run_noise_kernel(check_mask_seed.reference()(), verdict)[4]  # the reference kernel's rows
     verdict.require(torch.allclose(out[~padded], want[~padded], equal_nan=True), "wrong_values")

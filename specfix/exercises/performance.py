@@ -140,8 +140,7 @@ def syncing_fixes() -> set[str]:
     todo="set which_syncs to the fixes (a, b, b', c, or their names) whose step makes the host wait",
     hints={
         "format": "answer with a set of fixes, by letter ('a', \"b'\") or by name ('clamp', 'host_mask').",
-        "clamp": "clamp_ is a kernel the host queues and leaves: nothing in it needs a value back from the "
-        "GPU.",
+        "clamp": "clamp_ is a kernel the host queues and leaves: nothing needs a value back from the GPU.",
         "scheduler": "scheduler_zero works on the host's own lists, before the step's GPU work: there is "
         "nothing on the GPU to wait for.",
         "pinned": "a copy from pinned memory with non_blocking=True is queued like a kernel, and the host "

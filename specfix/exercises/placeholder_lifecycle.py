@@ -94,8 +94,7 @@ def metadata_table():
         "number of draft slots it verifies.",
         "exclusive_cumsum": "cu_num_draft_tokens is an inclusive running sum with no leading 0: entry i is "
         "where request i's drafts end (a kernel takes cu[i - 1], or 0 for i = 0, as the start).",
-        "cu_num_draft_tokens": "cu_num_draft_tokens is not right yet: it is the running sum of "
-        "num_draft_tokens.",
+        "cu_num_draft_tokens": "cu_num_draft_tokens is not right yet: the running sum of num_draft_tokens.",
         "input_ids_positions": "those are positions in input_ids; draft_token_ids holds only the draft "
         "slots, request after request, without the last tokens or the prefill.",
         "placeholder_indices": "placeholder_indices is not right yet: list every i with draft_token_ids[i] "
@@ -164,8 +163,7 @@ def _draft_ids_batches(seed: int = 0, count: int = 4) -> list[tuple]:
         "the two differ once a request schedules tokens without a logits row (a prefill).",
         "view": "your answer shares memory with input_ids (a view): when _preprocess clamps input_ids in "
         "place, your draft_token_ids loses its -1, and the sampler judges the placeholder as token 0.",
-        "length": "draft_token_ids has one entry per draft slot of the step (as many as "
-        "target_logits_indices has).",
+        "length": "draft_token_ids has one entry per draft slot: as many as target_logits_indices.",
         "wrong": "not the draft ids of this step.",
     },
     forbid=(
