@@ -1,9 +1,9 @@
 """``specfix diagnose LOG``: from a crashed vLLM server's log to the cause, the fix and its first release.
 
-``LOG`` ``-`` reads standard input; ``--json`` prints the report as JSON following ``SCHEMA``. Read
-:func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, the first of ``_RULES``
-that fits gives the verdict with the log lines behind it, and :data:`specfix.tools.mirrors.FIXES` whether
-the logged release has the fix.
+``specfix diagnose -`` reads standard input; ``--json`` prints the report as JSON following ``SCHEMA``.
+Read :func:`diagnose` first: :mod:`specfix.tools.diagnose_scan` reads the log in one pass, the first of
+``_RULES`` that fits gives the verdict with the log lines behind it, and :data:`specfix.tools.mirrors.FIXES`
+whether the logged release has the fix.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ ERRORS = {
     ),
 }
 _SPEC_AT_WORK = ("SpecDecoding metrics", "/spec_decode/", "rejection_sampler")
-_PRE_V1 = ("spec_decode_worker", "/vllm/worker/", "/vllm/spec_decode/", "VLLM_USE_V1=0")
+_PRE_V1_MARKS = ("spec_decode_worker", "/vllm/worker/", "/vllm/spec_decode/", "VLLM_USE_V1=0")
 
 
 @dataclass
@@ -297,7 +297,7 @@ class Scan:
             self.spec_off_line = self.spec_off_line or n
         if self.spec_marker is None and any(mark in line for mark in _SPEC_AT_WORK):
             self.spec_marker = n
-        if self.engine_v0 is None and any(mark in line for mark in _PRE_V1):
+        if self.engine_v0 is None and any(mark in line for mark in _PRE_V1_MARKS):
             self.engine_v0 = n
         if "SpecDecoding" in line and len(self.acceptance) < 10000 and (m := _ACCEPTANCE.search(line)):
             self.acceptance.append((float(m.group(1)), n))
