@@ -81,6 +81,17 @@ def test_draft_model_proposes_k_greedy_tokens():
     assert drafts[0][1] == int(DRAFT.score([*history, first])[-1].argmax())
 
 
+@pytest.mark.parametrize("history, error, word", [
+    ([5, -1, 7], ValueError, "committed tokens are never placeholders"),
+    ("abc", TypeError, "token_ids must be a sequence of token ids, got str"),
+    ([1.0, 2.0], TypeError, "int token ids, got dtype float64"),
+    ([[1, 2]], TypeError, r"1-D sequence .* shape \(1, 2\)"),
+])  # fmt: skip
+def test_bad_histories_are_refused_by_name(history, error, word):
+    with pytest.raises(error, match=word):
+        NgramProposer(3).propose(history)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="prompt_lookup_min must be an int >= 1, got 1.5"):
         NgramProposer(3, 1.5, 3)
