@@ -1,12 +1,12 @@
 """Where specfix runs: device choice, Triton (compiled or interpreted) and its launches, problem scale.
 
-specfix's modules import triton through this one: without a GPU it turns the interpreter on first, and
-without triton a stand-in ``triton.jit`` still defines every kernel (launchers check ``HAS_TRITON``).
+specfix imports triton through this module: without a GPU it turns the interpreter on first, and without
+triton a stand-in ``triton.jit`` still defines every kernel (launchers check ``HAS_TRITON``).
 
-Interpreter workarounds (triton 3.6), which the kernels refer to as "(interpreter: see specfix.runtime)":
-a runtime or loaded value cannot bound a ``range()`` (kernels loop to a static bound and mask off the rest);
-a store cannot be masked by a scalar comparison (the mask is built per lane); an expression of constexprs
-such as ``1 + NUM_SPEC`` becomes a tensor ``range()`` cannot take (the host passes it as its own constexpr).
+Interpreter workarounds (triton 3.6), which kernels cite as "(interpreter: see specfix.runtime)": a runtime
+value cannot bound a ``range()`` (loop to a static bound, mask off the rest); a store cannot be masked by a
+scalar comparison (build the mask per lane); a constexpr expression such as ``1 + NUM_SPEC`` becomes a tensor
+``range()`` cannot take (the host passes it as its own constexpr).
 
 Environment: SPECFIX_DEVICE ``cuda`` or ``cpu`` (default: ``cuda`` when available); SPECFIX_SCALE ``ci``
 (the default) or ``full``.
@@ -86,10 +86,9 @@ _LAUNCHES: dict[tuple, tuple] = {}
 
 def launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
     """``kernel[grid](*args, **constexprs)`` at a fraction of the host cost: a specialisation's first call
-    goes through triton (which compiles), later ones straight to the compiled kernel's C launcher, tensors
-    as their addresses: no re-binding of every argument, no string cache key, no driver query per pointer,
-    no check of global constexprs (specfix's kernels read none). Taken only while no launch hook (a
-    profiler) is set. ``constexprs``: the keyword arguments (hashable), in the same order call after call."""
+    goes through triton (which compiles), later ones straight to the compiled C launcher with tensors as
+    addresses (no re-binding, string key, driver query or global-constexpr check). Not while a launch hook (a
+    profiler) is set. ``constexprs``: hashable keyword arguments, in the same order call after call."""
     key, values = _launch_key(kernel, grid, args, constexprs) if _DIRECT else (None, None)
     hit = _LAUNCHES.get(key) if key is not None else None
     if hit is None:
@@ -127,11 +126,10 @@ def _launch_key(kernel, grid, args, constexprs) -> tuple:
 
 
 def _args_key(args: tuple) -> tuple:
-    """(what tells apart the kernels triton 3.6 compiles for ``args``, the arguments with each tensor as its
-    address). The first is ``native_specialize_impl``'s or finer: a tensor by its dtype, 16-byte alignment
-    and device; an int or None by value; a bool or a float by type and value (True == 1 == 1.0, which triton
-    compiles apart); None if an argument is anything else (a tensor subclass, a tuple): triton launches it.
-    The launcher takes an address as given, with no driver query."""
+    """(what tells apart the kernels triton 3.6 compiles for ``args``, ``native_specialize_impl``'s key or
+    finer, the arguments with each tensor as its address). A tensor is keyed by dtype, 16-byte alignment and
+    device; an int or None by value; a bool or a float by type and value (True == 1 == 1.0, which triton
+    compiles apart); anything else (a tensor subclass, a tuple) gives (None, None): triton launches it."""
     tensor = torch.Tensor
     values = [a.data_ptr() if type(a) is tensor else a for a in args]
     specs = [

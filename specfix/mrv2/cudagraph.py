@@ -107,20 +107,17 @@ class CapturedStep:
     """One ``torch.cuda.CUDAGraph`` per size for ``step(size)``, which must touch only tensors that outlive
     the graphs, never sync with the host and launch the same kernels every call."""
 
-    def __init__(
-        self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str, warmup: int = 2
-    ):
+    def __init__(self, step: Callable[[int], None], sizes: Sequence[int], device: torch.device | str):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
-        self.step = step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = None
         for size in sorted(set(sizes), reverse=True):  # PyTorch's recipe: largest first, one shared pool
             side = torch.cuda.Stream(device)  # warm-up here: Triton compiles, the allocator settles
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
-                for _ in range(warmup):
+                for _ in range(2):
                     step(size)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()

@@ -44,17 +44,11 @@ class DFlashInputs:
     def allocate(cls, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str = "cpu"):
         check_count("max_num_reqs", max_num_reqs)
         check_count("num_speculative_steps", num_speculative_steps)
-        q, s = max_num_reqs * (1 + num_speculative_steps), max_num_reqs * num_speculative_steps
-        z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
-        return cls(
-            z(q, torch.int64),
-            z(q, torch.int64),
-            z(max_num_reqs + 1, torch.int32),
-            z(max_num_reqs, torch.int32),
-            z(s, torch.int64),
-            z(s, torch.int64),
-            torch.full((s,), -1, dtype=torch.int64, device=device),
-        )
+        m, k = max_num_reqs, num_speculative_steps
+        q, n = m * (1 + k), m * k  # query tokens, sampled tokens
+        z = lambda size, dtype=torch.int64: torch.zeros(size, dtype=dtype, device=device)
+        # the fields in order; sample_idx_mapping starts at -1: no request
+        return cls(z(q), z(q), z(m + 1, torch.int32), z(m, torch.int32), z(n), z(n), z(n).fill_(-1))
 
     @property
     def max_num_reqs(self) -> int:
@@ -193,13 +187,7 @@ def prepare_dflash_inputs(
         idx_mapping,
         last_sampled,
         num_computed,
-        out.input_ids,
-        out.positions,
-        out.query_start_loc,
-        out.seq_lens,
-        out.sample_indices,
-        out.sample_pos,
-        out.sample_idx_mapping,
+        *out.as_dict().values(),  # input_ids to sample_idx_mapping: the fields' order is the kernel's
         num_reqs,
         mask_token_id,
         pad_sample_idx,

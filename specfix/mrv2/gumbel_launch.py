@@ -1,9 +1,7 @@
-"""The host side of ``specfix.mrv2.gumbel_sample``: what it checks and how it lays its kernel out.
+"""The host side of ``specfix.mrv2.gumbel_sample``: its launch plan per shape, split-row scratch and checks.
 
-The launch configuration per shape (tuned with ``scripts/time_gumbel.py --sweep``), the tile shape, the plan
-kept per shape, the scratch of rows split over several programs, and the argument checks. Each is paid per
-call in host time, so each is done once per shape where it can be, and in a few microseconds where it cannot.
-Read :func:`launch_config` first.
+All of it is paid per call in host time, so it is done once per shape where it can be. Read
+:func:`launch_config` first (tuned with ``scripts/time_gumbel.py --sweep``).
 """
 
 from __future__ import annotations
@@ -31,10 +29,9 @@ _FEWEST_ROWS = 4
 _FEWEST_ROWS_SPLITS = 256
 #: A tile is DEPTH x LANES tokens, LANES = the logits of one 16-byte load per thread, times the threads.
 _BYTES_PER_LOAD = 16
-#: Registers per thread the compiled sampling kernel may use. Left to itself, ptxas gave the masked kernel
-#: that also stores the logits more registers than the unmasked one (the ncu profile's run before the cap,
-#: ``gumbel_ncu_h200.json``, has the counts), and fewer warps then fit on an SM to hide the store's latency;
-#: capped, no variant spills (ptxas -v, sm_90, triton 3.6).
+#: Registers per thread of the compiled sampling kernel. Uncapped, ptxas gave the masked kernel that stores
+#: the logits more registers than the unmasked one (``gumbel_ncu_h200.json``), so fewer warps fit on an SM
+#: to hide the store's latency; capped, no variant spills (ptxas -v, sm_90, triton 3.6).
 _REGISTER_CAP = {} if INTERPRET else {"maxnreg": 96}
 
 
@@ -68,9 +65,7 @@ class _Plan(NamedTuple):
     """A launch of ``_gumbel_sample_kernel``, fixed by the shape and the switches: chosen once and kept."""
 
     grid: tuple[int, int]  # (num_tokens, num_splits)
-    #: the kernel's size arguments in its order: vocab_size, num_tiles, num_full_tiles, tiles_per_program,
-    #: num_splits
-    sizes: tuple[int, int, int, int, int]
+    sizes: tuple[int, ...]  # vocab_size, num_tiles, num_full_tiles, tiles_per_program, num_splits
     #: the constexprs and compile options of an eager call (a split row's last program finishes it), of a
     #: call under graph capture (a second kernel, ``_gumbel_reduce_kernel``, does) and of that second kernel
     eager: dict
@@ -214,12 +209,6 @@ def _check_structure(logits, mapping, temperature, seed, pos, cache, col, source
         raise ValueError("logits has an empty vocabulary (vocab_size 0)")
     if logits.stride(1) != 1:
         raise ValueError(f"logits rows must be contiguous (last stride 1), got strides {logits.stride()}")
-    dtype = mapping.dtype if isinstance(mapping, torch.Tensor) else None
-    if dtype is not None and dtype not in INDEX_DTYPES and (dtype.is_floating_point or not dtype.is_signed):
-        raise TypeError(
-            "expanded_idx_mapping must be int32 or int64 (signed: padding rows hold -1, which an unsigned "
-            f"or floating type would turn into a huge index or a fraction); got {dtype}"
-        )
     check_vector("expanded_idx_mapping", mapping, INDEX_DTYPES, logits.shape[0], contiguous=True)
     check_vector("temperature", temperature, (torch.float32,), contiguous=True)
     check_vector("seed", seed, (torch.int64,), contiguous=True)

@@ -87,8 +87,7 @@ class DraftProposal:
     draft_tokens: torch.Tensor  # [num_reqs, k] int64
     batch: BatchDescriptor
     ran: str  # "cuda graph replay", "eager (padded size)" or "eager (exact size)"
-    #: (padded row, req_state_idx) for every padded row whose idx_mapping entry is a real slot, i.e. a
-    #: row whose sampling will write draft_logits[req_state_idx]; filled only when ``trace=True``.
+    #: (padded row, req_state_idx) of each padded row that will write draft_logits; only with ``trace=True``
     padded_writes: list[tuple[int, int]] = field(default_factory=list)
 
 
