@@ -126,13 +126,6 @@ def plan_gumbel(s, timer) -> list[Job]:
     ]
 
 
-def _peer_goals(ours, s) -> list[dict]:
-    key = vllm.speedup_key(vllm.GOAL_PEER)
-    judged = [r for r in ours if key in r["metrics"] and r["params"]["vocab"] in GOAL_VOCABS]
-    many = {True: "gpu_vs_peer_many", False: "gpu_vs_peer"}
-    return [vllm.vs_peer(many[r["params"]["rows"] >= GOAL_MANY_ROWS], r, s, shape_label) for r in judged]
-
-
 def _rate_goals(results, s) -> list[dict]:
     """Goal 3, with vLLM's rate at the same shape beside the path it has (temperature applied before)."""
     cases = [
@@ -150,11 +143,9 @@ def _rate_goals(results, s) -> list[dict]:
 
 
 def _never_falls(ours, s) -> list[dict]:
-    series: dict[tuple, list[dict]] = {}
-    for r in ours:
-        series.setdefault((r["params"]["vocab"], r["params"]["dtype"]), []).append(r)
+    """``ours`` sorted by vocab, dtype and rows: each series' worst step from one row count to the next."""
     goals = []
-    for (vocab, dname), rs in series.items():
+    for (vocab, dname), rs in itertools.groupby(ours, lambda r: (r["params"]["vocab"], r["params"]["dtype"])):
         steps = [(b["median_us"] / a["median_us"], a, b) for a, b in itertools.pairwise(rs)]
         if not steps:
             continue
@@ -172,16 +163,20 @@ def goals_gumbel(results, s):
         find(results, "gumbel", JUDGED),
         key=lambda r: (r["params"]["vocab"], r["params"]["dtype"], r["params"]["rows"]),
     )
+    key = vllm.speedup_key(vllm.GOAL_PEER)
+    judged = [r for r in ours if key in r["metrics"] and r["params"]["vocab"] in GOAL_VOCABS]
+    many = {True: "gpu_vs_peer_many", False: "gpu_vs_peer"}
+    peer = [vllm.vs_peer(many[r["params"]["rows"] >= GOAL_MANY_ROWS], r, s, shape_label) for r in judged]
     speedups = []
     for dname in DTYPES:
         mine = find(results, "gumbel", JUDGED, rows=256, vocab=151_936, dtype=dname)
         ref = find(results, "gumbel", "torch_softmax_multinomial", rows=256, vocab=151_936, dtype=dname)
         if mine and ref:
             speedups.append((ref[0]["median_us"] / mine[0]["median_us"], dname))
-    worst = min(speedups, default=None)
-    multinomial = goal("vs_multinomial", worst and worst[0], s, worst and f"worst in {worst[1]}" or "")
+    slowest, dname = min(speedups, default=(None, None))
+    multinomial = goal("vs_multinomial", slowest, s, f"worst in {dname}" if dname else "")
     b2b = vllm.goals_beside("back_to_back", results, s, "gumbel", JUDGED, "gumbel_sample", shape_label)
-    return _peer_goals(ours, s) + b2b + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
+    return peer + b2b + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
 
 
 # ---- inside a CUDA graph

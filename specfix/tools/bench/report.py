@@ -102,13 +102,6 @@ GOALS: dict[str, Goal] = {row[0]: Goal(*row[1:]) for row in [
 # fmt: on
 
 
-def _margin(measured: float, spec: Goal) -> str:
-    if spec.target == 0:
-        return f"{measured - spec.target:+g} {spec.unit} vs target"
-    rel = measured / spec.target - 1 if spec.higher_is_better else 1 - measured / spec.target
-    return f"{'+' if rel >= 0 else ''}{rel * 100:.1f}% vs target"
-
-
 def goal(
     goal_id: str, measured, settings, detail: str = "", case: str | None = None, vllm=None, **fmt
 ) -> dict:
@@ -133,8 +126,13 @@ def goal(
         out["status"], out["margin"] = "n/a", "CPU smoke run: not judged"
     else:
         ok = measured >= spec.target if spec.higher_is_better else measured <= spec.target
+        if spec.target == 0:  # no relative margin: the excess, in the unit
+            margin = f"{measured:+g} {spec.unit}"
+        else:
+            rel = measured / spec.target - 1 if spec.higher_is_better else 1 - measured / spec.target
+            margin = f"{rel:+.1%}"
         out["status"] = "pass" if ok else "miss"
-        out["margin"] = _margin(measured, spec) + (f"; {detail}" if detail else "")
+        out["margin"] = f"{margin} vs target" + (f"; {detail}" if detail else "")
     return out
 
 

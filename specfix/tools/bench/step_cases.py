@@ -122,13 +122,13 @@ class Drafter:
         """A whole drafting step: request inputs copied in, k draft steps; returns the drafts."""
         return self.spec.propose(b, *self._requests(b)).draft_tokens
 
-    def eager_step(self, b: int):
+    def draft(self, b: int, graph: bool, padded: int):
+        """k draft steps over rows 0..b-1: eager, or (``graph``) the graph captured for ``padded`` replays."""
         self.spec.context_ids.copy_(self.context)  # a step feeds its drafts back: reset, so all draft alike
-        self.spec._draft_step(b)
-
-    def replay(self, padded: int):
-        self.spec.context_ids.copy_(self.context)
-        self.spec.graphs.replay(padded)
+        if graph:
+            self.spec.graphs.replay(padded)
+        else:
+            self.spec._draft_step(b)
 
 
 def replays_eager(step, s) -> float | None:
@@ -161,9 +161,7 @@ def plan_drafter_graph(s, timer) -> list[Job]:
         out = []
         for b in batches:
             padded = d.live(b)
-            t = timer.time_throughput(
-                functools.partial(d.replay, padded) if graph else functools.partial(d.eager_step, b)
-            )
+            t = timer.time_throughput(functools.partial(d.draft, b, graph, padded))
             if not graph:
                 d.eager_us[b] = statistics.median(t)
             propose = functools.partial(d.propose, b)
