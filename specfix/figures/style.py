@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 import textwrap
 
 import matplotlib as mpl
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import colors
 from matplotlib.patches import Patch
@@ -80,7 +80,8 @@ def watch_figures() -> bool:
 
 
 def _fail_on_undisplayed(result) -> None:
-    if "inline" not in mpl.get_backend():
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or "inline" not in mpl.get_backend():
         return
     left = plt.get_fignums()
     if not left:
@@ -107,6 +108,8 @@ def caption(fig, text: str) -> None:
 def figure(text: str, height: float, *shape, width: float = WIDTH_IN, close: bool = False, **kwargs):
     """``plt.subplots(*shape)`` drawn inside :func:`apply`, then ``text`` captioned under it; ``close``:
     closed in pyplot, so a notebook shows it once, as the cell's value."""
+    import matplotlib.pyplot as plt  # on first use: importing specfix (figure checks on) loads no pyplot
+
     with apply():
         fig, axes = plt.subplots(*shape, figsize=(width, height), **kwargs)
         yield fig, axes
