@@ -133,10 +133,8 @@ class Checker:
         except _Stop:
             verdict.checked = True
         except _Bypass as called:
-            message = (
-                f"your answer calls specfix's own {called}: that is what this exercise asks you to work out."
-            )
-            verdict.hints.append(("bypass", message))
+            work_out = "that is what this exercise asks you to work out"
+            verdict.hints.append(("bypass", f"your answer calls specfix's own {called}: {work_out}."))
             verdict.checked = True
         except NotImplementedError:
             verdict.hints.append(("todo", self.todo))

@@ -320,10 +320,8 @@ def check_find_stale_row(answer, verdict):
         (row, slot), truth = found, _culprits(mystery)
         n, idx = len(mystery.batch), mystery.spec.idx_mapping.tolist()
         verdict.require((slot, row) not in truth or (row, slot) in truth, "swapped")
-        live = 0 <= row < n
-        verdict.require(
-            not live, "live_row", f"(row {row} holds request {mystery.batch[row]})" if live else ""
-        )
+        if 0 <= row < n:
+            verdict.require(False, "live_row", f"(row {row} holds request {mystery.batch[row]})")
         padded = mystery.spec.dispatcher.dispatch(n).num_reqs_padded
         verdict.require(n <= row < padded, "beyond_graph", f"(the graph has {padded} rows)")
         verdict.require(idx[row] == slot, "not_there", f"(row {row} holds {idx[row]})")
