@@ -152,7 +152,6 @@ def output_distribution(dists: dict[str, dict]):
 
 def padded_writes_text(state: BufferState) -> str:
     """Which padded rows of an unfixed step write where: one bullet per stale write."""
-
     where = lambda name: f"live at row {state.batch.index(name)}" if name in state.batch else "live, waiting"
     lines = [
         f"- padded row {w.row} still holds **{w.slot}** (source: {w.origin}); "
