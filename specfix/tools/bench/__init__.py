@@ -22,11 +22,10 @@ from specfix.timing import Settings, Timer, capture_graph  # noqa: F401
 from specfix.tools import recorded
 from specfix.tools.bench import gumbel_cases as gc
 from specfix.tools.bench import rejection_cases as rc
-from specfix.tools.bench import report as report_module
 from specfix.tools.bench import step_cases as sc
 from specfix.tools.bench.gumbel_cases import JUDGED, OURS  # noqa: F401  (the names chapters and scripts use)
 from specfix.tools.bench.peer import GOAL_PEER, load_peer, peer_impl, speedup_key  # noqa: F401
-from specfix.tools.bench.report import Case, Unavailable, frame, render, result, validate, write_json  # noqa: F401
+from specfix.tools.bench.report import SCHEMA, Case, Unavailable, frame, render, result, validate, write_json  # noqa: F401
 
 CPU_NOTE = (
     "CPU smoke run: Triton kernels ran in the interpreter and GPU work on the CPU. These timings mean "
@@ -133,7 +132,7 @@ def run(
     settings, names = _settings(device, scale, only, peer)
     started = time.perf_counter()
     report = {
-        "schema": report_module.SCHEMA,
+        "schema": SCHEMA,
         "meta": {**recorded.gpu_meta("bench_h200"), "scale": scale},
         "config": {"device": settings.device.type, "scale": scale, "cases": names},
         "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,

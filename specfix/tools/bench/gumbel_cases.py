@@ -60,9 +60,6 @@ def torch_gumbel_max(logits: torch.Tensor) -> torch.Tensor:
     return (logits.float() - noise).argmax(dim=-1)
 
 
-# ---- ceilings
-
-
 def plan_ceilings(s, timer) -> list[Job]:
     copy_elems = s.pick(cpu=2**20, ci=2**26, full=2**28)
     rows, vocab = s.pick(cpu=(8, 4096), ci=(256, 248_320), full=(1024, 248_320))
@@ -83,9 +80,6 @@ def plan_ceilings(s, timer) -> list[Job]:
         return [result("ceilings", "argmax_read", params, t, TB_per_s=rate)]
 
     return [Job("copy bandwidth", copy), Job("fp32 argmax read bandwidth", argmax)]
-
-
-# ---- gumbel_sample eager
 
 
 def _gumbel_shape(s, timer, rows: int, vocab: int, dname: str) -> list[dict]:
@@ -179,9 +173,6 @@ def goals_gumbel(results, s):
     return peer + b2b + _rate_goals(results, s) + _never_falls(ours, s) + [multinomial]
 
 
-# ---- inside a CUDA graph
-
-
 def plan_gumbel_graph(s, timer) -> list[Job]:
     vocabs = s.pick(cpu=(4096,), ci=(248_320,), full=(151_936, 248_320))
     rows_list = s.pick(cpu=(1,), ci=(1,), full=(1, 8, 64))
@@ -212,9 +203,6 @@ def goals_gumbel_graph(results, s):
     return goals + [vllm.vs_peer("graph_vs_peer", r, s, shape_label, invert=True) for r in judged]
 
 
-# ---- host cost per call (goal 1)
-
-
 def plan_gumbel_host(s, timer) -> list[Job]:
     shapes = s.pick(
         cpu=((1, 4096),),
@@ -235,9 +223,6 @@ def plan_gumbel_host(s, timer) -> list[Job]:
 
 def goals_gumbel_host(results, s):
     return vllm.goals_beside("host_cost", results, s, "gumbel_host", JUDGED, "gumbel_sample", shape_label)
-
-
-# ---- the mask's cost (goal 5)
 
 
 def plan_gumbel_mask(s, timer) -> list[Job]:

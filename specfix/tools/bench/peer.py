@@ -30,7 +30,6 @@ def _version_key(version: str) -> tuple[int, ...]:
 class Peer:
     """The imported modules: ``gumbel`` and ``rejection`` map a version ("0.33.0") to vLLM's module."""
 
-    path: str
     gumbel: dict[str, object]
     rejection: dict[str, object]
 
@@ -58,7 +57,7 @@ def load_peer(path: str | Path) -> Peer:
         for f in files:
             version = f.stem.removeprefix(f"vllm_{kind}_").replace("_", ".")
             modules[kind][version] = load_vllm_sampler(version, folder, kind=kind)
-    return Peer(str(folder), modules["gumbel"], modules["rejection"])
+    return Peer(modules["gumbel"], modules["rejection"])
 
 
 #: The first vLLM release whose random rejection kernel rejects a ``-1`` draft outright (PR #46533). Before

@@ -186,9 +186,6 @@ def goals_rejection(results, s):
     return goals + _sync_goals(results, s) + _peer_goals(results, s)
 
 
-# ---- host cost per call (goal 1)
-
-
 def plan_rejection_host(s, timer) -> list[Job]:
     batches = s.pick(cpu=(1,), ci=(1, 8), full=(1, 8, 64))
     k, vocab = 3, s.pick(cpu=512, ci=151_936, full=151_936)

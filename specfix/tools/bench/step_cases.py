@@ -17,8 +17,6 @@ from specfix.timing import capture_graph
 from specfix.tools.bench.report import Job, find, goal, result, worst
 from specfix.tools.syncs import count_host_syncs
 
-# ---- chapter 2's placeholder fixes
-
 
 def plan_placeholder_fixes(s, timer) -> list[Job]:
     token_counts = s.pick(cpu=(256,), ci=(256, 8192), full=(256, 2048, 8192))
@@ -46,9 +44,6 @@ def plan_placeholder_fixes(s, timer) -> list[Job]:
 def goals_placeholder_fixes(results, s):
     syncs, _ = worst(find(results, "placeholder_fixes", "clamp"), "host_syncs_per_step")
     return [goal("clamp_syncs", syncs, s)]
-
-
-# ---- chapter 3's drafter step and the DFlash step
 
 
 class StandInDrafter(torch.nn.Module):
