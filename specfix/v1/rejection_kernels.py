@@ -96,7 +96,7 @@ def rejection_greedy_sample(
     if not _use_triton(backend, output_token_ids.device):
         accepted = draft_token_ids.long() == target_argmax.long()
         _write_rows(
-            output_token_ids, cu_num_draft_tokens, accepted, target_argmax, bonus_token_ids, is_greedy, True
+            output_token_ids, cu_num_draft_tokens, accepted, target_argmax, bonus_token_ids, is_greedy
         )
         return
     launch(
@@ -227,9 +227,8 @@ def rejection_random_sample(
             ratio = p / torch.where(q > 0, q, torch.ones_like(q))
             accepted = readable & (q > 0) & (ratio.double() >= uniform_probs)
         emitted = torch.where(accepted, draft, recovered_token_ids.long())
-        _write_rows(
-            output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, is_greedy, False
-        )
+        rows = None if is_greedy is None else ~is_greedy.bool()
+        _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, rows)
         return
     num_splits = 1 if recovered_token_ids.dim() == 1 else recovered_token_ids.shape[1]
     target_probs = _as(target_probs, torch.float32)
@@ -259,13 +258,13 @@ def rejection_random_sample(
 # The torch twins' parts: vectorised restatements of the kernels, tied to them bit for bit by the tests.
 
 
-def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, is_greedy, greedy):
-    """Each of the sampler's rows (``is_greedy`` None: every row) whole, as the kernels write it: its
+def _write_rows(output_token_ids, cu_num_draft_tokens, accepted, emitted, bonus_token_ids, rows) -> None:
+    """Each of the sampler's ``rows`` (a bool mask; None: every row) whole, as the kernels write it: its
     tokens up to its first rejection (``emitted``) included, the bonus when none is rejected, then -1."""
-    if is_greedy is None:
+    if rows is None:
         active = torch.ones(output_token_ids.shape[0], dtype=torch.bool, device=output_token_ids.device)
     else:
-        active = is_greedy.bool() if greedy else ~is_greedy.bool()
+        active = rows.bool()
     cu = cu_num_draft_tokens.long()
     num_draft = torch.diff(cu, prepend=cu.new_zeros(1))
     num_tokens = accepted.numel()
