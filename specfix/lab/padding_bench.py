@@ -60,14 +60,8 @@ def make_requests(
     requests = []
     for i in range(num_requests):
         words = rng.choice(sentences).split()[: rng.randint(3, 6)]
-        requests.append(
-            BenchRequest(
-                i,
-                tuple(tok.encode(" ".join(words))),
-                rng.randint(*max_tokens),
-                rng.randrange(2**31),
-            )
-        )
+        prompt = tuple(tok.encode(" ".join(words)))
+        requests.append(BenchRequest(i, prompt, rng.randint(*max_tokens), rng.randrange(2**31)))
     return requests
 
 

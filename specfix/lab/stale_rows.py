@@ -166,11 +166,7 @@ class StaleRowScenario:
     Each request gets its own context, so a padded row's logits differ from its victim's."""
 
     def __init__(
-        self,
-        *,
-        fixes: Fixes | None = None,
-        max_num_reqs: int = 16,
-        device: torch.device | str | None = None,
+        self, *, fixes: Fixes | None = None, max_num_reqs: int = 16, device: torch.device | str | None = None
     ):
         self.device = torch.device(device or runtime.DEVICE)
         self.fixes = fixes or Fixes()
