@@ -136,10 +136,7 @@ def run(
         "meta": {**recorded.gpu_meta("bench_h200"), "scale": scale},
         "config": {"device": settings.device.type, "scale": scale, "cases": names},
         "timing_note": CUDA_NOTE if settings.cuda else CPU_NOTE,
-        "results": [],
-        "goals": [],
-        "unavailable": [],
-        "errors": [],
+        **{key: [] for key in ("results", "goals", "unavailable", "errors")},
     }
     if peer is not None and settings.peer is None:
         why = "vLLM's kernels were not timed: they need a GPU (they call libdevice, the interpreter lacks it)"

@@ -185,11 +185,8 @@ def plan_gumbel_graph(s, timer) -> list[Job]:
             params = {"vocab": vocab, "rows": rows, "dtype": "fp32", "calls_per_graph": calls}
             impls = _impls(s, inp, OURS)
             impls["torch_gumbel_max"] = functools.partial(torch_gumbel_max, inp["logits"])
-            shape = [
-                result("gumbel_graph", impl, params, timer.time_in_graph(call, calls))
-                for impl, call in impls.items()
-            ]
-            out += vllm.speedups(shape, OURS)
+            timed = {impl: timer.time_in_graph(call, calls) for impl, call in impls.items()}
+            out += vllm.speedups([result("gumbel_graph", i, params, t) for i, t in timed.items()], OURS)
         return out
 
     return [Job(f"gumbel_sample in a CUDA graph, vocab {v:,}", functools.partial(run, v)) for v in vocabs]
@@ -212,9 +209,8 @@ def plan_gumbel_host(s, timer) -> list[Job]:
 
     def run(rows: int, vocab: int) -> list[dict]:
         impls = _impls(s, _batch(s, rows, vocab), {JUDGED: OURS[JUDGED]})
-        return vllm.host_beside(
-            timer, s, "gumbel_host", {"rows": rows, "vocab": vocab, "dtype": "fp32"}, impls
-        )
+        params = {"rows": rows, "vocab": vocab, "dtype": "fp32"}
+        return vllm.host_beside(timer, s, "gumbel_host", params, impls)
 
     return [
         Job(f"gumbel_sample host cost per call, {r} x {v:,}", functools.partial(run, r, v)) for r, v in shapes

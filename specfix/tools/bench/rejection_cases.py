@@ -35,19 +35,16 @@ class Step:
 
     def __post_init__(self):
         gen = torch.Generator(device=self.device).manual_seed(self.batch * 31 + self.k)
-        drafts = torch.randint(0, self.vocab, (self.batch, self.k), generator=gen, device=self.device)
+        drawn = {"generator": gen, "device": self.device}
+        drafts = torch.randint(0, self.vocab, (self.batch, self.k), **drawn)
         drafts[::4, -1] = -1  # every fourth request left a slot empty
         self.metadata = SpecDecodeMetadata.make_dummy(drafts.tolist(), device=self.device)
-        rows = self.batch * (self.k + 1)
-        self.logits = torch.randn(rows, self.vocab, generator=gen, device=self.device).mul_(3)
+        self.logits = torch.randn(self.batch * (self.k + 1), self.vocab, **drawn).mul_(3)
         self.target = self.logits[self.metadata.target_logits_indices.long()]  # temperature 1: scaled
-        self.bonus = torch.randint(
-            0, self.vocab, (self.batch,), dtype=torch.int32, generator=gen, device=self.device
-        )
+        self.bonus = torch.randint(0, self.vocab, (self.batch,), dtype=torch.int32, **drawn)
         self.q = None
         if self.mode == "random":
-            draft_logits = torch.randn(self.batch * self.k, self.vocab, generator=gen, device=self.device)
-            self.q = torch.softmax(draft_logits, dim=-1)
+            self.q = torch.softmax(torch.randn(self.batch * self.k, self.vocab, **drawn), dim=-1)
         self.sampler = rs.RejectionSampler(backend="triton")
 
     @property
