@@ -205,12 +205,10 @@ def frame(report: dict, case: str):
     """One case's results as a DataFrame: impl, one column per param, the times, one column per metric."""
     import pandas as pd
 
-    rows = [
-        {"impl": r["impl"], **r["params"], **{k: r[k] for k in TIME_FIELDS}, **r["metrics"]}
-        for r in report["results"]
-        if r["case"] == case
-    ]
-    return pd.DataFrame(rows)
+    rows = find(report["results"], case)
+    return pd.DataFrame(
+        [{"impl": r["impl"], **r["params"], **{k: r[k] for k in TIME_FIELDS}, **r["metrics"]} for r in rows]
+    )
 
 
 def _goal_line(g: dict) -> str:
