@@ -54,7 +54,7 @@ def test_an_unsolved_stub_says_what_to_do_and_does_not_raise(exercise):
 
 
 def test_a_hint_shows_its_names_as_code_not_as_backticks():
-    verdict = core.Verdict("chX.toy", [("slip", "read `idx_mapping` by slot, not <row>")], checked=True)
+    verdict = core.Verdict("chX.toy", [("slip", "read `idx_mapping` by slot, not <row>")])
     shown = verdict._repr_html_()
     assert "<code>idx_mapping</code>" in shown and "`" not in shown and "&lt;row&gt;" in shown
 

@@ -46,11 +46,10 @@ class Verdict:
 
     exercise: str
     hints: list[tuple[str, str]] = field(default_factory=list)
-    checked: bool = False
 
     @property
     def solved(self) -> bool:
-        return self.checked and not self.hints
+        return not self.hints
 
     @property
     def hint_ids(self) -> list[str]:
@@ -129,13 +128,11 @@ class Checker:
             if answer is None or answer is Ellipsis:
                 raise NotImplementedError
             self.body(self._guarded(answer), verdict)
-            verdict.checked = True
         except _Stop:
-            verdict.checked = True
+            pass  # its hint is recorded
         except _Bypass as called:
             work_out = "that is what this exercise asks you to work out"
             verdict.hints.append(("bypass", f"your answer calls specfix's own {called}: {work_out}."))
-            verdict.checked = True
         except NotImplementedError:
             verdict.hints.append(("todo", self.todo))
         except Exception as error:  # the reader's code failed: that is feedback, not a crash

@@ -185,8 +185,7 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
     last = max((i for i, _ in writes), default=-1)
     for i, w in writes:
         if w.victim is None:  # a free slot: whoever held it has finished
-            gone = {n for e in events[:i] if e.startswith("finish") for n in e.split()[1]}
-            kinds["finished"] |= {n for n in gone if _slots(events[:i])[n] == w.slot}
+            kinds["finished"] |= {n for n, slot in _freed(events[:i]).items() if slot == w.slot}
             continue
         if w.victim in events[i].split()[1]:
             kind = "in_batch"  # its own row writes the slot too: a race on a GPU
@@ -202,16 +201,16 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
     return kinds
 
 
-def _slots(events) -> dict[str, int]:
-    """Each request's slot (the last it held, if it finished): a newcomer takes the lowest free one."""
-    live, held = {}, {}
+def _freed(events) -> dict[str, int]:
+    """The slot each finished request of ``events`` held last (a newcomer takes the lowest free one)."""
+    live, freed = {}, {}
     for verb, names in map(str.split, events):
         for n in names:
             if verb == "finish":
-                del live[n]
+                freed[n] = live.pop(n)
             elif n not in live:
-                live[n] = held[n] = min(set(range(26)) - set(live.values()))
-    return held
+                live[n] = min(set(range(26)) - set(live.values()))
+    return freed
 
 
 @checker(

@@ -241,8 +241,7 @@ def check_guard_positions(answer, verdict):
     for positions, cu, req_ids in _position_cases():
         got = answer(list(positions), list(cu), list(req_ids))
         truth = [bisect.bisect_right(cu, p) for p in positions]  # the first request ending past p
-        ints = as_int_list(got)
-        verdict.require(ints != truth, "indices")
+        verdict.require(as_int_list(got) != truth, "indices")
         ok = isinstance(got, (list, tuple)) and len(got) == len(positions) and all(g in req_ids for g in got)
         verdict.require(ok, "format", f"(you returned {got!r})")
         got = [req_ids.index(g) for g in got]
