@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pandas as pd
 import torch
 
 from specfix.exercises.core import as_int, as_int_list, checker, value_of
@@ -70,8 +71,6 @@ def _metadata_truth() -> dict[str, list[int]]:
 
 def metadata_table():
     """The ``ch1.metadata`` batch as the reader sees it: one row per request, in batch order."""
-    import pandas as pd
-
     scheduled = metadata_scheduler_output().num_scheduled_tokens
     columns = ["prompt tokens", "already computed", "num_scheduled_tokens", "scheduled_spec_decode_tokens"]
     rows = {r: (len(prompt), computed, scheduled[r], d) for r, prompt, computed, d in METADATA_BATCH}
@@ -225,8 +224,6 @@ def zero_batch_continuations(num_words: int = 3) -> list[list[str]]:
 
 def zero_batch_table():
     """The ``ch1.zero_accepts`` batch: each prompt and the words plain greedy decoding writes next."""
-    import pandas as pd
-
     words = [" ".join(w) for w in zero_batch_continuations()]
     return pd.DataFrame(
         {"prompt": list(ZERO_BATCH), "plain greedy decoding continues": words},
@@ -420,7 +417,6 @@ def step_with_clamp_at(point: str) -> StepTrace:
     """One greedy step of a P/D decode ("pd", padded with -1) beside a fresh prompt, clamped at ``point``."""
     if point not in CLAMP_POINTS:
         raise ValueError(f"point must be one of {CLAMP_POINTS}, got {point!r}")
-
     engine = LLMEngine(
         num_speculative_tokens=3,
         device="cpu",
