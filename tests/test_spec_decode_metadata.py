@@ -106,3 +106,19 @@ def test_negative_draft_count_and_empty_batch_are_refused():
         SpecDecodeMetadata.make_dummy([[1.5]])
     with pytest.raises(ValueError, match=r"token ids or -1 \(a placeholder\), got \[3, -2\]"):
         SpecDecodeMetadata.make_dummy([[3], [-2]])
+
+
+def test_a_field_set_after_building_is_checked_as_when_built():
+    """RejectionSampler.forward trusts the checks made at build time, so a later change cannot bypass them:
+    a 2-column max_spec_len for k = 3 drafts would make the kernel write the bonus past its table."""
+    md = SpecDecodeMetadata.make_dummy([[5, 6, 7], [8]])
+    for name in ("max_spec_len", "num_draft_tokens"):
+        with pytest.raises(AttributeError, match=name):
+            setattr(md, name, 1)
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        md.draft_token_ids = torch.tensor([5, 6, 7, 8, 9], dtype=torch.int32)  # 5 entries for 4 drafts
+    with pytest.raises(ValueError, match="cu_num_draft_tokens"):
+        md.cu_num_draft_tokens = torch.tensor([3], dtype=torch.int32)  # one entry for two requests
+    assert md.max_spec_len == 3 and md.draft_token_ids.tolist() == [5, 6, 7, 8]  # nothing half-updated
+    md.draft_token_ids = torch.tensor([1, 2, 3, 4], dtype=torch.int32)  # the right length is accepted
+    assert md.draft_token_ids.tolist() == [1, 2, 3, 4]

@@ -308,7 +308,8 @@ def generate_uniform_probs(
     num_tokens: int, num_draft_tokens: list[int], generators: dict[int, torch.Generator], device
 ) -> torch.Tensor:
     """One U[0,1) float64 per draft token (float32 returns exactly 0.0 too often); a seeded request's
-    slice is redrawn from its own generator, so it does not depend on the rest of the batch."""
+    slice is redrawn from its own generator, so it does not depend on the rest of the batch.
+    ``generators``' keys must be batch indices (the callers check them)."""
     uniform_probs = torch.rand(num_tokens, dtype=torch.float64, device=device)
     if generators:
         starts = [0, *itertools.accumulate(num_draft_tokens)]

@@ -14,6 +14,16 @@ import torch
 from specfix.checks import check_id_tensor, is_int
 from specfix.v1 import device_checks
 
+#: each tensor field's length, from (batch B, total drafts sum k_i)
+_LENGTH_BY_FIELD = {
+    "draft_token_ids": lambda batch, total: total,
+    "cu_num_draft_tokens": lambda batch, total: batch,
+    "cu_num_sampled_tokens": lambda batch, total: batch,
+    "target_logits_indices": lambda batch, total: total,
+    "bonus_logits_indices": lambda batch, total: batch,
+    "logits_indices": lambda batch, total: total + batch,
+}
+
 
 @dataclass
 class SpecDecodeMetadata:
@@ -36,13 +46,8 @@ class SpecDecodeMetadata:
             raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
         if min(k) < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {list(k)}")
-        batch, total = len(k), sum(k)
-        check_id_tensor("draft_token_ids", self.draft_token_ids, total)
-        check_id_tensor("cu_num_draft_tokens", self.cu_num_draft_tokens, batch)
-        check_id_tensor("cu_num_sampled_tokens", self.cu_num_sampled_tokens, batch)
-        check_id_tensor("target_logits_indices", self.target_logits_indices, total)
-        check_id_tensor("bonus_logits_indices", self.bonus_logits_indices, batch)
-        check_id_tensor("logits_indices", self.logits_indices, total + batch)
+        for name, length in _LENGTH_BY_FIELD.items():
+            check_id_tensor(name, getattr(self, name), length(len(k), sum(k)))
         self.num_draft_tokens = list(k)
         self.max_spec_len = max(k, default=0)
         if not device_checks.wanted(self.cu_num_draft_tokens, self.cu_num_sampled_tokens):
@@ -63,6 +68,17 @@ class SpecDecodeMetadata:
                 "cu_num_sampled_tokens must be the inclusive cumsum of num_draft_tokens + 1 "
                 f"{expected_cu_sampled}, got {got_cu_sampled}"
             )
+
+    def __setattr__(self, name: str, value) -> None:
+        # RejectionSampler.forward trusts what was checked when the metadata was built (no re-check per step),
+        # so a field set later is checked here, as __post_init__ checks it; the counts stay as built
+        if "max_spec_len" in self.__dict__:
+            if name in ("num_draft_tokens", "max_spec_len"):
+                raise AttributeError(f"{name} is fixed when the metadata is built: build a new one instead")
+            if name in _LENGTH_BY_FIELD:
+                k = self.num_draft_tokens
+                check_id_tensor(name, value, _LENGTH_BY_FIELD[name](len(k), sum(k)))
+        super().__setattr__(name, value)
 
     @property
     def batch_size(self) -> int:
