@@ -74,6 +74,10 @@ def test_lazy_answers_are_refused_with_a_hint(exercise):
 READ_OFF = [
     ("ch3.find_stale_row", lambda mystery: (5, 2)),  # the notebook's mystery, read off its print
     ("ch3.find_stale_row", lambda m: (len(m.batch), m.spec.idx_mapping[len(m.batch)].item())),  # first pad
+    (  # replays the step on the puzzle itself and reads the victim off its report
+        "ch3.find_stale_row",
+        lambda m: next((w.row, w.slot) for w in m.play([f"step {m.batch}"]).writes if w.victim is not None),
+    ),
     ("ch3.stale_victims", set()),
     ("ch1.emitted", lambda drafts, choices: choices),
     ("ch2.guard_positions", lambda positions, cu, req_ids: ["0", "0", "0", "2", "2", "2"]),  # the demo's
@@ -230,9 +234,8 @@ def test_find_stale_row_hidden_cases_cover_the_traps():
     for case in cases:
         mystery = ch3.mystery_batch(*case)
         assert ch3._culprits(mystery), case
-        assert sorted(mystery.batch) == sorted(mystery.states.req_id_to_index), (
-            case
-        )  # every live request runs
+        # every live request runs
+        assert sorted(mystery.batch) == sorted(mystery.states.req_id_to_index), case
     assert ch3.check_find_stale_row(sol3.find_stale_row).solved
 
 

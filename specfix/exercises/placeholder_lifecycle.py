@@ -183,7 +183,7 @@ def check_draft_ids(answer, verdict):
         verdict.require(got is not None, "format", f"(you returned {type(returned).__name__})")
         input_ids.clamp_(min=0)  # what _preprocess does next, in place: a view of input_ids loses its -1
         seen.append((got, as_int_list(returned), metadata, before, int(cu_num_scheduled[-1])))
-    verdict.require(any(g != seen[0][0] for g, *_ in seen), "constant")  # every step's draft ids differ
+    verdict.require(any(g != seen[0][0] for g, *_ in seen), "constant")  # the steps' ids are not all one
     for got, after, metadata, before, num_tokens in seen:
         want = metadata.draft_token_ids.tolist()
         said = f"(a step with num_draft_tokens {metadata.num_draft_tokens}: you returned {got})"
