@@ -478,3 +478,20 @@ def test_small_batch_goals_of_the_recording_match_its_goal_list():
         assert dots == len(judged_goals)
     finally:
         plt.close(fig)
+
+
+def test_host_spread_pairs_each_call_with_vllms_same_call_at_its_shape():
+    table = perf.host_spread(H200)
+    hosts = [r for r in H200["results"] if r["case"] in ("gumbel_host", "rejection_host")]
+    ours = [r for r in hosts if r["impl"].startswith("specfix")]
+    assert len(table) == len(ours) == 10
+    row = table[(table.call == "rejection_sample") & (table["shape"] == "batch 64, k 3, vocab 151,936")].iloc[
+        0
+    ]
+    mine = next(r for r in ours if r["impl"] == "specfix_rejection_sample" and r["params"]["batch"] == 64)
+    vllm = next(
+        r for r in hosts if r["impl"] == "vllm_0.33.0_rejection_sample" and r["params"]["batch"] == 64
+    )
+    assert row["specfix us"] == f"{mine['median_us']:,.0f} ({mine['p20_us']:,.0f}..{mine['p80_us']:,.0f})"
+    assert row["vLLM 0.33.0 us"] == f"{vllm['median_us']:,.0f} ({vllm['p20_us']:,.0f}..{vllm['p80_us']:,.0f})"
+    assert row["ratio"] == round(mine["median_us"] / vllm["median_us"], 2)

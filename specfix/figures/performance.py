@@ -13,6 +13,7 @@ import pandas as pd
 
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
+from specfix.tools.bench.rejection_cases import NAMES
 
 #: Bytes per logit of each dtype the bench measures.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -415,6 +416,35 @@ def small_batch_text(report: dict) -> str:
         missed = collections.Counter(goal_family(g) for g in goals if g["status"] == "miss")
         lines += [f"  - *{family}*: {n} of {judged[family]} shapes miss" for family, n in missed.items()]
     return "\n".join(lines)
+
+
+def host_spread(report: dict) -> pd.DataFrame:
+    """Goal 1's shapes: the host's cost per call of specfix and of vLLM's same call, each its samples' median
+    with p20..p80, and the ratio of the medians, which is what the goal judges."""
+    peer, ratio, rows = (
+        bench.peer_impl(bench.GOAL_PEER),
+        f"host_ratio_vs_{bench.peer_impl(bench.GOAL_PEER)}",
+        [],
+    )
+    spread = lambda r: f"{r.median_us:,.0f} ({r.p20_us:,.0f}..{r.p80_us:,.0f})"
+    for case in ("gumbel_host", "rejection_host"):
+        f = bench.frame(report, case)
+        if ratio not in f:
+            continue
+        shape = [c for c in ("rows", "batch", "k", "vocab") if c in f]
+        for _, ours in f[f[ratio].notna()].iterrows():
+            call = NAMES.get(ours.impl, "gumbel_sample")  # the rejection case names vLLM's rows by the call
+            theirs = f[(f[shape] == ours[shape]).all(axis=1) & f.impl.isin([peer, f"{peer}_{call}"])].iloc[0]
+            rows.append(
+                {
+                    "call": call,
+                    "shape": ", ".join(f"{c} {ours[c]:,}" for c in shape),
+                    "specfix us": spread(ours),
+                    f"vLLM {bench.GOAL_PEER} us": spread(theirs),
+                    "ratio": round(ours[ratio], 2),
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def host_text(report: dict) -> str:
