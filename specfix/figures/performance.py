@@ -14,6 +14,7 @@ import pandas as pd
 from specfix.lab.placeholder_fixes import FIXES, LABELS
 from specfix.tools import bench, recorded
 from specfix.tools.bench.rejection_cases import NAMES
+from specfix.tools.bench.report import find
 
 #: Bytes per logit of each dtype the bench measures.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -421,27 +422,23 @@ def small_batch_text(report: dict) -> str:
 def host_spread(report: dict) -> pd.DataFrame:
     """Goal 1's shapes: the host's cost per call of specfix and of vLLM's same call, each its samples' median
     with p20..p80, and the ratio of the medians, which is what the goal judges."""
-    peer, ratio, rows = (
-        bench.peer_impl(bench.GOAL_PEER),
-        f"host_ratio_vs_{bench.peer_impl(bench.GOAL_PEER)}",
-        [],
-    )
-    spread = lambda r: f"{r.median_us:,.0f} ({r.p20_us:,.0f}..{r.p80_us:,.0f})"
+    peer = bench.peer_impl(bench.GOAL_PEER)
+    ratio = f"host_ratio_vs_{peer}"
+    spread = lambda r: f"{r['median_us']:,.0f} ({r['p20_us']:,.0f}..{r['p80_us']:,.0f})"
+    rows = []
     for case in ("gumbel_host", "rejection_host"):
-        f = bench.frame(report, case)
-        if ratio not in f:
-            continue
-        shape = [c for c in ("rows", "batch", "k", "vocab") if c in f]
-        for _, ours in f[f[ratio].notna()].iterrows():
-            call = NAMES.get(ours.impl, "gumbel_sample")  # the rejection case names vLLM's rows by the call
-            theirs = f[(f[shape] == ours[shape]).all(axis=1) & f.impl.isin([peer, f"{peer}_{call}"])].iloc[0]
+        for ours in (r for r in find(report["results"], case) if ratio in r["metrics"]):
+            # the bench timed vLLM at ours' params, its rows named peer + "_<call>" in the rejection case
+            call = NAMES.get(ours["impl"])
+            (theirs,) = find(report["results"], case, peer + (f"_{call}" if call else ""), **ours["params"])
+            shape = {k: v for k, v in ours["params"].items() if k in ("rows", "batch", "k", "vocab")}
             rows.append(
                 {
-                    "call": call,
-                    "shape": ", ".join(f"{c} {ours[c]:,}" for c in shape),
+                    "call": call or "gumbel_sample",
+                    "shape": ", ".join(f"{k} {v:,}" for k, v in shape.items()),
                     "specfix us": spread(ours),
                     f"vLLM {bench.GOAL_PEER} us": spread(theirs),
-                    "ratio": round(ours[ratio], 2),
+                    "ratio": round(ours["metrics"][ratio], 2),
                 }
             )
     return pd.DataFrame(rows)
