@@ -48,13 +48,8 @@ def test_toy_scatter(safe):
     )
     assert report.ok == safe, str(report)
     if not safe:
-        assert {d.buffer for d in report.differences} == {"table"} and set(report.differences[0].rows) <= {
-            0,
-            1,
-            2,
-            3,
-            4,
-        }
+        assert {d.buffer for d in report.differences} == {"table"}
+        assert set(report.differences[0].rows) <= set(range(5))
         assert "table" in str(report)
     for n, t in bufs.items():  # the check leaves the buffers as it found them
         assert torch.equal(t, before[n]), n

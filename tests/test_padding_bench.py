@@ -52,9 +52,8 @@ def test_unfixed_corrupts_and_is_traced_to_a_padded_row(benches):
     assert writes and all(w.slot == slot and w.row >= len(record.req_ids) for w in writes)
     assert any(w.overwritten_cols for w in writes)
     assert off.summary()["writes_landed"] >= len(off.differing)  # each differing response had one
-    assert (
-        off.summary()["writes_by_origin"][ORIGIN_FRESH] > 0
-    )  # the zeros idx_mapping starts with point at slot 0
+    # the zeros idx_mapping starts with point at slot 0
+    assert off.summary()["writes_by_origin"][ORIGIN_FRESH] > 0
 
 
 @pytest.mark.parametrize("fix", [True, False])

@@ -179,7 +179,7 @@ class check_indices(TorchFunctionMode):  # noqa: N801  (used like a function: ``
         self.checked += 1
         size = lookup.size
         lo, hi = torch.aminmax(index.detach())
-        if int(lo) >= 0 and int(hi) < size:  # the one host sync per op
+        if int(lo) >= 0 and int(hi) < size:  # the host sync per op (lo, then hi if lo passes)
             return
         bad = ((index < 0) | (index >= size)).reshape(-1)
         flat = bad.nonzero().reshape(-1)[:MAX_LISTED]

@@ -93,7 +93,7 @@ def rejection_greedy_sample(
 ) -> None:
     """Write the greedy rows of ``output_token_ids`` in place, whole: emit the argmax at every position up
     to the first draft that differs from it, the bonus if none differs (Triton kernel or torch twin). Like
-    vLLM's kernels it trusts its inputs, ``0 <= max_spec_len < 256`` included (``rejection_sample``
+    vLLM's kernels it trusts its inputs, ``0 <= max_spec_len <= MAX_SPEC_LEN`` included (``rejection_sample``
     checks them)."""
     if not _use_triton(backend, output_token_ids.device):
         accepted = draft_token_ids.long() == target_argmax.long()
@@ -214,7 +214,7 @@ def rejection_random_sample(
     backend: str = "auto",
 ) -> None:
     """Write the random rows of ``output_token_ids`` in place, whole; like vLLM's kernels it trusts its
-    inputs, ``0 <= max_spec_len < 256`` included (``rejection_sample`` checks them).
+    inputs, ``0 <= max_spec_len <= MAX_SPEC_LEN`` included (``rejection_sample`` checks them).
     ``recovered_token_ids`` [T, splits] int64: the recovered draw's split keys (Triton only)."""
     if not _use_triton(backend, output_token_ids.device):  # the torch twin, ``-1`` behaviour included
         num_tokens, vocab_size = target_probs.shape

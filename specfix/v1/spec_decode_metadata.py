@@ -46,8 +46,9 @@ class SpecDecodeMetadata:
             raise ValueError("num_draft_tokens is empty: a batch needs at least one request")
         if min(k) < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {list(k)}")
+        batch, total = len(k), sum(k)
         for name, length in _LENGTH_BY_FIELD.items():
-            check_id_tensor(name, getattr(self, name), length(len(k), sum(k)))
+            check_id_tensor(name, getattr(self, name), length(batch, total))
         self.num_draft_tokens = list(k)
         self.max_spec_len = max(k, default=0)
         if not device_checks.wanted(self.cu_num_draft_tokens, self.cu_num_sampled_tokens):
@@ -71,7 +72,8 @@ class SpecDecodeMetadata:
 
     def __setattr__(self, name: str, value) -> None:
         # RejectionSampler.forward trusts what was checked when the metadata was built (no re-check per step),
-        # so a field set later is checked here, as __post_init__ checks it; the counts stay as built
+        # so a tensor set later has its length checked here as __post_init__ does, and the counts stay as
+        # built (max_spec_len is set last in __post_init__: its presence means "built")
         if "max_spec_len" in self.__dict__:
             if name in ("num_draft_tokens", "max_spec_len"):
                 raise AttributeError(f"{name} is fixed when the metadata is built: build a new one instead")
