@@ -175,8 +175,8 @@ def main() -> None:
         "none",
         "--profile-from-start",
         "off",
-        "-k",  # the sampling kernel only: an older kernel that splits rows adds a reduce kernel per call
-        "regex:_gumbel_sample_kernel",
+        "-k",  # an older kernel that splits rows adds a reduce kernel per call: folded into its row below
+        "regex:_gumbel_(sample|reduce)_kernel",
         "--metrics",
         ",".join(METRICS),
         "--csv",
@@ -194,7 +194,14 @@ def main() -> None:
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
     if done.returncode:
         sys.exit(f"ncu failed ({done.returncode}):\n{done.stderr[-4000:]}\n{done.stdout[-4000:]}")
-    kernels = parse(done.stdout)
+    kernels = []
+    for k in parse(done.stdout):  # a reduce kernel's time and instructions count to the call before it
+        if "reduce" in k["name"] and kernels:
+            kernels[-1]["time_us"] += k["time_us"]
+            kernels[-1]["thread_instructions"] += k["thread_instructions"]
+            kernels[-1]["reduce_us"] = k["time_us"]  # the rates and stalls stay the sampling kernel's
+        else:
+            kernels.append(k)
     described = [d for d, _ in cases(befores)]
     if len(kernels) != len(described):
         sys.exit(f"expected {len(described)} profiled kernels, got {len(kernels)}:\n{done.stdout[-4000:]}")
