@@ -59,6 +59,7 @@ def gumbel_block_argmax(
     MASK_INVALID: tl.constexpr,
     NOISE: tl.constexpr,
     USE_ASM: tl.constexpr,
+    token_mult=None,  # block * TOKEN_MULT (uint32), where the caller has it for one add per logit
 ):
     """Max of logits (/ T) + Gumbel noise along the tile's first axis, and its index there (ties to the
     lowest, a NaN never wins); the row's request state is loaded here, under PR #47066's masks."""
@@ -107,6 +108,8 @@ def gumbel_block_argmax(
     else:
         key = N._row_key(seed, pos)
         key_mixed = key ^ (key >> 16)
+        if token_mult is None:
+            token_mult = block.to(tl.uint32) * K.TOKEN_MULT
     if temp != 0.0:  # only T == 0 is greedy: plain logits, no noise
         if NOISE == K.VLLM:
             scores = scores + N._vllm_gumbel(row_state, block)
@@ -114,11 +117,9 @@ def gumbel_block_argmax(
             scale = K.LOG2E
             if APPLY_TEMPERATURE:
                 scale = K.LOG2E / temp  # once per tile; the logit's multiply by it is rounded once, not twice
-            scores = scores * scale + N._fast_gumbel_log2(
-                N._uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT), USE_ASM
-            )
+            scores = scores * scale + N._fast_gumbel_log2(N._uniform(key_mixed, token_mult), USE_ASM)
         else:
-            scores = scores + N._exact_gumbel(N._uniform(key_mixed, block.to(tl.uint32) * K.TOKEN_MULT))
+            scores = scores + N._exact_gumbel(N._uniform(key_mixed, token_mult))
         scores = tl.where(mask, scores, float("-inf"))
     index = tl.arange(0, scores.shape[0])
     if len(scores.shape) == 2:  # specfix's tiles: each thread holds whole columns (tile_shape)
@@ -205,6 +206,8 @@ def _gumbel_sample_kernel(
     logits_row_ptr = logits_ptr + row * logits_stride
     lanes = tl.arange(0, LANES)
     offsets = tl.arange(0, DEPTH)[:, None] * LANES + lanes[None, :]
+    # the noise hashes token * TOKEN_MULT: the tile's part of it is one scalar, the lanes' part is kept
+    offsets_mult = offsets.to(tl.uint32) * K.TOKEN_MULT
     in_vocab = tl.full([DEPTH, LANES], True, tl.int1)  # every lane of a full tile
     best = tl.full([LANES], float("-inf"), tl.float32)
     best_token = first_tile * BLOCK + lanes  # what a program whose scores are all NaN or -inf returns
@@ -238,6 +241,7 @@ def _gumbel_sample_kernel(
                     MASK_INVALID,
                     NOISE,
                     USE_ASM,
+                    (tile * BLOCK).to(tl.uint32) * K.TOKEN_MULT + offsets_mult,
                 )
                 best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
     else:
@@ -275,6 +279,7 @@ def _gumbel_sample_kernel(
                 MASK_INVALID,
                 NOISE,
                 USE_ASM,
+                (tile * BLOCK).to(tl.uint32) * K.TOKEN_MULT + offsets_mult,
             )
             best, best_token = _keep_best(best, best_token, value, idx, tile * BLOCK, lanes, LANES)
             x_even = tl.load(logits_row_ptr + tl.minimum(tile + 2, full_end - 1) * BLOCK + offsets)
@@ -301,6 +306,7 @@ def _gumbel_sample_kernel(
                 MASK_INVALID,
                 NOISE,
                 USE_ASM,
+                (odd * BLOCK).to(tl.uint32) * K.TOKEN_MULT + offsets_mult,
             )
             best, best_token = _keep_best(best, best_token, value, idx, odd * BLOCK, lanes, LANES)
     if end_tile > num_full_tiles:  # this program owns the partial last tile
@@ -329,6 +335,7 @@ def _gumbel_sample_kernel(
             MASK_INVALID,
             NOISE,
             USE_ASM,
+            (num_full_tiles * BLOCK).to(tl.uint32) * K.TOKEN_MULT + offsets_mult,
         )
         best, best_token = _keep_best(best, best_token, value, idx, num_full_tiles * BLOCK, lanes, LANES)
     value = tl.max(best, axis=0)

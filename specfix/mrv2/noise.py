@@ -81,14 +81,21 @@ def _exact_gumbel(u):
 
 
 @triton.jit
-def _approx_log2(x, USE_ASM: tl.constexpr):
-    """The hardware's approximate log2 (``tl.log2`` in the interpreter)."""
+def _neg_log2(x, USE_ASM: tl.constexpr):
+    """-log2(x) by the hardware's approximate lg2 (``-tl.log2`` in the interpreter)."""
     if USE_ASM:  # ftz: inputs are never below 2**-33, and it spares rescaling a subnormal
+        # The neg sits inside the asm: triton writes -y as 0 - y (not a negation at y = +0), which ptxas
+        # keeps as an instruction of its own, where a neg.f32 folds into the instruction that reads it.
         return tl.inline_asm_elementwise(
-            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            "{ .reg .f32 t; lg2.approx.ftz.f32 t, $1; neg.f32 $0, t; }",
+            "=r,r",
+            [x],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
         )
     else:
-        return tl.log2(x)
+        return -tl.log2(x)
 
 
 @triton.jit
@@ -96,8 +103,7 @@ def _fast_gumbel_log2(u, USE_ASM: tl.constexpr):
     """The Gumbel noise divided by ln 2, up to a constant: -log2(-log2(1 - u))."""
     # the hardware lg2 has an absolute error near 1, so -log2(1 - u) for u < 1/32 comes from its series
     series = u * (K.S1 + u * (K.S2 + u * (K.S3 + u * K.S4)))
-    e2 = tl.where(u < 0.03125, series, -_approx_log2(1.0 - u, USE_ASM))
-    return -_approx_log2(e2, USE_ASM)
+    return _neg_log2(tl.where(u < 0.03125, series, _neg_log2(1.0 - u, USE_ASM)), USE_ASM)
 
 
 @triton.jit

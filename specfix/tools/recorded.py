@@ -32,6 +32,8 @@ _REJECTION = (
 )
 #: the one timing harness: how every timing recording measured
 _TIMING = "specfix/timing.py"
+#: the Gumbel inputs and torch baselines time_gumbel.py and the host trace build their cases from
+_GUMBEL_INPUTS = ("specfix/lab/masked_gumbel.py", "specfix/tools/bench/gumbel_cases.py")
 _BENCH_MODULES = ("__init__", "report", "peer", "gumbel_cases", "rejection_cases", "step_cases")
 _BENCH = (*(f"specfix/tools/bench/{m}.py" for m in _BENCH_MODULES), _TIMING)
 #: Each recording (its file name without the suffix) -> the files, relative to the repository root, whose
@@ -65,15 +67,26 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "specfix/v1/engine.py",
         "specfix/v1/model_runner.py",
     ),
-    # at the next re-record, add what the recorder also runs (lab/masked_gumbel.py,
-    # tools/bench/gumbel_cases.py, tools/bench/peer.py; time_gumbel.py's recordings likewise):
-    # adding them now would unlabel today's hashes
-    "host_trace_h200": ("scripts/record_host_trace.py", _TIMING, *_GUMBEL, *_REJECTION, "specfix/checks.py"),
-    "gumbel_ncu_h200": ("scripts/profile_gumbel.py", "scripts/time_gumbel.py", _TIMING, *_GUMBEL),
-    "gumbel_perf": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
+    "host_trace_h200": (
+        "scripts/record_host_trace.py",
+        _TIMING,
+        *_GUMBEL,
+        *_REJECTION,
+        "specfix/checks.py",
+        *_GUMBEL_INPUTS,
+        "specfix/tools/bench/peer.py",
+    ),
+    "gumbel_ncu_h200": (
+        "scripts/profile_gumbel.py",
+        "scripts/time_gumbel.py",
+        _TIMING,
+        *_GUMBEL,
+        *_GUMBEL_INPUTS,
+    ),
+    "gumbel_perf": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL, *_GUMBEL_INPUTS),
     "gumbel_sanitizer": ("scripts/sanitize_gumbel.py", *_GUMBEL),
-    "gumbel_sweep_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
-    "gumbel_sweep_before_after_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL),
+    "gumbel_sweep_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL, *_GUMBEL_INPUTS),
+    "gumbel_sweep_before_after_h200": ("scripts/time_gumbel.py", _TIMING, *_GUMBEL, *_GUMBEL_INPUTS),
     "vllm_noise_comparison": ("scripts/compare_vllm_noise.py", *_GUMBEL),
     "gumbel_golden": ("scripts/record_gumbel_golden.py", *_GUMBEL),
     "dflash_prepare": ("scripts/record_cudagraph.py", "specfix/mrv2/dflash.py"),
