@@ -363,6 +363,8 @@ def main() -> None:
         if d["kernel"] == "today" and not d["store"]:
             k["hot_loop"] = hot_loop(d["rows"], d["vocab"], d["dtype"])
             print_hot_loop(d["shape"], k["hot_loop"])
+            if k["hot_loop"]["registers"] != k["registers_per_thread"]:  # not the kernel ncu profiled
+                print(f"warning: the hot loop's kernel has other registers than ncu's ({d['shape']})")
     meta = recorded.gpu_meta("gumbel_ncu_h200")
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True, check=False).stdout
     meta["ncu"] = version.strip().splitlines()[-1]
