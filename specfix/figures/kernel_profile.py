@@ -78,23 +78,22 @@ def profile_summary(profile: dict) -> pd.DataFrame:
 
 
 def hot_loop_table(profile: dict) -> pd.DataFrame:
-    """Per profiled case that has its hot loop: SASS instructions per logit by part and in all, beside ncu's
-    count for the whole kernel, how often its schedulers issued, and its time."""
-    rows = [
-        {
-            "shape": k["shape"],
+    """Per profiled case (by shape) that has its hot loop: SASS instructions per logit by part and in all,
+    beside ncu's count for the whole kernel, how often its schedulers issued, and its time."""
+    rows = {
+        k["shape"]: {
             **k["hot_loop"]["per_logit"],
             "hot loop": k["hot_loop"]["total_per_logit"],
-            "whole kernel (ncu)": k["instructions_per_logit"],
+            "kernel (ncu)": k["instructions_per_logit"],
             "issue active %": k["issue_active_pct"],
             "time (us)": k["time_us"],
         }
         for k in profile["kernels"]
         if "hot_loop" in k
-    ]
+    }
     if not rows:
         raise ValueError("the profile has no hot loop: record it with scripts/profile_gumbel.py")
-    return pd.DataFrame(rows)
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def _profiled(prof, shape, kernel="today", store=False, masked=True, run="final") -> pd.Series:
@@ -143,7 +142,7 @@ def profile_text(profile: dict, sweep: dict) -> str:
 def rate_goal_text(profile: dict, report: dict) -> str:
     """Goal 3's miss at its own bf16 shape: where the instructions go, how often they issue, what the warps
     wait for, and how much faster the bench's rate would have to be."""
-    prof, loops = profile_table(profile), hot_loop_table(profile).set_index("shape")
+    prof, loops = profile_table(profile), hot_loop_table(profile)
     now, old = _profiled(prof, GOAL_SHAPE), _profiled(prof, GOAL_SHAPE, "before: old")
     goals = [g for g in perf.judged_goals(report, 3) if f"at {GOAL_SHAPE}" in g["goal"]]
     if GOAL_SHAPE not in loops.index or not goals:
