@@ -485,6 +485,13 @@ def test_rate_goal_text_explains_goal_3_from_the_profile_and_the_bench():
     assert (
         "about 24 instructions per logit" in text and "issuing in 100% of cycles" in text
     )  # 30 / 1.25, 80 x 1.25
+    assert "compare it within this run only" not in text  # no earlier run to set the old kernel beside
+    # the older kernel's count at 1,024 x 151,936 fp32 moved between the runs: the text says so
+    old_fp32 = lambda n: _kernel("before: old", "1,024 x 151,936 fp32", instructions_per_logit=n)
+    drifted = {"kernels": [*_PROFILE["kernels"], old_fp32(36.0)], "before_register_cap": [old_fp32(30.0)]}
+    assert "executed 30.0 instructions per logit in the run before the register cap and 36.0 in this one" in (
+        kernel_profile.rate_goal_text(drifted, report)
+    )
     with pytest.raises(ValueError, match="goal 3 lacks"):
         kernel_profile.rate_goal_text(_PROFILE, {"goals": []})
 
@@ -502,6 +509,10 @@ def test_goal_3_paragraph_reads_what_the_recording_shows():
     assert max(reasons, key=reasons.get) == "stall_not_selected"
     text = kernel_profile.rate_goal_text(profile, H200)
     assert f"that issued: *not selected* {now.stall_not_selected:.2f}" in text
+    old = table[(table.kernel == "before: old") & (table["shape"] == "1,024 x 151,936 fp32")]
+    was = old.set_index("run").instructions_per_logit
+    moved = abs(was["final"] / was["before the register cap"] - 1) > 0.01
+    assert (f"executed {was['before the register cap']:.1f} instructions per logit" in text) == moved
 
 
 def test_the_drafter_figure_gives_each_drafter_its_own_colour():

@@ -155,6 +155,15 @@ def rate_goal_text(profile: dict, report: dict) -> str:
     reasons = now[[c for c in now.index if c.startswith("stall_") and c != "stall_selected"]]
     reasons = reasons.astype(float).sort_values(ascending=False)
     lead = list(reasons.index[:3]) + [r for r in ["stall_long_scoreboard"] if r not in reasons.index[:3]]
+    runs = prof.query("kernel == 'before: old' and shape == '1,024 x 151,936 fp32' and not store")
+    was = runs.set_index("run").instructions_per_logit.to_dict()  # the older kernel's count, per run
+    drifted = ""
+    if len(was) == 2 and abs(was["final"] / was["before the register cap"] - 1) > 0.01:
+        drifted = (
+            f" (at 1,024 x 151,936 fp32 the same older kernel executed {was['before the register cap']:.1f} "
+            f"instructions per logit in the run before the register cap and {was['final']:.1f} in this "
+            "one: compare it within this run only)"
+        )
     said = "; ".join(
         f"*{r[6:].replace('_', ' ')}* {reasons[r]:.2f} ({_STALLS.get(r[6:], r[6:])})" for r in lead
     )
@@ -165,13 +174,14 @@ def rate_goal_text(profile: dict, report: dict) -> str:
         f"instructions per logit ({parts}); ncu counts {now.instructions_per_logit:.1f} for the whole "
         f"kernel, the row's setup and final reductions included. {_instructions_head(now, old)}: the "
         f"multi-tile kernel profiled beside it spends {old.instructions_per_logit:.1f} and takes "
-        f"{old.time_us:.1f} us against {now.time_us:.1f}. Yet DRAM runs at {now.dram_pct_of_peak:.0f}% of "
-        f"its peak and the schedulers issue in {now.issue_active_pct:.0f}% of cycles: the kernel is neither "
-        "bound by memory nor issuing in every cycle. Its leading stall reasons, in warps waiting per cycle "
-        f"that issued: {said}. At this shape the limit is how fast the schedulers and the execution pipes "
-        f"get through {loop['hot loop']:.0f} instructions per logit. If the time is the instructions over "
-        f"the issue rate, {target:,.0f} G logits/s would take about {fewer:.0f} instructions per logit at "
-        f"today's issue rate, or issuing in {busier:.0f}% of cycles at today's count."
+        f"{old.time_us:.1f} us against {now.time_us:.1f}{drifted}. Yet DRAM runs at "
+        f"{now.dram_pct_of_peak:.0f}% of its peak and the schedulers issue in {now.issue_active_pct:.0f}% of "
+        "cycles: the kernel is neither bound by memory nor issuing in every cycle. Its leading stall "
+        f"reasons, in warps waiting per cycle that issued: {said}. At this shape the limit is how fast the "
+        f"schedulers and the execution pipes get through {loop['hot loop']:.0f} instructions per logit. If "
+        f"the time is the instructions over the issue rate, {target:,.0f} G logits/s would take about "
+        f"{fewer:.0f} instructions per logit at today's issue rate, or issuing in {busier:.0f}% of cycles at "
+        "today's count."
     )
 
 
