@@ -83,13 +83,13 @@ def _arg(args: tuple, kwargs: dict, position: int, *names: str):
     raise TypeError(f"missing argument {names[0]!r}")
 
 
-def _embedding(args, kwargs):  # F.embedding(input, weight, ...)
-    return [_Lookup("F.embedding", _arg(args, kwargs, 1, "weight"), 0, _arg(args, kwargs, 0, "input"))]
+def _fixed(op: str, dim: int | None, source: tuple, index: tuple) -> Callable:
+    """An op whose source and index sit at a fixed ``(position, *keyword names)`` each."""
 
+    def extract(args, kwargs):
+        return [_Lookup(op, _arg(args, kwargs, *source), dim, _arg(args, kwargs, *index))]
 
-def _torch_embedding(args, kwargs):  # torch.embedding(weight, indices, ...)
-    weight, indices = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices", "input")
-    return [_Lookup("torch.embedding", weight, 0, indices)]
+    return extract
 
 
 def _along_dim(name: str) -> Callable:
@@ -102,11 +102,6 @@ def _along_dim(name: str) -> Callable:
         return [_Lookup(name, source, dim, _arg(args, kwargs, 2, "index"))]
 
     return extract
-
-
-def _take(args, kwargs):
-    source, index = _arg(args, kwargs, 0, "input", "self"), _arg(args, kwargs, 1, "index")
-    return [_Lookup("take", source, None, index)]
 
 
 def _subscript(name: str) -> Callable:
@@ -202,7 +197,6 @@ class GuardTiming:
 
     @property
     def ratio(self) -> float:
-        """Median guarded time over median unguarded time."""
         return statistics.median(self.guarded_s) / statistics.median(self.plain_s)
 
     @property
@@ -244,9 +238,10 @@ def _caller() -> str:
 
 
 _TORCH_DIR = Path(torch.__file__).parent
+_take = _fixed("take", None, source=(0, "input", "self"), index=(1, "index"))  # take indexes flattened
 _GUARDED: dict[Callable, Callable] = {
-    F.embedding: _embedding,
-    torch.embedding: _torch_embedding,
+    F.embedding: _fixed("F.embedding", 0, source=(1, "weight"), index=(0, "input")),
+    torch.embedding: _fixed("torch.embedding", 0, source=(0, "weight"), index=(1, "indices", "input")),
     torch.index_select: _along_dim("index_select"),
     torch.Tensor.index_select: _along_dim("Tensor.index_select"),
     torch.gather: _along_dim("gather"),
