@@ -53,22 +53,18 @@ class SpecDecodeMetadata:
         self.max_spec_len = max(k, default=0)
         if not device_checks.wanted(self.cu_num_draft_tokens, self.cu_num_sampled_tokens):
             return  # reading GPU tensors back is a host sync: checked only under device_checks
-        expected_cu = torch.tensor(k, dtype=torch.int64).cumsum(0).tolist()
-        expected_cu_sampled = [c + i + 1 for i, c in enumerate(expected_cu)]
+        cumsum = torch.tensor(k, dtype=torch.int64).cumsum(0)
         cu = self.cu_num_draft_tokens
-        got_cu, got_cu_sampled = torch.stack(
-            [cu.long(), self.cu_num_sampled_tokens.to(cu.device).long()]
-        ).tolist()
-        if got_cu != expected_cu:
-            raise ValueError(
-                f"cu_num_draft_tokens must be the inclusive cumsum of num_draft_tokens {expected_cu}, "
-                f"got {got_cu}"
-            )
-        if got_cu_sampled != expected_cu_sampled:
-            raise ValueError(
-                "cu_num_sampled_tokens must be the inclusive cumsum of num_draft_tokens + 1 "
-                f"{expected_cu_sampled}, got {got_cu_sampled}"
-            )
+        got = torch.stack([cu.long(), self.cu_num_sampled_tokens.to(cu.device).long()]).tolist()
+        checks = [
+            ("cu_num_draft_tokens", "", cumsum.tolist(), got[0]),
+            ("cu_num_sampled_tokens", " + 1", (cumsum + torch.arange(1, batch + 1)).tolist(), got[1]),
+        ]
+        for name, plus, expected, found in checks:
+            if found != expected:
+                raise ValueError(
+                    f"{name} must be the inclusive cumsum of num_draft_tokens{plus} {expected}, got {found}"
+                )
 
     def __setattr__(self, name: str, value) -> None:
         # RejectionSampler.forward trusts what was checked when the metadata was built (no re-check per step),
