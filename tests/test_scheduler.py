@@ -39,10 +39,10 @@ def test_prefill_then_decode_with_drafts():
 
 
 def _decoding(sched, req_id="a", prompt=(5, 6), max_tokens=16):
-    """Add a request and run its prefill: it then waits with one sampled token to decode."""
+    """Add a request and run its prefill: it then waits with one sampled token to decode (None: finished)."""
     sched.add_request(Request(req_id, list(prompt), SamplingParams(max_tokens=max_tokens)))
     _run(sched, sched.schedule(), {req_id: [8]})
-    return sched.requests[req_id]
+    return sched.requests.get(req_id)
 
 
 def test_new_decode_is_padded_with_minus_one():
@@ -130,9 +130,7 @@ def test_the_placeholder_policy_picks_the_padding_value(policy, expected):
 
 def test_rejected_drafts_are_rolled_back():
     sched = _sched()
-    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=20)))
-    _run(sched, sched.schedule(), {"a": [8]})
-    req = sched.requests["a"]
+    req = _decoding(sched, max_tokens=20)
     assert req.num_computed_tokens == 2 and req.num_tokens == 3
     sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
     out = sched.schedule()
@@ -147,8 +145,7 @@ def test_rejected_drafts_are_rolled_back():
 
 def test_request_finishes_at_max_tokens():
     sched = _sched()
-    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=2)))
-    _run(sched, sched.schedule(), {"a": [8]})
+    _decoding(sched, max_tokens=2)
     sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 10, 11]]))
     finished = _run(sched, sched.schedule(), {"a": [9, 10, 11, 12]})
     assert [r.request_id for r in finished] == ["a"] and finished[0].output_token_ids == [8, 9]
@@ -238,8 +235,7 @@ def _snapshot(sched):
 )
 def test_bad_requests_leave_the_scheduler_unchanged(make, error, word):
     sched = _sched()
-    sched.add_request(Request("a", [5, 6], SamplingParams(max_tokens=3)))
-    _run(sched, sched.schedule(), {"a": [8]})
+    _decoding(sched, max_tokens=3)
     before = _snapshot(sched)
     with pytest.raises(error, match=word):
         sched.add_request(make())
@@ -248,8 +244,7 @@ def test_bad_requests_leave_the_scheduler_unchanged(make, error, word):
 
 def test_bad_drafts_leave_the_scheduler_unchanged():
     sched = _sched()
-    sched.add_request(Request("a", [5, 6], SamplingParams()))
-    _run(sched, sched.schedule(), {"a": [8]})
+    _decoding(sched)
     before = _snapshot(sched)
     with pytest.raises(ValueError, match="vocab_size"):
         sched.update_draft_token_ids(DraftTokenIds(["a"], [[1, VOCAB]]))
@@ -349,29 +344,18 @@ def test_an_output_that_does_not_match_the_step_is_refused_and_changes_nothing(c
 # -- prefix caching: where a single node makes placeholders ------------------------------------------------
 
 
-def _finish(sched, req_id, prompt, block_size=4):
-    """Run ``req_id`` (prompt then one sampled token) to the end, so its blocks are cached."""
-    sched.add_request(Request(req_id, prompt, SamplingParams(max_tokens=1)))
-    out = sched.schedule()
-    _run(sched, out, {req_id: [7]})
-
-
 @pytest.mark.parametrize(
     "length, cached, padded",
     [
         (9, 8, True),  # one more than two blocks of 4: the cache holds all but the last token
         (10, 8, False),  # two tokens left: a prefill, not a decode
-        (
-            8,
-            4,
-            False,
-        ),  # a whole number of blocks: the last block holds the last token, which must be computed
+        (8, 4, False),  # a whole number of blocks: the last block holds the last token, to be computed
     ],
 )
 def test_a_repeated_prompt_starts_from_its_cached_blocks(length, cached, padded):
     sched = _sched(enable_prefix_caching=True, block_size=4)
     prompt = list(range(20, 20 + length))
-    _finish(sched, "first", prompt)
+    _decoding(sched, "first", prompt, max_tokens=1)  # finished: its blocks cached
     sched.add_request(Request("again", list(prompt), SamplingParams()))
     out = sched.schedule()
     assert out.scheduled_new_reqs[0].num_computed_tokens == cached
@@ -381,7 +365,7 @@ def test_a_repeated_prompt_starts_from_its_cached_blocks(length, cached, padded)
 
 def test_a_block_matches_only_behind_the_same_prefix():
     sched = _sched(enable_prefix_caching=True, block_size=4)
-    _finish(sched, "first", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    _decoding(sched, "first", [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)
     sched.add_request(Request("other", [0, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams()))  # only block 2 equal
     out = sched.schedule()
     assert out.scheduled_new_reqs[0].num_computed_tokens == 0
@@ -390,7 +374,7 @@ def test_a_block_matches_only_behind_the_same_prefix():
 
 def test_prefix_caching_is_off_by_default_and_checked():
     sched = _sched(block_size=4)
-    _finish(sched, "first", list(range(9)))
+    _decoding(sched, "first", list(range(9)), max_tokens=1)
     sched.add_request(Request("again", list(range(9)), SamplingParams()))
     assert sched.schedule().num_scheduled_tokens["again"] == 9
     with pytest.raises(TypeError, match="enable_prefix_caching must be a bool"):

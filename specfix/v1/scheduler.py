@@ -351,8 +351,7 @@ class Scheduler:
         num_spec = (
             num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
         )
-        drafts = request.spec_token_ids[:num_spec] if num_spec > 0 else []
-        return num_new, drafts
+        return num_new, request.spec_token_ids[: max(num_spec, 0)]
 
     # vLLM PR #45237 (not in 0.24.0): a waiting request with one token left (a P/D decode node's first
     # decode, a prompt the prefix cache holds, a one-token prompt) is scheduled as ``1 + k`` tokens with
