@@ -18,15 +18,18 @@ from specfix.tools.bench.report import find
 
 #: Bytes per logit of each dtype the bench measures.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+#: The torch samplers the judged kernel is timed against, and their names in prose.
+TORCH_SAMPLERS = {
+    "torch_softmax_multinomial": "softmax + multinomial",
+    "torch_gumbel_max": "torch's Gumbel-max",
+}
 
 
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
     """The report chapter 5 plots (``live``: run on this GPU, else the H200 recording) and its source line."""
-    if live:
-        report = bench.run("cuda", scale)
-        return report, "MEASURED LIVE on this machine, " + recorded.label(report["meta"])
-    report = recorded.load("bench_h200")
-    return report, "RECORDED ON THE H200, not on this machine: " + recorded.label(report["meta"])
+    report = bench.run("cuda", scale) if live else recorded.load("bench_h200")
+    where = "MEASURED LIVE on this machine, " if live else "RECORDED ON THE H200, not on this machine: "
+    return report, where + recorded.label(report["meta"])
 
 
 def fix_costs(report: dict | None = None) -> pd.DataFrame:
@@ -49,6 +52,14 @@ def ceilings(report: dict) -> dict[str, float]:
     df = bench.frame(report, "ceilings")
     pick = lambda impl: float(df.loc[df["impl"] == impl, "TB_per_s"].max()) if len(df) else math.nan
     return {"copy": pick("copy"), "read": pick("argmax_read")}
+
+
+def medians(report: dict) -> pd.DataFrame:
+    """The Gumbel case's median us, a row per shape (dtype, vocab, rows) and a column per sampler."""
+    g = bench.frame(report, "gumbel")
+    if g.empty:
+        return pd.DataFrame(columns=["dtype", "vocab", "rows"])
+    return g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
 
 
 def floor_us(rows: int, vocab: int, dtype: str, read_tb_per_s: float) -> float:
@@ -113,15 +124,12 @@ def peer_versions(report: dict) -> list[str]:
 
 def peer_table(report: dict) -> pd.DataFrame:
     """Per shape: the judged kernel's median, each vLLM version's, and the speedup over each."""
-    g, versions = bench.frame(report, "gumbel"), peer_versions(report)
+    wide, versions = medians(report), peer_versions(report)
     if not versions:
         return pd.DataFrame(columns=["dtype", "vocab", "rows", bench.JUDGED])
-    wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
-    cols = ["dtype", "vocab", "rows", bench.JUDGED] + [bench.peer_impl(v) for v in versions]
-    for v in versions:
-        wide[f"speedup_vs_{v}"] = wide[bench.peer_impl(v)] / wide[bench.JUDGED]
-        cols.append(f"speedup_vs_{v}")
-    return wide[cols].sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
+    speedups = {f"speedup_vs_{v}": wide[bench.peer_impl(v)] / wide[bench.JUDGED] for v in versions}
+    cols = ["dtype", "vocab", "rows", bench.JUDGED, *map(bench.peer_impl, versions), *speedups]
+    return wide.assign(**speedups)[cols].sort_values(["dtype", "vocab", "rows"]).reset_index(drop=True)
 
 
 #: A goal's shape, cut from its text to name its family; a rejection goal keeps its mode.
@@ -211,17 +219,17 @@ def rejection_table(report: dict) -> pd.DataFrame:
     table = rj.pivot_table(index=["mode", "batch"], columns="impl", values="median_us")
     table = table.rename(columns=lambda c: c.replace("_", " ")).rename_axis(columns=None)
     table = table.map(lambda us: "-" if pd.isna(us) else f"{us:,.1f}")
-    table.attrs["shape"] = ", ".join(f"{c} = {v:,}" for c, v in shape.items())
+    table.attrs["shape"] = shape
     return table
 
 
-def smallest_rejection_shape(report: dict) -> tuple[pd.DataFrame, dict]:
-    """The rejection case's rows at its smallest k and vocabulary, and that shape."""
+def smallest_rejection_shape(report: dict) -> tuple[pd.DataFrame, str]:
+    """The rejection case's rows at its smallest k and vocabulary, and that shape in words."""
     rj = bench.frame(report, "rejection")
     shape = {c: rj[c].min() for c in ("k", "vocab") if c in rj}
     for column, value in shape.items():
         rj = rj[rj[column] == value]
-    return rj, shape
+    return rj, ", ".join(f"{c} = {v:,}" for c, v in shape.items())
 
 
 # fmt: off
@@ -345,16 +353,16 @@ def rejection_graph_text(report: dict) -> str:
             parts.append(f"{by_batch[lo]:.0f} us at {lo} {req}{upto} ({m})")
         return ", ".join(parts)
 
-    return (
-        f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
-        f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits"
-        + (
+    grows = ""
+    if len(shapes) > 1:
+        grows = (
             f": a fixed cost per call. With more to read per request (k = {k_hi}, {v_hi:,} logits) it grows "
             f"with the batch: {say(k_hi, v_hi)}"
-            if len(shapes) > 1
-            else ""
         )
-        + f". In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
+    return (
+        f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
+        f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits{grows}"
+        f". In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
         f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
         "longer, its events counted a wait for the host (the figure above)."
     )
@@ -362,10 +370,10 @@ def rejection_graph_text(report: dict) -> str:
 
 def core_text(report: dict) -> str:
     """The rejection core's GPU time over the goal's vLLM version's, per mode, over the shapes timed."""
-    core = bench.frame(report, "rejection").query("impl == 'specfix_core'")
-    key = bench.speedup_key(bench.GOAL_PEER)
+    core, key = bench.frame(report, "rejection"), bench.speedup_key(bench.GOAL_PEER)
     if key not in core:
         return ""
+    core = core[core["impl"] == "specfix_core"]
     ratio = (1 / core[key]).groupby(core["mode"]).agg(["min", "max"])
     per_mode = "; ".join(f"{mode} {lo:.2f} to {hi:.2f} times" for mode, (lo, hi) in ratio.iterrows())
     return (
@@ -420,8 +428,7 @@ def small_batch_text(report: dict) -> str:
 
 
 def host_spread(report: dict) -> pd.DataFrame:
-    """Goal 1's shapes: the host's cost per call of specfix and of vLLM's same call, each its samples' median
-    with p20..p80, and the ratio of the medians, which is what the goal judges."""
+    """Goal 1's shapes: specfix's and vLLM's host us per call, median (p20..p80), and the ratio it judges."""
     peer = bench.peer_impl(bench.GOAL_PEER)
     ratio = f"host_ratio_vs_{peer}"
     spread = lambda r: f"{r['median_us']:,.0f} ({r['p20_us']:,.0f}..{r['p80_us']:,.0f})"
@@ -461,15 +468,10 @@ def host_text(report: dict) -> str:
 
 def speedup_caption(report: dict) -> str:
     """How the median speedup over the shapes changes from the fewest rows to the most, per torch sampler."""
-    g = bench.frame(report, "gumbel")
-    if g.empty:
+    wide, parts = medians(report), []
+    if wide.empty:
         return "No throughput case in this report."
-    wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
-    parts = []
-    for ref, name in (
-        ("torch_softmax_multinomial", "softmax + multinomial"),
-        ("torch_gumbel_max", "torch's Gumbel-max"),
-    ):
+    for ref, name in TORCH_SAMPLERS.items():
         if ref not in wide:
             continue
         median = (wide[ref] / wide[bench.JUDGED]).groupby(wide["rows"]).median()

@@ -10,23 +10,9 @@ import textwrap
 
 import numpy as np
 
+from specfix.figures import performance as perf
 from specfix.figures import style
 from specfix.figures.embedding_assert import draw_fixes
-from specfix.figures.performance import (
-    DTYPE_BYTES,
-    SMALL_BATCH,
-    ceilings,
-    fix_costs,
-    goal,
-    judged_goals,
-    margin_pct,
-    mask_overhead,
-    padding_price,
-    peer_table,
-    peer_versions,
-    smallest_rejection_shape,
-    speedup_caption,
-)
 from specfix.tools import bench
 
 _MARKERS = {"fp32": "o-", "bf16": "s--"}
@@ -67,11 +53,11 @@ def _goal_line(ax, report, target, label, ls="-") -> None:
 
 def bandwidth_figure(report: dict, source: str):
     """Read bandwidth of specfix's two samplers against the two ceilings, fp32 and bf16 side by side."""
-    g, ceil = bench.frame(report, "gumbel"), ceilings(report)
+    g, ceil = bench.frame(report, "gumbel"), perf.ceilings(report)
 
     def draw(axes):
         ours = g[g["impl"].isin(list(bench.OURS))]
-        for ax, dtype in zip(axes[:, 0], DTYPE_BYTES, strict=True):
+        for ax, dtype in zip(axes[:, 0], perf.DTYPE_BYTES, strict=True):
             for (impl, vocab), rows in ours[ours["dtype"] == dtype].groupby(["impl", "vocab"]):
                 fmt = "o-" if impl == bench.JUDGED else "x:"
                 ax.plot(rows["rows"], rows["TB_per_s_read"], fmt, label=f"{impl}, vocab {vocab:,}")
@@ -123,12 +109,10 @@ def throughput_figure(report: dict, source: str):
 
 def speedup_figure(report: dict, source: str):
     """How many times faster the judged kernel is than each torch sampler, per dtype and vocabulary."""
-    g = bench.frame(report, "gumbel")
+    wide = perf.medians(report)
 
     def draw(axes):
-        wide = g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us")
-        wide = wide.reset_index()
-        for ax, ref in zip(axes[:, 0], ("torch_softmax_multinomial", "torch_gumbel_max"), strict=True):
+        for ax, ref in zip(axes[:, 0], perf.TORCH_SAMPLERS, strict=True):
             for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
                 speedup = rows[ref] / rows[bench.JUDGED]
                 ax.plot(rows["rows"], speedup, _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
@@ -142,8 +126,8 @@ def speedup_figure(report: dict, source: str):
         axes[-1, 0].set_xlabel("rows")
 
     title = "How much faster the fused Triton sampler is than the torch samplers"
-    text = (title, source, speedup_caption(report))
-    return figure(report, "gumbel", g.empty, draw, (2, 1), 5.4, text, sharex=True, sharey=True)
+    text = (title, source, perf.speedup_caption(report))
+    return figure(report, "gumbel", wide.empty, draw, (2, 1), 5.4, text, sharex=True, sharey=True)
 
 
 def graph_call_figure(report: dict, source: str):
@@ -162,7 +146,7 @@ def graph_call_figure(report: dict, source: str):
         ax.set_xticks(np.arange(len(shapes)), [f"{r:,} x\n{v:,}" for r, v in shapes])
         ax.set(xlabel="rows x vocabulary", ylabel="GPU time per call, us")
         style.log_ticks(ax.yaxis)
-        target = goal(report, "gumbel_graph", "us")
+        target = perf.goal(report, "gumbel_graph", "us")
         if target:
             _goal_line(ax, report, target["target"], f"goal: {target['goal']}")
 
@@ -176,7 +160,7 @@ def graph_call_figure(report: dict, source: str):
 
 def mask_figure(report: dict, source: str):
     """Overhead of the masked kernel over the unmasked one, against the one-sided goal (at most +target%)."""
-    mo = mask_overhead(report)
+    mo = perf.mask_overhead(report)
 
     def draw(axes):
         ax, values = axes[0, 0], mo["overhead"] * 100
@@ -185,7 +169,7 @@ def mask_figure(report: dict, source: str):
         for x, v in enumerate(values):
             offset = dict(xytext=(0, 4 if v >= 0 else -12), textcoords="offset points")
             ax.annotate(f"{v:+.1f}%", (x, v), ha="center", fontsize=9, **offset)
-        target = goal(report, "gumbel_mask", "%")
+        target = perf.goal(report, "gumbel_mask", "%")
         limit = target["target"] if target else 2.0
         top, bottom = max(limit * 2, float(values.max()) + 1), min(-limit, float(values.min()) - 1.5)
         miss = f"misses the goal (more than +{limit:g}%)"
@@ -204,7 +188,7 @@ def mask_figure(report: dict, source: str):
 
 def fix_costs_figure(report: dict, source: str):
     """Each placeholder fix's cost per step idle and behind queued GPU work (chapter 2's panels)."""
-    fc = fix_costs(report)
+    fc = perf.fix_costs(report)
 
     def draw(axes):
         idle, busy = axes[:, 0]
@@ -247,7 +231,7 @@ def drafter_figure(report: dict, source: str):
 
 def padding_price_figure(report: dict, source: str):
     """Per live batch: the fraction of replayed rows that are padding, and the replay's speedup."""
-    price = padding_price(report)
+    price = perf.padding_price(report)
 
     def draw(axes):
         top, bottom = axes[:, 0]
@@ -278,7 +262,7 @@ _REJECTION_LINES = {
 
 def rejection_figure(report: dict, source: str):
     """Verification time per step, Triton eager and replayed beside torch, at the smallest k and vocab."""
-    rj, shape = smallest_rejection_shape(report)
+    rj, shape = perf.smallest_rejection_shape(report)
     rj = rj[rj["impl"].isin(list(_REJECTION_LINES))] if len(rj) else rj
 
     def draw(axes):
@@ -287,8 +271,7 @@ def rejection_figure(report: dict, source: str):
             label, color = _REJECTION_LINES[impl]
             fmt = "o-" if mode == "greedy" else "s--"
             style.errorbars(ax, rows["batch"], rows, fmt=fmt, color=color, label=f"{label}, {mode}")
-        title = ", ".join(f"{c} = {v:,}" for c, v in shape.items())
-        ax.set(xlabel="requests in the batch", ylabel="time per verification step, us", title=title)
+        ax.set(xlabel="requests in the batch", ylabel="time per verification step, us", title=shape)
         style.log_ticks(ax.xaxis, rj["batch"])
         style.log_ticks(ax.yaxis)
 
@@ -302,13 +285,13 @@ def rejection_figure(report: dict, source: str):
 
 def peer_figure(report: dict, source: str):
     """The judged kernel's logits/s beside each vLLM's, per dtype and vocab, under the read ceiling."""
-    table, versions, read = peer_table(report), peer_versions(report), ceilings(report)["read"]
+    table, versions, read = perf.peer_table(report), perf.peer_versions(report), perf.ceilings(report)["read"]
     vocabs = sorted(table["vocab"].unique()) if len(table) else [None]
     rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
     colours = (style.ACCENT, style.PLACEHOLDER, style.PADDING)
 
     def draw(axes):
-        for (row, dtype), (col, vocab) in itertools.product(enumerate(DTYPE_BYTES), enumerate(vocabs)):
+        for (row, dtype), (col, vocab) in itertools.product(enumerate(perf.DTYPE_BYTES), enumerate(vocabs)):
             ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
             label = f"specfix {bench.JUDGED}"
             ax.plot(one["rows"], rate(one, bench.JUDGED), "o-", color=style.NEUTRAL, label=label)
@@ -316,7 +299,7 @@ def peer_figure(report: dict, source: str):
                 impl, label = bench.peer_impl(v), f"vLLM {v} gumbel_sample"
                 ax.plot(one["rows"], rate(one, impl), "s--", ms=4, color=colour, label=label)
             label = f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype"
-            ax.axhline(read * 1e3 / DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2, label=label)
+            ax.axhline(read * 1e3 / perf.DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2, label=label)
             ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
             style.log_ticks(ax.xaxis, sorted(table["rows"].unique())[::2])  # every other size: 4 panels a row
             style.log_ticks(ax.yaxis)
@@ -331,25 +314,25 @@ def peer_figure(report: dict, source: str):
         "that version; the gap up to the dotted read ceiling is what any sampler could still gain."
     )
     text = (f"specfix {bench.JUDGED} beside {names}: same inputs, same run", source, caption)
-    shape, reason = (len(DTYPE_BYTES), len(vocabs)), "no vLLM sampler in this report (bench --peer)"
+    shape, reason = (len(perf.DTYPE_BYTES), len(vocabs)), "no vLLM sampler in this report (bench --peer)"
     return figure(report, "gumbel", table.empty, draw, shape, 5.6, text, reason, sharex=True, sharey=True)
 
 
 def small_batch_figure(report: dict, source: str):
     """Every shape judged under the small-batch goals, its margin (% of target) in its goal's column."""
-    judged = {n: judged_goals(report, n) for n in SMALL_BATCH}
+    judged = {n: perf.judged_goals(report, n) for n in perf.SMALL_BATCH}
 
     def draw(axes):
         ax, rng = axes[0, 0], np.random.default_rng(0)  # a fixed jitter keeps the dots of a goal apart
         for n, goals in judged.items():
-            margins = np.array([0.0 if math.isnan(m) else m for m in map(margin_pct, goals)])
+            margins = np.array([0.0 if math.isnan(m) else m for m in map(perf.margin_pct, goals)])
             x = n + rng.uniform(-0.25, 0.25, len(margins))
             ok = np.array([g["status"] == "pass" for g in goals], dtype=bool)
             ax.scatter(x[ok], margins[ok], s=12, color=style.FIXED, label="shape meets its goal")
             ax.scatter(x[~ok], margins[~ok], s=12, color=style.BUGGY, label="shape misses its goal")
         ax.axhline(0, color=style.CEILING, lw=0.8)
-        names = [f"{n}. " + "\n".join(textwrap.wrap(d.split(":")[0], 12)) for n, d in SMALL_BATCH.items()]
-        ax.set_xticks(list(SMALL_BATCH), names)
+        short = {n: "\n".join(textwrap.wrap(d.split(":")[0], 12)) for n, d in perf.SMALL_BATCH.items()}
+        ax.set_xticks(list(short), [f"{n}. {d}" for n, d in short.items()])
         ax.set(ylabel="margin, % of the target")
         ax.grid(axis="x", visible=False)
 
