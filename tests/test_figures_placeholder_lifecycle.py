@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 
 from specfix.figures import placeholder_lifecycle as figs
 from specfix.figures import style
@@ -41,9 +42,6 @@ def test_token_table_writes_the_filled_cells_only(step):
     assert [t.get_text() for t in ax.get_yticklabels()] == ["pd", "fresh"]
     assert "-1 is still only a value" in _caption(fig)
     assert fig.legends and ax.get_legend() is None  # the colour key sits outside the grid
-
-
-def test_token_table_refuses_rows_of_the_wrong_length(step):
     with pytest.raises(ValueError, match="rows has 1 entries for 2 requests"):
         figs.token_table(step, VOCAB, rows=[0])
 
@@ -57,6 +55,8 @@ def test_step_stages_shows_the_minus_one_kept_in_the_metadata_and_clamped_for_th
     labels = [t.get_text() for t in before.get_xticklabels()]
     assert labels[:4] == ["pd"] * 4 and set(labels[4:]) <= {"fresh", "pad"}
     assert "clamped to 0" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    key = [p.get_facecolor()[:3] for p in fig.legends[0].get_patches()]
+    assert any(np.allclose(fill, to_rgb(style.PLACEHOLDER)) for fill in key)  # the suite's colours
 
 
 def test_draft_positions_point_at_the_drafts_in_input_ids(step):
@@ -94,6 +94,8 @@ def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_d
     heights = [p.get_height() for p in rates.patches[:3]]  # the greedy run, draft 1..3
     assert np.allclose(heights, two_runs["greedy"].acceptance_rate_per_pos)
     assert "only verified when" in _caption(fig)
+    with pytest.raises(ValueError, match="stats is empty"):
+        figs.acceptance({})
 
 
 def test_the_grids_and_plots_are_drawn_for_the_books_column(step, two_runs):
@@ -105,20 +107,6 @@ def test_the_grids_and_plots_are_drawn_for_the_books_column(step, two_runs):
     ):
         seen = style.legibility(fig)
         assert seen["natural_px"] <= style.COLUMN_PX and seen["smallest_pt"] >= style.SMALLEST_PT, seen
-
-
-def test_acceptance_refuses_no_runs():
-    with pytest.raises(ValueError, match="stats is empty"):
-        figs.acceptance({})
-
-
-def test_figures_use_the_suite_colours(step):
-    fig = figs.step_stages(step, VOCAB)
-    fills = [p.get_facecolor() for p in fig.legends[0].get_patches()]
-    assert any(
-        np.allclose(f[:3], np.array([int(style.PLACEHOLDER[i : i + 2], 16) for i in (1, 3, 5)]) / 255)
-        for f in fills
-    )
 
 
 @pytest.fixture(scope="module")

@@ -83,8 +83,6 @@ def _cell(c: dict) -> str:
         return "no error: -1 wrapped around" if c.get("wrapped") else "no error (wrong values)"
     if outcome == "raised":
         return f"{c['type']}: {c['message']}"
-    if outcome == "not run":
-        return "not recorded yet"
     return "no result (timed out)" if c.get("timed_out") else "no result"
 
 
