@@ -1,8 +1,8 @@
 """The one figure style of the suite: fixed colours, readable sizes, a caption under each figure.
 
-Draw inside ``with style.apply():`` (nothing global changes for the reader's own plots) and put
-:func:`caption` under the figure. Colours always mean the same thing: ``FIXED`` (fix on), ``BUGGY`` (fix
-off), ``PLACEHOLDER`` (a -1 slot), ``PADDING`` (a padded row), ``NEUTRAL`` (anything else).
+Draw in ``with style.figure(caption, height) as (fig, ax):`` (nothing global changes for the reader's own
+plots). Colours always mean the same thing: ``FIXED`` (fix on), ``BUGGY`` (fix off), ``PLACEHOLDER`` (a -1
+slot), ``PADDING`` (a padded row), ``NEUTRAL`` (anything else).
 """
 
 from __future__ import annotations
@@ -81,9 +81,7 @@ def watch_figures() -> bool:
 
 def _fail_on_undisplayed(result) -> None:
     plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None or "inline" not in mpl.get_backend():
-        return
-    left = plt.get_fignums()
+    left = plt.get_fignums() if plt is not None and "inline" in mpl.get_backend() else []
     if not left:
         return
     titles = [plt.figure(num).get_suptitle() or f"figure {num}" for num in left]
@@ -99,21 +97,16 @@ def _fail_on_undisplayed(result) -> None:
         get_ipython().showtraceback((type(error), error, None))
 
 
-def caption(fig, text: str) -> None:
-    """Write ``text`` under the figure: what to look at, in one or two sentences."""
-    fig.text(0.01, -0.02, text, ha="left", va="top", wrap=True, fontsize=9, style="italic")
-
-
 @contextlib.contextmanager
 def figure(text: str, height: float, *shape, width: float = WIDTH_IN, close: bool = False, **kwargs):
-    """``plt.subplots(*shape)`` drawn inside :func:`apply`, then ``text`` captioned under it; ``close``:
-    closed in pyplot, so a notebook shows it once, as the cell's value."""
+    """``plt.subplots(*shape)`` drawn inside :func:`apply`, then ``text`` (what to look at, in one or two
+    sentences) under it; ``close``: closed in pyplot, so a notebook shows it once, as the cell's value."""
     import matplotlib.pyplot as plt  # on first use: importing specfix (figure checks on) loads no pyplot
 
     with apply():
         fig, axes = plt.subplots(*shape, figsize=(width, height), **kwargs)
         yield fig, axes
-        caption(fig, text)
+        fig.text(0.01, -0.02, text, ha="left", va="top", wrap=True, fontsize=9, style="italic")
     if close:
         plt.close(fig)
 

@@ -44,6 +44,12 @@ _KINDS = {
     "recovered": style.NEUTRAL,
     "bonus": style.ACCENT,
 }
+#: Per verification outcome: the kind of the draft's box and of the target's box below it.
+_OUTCOME_KINDS = {
+    "accept": ("draft accepted", "draft accepted"),
+    "recover": ("draft rejected", "recovered"),
+    "bonus": (None, "bonus"),
+}
 
 
 def step_outcomes(drafts: Sequence[int], choices: Sequence[int]) -> list[str]:
@@ -62,12 +68,6 @@ def _box(ax, x, y, text, kind):
     fill = style.light(_KINDS[kind])
     ax.add_patch(FancyBboxPatch((x, y), 0.9, 0.6, boxstyle="round,pad=0.02", fc=fill, ec="#777"))
     ax.text(x + 0.45, y + 0.3, text, ha="center", va="center", fontsize=9, color="black")
-
-
-def _draft_kind(draft: int, outcome: str | None) -> str:
-    if draft < 0:
-        return "placeholder -1"
-    return "context" if outcome is None else "draft accepted" if outcome == "accept" else "draft rejected"
 
 
 def step_figure(
@@ -95,11 +95,11 @@ def step_figure(
             _box(ax, x, 1.0, ("... " if x == 0 and cut else "") + name(token), "context")  # "...": words cut
         for slot, x in enumerate(range(len(shown), len(shown) + len(drafts) + 1)):
             outcome = outcomes[slot] if slot < len(outcomes) else None
-            if slot < len(drafts):  # a draft past the first mismatch is never reached: grey
-                _box(ax, x, 1.0, name(drafts[slot]), _draft_kind(drafts[slot], outcome))
+            draft_kind, target_kind = _OUTCOME_KINDS.get(outcome, ("context", None))  # unreached: grey
+            if slot < len(drafts):
+                _box(ax, x, 1.0, name(drafts[slot]), "placeholder -1" if drafts[slot] < 0 else draft_kind)
             if outcome:
-                kind = {"accept": "draft accepted", "recover": "recovered", "bonus": "bonus"}[outcome]
-                _box(ax, x, 0.1, name(choices[slot]), kind)
+                _box(ax, x, 0.1, name(choices[slot]), target_kind)
                 ax.text(x + 0.45, -0.15, outcome, ha="center", va="center", fontsize=8)
         ax.text(-0.2, 1.3, "draft", ha="right", va="center")
         ax.text(-0.2, 0.4, "target", ha="right", va="center")
@@ -137,12 +137,8 @@ def course_map(notebooks: Path | str = NOTEBOOKS) -> str:
 def module_map() -> dict[str, pd.DataFrame]:
     """Per role of :data:`MAP_ROLES`: its modules, the vLLM files they mirror and their one-line summaries."""
     table = pd.DataFrame(vllm_map())
-    out = {}
-    for role in MAP_ROLES:
-        rows = table[table["role"] == role].copy()
-        rows["module"] = rows["module"].str.removeprefix("specfix.")
-        out[role] = rows.set_index("module")[["mirrors", "summary"]]
-    return out
+    table = table.set_index(table["module"].str.removeprefix("specfix."))
+    return {role: table.loc[table["role"] == role, ["mirrors", "summary"]] for role in MAP_ROLES}
 
 
 def docstring_markdown(text: str) -> str:
