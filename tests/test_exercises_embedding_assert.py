@@ -67,6 +67,7 @@ def test_clamp_mistakes_get_their_hint(answer, hint):
         ({"embedding"}, "not_ops"),
         ({"F.embedding", "torch.index_select", "torch.gather", "w[idx]"}, "wraps"),
         ({"torch.gather"}, "gather_only"),
+        ({"F.embedding", "torch.index_select"}, "family_only"),
         ({"torch.index_select", "torch.gather"}, "missed_embedding"),
         ({"F.embedding"}, "incomplete"),
     ],

@@ -9,7 +9,7 @@ from specfix.exercises.solutions import masked_gumbel_sampling as sol
 from specfix.lab import masked_gumbel
 from specfix.runtime import tl, triton
 
-# -- ch4.mask_kernel: kernels with one mistake each --------------------------------------------------------
+# -- ch4.mask_kernel and ch4.mask_seed: kernels with one switchable mistake each ------------------------
 
 
 @triton.jit
@@ -27,9 +27,12 @@ def _scale(
     OTHER: tl.constexpr,
     SCALAR_STORE_MASK: tl.constexpr,
     ALWAYS_DIVIDE: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     row = tl.program_id(0)
     req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    if CLAMP:  # padded rows become slot 0's
+        req_state_idx = tl.maximum(req_state_idx, 0)
     offs = tl.arange(0, BLOCK)
     if STRICT:
         valid = offs * 0 + req_state_idx > 0
@@ -57,62 +60,118 @@ def _scale(
         tl.store(out_ptr + req_state_idx * vocab_size + offs, x, mask=offs < vocab_size)
 
 
-def _variant(
-    mask_load=True, mask_store=True, strict=False, other=0.0, scalar_store_mask=False, always_divide=False
+@triton.jit
+def _noise(
+    logits_ptr,
+    idx_mapping_ptr,
+    temperature_ptr,
+    seeds_ptr,
+    out_ptr,
+    row_seed_ptr,
+    vocab_size,
+    BLOCK: tl.constexpr,
+    MASK_SEED: tl.constexpr,
+    MASK_TEMP: tl.constexpr,
+    BY_ROW: tl.constexpr,
+    SCALE: tl.constexpr,
+    SCALAR_MASK: tl.constexpr,
 ):
-    class Variant:
-        """Launches ``_scale`` with one mistake switched on, as a reader's kernel would be launched."""
+    row = tl.program_id(0)
+    req_state_idx = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    is_valid_req = req_state_idx >= 0
+    if MASK_TEMP:
+        temp = tl.load(temperature_ptr + req_state_idx, mask=is_valid_req, other=0.0)
+    else:
+        temp = tl.load(temperature_ptr + req_state_idx)
+    where = row if BY_ROW else req_state_idx
+    if MASK_SEED:
+        seed = tl.load(seeds_ptr + where, mask=is_valid_req, other=0)
+    else:
+        seed = tl.load(seeds_ptr + where)
+    tl.store(row_seed_ptr + row, seed)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(logits_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=0.0)
+    if temp != 0.0:
+        x = x / temp - SCALE * tl.log(-tl.log(tl.rand(seed, offs)))
+    if SCALAR_MASK:
+        tl.store(out_ptr + row * vocab_size + offs, x, mask=(offs < vocab_size) & is_valid_req)
+    else:
+        tl.store(out_ptr + row * vocab_size + offs, x, mask=offs < vocab_size)
 
-        fn = _scale.fn
+
+def switched(kernel, **switches):
+    """``kernel`` with its constexpr switches set, launched as a reader's kernel is launched."""
+
+    class Switched:
+        fn = kernel.fn
 
         def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                _scale[grid](
-                    *args,
-                    **kwargs,
-                    MASK_LOAD=mask_load,
-                    MASK_STORE=mask_store,
-                    STRICT=strict,
-                    OTHER=other,
-                    SCALAR_STORE_MASK=scalar_store_mask,
-                    ALWAYS_DIVIDE=always_divide,
-                )
+            return lambda *args, **kwargs: kernel[grid](*args, **kwargs, **switches)
 
-            return launch
+    return Switched()
 
-    return Variant()
+
+#: Each kernel exercise's switchable kernel, and its switches with no mistake.
+RIGHT = {
+    "ch4.mask_kernel": (
+        _scale,
+        dict(
+            MASK_LOAD=True,
+            MASK_STORE=True,
+            STRICT=False,
+            OTHER=0.0,
+            SCALAR_STORE_MASK=False,
+            ALWAYS_DIVIDE=False,
+            CLAMP=False,
+        ),
+    ),
+    "ch4.mask_seed": (
+        _noise,
+        dict(MASK_SEED=True, MASK_TEMP=True, BY_ROW=False, SCALE=1.0, SCALAR_MASK=False),
+    ),
+}
+
+
+def _variant(check, **wrong):
+    kernel, right = RIGHT[check.exercise]
+    return switched(kernel, **{**right, **wrong})
+
+
+#: The interpreter refuses a scalar in a mask; a compiled kernel accepts it.
+_INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET, reason="the compiled kernel accepts it")
 
 
 @pytest.mark.parametrize(
-    "wrong,hint",
+    "check,wrong,hint",
     [
-        (dict(mask_load=False, mask_store=False), "no_mask"),
-        (dict(mask_load=False), "load_unmasked"),
-        (dict(mask_store=False), "store_unmasked"),
-        (dict(strict=True), "skips_slot_0"),
-        (dict(other=1.0), "other_not_zero"),
-        (dict(always_divide=True), "wrong_values"),
+        (ex.check_mask_kernel, dict(MASK_LOAD=False, MASK_STORE=False), "no_mask"),
+        (ex.check_mask_kernel, dict(MASK_LOAD=False), "load_unmasked"),
+        (ex.check_mask_kernel, dict(MASK_STORE=False), "store_unmasked"),
+        (ex.check_mask_kernel, dict(STRICT=True), "skips_slot_0"),
+        (ex.check_mask_kernel, dict(MASK_LOAD=False, MASK_STORE=False, CLAMP=True), "padded_wrote_live"),
+        (ex.check_mask_kernel, dict(OTHER=1.0), "other_not_zero"),
+        (ex.check_mask_kernel, dict(ALWAYS_DIVIDE=True), "wrong_values"),
+        pytest.param(
+            ex.check_mask_kernel, dict(SCALAR_STORE_MASK=True), "scalar_mask", marks=_INTERPRETER_ONLY
+        ),
+        (ex.check_mask_seed, dict(MASK_SEED=False), "seed_unmasked"),
+        (ex.check_mask_seed, dict(MASK_TEMP=False, MASK_SEED=False), "seed_unmasked"),
+        (ex.check_mask_seed, dict(MASK_TEMP=False), "noise_on_padded"),
+        (ex.check_mask_seed, dict(BY_ROW=True), "seed_by_row"),
+        (ex.check_mask_seed, dict(SCALE=0.5), "wrong_values"),
+        pytest.param(ex.check_mask_seed, dict(SCALAR_MASK=True), "scalar_mask", marks=_INTERPRETER_ONLY),
     ],
 )
-def test_mask_kernel_names_each_mistake(wrong, hint):
-    verdict = ex.check_mask_kernel(_variant(**wrong))
+def test_kernel_exercises_name_each_mistake(check, wrong, hint):
+    verdict = check(_variant(check, **wrong))
     assert verdict.hint_ids == [hint], str(verdict)
 
 
-def test_the_variant_kernel_with_no_mistake_is_accepted():
+@pytest.mark.parametrize("check", [ex.check_mask_kernel, ex.check_mask_seed], ids=lambda c: c.exercise)
+def test_kernel_exercises_accept_the_variant_with_no_mistake_and_want_a_kernel(check):
     """The mistakes above come from switches on one kernel; with every switch right it must pass."""
-    assert ex.check_mask_kernel(_variant()).solved
-
-
-@pytest.mark.skipif(not runtime.INTERPRET, reason="the compiled kernel accepts a scalar in a mask")
-def test_mask_kernel_explains_the_interpreters_scalar_mask():
-    verdict = ex.check_mask_kernel(_variant(scalar_store_mask=True))
-    assert verdict.hint_ids == ["scalar_mask"], str(verdict)
-
-
-def test_mask_kernel_wants_a_kernel():
-    verdict = ex.check_mask_kernel(lambda: 42)
-    assert verdict.hint_ids == ["not_a_kernel"], str(verdict)
+    assert check(_variant(check)).solved
+    assert check(lambda: 42).hint_ids == ["not_a_kernel"]
 
 
 def test_the_reference_kernel_is_built_by_the_solution():
