@@ -187,13 +187,11 @@ def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str
         return "finishes" if pd.isna(at) else f"crashes at step {int(at)}"
 
     counts = [placeholder_counts(result) for (_, mode), result in runs.items() if mode == "async"]
-    written, overwritten, reaching = (
-        "-1 written by the scheduler",
-        "-1 overwritten by the runner",
-        "-1 reaching the embedding",
-    )
     rest = ""
-    if all(c[written] == c[overwritten] + c[reaching] for c in counts):
+    if all(
+        c["-1 written by the scheduler"] == c["-1 overwritten by the runner"] + c["-1 reaching the embedding"]
+        for c in counts
+    ):
         rest = (
             "Every other `-1` of these async runs was overwritten before the forward (in the table above, "
             "written = overwritten + reaching the embedding), so without the clamp async scheduling crashes "
