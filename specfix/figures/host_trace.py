@@ -15,7 +15,6 @@ from specfix.figures import style
 from specfix.figures.performance_figures import figure, missing
 from specfix.tools import recorded
 
-HOST_TRACE = "host_trace_h200"
 #: The timeline's lanes, top to bottom: label and colour.
 _LANES = {
     "call": ("call", style.PADDING),
@@ -33,7 +32,7 @@ _STEP_BARS = (
 
 def load_host_trace() -> tuple[dict, str]:
     """The recording and the line that says where it comes from (the profiler run needs a GPU)."""
-    trace = recorded.load(HOST_TRACE)
+    trace = recorded.load("host_trace_h200")
     return trace, "RECORDED, not on this machine: " + recorded.label(trace["meta"])
 
 
@@ -60,12 +59,9 @@ def host_rows(trace: dict) -> pd.DataFrame:
 
 def host_bound_until(trace: dict, impl: str) -> int | None:
     """The most rows up to which ``impl``'s ``gumbel_sample`` is host-bound at every size (None: none)."""
-    bound = None
-    for r in host_rows(trace).query("impl == @impl").itertuples():
-        if not r.host_bound:
-            break
-        bound = int(r.rows)
-    return bound
+    one = host_rows(trace).query("impl == @impl")
+    bound = one["rows"][one["host_bound"].cummin()]
+    return int(bound.max()) if len(bound) else None
 
 
 def step_table(trace: dict) -> pd.DataFrame:

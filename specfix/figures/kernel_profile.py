@@ -188,11 +188,10 @@ def rate_goal_text(profile: dict, report: dict) -> str:
 def _instructions_head(new: pd.Series, old: pd.Series) -> str:
     """What the two profiled kernels say about instruction count and time, as the recording has them."""
     fewer, faster = new.instructions_per_logit < old.instructions_per_logit, new.time_us < old.time_us
-    head = f"{'Fewer' if fewer else 'More'} instructions, "
-    if fewer == faster:
-        return head + f"{'less' if faster else 'more'} time"
-    why = "the count alone does not decide, how many cycles issue does too"
-    return head + f"yet {'less' if faster else 'more'} time: {why}"
+    time = f"{'less' if faster else 'more'} time"
+    if fewer != faster:
+        time = f"yet {time}: the count alone does not decide, how many cycles issue does too"
+    return f"{'Fewer' if fewer else 'More'} instructions, {time}"
 
 
 def mask_profile_text(profile: dict) -> str:

@@ -54,9 +54,9 @@ def ceilings(report: dict) -> dict[str, float]:
     return {"copy": pick("copy"), "read": pick("argmax_read")}
 
 
-def medians(report: dict) -> pd.DataFrame:
-    """The Gumbel case's median us, a row per shape (dtype, vocab, rows) and a column per sampler."""
-    g = bench.frame(report, "gumbel")
+def medians(report: dict, case: str = "gumbel") -> pd.DataFrame:
+    """A Gumbel case's median us, a row per shape (dtype, vocab, rows) and a column per sampler."""
+    g = bench.frame(report, case)
     if g.empty:
         return pd.DataFrame(columns=["dtype", "vocab", "rows"])
     return g.pivot_table(index=["dtype", "vocab", "rows"], columns="impl", values="median_us").reset_index()
@@ -453,10 +453,7 @@ def host_spread(report: dict) -> pd.DataFrame:
 
 def host_text(report: dict) -> str:
     """The judged kernel's host cost per call beside the goal's vLLM version's."""
-    host, peer = bench.frame(report, "gumbel_host"), bench.peer_impl(bench.GOAL_PEER)
-    if host.empty:
-        return ""
-    wide = host.pivot_table(index=["rows", "vocab"], columns="impl", values="median_us")
+    wide, peer = medians(report, "gumbel_host"), bench.peer_impl(bench.GOAL_PEER)
     if peer not in wide:
         return ""
     gap, times = wide[bench.JUDGED] - wide[peer], wide[bench.JUDGED] / wide[peer]
