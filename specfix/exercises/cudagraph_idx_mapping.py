@@ -169,27 +169,32 @@ def _batch(rows: list[_Live]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]]:
     """(event index, write) of each padded row naming a slot in ``events``, on the unfixed speculator."""
-    scenario, writes = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs, device="cpu"), []
+    return [(i, w) for i, w, _ in _played(events, max_num_reqs)]
+
+
+def _played(events, max_num_reqs: int = 8):
+    """Each of :func:`padded_writes`, with the slot each request finished before it held last."""
+    scenario, freed = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs, device="cpu"), {}
     for number, event in enumerate(events):
+        verb, names = event.split()
+        if verb == "finish":
+            freed |= {n: scenario.states.req_id_to_index[n] for n in names}
         state = scenario.play([event])
-        if event.startswith("step"):
-            writes += [(number, w) for w in state.writes]
-    return writes
+        if verb == "step":
+            yield from ((number, w, dict(freed)) for w in state.writes)
 
 
 def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
     """Requests by what a padded write did to them, each kind named by the hint it earns."""
-    kinds = {k: set() for k in ("victim", "in_batch", "undrafted", "unread", "finished", "earlier")}
+    kinds = {k: set() for k in ("victim", "undrafted", "unread", "finished", "earlier")}
     ran = [(i, e.split()[1]) for i, e in enumerate(events) if e.startswith("step")]
-    writes = padded_writes(events)
-    last = max((i for i, _ in writes), default=-1)
-    for i, w in writes:
+    writes = list(_played(events))
+    last = max((i for i, *_ in writes), default=-1)
+    for i, w, freed in writes:
         if w.victim is None:  # a free slot: whoever held it has finished
-            kinds["finished"] |= {n for n, slot in _freed(events[:i]).items() if slot == w.slot}
+            kinds["finished"] |= {n for n, slot in freed.items() if slot == w.slot}
             continue
-        if w.victim in events[i].split()[1]:
-            kind = "in_batch"  # its own row writes the slot too: a race on a GPU
-        elif not any(w.victim in names for j, names in ran if j < i):
+        if not any(w.victim in names for j, names in ran if j < i):
             kind = "undrafted"  # waiting, nothing drafted yet
         elif not any(w.victim in names for j, names in ran if j > i):
             kind = "unread"  # waiting, never runs again
@@ -199,18 +204,6 @@ def _write_kinds(events: tuple[str, ...]) -> dict[str, set[str]]:
         if kind == "victim" and i != last:  # hit by a padded step before the last one
             kinds["earlier"].add(w.victim)
     return kinds
-
-
-def _freed(events) -> dict[str, int]:
-    """The slot each finished request of ``events`` held last (a newcomer takes the lowest free one)."""
-    live, freed = {}, {}
-    for verb, names in map(str.split, events):
-        for n in names:
-            if verb == "finish":
-                freed[n] = live.pop(n)
-            elif n not in live:
-                live[n] = min(set(range(26)) - set(live.values()))
-    return freed
 
 
 @checker(

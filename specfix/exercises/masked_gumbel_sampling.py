@@ -21,6 +21,9 @@ KERNEL_IDX_MAPPING = (2, 0, 3, 1, -1, -1)
 #: What the guard rows hold: the temperature one row before the table, and the output's sentinel.
 GUARD_TEMPERATURE = 4.0
 OUT_SENTINEL = -555.0
+#: The seed exercise's tables: each slot's seed, and the seed the guard rows hold.
+KERNEL_SEEDS = (11, 22, 33, 44)
+GUARD_SEED = 777
 #: The hints both kernel exercises give.
 _KERNEL_HINTS = {
     "not_a_kernel": "pass the kernel itself (the function decorated with @triton.jit).",
@@ -29,30 +32,40 @@ _KERNEL_HINTS = {
 }
 
 
-def _kernel_tables(device):
-    """Inputs and guarded outputs of the write-it kernel (whole allocations kept for inspection)."""
+def _run_kernel(answer, verdict, *, seeds: bool = False) -> tuple[torch.Tensor, ...]:
+    """Launch the reader's kernel (or the one a reference solution builds), one program per row; logits,
+    idx_mapping, the output (guard rows included) and what each row read, back on the CPU. The seed kernel
+    also reads a guarded seeds table and writes each row's noisy logits by row."""
+    device, rows, slots = runtime.DEVICE, len(KERNEL_IDX_MAPPING), len(KERNEL_TEMPERATURE)
     gen = torch.Generator().manual_seed(41)
-    rows, slots = len(KERNEL_IDX_MAPPING), len(KERNEL_TEMPERATURE)
     logits = (torch.randn(rows, KERNEL_VOCAB, generator=gen) * 3).to(device)
     idx = torch.tensor(KERNEL_IDX_MAPPING, dtype=torch.int32, device=device)
-    temperature, temp_whole = gumbel.guarded_table(
+    temperature, _ = gumbel.guarded_table(
         (slots,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE, device=device
     )
     temperature.copy_(torch.tensor(KERNEL_TEMPERATURE))
-    out, out_whole = gumbel.guarded_table((slots, KERNEL_VOCAB), OUT_SENTINEL, torch.float32, device=device)
-    row_temp = torch.full((rows,), float("nan"), device=device)
-    return logits, idx, temperature, out, out_whole, row_temp
-
-
-def _launch(answer, verdict, *tables) -> None:
-    """Launch the reader's kernel (or the one a reference solution builds) with one program per row."""
+    if seeds:
+        seeds_table, _ = gumbel.guarded_table(
+            (len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device
+        )
+        seeds_table.copy_(torch.tensor(KERNEL_SEEDS))
+        out = out_whole = torch.full((rows, KERNEL_VOCAB), OUT_SENTINEL, device=device)
+        row_read = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        tables = (logits, idx, temperature, seeds_table, out, row_read)
+    else:
+        out, out_whole = gumbel.guarded_table(
+            (slots, KERNEL_VOCAB), OUT_SENTINEL, torch.float32, device=device
+        )
+        row_read = torch.full((rows,), float("nan"), device=device)
+        tables = (logits, idx, temperature, out, row_read)
     kernel = answer if hasattr(answer, "fn") else answer()
     verdict.require(hasattr(kernel, "fn"), "not_a_kernel")
     try:
-        kernel[(len(KERNEL_IDX_MAPPING),)](*tables, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK)
+        kernel[(rows,)](*tables, KERNEL_VOCAB, BLOCK=KERNEL_BLOCK)
     except Exception as error:
         verdict.require("mask has unsupported dtype" not in str(error), "scalar_mask")
         raise
+    return logits.cpu(), idx.cpu(), out_whole.cpu(), row_read.cpu()
 
 
 @checker(
@@ -78,9 +91,7 @@ def _launch(answer, verdict, *tables) -> None:
     },
 )
 def check_mask_kernel(answer, verdict):
-    logits, idx, temperature, out, out_whole, row_temp = _kernel_tables(runtime.DEVICE)
-    _launch(answer, verdict, logits, idx, temperature, out, row_temp)
-    logits, idx, out_whole, row_temp = logits.cpu(), idx.cpu(), out_whole.cpu(), row_temp.cpu()
+    logits, idx, out_whole, row_temp = _run_kernel(answer, verdict)
     padded = idx < 0
     stray_write = bool((out_whole[0] != OUT_SENTINEL).any() or (out_whole[-1] != OUT_SENTINEL).any())
     stray_read = bool((row_temp[padded] == GUARD_TEMPERATURE).any())
@@ -173,25 +184,6 @@ def check_find_overwritten(answer, verdict):
 
 # -- ch4.mask_seed -----------------------------------------------------------------------------------------
 
-#: The seed exercise's tables: each slot's seed, and the seed the guard rows hold.
-KERNEL_SEEDS = (11, 22, 33, 44)
-GUARD_SEED = 777
-
-
-def _run_noise_kernel(answer, verdict):
-    """Launch the seed kernel on the write-it kernel's inputs and a guarded seeds table; its tables."""
-    device = runtime.DEVICE
-    logits, idx, temperature, _, _, _ = _kernel_tables(device)
-    seeds, _ = gumbel.guarded_table(
-        (len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device
-    )
-    seeds.copy_(torch.tensor(KERNEL_SEEDS))
-    out = torch.full((len(KERNEL_IDX_MAPPING), KERNEL_VOCAB), OUT_SENTINEL, device=device)
-    row_seed = torch.full((len(KERNEL_IDX_MAPPING),), -1, dtype=torch.int64, device=device)
-    tables = (logits, idx, temperature, seeds, out, row_seed)
-    _launch(answer, verdict, *tables)
-    return [t.cpu() for t in tables]
-
 
 @checker(
     "ch4.mask_seed",
@@ -210,12 +202,12 @@ def _run_noise_kernel(answer, verdict):
     },
 )
 def check_mask_seed(answer, verdict):
-    logits, idx, _, _, out, row_seed = _run_noise_kernel(answer, verdict)
+    logits, idx, out, row_seed = _run_kernel(answer, verdict, seeds=True)
     padded = idx < 0
     read = f"(the padded rows read the seeds {row_seed[padded].tolist()})"
     verdict.require(not bool((row_seed[padded] == GUARD_SEED).any()), "seed_unmasked", read)
     verdict.require(torch.equal(out[padded], logits[padded]), "noise_on_padded")
     by_slot = all(int(row_seed[row]) == KERNEL_SEEDS[s] for row, s in enumerate(KERNEL_IDX_MAPPING) if s >= 0)
     verdict.require(by_slot, "seed_by_row", f"(rows {idx.tolist()} read the seeds {row_seed.tolist()})")
-    want = _run_noise_kernel(check_mask_seed.reference()(), verdict)[4]  # the reference kernel's rows
+    want = _run_kernel(check_mask_seed.reference()(), verdict, seeds=True)[2]  # the reference kernel's rows
     verdict.require(torch.allclose(out[~padded], want[~padded], equal_nan=True), "wrong_values")
