@@ -333,18 +333,11 @@ def test_chapter_5_texts_are_rendered_from_the_recordings():
     text = perf.rejection_graph_text({**H200, "results": few})
     assert f"at {batches[0]} requests and" in text and f"at {batches[-1]} (random)" in text
     # the GPU's ci run: one k, one vocab, one batch (the text once unpacked two (k, vocab) pairs from it)
-    ci = [
-        r
-        for r in H200["results"]
-        if r["case"] != "rejection"
-        or (r["params"]["k"], r["params"]["vocab"], r["params"]["batch"]) == (5, 151_936, 64)
-    ]
+    ci_shape = lambda p: (p["k"], p["vocab"], p["batch"]) == (5, 151_936, 64)
+    ci = [r for r in H200["results"] if r["case"] != "rejection" or ci_shape(r["params"])]
     text = perf.rejection_graph_text({**H200, "results": ci})
-    assert (
-        "at 64 requests (greedy)" in text
-        and "grows with the batch" not in text
-        and "at k = 5 and 151,936" in text
-    )
+    assert "at 64 requests (greedy)" in text and "at k = 5 and 151,936" in text
+    assert "grows with the batch" not in text
     with pytest.raises(ValueError, match="before: old"):
         only_today = [k for k in profile["kernels"] if k["kernel"] == "today"]
         kernel_profile.profile_text({**profile, "kernels": only_today}, sweep)
@@ -376,12 +369,7 @@ def test_speedup_caption_and_instruction_head_say_what_the_recordings_show():
 
 def test_chapter_5_paragraphs_are_rendered_from_the_report():
     floors = perf.floor_table(H200)
-    s = floors[
-        (floors.impl == bench.JUDGED)
-        & (floors.rows == 256)
-        & (floors.vocab == 151_936)
-        & (floors.dtype == "fp32")
-    ].iloc[0]
+    s = floors.query("impl == @bench.JUDGED and rows == 256 and vocab == 151_936 and dtype == 'fp32'").iloc[0]
     assert f"the floor is **{s.floor_us:.1f} us**" in perf.floor_text(H200)
     assert perf.floor_text({**H200, "results": []}) == ""
     mask = perf.mask_overhead(H200)
@@ -482,9 +470,8 @@ def test_rate_goal_text_explains_goal_3_from_the_profile_and_the_bench():
     said = [text.index(f"*{r}* {x}") for r, x in (("not selected", "2.00"), ("math pipe throttle", "1.50"))]
     said += [text.index("*wait* 0.50"), text.index("*long scoreboard* 0.25 (waiting for memory)")]
     assert said == sorted(said) and "*selected*" not in text and "barrier" not in text
-    assert (
-        "about 24 instructions per logit" in text and "issuing in 100% of cycles" in text
-    )  # 30 / 1.25, 80 x 1.25
+    assert "about 24 instructions per logit" in text  # 30 / 1.25
+    assert "issuing in 100% of cycles" in text  # 80 x 1.25
     assert "compare it within this run only" not in text  # no earlier run to set the old kernel beside
     # the older kernel's count at 1,024 x 151,936 fp32 moved between the runs: the text says so
     old_fp32 = lambda n: _kernel("before: old", "1,024 x 151,936 fp32", instructions_per_logit=n)
@@ -500,11 +487,8 @@ def test_goal_3_paragraph_reads_what_the_recording_shows():
     """The paragraph says goal 3's shape is bound by neither memory nor issue, led by warps not selected."""
     profile = recorded.load("gumbel_ncu_h200")
     table = kernel_profile.profile_table(profile)
-    now = table[(table.kernel == "today") & (table["shape"] == kernel_profile.GOAL_SHAPE) & ~table.store]
-    now = now.iloc[0]
-    assert (
-        now.dram_pct_of_peak < 50 and now.issue_active_pct < 90
-    )  # what "neither bound by memory nor..." needs
+    now = table.query("kernel == 'today' and shape == @kernel_profile.GOAL_SHAPE and ~store").iloc[0]
+    assert now.dram_pct_of_peak < 50 and now.issue_active_pct < 90  # "neither bound by memory nor issuing..."
     reasons = {c: now[c] for c in table if c.startswith("stall_") and c != "stall_selected"}
     assert max(reasons, key=reasons.get) == "stall_not_selected"
     text = kernel_profile.rate_goal_text(profile, H200)
@@ -583,13 +567,9 @@ def test_host_spread_pairs_each_call_with_vllms_same_call_at_its_shape():
     hosts = [r for r in H200["results"] if r["case"] in ("gumbel_host", "rejection_host")]
     ours = [r for r in hosts if r["impl"].startswith("specfix")]
     assert len(table) == len(ours) == 10
-    row = table[(table.call == "rejection_sample") & (table["shape"] == "batch 64, k 3, vocab 151,936")].iloc[
-        0
-    ]
-    mine = next(r for r in ours if r["impl"] == "specfix_rejection_sample" and r["params"]["batch"] == 64)
-    vllm = next(
-        r for r in hosts if r["impl"] == "vllm_0.33.0_rejection_sample" and r["params"]["batch"] == 64
-    )
+    row = table.query("call == 'rejection_sample' and shape == 'batch 64, k 3, vocab 151,936'").iloc[0]
+    at_64 = lambda impl: next(r for r in hosts if r["impl"] == impl and r["params"]["batch"] == 64)
+    mine, vllm = at_64("specfix_rejection_sample"), at_64("vllm_0.33.0_rejection_sample")
     assert row["specfix us"] == f"{mine['median_us']:,.0f} ({mine['p20_us']:,.0f}..{mine['p80_us']:,.0f})"
     assert row["vLLM 0.33.0 us"] == f"{vllm['median_us']:,.0f} ({vllm['p20_us']:,.0f}..{vllm['p80_us']:,.0f})"
     assert row["ratio"] == round(mine["median_us"] / vllm["median_us"], 2)
