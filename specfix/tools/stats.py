@@ -63,9 +63,5 @@ def chi_square_power(probs, wrong, n: int, alpha: float) -> float:
 
 def samples_for_power(probs, wrong, alpha: float, power: float) -> int:
     """The fewest draws at which :func:`chi_square_power` reaches ``power``."""
-    p, q = np.asarray(probs, dtype=float), np.asarray(wrong, dtype=float)
-    df = len(p) - 1
-    critical = stats.chi2.isf(alpha, df)
-    # the noncentrality the power needs, then the draws that reach it
-    nc = optimize.brentq(lambda nc: stats.ncx2.sf(critical, df, nc) - power, 1e-9, 1e9, xtol=1e-9)
-    return math.ceil(nc / float(((q - p) ** 2 / p).sum()))
+    draws = optimize.brentq(lambda n: chi_square_power(probs, wrong, n, alpha) - power, 1e-9, 1e9, xtol=1e-9)
+    return math.ceil(draws)
