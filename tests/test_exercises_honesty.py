@@ -255,16 +255,6 @@ def test_floor_fallback_hint_does_not_spell_the_formula():
     assert "4 bytes" not in message and "1e6" not in message
 
 
-def _wraps_then_masks(draft_ids, p, q, u):  # indexes with the -1 (wrapped), then rejects the slot
-    rows = torch.arange(draft_ids.numel())
-    pp, qq = p[rows, draft_ids], q[rows, draft_ids]
-    return (draft_ids >= 0) & (qq > 0) & ((pp / torch.where(qq > 0, qq, 1.0)).double() >= u)
-
-
-def test_reject_negative_refuses_indexing_with_minus_one_even_when_masked():
-    assert _hint(ch1.check_reject_negative, _wraps_then_masks) == ["wrapped"]
-
-
 def test_metadata_truth_is_not_public():
     assert not hasattr(ch1, "metadata_truth")
 

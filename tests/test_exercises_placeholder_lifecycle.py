@@ -133,6 +133,7 @@ def _tuned_to_six_slots(draft_ids, p, q, u):  # right on the crafted slots, wron
     "answer,hint",
     [
         (_wraps, "wrapped"),
+        (lambda d, p, q, u: (d >= 0) & _wraps(d, p, q, u), "wrapped"),  # the -1's read, masked afterwards
         (_clamp_only, "clamp_only"),
         (_gathers_minus_one, "gather_negative"),
         (_divides_by_zero_q, "q_zero"),
