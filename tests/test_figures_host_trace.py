@@ -130,10 +130,8 @@ def test_text_gives_the_recordings_numbers():
 def test_text_says_where_the_gpu_went_idle_during_a_host_timing():
     trace = copy.deepcopy(FIXTURE)
     trace["rows"][2]["gpu_busy_throughout_host_timing"] = False
-    assert (
-        "ran out of queued work before the host's timing loop ended (specfix at 64 rows)"
-        in host_trace.host_trace_text(trace)
-    )
+    text = host_trace.host_trace_text(trace)
+    assert "ran out of queued work before the host's timing loop ended (specfix at 64 rows)" in text
     assert "ran out of queued work" not in host_trace.host_trace_text(FIXTURE)
 
 
@@ -218,14 +216,7 @@ def test_the_recorder_reduces_a_profiler_trace_to_the_steps_spans():
     """A Chrome trace as torch.profiler writes it on a GPU: the last step's annotation sets time 0; nested
     torch ops and events outside that step are dropped; launches and kernels kept; the GPU's busy time is a
     union."""
-    x = lambda cat, name, ts, dur, tid=1: {
-        "ph": "X",
-        "cat": cat,
-        "name": name,
-        "ts": ts,
-        "dur": dur,
-        "tid": tid,
-    }
+    x = lambda cat, name, ts, dur, tid=1: dict(ph="X", cat=cat, name=name, ts=ts, dur=dur, tid=tid)
     trace = {
         "traceEvents": [
             x("user_annotation", "step", 500, 300),

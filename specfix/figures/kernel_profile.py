@@ -74,7 +74,7 @@ def profile_summary(profile: dict) -> pd.DataFrame:
     """:func:`profile_table`'s columns that the text reads, under short names, formatted to fit the page."""
     table = profile_table(profile)
     shown = table[[c for c in _PROFILE_SHOWN if c in table]]
-    return style.tidy(shown.rename(columns=lambda c: _PROFILE_NAMES.get(c, c.replace("_", " "))), digits=2)
+    return style.tidy(shown.rename(columns=_PROFILE_NAMES), digits=2)  # tidy spaces the other names
 
 
 def hot_loop_table(profile: dict) -> pd.DataFrame:
