@@ -42,7 +42,6 @@ class Fixes:
         return cls(**{name: False for name in cls.names()})
 
     def without(self, *names: str) -> Fixes:
-        """A copy with the named fixes switched off."""
         unknown = sorted(set(names) - set(self.names()))
         if unknown:
             raise ValueError(f"unknown fix name(s) {unknown}; known: {self.names()}")

@@ -34,7 +34,6 @@ STORY_STARTS = (
 
 
 def story_prompts(num_prompts: int) -> list[str]:
-    """``num_prompts`` prompts, cycling through :data:`STORY_STARTS`."""
     check_count("num_prompts", num_prompts)
     return [STORY_STARTS[i % len(STORY_STARTS)] for i in range(num_prompts)]
 

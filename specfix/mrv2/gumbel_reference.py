@@ -107,7 +107,6 @@ def log1p_neg(u: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
-    """The careful form -log(-log1p(-u))."""
     return -careful_log(-log1p_neg(u))
 
 

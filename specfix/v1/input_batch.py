@@ -51,7 +51,6 @@ class InputBatch:
         self.req_id_to_index: dict[str, int] = {}
 
     def add_request(self, request: CachedRequestState) -> int:
-        """Give ``request`` the lowest free row, fill it with its tokens; return the row."""
         if None not in self._req_ids:
             raise ValueError(f"the batch is full (max_num_reqs={self.max_num_reqs})")
         tokens = request.prompt_token_ids + request.output_token_ids

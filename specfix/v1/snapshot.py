@@ -85,7 +85,6 @@ class Snapshot:
         self._restored = False
 
     def restore(self) -> None:
-        """Put ``obj`` back as it was when the snapshot was taken."""
         if self._restored:
             raise RuntimeError("a Snapshot restores once: its saved objects are now live")
         self._restored = True
