@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import functools
 import json
 import re
 import sys
@@ -766,15 +765,13 @@ def _fix(verdict: str, fix, has_it: bool | None) -> dict:
 
 
 # -- the report as text -------------------------------------------------------------------------------------
-_fill = functools.partial(textwrap.fill, break_long_words=False, break_on_hyphens=False)
-
-
 def render(report: dict, width: int = 100) -> str:
     """The report as a person reads it: verdict first, then the evidence, then what to do."""
 
     def para(text: str, indent: str = "  ", first: str | None = None) -> str:
         first = indent if first is None else first
-        return _fill(text, width, initial_indent=first, subsequent_indent=indent)
+        wrap = {"break_long_words": False, "break_on_hyphens": False}  # paths and flags stay whole
+        return textwrap.fill(text, width, initial_indent=first, subsequent_indent=indent, **wrap)
 
     v, s = report["verdict"], report["setup"]
     out = [f"specfix diagnose: {report['source']} ({report['lines']:,} lines)", ""]

@@ -29,9 +29,9 @@ def _doc(path: Path) -> str:
     return ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
 
 
-def _summary(doc: str | None) -> str:
+def _summary(doc: str) -> str:
     """The first sentence of a docstring, on one line."""
-    text = " ".join((doc or "").split())
+    text = " ".join(doc.split())
     match = re.match(r"(.+?[.:])(\s|$)", text)
     return match.group(1).rstrip(":") if match else text
 
