@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from specfix import runtime
+from specfix.figures.kernel_profile import GOAL_SHAPE
 from specfix.figures.performance import fix_costs, mask_overhead, padding_price
 from specfix.tools import bench, recorded
 
@@ -368,9 +369,9 @@ def _bench_warm_ms() -> str:
 
 
 def _profiled_shape() -> str:
-    shapes = {k["shape"].rsplit(" ", 1)[0] for k in recorded.load("gumbel_ncu_h200")["kernels"]}
-    assert "1,024 x 151,936" in shapes
-    return "1,024 x"
+    """The rows of the largest shape profiled, as the chapter writes them ('1,024 x')."""
+    kernels = recorded.load("gumbel_ncu_h200")["kernels"]
+    return f"{max(kernels, key=lambda k: k['rows'] * k['vocab'])['rows']:,} x"
 
 
 def _itemsize(dtype: str) -> str:
@@ -388,7 +389,7 @@ H200_SMS = "the H200's SM count (NVIDIA's specification; multi_processor_count i
 #: returns the figure from the package or a recording (checked), or a sentence naming its source.
 FIGURES = {
     ("05", "20 ms", "then more calls for"): _bench_warm_ms,
-    ("05", "1,024 x", "the largest shape"): _profiled_shape,
+    ("05", "1,024 x", "the largest profiled shape"): _profiled_shape,
     ("05", "132 SMs", "the waves it makes on the"): H200_SMS,
     ("04", "132 SMs", "keeps one of the H200's"): H200_SMS,
     ("04", "4 bytes", "a pointer offset of -1 is the"): lambda: _itemsize("float32"),
@@ -439,6 +440,26 @@ def test_every_figure_in_the_readme_and_the_chapters_markdown_has_a_source():
     )
     assert not wrong, "\n".join(wrong)
     assert not set(FIGURES) - used, f"FIGURES lists figures the text no longer has: {set(FIGURES) - used}"
+
+
+def test_chapter5s_words_for_its_shapes_and_fixes_hold_in_the_recordings():
+    """Chapter 5's comparisons in words: the largest profiled shape, the bf16 shape goal 3 misses by most
+    (the one the profile explains), the clamp as the cheapest correct fix, zeroing's host work growing."""
+    prose = " ".join(p for where, p in _markdown_paragraphs() if where == "05")
+    kernels = recorded.load("gumbel_ncu_h200")["kernels"]
+    largest = max(kernels, key=lambda k: k["rows"] * k["vocab"])
+    assert f"the largest profiled shape ({largest['rows']:,} x {largest['vocab']:,})" in prose
+    report = recorded.load("bench_h200")
+    bf16 = [g for g in report["goals"] if g["issue_goal"] == 3 and "bf16" in g["goal"]]
+    worst = min(bf16, key=lambda g: g["measured"] / g["target"])
+    assert worst["status"] == "miss" and f"at {GOAL_SHAPE}" in worst["goal"]
+    assert "the bf16 shape goal 3 misses by most" in prose
+    costs = fix_costs(report).pivot(index="num_tokens", columns="fix", values="median_us")
+    assert "the cheapest of the three correct fixes at every size" in prose
+    assert (costs["clamp"] < costs[["host_mask", "host_mask_async"]].min(axis=1)).all()
+    zero = costs["scheduler_zero"] / costs["clamp"]
+    assert "about the clamp's time at the fewest tokens, many times it at the most" in prose
+    assert 0.8 < zero.iloc[0] < 1.2 and zero.iloc[-1] > 5
 
 
 def _docs_and_comments(path: Path):
