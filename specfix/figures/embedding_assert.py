@@ -224,30 +224,17 @@ def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
 
 # -- the sentences that read the chapter's recordings and tables, built from their values (Markdown) -------
 
-_SET_UP = (
-    "one-time set-up (with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at "
-    "its first launch)"
-)
-
 
 def launch_text(run: ea.ChildRun) -> str:
-    """How long the call with the ``-1`` took to return, and what its time holds."""
-    launch = run.first("returned")["launch_us"]
-    text = (
+    """How long the call with the ``-1`` took to return, and the warm-up before it (every child warms up)."""
+    launch, warmup = run.first("returned")["launch_us"], run.first("warmup")["first_launch_us"]
+    return (
         f"The call with the `-1` returned after **{launch:,.0f} us** of host time: the time to *launch* "
         "the kernel, which had not even started when Python moved on. It measures host work only "
-        "(argument checks, allocating `out`, queuing the kernel), never the kernel itself."
-    )
-    warmup = run.first("warmup")
-    if warmup:
-        return text + (
-            f" The warm-up call before it took {warmup['first_launch_us']:,.0f} us: a kernel's "
-            f"first launch in a process pays {_SET_UP}, which the warm-up takes out of the timed "
-            "call."
-        )
-    return text + (
-        " This recording has no warm-up call: the timed call was the kernel's first launch in the "
-        f"process, so its time also holds {_SET_UP}, and the recording cannot separate the two."
+        "(argument checks, allocating `out`, queuing the kernel), never the kernel itself. The warm-up "
+        f"call before it took {warmup:,.0f} us: a kernel's first launch in a process pays one-time set-up "
+        "(with lazy loading, CUDA's default, a kernel's code is loaded onto the GPU at its first launch), "
+        "which the warm-up takes out of the timed call."
     )
 
 
