@@ -13,11 +13,12 @@ import functools
 import html
 import importlib
 import inspect
-import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from unittest import mock
+
+from specfix.checks import is_int
 
 _use_solutions = False
 #: Every checker defined so far, by exercise id (tests walk it).
@@ -164,9 +165,7 @@ def as_int(value) -> int | None:
     """A whole number in any container, else None (a bool or a float is no count)."""
     if hasattr(value, "dtype") and getattr(value, "shape", ()) in ((), (1,)):  # tensor or numpy scalar/array
         return int(value.item()) if "int" in str(value.dtype) else None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return None
+    return int(value) if is_int(value) else None
 
 
 def as_int_list(value) -> list[int] | None:
