@@ -324,10 +324,10 @@ def mask_text(mask: pd.DataFrame) -> str:
 
 def noise_comparison_table(rec: dict) -> pd.DataFrame:
     """The `vllm` noise mode against vLLM's own kernel, one line per fact."""
-    cases = rec.get("cases", [])
+    cases = rec["cases"]
     facts = {
         "compared with": f"vLLM {rec['vllm_version']}'s gumbel_sample, same inputs",
-        "cases run": f"{len(cases)} of {rec.get('cases_planned', len(cases))}",
+        "cases run": f"{len(cases)} of {rec['cases_planned']}",
         "vocabularies": ", ".join(f"{v:,}" for v in sorted({c["vocab"] for c in cases})),
         "dtypes": ", ".join(sorted({c["dtype"] for c in cases})),
         "temperatures": ", ".join(f"{t:g}" for t in rec["temperatures"]),
