@@ -101,11 +101,6 @@ def test_stale_victims_hints(answer, hint):
     assert not verdict.solved and verdict.hint_ids == [hint], str(verdict)
 
 
-@pytest.mark.parametrize("answer", ["ag", "a, g", ["g", "a"], ("a", "g")])
-def test_stale_victims_accepts_any_spelling_of_the_set(answer):
-    assert ex.check_stale_victims(answer).solved
-
-
 # -- ch3.find_stale_row --------------------------------------------------------------------------------------
 
 
@@ -195,14 +190,6 @@ def test_corrupted_responses_refuses_lazy_answers(answer):
 def test_corrupted_responses_refuses_running_the_engine():
     verdict = ex.check_corrupted_responses(lambda e, m: set(ex.run_schedule(e, ex.UNFIXED)))
     assert verdict.hint_ids == ["bypass"]
-
-
-@pytest.mark.parametrize("container", [set, list, tuple, "".join, frozenset])
-def test_corrupted_responses_accepts_the_reference_in_any_container(container):
-    verdict = ex.check_corrupted_responses(
-        lambda e, m: container(sorted(solutions.corrupted_responses(e, m)))
-    )
-    assert verdict.solved, str(verdict)
 
 
 def _corrupted(events):

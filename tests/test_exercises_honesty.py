@@ -156,7 +156,18 @@ CONTAINED = (
         for c in (int, np.int64, torch.tensor)
     ]
     + [("ch2.which_ops", c(sorted(sol2.which_ops))) for c in (set, frozenset, list, tuple)]
-    + [("ch3.stale_victims", v) for v in ({"a", "g"}, ["g", "a"], ("a", "g"), "ag", np.array(["a", "g"]))]
+    + [
+        ("ch3.stale_victims", v)
+        for v in ({"a", "g"}, ["g", "a"], ("a", "g"), "ag", "a, g", np.array(["a", "g"]))
+    ]
+    + [
+        ("ch3.corrupted_responses", lambda e, m, c=c: c(sorted(sol3.corrupted_responses(e, m))))
+        for c in (set, list, tuple, "".join, frozenset)
+    ]
+    + [
+        ("ch1.draft_ids", lambda i, r, t, c=c: c(sol1.gather_draft_token_ids(i, r, t)))
+        for c in (torch.Tensor.numpy, torch.Tensor.tolist, lambda t: tuple(t.tolist()), torch.Tensor.long)
+    ]
     + [("ch5.floor", c(sol5.answer_floor_us)) for c in (float, np.float64, np.float32)]
     + [("ch5.which_syncs", c(sol5.which_syncs)) for c in (set, list, tuple)]
     + [
