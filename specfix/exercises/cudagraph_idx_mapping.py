@@ -173,7 +173,7 @@ def padded_writes(events, max_num_reqs: int = 8) -> list[tuple[int, PaddedWrite]
 
 
 def _played(events, max_num_reqs: int = 8):
-    """Each of :func:`padded_writes`, with the slot each request finished before it held last."""
+    """:func:`padded_writes`, each with the slot every request that finished before it held last."""
     scenario, freed = StaleRowScenario(fixes=UNFIXED, max_num_reqs=max_num_reqs, device="cpu"), {}
     for number, event in enumerate(events):
         verb, names = event.split()
