@@ -47,11 +47,6 @@ def _result(case, impl, median, **params_and_metrics):
 _METRICS = {"overhead", "speedup", "host_syncs_per_step", "host_us_behind_busy_gpu", "TB_per_s"}
 
 
-def _boxes(fig, texts):
-    renderer = fig.canvas.get_renderer()
-    return [t.get_window_extent(renderer) for t in texts]
-
-
 def _assert_legends_outside_the_axes(fig):
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -79,7 +74,8 @@ def _assert_tick_labels_apart(fig):
                 for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)
                 if t.get_visible() and t.get_text()
             ]
-            boxes = [b for b in _boxes(fig, labels) if _inside(b, area, name)]
+            boxes = [t.get_window_extent(fig.canvas.get_renderer()) for t in labels]
+            boxes = [b for b in boxes if _inside(b, area, name)]
             for a, b in itertools.combinations(boxes, 2):
                 assert not a.overlaps(b), f"tick labels collide on {ax.get_ylabel() or ax.get_xlabel()!r}"
 
