@@ -105,54 +105,35 @@ def test_draws_at_temperature_reports_the_test_in_its_caption():
 
 
 def _bench():
-    def gumbel(impl, rows, vocab, dtype, us):
-        return {
-            "case": "gumbel",
-            "impl": impl,
-            "params": {"vocab": vocab, "rows": rows, "dtype": dtype},
-            "median_us": us,
-            "metrics": {"G_logits_per_s": rows * vocab / us / 1e3},
-        }
+    def result(case, impl, us, metrics=None, **params):
+        timing = {"median_us": us, "p20_us": us, "p80_us": us, "n": 1}  # bench.frame reads every timing field
+        return {"case": case, "impl": impl, "params": params, "metrics": metrics or {}, **timing}
 
+    samplers = {
+        "specfix_fast": 1.0,
+        "specfix_exact": 2.0,
+        "torch_gumbel_max": 4.0,
+        "torch_softmax_multinomial": 8.0,
+    }
     results = [
-        gumbel(impl, rows, 1000, dtype, us)
-        for impl, us in (
-            ("specfix_fast", 1.0),
-            ("specfix_exact", 2.0),
-            ("torch_gumbel_max", 4.0),
-            ("torch_softmax_multinomial", 8.0),
+        result(
+            "gumbel", impl, us, {"G_logits_per_s": rows * 1000 / us / 1e3}, vocab=1000, rows=rows, dtype=dtype
         )
+        for impl, us in samplers.items()
         for rows in (1, 256, 1024)
         for dtype in ("fp32", "bf16")
     ]
     results += [
-        {
-            "case": "gumbel_graph",
-            "impl": impl,
-            "params": {"vocab": 1000, "rows": 1},
-            "median_us": us,
-            "metrics": {},
-        }
+        result("gumbel_graph", impl, us, vocab=1000, rows=1)
         for impl, us in (("specfix_fast", 3.0), ("specfix_exact", 4.0))
     ]
-    results += [
-        {
-            "case": "gumbel_mask",
-            "impl": impl,
-            "params": {"vocab": 1000, "rows": 256, "store_processed_logits": store},
-            "median_us": us,
-            "metrics": metrics,
-        }
-        for store, masked_us, unmasked_us in ((False, 10.0, 10.0), (True, 9.0, 10.0))
-        for impl, us, metrics in (
-            ("masked", masked_us, {"overhead": masked_us / unmasked_us - 1}),
-            ("unmasked", unmasked_us, {}),
+    for store, masked_us, unmasked_us in ((False, 10.0, 10.0), (True, 9.0, 10.0)):
+        shape = {"vocab": 1000, "rows": 256, "store_processed_logits": store}
+        results.append(
+            result("gumbel_mask", "masked", masked_us, {"overhead": masked_us / unmasked_us - 1}, **shape)
         )
-    ]
-    for r in results:  # bench.frame reads every timing field
-        r |= {"p20_us": r["median_us"], "p80_us": r["median_us"], "n": 1}
-    goals = [{"case": "gumbel", "unit": "G logits/s", "target": 500.0}]
-    return {"results": results, "goals": goals}
+        results.append(result("gumbel_mask", "unmasked", unmasked_us, **shape))
+    return {"results": results, "goals": [{"case": "gumbel", "unit": "G logits/s", "target": 500.0}]}
 
 
 def test_bench_speed_draws_four_lines_the_goal_and_four_bars():
