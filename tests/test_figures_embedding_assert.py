@@ -27,15 +27,11 @@ def _run(blocking: bool) -> ea.ChildRun:
     return ea.ChildRun("minimal", "", {}, 1, ASSERT, 1.0, events)
 
 
-def _texts(fig) -> list[str]:
-    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
-
-
 def test_crash_timeline_names_the_kernel_and_where_python_heard():
     fig = fig2.crash_timeline(_run(False), _run(True))
     titles = [ax.get_title(loc="left") for ax in fig.axes]
     assert "torch.cuda.synchronize()" in titles[0] and "F.embedding(ids, weight)" in titles[1]
-    texts = _texts(fig)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
     assert sum("indexSelectSmallIndex" in t for t in texts) == 2
     assert "returns" in texts and "CUDA_LAUNCH_BLOCKING=1" in fig.texts[-1].get_text()
     plt.close(fig)
@@ -85,17 +81,10 @@ def _costs(busy: bool) -> pd.DataFrame:
     for i, fix in enumerate(pf.FIXES):
         for n in (256, 8192):
             scale = (i + 1) * n / 256
-            row = {
-                "fix": fix,
-                "label": pf.LABELS[fix],
-                "num_tokens": n,
-                "median_us": 10.0 * scale,
-                "p20_us": 9.0 * scale,
-                "p80_us": 11.0 * scale,
-            }
+            us = {"median_us": 10.0 * scale, "p20_us": 9.0 * scale, "p80_us": 11.0 * scale}
+            rows.append({"fix": fix, "label": pf.LABELS[fix], "num_tokens": n, **us})
             if busy:
-                row["host_us_behind_busy_gpu"] = 5.0 * (i + 1)
-            rows.append(row)
+                rows[-1]["host_us_behind_busy_gpu"] = 5.0 * (i + 1)
     return pd.DataFrame(rows)
 
 
