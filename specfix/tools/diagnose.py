@@ -405,6 +405,7 @@ def spec_state(scan: Scan) -> tuple[bool | None, list[tuple[str, list[int]]]]:
     return None, [("the log does not say whether speculative decoding was on", [])]
 
 
+# -- from facts to a verdict: the first of _RULES that returns one ------------------------------------------
 VERDICTS = {
     "placeholder_embedding": "a -1 placeholder draft token reached an embedding lookup "
     "(the vLLM PR #47029 pattern)",
@@ -452,7 +453,6 @@ def kernel_note(a: dict, rows: list[dict]) -> str:
     return "a kernel chapter 2's op table never reached"
 
 
-# -- from facts to a verdict: the first of _RULES that returns one ------------------------------------------
 @dataclass
 class Facts:
     """What the rules read of one scanned log."""
