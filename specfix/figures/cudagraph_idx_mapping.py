@@ -1,7 +1,5 @@
-"""Chapter 3's figures and tables of the ``-1`` rows that CUDA-graph padding adds to ``idx_mapping``.
-
-They show graph launch overhead, the padded rows and where they point, the padding bench's counts, and the
-output distribution with and without the fix."""
+"""Chapter 3's figures, tables and paragraphs on the ``-1`` rows that CUDA-graph padding adds to
+``idx_mapping``: why a graph pads, and what a padded row overwrites without the fix."""
 
 from __future__ import annotations
 

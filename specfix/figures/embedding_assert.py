@@ -1,6 +1,5 @@
-"""Chapter 2's figures, tables and paragraphs on the embedding's index assert and the placeholder fixes: the
-crash timeline, which kernel asserts for which op, each fix's cost per step (the bench case
-``placeholder_fixes``, which chapter 5 shows too), the guard's overhead, and the engine's counts per fix."""
+"""Chapter 2's figures, tables and paragraphs on the embedding's index assert and the fixes that keep a ``-1``
+from it (their cost per step is the bench case ``placeholder_fixes``, which chapter 5 draws too)."""
 
 from __future__ import annotations
 

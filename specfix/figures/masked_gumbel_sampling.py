@@ -1,6 +1,5 @@
-"""Chapter 4's figures, tables and paragraphs on Gumbel-max sampling and its ``is_valid_req`` mask: draws
-against softmax, the noise's small-u tail, tiles and their winners, the draft-logits buffer with and without
-the mask, and the H200 bench recording."""
+"""Chapter 4's figures, tables and paragraphs on Gumbel-max sampling, its ``is_valid_req`` mask and their
+H200 recordings."""
 
 from __future__ import annotations
 
