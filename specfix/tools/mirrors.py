@@ -39,26 +39,24 @@ def _summary(doc: str) -> str:
 def vllm_map() -> list[dict[str, str]]:
     """One row per module (subpackages included): its name, role, the vLLM files it mirrors, its summary."""
     rows = []
-    modules = {
-        ".".join(("specfix", *p.relative_to(_ROOT).with_suffix("").parts)): p for p in _ROOT.rglob("*.py")
-    }
-    for name, path in sorted(modules.items()):
+    for path in _ROOT.rglob("*.py"):
+        parts = ("specfix", *path.relative_to(_ROOT).with_suffix("").parts)
         # importable names only (JupyterLab's .ipynb_checkpoints/x-checkpoint.py is not), not __init__,
         # __main__ or a private module
-        if not all(part.isidentifier() for part in name.split(".")) or name.rsplit(".", 1)[-1][0] == "_":
+        if not all(part.isidentifier() for part in parts) or parts[-1].startswith("_"):
             continue
         doc = _doc(path)
-        files = sorted(dict.fromkeys(_VLLM_PATH.findall(doc)))
-        parts = name.split(".")  # specfix.v1.scheduler has the role v1, specfix.fixes the role specfix
+        files = sorted(set(_VLLM_PATH.findall(doc)))
         rows.append(
             {
-                "module": name,
+                "module": ".".join(parts),
+                # specfix.v1.scheduler has the role v1, specfix.fixes the role specfix
                 "role": parts[1] if len(parts) > 2 else "specfix",
                 "mirrors": ", ".join(files) if files else "(specfix's own)",
                 "summary": doc.strip().splitlines()[0] if doc.strip() else "",
             }
         )
-    return rows
+    return sorted(rows, key=lambda row: row["module"])
 
 
 def roles() -> dict[str, str]:
