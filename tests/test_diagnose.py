@@ -16,6 +16,7 @@ import pytest
 from specfix.__main__ import main
 from specfix.tools import diagnose as dg
 from specfix.tools import recorded
+from specfix.tools.diagnose_scan import MAX_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "diagnose"
@@ -176,7 +177,7 @@ def test_the_command_imports_neither_torch_nor_triton():
 def test_long_line_is_read_in_pieces(tmp_path):
     path = tmp_path / "long.log"
     line = (FIXTURES / "specfix_op_take_size_3.log").read_text().splitlines()[1]
-    path.write_text("x" * (2 * dg.MAX_LINE + 5) + "\n" + line + "\n")
+    path.write_text("x" * (2 * MAX_LINE + 5) + "\n" + line + "\n")
     report = _report(path)
     assert report["lines"] == 4 and report["asserts"]["first_kernel"] == "operator()"
 
