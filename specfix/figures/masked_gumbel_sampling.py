@@ -264,9 +264,9 @@ def agreement_text(match: pd.DataFrame, source: str) -> str:
     )
 
 
-def _first_report(san: dict, variant: str, prefix: str = "before the nearest allocation"):
+def _first_report(san: dict, variant: str):
     kind, info = next(iter(san["variants"][variant]["kinds"].items()))
-    line = next(line for line in info["first"] if prefix in line)
+    line = next(line for line in info["first"] if "before the nearest allocation" in line)
     return kind, info["count"], line.split("=========")[-1].strip()
 
 
