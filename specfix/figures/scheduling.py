@@ -87,7 +87,7 @@ _STAGES = (
 def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Figure:
     """One request's draft slots in one step, from the scheduler to the embedding."""
     spec = step.scheduler_output.scheduled_spec_decode_tokens
-    if req_id not in step.req_ids or req_id not in spec:
+    if req_id not in spec:  # the scheduler gives draft slots to scheduled requests only
         raise ValueError(f"request {req_id!r} has no draft slots in this step")
     sent = np.array(spec[req_id])
     end = int(np.cumsum(step.num_scheduled_tokens)[step.req_ids.index(req_id)])
