@@ -31,7 +31,8 @@ _FEWEST_ROWS_SPLITS = 256
 _BYTES_PER_LOAD = 16
 #: Registers per thread of the compiled sampling kernel. Uncapped, ptxas gave the masked kernel that stores
 #: the logits more registers than the unmasked one (``gumbel_ncu_h200.json``), so fewer warps fit on an SM
-#: to hide the store's latency; capped, no variant spills (ptxas -v, sm_90, triton 3.6).
+#: to hide the store's latency; capped, the two get about as many (the same recording's final run). No
+#: recording says whether a variant spills under the cap.
 _REGISTER_CAP = {} if INTERPRET else {"maxnreg": 96}
 
 
