@@ -288,9 +288,21 @@ def floor_text(report: dict) -> str:
         f"a large model's forward pass, but not next to a small drafter's, and paid every step. The fast "
         f"kernel takes {s.median_us / s.floor_us:.1f} times its floor; the rest is the time it spends "
         "making the Gumbel noise (a hash and two logarithms per logit), which is why that noise has to "
-        "be cheap to make. bf16 logits halve the bytes, so the same kernel shows fewer TB/s while "
-        "consuming more logits per second."
+        "be cheap to make. bf16 logits halve the bytes, so the same kernel shows fewer TB/s"
+        f"{_dtype_rates(floors)}."
     )
+
+
+def _dtype_rates(floors: pd.DataFrame) -> str:
+    """The judged kernel's G logits/s in bf16 against fp32 at 256 and 1,024 rows of 151,936, where timed."""
+    at = floors.query("impl == @bench.JUDGED and vocab == 151_936 and rows in (256, 1024)")
+    rates = at.pivot_table(index="rows", columns="dtype", values="G_logits_per_s").dropna()
+    if not {"bf16", "fp32"} <= set(rates.columns) or rates.empty:
+        return ""
+    said = ", and ".join(
+        f"{r.bf16:.0f} in bf16 against {r.fp32:.0f} in fp32 at {n:,} rows" for n, r in rates.iterrows()
+    )
+    return f"; in G logits/s at 151,936 a row it gets {said}"
 
 
 def mask_text(report: dict) -> str:
@@ -338,7 +350,8 @@ def rejection_graph_text(report: dict) -> str:
         index=["mode", "k", "vocab", "batch"], columns="impl", values="median_us"
     )
     replay = steps["specfix_triton_graph"]
-    ratio = (replay / steps["specfix_triton"]).groupby("mode").median()
+    each = replay / steps["specfix_triton"]
+    ratio = each.groupby("mode").median()
     shapes = sorted({key[1:3] for key in replay.index})  # (k, vocab): one pair in a ci run, two at full
     (k_lo, v_lo), (k_hi, v_hi) = shapes[0], shapes[-1]
 
@@ -363,8 +376,9 @@ def rejection_graph_text(report: dict) -> str:
         f"Goal: *{captured['goal']}*: **{captured['status']}** ({captured['margin'].split('; ')[-1]}). "
         f"Replayed, the step takes {say(k_lo, v_lo)} at k = {k_lo} and {v_lo:,} logits{grows}"
         f". In the median shape a replay takes {ratio['greedy']:.2f} times the eager "
-        f"step's time (greedy) and {ratio['random']:.2f} times (random); where the eager step took much "
-        "longer, its events counted a wait for the host (the figure above)."
+        f"step's time (greedy) and {ratio['random']:.2f} times (random), {each.min():.2f} to "
+        f"{each.max():.2f} times over all {len(each)} shapes; an eager step's events also count any wait "
+        "for the host that the GPU work queued ahead did not cover (the figure above)."
     )
 
 
@@ -457,9 +471,16 @@ def host_text(report: dict) -> str:
     if peer not in wide:
         return ""
     gap, times = wide[bench.JUDGED] - wide[peer], wide[bench.JUDGED] / wide[peer]
+    lo, hi = gap.min(), gap.max()
+    if hi < 0:
+        span = f"{-hi:.1f} to {-lo:.1f} us less than"
+    elif lo > 0:
+        span = f"{lo:.1f} to {hi:.1f} us more than"
+    else:
+        span = f"from {-lo:.1f} us less to {hi:.1f} us more than"
     return (
-        f"A call of `{bench.JUDGED}` costs the host {gap.min():+.1f} to {gap.max():+.1f} us beside vLLM "
-        f"{bench.GOAL_PEER}'s ({times.min():.2f} to {times.max():.2f} times)."
+        f"A call of `{bench.JUDGED}` costs the host {span} one of vLLM {bench.GOAL_PEER}'s "
+        f"({times.min():.2f} to {times.max():.2f} times its host time)."
     )
 
 
