@@ -6,9 +6,9 @@ runs itself under ``ncu --clock-control none`` (one launch per case, after every
 back one row of metrics per kernel and writes ``gumbel_ncu_h200.json``: per case the kernel's time, its
 DRAM and SM throughput, how often a scheduler issued, the instructions it executed per logit, its registers
 and occupancy, and the warp stall reasons (cycles stalled per issued instruction). The cases are the rate
-goal's shapes (256 x 32,000 fp32 and 1,024 x 151,936 bf16), the same kernel at 256 x 32,000 bf16, 256 x 151,936
-and 1,024 x 151,936 fp32, the masked and unmasked kernels with the draft-logits cache store, and, with
-``--before``, an older kernel at the same shapes.
+goal's shapes (256 x 32,000 fp32 and 1,024 x 151,936 bf16), the same kernel at 256 x 32,000 bf16,
+256 x 151,936 and 1,024 x 151,936 fp32, the masked and unmasked kernels with the draft-logits cache store,
+and, with ``--before``, an older kernel at the same shapes.
 Per unstored "today" case it also records the kernel's hot loop (``kernel["hot_loop"]``, no ncu needed): the
 SASS instructions per logit of the loop that a backward branch encloses most of, by part of the source.
 ``--hot-loop-only`` prints that table and writes nothing; ``--arch 90`` compiles it offline, without a GPU.
