@@ -88,7 +88,7 @@ def gumbel_block_argmax(
         # the logits *before* temperature, in the cache's dtype, as vLLM 0.33 (0.25 cached logits / T, fp32)
         cached = cached.to(logits_cache_ptr.dtype.element_ty)
         row_ptr = logits_cache_ptr + req_state_idx * logits_cache_stride_0 + col * logits_cache_stride_1
-        # The validity test is per lane: the interpreter cannot mask a store by a scalar comparison.
+        # the validity test is per lane (interpreter: see specfix.runtime)
         if MASK_INVALID:  # [fix]
             lane_is_valid = tl.zeros_like(block).to(tl.int64) + req_state_idx >= 0  # [fix]
             tl.store(row_ptr + block, cached, mask=mask & lane_is_valid)  # [fix]
@@ -188,12 +188,12 @@ def _gumbel_sample_kernel(
     PER_TOKEN_COL: tl.constexpr,
     MASK_INVALID: tl.constexpr,
     NOISE: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr,  # not in vLLM's kernel: inline PTX on the compiled path, off in the interpreter
     LANES: tl.constexpr,
     DEPTH: tl.constexpr,
     SPLITS: tl.constexpr,
     ARRIVE: tl.constexpr,
-    STATIC_TILES: tl.constexpr,
+    STATIC_TILES: tl.constexpr,  # not in vLLM's kernel: the interpreter's static loop bound (0 when compiled)
 ):
     """Grid (rows, splits): each program keeps a running best per column over its share of the row's tiles,
     then one reduction across the columns; a row's splits meet in ``split_best``."""
@@ -212,8 +212,8 @@ def _gumbel_sample_kernel(
     best = tl.full([LANES], float("-inf"), tl.float32)
     best_token = first_tile * BLOCK + lanes  # what a program whose scores are all NaN or -inf returns
     if STATIC_TILES > 0:
-        # Under triton 3.6's interpreter a runtime value cannot bound a range(): loop to a static bound
-        # and skip the tiles past this program's share. Same arithmetic in the same order, no prefetch.
+        # a static bound, the tiles past this program's share skipped (interpreter: see specfix.runtime);
+        # same arithmetic in the same order, no prefetch
         for i in range(STATIC_TILES):
             tile = first_tile + i
             if tile < full_end:
