@@ -148,6 +148,42 @@ def test_reject_negative_names_each_mistake(answer, hint):
     assert verdict.hint_ids == [hint], str(verdict)
 
 
+def _calls_the_kernels_twin(draft_ids, p, q, u):
+    from specfix.v1.rejection_kernels import rejection_random_sample
+
+    n = draft_ids.numel()
+    out, cu = torch.full((n, 2), -1, dtype=torch.int32), torch.arange(1, n + 1, dtype=torch.int32)
+    rejection_random_sample(
+        out,
+        cu,
+        draft_ids,
+        q,
+        p,
+        torch.zeros(n, dtype=torch.int32),
+        torch.full((n,), -2),
+        u,
+        None,
+        1,
+        backend="torch",
+    )
+    return out[:, 0] != -2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ex.expected_acceptance,  # accept_drafts = ex.expected_acceptance: the checker's own truth
+        lambda d, p, q, u: ex.expected_acceptance(d, p, q, u),
+        _calls_the_kernels_twin,
+    ],
+)
+def test_reject_negative_refuses_an_answer_that_calls_specfixs_sampler(answer):
+    verdict = ex.check_reject_negative(answer)
+    assert verdict.hint_ids == ["bypass"], str(verdict)
+    assert "rejection_random_sample" in str(verdict)  # the hint names what was called: true for each
+    assert ex.check_reject_negative(solutions.accept_drafts).solved  # the refusal is undone after the check
+
+
 def test_reject_negative_reports_other_errors_without_raising():
     def broken(draft_ids, p, q, u):
         raise KeyError("oops")
@@ -225,3 +261,10 @@ def test_draft_ids_steps_are_the_runners_and_a_seeded_family_the_chapter_never_p
         assert metadata.draft_token_ids.tolist() == drafts
         assert -1 in drafts and any(t >= 0 for t in drafts)
     assert len(batches[0]) == 1  # one request: a slice gives the right ids, so the view is what fails
+
+
+def test_clamp_point_hints_ask_without_giving_the_answer():
+    hints = ex.check_clamp_point.hints
+    for point in ex.CLAMP_POINTS:  # a question to follow, not the value the sampler gets
+        assert hints[point].endswith("?"), hints[point]
+        assert not any(said in hints[point] for said in ("copies the 0", "cannot reach", "keeps its -1"))

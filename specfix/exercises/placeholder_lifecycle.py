@@ -16,9 +16,9 @@ from specfix.fixes import Fixes
 from specfix.lab.guard import IndexGuardError, check_indices
 from specfix.models import load_models
 from specfix.tokenizer import get_tokenizer
+from specfix.v1 import rejection_kernels
 from specfix.v1.engine import LLMEngine, generate
 from specfix.v1.model_runner import GPUModelRunner, StepTrace
-from specfix.v1.rejection_kernels import rejection_random_sample
 from specfix.v1.scheduler import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
@@ -26,10 +26,11 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
 # -- ch1.metadata ----------------------------------------------------------------------------------------
 
-#: The debug exercise's batch, in batch order: (request, prompt token ids, tokens computed, drafts).
-#: "a" and "d" decode (their last token plus three draft slots), "b" prefills six tokens, "c" is the first
-#: decode on a P/D decode node (padded), "d"'s last two drafts were rejected by a grammar (-1 too in vLLM,
-#: on the async path with structured output).
+#: The debug exercise's batch, in batch order: (request, token ids so far, tokens computed, drafts).
+#: "a" and "d" decode: a two-token prompt and the token they sampled last step, whose KV is computed in this
+#: step with three draft slots after it. "b" prefills six prompt tokens. "c" is the first decode on a P/D
+#: decode node (padded): all three are prompt tokens, two computed on the prefill node. "d"'s last two
+#: drafts were rejected by a grammar (-1 too in vLLM, on the async path with structured output).
 METADATA_BATCH = (
     ("a", [5, 11, 30], 2, [17, 4, 9]),
     ("b", [40, 41, 42, 43, 44, 45], 0, []),
@@ -40,7 +41,8 @@ _METADATA_KEYS = ("num_draft_tokens", "cu_num_draft_tokens", "placeholder_indice
 
 
 def metadata_scheduler_output(batch=METADATA_BATCH) -> SchedulerOutput:
-    """The scheduler output of ``batch`` (by default ``ch1.metadata``'s), every request new to the runner."""
+    """The scheduler output of ``batch`` (by default ``ch1.metadata``'s), every request new to the runner,
+    which takes a request's token ids so far (prompt and sampled tokens alike) as its row."""
     new = [NewRequestData(r, prompt, _GREEDY, computed) for r, prompt, computed, _ in batch]
     scheduled = {r: len(prompt) - computed + len(drafts) for r, prompt, computed, drafts in batch}
     drafts = {r: list(d) for r, _, _, d in batch if d}
@@ -72,8 +74,8 @@ def _metadata_truth() -> dict[str, list[int]]:
 def metadata_table():
     """The ``ch1.metadata`` batch as the reader sees it: one row per request, in batch order."""
     scheduled = metadata_scheduler_output().num_scheduled_tokens
-    columns = ["prompt tokens", "already computed", "num_scheduled_tokens", "scheduled_spec_decode_tokens"]
-    rows = {r: (len(prompt), computed, scheduled[r], d) for r, prompt, computed, d in METADATA_BATCH}
+    columns = ["tokens so far", "already computed", "num_scheduled_tokens", "scheduled_spec_decode_tokens"]
+    rows = {r: (len(tokens), computed, scheduled[r], d) for r, tokens, computed, d in METADATA_BATCH}
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("request")
 
 
@@ -302,7 +304,8 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
     cu, bonus = torch.arange(1, n + 1, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
     rejected = torch.full((n,), -2)  # the "recovered token": no draft can equal it
     args = (output, cu, drafts, draft_probs, target_probs, bonus, rejected, uniforms, None, 1)
-    rejection_random_sample(*args, reject_negative_drafts=True, backend="torch")
+    # through the module, so that the checker's forbid refuses an answer that calls this function
+    rejection_kernels.rejection_random_sample(*args, reject_negative_drafts=True, backend="torch")
     return output[:, 0] != -2
 
 
@@ -326,6 +329,10 @@ def expected_acceptance(drafts, target_probs, draft_probs, uniforms) -> torch.Te
         "ratio": "a real draft was judged wrongly: accept d iff q(d) > 0 and p(d) / q(d) >= u.",
         "mismatch": "your answer disagrees with specfix's rejection sampler on a random batch.",
     },
+    forbid=(  # the torch twin of the kernel, as this module and RejectionSampler call it
+        "specfix.v1.rejection_kernels:rejection_random_sample",
+        "specfix.v1.rejection_sampler:rejection_random_sample",
+    ),
 )
 def check_reject_negative(answer, verdict):
     for rows, crafted in ((_crafted_rows(), True), (_random_rows(), False)):
@@ -453,12 +460,12 @@ def sampler_sees(point: str) -> int:
     "gets in a placeholder slot when the clamp sits there",
     hints={
         "format": "answer with a dict whose keys are CLAMP_POINTS and whose values are 0 or -1.",
-        "scheduler": "a scheduler that writes 0 writes it into the request's own draft list: token_ids_cpu, "
-        "input_ids and the metadata all copy that 0 from there.",
-        "before_metadata": "_calc_spec_decode_metadata builds draft_token_ids by gathering from input_ids: "
-        "clamp input_ids before it, and the gather copies the 0s.",
-        "preprocess": "by the time _preprocess clamps input_ids in place, draft_token_ids has already been "
-        "gathered into a tensor of its own: the clamp cannot reach it.",
+        "scheduler": "follow the scheduler's draft list down the step: which of token_ids_cpu, input_ids and "
+        "draft_token_ids are filled from it, and does any stage in between write -1 into a slot?",
+        "before_metadata": "which runs first, this clamp or the gather that builds draft_token_ids from "
+        "input_ids? And which values does a gather copy: those input_ids holds at the moment it runs?",
+        "preprocess": "which runs first, _calc_spec_decode_metadata or _preprocess? And is draft_token_ids a "
+        "view of input_ids, which an in-place clamp would change, or a tensor of its own?",
     },
 )
 def check_clamp_point(answer, verdict):
