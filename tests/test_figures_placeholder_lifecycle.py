@@ -1,6 +1,7 @@
 """Chapter 1's figures and tables: content read back from the returned objects (no image comparison)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -218,5 +219,25 @@ def test_counting_and_negative_draft_paragraphs_quote_their_tables():
     text = " ".join(figs.counting_text(table).split())  # the paragraph's own line breaks left out
     assert "(24 of 24 are negative)" in text and "(0 of 24)" in text and "and 7 of them were accepted" in text
     assert "0.41 for (b), 0.35 for (c)" in text
+    one = table.assign(**{"placeholder slots accepted": [1, 0]})
+    assert "and 1 of them was accepted as such" in " ".join(figs.counting_text(one).split())
     said = figs.negative_drafts_text({"rows with an accepted -1": 3}, {"rows with an accepted -1": 0})
     assert said.startswith("With the check off, 3 sampler rows") and "With the check on, 0 do." in said
+
+
+def test_placeholder_origin_text_counts_in_words_that_agree_with_the_numbers(designs):
+    _, clamp, _ = designs
+    text = figs.placeholder_origin_text(clamp, 3)
+    short = re.search(r"fewer than 3 tokens in (\d+) later verification(s?)\b", text)
+    bare = re.search(r", and (\d+) decode step(s?) had no drafts", text)
+    assert short and bare, text
+    for match in (short, bare):  # "1 verification", "2 verifications"
+        assert (match.group(2) == "s") == (match.group(1) != "1"), text
+    assert figs._counted(1, "decode step") == "1 decode step" and figs._counted(0, "step") == "0 steps"
+
+
+def test_acceptance_text_states_only_numbers_it_was_given(two_runs):
+    text = figs.acceptance_text(two_runs, (0.4, 0.9))
+    rates = {f"{s.acceptance_rate:.0%}" for s in two_runs.values()} | {"40%", "90%"}
+    assert set(re.findall(r"\d+%", text)) <= rates, text  # no measurement from elsewhere typed in
+    assert "#" not in text  # nor a pull request's number standing for one

@@ -145,6 +145,11 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
     return fig
 
 
+def _counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is 1: "1 verification", "3 verifications"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _rate(numerator: int, denominator: int) -> float:
     return round(numerator / denominator, 3) if denominator else math.nan
 
@@ -328,7 +333,8 @@ def counting_text(table) -> str:
 drafter proposed; the other slots are placeholders. Under (c) every placeholder is recognisable by its id
 ({c[neg]} of {c["placeholder slots"]} are negative), so any stage that sees the ids can leave them out. Under
 (b) none is ({b[neg]} of {b["placeholder slots"]}): a zeroed slot is a draft of "the", and
-{b["placeholder slots accepted"]} of them were accepted as such.
+{b["placeholder slots accepted"]} of them {"was" if b["placeholder slots accepted"] == 1 else "were"} accepted
+as such.
 
 * **Rate over all slots** counts every slot as a draft, which is all a stage that sees only zeros can do:
   {b["rate over all slots"]} for (b), {c["rate over all slots"]} for (c). Padding drags it down.
@@ -358,7 +364,8 @@ def placeholder_origin_text(result: GenerateResult, k: int) -> str:
     return (
         f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
         f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
-        f"{short} later verifications, and {bare} decode steps had no drafts at all; there the scheduler "
+        f"{_counted(short, 'later verification')}, and {_counted(bare, 'decode step')} had no drafts at all; "
+        "there the scheduler "
         "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
         "not exist rather than hold a `-1`."
     )
@@ -400,11 +407,10 @@ def negative_drafts_text(off: Mapping[str, int], on: Mapping[str, int]) -> str:
 
 
 def acceptance_text(stats: Mapping[str, SpecDecodingStats], expected: tuple[float, float]) -> str:
-    """The runs' acceptance rates beside the range the chapter asserts and a rate vLLM measured."""
+    """The runs' acceptance rates beside the range the chapter asserts."""
     rates = ", ".join(f"{s.acceptance_rate:.0%} ({name})" for name, s in stats.items())
     return (
         f"Our tiny pair accepts {rates}, inside the range {expected[0]:.0%} to {expected[1]:.0%} "
-        "asserted above. For comparison, a vLLM pull request measured 49% for DeepSeek-V4-Flash's MTP "
-        "drafter with probabilistic proposals (PR #41044). Acceptance falls with the draft position, "
-        "as it must: draft 2 is only verified if draft 1 was accepted."
+        "asserted above. Acceptance falls with the draft position, as it must: draft 2 is only verified "
+        "if draft 1 was accepted."
     )
