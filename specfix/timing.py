@@ -1,5 +1,7 @@
-"""The one timing harness: the bench, the recorders (``scripts/time_gumbel.py``, ``record_host_trace.py``),
-chapter 4 and the lab's ``time_fix``, ``time_guard`` and ``time_eager_vs_graph`` time through it.
+"""The one timing harness: the bench, the recorders, chapter 4 and the lab's timers all time through it.
+
+The recorders are ``scripts/time_gumbel.py`` and ``record_host_trace.py``; the lab's timers are
+``time_fix``, ``time_guard`` and ``time_eager_vs_graph``.
 
 On CUDA a call is bracketed by CUDA events after a warm-up, in four ways that each answer one question
 (read :meth:`Timer.time`, ``time_in_graph``, ``host_cost`` and ``time_throughput``). On a CPU every way falls

@@ -141,3 +141,14 @@ def test_module_map_text_lists_every_module_without_docstring_markup():
     assert "- `fixes`: One switch per fix" in text  # specfix's own modules mirror nothing
     assert "``" not in text and not re.search(r":\w+:`", text), "reStructuredText markup reached the page"
     assert tour.docstring_markdown("a ``-1`` and :data:`SLOT_KINDS`") == "a `-1` and `SLOT_KINDS`"
+
+
+def test_module_map_summaries_are_whole_sentences():
+    """The map shows each docstring's first line: it must hold the docstring's whole first sentence."""
+    cut = {
+        module: row["summary"]
+        for table in tour.module_map().values()
+        for module, row in table.iterrows()
+        if not row["summary"].rstrip().endswith((".", ")"))
+    }
+    assert not cut, f"first lines cut mid-sentence (put the first sentence on one line): {cut}"

@@ -1,5 +1,6 @@
-"""One padded drafting step on a toy drafter: chapter 3's named histories of stale rows, and the statistics
-of a step whose every live slot a stale row overwrites.
+"""One padded drafting step on a toy drafter, for chapter 3's histories of stale rows and their statistics.
+
+The histories are named; the statistics are those of a step whose every live slot a stale row overwrites.
 
 The real :class:`~specfix.mrv2.speculator.DraftModelSpeculator` and MRV2 verification, driven with a
 :class:`TableDraft` so that each row's logits are known. Read :func:`padded_step_scenario` first (the
