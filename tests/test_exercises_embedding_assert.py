@@ -76,6 +76,12 @@ def test_which_ops_mistakes_get_their_hint(answer, hint):
     assert _hints(ex.check_which_ops, answer) == [hint]
 
 
+def test_gather_only_hint_points_at_the_table_without_naming_the_answer():
+    (message,) = [text for _, text in ex.check_which_ops({"torch.gather"}).hints]
+    assert not {op for op in ex.ea.OPS if op in message} - {"torch.gather"}, message
+    assert "column" in message
+
+
 def test_which_ops_reads_the_recording():
     assert "vectorized_gather_kernel" in ex.assert_line()
     assert ex.ops_with_minus_one("vectorized_gather_kernel") >= {"F.embedding", "torch.gather"}
@@ -101,6 +107,12 @@ def test_which_ops_reads_the_recording():
 )
 def test_first_bad_op_mistakes_get_their_hint(answer, hint):
     assert _hints(ex.check_first_bad_op, answer) == [hint]
+
+
+def test_wrong_line_hint_names_no_kernel_family():
+    # the recorded assert line names vectorized_gather_kernel, which several ops share (section 2)
+    (message,) = [text for _, text in ex.check_first_bad_op("keys = input_ids.long()").hints]
+    assert "index_select" not in message and "gather" not in message, message
 
 
 def test_first_bad_op_accepts_the_line_with_its_indentation():

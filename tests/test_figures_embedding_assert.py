@@ -165,10 +165,93 @@ def test_fix_cost_paragraphs_quote_the_bench_recording():
         f"{at.loc[('host_mask', hi), 'median_us']:,.0f} us at {hi:,}" in text
     )
     clamp = at.loc["clamp", "median_us"]
-    assert f"**clamp** costs {clamp.min():,.0f} to {clamp.max():,.0f} us per step" in text
+    assert f"**clamp** costs {clamp[lo]:,.1f} us per step at {lo:,} tokens and {clamp[hi]:,.1f} us at" in text
+    # host_mask_async against host_mask at 256 tokens: 133 and 118 us, but 129-158 against 115-138
+    assert "even slower" not in text and "ranges overlap at every size" in text
     busy = fig2.busy_gpu_text(costs)
     behind = at.loc["clamp", "host_us_behind_busy_gpu"]
-    assert f"to {behind.max():,.0f} us behind the same queue" in busy
+    assert f"to {behind.max():,.0f} us behind the same queue" in busy and "  " not in busy
+    # behind a busy GPU host_mask waited at 256 tokens only: at 2,048 and 8,192 it took less than idle
+    sync = at.loc["host_mask"]
+    assert sync.loc[2048, "host_us_behind_busy_gpu"] < sync.loc[2048, "median_us"]
+    assert (
+        f"At 2,048 and 8,192 tokens it took {sync.loc[2048, 'host_us_behind_busy_gpu']:,.0f} and "
+        f"{sync.loc[8192, 'host_us_behind_busy_gpu']:,.0f} us against {sync.loc[2048, 'median_us']:,.0f} and "
+        f"{sync.loc[8192, 'median_us']:,.0f} idle" in busy
+    )
+    assert "only while its own host work is shorter than the queue" in busy
+
+
+def _busy_costs(waits: dict[int, float]) -> pd.DataFrame:
+    """Every fix at 2 us idle (p20 1, p80 3); host_mask ``waits[n]`` us longer behind the queue."""
+    rows = []
+    for fix in pf.FIXES:
+        for n, wait in waits.items():
+            busy = 2.0 + (wait if fix == "host_mask" else 0.0)
+            us = {"median_us": 2.0, "p20_us": 1.0, "p80_us": 3.0, "host_syncs_per_step": 0.0}
+            rows.append({"fix": fix, "num_tokens": n, **us, "host_us_behind_busy_gpu": busy})
+    return pd.DataFrame(rows)
+
+
+def test_busy_gpu_paragraph_says_at_which_sizes_host_mask_waited():
+    always = fig2.busy_gpu_text(_busy_costs({256: 100.0, 8192: 80.0}))
+    assert "makes it wait for the queue.**" in always and "it took" not in always
+    early = fig2.busy_gpu_text(_busy_costs({256: 100.0, 8192: -5.0}))
+    assert "only while" in early and "At 8,192 tokens it took -3 us against 2 idle" in early
+    assert "At 256 tokens host_mask's call took 102 us, 100 us more" in early
+    never = fig2.busy_gpu_text(_busy_costs({256: -1.0, 8192: -5.0}))
+    assert "never made it wait longer" in never and "At 256 and 8,192 tokens it took" in never
+
+
+def test_async_copy_is_called_slower_only_where_the_spreads_part():
+    costs = _busy_costs({256: 0.0, 8192: 0.0}).set_index(["fix", "num_tokens"])
+    costs.loc[("host_mask_async", 8192), ["median_us", "p20_us", "p80_us"]] = (5.0, 4.0, 6.0)
+    costs.loc[("host_mask_async", 256), ["median_us", "p20_us", "p80_us"]] = (0.5, 0.4, 0.6)
+    text = fig2.fix_costs_text(costs.reset_index())
+    assert "at 8,192 tokens it is even slower than host_mask" in text and "overlap at every size" not in text
+    assert "at 256 tokens it is faster" in text
+
+
+def _acceptance(fix: str, temperature: float, ver: int, real: int, acc: int, placeholders: int) -> dict:
+    return {
+        "fix": pf.LABELS[fix],
+        "temperature": temperature,
+        "same tokens as the clamp": True,
+        "verifications": ver,
+        "real drafts": real,
+        "accepted drafts": acc,
+        "acceptance rate, real drafts": acc / real if real else float("nan"),
+        "placeholders accepted": placeholders,
+        "acceptance rate, all slots": 0.5,
+    }
+
+
+@pytest.mark.parametrize(
+    "clamp, zero, said",
+    [
+        (
+            (2, 6, 6, 0),
+            (2, 6, 6, 2),
+            "yet here both runs verified 6 real drafts in 2 verifications and accepted 6",
+        ),
+        ((2, 6, 4, 0), (3, 4, 4, 1), "both runs accepted 4 real drafts, and the clamp run verified 2 more"),
+        ((2, 6, 4, 0), (3, 8, 4, 1), "both runs accepted 4 real drafts, and the zeroing run verified 2 more"),
+        ((2, 6, 4, 0), (3, 4, 6, 1), "the clamp's run verified +2 real drafts and accepted -2"),
+    ],
+)
+def test_greedy_paragraph_says_the_runs_differ_only_when_their_counts_do(clamp, zero, said):
+    rows = [_acceptance("clamp", 0.0, *clamp), _acceptance("scheduler_zero", 0.0, *zero)]
+    text = fig2.zeroing_greedy_text(rows)
+    assert said in text, text
+    assert ("did not verify the same drafts" in text) == (clamp[:3] != zero[:3]), text
+    slots = "1 placeholder slot as" if zero[-1] == 1 else f"{zero[-1]} placeholder slots as"
+    assert slots in text
+
+
+def test_sampled_paragraph_counts_in_the_singular_when_it_is_one():
+    rows = [_acceptance("clamp", 0.7, 0, 0, 0, 0), _acceptance("scheduler_zero", 0.7, 0, 1, 1, 1)]
+    text = fig2.zeroing_sampled_text(rows)
+    assert "accepted 1 placeholder slot," in text and "with 1 accepted draft in both" in text
 
 
 def test_kernel_name_paragraphs_name_the_recorded_kernels():

@@ -100,10 +100,11 @@ def ops_with_minus_one(kernel: str = KERNEL) -> set[str]:
     "when the bad index is -1",
     hints={
         "not_ops": "answer with a set of op names as the op table writes them, e.g. {'torch.gather'}.",
-        "wraps": "w[idx] and torch.take accept -1 (Python's wrap-around rule): they return the last row and "
-        "assert nothing. Only an index equal to the size makes w[idx] assert.",
-        "gather_only": "the kernel's name says gather, but with the larger index count F.embedding and "
-        "torch.index_select end in this kernel too: the name does not tell these ops apart.",
+        "wraps": "w[idx] and torch.take accept -1 (Python's wrap-around rule): w[idx] returns the last row, "
+        "torch.take the last element, and neither asserts. Only an index equal to the size makes them "
+        "assert.",
+        "gather_only": "the kernel's name says gather, but it is not only gather's kernel: read the table's "
+        "column for the larger index count, where other ops end in it too.",
         "missed_embedding": "F.embedding is missing: with the larger index count the embedding's lookup "
         "runs this kernel. That is the batch size of a serving engine.",
         "family_only": "you kept to the embedding's own family (F.embedding, index_select): at the larger "
@@ -148,7 +149,8 @@ def forward_lines() -> list[str]:
         "searchsorted and torch.where and never go below 0: which lookup gets the raw input_ids?",
         "indexing": "that line indexes with x[idx], which can assert too, but its indices are never "
         "negative: they pass through torch.where(..., scratch) or a clamped searchsorted.",
-        "wrong_line": "that line launches no kernel of the index_select family, which the assert lines name.",
+        "wrong_line": "that line looks nothing up by index (no embedding, no x[idx]), and the kernel in the "
+        "assert line is a lookup that read an index out of range: which lookup gets ids that can be -1?",
     },
 )
 def check_first_bad_op(answer, verdict):

@@ -293,57 +293,93 @@ Other tools worth knowing: `compute-sanitizer` (reports the first out-of-bounds 
 thread), and PyTorch builds with `TORCH_USE_CUDA_DSA` (device-side assertions that record the launch site)."""
 
 
+def _sizes(sizes: Sequence[int]) -> str:
+    return " and ".join(f"{n:,}" for n in sizes)
+
+
+def _async_vs_sync(costs: pd.DataFrame) -> str:
+    """host_mask_async against host_mask on an idle GPU: an order only where their p20-p80 ranges part."""
+    p20, p80 = _by_size(costs, "p20_us"), _by_size(costs, "p80_us")
+    a, s = "host_mask_async", "host_mask"
+    slower = [n for n in p20.columns if p20.loc[a, n] > p80.loc[s, n]]
+    faster = [n for n in p20.columns if p80.loc[a, n] < p20.loc[s, n]]
+    said = []
+    if slower:
+        said.append(
+            f"at {_sizes(slower)} tokens it is even slower than host_mask (its 20th percentile above "
+            "host_mask's 80th): it does all that host_mask does, plus a copy into pinned (page-locked) host "
+            "memory every step"
+        )
+    if faster:
+        said.append(f"at {_sizes(faster)} tokens it is faster (its 80th percentile below host_mask's 20th)")
+    if not said:
+        return (
+            " Their 20th-80th percentile ranges overlap at every size: on an idle GPU the asynchronous copy "
+            "saves nothing measurable, since it does all that host_mask does, plus a copy into pinned "
+            "(page-locked) host memory every step."
+        )
+    return " On an idle GPU, " + "; ".join(said) + "."
+
+
 def fix_costs_text(costs: pd.DataFrame) -> str:
     """What the bench recording says about each fix's cost per step, one bullet per fix."""
     median, syncs = _by_size(costs), _by_size(costs, "host_syncs_per_step").max(axis=1)  # syncs: any size
     lo, hi = median.columns[0], median.columns[-1]
     c = lambda fix, n: median.loc[fix, n]
-    clamp = median.loc["clamp"]
-    slower = (
-        f" On an idle GPU at {lo:,} tokens it is even slower than host_mask: it does all that "
-        "host_mask does, plus a copy into pinned (page-locked) host memory every step."
-        if c("host_mask_async", lo) > c("host_mask", lo)
-        else ""
-    )
+    p20, p80 = _by_size(costs, "p20_us").loc["clamp"], _by_size(costs, "p80_us").loc["clamp"]
+    spread = "overlap" if p20[hi] <= p80[lo] and p20[lo] <= p80[hi] else "do not overlap"
     return f"""What the recording says, one fix at a time:
 
-* **clamp** costs {min(clamp):,.0f} to {max(clamp):,.0f} us per step at every size measured, without growing
-  with the step, and makes {syncs["clamp"]:g} host synchronisations per step. Since the events span the
-  call's host work, its GPU time is smaller still.
+* **clamp** costs {c("clamp", lo):,.1f} us per step at {lo:,} tokens and {c("clamp", hi):,.1f} us at
+  {hi:,}, {hi / lo:,.0f} times the tokens (their 20th-80th percentile ranges {spread}), and makes
+  {syncs["clamp"]:g} host synchronisations per step. Since the events span the call's host work, its GPU
+  time is smaller still.
 * **host_mask** grows with the step, from {c("host_mask", lo):,.0f} us at {lo:,} tokens to
   {c("host_mask", hi):,.0f} us at {hi:,}: Python walks every draft list, then
   `torch.tensor(list, device=...)` copies from pageable host memory, which PyTorch does as a *blocking* copy,
   {syncs["host_mask"]:g} host synchronisation per step.
 * **host_mask_async** makes {syncs["host_mask_async"]:g} synchronisations but keeps the host work:
   {c("host_mask_async", lo):,.0f} us at {lo:,} tokens and {c("host_mask_async", hi):,.0f} us at {hi:,},
-  against host_mask's {c("host_mask", lo):,.0f} and {c("host_mask", hi):,.0f}.{slower}
+  against host_mask's {c("host_mask", lo):,.0f} and {c("host_mask", hi):,.0f}.{_async_vs_sync(costs)}
 * **scheduler_zero** does no GPU work at all, but its host work in the scheduler grows with the step, from
   {c("scheduler_zero", lo):,.0f} to {c("scheduler_zero", hi):,.0f} us; and it is wrong, as the next table
   shows."""
 
 
 def busy_gpu_text(costs: pd.DataFrame) -> str:
-    """What the fixes cost behind a busy GPU: host_mask waits for the queue, the clamp does not."""
+    """What the fixes cost behind a busy GPU: host_mask waits for the queue while its own host work is
+    shorter than the queue, the clamp never waits."""
     idle, busy = _by_size(costs), _by_size(costs, "host_us_behind_busy_gpu")
-    lo, hi = idle.columns[0], idle.columns[-1]
+    lo = idle.columns[0]
     wait = busy.loc["host_mask"] - idle.loc["host_mask"]
     n_wait = wait.idxmax()
-    tail = (
-        f"At {hi:,} tokens the call took {busy.loc['host_mask', hi]:,.0f} us against "
-        f"{idle.loc['host_mask', hi]:,.0f} idle: its own host work outlasts the queued work, so by the "
-        "time it copies there is nothing left to wait for."
-        if abs(wait[hi]) < wait[n_wait] / 2
-        else ""
+    waited = wait[n_wait] > 0
+    late = [n for n in wait.index if wait[n] < wait[n_wait] / 2] if waited else list(wait.index)
+    head = "**Behind a busy GPU (lower panel), host_mask's synchronisation makes it wait for the queue"
+    text = []
+    if waited:
+        head += " only while its own host work is shorter than the queue.**" if late else ".**"
+        text.append(
+            f"At {n_wait:,} tokens host_mask's call took {busy.loc['host_mask', n_wait]:,.0f} us, "
+            f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
+            "the queued work, and so did the host, which could not prepare the next step meanwhile."
+        )
+    else:
+        head = "**Behind a busy GPU (lower panel), host_mask's synchronisation never made it wait longer.**"
+    if late:
+        us = lambda fix, table: " and ".join(f"{table.loc[fix, n]:,.0f}" for n in late)
+        no_less = (busy.loc["host_mask_async", late] >= busy.loc["host_mask", late]).all()
+        text.append(
+            f"At {_sizes(late)} tokens it took {us('host_mask', busy)} us against {us('host_mask', idle)} "
+            "idle: its own host work outlasts the queued work, so by the time it copies there is nothing "
+            "left to wait for, and the host work, which grows with the step, is its price. host_mask_async, "
+            f"which never waits, took {us('host_mask_async', busy)} us{', no less' if no_less else ''}."
+        )
+    text.append(
+        f"The clamp's call took {busy.loc['clamp', lo]:,.0f} to {busy.loc['clamp'].max():,.0f} us behind "
+        "the same queue: it waits for nothing."
     )
-    return (
-        f"**The synchronisation's price is the queue, not the copy.** Behind a busy GPU (lower panel) "
-        f"host_mask's call took {busy.loc['host_mask', n_wait]:,.0f} us at {n_wait:,} tokens, "
-        f"{wait[n_wait]:,.0f} us more than its whole step on an idle GPU: the blocking copy waited for "
-        "the queued work, and so did the host, which could not prepare the next step meanwhile. "
-        f"{tail} The clamp's call took {busy.loc['clamp', lo]:,.0f} to "
-        f"{busy.loc['clamp'].max():,.0f} us behind the same queue: it waits for "
-        "nothing."
-    )
+    return " ".join([head, *text])
 
 
 _REAL, _ACC, _VER = "real drafts", "accepted drafts", "verifications"
@@ -354,30 +390,48 @@ def _clamp_and_zero(rows: list[dict], temperature: float) -> tuple[dict, dict]:
     return row[(temperature, pf.LABELS["clamp"])], row[(temperature, pf.LABELS["scheduler_zero"])]
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def zeroing_greedy_text(rows: list[dict]) -> str:
     """At temperature 0: zeroing accepts placeholders without making real drafts better."""
     from specfix.tokenizer import get_tokenizer
 
     zero_word = get_tokenizer().vocab[0]
     a, z = _clamp_and_zero(rows, 0.0)
-    same = (
-        f"both runs accepted {a[_ACC]} real drafts, and the clamp's run verified {a[_REAL] - z[_REAL]} "
-        "more, every one of them rejected"
-        if a[_ACC] == z[_ACC]
-        else f"the clamp's run verified {a[_REAL] - z[_REAL]:+} real drafts and accepted "
-        f"{a[_ACC] - z[_ACC]:+}"
-    )
+    placeholders = _n(z["placeholders accepted"], "placeholder slot")
+    if all(a[k] == z[k] for k in (_VER, _REAL, _ACC)):
+        verified = (
+            f"Zeroing accepted {placeholders} as the word *{zero_word}* (token 0), yet here both runs "
+            f"verified {_n(a[_REAL], 'real draft')} in {_n(a[_VER], 'verification')} and accepted "
+            f"{a[_ACC]} of them."
+        )
+    else:
+        d_real, d_acc = a[_REAL] - z[_REAL], a[_ACC] - z[_ACC]
+        same = f"the clamp's run verified {d_real:+} real drafts and accepted {d_acc:+}"
+        if d_acc == 0:
+            same = f"both runs verified {_n(a[_REAL], 'real draft')} and accepted {a[_ACC]}"
+            if d_real:
+                more = "clamp" if d_real > 0 else "zeroing"
+                same = (
+                    f"both runs accepted {_n(a[_ACC], 'real draft')}, and the {more} run verified "
+                    f"{abs(d_real)} more, every one of them rejected"
+                )
+        verified = (
+            f"The two runs did not verify the same drafts. Zeroing accepted {placeholders} as the word "
+            f"*{zero_word}* (token 0); every accepted slot emits a token, so its requests went through their "
+            f"text in {z[_VER]} verifications against {a[_VER]}, and its drafter proposed at other points "
+            f"of the text: {same}."
+        )
     rate, all_slots = "acceptance rate, real drafts", "acceptance rate, all slots"
     return (
         "**Zeroing does not make drafts better.** At temperature 0, scheduler_zero shows an acceptance rate "
         f"of {z[rate]:.3f} against the clamp's {a[rate]:.3f} ({z[_ACC]} of {z[_REAL]} against {a[_ACC]} of "
-        f"{a[_REAL]}), and both count real drafts only. The two runs did not verify the same drafts. Zeroing "
-        f"accepted {z['placeholders accepted']} placeholder slots as the word *{zero_word}* (token 0); every "
-        f"accepted slot emits a token, so its requests went through their text in {z[_VER]} verifications "
-        f"against {a[_VER]}, and its drafter proposed at other points of the text: {same}. Counted over all "
+        f"{a[_REAL]}), and both count real drafts only. {verified} Counted over all "
         "slots, as a counter that cannot tell them apart would, the rates are "
-        f"{z[all_slots]:.3f} for zeroing and {a[all_slots]:.3f} for the clamp, and zeroing's "
-        f"{z['placeholders accepted']} accepted placeholders count as accepted drafts there. Zeroing's "
+        f"{z[all_slots]:.3f} for zeroing and {a[all_slots]:.3f} for the clamp, and zeroing's accepted "
+        f"placeholders ({z['placeholders accepted']}) count as accepted drafts there. Zeroing's "
         f"greedy text is {'the same as' if z['same tokens as the clamp'] else 'different from'} the clamp's."
     )
 
@@ -387,7 +441,7 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
     t = max(r["temperature"] for r in rows)
     a, z = _clamp_and_zero(rows, t)
     both = a[_ACC] + z[_ACC]
-    scarce = f"; with {both} accepted draft(s) in both runs together, the rates say nothing either way. "
+    scarce = f"; with {_n(both, 'accepted draft')} in both runs together, the rates say nothing either way. "
     text = "the same as the clamp's."
     if not z["same tokens as the clamp"]:
         text = (
@@ -395,9 +449,9 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
             "random numbers at other points."
         )
     return (
-        f"At temperature {t}: {a[_ACC]} of {a[_REAL]} real drafts accepted with the clamp, {z[_ACC]} of "
-        f"{z[_REAL]} with zeroing{scarce if both < 10 else '. '}Zeroing still accepted "
-        f"{z['placeholders accepted']} placeholder slots, and its text is {text}"
+        f"At temperature {t}: {a[_ACC]} of {_n(a[_REAL], 'real draft')} accepted with the clamp, "
+        f"{z[_ACC]} of {z[_REAL]} with zeroing{scarce if both < 10 else '. '}Zeroing still accepted "
+        f"{_n(z['placeholders accepted'], 'placeholder slot')}, and its text is {text}"
     )
 
 
