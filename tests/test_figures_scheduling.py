@@ -90,11 +90,13 @@ def test_follow_placeholder_shows_a_minus_one_clamped_or_overwritten(runs):
     kinds = lab.slot_kinds(result)["2"]
     starved = result.trace[kinds.index(lab.REACHES_EMBEDDING)]
     filled = result.trace[kinds.index(lab.FILLED)]
-    (ax,) = figs.follow_placeholder(starved, "2", VOCAB).axes
+    (ax,) = figs.follow_placeholder(starved, "2", VOCAB, step_index=4).axes
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["-1\n"] * 6 + [f"0\n{VOCAB[0]}"] * 3
+    assert ax.get_title(loc="left") == "request 2 in engine step 4: 3 -1 slots left for the embedding"
     fig = figs.follow_placeholder(filled, "2", VOCAB)
     texts = [t.get_text() for t in fig.axes[0].texts]
+    assert fig.axes[0].get_title(loc="left") == "request 2 in one step: 3 -1 slots filled with real drafts"
     assert texts[:3] == ["-1\n"] * 3 and "-1\n" not in texts[3:] and texts[3:6] == texts[6:]
     assert "real draft written over a -1" in [t.get_text() for t in fig.legends[0].get_texts()]
     timeline = figs.slot_timeline(

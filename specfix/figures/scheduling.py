@@ -84,8 +84,11 @@ _STAGES = (
 )
 
 
-def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Figure:
-    """One request's draft slots in one step, from the scheduler to the embedding."""
+def follow_placeholder(
+    step: StepTrace, req_id: str, vocab: Sequence[str], step_index: int | None = None
+) -> Figure:
+    """One request's draft slots in one step (``step_index`` in its run, if given), from the scheduler to the
+    embedding; the title says what became of its ``-1``, so that two steps' figures tell themselves apart."""
     spec = step.scheduler_output.scheduled_spec_decode_tokens
     if req_id not in spec:  # the scheduler gives draft slots to scheduled requests only
         raise ValueError(f"request {req_id!r} has no draft slots in this step")
@@ -101,7 +104,16 @@ def follow_placeholder(step: StepTrace, req_id: str, vocab: Sequence[str]) -> Fi
         "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
         "has proposals for the request from the step before, and is otherwise clamped to 0 for the embedding."
     )
-    panel = (ids, kinds, f"request {req_id}: its draft slots in one step")
+    fates = [
+        f"{n} -1 slot{'' if n == 1 else 's'} {fate}"
+        for n, fate in (
+            (int(((sent == -1) & (device != -1)).sum()), "filled with real drafts"),
+            (int((device == -1).sum()), "left for the embedding"),
+        )
+        if n
+    ]
+    at = "one step" if step_index is None else f"engine step {step_index}"
+    panel = (ids, kinds, f"request {req_id} in {at}: " + (", ".join(fates) or "no -1"))
     slots = [f"draft slot {j + 1}" for j in range(len(sent))]
     return lifecycle.token_grids([panel], vocab, 2.6, caption, slots, _STAGES)
 
