@@ -124,8 +124,8 @@ def check_mask_kernel(answer, verdict):
         "it is given and returns a token for the padded row too (the engine throws it away).",
         "guard_draw": "that is the token the UNMASKED kernel draws, with the temperature 2.0 and seed 12345 "
         "it reads from row -1 (the guard). With the mask the temperature load returns its other=0.0.",
-        "not_greedy": "with the mask the padded row runs with temperature 0.0 (the load's other): a greedy "
-        "row, no noise. Its token is the argmax of its own logits.",
+        "not_greedy": "with the mask the padded row's temperature load returns its other, 0.0: what does the "
+        "kernel do with a row whose temperature is 0?",
     },
 )
 def check_padded_token(answer, verdict):
