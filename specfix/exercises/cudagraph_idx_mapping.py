@@ -25,7 +25,7 @@ PREDICT_EVENTS = ("step abcdefg", "finish cf", "step abdeg")
 UNFIXED = Fixes(pad_idx_mapping=False)
 #: The hints of the exercises answered with a set of requests.
 _NAME_HINTS = {
-    "format": "answer with a set of request names (letters), e.g. {'a', 'b'}.",
+    "format": "answer with a set of request names (letters), e.g. {'b', 'e'}.",
     "unknown": "name only requests of the history.",
 }
 
@@ -80,7 +80,7 @@ def _names(verdict, answer, events) -> set[str]:
 @checker(
     "ch3.stale_victims",
     solution="cudagraph_idx_mapping:stale_victims",
-    todo="set stale_victims to the set of requests whose draft logits the padded rows overwrite, e.g. {'a'}",
+    todo="set stale_victims to the set of live requests whose slot a padded row names, e.g. {'b', 'e'}",
     hints={
         **_NAME_HINTS,
         "finished": "a finished request has no draft logits to lose: its slot is free, and a padded row "
