@@ -1,14 +1,24 @@
 """Chapter 3's figures draw what they are given: checked by their content, not by pixels."""
 
+import inspect
+import json
+import re
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib.colors import to_hex
 from matplotlib.patches import FancyArrowPatch
 
 from specfix import Fixes
+from specfix.exercises.cudagraph_idx_mapping import run_schedule
 from specfix.figures import cudagraph_idx_mapping as F
 from specfix.figures import style
 from specfix.lab.padding_bench import one_step_distribution, padded_step_scenario
+from specfix.mrv2.cudagraph import CudaGraphDispatcher
+from specfix.tools import recorded
 
+CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / "03_cudagraph_idx_mapping.ipynb"
 EVENTS = ["step abcdef", "finish c", "step abdef"]
 
 
@@ -47,10 +57,16 @@ def test_padded_buffers_draws_one_arrow_per_padded_write():
         + [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
     )
     assert len(arrows(off)) == len(states[0].writes) == 3 and arrows(on) == []
+    freed = padded_step_scenario(
+        ["step abcdef", "finish f", "step abcde"], fixes=Fixes(pad_idx_mapping=False)
+    )
+    (ax,) = F.padded_buffers([freed], ["f's slot is free"]).axes
+    colours = [to_hex(a.arrow_patch.get_edgecolor()) for a in arrows(ax)]
+    assert colours == [style.PADDING, style.BUGGY, style.BUGGY]  # row 5 names f's free slot, rows 6 and 7 a's
     assert "overwritten: a, f" in off.get_title() and "overwritten: none" in on.get_title()
     labels = [t.get_text() for t in off.texts]
     assert "row 5: 5  padded" in labels and "slot 2: free" in labels and "slot 5: f" in labels
-    assert "magenta arrow" in _caption(fig)
+    assert "magenta arrow" in _caption(fig) and "grey arrow names a free slot" in _caption(fig)
     assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX
     with pytest.raises(ValueError, match="one title per state"):
         F.padded_buffers(states, ["only one"])
@@ -77,10 +93,12 @@ def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
         F.output_distribution({})
 
 
-def test_bench_table_keeps_the_columns_it_promises():
-    summary = {c: 1 for c in F.BENCH_COLUMNS} | {"ran": ["eager"]}
-    table = F.bench_table({"fix off": summary, "fix on": summary})
-    assert list(table.columns) == F.BENCH_COLUMNS and list(table.index) == ["fix off", "fix on"]
+def test_bench_table_keeps_the_columns_it_promises_and_a_column_per_origin():
+    summary = {c: 1 for c in F.BENCH_COLUMNS} | {"ran": ["eager"], "writes_by_origin": {F.ORIGINS[1]: 7}}
+    table = F.bench_table({"fix off": summary, "fix on": summary | {"writes_by_origin": {}}})
+    origins = [f"writes: {o}" for o in F.ORIGINS]
+    assert list(table.columns) == F.BENCH_COLUMNS + origins and list(table.index) == ["fix off", "fix on"]
+    assert table.loc["fix off", origins].tolist() == [0, 7, 0, 0] and table.loc["fix on", origins].sum() == 0
     with pytest.raises(ValueError, match="differing"):
         F.bench_table({"x": {"num_requests": 1}})
 
@@ -92,4 +110,35 @@ def test_recorded_paragraph_quotes_the_h200_recording():
     off, chi = rec["bench"]["fix_off"], rec["chi_square"]["False"]["positions"][0]
     text = F.recorded_text(rec)
     assert f"**{off['differing']} of {off['num_requests']}** responses differ" in text
+    landed, writes = off["writes_landed"], sum(off["writes_by_origin"].values())
+    assert 0 < landed < writes  # on the GPU some padded stores lost the race to the live row's
+    assert f"only {landed} of its {writes} padded writes changed" in text
     assert f"chi² {chi['chi2']:,.0f} against a threshold of {chi['threshold']:.1f}" in text
+
+
+def _markdown() -> list[str]:
+    return [
+        "".join(c["source"]) for c in json.loads(CHAPTER.read_text())["cells"] if c["cell_type"] == "markdown"
+    ]
+
+
+def test_the_chapters_typed_numbers_agree_with_their_sources():
+    """Numbers the chapter's markdown states: the H200's landed writes, the capture sizes, the minutes."""
+    cells = _markdown()
+    prose = " ".join(" ".join(cell.split()) for cell in cells)
+    off = recorded.load("cudagraph_h200")["bench"]["fix_off"]
+    landed = f"{off['writes_landed']} of the {sum(off['writes_by_origin'].values())} padded writes changed"
+    assert landed in prose
+    *sizes, last = CudaGraphDispatcher(max_num_reqs=8).capture_sizes  # exercise 1c's 8 slots, run_schedule's
+    assert (
+        f"8 request-state slots, the drafter padded to the capture sizes {', '.join(map(str, sizes))}"
+        in prose
+    )
+    assert f"capture sizes {', '.join(map(str, sizes))} and {last})" in prose
+    assert inspect.signature(run_schedule).parameters["max_num_reqs"].default == 8
+    # the Time paragraph lists each exercise's minutes, in the order of the exercises' headings
+    listed = re.search(r"with the exercises \(([\d, and]+) minutes\)", prose).group(1)
+    headings = re.findall(r"^### Exercise \w+ \([^)]*?about (\d+) minutes\)", "\n".join(cells), re.M)
+    assert re.findall(r"\d+", listed) == headings and len(headings) == 6
+    total = int(re.search(r"About (\d+) minutes with the exercises", prose).group(1))
+    assert total > sum(map(int, headings))  # the estimate covers the reading too

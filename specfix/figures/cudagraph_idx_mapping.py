@@ -11,12 +11,17 @@ from matplotlib.patches import Rectangle
 
 from specfix.figures import style
 from specfix.lab.padding_bench import BufferState
+from specfix.lab.stale_rows import ORIGIN_EARLIER, ORIGIN_FREE, ORIGIN_FRESH, ORIGIN_REUSED
 
-BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_by_origin"]
+BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_landed"]
+#: bench_table's column per origin of a padded write (``writes_by_origin``), after BENCH_COLUMNS
+ORIGINS = (ORIGIN_FRESH, ORIGIN_EARLIER, ORIGIN_REUSED, ORIGIN_FREE)
+#: the chapter's name for each sampler ``resolve_sampler`` picks
+SAMPLER_WORDS = {"kernel": "the Triton kernel", "reference": "the Triton kernel's torch twin"}
 
 
 def launch_overhead(rows: Sequence[dict], source: str):
-    """Host µs per drafter step, eager against one graph replay, per batch size."""
+    """Wall µs per drafter step (GPU work included), eager against one graph replay, per batch size."""
     df = pd.DataFrame(list(rows))
     missing = {"size", "eager_us", "graph_us"} - set(df.columns)
     if df.empty or missing:
@@ -73,7 +78,8 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
     caption = (
         "Blue rows are live, grey rows are padding that the graph processes anyway, white rows lie "
         "beyond it. A magenta arrow is a padded row whose stale entry names a live request's slot: its "
-        "sampler overwrites that request's cached draft logits."
+        "sampler writes into that request's cached draft logits (last on the CPU; on a GPU the request's "
+        "own row may store last). A grey arrow names a free slot, no request's logits."
     )
     with style.figure(caption, 0.3 * rows + 1.2, 1, len(states), squeeze=False) as (fig, axes):
         for ax, s, title in zip(axes[0], states, titles, strict=True):
@@ -84,12 +90,17 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
 
 
 def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
-    """The bench summaries (``PaddingBench.summary()`` or the recording's), one row per label."""
+    """The bench summaries (``PaddingBench.summary()`` or the recording's), one row per label, then the
+    padded writes of each origin (``writes_landed``: those that changed a live request's cached logits)."""
     frame = pd.DataFrame(list(benches.values()), index=list(benches))
-    missing = set(BENCH_COLUMNS) - set(frame.columns)
+    missing = {*BENCH_COLUMNS, "writes_by_origin"} - set(frame.columns)
     if missing:
         raise ValueError(f"bench summaries lack {sorted(missing)}")
-    return frame[BENCH_COLUMNS]
+    origins = {
+        f"writes: {origin}": [b["writes_by_origin"].get(origin, 0) for b in benches.values()]
+        for origin in ORIGINS
+    }
+    return frame[BENCH_COLUMNS].assign(**origins)
 
 
 def _freq(counts) -> np.ndarray:
@@ -165,10 +176,10 @@ def padded_writes_text(state: BufferState) -> str:
 def bench_text(bench_on, bench_off, sampler: str, num_requests: int) -> str:
     """The padding bench's shapes, sampler and verdict."""
     shapes = sorted({(len(s.req_ids), s.num_reqs_padded) for s in bench_off.batched.steps})
-    how = "the Triton kernel"
+    how = SAMPLER_WORDS[sampler]
     if sampler != "kernel":
         how += (
-            "'s torch twin (the same tokens and stores, tied to the kernel by tests/test_speculator.py and "
+            " (the same tokens and stores, tied to the kernel by tests/test_speculator.py and "
             "tests/test_padding_bench.py; the kernel itself runs in section 6)"
         )
     return (
@@ -212,13 +223,16 @@ def bonus_text(dists: dict[str, dict], trials: int) -> str:
 
 
 def recorded_text(recording: dict) -> str:
-    """The H200 recording's verdict: responses that differ, and the first position's chi²."""
-    b, chi = recording["bench"], recording["chi_square"]
+    """The H200 recording's verdict: responses that differ, padded writes that landed (on a GPU the live
+    row's own store to the slot may land last), the first position's chi²."""
+    off, chi = recording["bench"]["fix_off"], recording["chi_square"]
     p0_off, p0_on = chi["False"]["positions"][0], chi["True"]["positions"][0]
     return (
-        f"At full scale with real graph replays, **{b['fix_off']['differing']} of "
-        f"{b['fix_off']['num_requests']}** responses differ from their solo runs without the fix and "
-        f"{b['fix_on']['differing']} with it; over {p0_off['trials']:,} trials the first output position "
-        f"scores chi² {p0_off['chi2']:,.0f} against a threshold of {p0_off['threshold']:.1f} without the "
-        f"fix, {p0_on['chi2']:.1f} with it."
+        f"At full scale with real graph replays, **{off['differing']} of {off['num_requests']}** responses "
+        f"differ from their solo runs without the fix and {recording['bench']['fix_on']['differing']} with "
+        f"it. Without the fix only {off['writes_landed']} of its {sum(off['writes_by_origin'].values())} "
+        "padded writes changed a live request's cached logits: in the same launch the request's own row "
+        "stores into that slot too, and on a GPU either store may land last. Over "
+        f"{p0_off['trials']:,} trials the first output position scores chi² {p0_off['chi2']:,.0f} against a "
+        f"threshold of {p0_off['threshold']:.1f} without the fix, {p0_on['chi2']:.1f} with it."
     )
