@@ -327,14 +327,13 @@ def counting_text(table) -> str:
     b, c = table.loc[_ZERO], table.loc[_CLAMP]
     counts = ("placeholders recognisable by id (< 0)", "placeholder slots", "placeholder slots accepted")
     b, c = ({**row, **{k: int(row[k]) for k in counts}} for row in (b, c))  # 24, not 24.0, whatever the dtype
-    neg = counts[0]
+    neg, accepted = counts[0], b["placeholder slots accepted"]
     return f"""
 **What is counted.** A *slot* is one entry of `scheduled_spec_decode_tokens`; a *real draft* is a token the
 drafter proposed; the other slots are placeholders. Under (c) every placeholder is recognisable by its id
 ({c[neg]} of {c["placeholder slots"]} are negative), so any stage that sees the ids can leave them out. Under
 (b) none is ({b[neg]} of {b["placeholder slots"]}): a zeroed slot is a draft of "the", and
-{b["placeholder slots accepted"]} of them {"was" if b["placeholder slots accepted"] == 1 else "were"} accepted
-as such.
+{accepted} of them {"was" if accepted == 1 else "were"} accepted as such.
 
 * **Rate over all slots** counts every slot as a draft, which is all a stage that sees only zeros can do:
   {b["rate over all slots"]} for (b), {c["rate over all slots"]} for (c). Padding drags it down.
