@@ -392,6 +392,7 @@ FIGURES = {
     ("05", "1,024 x", "the largest profiled shape"): _profiled_shape,
     ("05", "132 SMs", "the waves it makes on the"): H200_SMS,
     ("04", "132 SMs", "keeps one of the H200's"): H200_SMS,
+    ("00", "132 SMs", "one of its compute units"): H200_SMS,
     ("04", "4 bytes", "a pointer offset of -1 is the"): lambda: _itemsize("float32"),
     ("04", "8 bytes", "the row reads the"): lambda: _itemsize("int64"),
     ("00", "20 s", "**Time.**"): CPU_RUN,
