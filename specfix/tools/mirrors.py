@@ -122,7 +122,10 @@ def release_rows() -> list[dict[str, str]]:
         born = "async scheduling: every decode's drafts until the runner fills them"
         if r.sync_scheduler_pads:
             born = "a new decode with one token left (P/D first decode, full prefix-cache hit); " + born
-        v1 = "V1: no clamp (under async scheduling the runner writes real drafts over them)"
+        v1 = (
+            "V1: no clamp (under async scheduling the runner writes real drafts over them, "
+            "except for a request absent from the previous step, whose -1 stays)"
+        )
         if r.v1_clamp:
             v1 = "V1: `_preprocess` clamps to 0"
         mrv2 = "MRV2: its own draft table, zeroed per request" + (
