@@ -97,8 +97,8 @@ def test_bench_table_keeps_the_columns_it_promises_and_a_column_per_origin():
     summary = {c: 1 for c in F.BENCH_COLUMNS} | {"ran": ["eager"], "writes_by_origin": {F.ORIGINS[1]: 7}}
     table = F.bench_table({"fix off": summary, "fix on": summary | {"writes_by_origin": {}}})
     origins = [f"writes: {o}" for o in F.ORIGINS]
-    assert list(table.columns) == F.BENCH_COLUMNS + origins and list(table.index) == ["fix off", "fix on"]
-    assert table.loc["fix off", origins].tolist() == [0, 7, 0, 0] and table.loc["fix on", origins].sum() == 0
+    assert list(table.index) == F.BENCH_COLUMNS + origins and list(table.columns) == ["fix off", "fix on"]
+    assert table.loc[origins, "fix off"].tolist() == [0, 7, 0, 0] and table.loc[origins, "fix on"].sum() == 0
     with pytest.raises(ValueError, match="differing"):
         F.bench_table({"x": {"num_requests": 1}})
 

@@ -90,8 +90,9 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
 
 
 def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
-    """The bench summaries (``PaddingBench.summary()`` or the recording's), one row per label, then the
-    padded writes of each origin (``writes_landed``: those that changed a live request's cached logits)."""
+    """The bench summaries (``PaddingBench.summary()`` or the recording's), a column per label (narrow enough
+    for the book's column): the counts, then the padded writes of each origin (``writes_landed``: those that
+    changed a live request's cached logits)."""
     frame = pd.DataFrame(list(benches.values()), index=list(benches))
     missing = {*BENCH_COLUMNS, "writes_by_origin"} - set(frame.columns)
     if missing:
@@ -100,7 +101,7 @@ def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
         f"writes: {origin}": [b["writes_by_origin"].get(origin, 0) for b in benches.values()]
         for origin in ORIGINS
     }
-    return frame[BENCH_COLUMNS].assign(**origins)
+    return frame[BENCH_COLUMNS].assign(**origins).T
 
 
 def _freq(counts) -> np.ndarray:
