@@ -279,7 +279,7 @@ CLAIMS = {
         r"Beside vLLM (?P<c5_peer>[\d.]+) on the same H200 it is (?P<c5_peer_lo>[\d.]+) to "
         r"(?P<c5_peer_hi>[\d.]+) times faster per call at all (?P<c5_peer_shapes>\d+) shapes, "
         r"and (?P<c5_peer_graph_lo>[\d.]+) to (?P<c5_peer_graph_hi>[\d.]+) times faster "
-        r"inside a CUDA graph; its host cost per call is (?P<c5_host_lo>[\d.]+) to "
+        r"inside a CUDA graph; `gumbel_sample`'s host cost per call is (?P<c5_host_lo>[\d.]+) to "
         r"(?P<c5_host_hi>[\d.]+) times vLLM's, and its greedy rejection core takes "
         r"(?P<c5_greedy_lo>[\d.]+) to (?P<c5_greedy_hi>[\d.]+) times vLLM's GPU time "
         r"\(random: (?P<c5_random_lo>[\d.]+) to (?P<c5_random_hi>[\d.]+)\), "
@@ -450,6 +450,7 @@ def test_chapter5s_words_for_its_shapes_and_fixes_hold_in_the_recordings():
     kernels = recorded.load("gumbel_ncu_h200")["kernels"]
     largest = max(kernels, key=lambda k: k["rows"] * k["vocab"])
     assert f"the largest profiled shape ({largest['rows']:,} x {largest['vocab']:,})" in prose
+    assert GOAL_SHAPE.startswith(f"{largest['rows']:,} x {largest['vocab']:,}")  # the same shape, both named
     report = recorded.load("bench_h200")
     bf16 = [g for g in report["goals"] if g["issue_goal"] == 3 and "bf16" in g["goal"]]
     worst = min(bf16, key=lambda g: g["measured"] / g["target"])

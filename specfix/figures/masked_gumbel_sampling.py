@@ -173,8 +173,10 @@ def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
     goal_words = ""
     if rate:
         g, goal_rows, goal_dtype = rate
+        path = re.search(r"apply_temperature=(True|False)", g["goal"])  # the bench times both paths
         goal_words = (
-            f"The star is the goal, >= {g['target']:.0f} G logits/s at {goal_rows:,} rows {goal_dtype}: "
+            f"The star is the goal, >= {g['target']:.0f} G logits/s at {goal_rows:,} rows {goal_dtype}"
+            f"{', ' + path[0] if path else ''}: "
             f"{g['status']} ({g['measured']:.0f} measured; chapter 5 shows why). "
         )
     caption = (

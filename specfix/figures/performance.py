@@ -302,7 +302,7 @@ def _dtype_rates(floors: pd.DataFrame) -> str:
     said = ", and ".join(
         f"{r.bf16:.0f} in bf16 against {r.fp32:.0f} in fp32 at {n:,} rows" for n, r in rates.iterrows()
     )
-    return f"; in G logits/s at 151,936 a row it gets {said}"
+    return f"; in G logits/s at 151,936 logits a row it gets {said}"
 
 
 def mask_text(report: dict) -> str:
