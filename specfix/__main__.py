@@ -101,9 +101,11 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:  # bench.run checks its arguments before it runs anything
         parser.error(str(exc))
     status = 1 if report["errors"] else 0
+    written = False
     if args.json:  # first, so that nothing below can lose the run
         try:
             bench.write_json(report, args.json)
+            written = True
         except OSError as exc:
             print(
                 f"specfix bench: could not write {args.json} ({exc.strerror or exc}); the report follows",
@@ -114,7 +116,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"specfix bench: wrote {args.json}, but it breaks the schema: {exc}", file=sys.stderr)
             status = 1
     print(bench.render(report))
-    if args.json:
+    if written:
         print(f"wrote {args.json}")
     return status
 

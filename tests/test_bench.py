@@ -527,6 +527,13 @@ def test_cli_unwritable_json_path_is_refused_before_the_run(tmp_path, where, say
     assert "Traceback" not in out.stderr and "median_us" not in out.stdout  # refused before running
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write fails)")
+def test_cli_json_write_failing_after_the_run_says_so_and_not_that_it_wrote():
+    out = _cli("bench", "--device", "cpu", "--only", "ceilings", "--json", "/dev/full")
+    assert out.returncode == 1 and "could not write /dev/full" in out.stderr, out.stderr[-2000:]
+    assert "median_us" in out.stdout and "wrote /dev/full" not in out.stdout  # the report, and no false claim
+
+
 def test_cli_needs_a_command():
     out = _cli()
     assert out.returncode == 2 and "bench" in out.stderr
