@@ -74,3 +74,8 @@ def test_tidy_writes_counts_without_decimals_and_missing_values_as_a_dash():
     assert "NaN" not in shown.to_html() and "&lt;NA&gt;" not in shown.to_html()
     spaced = style.tidy(frame.rename(columns={"count": "host_syncs"}).rename_axis("num_tokens"))
     assert "host syncs" in spaced.columns and spaced.index.name == "num tokens"  # headers can wrap
+
+
+def test_counted_is_plural_unless_the_count_is_one():
+    assert style.counted(1, "decode step") == "1 decode step" and style.counted(0, "step") == "0 steps"
+    assert style.counted(2, "-1 slot") == "2 -1 slots"

@@ -390,32 +390,29 @@ def _clamp_and_zero(rows: list[dict], temperature: float) -> tuple[dict, dict]:
     return row[(temperature, pf.LABELS["clamp"])], row[(temperature, pf.LABELS["scheduler_zero"])]
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def zeroing_greedy_text(rows: list[dict]) -> str:
     """At temperature 0: zeroing accepts placeholders without making real drafts better."""
     from specfix.tokenizer import get_tokenizer
 
     zero_word = get_tokenizer().vocab[0]
     a, z = _clamp_and_zero(rows, 0.0)
-    placeholders = _n(z["placeholders accepted"], "placeholder slot")
+    placeholders = style.counted(z["placeholders accepted"], "placeholder slot")
     if all(a[k] == z[k] for k in (_VER, _REAL, _ACC)):
         verified = (
             f"Zeroing accepted {placeholders} as the word *{zero_word}* (token 0), yet here both runs "
-            f"verified {_n(a[_REAL], 'real draft')} in {_n(a[_VER], 'verification')} and accepted "
+            f"verified {style.counted(a[_REAL], 'real draft')} in "
+            f"{style.counted(a[_VER], 'verification')} and accepted "
             f"{a[_ACC]} of them."
         )
     else:
         d_real, d_acc = a[_REAL] - z[_REAL], a[_ACC] - z[_ACC]
         same = f"the clamp's run verified {d_real:+} real drafts and accepted {d_acc:+}"
         if d_acc == 0:
-            same = f"both runs verified {_n(a[_REAL], 'real draft')} and accepted {a[_ACC]}"
+            same = f"both runs verified {style.counted(a[_REAL], 'real draft')} and accepted {a[_ACC]}"
             if d_real:
                 more = "clamp" if d_real > 0 else "zeroing"
                 same = (
-                    f"both runs accepted {_n(a[_ACC], 'real draft')}, and the {more} run verified "
+                    f"both runs accepted {style.counted(a[_ACC], 'real draft')}, and the {more} run verified "
                     f"{abs(d_real)} more, every one of them rejected"
                 )
         verified = (
@@ -441,7 +438,10 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
     t = max(r["temperature"] for r in rows)
     a, z = _clamp_and_zero(rows, t)
     both = a[_ACC] + z[_ACC]
-    scarce = f"; with {_n(both, 'accepted draft')} in both runs together, the rates say nothing either way. "
+    scarce = (
+        f"; with {style.counted(both, 'accepted draft')} in both runs together, "
+        "the rates say nothing either way. "
+    )
     text = "the same as the clamp's."
     if not z["same tokens as the clamp"]:
         text = (
@@ -449,9 +449,9 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
             "random numbers at other points."
         )
     return (
-        f"At temperature {t}: {a[_ACC]} of {_n(a[_REAL], 'real draft')} accepted with the clamp, "
+        f"At temperature {t}: {a[_ACC]} of {style.counted(a[_REAL], 'real draft')} accepted with the clamp, "
         f"{z[_ACC]} of {z[_REAL]} with zeroing{scarce if both < 10 else '. '}Zeroing still accepted "
-        f"{_n(z['placeholders accepted'], 'placeholder slot')}, and its text is {text}"
+        f"{style.counted(z['placeholders accepted'], 'placeholder slot')}, and its text is {text}"
     )
 
 

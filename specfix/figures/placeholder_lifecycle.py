@@ -145,11 +145,6 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
     return fig
 
 
-def _counted(count: int, noun: str) -> str:
-    """``count`` and ``noun``, plural unless the count is 1: "1 verification", "3 verifications"."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def _rate(numerator: int, denominator: int) -> float:
     return round(numerator / denominator, 3) if denominator else math.nan
 
@@ -363,7 +358,8 @@ def placeholder_origin_text(result: GenerateResult, k: int) -> str:
     return (
         f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
         f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
-        f"{_counted(short, 'later verification')}, and {_counted(bare, 'decode step')} had no drafts at all; "
+        f"{style.counted(short, 'later verification')}, and {style.counted(bare, 'decode step')} had no "
+        "drafts at all; "
         "there the scheduler "
         "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
         "not exist rather than hold a `-1`."

@@ -105,7 +105,7 @@ def follow_placeholder(
         "has proposals for the request from the step before, and is otherwise clamped to 0 for the embedding."
     )
     fates = [
-        f"{n} -1 slot{'' if n == 1 else 's'} {fate}"
+        f"{style.counted(n, '-1 slot')} {fate}"
         for n, fate in (
             (int(((sent == -1) & (device != -1)).sum()), "filled with real drafts"),
             (int((device == -1).sum()), "left for the embedding"),

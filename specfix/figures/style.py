@@ -177,6 +177,11 @@ def wrap(text: str, chars: int = 110) -> str:
     return "\n".join(textwrap.wrap(text, chars)) or text
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is 1: "1 verification", "3 verifications"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def integer_ticks(axis) -> None:
     """Whole-number ticks only (token ids, counts, positions)."""
     axis.set_major_locator(MaxNLocator(integer=True))
