@@ -17,27 +17,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ngram_lookup_by_hand():
     ngram = NgramProposer(3, 1, 3)
-    # the last two tokens (7, 8) occurred before, followed by 9, 1, 7
-    assert ngram.propose([5, 7, 8, 9, 1, 7, 8]) == [9, 1, 7]
-    assert ngram.propose(np.array([4, 5, 6], dtype=np.int32)) == []  # no earlier occurrence: no drafts
-    assert ngram.propose([3]) == []
+    # the last two tokens (7, 8) occurred before, followed by 9, 1, 7; [4, 5, 6] and [3] have no earlier
+    # occurrence, so no drafts
+    histories = [[5, 7, 8, 9, 1, 7, 8], np.array([4, 5, 6], dtype=np.int32), [3]]
+    assert ngram.propose_batch(histories) == [[9, 1, 7], [], []]
 
 
 def test_ngram_takes_the_longest_match_and_its_earliest_occurrence():
     ngram = NgramProposer(2, 1, 3)
     # (7, 8) occurs at 0 (then 1, 2) and at 4 (then 3, 4); vLLM takes the earliest: 1, 2
-    assert ngram.propose([7, 8, 1, 2, 7, 8, 3, 4, 7, 8]) == [1, 2]
-    # a longer match wins over an earlier shorter one: (5, 7, 8) at 5 is followed by 6
-    assert ngram.propose([7, 8, 0, 0, 0, 5, 7, 8, 6, 5, 7, 8]) == [6, 5]
+    # and a longer match wins over an earlier shorter one: (5, 7, 8) at 5 is followed by 6
+    histories = [[7, 8, 1, 2, 7, 8, 3, 4, 7, 8], [7, 8, 0, 0, 0, 5, 7, 8, 6, 5, 7, 8]]
+    assert ngram.propose_batch(histories) == [[1, 2], [6, 5]]
 
 
 def test_ngram_defaults_are_vllms_and_max_model_len_caps_the_drafts():
     assert (NgramProposer(3).prompt_lookup_min, NgramProposer(3).prompt_lookup_max) == (5, 5)
     history = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3, 4, 5]
-    assert NgramProposer(3).propose(history) == [9, 8, 1]
-    assert NgramProposer(3, max_model_len=14).propose(history) == [9, 8]  # 12 tokens + 2 drafts = 14
-    assert NgramProposer(3, max_model_len=12).propose(history) == []
-    assert NgramProposer(3).propose(history[5:]) == []  # no earlier 5-gram
+    no_earlier_5_gram = history[5:]
+    assert NgramProposer(3).propose_batch([history, no_earlier_5_gram]) == [[9, 8, 1], []]
+    assert NgramProposer(3, max_model_len=14).propose_batch([history]) == [[9, 8]]  # 12 tokens + 2 drafts
+    assert NgramProposer(3, max_model_len=12).propose_batch([history]) == [[]]
 
 
 def _vllm_ngram(version: str):
@@ -68,7 +68,7 @@ def test_ngram_matches_vllm_0_33_on_random_histories():
         ids = rng.integers(0, 4, size=int(rng.integers(1, 40)))
         lo = int(rng.integers(1, 4))
         hi, k, max_len = lo + int(rng.integers(0, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 50))
-        ours = NgramProposer(k, lo, hi, max_model_len=max_len).propose(ids)
+        ours = NgramProposer(k, lo, hi, max_model_len=max_len).propose_batch([ids])[0]
         assert ours == vllm(ids, lo, hi, max_len, k).tolist(), (ids.tolist(), lo, hi, k, max_len)
 
 
@@ -79,17 +79,6 @@ def test_draft_model_proposes_k_greedy_tokens():
     drafts = drafter.propose_batch([history, torch.tensor([4, 0])])
     assert [len(d) for d in drafts] == [2, 2] and drafts[0][0] == first
     assert drafts[0][1] == int(DRAFT.score([*history, first])[-1].argmax())
-
-
-@pytest.mark.parametrize("history, error, word", [
-    ([5, -1, 7], ValueError, "committed tokens are never placeholders"),
-    ("abc", TypeError, "token_ids must be a sequence of token ids, got str"),
-    ([1.0, 2.0], TypeError, "int token ids, got dtype float64"),
-    ([[1, 2]], TypeError, r"1-D sequence .* shape \(1, 2\)"),
-])  # fmt: skip
-def test_bad_histories_are_refused_by_name(history, error, word):
-    with pytest.raises(error, match=word):
-        NgramProposer(3).propose(history)
 
 
 def test_bad_settings_are_refused():

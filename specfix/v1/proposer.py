@@ -18,24 +18,6 @@ from specfix.models import NgramLM
 from specfix.v1.scheduler import check_num_spec_tokens
 
 
-def _history(name: str, token_ids: object) -> np.ndarray:
-    """One request's committed tokens as an int64 array; they are real tokens, never a -1."""
-    if isinstance(token_ids, torch.Tensor):
-        token_ids = token_ids.cpu().numpy()
-    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
-        raise TypeError(f"{name} must be a sequence of token ids, got {type(token_ids).__name__}")
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise TypeError(
-            f"{name} must be a 1-D sequence of int token ids, got dtype {ids.dtype} shape {ids.shape}"
-        )
-    if ids.size and ids.min() < 0:
-        raise ValueError(
-            f"{name} must hold token ids >= 0 (committed tokens are never placeholders), got {int(ids.min())}"
-        )
-    return ids.astype(np.int64)
-
-
 class NgramProposer:
     def __init__(
         self,
@@ -54,12 +36,8 @@ class NgramProposer:
         self.prompt_lookup_max = prompt_lookup_max
         self.max_model_len = max_model_len
 
-    def propose(self, token_ids: Sequence[int]) -> list[int]:
-        """Up to k tokens continuing ``token_ids`` (one request's committed tokens); [] if no match."""
-        return self._propose(_history("token_ids", token_ids))
-
     def _propose(self, ids: np.ndarray) -> list[int]:
-        """``propose`` on an int64 history the runner has checked."""
+        """Up to k tokens continuing one request's committed tokens (the runner checked them); [] if none."""
         k = self.k if self.max_model_len is None else min(self.k, self.max_model_len - len(ids))
         if k <= 0:  # no draft may reach past max_model_len
             return []
