@@ -18,7 +18,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = ROOT / "specfix" / "recorded"
-GOLDEN_DIR = ROOT / "tests" / "golden"
 
 # the kernels launch through runtime.launch: its cached direct path is part of what a timing measures
 _LAUNCH = "specfix/runtime.py"
@@ -154,13 +153,6 @@ def _output(*command: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def changed_sources(name: str, meta: dict) -> list[str]:
-    """The source files of ``name`` whose hash differs from the one ``meta`` recorded (all of them when it
-    recorded none)."""
-    recorded_hashes = meta.get("source_hash") or {}
-    return [path for path, digest in source_hashes(name).items() if recorded_hashes.get(path) != digest]
-
-
 def gpu_meta(name: str | None = None) -> dict:
     """Device, driver, versions and today's date, for labelling a recording; with the recording's ``name``
     (a key of :data:`SOURCES`), also the commit and the hashes of the source files it measures."""
@@ -180,7 +172,7 @@ def save(name: str, data: dict, directory: Path | str = RECORDED_DIR) -> Path:
     """Write ``data`` plus a ``meta`` label (sources from :data:`SOURCES`) to ``directory/name.json``."""
     path = Path(directory) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": gpu_meta(name), **data}, indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps({"meta": gpu_meta(name), **data}, indent=1) + "\n")
     return path
 
 
@@ -197,11 +189,8 @@ def load(name: str) -> dict:
 def label(meta: dict) -> str:
     """One line that says where and when a recording was made, at which commit, and, for a recording of older
     code (``meta["stale"]``), that it is one."""
-    text = (
-        f"recorded on {meta.get('device', '?')} (driver {meta.get('driver', '?')}, "
-        f"torch {meta.get('torch', '?')}, "
-        f"triton {meta.get('triton', '?')}) on {meta.get('date', '?')}"
-    )
+    versions = ", ".join(f"{key} {meta.get(key, '?')}" for key in ("driver", "torch", "triton"))
+    text = f"recorded on {meta.get('device', '?')} ({versions}) on {meta.get('date', '?')}"
     if meta.get("commit"):
         text += f" at commit {meta['commit'][:12]}"
     if meta.get("stale"):
