@@ -106,9 +106,9 @@ class FixListing:
         return "".join(parts)
 
 
-def _site_source(site: str) -> tuple[str, int, list[str]]:
-    """A site's file, first line and dedented source (decorators included), read from the file with ast:
-    nothing is imported, so no module that imports this one is imported back by name."""
+def _site_source(site: str) -> tuple[str, int, tuple[tuple[str, str], ...]]:
+    """A site's file, first line and dedented source lines (decorators included) with their marks, read with
+    ast: nothing is imported, so no module that imports this one is imported back by name."""
     module_name, qualname = site.split(":")
     root = Path(__file__).resolve().parent
     path = root.joinpath(*module_name.split(".")[1:]).with_suffix(".py")
@@ -119,20 +119,17 @@ def _site_source(site: str) -> tuple[str, int, list[str]]:
         if node is None:
             raise ValueError(f"fix site {site!r}: {path.name} defines no {name!r} at that level")
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
-    return path.relative_to(root.parent).as_posix(), first, textwrap.dedent("".join(lines)).splitlines()
+    source = textwrap.dedent("".join(text.splitlines(keepends=True)[first - 1 : node.end_lineno]))
+    return path.relative_to(root.parent).as_posix(), first, tuple(map(_marked, source.splitlines()))
+
+
+def _marked(text: str) -> tuple[str, str]:
+    tag = next((tag for tag in _MARK if text.rstrip().endswith(tag)), None)
+    return (_MARK[tag], text.rstrip().removesuffix(tag).rstrip()) if tag else (" ", text)
 
 
 def show_fix(name: str) -> FixListing:
     """The live source of every site of switch ``name``, its marked lines flagged; displays in a notebook."""
     if name not in Fixes.names():
         raise ValueError(f"name must be one of {Fixes.names()}, got {name!r}")
-    sites = []
-    for site in FIX_SITES[name]:
-        path, first, source = _site_source(site)
-        lines = []
-        for text in source:
-            tag = next((tag for tag in _MARK if text.rstrip().endswith(tag)), None)
-            lines.append((_MARK[tag], text.rstrip().removesuffix(tag).rstrip()) if tag else (" ", text))
-        sites.append((site, path, first, tuple(lines)))
-    return FixListing(name, tuple(sites))
+    return FixListing(name, tuple((site, *_site_source(site)) for site in FIX_SITES[name]))
