@@ -204,16 +204,12 @@ FIXES = {
 
 
 def has_fix(version: str | None, fix: Fix) -> bool | None:
-    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a
-    development build between the last release without the fix and the first with it)."""
+    """Whether a logged vLLM version carries ``fix``; None when the log cannot say (no version, or a build
+    between the last release without the fix and the first with it: a release candidate, a dev build)."""
     try:
-        v = Version(version or "")
+        v = Version(Version(version or "").public)  # a local build (0.25.0+cu128) is its release's code
     except InvalidVersion:
         return None
-    first, last = Version(fix.first_release), Version(fix.last_release_without)
-    base = Version(v.base_version)
-    if not (v.is_prerelease or v.is_devrelease or v.is_postrelease):
-        return base >= first
-    if base > first:
+    if v >= Version(fix.first_release):
         return True
-    return False if base <= last and not v.is_postrelease else None
+    return False if v <= Version(fix.last_release_without) else None
