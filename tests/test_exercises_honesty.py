@@ -128,8 +128,8 @@ def _asks_the_dflash_preparation(idx_mapping, num_reqs, k, max_num_reqs):
     ],
 )
 def test_calling_specfixs_own_version_is_refused(check, answer):
-    assert _hint(check, answer) == ["bypass"]
-    assert not check(answer).solved and "specfix's own" in str(check(answer))
+    verdict = check(answer)
+    assert verdict.hint_ids == ["bypass"] and "specfix's own" in str(verdict)
 
 
 def test_a_forbidden_function_is_put_back_after_the_check():

@@ -23,7 +23,7 @@ def _scale(
     BLOCK: tl.constexpr,
     MASK_LOAD: tl.constexpr,
     MASK_STORE: tl.constexpr,
-    STRICT: tl.constexpr,
+    FIRST_SLOT: tl.constexpr,  # 1: the `> 0` slip, which skips slot 0
     OTHER: tl.constexpr,
     SCALAR_STORE_MASK: tl.constexpr,
     ALWAYS_DIVIDE: tl.constexpr,
@@ -34,15 +34,9 @@ def _scale(
     if CLAMP:  # padded rows become slot 0's
         req_state_idx = tl.maximum(req_state_idx, 0)
     offs = tl.arange(0, BLOCK)
-    if STRICT:
-        valid = offs * 0 + req_state_idx > 0
-    else:
-        valid = offs * 0 + req_state_idx >= 0
+    valid = offs * 0 + req_state_idx >= FIRST_SLOT
     if MASK_LOAD:
-        if STRICT:
-            temp = tl.load(temperature_ptr + req_state_idx, mask=req_state_idx > 0, other=OTHER)
-        else:
-            temp = tl.load(temperature_ptr + req_state_idx, mask=req_state_idx >= 0, other=OTHER)
+        temp = tl.load(temperature_ptr + req_state_idx, mask=req_state_idx >= FIRST_SLOT, other=OTHER)
     else:
         temp = tl.load(temperature_ptr + req_state_idx)
     tl.store(row_temp_ptr + row, temp)
@@ -118,7 +112,7 @@ RIGHT = {
         dict(
             MASK_LOAD=True,
             MASK_STORE=True,
-            STRICT=False,
+            FIRST_SLOT=0,
             OTHER=0.0,
             SCALAR_STORE_MASK=False,
             ALWAYS_DIVIDE=False,
@@ -147,7 +141,7 @@ _INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET, reason="the compil
         (ex.check_mask_kernel, dict(MASK_LOAD=False, MASK_STORE=False), "no_mask"),
         (ex.check_mask_kernel, dict(MASK_LOAD=False), "load_unmasked"),
         (ex.check_mask_kernel, dict(MASK_STORE=False), "store_unmasked"),
-        (ex.check_mask_kernel, dict(STRICT=True), "skips_slot_0"),
+        (ex.check_mask_kernel, dict(FIRST_SLOT=1), "skips_slot_0"),
         (ex.check_mask_kernel, dict(MASK_LOAD=False, MASK_STORE=False, CLAMP=True), "padded_wrote_live"),
         (ex.check_mask_kernel, dict(OTHER=1.0), "other_not_zero"),
         (ex.check_mask_kernel, dict(ALWAYS_DIVIDE=True), "wrong_values"),

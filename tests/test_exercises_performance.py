@@ -60,10 +60,7 @@ def test_replayed_rows_says_the_sizes_come_in_any_order():
         (lambda live, sizes: float(replayed_rows(live, sizes)), "not_int"),
         (lambda live, sizes: max([s for s in sizes if s <= live], default=live), "too_few"),  # rounds down
         (lambda live, sizes: live, "no_padding"),
-        (
-            lambda live, sizes: min([s for s in sizes if s > live], default=live),
-            "exact_fit",
-        ),  # > instead of >=
+        (lambda live, sizes: min([s for s in sizes if s > live], default=live), "exact_fit"),  # > for >=
         (lambda live, sizes: max([s for s in sizes if s >= live], default=live), "not_smallest"),
         (lambda live, sizes: next((s for s in sizes if s >= live), live), "unsorted"),  # first that fits
         (lambda live, sizes: min(s for s in sizes if s >= live), "eager"),  # raises past the largest size

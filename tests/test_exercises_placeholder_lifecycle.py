@@ -89,14 +89,18 @@ def _ratio_test(p, q, u):
     return (q > 0) & ((p / torch.where(q > 0, q, torch.ones_like(q))).double() >= u)
 
 
+def _at(table, columns):
+    """Each slot's entry in ``columns``, read with a plain index (which wraps a -1 to the last column)."""
+    return table[torch.arange(columns.numel()), columns]
+
+
 def _wraps(draft_ids, p, q, u):  # indexes with the -1 itself: torch wraps it to the last column
-    rows = torch.arange(draft_ids.numel())
-    return _ratio_test(p[rows, draft_ids], q[rows, draft_ids], u)
+    return _ratio_test(_at(p, draft_ids), _at(q, draft_ids), u)
 
 
 def _clamp_only(draft_ids, p, q, u):  # a safe column, but the slot is never rejected
-    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
-    return _ratio_test(p[rows, column], q[rows, column], u)
+    column = draft_ids.clamp(min=0)
+    return _ratio_test(_at(p, column), _at(q, column), u)
 
 
 def _gathers_minus_one(draft_ids, p, q, u):
@@ -104,20 +108,19 @@ def _gathers_minus_one(draft_ids, p, q, u):
 
 
 def _divides_by_zero_q(draft_ids, p, q, u):
-    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
-    return (draft_ids >= 0) & ((p[rows, column] / q[rows, column]).double() >= u)
+    column = draft_ids.clamp(min=0)
+    return (draft_ids >= 0) & ((_at(p, column) / _at(q, column)).double() >= u)
 
 
 def _ignores_q(draft_ids, p, q, u):
-    rows, column = torch.arange(draft_ids.numel()), draft_ids.clamp(min=0)
-    return (draft_ids >= 0) & (q[rows, column] > 0) & (p[rows, column].double() >= u)
+    column = draft_ids.clamp(min=0)
+    return (draft_ids >= 0) & (_at(q, column) > 0) & (_at(p, column).double() >= u)
 
 
 def _clamps_in_place(draft_ids, p, q, u):
     real = draft_ids >= 0
     draft_ids.clamp_(min=0)  # the caller's -1 is gone
-    rows = torch.arange(draft_ids.numel())
-    return real & _ratio_test(p[rows, draft_ids], q[rows, draft_ids], u)
+    return real & _ratio_test(_at(p, draft_ids), _at(q, draft_ids), u)
 
 
 def _returns_a_list(draft_ids, p, q, u):
@@ -153,19 +156,8 @@ def _calls_the_kernels_twin(draft_ids, p, q, u):
 
     n = draft_ids.numel()
     out, cu = torch.full((n, 2), -1, dtype=torch.int32), torch.arange(1, n + 1, dtype=torch.int32)
-    rejection_random_sample(
-        out,
-        cu,
-        draft_ids,
-        q,
-        p,
-        torch.zeros(n, dtype=torch.int32),
-        torch.full((n,), -2),
-        u,
-        None,
-        1,
-        backend="torch",
-    )
+    bonus, recovered = torch.zeros(n, dtype=torch.int32), torch.full((n,), -2)
+    rejection_random_sample(out, cu, draft_ids, q, p, bonus, recovered, u, None, 1, backend="torch")
     return out[:, 0] != -2
 
 

@@ -40,18 +40,16 @@ def _run_kernel(answer, verdict, *, seeds: bool = False) -> tuple[torch.Tensor, 
     gen = torch.Generator().manual_seed(41)
     logits = (torch.randn(rows, KERNEL_VOCAB, generator=gen) * 3).to(device)
     idx = torch.tensor(KERNEL_IDX_MAPPING, dtype=torch.int32, device=device)
-    temperature, _ = gumbel.guarded_table(
-        (slots,), 0.0, torch.float32, guard_fill=GUARD_TEMPERATURE, device=device
-    )
-    temperature.copy_(torch.tensor(KERNEL_TEMPERATURE))
+
+    def guarded(values, guard, dtype):  # a request-state table between two guard rows
+        table, _ = gumbel.guarded_table((len(values),), 0, dtype, guard_fill=guard, device=device)
+        return table.copy_(torch.tensor(values))
+
+    temperature = guarded(KERNEL_TEMPERATURE, GUARD_TEMPERATURE, torch.float32)
     if seeds:
-        seeds_table, _ = gumbel.guarded_table(
-            (len(KERNEL_SEEDS),), 0, torch.int64, guard_fill=GUARD_SEED, device=device
-        )
-        seeds_table.copy_(torch.tensor(KERNEL_SEEDS))
         out = out_whole = torch.full((rows, KERNEL_VOCAB), OUT_SENTINEL, device=device)
         row_read = torch.full((rows,), -1, dtype=torch.int64, device=device)
-        tables = (logits, idx, temperature, seeds_table, out, row_read)
+        tables = (logits, idx, temperature, guarded(KERNEL_SEEDS, GUARD_SEED, torch.int64), out, row_read)
     else:
         out, out_whole = gumbel.guarded_table(
             (slots, KERNEL_VOCAB), OUT_SENTINEL, torch.float32, device=device
