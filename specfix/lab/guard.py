@@ -220,11 +220,8 @@ def time_guard(fn: Callable[[], object], repeats: int = 7) -> GuardTiming:
         return wall_us(lambda: (call(), sync()), 1, setup=sync)[0] / 1e6
 
     seconds(fn), seconds(guarded)  # warm-up: first calls pay one-time set-up
-    plain, guarded_s = [], []
-    for _ in range(repeats):
-        plain.append(seconds(fn))
-        guarded_s.append(seconds(guarded))
-    return GuardTiming(tuple(plain), tuple(guarded_s), guards[-1].checked)
+    plain, guarded_s = zip(*[(seconds(fn), seconds(guarded)) for _ in range(repeats)], strict=True)
+    return GuardTiming(plain, guarded_s, guards[-1].checked)
 
 
 def _caller() -> str:

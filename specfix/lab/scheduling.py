@@ -95,13 +95,11 @@ def _kind(step: StepTrace, req_id: str, slots: dict[str, list[int]]) -> int:
 def slot_kinds(result: GenerateResult) -> dict[str, list[int]]:
     """Per request, per recorded step: an index into :data:`SLOT_KINDS`."""
     check_recorded(result)
-    req_ids = [out.request_id for out in result.outputs]
-    kinds: dict[str, list[int]] = {r: [] for r in req_ids}
-    for step in result.trace:
-        slots = draft_slots(step, step.input_ids_before_clamp)  # as the embedding read them
-        for r in req_ids:
-            kinds[r].append(_kind(step, r, slots))
-    return kinds
+    slots = [draft_slots(step, step.input_ids_before_clamp) for step in result.trace]  # as embedded
+    return {
+        out.request_id: [_kind(step, out.request_id, s) for step, s in zip(result.trace, slots, strict=True)]
+        for out in result.outputs
+    }
 
 
 def placeholder_counts(result: GenerateResult) -> dict[str, int]:
