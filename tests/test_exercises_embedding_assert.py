@@ -18,17 +18,9 @@ def _hints(check, answer):
 
 
 # -- ch2.clamp: each function is a typical wrong preprocess --------------------------------------------------
-def whole_buffer(input_ids, num_tokens, num_input_tokens, draft_token_ids):
-    return input_ids.clamp_(min=0)
-
-
 def clamps_the_metadata_too(input_ids, num_tokens, num_input_tokens, draft_token_ids):
     draft_token_ids.clamp_(min=0)
     return input_ids[:num_input_tokens].clamp_(min=0)
-
-
-def forgets_to_clamp(input_ids, num_tokens, num_input_tokens, draft_token_ids):
-    return input_ids[:num_input_tokens]
 
 
 def clamps_only_the_scheduled_tokens(input_ids, num_tokens, num_input_tokens, draft_token_ids):
@@ -36,23 +28,15 @@ def clamps_only_the_scheduled_tokens(input_ids, num_tokens, num_input_tokens, dr
     return input_ids[:num_input_tokens]
 
 
-def zeroes_everything(input_ids, num_tokens, num_input_tokens, draft_token_ids):
-    return input_ids[:num_input_tokens].zero_()
-
-
-def allocates_a_copy(input_ids, num_tokens, num_input_tokens, draft_token_ids):
-    return input_ids[:num_input_tokens].clamp(min=0)
-
-
 @pytest.mark.parametrize(
     "answer,hint",
     [
-        (whole_buffer, "shape"),
+        (lambda ids, n, n_input, drafts: ids.clamp_(min=0), "shape"),  # the whole buffer
         (clamps_the_metadata_too, "metadata"),
-        (forgets_to_clamp, "left_negative"),
+        (lambda ids, n, n_input, drafts: ids[:n_input], "left_negative"),  # forgets to clamp
         (clamps_only_the_scheduled_tokens, "only_scheduled"),
-        (zeroes_everything, "changed_real"),
-        (allocates_a_copy, "allocates"),
+        (lambda ids, n, n_input, drafts: ids[:n_input].zero_(), "changed_real"),  # zeroes everything
+        (lambda ids, n, n_input, drafts: ids[:n_input].clamp(min=0), "allocates"),  # a copy
     ],
 )
 def test_clamp_mistakes_get_their_hint(answer, hint):
