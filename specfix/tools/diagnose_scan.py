@@ -144,13 +144,12 @@ def open_log(path: str):
     """The log as a binary stream to read in a ``with``; ``-``: standard input (left open)."""
     if path == "-":
         return contextlib.nullcontext(sys.stdin.buffer)
-    p = Path(path)
-    if not p.exists():
-        raise LogError(f"{path}: no such file")
-    if p.is_dir():
-        raise LogError(f"{path} is a directory: give the log file itself")
     try:
-        return p.open("rb")
+        return open(path, "rb")  # noqa: SIM115  (the caller's ``with`` closes it)
+    except FileNotFoundError:
+        raise LogError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise LogError(f"{path} is a directory: give the log file itself") from None
     except OSError as exc:
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 

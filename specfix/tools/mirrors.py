@@ -64,10 +64,8 @@ def roles() -> dict[str, str]:
     top = re.search(r"^\* top level: (.+?)(?=\n\n|\n\* )", specfix.__doc__ or "", flags=re.M | re.S)
     if top is None:
         raise LookupError("specfix's docstring lost its '* top level: ...' line, which describes that role")
-    out = {"specfix": _summary(top.group(1))}
-    for init in sorted(_ROOT.glob("*/__init__.py")):
-        out[init.parent.name] = _summary(_doc(init))
-    return out
+    subpackages = {init.parent.name: _summary(_doc(init)) for init in sorted(_ROOT.glob("*/__init__.py"))}
+    return {"specfix": _summary(top.group(1)), **subpackages}
 
 
 # -- what changed between the vLLM releases the course compares ------------------------------------------
