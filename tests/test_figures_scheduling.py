@@ -123,7 +123,7 @@ def test_bad_input_is_refused_by_name(runs):
 
 
 def test_waiting_paragraph_says_which_run_leaves_the_request_out(runs):
-    grid = figs.slot_kinds(runs["tight budget", "async"])
+    grid = lab.slot_kinds(runs["tight budget", "async"])
     waiting, back = figs.waiting_request(runs["tight budget", "async"])
     assert grid[waiting][back] == lab.REACHES_EMBEDDING
     last = max(i for i in range(back) if grid[waiting][i] != lab.NOT_SCHEDULED)

@@ -359,10 +359,8 @@ def placeholder_origin_text(result: GenerateResult, k: int) -> str:
         f"Where do (c)'s {pads} placeholder slots come from? {where} in the first decodes of the "
         f"{n_requests} prefilled requests{each}. The n-gram drafter proposed fewer than {k} tokens in "
         f"{style.counted(short, 'later verification')}, and {style.counted(bare, 'decode step')} had no "
-        "drafts at all; "
-        "there the scheduler "
-        "scheduled only the drafts it had, as vLLM's synchronous scheduler does, so the missing slots do "
-        "not exist rather than hold a `-1`."
+        "drafts at all; there the scheduler scheduled only the drafts it had, as vLLM's synchronous "
+        "scheduler does, so the missing slots do not exist rather than hold a `-1`."
     )
 
 

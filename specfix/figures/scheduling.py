@@ -13,16 +13,8 @@ from matplotlib.figure import Figure
 
 from specfix.figures import placeholder_lifecycle as lifecycle
 from specfix.figures import style
+from specfix.lab import scheduling as lab
 from specfix.lab.placeholder_lifecycle import check_recorded
-from specfix.lab.scheduling import (
-    NOT_SCHEDULED,
-    REACHES_EMBEDDING,
-    SLOT_KINDS,
-    WORKLOADS,
-    placeholder_counts,
-    slot_kinds,
-    wasted_steps,
-)
 from specfix.v1.engine import GenerateResult
 from specfix.v1.model_runner import StepTrace
 
@@ -56,7 +48,7 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
     inches = min(1.6 + 0.55 * width, style.WIDTH_IN)
     with style.figure(caption, height, len(runs), 1, width=inches, squeeze=False, close=True) as (fig, axes):
         for ax, (name, result) in zip(axes[:, 0], runs.items(), strict=True):
-            kinds = slot_kinds(result)
+            kinds = lab.slot_kinds(result)
             grid = np.zeros((len(kinds), width), dtype=int)  # a step past the run's end: kind 0
             texts = np.full((len(kinds), width), "", dtype=object)
             for row, (req_id, values) in enumerate(kinds.items()):
@@ -67,14 +59,14 @@ def slot_timeline(runs: Mapping[str, GenerateResult]) -> Figure:
             style.cells(ax, grid, KIND_FILLS, texts, ylabels=[f"request {r}" for r in kinds])
             ax.set(xlabel="engine step")
             ax.set_title(name, loc="left")
-        style.legend_below(fig, handles=style.patches(KIND_FILLS, SLOT_KINDS))
+        style.legend_below(fig, handles=style.patches(KIND_FILLS, lab.SLOT_KINDS))
     return fig
 
 
 def placeholder_table(runs: Mapping[str, GenerateResult]):
     """A row per run of :func:`specfix.lab.scheduling.placeholder_counts`."""
     _require_traces(runs)
-    return pd.DataFrame({name: placeholder_counts(result) for name, result in runs.items()}).T
+    return pd.DataFrame({name: lab.placeholder_counts(result) for name, result in runs.items()}).T
 
 
 _STAGES = (
@@ -97,21 +89,16 @@ def follow_placeholder(
     device = step.input_ids_before_clamp[end - len(sent) : end].numpy()
     embedded = step.embedding_input[end - len(sent) : end].numpy()
     ids = np.stack([sent, device, embedded])
+    filled = (sent == -1) & (device != -1)  # the runner wrote a draft over the -1
     kinds = np.where(ids == -1, lifecycle.PLACEHOLDER, lifecycle.ORDINARY)
-    kinds[1:, (sent == -1) & (device != -1)] = lifecycle.OVERWRITTEN  # the runner wrote a draft over the -1
+    kinds[1:, filled] = lifecycle.OVERWRITTEN
     kinds[2, (device == -1) & (embedded != -1)] = lifecycle.WAS_PLACEHOLDER
     caption = (
         "The scheduler's -1 reaches the device as it is; it becomes a real draft only where the runner "
         "has proposals for the request from the step before, and is otherwise clamped to 0 for the embedding."
     )
-    fates = [
-        f"{style.counted(n, '-1 slot')} {fate}"
-        for n, fate in (
-            (int(((sent == -1) & (device != -1)).sum()), "filled with real drafts"),
-            (int((device == -1).sum()), "left for the embedding"),
-        )
-        if n
-    ]
+    counts = {"filled with real drafts": filled.sum(), "left for the embedding": (device == -1).sum()}
+    fates = [f"{style.counted(int(n), '-1 slot')} {fate}" for fate, n in counts.items() if n]
     at = "one step" if step_index is None else f"engine step {step_index}"
     panel = (ids, kinds, f"request {req_id} in {at}: " + (", ".join(fates) or "no -1"))
     slots = [f"draft slot {j + 1}" for j in range(len(sent))]
@@ -125,16 +112,16 @@ def follow_placeholder(
 def workloads_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """The two workloads, one bullet each, and whether both modes wrote the same text on them."""
     tokens = {key: [out.token_ids for out in result.outputs] for key, result in runs.items()}
-    same = all(tokens[name, "sync"] == tokens[name, "async"] for name in WORKLOADS)
+    same = all(tokens[name, "sync"] == tokens[name, "async"] for name in lab.WORKLOADS)
     return (
-        "\n".join(f"* **{name}**: {w.description}." for name, w in WORKLOADS.items())
+        "\n".join(f"* **{name}**: {w.description}." for name, w in lab.WORKLOADS.items())
         + f"\n\nBoth modes write {'the same' if same else 'different'} text on both workloads."
     )
 
 
 def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """Where the decode node's ``-1`` slots went, in each mode."""
-    s, a = (placeholder_counts(runs["decode node", mode]) for mode in ("sync", "async"))
+    s, a = (lab.placeholder_counts(runs["decode node", mode]) for mode in ("sync", "async"))
     every = ""
     if a["-1 written by the scheduler"] == a["draft slots verified"]:
         every = " (one for every draft slot of the run)"
@@ -151,18 +138,18 @@ def decode_node_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
 
 def waiting_request(result: GenerateResult) -> tuple[str, int]:
     """The first request whose ``-1`` reaches the embedding, and the (0-based) step where it does."""
-    kinds = slot_kinds(result)
-    waiting = next((req for req, row in kinds.items() if REACHES_EMBEDDING in row), None)
+    kinds = lab.slot_kinds(result)
+    waiting = next((req for req, row in kinds.items() if lab.REACHES_EMBEDDING in row), None)
     if waiting is None:
         raise ValueError("no request's -1 reaches the embedding in this run")
-    return waiting, kinds[waiting].index(REACHES_EMBEDDING)
+    return waiting, kinds[waiting].index(lab.REACHES_EMBEDDING)
 
 
 def waiting_text(result: GenerateResult) -> str:
     """The request the async run leaves out while the budget is tight, and what it gets when it returns."""
     waiting, back = waiting_request(result)
-    row = slot_kinds(result)[waiting]
-    last = max(i for i, kind in enumerate(row[:back]) if kind != NOT_SCHEDULED)
+    row = lab.slot_kinds(result)[waiting]
+    last = max(i for i, kind in enumerate(row[:back]) if kind != lab.NOT_SCHEDULED)
     step = result.trace[back]
     k = len(step.scheduler_output.scheduled_spec_decode_tokens[waiting])
     accepted = len(step.sampled_token_ids[step.req_ids.index(waiting)]) - 1
@@ -178,13 +165,13 @@ def waiting_text(result: GenerateResult) -> str:
 
 def budget_text(runs: Mapping[tuple[str, str], GenerateResult]) -> str:
     """What the tight budget costs async scheduling: batches, slots, and steps run for finished requests."""
-    s, a = (placeholder_counts(runs["tight budget", mode]) for mode in ("sync", "async"))
+    s, a = (lab.placeholder_counts(runs["tight budget", mode]) for mode in ("sync", "async"))
     return (
         f"With the tight budget, async scheduling ran {a['batches']} batches where synchronous scheduling "
         f"ran {s['batches']}, and verified {a['draft slots verified']} draft slots against "
         f"{s['draft slots verified']}. It ran a request that had already produced all its tokens "
-        f"{wasted_steps(runs['tight budget', 'async'])} times: it plans a step before it knows whether the "
-        "step in flight finishes the request, and skips the request only when even a step that rejects "
+        f"{lab.wasted_steps(runs['tight budget', 'async'])} times: it plans a step before it knows whether "
+        "the step in flight finishes the request, and skips the request only when even a step that rejects "
         "every draft would reach `max_tokens` (vLLM's check in `Scheduler.schedule`). The output of such a "
         "step is dropped. The waiting request's placeholder step also emits fewer tokens than a step with "
         "real drafts may."
@@ -198,7 +185,7 @@ def crashes_text(crashes, runs: Mapping[tuple[str, str], GenerateResult]) -> str
         at = crashes.loc[name, mode]
         return "finishes" if pd.isna(at) else f"crashes at step {int(at)}"
 
-    counts = [placeholder_counts(result) for (_, mode), result in runs.items() if mode == "async"]
+    counts = [lab.placeholder_counts(result) for (_, mode), result in runs.items() if mode == "async"]
     rest = ""
     if all(
         c["-1 written by the scheduler"] == c["-1 overwritten by the runner"] + c["-1 reaching the embedding"]
