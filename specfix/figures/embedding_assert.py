@@ -303,20 +303,19 @@ def _async_vs_sync(costs: pd.DataFrame) -> str:
     a, s = "host_mask_async", "host_mask"
     slower = [n for n in p20.columns if p20.loc[a, n] > p80.loc[s, n]]
     faster = [n for n in p20.columns if p80.loc[a, n] < p20.loc[s, n]]
+    more = "it does all that host_mask does, plus a copy into pinned (page-locked) host memory every step"
     said = []
     if slower:
         said.append(
             f"at {_sizes(slower)} tokens it is even slower than host_mask (its 20th percentile above "
-            "host_mask's 80th): it does all that host_mask does, plus a copy into pinned (page-locked) host "
-            "memory every step"
+            f"host_mask's 80th): {more}"
         )
     if faster:
         said.append(f"at {_sizes(faster)} tokens it is faster (its 80th percentile below host_mask's 20th)")
     if not said:
         return (
             " Their 20th-80th percentile ranges overlap at every size: on an idle GPU the asynchronous copy "
-            "saves nothing measurable, since it does all that host_mask does, plus a copy into pinned "
-            "(page-locked) host memory every step."
+            f"saves nothing measurable, since {more}."
         )
     return " On an idle GPU, " + "; ".join(said) + "."
 
@@ -400,9 +399,8 @@ def zeroing_greedy_text(rows: list[dict]) -> str:
     if all(a[k] == z[k] for k in (_VER, _REAL, _ACC)):
         verified = (
             f"Zeroing accepted {placeholders} as the word *{zero_word}* (token 0), yet here both runs "
-            f"verified {style.counted(a[_REAL], 'real draft')} in "
-            f"{style.counted(a[_VER], 'verification')} and accepted "
-            f"{a[_ACC]} of them."
+            f"verified {style.counted(a[_REAL], 'real draft')} in {style.counted(a[_VER], 'verification')} "
+            f"and accepted {a[_ACC]} of them."
         )
     else:
         d_real, d_acc = a[_REAL] - z[_REAL], a[_ACC] - z[_ACC]
