@@ -107,10 +107,9 @@ def placeholder_counts(result: GenerateResult) -> dict[str, int]:
     check_recorded(result)
     written = filled = reaching = slots = 0
     for step in result.trace:
-        spec = step.scheduler_output.scheduled_spec_decode_tokens
         placeholders = step.scheduler_output.num_placeholder_spec_tokens
         for req_id, ids in draft_slots(step, step.input_ids_before_clamp).items():
-            slots += len(spec[req_id])
+            slots += len(ids)
             written += placeholders.get(req_id, 0)
             filled += step.num_filled_spec_tokens.get(req_id, 0)
             reaching += ids.count(-1)
