@@ -155,9 +155,8 @@ def open_log(path: str):
 
 
 def read_lines(stream, name: str) -> Iterator[str]:
-    """The text lines of a binary stream, decoded as UTF-8 (bad bytes replaced), at most MAX_LINE long.
-
-    Read a block at a time, so memory stays bounded whatever the log's size."""
+    """The text lines of a binary stream, decoded as UTF-8 (bad bytes replaced), at most MAX_LINE long; read a
+    block at a time, so memory stays bounded whatever the log's size."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     rest, first = "", True
     while block := stream.read(BLOCK):

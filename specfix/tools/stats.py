@@ -14,8 +14,7 @@ from scipy import optimize, stats
 
 def chi_square(counts, probs) -> dict:
     """Test observed ``counts`` per token against ``probs``; returns chi2, df, threshold, passed, p_value."""
-    counts = np.asarray(counts, dtype=float)
-    probs = np.asarray(probs, dtype=float)
+    counts, probs = np.asarray(counts, dtype=float), np.asarray(probs, dtype=float)
     if counts.shape != probs.shape or counts.ndim != 1:
         raise ValueError(f"counts and probs must be 1-D of one length, got {counts.shape} and {probs.shape}")
     if counts.sum() <= 0:

@@ -43,9 +43,7 @@ def sync_warnings(fn: Callable[[], object]) -> list[str]:
 
 def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
     """How many times ``fn()`` makes the host wait for the GPU; None on a CPU, where nothing is waited for."""
-    if device.type != "cuda":
-        return None
-    return len(sync_warnings(fn))
+    return len(sync_warnings(fn)) if device.type == "cuda" else None
 
 
 #: Tensor methods that hand a value to the host, so on a GPU they wait for every kernel queued before them.
