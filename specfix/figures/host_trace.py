@@ -57,13 +57,6 @@ def host_rows(trace: dict) -> pd.DataFrame:
     return df.sort_values(["impl", "rows"]).reset_index(drop=True)
 
 
-def host_bound_until(trace: dict, impl: str) -> int | None:
-    """The most rows up to which ``impl``'s ``gumbel_sample`` is host-bound at every size (None: none)."""
-    one = host_rows(trace).query("impl == @impl")
-    bound = one["rows"][one["host_bound"].cummin()]
-    return int(bound.max()) if len(bound) else None
-
-
 def step_table(trace: dict) -> pd.DataFrame:
     """The step's median host, GPU and back-to-back us per (impl, batch), eager and replayed."""
     parts = [(mode, key) for mode in ("eager", "graph") for key in ("host", "gpu", "back_to_back")]
@@ -162,13 +155,13 @@ def _regime_lines(trace: dict, df: pd.DataFrame) -> list[str]:
     """Up to how many rows each implementation is host-bound; specfix's host cost per call over the peer's."""
     lines = []
     for impl in trace["impls"] if df["gpu_us"].notna().any() else ():
-        until, one = host_bound_until(trace, impl), df.query("impl == @impl")
-        after = one[one["rows"] > (until or 0)]["rows"].min()
+        one = df.query("impl == @impl")
+        bound = one["host_bound"].cummin()  # host-bound at every size up to here
         where = "not host-bound even at the fewest rows measured"
-        if until is not None:
-            where = f"host-bound up to {until:,} rows"
-        if until is not None and not math.isnan(after):
-            where += f"; from {int(after):,} rows the GPU sets the pace"
+        if bound.any():
+            where = f"host-bound up to {one['rows'][bound].max():,} rows"
+        if bound.any() and not bound.all():
+            where += f"; from {one['rows'][~bound].min():,} rows the GPU sets the pace"
         lines.append(f"- **{_impl_name(trace, impl)} `gumbel_sample` by rows**: {where}.")
     peer, wide = trace["peer"]["impl"], df.pivot_table(index="rows", columns="impl", values="host_us")
     if peer in wide and "specfix" in wide:
