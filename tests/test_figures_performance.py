@@ -14,19 +14,7 @@ from specfix.tools import bench, recorded
 
 H200 = recorded.load("bench_h200")
 SOURCE = "test source label"
-FIGURES = [
-    "bandwidth_figure",
-    "throughput_figure",
-    "speedup_figure",
-    "graph_call_figure",
-    "mask_figure",
-    "fix_costs_figure",
-    "drafter_figure",
-    "padding_price_figure",
-    "rejection_figure",
-    "peer_figure",
-    "small_batch_figure",
-]
+FIGURES = [name for name in vars(figs) if name.endswith("_figure")]
 
 
 def _report(results, device="cuda", goals=()):
@@ -66,15 +54,12 @@ def _inside(box, area, axis_name):
 
 def _assert_tick_labels_apart(fig):
     fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
     for ax in [ax for ax in fig.axes if ax.axison]:
-        area = ax.get_window_extent(fig.canvas.get_renderer())
+        area = ax.get_window_extent(renderer)
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            labels = [
-                t
-                for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)
-                if t.get_visible() and t.get_text()
-            ]
-            boxes = [t.get_window_extent(fig.canvas.get_renderer()) for t in labels]
+            labels = axis.get_ticklabels() + axis.get_ticklabels(minor=True)
+            boxes = [t.get_window_extent(renderer) for t in labels if t.get_visible() and t.get_text()]
             boxes = [b for b in boxes if _inside(b, area, name)]
             for a, b in itertools.combinations(boxes, 2):
                 assert not a.overlaps(b), f"tick labels collide on {ax.get_ylabel() or ax.get_xlabel()!r}"
@@ -112,11 +97,8 @@ def test_each_figure_says_what_an_empty_report_lacks(name):
 
 def test_fix_costs_reads_the_bench_recording_with_the_chapters_names():
     costs = perf.fix_costs()
-    raw = [
-        r
-        for r in json.loads((recorded.RECORDED_DIR / "bench_h200.json").read_text())["results"]
-        if r["case"] == "placeholder_fixes"
-    ]
+    results = json.loads((recorded.RECORDED_DIR / "bench_h200.json").read_text())["results"]
+    raw = [r for r in results if r["case"] == "placeholder_fixes"]
     assert len(costs) == len(raw)
     assert list(dict.fromkeys(costs["fix"])) == [f for f in FIXES if f in set(costs["fix"])]
     assert (costs["label"] == costs["fix"].map(LABELS)).all()
@@ -231,21 +213,14 @@ def test_goal_families_cut_the_shape_and_keep_the_worst_margin():
     def g(goal, status, margin):
         return {"case": "c", "goal": goal, "status": status, "margin": margin}
 
+    core = "rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000"
     report = _report(
         [],
         goals=[
             g("fast >= 700 G logits/s at 256 x 151,936 fp32", "miss", "-21.0% vs target"),
             g("fast >= 700 G logits/s at 1,024 x 151,936 bf16", "pass", "+9.6% vs target"),
-            g(
-                "rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, greedy",
-                "miss",
-                "-10.8% vs target",
-            ),
-            g(
-                "rejection core <= 1.0x vLLM's GPU time at B=1, k=1, V=32,000, random",
-                "pass",
-                "+0.1% vs target",
-            ),
+            g(f"{core}, greedy", "miss", "-10.8% vs target"),
+            g(f"{core}, random", "pass", "+0.1% vs target"),
             g("the clamp makes no host synchronisation (any token count)", "pass", "+0 syncs/step vs target"),
         ],
     )
@@ -277,15 +252,9 @@ def test_before_after_compares_the_older_kernels_with_the_default_per_shape():
     assert only["slower"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="no 'before: old' rows"):
         kernel_profile.before_after({"configs": [{**row, "config": "default", "us": 25.0}]})
+    older = [{**row, "config": config, "us": 25.0} for config in ("before: old", "before: head")]
     with pytest.raises(ValueError, match="no 'default' rows"):
-        kernel_profile.before_after(
-            {
-                "configs": [
-                    {**row, "config": "before: old", "us": 25.0},
-                    {**row, "config": "before: head", "us": 25.0},
-                ]
-            }
-        )
+        kernel_profile.before_after({"configs": older})
 
 
 def test_profile_table_reads_both_runs_of_the_recorded_profile():

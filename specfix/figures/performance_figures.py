@@ -4,7 +4,6 @@ each reading its numbers from :mod:`specfix.figures.performance`'s tables."""
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import textwrap
 
@@ -332,7 +331,7 @@ def small_batch_figure(report: dict, source: str):
     def draw(axes):
         ax, rng = axes[0, 0], np.random.default_rng(0)  # a fixed jitter keeps the dots of a goal apart
         for n, goals in judged.items():
-            margins = np.array([0.0 if math.isnan(m) else m for m in map(perf.margin_pct, goals)])
+            margins = np.nan_to_num([perf.margin_pct(g) for g in goals])  # no percentage: at zero
             x = n + rng.uniform(-0.25, 0.25, len(margins))
             ok = np.array([g["status"] == "pass" for g in goals], dtype=bool)
             ax.scatter(x[ok], margins[ok], s=12, color=style.FIXED, label="shape meets its goal")
