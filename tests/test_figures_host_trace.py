@@ -21,23 +21,13 @@ def _timing(host, gpu, back_to_back):
     return {"host": part(host), "gpu": part(gpu), "back_to_back": part(back_to_back)}
 
 
-def _spans(shift=0.0):
+def _spans():
     """Two calls, three ops, three launches, three kernels; the GPU busy 5 + 8 + 6 = 19 us of 100."""
-    return (
-        [
-            {"lane": "call", "name": "rejection_sample", "start_us": 0.0, "end_us": 60.0},
-            {"lane": "call", "name": "gumbel_sample", "start_us": 62.0, "end_us": 100.0},
-        ]
-        + [{"lane": "op", "name": "aten::empty", "start_us": a, "end_us": a + 4} for a in (5.0, 40.0, 70.0)]
-        + [
-            {"lane": "launch", "name": "cuLaunchKernelEx", "start_us": a, "end_us": a + 3}
-            for a in (25.0, 45.0, 85.0)
-        ]
-        + [
-            {"lane": "gpu", "name": "kernel", "start_us": a + shift, "end_us": b + shift}
-            for a, b in ((30.0, 35.0), (50.0, 58.0), (90.0, 96.0))
-        ]
-    )
+    spans = [("call", "rejection_sample", 0.0, 60.0), ("call", "gumbel_sample", 62.0, 100.0)]
+    spans += [("op", "aten::empty", a, a + 4) for a in (5.0, 40.0, 70.0)]
+    spans += [("launch", "cuLaunchKernelEx", a, a + 3) for a in (25.0, 45.0, 85.0)]
+    spans += [("gpu", "kernel", a, b) for a, b in ((30.0, 35.0), (50.0, 58.0), (90.0, 96.0))]
+    return [dict(zip(("lane", "name", "start_us", "end_us"), span, strict=True)) for span in spans]
 
 
 def _timeline(impl, batch):
