@@ -330,3 +330,5 @@ EngineUnderFaults.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestEngineUnderFaults = EngineUnderFaults.TestCase
+# hypothesis draws temperatures next to zero: the engine raises them with a warning, as vLLM 0.33 does
+pytestmark = pytest.mark.filterwarnings("ignore:temperature .* is below 0.01:UserWarning")
