@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from matplotlib.colors import to_rgb
+from matplotlib.colors import to_hex, to_rgb
 
 from specfix.figures import placeholder_lifecycle as figs
 from specfix.figures import style
@@ -94,6 +94,9 @@ def test_acceptance_draws_one_bar_per_position_and_run_with_the_legend_off_the_d
     assert [t.get_text() for t in legend.get_texts()] == ["greedy", "T = 0.7"]
     heights = [p.get_height() for p in rates.patches[:3]]  # the greedy run, draft 1..3
     assert np.allclose(heights, two_runs["greedy"].acceptance_rate_per_pos)
+    # the runs in plain series colours: green means "fix on" elsewhere in the book
+    colours = {to_hex(p.get_facecolor()) for p in rates.patches + lengths.patches}
+    assert colours == {style.SERIES[0], style.SERIES[1]} and style.FIXED not in colours
     assert "only verified when" in _caption(fig)
     with pytest.raises(ValueError, match="stats is empty"):
         figs.acceptance({})
@@ -177,6 +180,7 @@ def test_the_runner_paths_table_and_text_read_the_rows():
     )
     table = figs.runner_paths_table(rows, VOCAB)
     assert table.loc[names[1], "embedding reads"] == "IndexError: index out of range in self"
+    assert set(table.loc[names[1]].drop("embedding reads")) == {"—", "not reached"}  # no blank cell
     assert table.loc[names[3], "verification sees"] == f"0 ({VOCAB[0]}) 0 ({VOCAB[0]})"
     text = figs.runner_paths_text(rows, VOCAB)
     assert "found 16 of its 17 tokens" in text and "as the V1 runner did" in text

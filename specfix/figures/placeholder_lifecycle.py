@@ -131,10 +131,18 @@ def acceptance(stats: Mapping[str, SpecDecodingStats]) -> Figure:
         "before it was accepted. Right: how many tokens one target pass yields."
     )
     with style.figure(caption, 3.4, 1, 2, close=True) as (fig, (ax1, ax2)):
+        # plain series colours: green and magenta mean fixed and buggy everywhere in the book
+        colours = style.SERIES[: len(stats)]
         style.grouped_bars(
-            ax1, np.arange(k), [(n, s.acceptance_rate_per_pos, None) for n, s in stats.items()]
+            ax1,
+            np.arange(k),
+            [(n, s.acceptance_rate_per_pos, c) for (n, s), c in zip(stats.items(), colours, strict=True)],
         )
-        style.grouped_bars(ax2, np.arange(1, k + 2), [(None, n / max(n.sum(), 1), None) for n in lengths])
+        style.grouped_bars(
+            ax2,
+            np.arange(1, k + 2),
+            [(None, n / max(n.sum(), 1), c) for n, c in zip(lengths, colours, strict=True)],
+        )
         ax1.set(xticks=range(k), xticklabels=[f"draft {j + 1}" for j in range(k)], ylim=(0, 1))
         ax1.set(ylabel="accepted / drafted", title="acceptance rate per position")
         ax2.set(xticks=range(1, k + 2), xlabel="tokens per target pass (1 + accepted)", ylabel="fraction")
@@ -205,7 +213,8 @@ def _words(ids: Sequence[int], vocab: Sequence[str]) -> str:
 
 
 def runner_paths_table(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[str]):
-    """A row per runner and switch: the draft slots' ids at each stage, or the error raised."""
+    """A row per runner and switch: the draft slots' ids at each stage, or the error in the embedding's column
+    ("not reached" after it; "—": a step that raised leaves no trace, so its scheduler's ids are unknown)."""
     columns = (
         "scheduler sends",
         "embedding reads",
@@ -216,7 +225,8 @@ def runner_paths_table(rows: Mapping[str, Mapping[str, object]], vocab: Sequence
     table = {}
     for name, row in rows.items():
         if row["error"]:  # the error stands where the embedding would have read the ids
-            table[name] = {**dict.fromkeys(columns, ""), "embedding reads": row["error"]}
+            table[name] = {**dict.fromkeys(columns, "not reached"), "scheduler sends": "—"}
+            table[name]["embedding reads"] = row["error"]
             continue
         ids = [_words(row[stage], vocab) for stage in ("embedding reads", "verification sees", "emitted")]
         values = [str(row["scheduler sends"]), *ids, row["placeholders accepted"]]
@@ -233,7 +243,9 @@ def runner_paths_text(rows: Mapping[str, Mapping[str, object]], vocab: Sequence[
         f"The repeat found {cached} of its {cached + 1} tokens in the prefix cache, so it started decoding "
         f"with one token left and the scheduler padded it with `{v2['scheduler sends']}`, on either runner. "
         f"The V1 runner's embedding read `{v1['embedding reads']}` (the clamp's zeros) while verification "
-        f"saw `{v1['verification sees']}`; without the clamp the step raised `{v1_off['error']}`. "
+        f"saw `{v1['verification sees']}`; without the clamp the step raised `{v1_off['error']}` at the "
+        "embedding, so nothing after it ran and the failed step left no record (its row's — and "
+        "*not reached*). "
         "Model Runner V2 never copies the scheduler's ids: its embedding read "
         f"`{v2['embedding reads']}` from the request's zeroed draft row, with no clamp anywhere, and "
         f"`gather_draft_sampled` turned them back into `{v2['verification sees']}` before verification, so "
