@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 from matplotlib.colors import to_rgb
+from matplotlib.container import ErrorbarContainer
 
 from specfix.figures import masked_gumbel_sampling as figs
 from specfix.figures import style
@@ -24,18 +25,34 @@ def _close_figures():
 def test_draws_vs_softmax_has_one_bar_per_token_and_series_as_high_as_its_frequency():
     probs = np.array([0.5, 0.3, 0.2])
     draws = {"numpy toy": np.array([0, 0, 1, 2]), "kernel": np.array([0, 1, 1])}
-    fig = figs.draws_vs_softmax(probs, draws, 0.8)
+    tests = pd.DataFrame({"passed": [True, False]}, index=list(draws))
+    fig = figs.draws_vs_softmax(probs, draws, 0.8, tests)
     ax = fig.axes[0]
     assert [p.get_height() for p in ax.patches] == pytest.approx(
         [0.5, 0.3, 0.2, 0.5, 0.25, 0.25, 1 / 3, 2 / 3, 0]
     )
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["softmax(logits / T)", "numpy toy (4 draws)", "kernel (3 draws)"]
-    assert "softmax" in _caption(fig)
+    assert labels == [
+        "softmax(logits / T)",
+        "numpy toy (4 draws)",
+        "kernel (3 draws)",
+        "softmax ± 2σ over the sampler's draws",
+    ]
     colours = {
         tuple(p.get_facecolor()[:3]) for p in ax.patches
     }  # the suite's: softmax dark grey, then series
     assert colours == {to_rgb(style.CEILING), to_rgb(style.NEUTRAL), to_rgb(style.ACCENT)}
+    # the kernel's whiskers: softmax +- 2 sqrt(p (1 - p) / 3) at its bars
+    whiskers = [c.lines[2][0] for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(whiskers) == 2
+    ends = np.array([seg[:, 1] for seg in whiskers[1].get_segments()])  # the kernel's: 3 draws
+    sigma = np.sqrt(probs * (1 - probs) / 3)
+    assert ends == pytest.approx(np.stack([probs - 2 * sigma, probs + 2 * sigma], axis=1))
+    # 3 draws leave wide whiskers: 2/3 for 0.3 lies inside (0.3 + 0.53); 30 draws all of token 1 do not
+    assert figs.outside_whiskers(probs, draws) == 0
+    assert figs.outside_whiskers(probs, {"always 1": np.ones(30, dtype=int)}) == 3
+    assert "0 of 6 bars fall outside" in _caption(fig) and "1 of 2 samplers pass" in _caption(fig)
+    assert "The kernel's 3 draws leave the widest band" in _caption(fig)
 
 
 def test_gumbel_tail_marks_the_naive_overflow_instead_of_clipping_it():
@@ -100,9 +117,9 @@ def test_padded_rows_buffers_draws_one_panel_per_variant_with_readable_text():
 def test_draws_at_temperature_reports_the_test_in_its_caption():
     fig = figs.draws_at_temperature(np.array([0.5, 0.5]), np.array([0, 1, 1, 0]), 0.5, 1.25, 11.0)
     assert len(fig.axes[0].patches) == 4
-    assert "1.2" in _caption(fig) and "passes" in _caption(fig)
+    assert "1.2" in _caption(fig) and "the draws pass the test" in _caption(fig)
     fig = figs.draws_at_temperature(np.array([0.5, 0.5]), np.array([0, 0, 0, 0]), 0.5, 30.0, 11.0)
-    assert "fails" in _caption(fig)
+    assert "the draws fail the test" in _caption(fig)
 
 
 def _bench():
@@ -179,8 +196,12 @@ def test_bench_tables_read_the_recording():
     assert list(table.index.get_level_values("rows")) == [256, 1024]
     graph = figs.graph_table(bench)
     assert (
-        graph.loc[(1000, 1, 200), "specfix_fast"] == 3.0 and graph.loc[(1000, 8, 25), "specfix_fast"] == 24.0
+        graph.loc["specfix_fast", (1000, 1, 200)] == 3.0 and graph.loc["specfix_fast", (1000, 8, 25)] == 24.0
     )
+    assert (
+        graph.index.name == "median us per call"
+        and list(table.columns.get_level_values(0)).count("fp32, G logits/s") == 2
+    )  # the units in the headers
     store = pd.DataFrame({"store adds (us)": [0.25, 0.5]})
     assert figs.graph_text(bench, store).startswith(
         "One row of 1,000 logits with the fast noise: 3.00 us per call (goal: at most 4 us, pass)."
@@ -231,7 +252,12 @@ def test_every_figure_is_drawn_for_the_books_column():
     g = -np.log(-np.log1p(-u))
     clean = np.full((3, 4, 4), -1.0)
     made = [
-        figs.draws_vs_softmax(probs, {"numpy toy": np.arange(24), "Triton kernel": np.arange(24)}, 0.8),
+        figs.draws_vs_softmax(
+            probs,
+            {"numpy toy": np.arange(24), "Triton kernel": np.arange(24)},
+            0.8,
+            pd.DataFrame({"passed": [True, True]}, index=["numpy toy", "Triton kernel"]),
+        ),
         figs.gumbel_tail(u, g, g, np.where(u < 1e-7, np.inf, g)),
         figs.tile_winners(np.sin(np.arange(300.0)), 64),
         figs.padded_rows_buffers(

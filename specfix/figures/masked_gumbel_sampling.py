@@ -18,31 +18,54 @@ _CELL_TEXT = ("black", "white", "white")
 _CELL_WORDS = ("sentinel", "written", "stray write")
 
 
-def _bars_figure(probs, series, title: str, caption: str, height: float = 3.0):
-    """softmax(logits / T) beside each ``(label, token ids drawn, colour)`` series' frequencies, per token."""
-    vocab = len(probs)
-    bars = [("softmax(logits / T)", np.asarray(probs), style.CEILING)]
+def _bars_figure(probs, series, title: str, caption: str, height: float = 3.0, whiskers: bool = False):
+    """softmax(logits / T) beside each ``(label, token ids drawn, colour)`` series' frequencies, per token;
+    ``whiskers``: at each series' bar, softmax +- 2 standard deviations of a frequency over its draws."""
+    vocab, probs = len(probs), np.asarray(probs, dtype=float)
+    bars = [("softmax(logits / T)", probs, style.CEILING)]
     bars += [(label, np.bincount(s, minlength=vocab) / len(s), colour) for label, s, colour in series]
     with style.figure(caption, height) as (fig, ax):
         style.grouped_bars(ax, np.arange(vocab), bars)
+        if whiskers:
+            width = 0.8 / len(bars)  # where grouped_bars puts series i's bars
+            for i, (_, s, _) in enumerate(series, start=1):
+                at = np.arange(vocab) + (i - (len(bars) - 1) / 2) * width
+                sigma = np.sqrt(probs * (1 - probs) / len(s))
+                label = "softmax ± 2σ over the sampler's draws" if i == 1 else "_whisker"
+                ax.errorbar(
+                    at, probs, 2 * sigma, fmt="none", ecolor="black", elinewidth=0.9, capsize=2, label=label
+                )
         style.integer_ticks(ax.xaxis)
         ax.set(xlabel="token id", ylabel="frequency", title=title)
         style.legend_below(fig, ax)
     return fig
 
 
-def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float):
-    """Grouped bars: softmax(logits / T) and each sampler's token frequencies (``draws``: label -> ids)."""
+def outside_whiskers(probs, draws: dict[str, np.ndarray]) -> int:
+    """How many (sampler, token) frequencies lie more than 2 standard deviations from softmax."""
+    p = np.asarray(probs, dtype=float)
+    outside = 0
+    for s in draws.values():
+        freq = np.bincount(s, minlength=len(p)) / len(s)
+        outside += int((np.abs(freq - p) > 2 * np.sqrt(p * (1 - p) / len(s))).sum())
+    return outside
+
+
+def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float, tests: pd.DataFrame):
+    """Grouped bars: softmax(logits / T) and each sampler's token frequencies (``draws``: label -> ids),
+    with their sampling noise; ``tests``: the chi-square test of each sampler (``passed``), by label."""
     colours = [style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER, style.CEILING]
     series = [(f"{name} ({len(s):,} draws)", s, colours[i % 5]) for i, (name, s) in enumerate(draws.items())]
-    return _bars_figure(
-        probs,
-        series,
-        f"Gumbel-max draws against softmax, T = {temperature}",
-        "Every sampler's bars sit on the black softmax bar of the same token: argmax(logits / T + Gumbel "
-        "noise) is a draw from softmax(logits / T).",
-        height=3.2,
+    fewest = min(draws, key=lambda name: len(draws[name]))
+    caption = (
+        "Whiskers: the softmax bar ± 2 standard deviations of a frequency over that sampler's draws, the "
+        f"band a correct sampler's bar falls in about 19 times in 20. {outside_whiskers(probs, draws)} of "
+        f"{len(draws) * len(probs)} bars fall outside theirs; {int(tests.passed.sum())} of {len(tests)} "
+        f"samplers pass the chi-square test below. The {fewest}'s {len(draws[fewest]):,} draws leave the "
+        "widest band: its bars stray further from softmax by chance alone."
     )
+    title = f"Gumbel-max draws against softmax, T = {temperature}"
+    return _bars_figure(probs, series, title, caption, height=3.4, whiskers=True)
 
 
 def draws_at_temperature(probs, samples, temperature: float, chi2: float, threshold: float):
@@ -52,7 +75,7 @@ def draws_at_temperature(probs, samples, temperature: float, chi2: float, thresh
         [(f"{len(samples):,} Gumbel-max draws", samples, style.NEUTRAL)],
         f"T = {temperature:g}, vocabulary {len(probs)}",
         f"Chi-square {chi2:.1f} against a threshold of {threshold:.1f}: the draws "
-        f"{'passes' if chi2 < threshold else 'fails'} the test. Lower T piles the draws onto the top tokens; "
+        f"{'pass' if chi2 < threshold else 'fail'} the test. Lower T piles the draws onto the top tokens; "
         "higher T flattens them.",
     )
 
@@ -140,12 +163,14 @@ def _gumbel_at(report: dict, rows: int, vocab: int) -> pd.Series:
 
 
 def throughput_table(report: dict, min_rows: int = 256) -> pd.DataFrame:
-    """G logits/s of specfix's two noise modes, by vocabulary and rows (from ``min_rows`` on), per dtype."""
+    """G logits/s of specfix's two noise modes, by vocabulary and rows (from ``min_rows`` on), per dtype: the
+    unit in each dtype's header."""
     g = bench.frame(report, "gumbel")
     ours = g[g.impl.str.startswith("specfix") & (g.rows >= min_rows)]
-    return ours.pivot_table(
-        index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s"
-    ).round()
+    table = ours.pivot_table(index=["vocab", "rows"], columns=["dtype", "impl"], values="G_logits_per_s")
+    names = {d: f"{d}, G logits/s" for d in table.columns.levels[0]}
+    names |= {i: f"{i.removeprefix('specfix_')} noise" for i in table.columns.levels[1]}
+    return table.round().rename(columns=names).rename_axis(columns=[None, None])
 
 
 #: A rate goal's shape, as the bench writes it: "... at 1,024 x 151,936 bf16, ...".
@@ -204,10 +229,11 @@ def bench_speed(report: dict, vocab: int = 151_936, rows_at: int = 256):
 
 
 def graph_table(report: dict) -> pd.DataFrame:
-    """us per call of each sampler inside a CUDA graph, by vocabulary, rows and calls per graph."""
+    """Median us per call of each sampler inside a CUDA graph (a row per sampler, the unit in the row
+    header), a column per (vocabulary, rows, calls per graph)."""
     graph = bench.frame(report, "gumbel_graph")
-    index = ["vocab", "rows", "calls_per_graph"]
-    return graph.pivot_table(index=index, columns="impl", values="median_us").round(2)
+    table = graph.pivot_table(index="impl", columns=["vocab", "rows", "calls_per_graph"], values="median_us")
+    return table.round(2).rename_axis(index="median us per call", columns=["vocab", "rows", "calls per graph"])
 
 
 def mask_table(report: dict) -> pd.DataFrame:
@@ -342,11 +368,11 @@ def noise_speed_text(report: dict, rows: int = 256, vocab: int = 151_936) -> str
 
 def graph_text(report: dict, store: pd.DataFrame) -> str:
     """One row in a CUDA graph against its goal, and what storing the draft logits adds."""
-    one_row = graph_table(report).xs(1, level="rows").droplevel("calls_per_graph")
-    target, vocab = goal(report, "gumbel_graph", "us"), one_row.index.max()
+    one_row = graph_table(report).xs(1, level="rows", axis=1).droplevel("calls per graph", axis=1)
+    target, vocab = goal(report, "gumbel_graph", "us"), one_row.columns.max()
     adds = store["store adds (us)"]
     return (
-        f"One row of {vocab:,} logits with the fast noise: {one_row.loc[vocab, 'specfix_fast']:.2f} us per "
+        f"One row of {vocab:,} logits with the fast noise: {one_row.loc['specfix_fast', vocab]:.2f} us per "
         f"call (goal: at most {target['target']:.0f} us, {target['status']}). Storing the draft logits on "
         f"the way adds {adds.min():.2f} to {adds.max():.2f} us per call."
     )
