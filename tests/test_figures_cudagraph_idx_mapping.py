@@ -85,7 +85,8 @@ def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
     ]
     assert len(fig.axes[0].patches) == 2 * 16  # one bar per token and run
     table = F.chi_square_table(dists)
-    assert list(table["fix"]) == ["fix on"] * 3 + ["fix off"] * 3
+    assert list(table.index.get_level_values("fix")) == ["fix on"] * 3 + ["fix off"] * 3
+    assert list(table.index.get_level_values("position")) == [0, 1, 2] * 2  # no 0..5 row counter
     assert list(table["role"]) == ["draft", "draft", "bonus"] * 2
     assert "bonus" in _caption(fig)
     assert style.legibility(fig)["text_px"] >= style.MIN_TEXT_PX  # drawn for the book's column
@@ -93,14 +94,29 @@ def test_output_distribution_has_a_panel_per_position_and_the_tables_agree():
         F.output_distribution({})
 
 
-def test_bench_table_keeps_the_columns_it_promises_and_a_column_per_origin():
-    summary = {c: 1 for c in F.BENCH_COLUMNS} | {"ran": ["eager"], "writes_by_origin": {F.ORIGINS[1]: 7}}
+def test_bench_table_names_its_counts_and_its_origins_add_up_to_every_padded_write():
+    summary = {c: 1 for c in F.BENCH_ROWS} | {
+        "ran": ["eager"],
+        "writes_by_origin": {F.ORIGINS[1]: 7, F.ORIGINS[3]: 2},
+    }
+    summary["writes_landed"] = 5
     table = F.bench_table({"fix off": summary, "fix on": summary | {"writes_by_origin": {}}})
-    origins = [f"writes: {o}" for o in F.ORIGINS]
-    assert list(table.index) == F.BENCH_COLUMNS + origins and list(table.columns) == ["fix off", "fix on"]
-    assert table.loc[origins, "fix off"].tolist() == [0, 7, 0, 0] and table.loc[origins, "fix on"].sum() == 0
+    origins = [f"padded writes, stale entry from: {o}" for o in F.ORIGINS]
+    assert list(table.columns) == ["fix off", "fix on"] and list(table.index[-4:]) == origins
+    assert "_" not in "".join(table.index)  # words, not the summary's keys
+    assert table.loc[origins, "fix off"].tolist() == [0, 7, 0, 2] and table.loc[origins, "fix on"].sum() == 0
+    assert table.loc["padded writes, all"].tolist() == [9, 0]
+    assert table.loc["padded writes that changed a live request's cached logits", "fix off"] == 5
     with pytest.raises(ValueError, match="differing"):
         F.bench_table({"x": {"num_requests": 1}})
+
+
+def test_diff_transcript_keeps_each_marked_word_whole():
+    text = F.diff_transcript([{"req_id": 7, "solo": "a [-lay-] <b>", "batched": "a {+dog+}"}])
+    assert "<b>request 7</b>" in text
+    assert '<span style="white-space: nowrap">[-lay-]</span>' in text
+    assert '<span style="white-space: nowrap">{+dog+}</span>' in text
+    assert "&lt;b&gt;" in text  # the texts are escaped, not read as HTML
 
 
 def test_recorded_paragraph_quotes_the_h200_recording():

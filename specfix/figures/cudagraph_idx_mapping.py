@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,8 +14,15 @@ from specfix.figures import style
 from specfix.lab.padding_bench import BufferState
 from specfix.lab.stale_rows import ORIGIN_EARLIER, ORIGIN_FREE, ORIGIN_FRESH, ORIGIN_REUSED
 
-BENCH_COLUMNS = ["num_requests", "differing", "steps_batched", "padded_steps", "writes_landed"]
-#: bench_table's column per origin of a padded write (``writes_by_origin``), after BENCH_COLUMNS
+#: bench_table's rows: a summary's counts, each with the words the table shows
+BENCH_ROWS = {
+    "num_requests": "requests",
+    "differing": "responses that differ from the solo run",
+    "steps_batched": "batched steps",
+    "padded_steps": "steps with padded rows",
+    "writes_landed": "padded writes that changed a live request's cached logits",
+}
+#: the origins of a padded write's stale entry (``writes_by_origin``), each a row of bench_table
 ORIGINS = (ORIGIN_FRESH, ORIGIN_EARLIER, ORIGIN_REUSED, ORIGIN_FREE)
 #: the chapter's name for each sampler ``resolve_sampler`` picks
 SAMPLER_WORDS = {"kernel": "the Triton kernel", "reference": "the Triton kernel's torch twin"}
@@ -91,17 +99,23 @@ def padded_buffers(states: Sequence[BufferState], titles: Sequence[str]):
 
 def bench_table(benches: dict[str, dict]) -> pd.DataFrame:
     """The bench summaries (``PaddingBench.summary()`` or the recording's), a column per label (narrow enough
-    for the book's column): the counts, then the padded writes of each origin (``writes_landed``: those that
-    changed a live request's cached logits)."""
+    for the book's column), a row per count in words: every padded write, those that changed a live
+    request's cached logits (on a GPU the request's own store may land last), and the writes by where
+    their stale entry came from, which add up to every padded write."""
     frame = pd.DataFrame(list(benches.values()), index=list(benches))
-    missing = {*BENCH_COLUMNS, "writes_by_origin"} - set(frame.columns)
+    missing = {*BENCH_ROWS, "writes_by_origin"} - set(frame.columns)
     if missing:
         raise ValueError(f"bench summaries lack {sorted(missing)}")
+    counts = frame[list(BENCH_ROWS)].rename(columns=BENCH_ROWS)
+    writes = {"padded writes, all": [sum(b["writes_by_origin"].values()) for b in benches.values()]}
     origins = {
-        f"writes: {origin}": [b["writes_by_origin"].get(origin, 0) for b in benches.values()]
+        f"padded writes, stale entry from: {origin}": [
+            b["writes_by_origin"].get(origin, 0) for b in benches.values()
+        ]
         for origin in ORIGINS
     }
-    return frame[BENCH_COLUMNS].assign(**origins).T
+    table = counts.iloc[:, :4].assign(**writes).join(counts.iloc[:, 4:]).assign(**origins).T
+    return table.rename_axis(None)
 
 
 def _freq(counts) -> np.ndarray:
@@ -113,8 +127,23 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
     """Per run and position: role, chi-square, and total variation to the target p and draft q."""
     rows = [{"fix": label} | r for label, dist in dists.items() for r in dist["positions"]]
     table = pd.DataFrame(rows).rename(columns={"tv_to_target": "TV to p", "tv_to_draft": "TV to q"})
-    columns = ["fix", "position", "role", "trials", "chi2", "threshold", "passed", "TV to p", "TV to q"]
-    return table[columns].round({"chi2": 1, "threshold": 1, "TV to p": 3, "TV to q": 3})
+    columns = ["role", "trials", "chi2", "threshold", "passed", "TV to p", "TV to q"]
+    table = table.set_index(["fix", "position"])[columns]
+    return table.round({"chi2": 1, "threshold": 1, "TV to p": 3, "TV to q": 3})
+
+
+def diff_transcript(examples: Sequence[dict]) -> str:
+    """The word diffs of recorded examples (``req_id``, ``solo``, ``batched``) as HTML, one block per
+    request; no line breaks inside a word, so a mark like ``[-lay-]`` stays whole."""
+    words = lambda text: " ".join(
+        f'<span style="white-space: nowrap">{html.escape(w)}</span>' for w in text.split()
+    )
+    blocks = [
+        f'<p style="font-family: monospace; margin: 0.6em 0"><b>request {e["req_id"]}</b><br>'
+        f"alone: {words(e['solo'])}<br>batched: {words(e['batched'])}</p>"
+        for e in examples
+    ]
+    return "\n".join(blocks)
 
 
 def output_distribution(dists: dict[str, dict]):
