@@ -5,6 +5,7 @@ import json
 
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib import colors
 
 from specfix.figures import kernel_profile, style
 from specfix.figures import performance as perf
@@ -199,9 +200,81 @@ def test_peer_figure_draws_every_version_and_the_read_ceiling_in_each_panel():
                 f"vLLM {v} gumbel_sample" for v in reversed(versions)
             ]
             assert sum(lab.startswith("read ceiling") for lab in labels) == 1
-        assert all(f"vLLM {v}" in fig._suptitle.get_text() for v in versions)
+        title = fig._suptitle.get_text().split("\n")[0]
+        assert title.startswith(f"{bench.JUDGED} beside vLLM ") and all(v in title for v in versions)
+        # versions whose times coincide stay apart: each its own marker and line style, hollow
+        vllm = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("vLLM")]
+        assert len({(line.get_marker(), line.get_linestyle()) for line in vllm}) == len(versions)
+        assert all(line.get_markerfacecolor() == "none" for line in vllm)
     finally:
         plt.close(fig)
+
+
+def _series_colours(fig) -> dict:
+    """Each drawn line's or bar's colour by its label ("_" labels: the unlabelled data lines)."""
+    seen = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            seen.setdefault(line.get_label(), set()).add(colors.to_hex(line.get_color()))
+        for bars in ax.containers:
+            for bar in getattr(bars, "patches", []):
+                seen.setdefault(bars.get_label(), set()).add(colors.to_hex(bar.get_facecolor()))
+    return seen
+
+
+@pytest.mark.parametrize("name", ["bandwidth_figure", "throughput_figure", "speedup_figure"])
+def test_the_gumbel_figures_colour_by_vocabulary_and_draw_goals_in_no_data_colour(name):
+    fig = getattr(figs, name)(H200, SOURCE)
+    try:
+        vocabs = sorted(bench.frame(H200, "gumbel")["vocab"].unique())
+        shades = figs.vocab_colours(vocabs)
+        assert len(set(shades.values())) == len(vocabs)
+        data = {line.get_color() for ax in fig.axes for line in ax.get_lines() if line.get_label()[0] == "_"}
+        data = {colors.to_hex(c) for c in data} - {colors.to_hex(style.CEILING)}  # the speedup's 1x line
+        assert data == set(shades.values())
+        goals = [line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("goal")]
+        assert all(colors.to_hex(line.get_color()) == colors.to_hex(style.CEILING) for line in goals)
+        assert name == "bandwidth_figure" or goals
+        assert style.FIXED not in {colors.to_hex(c) for c in data}
+        legend = fig.legends[0] if fig.legends else fig.axes[0].get_legend()
+        assert len(legend.get_texts()) <= len(vocabs) + 6  # a key, not one entry per series
+    finally:
+        plt.close(fig)
+
+
+def test_the_graph_call_figure_gives_each_sampler_its_own_colour():
+    fig = figs.graph_call_figure(H200, SOURCE)
+    try:
+        impls = list(dict.fromkeys(bench.frame(H200, "gumbel_graph")["impl"]))
+        seen = _series_colours(fig)
+        assert all(len(seen[i]) == 1 for i in impls) and len({seen[i].pop() for i in impls}) == len(impls)
+        assert figs.impl_colours(impls)[bench.JUDGED] == colors.to_hex(style.NEUTRAL)
+        assert "dark blue" in _caption(fig)[0] and "purple vLLM" in _caption(fig)[0]
+    finally:
+        plt.close(fig)
+
+
+def test_the_drafter_and_padding_figures_give_a_model_the_same_colour():
+    drafter, price = figs.drafter_figure(H200, SOURCE), figs.padding_price_figure(H200, SOURCE)
+    try:
+        first = {k.split(":")[0]: v for k, v in _series_colours(drafter).items() if ":" in k}
+        second = {k.removeprefix("speedup, "): v for k, v in _series_colours(price).items() if "," in k}
+        assert second and all(second[m] == first[m] for m in second)
+        once = {r["params"]["model"] for r in H200["results"] if r["impl"] == "dflash_eager"}
+        assert once and not once & set(first)  # timed once, for a goal: said in the caption, not drawn
+        assert all(m in _caption(drafter)[0] for m in once)
+    finally:
+        plt.close(drafter)
+        plt.close(price)
+
+
+def test_the_source_line_says_once_where_the_numbers_were_taken():
+    meta = H200["meta"]
+    _, line = perf.load_report(False, "ci")
+    assert line.lower().count("recorded") == 1 and line.count(meta["device"]) == 1
+    assert line.endswith("(not on this machine)") and meta["commit"][:7] in line and "RECORDED" not in line
+    live = perf.source_line(meta, live=True)
+    assert live.startswith("Measured live on this machine: ") and "recorded" not in live.lower()
 
 
 def test_peer_table_is_empty_without_a_vllm_sampler():

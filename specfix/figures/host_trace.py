@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from specfix.figures import style
+from specfix.figures.performance import source_line
 from specfix.figures.performance_figures import figure, missing
 from specfix.tools import recorded
 
@@ -33,7 +34,7 @@ _STEP_BARS = (
 def load_host_trace() -> tuple[dict, str]:
     """The recording and the line that says where it comes from (the profiler run needs a GPU)."""
     trace = recorded.load("host_trace_h200")
-    return trace, "RECORDED, not on this machine: " + recorded.label(trace["meta"])
+    return trace, source_line(trace["meta"])
 
 
 def _impl_name(trace: dict, impl: str) -> str:

@@ -28,8 +28,13 @@ TORCH_SAMPLERS = {
 def load_report(live: bool, scale: str) -> tuple[dict, str]:
     """The report chapter 5 plots (``live``: run on this GPU, else the H200 recording) and its source line."""
     report = bench.run("cuda", scale) if live else recorded.load("bench_h200")
-    where = "MEASURED LIVE on this machine, " if live else "RECORDED ON THE H200, not on this machine: "
-    return report, where + recorded.label(report["meta"])
+    return report, source_line(report["meta"], live)
+
+
+def source_line(meta: dict, live: bool = False) -> str:
+    """The line under a figure's title that says, once, where its numbers were taken."""
+    said = recorded.label(meta).removeprefix("recorded on ")
+    return f"Measured live on this machine: {said}" if live else f"Recorded on {said} (not on this machine)"
 
 
 def fix_costs(report: dict | None = None) -> pd.DataFrame:

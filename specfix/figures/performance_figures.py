@@ -8,13 +8,62 @@ import re
 import textwrap
 
 import numpy as np
+from matplotlib import colors
 
 from specfix.figures import performance as perf
 from specfix.figures import style
 from specfix.figures.embedding_assert import draw_fixes
 from specfix.tools import bench
 
-_MARKERS = {"fp32": "o-", "bf16": "s--"}
+_MARKERS = {"fp32": "o-", "bf16": "s--"}  # the line style says the dtype, the colour the vocabulary
+#: A goal's line: the suite's threshold colour (no data series is drawn in it), a style per goal.
+_GOAL_STYLES = ("-.", (0, (6, 2)), ":", (0, (1, 1)))
+
+
+def shade(colour: str, amount: float) -> str:
+    """``colour`` lighter (``amount`` > 0: mixed with that much white) or darker (< 0: that much black)."""
+    if amount >= 0:
+        return style.light(colour, amount)
+    return colors.to_hex((1 + amount) * np.array(colors.to_rgb(colour)))
+
+
+def vocab_colours(vocabs) -> dict:
+    """One shade of NEUTRAL per vocabulary, darker for a larger one (an ordered quantity, one hue)."""
+    vocabs = sorted({int(v) for v in vocabs})
+    amounts = np.linspace(0.72, -0.6, len(vocabs)) if len(vocabs) > 1 else [0.0]
+    return {v: shade(style.NEUTRAL, a) for v, a in zip(vocabs, amounts, strict=True)}
+
+
+def impl_colours(impls) -> dict:
+    """Per sampler: specfix's in blue (the judged one darkest), vLLM's in purple (the newest darkest),
+    anything else (torch) in the third series colour."""
+    impls = list(dict.fromkeys(impls))
+    ours = [i for i in bench.OURS if i in impls]
+    ours = [bench.JUDGED] + [i for i in ours if i != bench.JUDGED] if bench.JUDGED in ours else ours
+    vllm = sorted((i for i in impls if i.startswith("vllm_")), key=_version, reverse=True)
+    colours = {i: shade(style.NEUTRAL, 0.5 * n) for n, i in enumerate(ours)}
+    colours |= {i: shade(style.ACCENT, 0.5 * n / max(len(vllm) - 1, 1)) for n, i in enumerate(vllm)}
+    return {i: colours.get(i, style.SERIES[2]) for i in impls}
+
+
+def _version(impl: str) -> tuple:
+    return tuple(int(p) for p in impl.removeprefix("vllm_").split("."))
+
+
+def _key(fig, colours: dict, styles: dict) -> list:
+    """Legend handles: a line per vocabulary (its colour), one per line style (what it means), then every
+    labelled line of the panels (goals, ceilings): the legend stays short however many series."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, lw=2.5, label=f"vocab {v:,}") for v, c in colours.items()]
+    handles += [
+        Line2D([], [], color=style.CEILING, ls=ls, marker=m, label=k) for k, (m, ls) in styles.items()
+    ]
+    found = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            found.setdefault(label, handle)
+    return handles + list(found.values())
 
 
 def missing(ax, report: dict, case: str, reason: str | None = None) -> None:
@@ -35,16 +84,16 @@ def figure(report, case, empty, draw, shape, height, text, reason=None, **share)
     with style.figure(caption, height, *shape, squeeze=False, **share) as (fig, axes):
         for ax in axes.flat if empty else ():
             missing(ax, report, case, reason)
-        if not empty:
-            draw(axes)
+        handles = None if empty else draw(axes)  # a figure that draws its own key returns its handles
         fig.suptitle(f"{title}\n{style.wrap(source)}", fontsize=style.SMALLEST_PT)
-        style.legend_below(fig)
+        wide = handles and max(len(line) for h in handles for line in h.get_label().splitlines()) > 30
+        style.legend_below(fig, handles=handles, ncol=(2 if wide else 3) if handles else None)
     return fig
 
 
-def _goal_line(ax, report, target, label, ls="-") -> None:
+def _goal_line(ax, report, target, label, ls=_GOAL_STYLES[0]) -> None:
     if report["config"]["device"] == "cuda":  # a CPU smoke run judges nothing
-        ax.axhline(target, color=style.FIXED, lw=1.2, ls=ls, label=label)
+        ax.axhline(target, color=style.CEILING, lw=1.4, ls=ls, label=style.wrap(label, 50))
 
 
 # --------------------------------------------------------------------------------------------- figures
@@ -55,11 +104,11 @@ def bandwidth_figure(report: dict, source: str):
     g, ceil = bench.frame(report, "gumbel"), perf.ceilings(report)
 
     def draw(axes):
-        ours = g[g["impl"].isin(list(bench.OURS))]
+        ours, colours = g[g["impl"].isin(list(bench.OURS))], vocab_colours(g["vocab"])
         for ax, dtype in zip(axes[:, 0], perf.DTYPE_BYTES, strict=True):
             for (impl, vocab), rows in ours[ours["dtype"] == dtype].groupby(["impl", "vocab"]):
                 fmt = "o-" if impl == bench.JUDGED else "x:"
-                ax.plot(rows["rows"], rows["TB_per_s_read"], fmt, label=f"{impl}, vocab {vocab:,}")
+                ax.plot(rows["rows"], rows["TB_per_s_read"], fmt, color=colours[vocab])
             read = f"read ceiling (fp32 argmax): {ceil['read']:.2f} TB/s"
             ax.axhline(ceil["read"], color=style.CEILING, ls="--", lw=1, label=read)
             copy = f"copy (read + write): {ceil['copy']:.2f} TB/s"
@@ -67,6 +116,10 @@ def bandwidth_figure(report: dict, source: str):
             ax.set(ylabel="logits read, TB/s", title=f"{dtype} logits")
             style.log_ticks(ax.xaxis, ours["rows"])
         axes[-1, 0].set_xlabel("rows (sequences sampled at once)")
+        impls = {
+            i: ("o", "-") if i == bench.JUDGED else ("x", ":") for i in bench.OURS if i in set(ours["impl"])
+        }
+        return _key(axes[0, 0].figure, colours, impls)
 
     caption = (
         "Read each line against the dashed read ceiling: at few rows fixed costs keep every kernel "
@@ -81,26 +134,37 @@ def throughput_figure(report: dict, source: str):
     g = bench.frame(report, "gumbel")
 
     def draw(axes):
-        ax, judged = axes[0, 0], g[g["impl"] == bench.JUDGED]
+        ax, judged, colours = axes[0, 0], g[g["impl"] == bench.JUDGED], vocab_colours(g["vocab"])
         for (dtype, vocab), rows in judged.groupby(["dtype", "vocab"]):
-            ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
+            ax.plot(rows["rows"], rows["G_logits_per_s"], _MARKERS[dtype], color=colours[vocab])
+        styles = {dtype: (fmt[0], fmt[1:]) for dtype, fmt in _MARKERS.items()}
         warm = g[g["impl"] == "fast_apply_temperature"]  # goal 3 also times the call that applies temperature
         if len(warm):
-            label = "fast, apply_temperature=True (all vocabs)"
-            ax.plot(warm["rows"], warm["G_logits_per_s"], "k*", ms=7, label=label)
+            styles["fast, apply_temperature=True"] = ("*", "none")
+            for vocab, rows in warm.groupby("vocab"):
+                ax.plot(
+                    rows["rows"],
+                    rows["G_logits_per_s"],
+                    "*",
+                    ms=9,
+                    mec="black",
+                    mew=0.5,
+                    color=colours[vocab],
+                )
         shapes = {}  # target -> the shapes it is judged at, in order (a dict as an ordered set)
         for r in (r for r in report["goals"] if r["case"] == "gumbel" and r["unit"] == "G logits/s"):
             where = re.sub(r", apply_temperature=\w+", "", r["goal"].rsplit(" at ", 1)[-1])
             shapes.setdefault(r["target"], {})[where] = None
-        for (target, where), ls in zip(sorted(shapes.items()), ("-", "--", ":", "-."), strict=False):
+        for (target, where), ls in zip(sorted(shapes.items()), _GOAL_STYLES, strict=False):
             _goal_line(ax, report, target, f"goal: {target:g} G/s at {'; '.join(where)}", ls)
         ax.set(xlabel="rows", ylabel="G logits / s")
         style.log_ticks(ax.xaxis, judged["rows"])
         style.log_ticks(ax.yaxis)
+        return _key(ax.figure, colours, styles)
 
     caption = (
-        "Each green line is a goal, judged only at the shapes its label names; read those shapes' lines "
-        "against it. The other lines show how the rate grows with the rows."
+        "Each dark grey dash-dotted or dashed line is a goal, judged only at the shapes its label names; "
+        "read those shapes' lines against it. The other lines show how the rate grows with the rows."
     )
     text = (f"Throughput of gumbel_sample ({bench.JUDGED})", source, caption)
     return figure(report, "gumbel", g.empty, draw, (1, 1), 3.4, text)
@@ -111,10 +175,11 @@ def speedup_figure(report: dict, source: str):
     wide = perf.medians(report)
 
     def draw(axes):
+        colours = vocab_colours(wide["vocab"])
         for ax, ref in zip(axes[:, 0], perf.TORCH_SAMPLERS, strict=True):
             for (dtype, vocab), rows in wide.groupby(["dtype", "vocab"]):
                 speedup = rows[ref] / rows[bench.JUDGED]
-                ax.plot(rows["rows"], speedup, _MARKERS[dtype], label=f"{dtype}, vocab {vocab:,}")
+                ax.plot(rows["rows"], speedup, _MARKERS[dtype], color=colours[vocab])
             ax.axhline(1, color=style.CEILING, lw=0.8)
             ax.set(ylabel="torch time / specfix time", title=f"speedup against {ref}")
             style.log_ticks(ax.xaxis, wide["rows"])
@@ -123,6 +188,7 @@ def speedup_figure(report: dict, source: str):
         if target:
             _goal_line(axes[0, 0], report, target["target"], f"goal: {target['goal']}")
         axes[-1, 0].set_xlabel("rows")
+        return _key(axes[0, 0].figure, colours, {dtype: (fmt[0], fmt[1:]) for dtype, fmt in _MARKERS.items()})
 
     title = "How much faster the fused Triton sampler is than the torch samplers"
     text = (title, source, perf.speedup_caption(report))
@@ -136,8 +202,7 @@ def graph_call_figure(report: dict, source: str):
     def draw(axes):
         ax, series = axes[0, 0], []
         shapes = sorted(set(zip(gg["rows"], gg["vocab"], strict=True)), key=lambda s: (s[1], s[0]))
-        colours = (style.NEUTRAL, style.ACCENT, style.PADDING, style.PLACEHOLDER, style.CEILING)
-        for impl, colour in zip(dict.fromkeys(gg["impl"]), itertools.cycle(colours)):
+        for impl, colour in impl_colours(gg["impl"]).items():
             rows = gg[gg["impl"] == impl].set_index(["rows", "vocab"]).reindex(shapes)
             err = [rows["median_us"] - rows["p20_us"], rows["p80_us"] - rows["median_us"]]
             series.append((impl, rows["median_us"], colour, err))
@@ -150,8 +215,9 @@ def graph_call_figure(report: dict, source: str):
             _goal_line(ax, report, target["target"], f"goal: {target['goal']}")
 
     caption = (
-        "Compare specfix_fast (the serving kernel, blue) with the vLLM bars beside it and, at one "
-        "row, with the green goal: inside a graph no host launch cost is left, so this is GPU time alone."
+        "Compare specfix_fast (the serving kernel, dark blue) with the purple vLLM bars beside it and, at "
+        "one row, with the dash-dotted goal: inside a graph no host launch cost is left, so this is GPU "
+        "time alone."
     )
     text = ("Calls captured in one CUDA graph: GPU time per call", source, caption)
     return figure(report, "gumbel_graph", gg.empty, draw, (1, 1), 3.6, text)
@@ -210,10 +276,10 @@ def fix_costs_figure(report: dict, source: str):
 
 def drafter_figure(report: dict, source: str):
     """The drafter step per live batch and draft model, eager launches against one graph replay."""
-    dg = bench.frame(report, "drafter_graph")
+    dg, colours = _compared(report)
 
     def draw(axes):
-        ax, colours = axes[0, 0], dict(zip(sorted(dg["model"].unique()), itertools.cycle(style.SERIES)))
+        ax = axes[0, 0]
         for (model, impl), rows in dg.groupby(["model", "impl"]):
             fmt, label = "o-" if impl == "graph" else "s--", f"{model}: {impl}"
             ax.plot(rows["live_batch"], rows["median_us"], fmt, ms=3, color=colours[model], label=label)
@@ -231,13 +297,24 @@ def drafter_figure(report: dict, source: str):
             f"{longer.max():.1f} times as long as its replay (solid): the host's launches, not the GPU, set "
             "the eager step's time."
         )
+    once = sorted(set(bench.frame(report, "drafter_graph").get("model", [])) - set(colours))
+    if once:
+        caption += f" Not drawn: {', '.join(once)}, timed eager at one batch only (for a goal)."
     text = ("Drafter step: eager launches at the exact batch against one graph replay", source, caption)
     return figure(report, "drafter_graph", dg.empty, draw, (1, 1), 3.4, text)
 
 
+def _compared(report: dict) -> tuple:
+    """The drafter rows of the models timed both eager and replayed, and one colour per such model."""
+    dg = bench.frame(report, "drafter_graph")
+    both = dg.groupby("model")["impl"].agg(set) if len(dg) else {}
+    models = sorted(m for m in both.index if {"eager", "graph"} <= both[m]) if len(dg) else []
+    return (dg[dg["model"].isin(models)] if len(dg) else dg), dict(zip(models, itertools.cycle(style.SERIES)))
+
+
 def padding_price_figure(report: dict, source: str):
     """Per live batch: the fraction of replayed rows that are padding, and the replay's speedup."""
-    price = perf.padding_price(report)
+    price, colours = perf.padding_price(report), _compared(report)[1]
 
     def draw(axes):
         top, bottom = axes[:, 0]
@@ -245,7 +322,10 @@ def padding_price_figure(report: dict, source: str):
         top.bar(one["live_batch"], one["padded_fraction"] * 100, color=style.PADDING, label="padded rows")
         top.set(ylabel="padded rows, %")
         for model, rows in price.groupby("model"):
-            bottom.plot(rows["live_batch"], rows["speedup"], "o-", ms=3, label=f"speedup, {model}")
+            colour = colours.get(model, style.CEILING)
+            bottom.plot(
+                rows["live_batch"], rows["speedup"], "o-", ms=3, color=colour, label=f"speedup, {model}"
+            )
         bottom.axhline(1, color=style.CEILING, lw=0.8)
         bottom.set(xlabel="live batch", ylabel="replay speedup")
         style.integer_ticks(bottom.xaxis)
@@ -294,16 +374,21 @@ def peer_figure(report: dict, source: str):
     table, versions, read = perf.peer_table(report), perf.peer_versions(report), perf.ceilings(report)["read"]
     vocabs = sorted(table["vocab"].unique()) if len(table) else [None]
     rate = lambda one, impl: one["rows"] * one["vocab"] / one[impl] / 1e3  # G logits/s
-    colours = (style.ACCENT, style.PLACEHOLDER, style.PADDING)
+    colours = impl_colours([bench.JUDGED, *map(bench.peer_impl, versions)])
+    marks = dict(
+        zip(reversed(versions), itertools.cycle(("s--", "^-.", "v:", "D--")))
+    )  # coinciding: both seen
 
     def draw(axes):
         for (row, dtype), (col, vocab) in itertools.product(enumerate(perf.DTYPE_BYTES), enumerate(vocabs)):
             ax, one = axes[row, col], table[(table["dtype"] == dtype) & (table["vocab"] == vocab)]
-            label = f"specfix {bench.JUDGED}"
-            ax.plot(one["rows"], rate(one, bench.JUDGED), "o-", color=style.NEUTRAL, label=label)
-            for v, colour in zip(reversed(versions), itertools.cycle(colours)):
+            ax.plot(
+                one["rows"], rate(one, bench.JUDGED), "o-", color=colours[bench.JUDGED], label=bench.JUDGED
+            )
+            for v, size in zip(reversed(versions), itertools.count(7, -1.5)):  # hollow, shrinking: none hides
                 impl, label = bench.peer_impl(v), f"vLLM {v} gumbel_sample"
-                ax.plot(one["rows"], rate(one, impl), "s--", ms=4, color=colour, label=label)
+                kw = dict(ms=size, mfc="none", color=colours[impl], label=label)
+                ax.plot(one["rows"], rate(one, impl), marks[v], **kw)
             label = f"read ceiling: {read:.2f} TB/s (fp32 argmax), in logits/s of the dtype"
             ax.axhline(read * 1e3 / perf.DTYPE_BYTES[dtype], color=style.CEILING, ls=":", lw=1.2, label=label)
             ax.set_title(f"{vocab:,} x {dtype}", fontsize=9)
@@ -314,12 +399,14 @@ def peer_figure(report: dict, source: str):
         for ax in axes[:, 0]:
             ax.set_ylabel("G logits / s")
 
-    names = " and ".join(f"vLLM {v}" for v in reversed(versions)) or "vLLM"
+    names = "vLLM " + ", ".join(reversed(versions)) if versions else "vLLM"
+    names = " and ".join(names.rsplit(", ", 1))
     caption = (
-        "Higher is faster. The gap between the blue line and a dashed vLLM line is the speedup over "
-        "that version; the gap up to the dotted read ceiling is what any sampler could still gain."
+        "Higher is faster. The gap between the blue line and a broken purple vLLM line is the speedup over "
+        "that version (where two versions coincide, their markers tell them apart); the gap up to the "
+        "dotted read ceiling is what any sampler could still gain."
     )
-    text = (f"specfix {bench.JUDGED} beside {names}: same inputs, same run", source, caption)
+    text = (f"{bench.JUDGED} beside {names}: same inputs, same run", source, caption)
     shape, reason = (len(perf.DTYPE_BYTES), len(vocabs)), "no vLLM sampler in this report (bench --peer)"
     return figure(report, "gumbel", table.empty, draw, shape, 5.6, text, reason, sharex=True, sharey=True)
 
