@@ -576,3 +576,25 @@ def test_the_book_loads_its_search_excerpt_filter_after_sphinx_search(conf):
     css = (DOCS / "_static" / "book.css").read_text()
     chip = css[css.index("div.cell.tag_exercise::before") :]
     assert "background: var(--pst-color-warning)" in chip.split("}")[0], "the chip needs its own fill"
+
+
+def test_tables_break_names_only_at_dots_and_slashes_align_numbers_right_and_drop_a_bare_index():
+    import pandas as pd
+
+    frame = pd.DataFrame({"call": ["RejectionSampler.forward", "host_mask"], "median us": ["1,034.5", "-"]})
+    page = book_cells.present_tables(frame._repr_html_())
+    assert "<th>0</th>" not in page and "<th>1</th>" not in page, "the unnamed 0..N-1 index says nothing"
+    assert "RejectionSampler.<wbr>forward" in page and "host_mask<" in page, "no break at '_' outside code"
+    assert re.findall(r'<t[dh] class="number">([^<]*)<', page) == ["median us", "1,034.5", "-"]
+    assert '<th class="number">call' not in page and "<td>host_mask</td>" in page, "text stays on the left"
+    # a named or a meaningful index stays, as a row label (read from the left)
+    for kept in (frame.set_index("call"), frame.set_axis([1, 2])):
+        shown = book_cells.present_tables(kept._repr_html_())
+        assert re.search(r"<tbody>\s*<tr>\s*<th>", shown), shown
+    code = '<span class="pre">vllm/v1/sample/rejection_sampler.py</span>'
+    math = '<span class="math">\\(x_i.y\\)</span>'
+    prose = f'<table class="table"><tbody><tr><td>{code} in 0.25 {math}</td><td>12</td></tr></tbody></table>'
+    shown = book_cells.present_tables(prose)
+    assert "vllm/<wbr>v1/<wbr>sample/<wbr>rejection_<wbr>sampler.<wbr>py" in shown, "in code, '_' too"
+    assert "0.25" in shown and math in shown, "no break in a version number or in math"
+    assert "number" not in shown, "a table the prose writes keeps the alignment its markdown gives"

@@ -5,6 +5,8 @@
   the kernel a widget needs, so its output would be a blank box (or an `interactive(children=...)` repr).
   A post-transform removes each output that carries a widget view, and the widgets' saved state is left
   out of the pages.
+- Presents the tables on each page as book_cells.present_tables says (where a name may break, numbers on the
+  right, no meaningless row index).
 - Fails the build when a cell raised, naming every chapter where one did.
 - Serves MathJax from the book itself (no CDN).
 """
@@ -13,7 +15,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from book_cells import prepare_notebook
+from book_cells import prepare_notebook, present_tables
 from docutils import nodes
 from sphinx.errors import ExtensionError
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -44,6 +46,11 @@ def _prepare_chapter(app, docname, source):
         return
     nb = prepare_notebook(json.loads(source[0]), app.config.specfix_book_collapse_lines)
     source[0] = json.dumps(nb)
+
+
+def _present_tables(app, pagename, templatename, context, doctree):
+    if "body" in context:
+        context["body"] = present_tables(context["body"])
 
 
 def _fail_on_failed_chapters(app, env):
@@ -93,5 +100,6 @@ def setup(app):
     app.connect("source-read", _prepare_chapter)
     app.connect("env-updated", _fail_on_failed_chapters)
     app.connect("env-updated", _drop_widget_state)
+    app.connect("html-page-context", _present_tables)
     app.add_post_transform(DropWidgetViews)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
