@@ -1,5 +1,6 @@
-"""The suite's figure style leaves Jupyter's display alone, and the figure watcher fails a cell that leaves a
-figure undisplayed. Both run a small notebook in a real kernel (as nbmake and the book do)."""
+"""The suite's figure style leaves Jupyter's display alone, the figure watcher fails a cell that leaves a
+figure undisplayed, and shows a DataFrame's cells whole. They run a small notebook in a real kernel (as
+nbmake and the book do)."""
 
 import matplotlib as mpl
 import nbformat
@@ -14,14 +15,19 @@ IMPORTS = "import matplotlib as mpl\nimport matplotlib.pyplot as plt\nfrom specf
 UNSHOWN = "fig2, ax2 = plt.subplots()\nax2.plot([3, 1])\nNone"
 
 
-def _run(tmp_path, monkeypatch, first_figure, watch):
+def _executed(tmp_path, monkeypatch, cells, watch):
     monkeypatch.setenv("SPECFIX_CHECK_FIGURES", "1" if watch else "0")
     monkeypatch.delenv("MPLBACKEND", raising=False)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in (IMPORTS, first_figure, UNSHOWN, "x = 1")]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     resources = {"metadata": {"path": str(tmp_path)}}
     NotebookClient(nb, timeout=120, kernel_name="python3", resources=resources).execute()
-    return [sum("image/png" in o.get("data", {}) for o in cell.outputs) for cell in nb.cells]
+    return nb.cells
+
+
+def _run(tmp_path, monkeypatch, first_figure, watch):
+    cells = _executed(tmp_path, monkeypatch, (IMPORTS, first_figure, UNSHOWN, "x = 1"), watch)
+    return [sum("image/png" in o.get("data", {}) for o in cell.outputs) for cell in cells]
 
 
 def test_apply_keeps_the_kernel_interactive_so_every_later_figure_is_displayed(tmp_path, monkeypatch):
@@ -47,6 +53,16 @@ def test_apply_restores_only_its_own_keys():
     assert mpl.rcParams["lines.linewidth"] == 7.0
     assert all(mpl.rcParams[key] == before[key] for key in style.RC)
     mpl.rcParams.update({"interactive": before["interactive"], "lines.linewidth": before["lines.linewidth"]})
+
+
+def test_the_book_shows_a_dataframe_cell_whole_whatever_the_chapter_set(tmp_path, monkeypatch):
+    # pandas cuts a cell past display.max_colwidth to "...", which a page cannot unfold
+    long = "rejection core <= 1x vLLM 0.33.0's GPU time (greedy, k = 4)"
+    cut = "import pandas as pd\npd.set_option('display.max_colwidth', 20)"
+    table = f"{cut}\npd.DataFrame({{'goal': [{long!r}]}})"
+    for watch in (True, False):
+        html = _executed(tmp_path, monkeypatch, (IMPORTS, table), watch)[1].outputs[0]["data"]["text/html"]
+        assert (long.replace("<", "&lt;") in html) is watch, html
 
 
 def test_watch_figures_outside_ipython_does_nothing():

@@ -65,7 +65,8 @@ def apply():
 
 
 def watch_figures() -> bool:
-    """Fail each cell that leaves a figure undisplayed (SPECFIX_CHECK_FIGURES=1); False outside IPython."""
+    """Fail each cell that leaves a figure undisplayed (SPECFIX_CHECK_FIGURES=1), and show every DataFrame's
+    cells whole (a page cannot unfold a cell that pandas cut to "..."); False outside IPython."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -75,8 +76,19 @@ def watch_figures() -> bool:
         return False
     if not getattr(shell, "_specfix_watches_figures", False):
         shell.events.register("post_run_cell", _fail_on_undisplayed)
+        import pandas as pd
+
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _whole_cells)
         shell._specfix_watches_figures = True
     return True
+
+
+def _whole_cells(frame) -> str | None:
+    """``frame``'s HTML with no cell cut short, whatever ``display.max_colwidth`` a chapter set."""
+    import pandas as pd
+
+    with pd.option_context("display.max_colwidth", None):
+        return frame._repr_html_()
 
 
 def _fail_on_undisplayed(result) -> None:
