@@ -477,12 +477,15 @@ def test_profile_summary_shows_the_columns_the_text_reads_formatted():
     profile = recorded.load("gumbel_ncu_h200")
     full, shown = kernel_profile.profile_table(profile), kernel_profile.profile_summary(profile)
     assert len(shown) == len(full) and len(shown.columns) < len(full.columns)
-    assert {"time (us)", "registers per thread", "occupancy %"} <= set(shown.columns)
-    registers = shown["registers per thread"].tolist()
+    assert {"time, us", "registers", "occupancy, %"} <= set(shown.columns)
+    registers = shown["registers"].tolist()
     assert registers == [f"{n:,.0f}" for n in full["registers_per_thread"]]  # counts: 95, not 95.0
-    # the masked and unmasked kernels with the store share kernel, shape, store and run: masked parts them
+    # the masked and unmasked kernels with the store share kernel, shape, store and run: the index parts them
     keys = ["kernel", "shape", "store", "run"]
-    assert full.duplicated(keys).any() and not shown.duplicated([*keys, "masked"]).any()
+    assert full.duplicated(keys).any() and shown.index.is_unique
+    assert list(shown.index.names) == ["run", "shape", "kernel"]
+    stored = full[full["store"] & ~full["masked"]].iloc[0]
+    assert (stored["run"], stored["shape"], f"{stored['kernel']}, store, unmasked") in shown.index
 
 
 def _kernel(kernel: str, shape: str, **metrics) -> dict:
@@ -624,18 +627,20 @@ def test_small_batch_goals_give_each_goal_its_verdict_and_its_worst_shape():
             g(2, "pass", "+30.0% vs target", 1.3),
             g(3, "not measured", "", None),
             {**g(4, "pass", "+0.0% vs target", 1.0), "vllm": {"0.33.0": 7.0}},
+            {**g(5, "pass", "+100.9% vs target", -0.00884), "unit": "%"},
         ],
     )
     table = perf.small_batch_goals(report)
     assert list(table.index) == [1, 2, 3, 4, 5]
-    assert table["status"].tolist() == ["missed", "met", "not measured", "met", "not measured"]
+    assert table["status"].tolist() == ["missed", "met", "not measured", "met", "met"]
+    assert table.loc[5, "measured"] == "-0.01% (target 1%)"  # a percentage to two decimals
     assert table.loc[1, "shapes met"] == "1 of 3" and table.loc[1, "worst"] == "the worse one"
     assert table.loc[1, "measured"] == "1.05x (target 1x)" and table.loc[1, "margin"] == "-5.0% vs target"
     assert table.loc[2, "worst"] == "the tighter one" and table.loc[4, "vLLM"] == "0.33.0: 7 us"
     text = perf.small_batch_text(report)
-    assert text.startswith("Met: goals 2, 4. Missed: goals 1.")
+    assert text.startswith("Met: goals 2, 4, 5. Missed: goals 1.")
     assert "- **1, host cost per call: missed**, 1 of 3 shapes; the worst miss: *the worse one*" in text
-    assert text.count("\n- ") == 3 and "vLLM beside it: 0.33.0: 7 us." in text
+    assert text.count("\n- ") == 4 and "vLLM beside it: 0.33.0: 7 us." in text
     assert "\n  - *the worse one*: 1 of 1 shapes miss" in text  # each family's misses under its goal
 
 

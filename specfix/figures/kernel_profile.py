@@ -22,15 +22,13 @@ PROFILE_COLUMNS = tuple(
     "instructions_per_logit registers_per_thread grid_size block_size waves_per_sm "
     "achieved_occupancy_pct stall_long_scoreboard".split()
 )
-#: The columns the chapter's text reads, renamed for the page where their names are not plain words.
-_PROFILE_SHOWN = tuple(
-    "kernel shape store masked run time_us dram_pct_of_peak instructions_per_logit registers_per_thread "
-    "achieved_occupancy_pct".split()
-)
+#: The columns the chapter's text reads, under short names (one line each in the book's column).
 _PROFILE_NAMES = {
-    "time_us": "time (us)",
-    "dram_pct_of_peak": "DRAM % of peak",
-    "achieved_occupancy_pct": "occupancy %",
+    "time_us": "time, us",
+    "dram_pct_of_peak": "DRAM, % of peak",
+    "instructions_per_logit": "instr. per logit",
+    "registers_per_thread": "registers",
+    "achieved_occupancy_pct": "occupancy, %",
 }
 #: The bf16 shape goal 3 misses by most, the one the profile explains the rate goal's miss at.
 GOAL_SHAPE = "1,024 x 151,936 bf16"
@@ -72,10 +70,14 @@ def profile_table(profile: dict) -> pd.DataFrame:
 
 
 def profile_summary(profile: dict) -> pd.DataFrame:
-    """:func:`profile_table`'s columns that the text reads, under short names, formatted to fit the page."""
+    """:func:`profile_table`'s columns that the text reads, a row per kernel under (run, shape, kernel): the
+    kernel names its variant (with the processed-logits store, unmasked) where it is not the default."""
     table = profile_table(profile)
-    shown = table[[c for c in _PROFILE_SHOWN if c in table]]
-    return style.tidy(shown.rename(columns=_PROFILE_NAMES), digits=2)  # tidy spaces the other names
+    variant = table["store"].map({True: ", store", False: ""}) + table["masked"].map(
+        {True: "", False: ", unmasked"}
+    )
+    shown = table.assign(kernel=table["kernel"] + variant).set_index(["run", "shape", "kernel"])
+    return style.tidy(shown[list(_PROFILE_NAMES)].rename(columns=_PROFILE_NAMES), digits=2)
 
 
 def hot_loop_table(profile: dict) -> pd.DataFrame:

@@ -193,7 +193,8 @@ def _figures(g: dict) -> tuple[str, str]:
     unit = g["unit"] if g["unit"] in ("x", "%") else f" {g['unit']}"
     beside_unit = "us" if g["unit"] == "x" else g["unit"]
     beside = "; ".join(f"{v}: {x:,.3g} {beside_unit}" for v, x in g.get("vllm", {}).items())
-    return f"{g['measured']:,.3g}{unit} (target {g['target']:g}{unit})", beside or "-"
+    measured = f"{g['measured']:+.2f}" if g["unit"] == "%" else f"{g['measured']:,.3g}"  # not -0.00884%
+    return f"{measured}{unit} (target {g['target']:g}{unit})", beside or "-"
 
 
 def small_batch_goals(report: dict) -> pd.DataFrame:
