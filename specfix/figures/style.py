@@ -76,19 +76,12 @@ def watch_figures() -> bool:
         return False
     if not getattr(shell, "_specfix_watches_figures", False):
         shell.events.register("post_run_cell", _fail_on_undisplayed)
-        import pandas as pd
+        import pandas as pd  # each cell whole, whatever display.max_colwidth a chapter set
 
-        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _whole_cells)
+        whole = lambda frame: pd.option_context("display.max_colwidth", None)(frame._repr_html_)()
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, whole)
         shell._specfix_watches_figures = True
     return True
-
-
-def _whole_cells(frame) -> str | None:
-    """``frame``'s HTML with no cell cut short, whatever ``display.max_colwidth`` a chapter set."""
-    import pandas as pd
-
-    with pd.option_context("display.max_colwidth", None):
-        return frame._repr_html_()
 
 
 def _fail_on_undisplayed(result) -> None:
