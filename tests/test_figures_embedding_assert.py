@@ -140,10 +140,19 @@ def test_acceptance_view_puts_the_runs_in_columns_and_the_crashes_in_lines():
             "accepted drafts": 18,
             "acceptance rate, real drafts": 18 / 42,
         },
+        {
+            "fix": "host_mask (b)",
+            "temperature": 0.0,
+            "crashes": "no",
+            "real drafts": 42,
+            "accepted drafts": 42,
+            "acceptance rate, real drafts": 1.0,
+        },
         {"fix": "no fix", "temperature": 0.0, "crashes": "IndexError: index out of range in self"},
     ]
     view, crashed = fig2.acceptance_view(rows)
-    assert list(view.columns) == [(0.0, "clamp (a)")] and "crashes" not in view.index
+    assert list(view.columns) == [(0.0, "clamp (a)"), (0.0, "host_mask (b)")] and "crashes" not in view.index
+    assert view.loc["acceptance rate, real drafts", (0.0, "host_mask (b)")] == "1.000"  # a rate, not a count
     assert view.loc["real drafts", (0.0, "clamp (a)")] == "42"  # a count, not 42.0
     assert view.loc["acceptance rate, real drafts", (0.0, "clamp (a)")] == "0.429"
     assert crashed == ["no fix at temperature 0.0: IndexError: index out of range in self"]
@@ -221,8 +230,9 @@ def _acceptance(fix: str, temperature: float, ver: int, real: int, acc: int, pla
         "real drafts": real,
         "accepted drafts": acc,
         "acceptance rate, real drafts": acc / real if real else float("nan"),
+        "placeholder slots": 6,
         "placeholders accepted": placeholders,
-        "acceptance rate, all slots": 0.5,
+        "acceptance rate, all slots": (acc + placeholders) / (real + 6),
     }
 
 
@@ -252,6 +262,23 @@ def test_sampled_paragraph_counts_in_the_singular_when_it_is_one():
     rows = [_acceptance("clamp", 0.7, 0, 0, 0, 0), _acceptance("scheduler_zero", 0.7, 0, 1, 1, 1)]
     text = fig2.zeroing_sampled_text(rows)
     assert "accepted 1 placeholder slot," in text and "with 1 accepted draft in both" in text
+
+
+def test_sampled_paragraph_without_real_drafts_reads_only_the_placeholder_slots():
+    rows = [_acceptance("clamp", 0.7, 0, 0, 0, 0), _acceptance("scheduler_zero", 0.7, 0, 0, 0, 1)]
+    rows[1]["same tokens as the clamp"] = False
+    text = fig2.zeroing_sampled_text(rows)
+    assert "neither run verified a real draft" in text and "0 of 0" not in text, text
+    assert "verified were the 6 placeholder slots" in text and "Zeroing accepted 1 of them" in text
+    assert "rate of 0.167 for zeroing" in text and "against 0.000 for the clamp" in text
+    assert "text is different from the clamp's" in text
+
+
+def test_greedy_paragraph_heads_with_what_the_counts_show():
+    same = [_acceptance("clamp", 0.0, 2, 6, 6, 0), _acceptance("scheduler_zero", 0.0, 2, 6, 6, 2)]
+    assert fig2.zeroing_greedy_text(same).startswith("**Zeroing left the real drafts as they were.**")
+    apart = [same[0], _acceptance("scheduler_zero", 0.0, 3, 4, 4, 1)]
+    assert fig2.zeroing_greedy_text(apart).startswith("**Zeroing changed which drafts were verified.**")
 
 
 def test_kernel_name_paragraphs_name_the_recorded_kernels():

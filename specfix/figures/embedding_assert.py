@@ -53,11 +53,11 @@ def _timeline(run: ea.ChildRun, ax) -> None:
         for start, width, text, kind in bars:
             ax.barh(lane, width, left=start, color=_LIGHT[kind], edgecolor=style.CEILING, height=0.6)
             ax.text(start + width / 2, lane, text, ha="center", va="center", fontsize=8)
-    ax.set(yticks=[0, 1], yticklabels=["GPU", "host (Python)"], xticks=[], xlim=(0, end))
+    ax.set(yticks=[0, 1], yticklabels=["GPU", "host\n(Python)"], xticks=[], xlim=(0, end))
     ax.set_xlabel("time (schematic)")
     blocking = int(bool((run.first("start") or {}).get("blocking")))
     where = raised.get("during", "?")
-    ax.set_title(f"CUDA_LAUNCH_BLOCKING={blocking}: the error reaches Python at {where}", loc="left")
+    ax.set_title(f"CUDA_LAUNCH_BLOCKING={blocking}: the error surfaces at {where}", loc="left")
     ax.grid(False)
 
 
@@ -68,7 +68,7 @@ def crash_timeline(async_run: ea.ChildRun, blocking_run: ea.ChildRun):
         "waits for the GPU. Bottom: with CUDA_LAUNCH_BLOCKING=1 every launch waits, so the error is "
         "raised by F.embedding itself."
     )
-    with style.figure(caption, 4.6, 2, 1, width=8, layout="constrained") as (fig, axes):
+    with style.figure(caption, 4.6, 2, 1, layout="constrained") as (fig, axes):
         _timeline(async_run, axes[0])
         _timeline(blocking_run, axes[1])
     return fig
@@ -218,7 +218,10 @@ def acceptance_view(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
     table = pd.DataFrame(rows).set_index(["temperature", "fix"])
     ran = table["crashes"] == "no"
     crashed = [f"{fix} at temperature {t}: {why}" for (t, fix), why in table.loc[~ran, "crashes"].items()]
-    return style.tidy(table[ran].drop(columns="crashes"), digits=3).T, crashed
+    table = table[ran].drop(columns="crashes")
+    for rate in table.columns[table.columns.str.startswith("acceptance rate")]:  # 1.000, not a count's 1
+        table[rate] = table[rate].map(lambda v: "-" if pd.isna(v) else f"{v:.3f}")
+    return style.tidy(table, digits=3).T, crashed
 
 
 # -- the sentences that read the chapter's recordings and tables, built from their values (Markdown) -------
@@ -390,13 +393,14 @@ def _clamp_and_zero(rows: list[dict], temperature: float) -> tuple[dict, dict]:
 
 
 def zeroing_greedy_text(rows: list[dict]) -> str:
-    """At temperature 0: zeroing accepts placeholders without making real drafts better."""
+    """At temperature 0: zeroing accepts placeholders; whether the real drafts changed, the counts say."""
     from specfix.tokenizer import get_tokenizer
 
     zero_word = get_tokenizer().vocab[0]
     a, z = _clamp_and_zero(rows, 0.0)
     placeholders = style.counted(z["placeholders accepted"], "placeholder slot")
-    if all(a[k] == z[k] for k in (_VER, _REAL, _ACC)):
+    same_drafts = all(a[k] == z[k] for k in (_VER, _REAL, _ACC))
+    if same_drafts:
         verified = (
             f"Zeroing accepted {placeholders} as the word *{zero_word}* (token 0), yet here both runs "
             f"verified {style.counted(a[_REAL], 'real draft')} in {style.counted(a[_VER], 'verification')} "
@@ -420,8 +424,9 @@ def zeroing_greedy_text(rows: list[dict]) -> str:
             f"of the text: {same}."
         )
     rate, all_slots = "acceptance rate, real drafts", "acceptance rate, all slots"
+    head = "left the real drafts as they were" if same_drafts else "changed which drafts were verified"
     return (
-        "**Zeroing does not make drafts better.** At temperature 0, scheduler_zero shows an acceptance rate "
+        f"**Zeroing {head}.** At temperature 0, scheduler_zero shows an acceptance rate "
         f"of {z[rate]:.3f} against the clamp's {a[rate]:.3f} ({z[_ACC]} of {z[_REAL]} against {a[_ACC]} of "
         f"{a[_REAL]}), and both count real drafts only. {verified} Counted over all "
         "slots, as a counter that cannot tell them apart would, the rates are "
@@ -432,7 +437,8 @@ def zeroing_greedy_text(rows: list[dict]) -> str:
 
 
 def zeroing_sampled_text(rows: list[dict]) -> str:
-    """The same comparison at the highest temperature run."""
+    """The same comparison at the highest temperature run, or, where it verified no real draft, what the
+    placeholder slots alone did to the counts."""
     t = max(r["temperature"] for r in rows)
     a, z = _clamp_and_zero(rows, t)
     both = a[_ACC] + z[_ACC]
@@ -445,6 +451,16 @@ def zeroing_sampled_text(rows: list[dict]) -> str:
         text = (
             "different from the clamp's: an accepted placeholder emits a token, so the sampled run draws its "
             "random numbers at other points."
+        )
+    if not a[_REAL] and not z[_REAL]:
+        all_slots = "acceptance rate, all slots"
+        return (
+            f"At temperature {t} the n-gram drafter found no match in the sampled text: neither run verified "
+            "a real draft, so those counts are zero and their rate is undefined (-). The only draft slots "
+            f"verified were the {style.counted(z['placeholder slots'], 'placeholder slot')} the scheduler "
+            f"padded. Zeroing accepted {z['placeholders accepted']} of them, so a counter over all slots "
+            f"reports an acceptance rate of {z[all_slots]:.3f} for zeroing, with no draft proposed, against "
+            f"{a[all_slots]:.3f} for the clamp; and zeroing's text is {text}"
         )
     return (
         f"At temperature {t}: {a[_ACC]} of {style.counted(a[_REAL], 'real draft')} accepted with the clamp, "
