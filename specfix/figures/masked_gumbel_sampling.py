@@ -54,15 +54,18 @@ def outside_whiskers(probs, draws: dict[str, np.ndarray]) -> int:
 def draws_vs_softmax(probs, draws: dict[str, np.ndarray], temperature: float, tests: pd.DataFrame):
     """Grouped bars: softmax(logits / T) and each sampler's token frequencies (``draws``: label -> ids),
     with their sampling noise; ``tests``: the chi-square test of each sampler (``passed``), by label."""
-    colours = [style.NEUTRAL, style.ACCENT, style.FIXED, style.PLACEHOLDER, style.CEILING]
-    series = [(f"{name} ({len(s):,} draws)", s, colours[i % 5]) for i, (name, s) in enumerate(draws.items())]
+    colours = style.SERIES  # not green: green means "fix on" in this book
+    series = [
+        (f"{name} ({len(s):,} draws)", s, colours[i % len(colours)])
+        for i, (name, s) in enumerate(draws.items())
+    ]
     fewest = min(draws, key=lambda name: len(draws[name]))
     caption = (
         "Whiskers: the softmax bar ± 2 standard deviations of a frequency over that sampler's draws, the "
         f"band a correct sampler's bar falls in about 19 times in 20. {outside_whiskers(probs, draws)} of "
         f"{len(draws) * len(probs)} bars fall outside theirs; {int(tests.passed.sum())} of {len(tests)} "
         f"samplers pass the chi-square test below. The {fewest}'s {len(draws[fewest]):,} draws leave the "
-        "widest band: its bars stray further from softmax by chance alone."
+        "widest band: its bars may stray furthest from softmax by chance alone."
     )
     title = f"Gumbel-max draws against softmax, T = {temperature}"
     return _bars_figure(probs, series, title, caption, height=3.4, whiskers=True)
@@ -233,7 +236,9 @@ def graph_table(report: dict) -> pd.DataFrame:
     header), a column per (vocabulary, rows, calls per graph)."""
     graph = bench.frame(report, "gumbel_graph")
     table = graph.pivot_table(index="impl", columns=["vocab", "rows", "calls_per_graph"], values="median_us")
-    return table.round(2).rename_axis(index="median us per call", columns=["vocab", "rows", "calls per graph"])
+    return table.round(2).rename_axis(
+        index="median us per call", columns=["vocab", "rows", "calls per graph"]
+    )
 
 
 def mask_table(report: dict) -> pd.DataFrame:
