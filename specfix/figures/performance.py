@@ -443,7 +443,8 @@ def small_batch_text(report: dict) -> str:
 
 
 def host_spread(report: dict) -> pd.DataFrame:
-    """Goal 1's shapes: specfix's and vLLM's host us per call, median (p20..p80), and the ratio it judges."""
+    """Goal 1's shapes, by call and shape: specfix's and vLLM's host us per call, median (p20..p80), and the
+    ratio it judges."""
     peer = bench.peer_impl(bench.GOAL_PEER)
     ratio = f"host_ratio_vs_{peer}"
     spread = lambda r: f"{r['median_us']:,.0f} ({r['p20_us']:,.0f}..{r['p80_us']:,.0f})"
@@ -463,7 +464,8 @@ def host_spread(report: dict) -> pd.DataFrame:
                     "ratio": round(ours["metrics"][ratio], 2),
                 }
             )
-    return pd.DataFrame(rows)
+    columns = ["call", "shape", "specfix us", f"vLLM {bench.GOAL_PEER} us", "ratio"]
+    return pd.DataFrame(rows, columns=columns).set_index(["call", "shape"])
 
 
 def host_text(report: dict) -> str:
