@@ -18,7 +18,7 @@ from pathlib import Path
 def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
     """The parser; ``cases`` (``bench.CASES``) are left out for ``diagnose``, which must not import torch."""
     cases = cases or {}
-    parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="specfix", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "bench",
@@ -54,16 +54,26 @@ def _parser(cases: dict | None = None) -> argparse.ArgumentParser:
         "the setup, the ops that launch the failing kernel, a verdict, and each fix with its first release.",
     )
     d.add_argument("log", metavar="LOG", help="the log file, or - for standard input")
+    b.set_defaults(parser=b)
+    d.set_defaults(parser=d)
     d.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema: specfix.tools.diagnose.SCHEMA)"
     )
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; one a subcommand does not know is refused with that subcommand's usage."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["diagnose"]:
-        args = _parser().parse_args(argv)
+        args = _parse(_parser(), argv)
         from specfix.tools import diagnose
 
         status, text = diagnose.run(args.log, as_json=args.json)
@@ -74,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return status
     from specfix.tools import bench
 
-    parser = _parser(bench.CASES)
-    return _bench(parser, parser.parse_args(argv))
+    args = _parse(_parser(bench.CASES), argv)
+    return _bench(args.parser, args)
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -126,9 +136,11 @@ def _unwritable(path: str) -> str | None:
     target = Path(path).absolute()
     if target.is_dir():
         return "is a folder"
-    folder = next(p for p in target.parents if p.exists())  # the folders missing below it are made later
+    folder = next(p for p in target.parents if p.exists())
     if not folder.is_dir():
         return f"{folder} is a file, not a folder"
+    if folder != target.parent:  # a mistyped folder would otherwise be made
+        return f"no folder {target.parent}: make it first"
     try:
         if target.exists():
             open(target, "a").close()  # noqa: SIM115  (opened to append nothing: the file stays as it is)

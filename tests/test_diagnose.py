@@ -189,3 +189,135 @@ def test_readme_report_is_what_the_tool_prints(monkeypatch):
     assert match, "README has no specfix diagnose report"
     status, text = dg.run(match.group(1))
     assert status == 0 and match.group(2).rstrip("\n") == text
+
+
+# -- vLLM 0.33.0 logs, each trimmed to the lines that matter ------------------------------------------------
+_API, _CORE = (
+    "(APIServer pid=1) INFO 12-02 14:02:11 ",
+    "(EngineCore_DP0 pid=245) ERROR 12-02 14:05:13 [core.py:1012] ",
+)
+_SITE = '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/'
+_EMBEDDING_ASSERT = (
+    "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1553: indexSelectLargeIndex: block: [212,0,0], "
+    "thread: [0,0,0] Assertion `srcIndex < srcSelectDimSize` failed."
+)
+_V1_033 = "\n".join(
+    [
+        _API + "[api_server.py:1921] vLLM API server version 0.33.0",
+        _API + "[utils.py:331] non-default args: {'model': 'meta-llama/Llama-3.1-8B-Instruct', "
+        "'speculative_config': {'method': 'suffix', 'num_speculative_tokens': 4}}",
+        # the fall-back warning of vllm/config/vllm.py (line 761 in 0.33.0)
+        "(APIServer pid=1) WARNING 12-02 14:02:14 [vllm.py:761] Model Runner V2 does not yet support "
+        "speculative method 'suffix'; using the V1 model runner instead.",
+        '(APIServer pid=1) INFO:     10.1.0.4:40110 - "POST /v1/completions HTTP/1.1" 200 OK',
+        _EMBEDDING_ASSERT,
+        _CORE + "EngineCore encountered a fatal error.",
+        _CORE + "Traceback (most recent call last):",
+        _CORE + _SITE + 'engine/core.py", line 412, in step_with_batch_queue',
+        _CORE + "    model_output = future.result()",
+        _CORE + _SITE + 'worker/gpu_model_runner.py", line 301, in get_output',
+        _CORE + "    self.async_copy_ready_event.synchronize()",
+        _CORE + "torch.AcceleratorError: CUDA error: device-side assert triggered",
+        _CORE + "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    ]
+)
+# Model Runner V2 says so from vllm/v1/worker/gpu_worker.py (line 513 in 0.33.0); its frames are under gpu/.
+_V2_033 = "\n".join(
+    [
+        _API + "[api_server.py:1921] vLLM API server version 0.33.0",
+        _API + "[utils.py:331] non-default args: {'model': 'Qwen/Qwen3-32B', 'speculative_config': "
+        "{'method': 'eagle3', 'model': 'acme/qwen3-32b-eagle3', 'num_speculative_tokens': 3}}",
+        "(EngineCore_DP0 pid=245) INFO 12-02 14:02:30 [gpu_worker.py:513] Using V2 Model Runner",
+        _EMBEDDING_ASSERT,
+        _CORE + "Traceback (most recent call last):",
+        _CORE + _SITE + 'worker/gpu/spec_decode/rejection_sampler.py", line 260, in __call__',
+        _CORE + "    num_sampled = num_sampled.cpu()",
+        _CORE + "torch.AcceleratorError: CUDA error: device-side assert triggered",
+    ]
+)
+
+
+def _diagnosed(text: str) -> dict:
+    return dg.diagnose(text.splitlines(), "test")
+
+
+def _reasons(report: dict) -> str:
+    return " ".join(r["text"] for r in report["verdict"]["reasons"])
+
+
+def test_embedding_assert_on_a_clamping_release_is_an_out_of_range_id_with_low_confidence():
+    """0.33.0 clamps in the V1 runner (PR #47029): the assert says an id was -1 or past the vocabulary."""
+    fixed = _diagnosed(_V1_033)
+    assert (fixed["verdict"]["id"], fixed["verdict"]["confidence"]) == ("other_index", "low")
+    assert "vocabulary size" in _reasons(fixed) and "multimodal" not in _reasons(fixed)
+    assert not any("Report it" in line for line in fixed["advice"])
+    unfixed = _diagnosed(_V1_033.replace("0.33.0", "0.24.0"))  # the last release without the clamp
+    assert (unfixed["verdict"]["id"], unfixed["verdict"]["confidence"]) == ("placeholder_embedding", "high")
+
+
+def test_the_runner_is_read_from_its_log_line_or_its_frames():
+    assert _diagnosed(_V1_033)["setup"]["model_runner"] == "V1"
+    v2 = _diagnosed(_V2_033)
+    assert v2["setup"]["model_runner"] == "V2" and v2["setup"]["lines"]["model_runner"] == 3
+    assert v2["verdict"]["id"] == "other_index" and "Model Runner V2 runs" in _reasons(v2)
+    assert "V1" not in _reasons(v2) + " ".join(v2["advice"])
+    # no runner line (an older release, or a log pasted from the crash on): a V2 frame says it
+    from_frames = _diagnosed(_V2_033.replace("Using V2 Model Runner", "Model loading took 31.4 GiB"))
+    assert from_frames["setup"]["model_runner"] == "V2"
+    assert from_frames["setup"]["lines"]["model_runner"] == 6
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["2026-12-02T14:05:{:02d}.000007919Z ", "web-1  | ", "web-1  | 2026-12-02T14:05:{:02d}.5+00:00 "],
+    ids=["docker logs -t", "docker compose", "compose with timestamps"],
+)
+def test_log_collector_prefixes_are_stripped(prefix):
+    lines = [prefix.format(n % 60) + line for n, line in enumerate(_V1_033.splitlines())]
+    plain, prefixed = _diagnosed(_V1_033), dg.diagnose(lines, "test")
+    assert prefixed["python_error"]["exception"] == "torch.AcceleratorError"
+    assert prefixed["python_error"]["ends_at"] == plain["python_error"]["ends_at"]
+    assert prefixed["verdict"] == plain["verdict"] and prefixed["setup"] == plain["setup"]
+
+
+def test_a_log_cut_inside_a_source_line_does_not_show_the_cut_text():
+    cut = _V1_033[: _V1_033.index("model_output = future.result()") + len("mode")]
+    report = _diagnosed(cut)
+    err = report["python_error"]
+    assert err["complete"] is False and err["ends_at"] == "core.py:412 in step_with_batch_queue"
+    assert ": mode" not in dg.render(report)
+
+
+def test_a_clean_log_says_no_crash():
+    clean = _V1_033.splitlines()[:4] + ["(APIServer pid=1) INFO:     Shutting down"]
+    report = dg.diagnose(clean, "test")
+    assert (report["verdict"]["id"], report["verdict"]["confidence"]) == ("no_crash", "medium")
+    text = dg.render(report)
+    assert "Verdict: no crash in this log" in text and "Explained in" not in text and "greedy" not in text
+    # a traceback cut before its error line is not a clean log
+    cut = _V1_033.splitlines()[:4] + _V1_033.splitlines()[6:9]
+    assert dg.diagnose(cut, "test")["verdict"]["id"] == "inconclusive"
+
+
+def test_help_is_plain_text_and_a_subcommand_error_shows_that_subcommand_usage(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out
+    for argv, usage in [
+        (["diagnose", "x.log", "--jsn"], "usage: specfix diagnose"),
+        (["bench", "--jsn", "x.json"], "usage: specfix bench"),
+        (["bench", "--device", "cpu", "--only", "nope"], "usage: specfix bench"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(usage), err
+
+
+def test_bench_json_in_a_missing_folder_is_refused_and_no_folder_made(tmp_path, capsys):
+    where = tmp_path / "typo" / "x.json"
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--device", "cpu", "--only", "ceilings", "--json", str(where)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--json {where}: no folder" in err
+    assert not where.parent.exists()

@@ -42,6 +42,7 @@ VERDICTS = {
     "cudagraph_outputs": "no crash, but a setup whose outputs CUDA-graph padding corrupted "
     "(the vLLM PR #47066 pattern)",
     "different_error": "no device-side assert: the log shows a different failure",
+    "no_crash": "no crash in this log",
     "inconclusive": "the log does not say enough to tell",
 }
 
@@ -93,6 +94,7 @@ class Facts:
         self.spec, self.spec_reasons = spec_state(self.scan)
         self.fixed = {v: has_fix(self.scan.setup.get("vllm_version"), fix) for v, fix in FIXES.items()}
         self.frames = self.err["frames"] if self.err else []
+        self.runner = self.scan.setup.get("model_runner")
         self.first = self.asserts[0] if self.asserts else None
         if self.first:  # how the first reason of every rule about an assert starts, and its line
             self.at = f"the first assert is in {self.first['kernel']} ({self.first['where']})"
@@ -129,6 +131,7 @@ def _other_index(f: Facts):
     kernels = {r["cuda"]["kernel"] for r in f.rows if r["op"] == "F.embedding" and "kernel" in r["cuda"]}
     kernels.add("indexSelectLargeIndex")  # the table never reached this many-indices sibling (Indexing.cu)
     in_pp = any("pp_utils" in fr["file"] or "broadcast" in fr["func"] for fr in f.frames)
+    guarded = f.runner == "V2" or f.fixed["placeholder_embedding"] is True
     no_spec = ("but without speculative decoding there are no -1 placeholder drafts", [])
     err_line = [f.err["line"]] if f.err else []
     table = [  # (when, confidence, what follows "the first assert is in K (where)", more reasons)
@@ -141,11 +144,29 @@ def _other_index(f: Facts):
             f.spec_reasons,
         ),
         (f.spec is False, "medium", ", which an embedding can launch", [*f.spec_reasons, no_spec]),
+        (guarded, "low", ", which an embedding launches", [*f.spec_reasons, *_no_placeholder(f)]),
     ]
     for when, confidence, more, reasons in table:
         if when:
             return "other_index", confidence, [(f.at + more, f.kernel_line), *reasons]
     return None
+
+
+def _no_placeholder(f: Facts) -> list[tuple[str, list[int]]]:
+    """Why no -1 placeholder reaches the embedding: Model Runner V2 never reads them, V1 clamps them."""
+    text, lines = f.fix_reason("placeholder_embedding")[1]
+    if f.runner == "V2":
+        text = "Model Runner V2 runs: it feeds drafts from its own table, zeroed per request, never the -1 "
+        text += "placeholders (vllm/v1/worker/gpu/states.py, input_batch.py in 0.24.0, 0.25.0 and 0.33.0)"
+        lines = []
+    else:
+        text += ": the V1 runner's _preprocess clamps -1 placeholders to 0 before the embedding"
+        text += ", and the log's runner is V1" if f.runner else ", and Model Runner V2 never feeds them"
+    other = (
+        "so the id out of range came another way: one at least the vocabulary size (a draft whose vocabulary "
+        "is larger than the target's, tokens added past the embedding table) or a -1 from another path"
+    )
+    return [(text, lines + ([f.scan.setup_lines["model_runner"]] if f.runner else [])), (other, [])]
 
 
 def _placeholder_embedding(f: Facts):
@@ -160,16 +181,9 @@ def _placeholder_embedding(f: Facts):
     if at_embedding:
         text = f"with blocking launches the traceback ends at the embedding call: {f.err['ends_at']}"
         reasons.append((text, [f.err["line"]]))
-    state, reason = f.fix_reason("placeholder_embedding")
+    state, reason = f.fix_reason("placeholder_embedding")  # not True: _other_index took those
     reasons.append(reason)
-    if state is True:
-        text = (
-            "this version clamps in the V1 runner's _preprocess, so the -1 came another way (a multimodal "
-            "embedding path: PR #46947 reports one)"
-        )
-        reasons.append((text, []))
-        confidence = "medium" if f.spec is True else "low"
-    elif f.spec is True and state is False:
+    if f.spec is True and state is False:
         confidence = "high"
     elif f.spec is True or at_embedding or f.first["kernel"].startswith("indexSelect"):
         confidence = "medium"
@@ -254,16 +268,13 @@ def _cudagraph_outputs(f: Facts):
 
 
 def _nothing_found(f: Facts):
+    if f.err:  # cut short before its exception line: what failed is in the part not pasted
+        return "inconclusive", "low", [("a traceback the log cuts short, and no assert or CUDA error", [])]
     text = f"no 'Assertion ... failed' line, no Python error and no CUDA error in {f.scan.lines:,} lines"
-    reasons = [(text, [])]
-    if f.spec is True:
-        method_line = f.scan.setup_lines.get("draft_sample_method")
-        text = (
-            "drafts are sampled greedily (vLLM's default draft_sample_method): no draft logits are cached "
-            "for padded rows to overwrite, which PR #47066's bug needs"
-        )
-        reasons.append((text, [method_line] if method_line else []))
-    return "inconclusive", "low", reasons
+    if not (f.scan.setup or f.scan.spec_marker):
+        return "inconclusive", "low", [(text, []), ("nothing in it shows a vLLM server", [])]
+    first = min(f.scan.setup_lines.values(), default=f.scan.spec_marker)
+    return "no_crash", "medium", [(text, []), ("the lines it has are a vLLM server's", [first])]
 
 
 # Asserts first (the first kernel says most), then what can happen without one; the last rule always fits.
@@ -300,6 +311,9 @@ _ADVICE = {
     "different_error": [
         "Not one of the bugs this suite covers: read the error above from its first traceback."
     ],
+    "no_crash": [
+        "Nothing to diagnose. If the server did fail, paste the log up to the end of the first traceback."
+    ],
     "inconclusive": [
         "Paste more of the log: from the server's start (the version banner and the engine arguments) to "
         "the end of the first traceback, including the first 'Assertion ... failed' line."
@@ -314,11 +328,6 @@ def advice(verdict: str, fixed: bool | None, blocking: bool) -> list[str]:
     upgrade = (
         f"Upgrade to vLLM {fix.first_release} or later (PR #{fix.pr})." if fix and fixed is not True else ""
     )
-    if fixed is True and verdict == "placeholder_embedding":
-        upgrade = (
-            "Report it to vLLM with the first assert line and the engine arguments: this version already "
-            "clamps in the V1 runner."
-        )
     name_op = (
         f"The launches were blocking, so the traceback names the op; {guard} also gives the bad values and "
         "their positions."
@@ -368,27 +377,19 @@ def diagnose(lines: Iterable[str], source: str = "<log>") -> dict:
             **scan.setup,
             "lines": dict(scan.setup_lines),
         },
-        "ops": [_op(a, rows) for a in asserts[:4]],
+        "ops": [
+            dict(kernel=a["kernel"], where=a["where"], cases=ops_for(a, rows), note=kernel_note(a, rows))
+            for a in asserts[:4]
+        ],
         "op_table": f"chapter 2's op table, recorded on {meta.get('device')} with torch {meta.get('torch')} "
         f"on {meta.get('date')}",
-        "fixes": [_fix(v, f, fixed[v]) for v, f in fixes],
+        "fixes": [
+            dict(pr=f.pr, verdict=v, **{k: getattr(f, k) for k in _FIX_KEYS}, logged_version_has_it=fixed[v])
+            for v, f in fixes
+        ],
         "advice": advice(verdict, fixed.get(verdict), scan.blocking),
-        "chapter": FIXES[verdict].chapter if verdict in FIXES else "notebooks/02_embedding_assert.ipynb",
+        "chapter": FIXES[verdict].chapter if verdict in FIXES else FIXES["placeholder_embedding"].chapter,
     }
-
-
-def _op(a: dict, rows: list[dict]) -> dict:
-    return {
-        "kernel": a["kernel"],
-        "where": a["where"],
-        "cases": ops_for(a, rows),
-        "note": kernel_note(a, rows),
-    }
-
-
-def _fix(verdict: str, fix, has_it: bool | None) -> dict:
-    fields = {k: getattr(fix, k) for k in _FIX_KEYS}
-    return {"pr": fix.pr, "verdict": verdict, **fields, "logged_version_has_it": has_it}
 
 
 # -- the report as text -------------------------------------------------------------------------------------
@@ -421,7 +422,9 @@ def render(report: dict, width: int = 100) -> str:
         text = f"PR #{f['pr']}, {f['short']} ({f['where']}): first release {f['first_release']}; "
         out.append(para(f"{text}in the logged version: {has}", "    ", "  "))
     out += ["", "What to do now:"] + [para(line, "    ", "  - ") for line in report["advice"]]
-    return "\n".join([*out, "", f"Explained in {report['chapter']}."])
+    if report["verdict"]["id"] != "no_crash":
+        out += ["", f"Explained in {report['chapter']}."]
+    return "\n".join(out)
 
 
 def _asserts_text(a: dict, para) -> list[str]:

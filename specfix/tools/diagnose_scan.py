@@ -35,6 +35,8 @@ _CHAINED = (  # what Python prints between the tracebacks of one chain of except
     "The above exception was the direct cause of the following exception:",
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# what a log collector puts before vLLM's own line: `docker logs -t`'s timestamp, docker compose's `web-1  | `
+_OUTER = re.compile(r"^(?:\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-][\d:]+)? |[\w.-]+ +\| )+")
 _PREFIX = re.compile(r"^(?:\s*(?:\([^()]*?pid=\d+\)|\[rank\d+\]:))+ ?")  # (EngineCore_DP0 pid=12), [rank0]:
 _PROC = re.compile(r"\(([^()]*?pid=\d+)\)")
 _HEADER = re.compile(
@@ -51,6 +53,10 @@ _BOOL = {"true": True, "false": False, "none": None}
 SETUP = {
     "vllm_version": [r"vLLM API server version (\S+)", r"Initializing a V1 LLM engine \(v([^)\s]+)\)",
                      r"vLLM Version\s*:\s*(\S+)", r"\bvllm[= ]=(\d\S*)"],
+    # vllm/v1/worker/gpu_worker.py logs the first, vllm/config/vllm.py the fall-back (0.24.0 to 0.33.0);
+    # else a frame of V2's vllm/v1/worker/gpu/ (whose eplb_utils.py V1 imports too) or of V1's runner
+    "model_runner": [r"Using (V2) Model Runner", r"using the (V1) model runner instead",
+                     r"/vllm/v1/worker/(gpu)/(?!eplb_utils)", r"/vllm/v1/worker/(gpu_model_runner)\.py"],
     "speculative_method": [r"speculative[-_]config\W.*?\bmethod\W{1,4}([\w-]+)"],
     "num_speculative_tokens": [r"num_spec(?:ulative)?_tokens\W{1,4}(\d+)"],
     "draft_sample_method": [r"draft_sample_method\W{1,4}(\w+)"],
@@ -76,7 +82,8 @@ SETUP = {
 # fmt: on
 _SETUP_RE = {key: [re.compile(p) for p in pats] for key, pats in SETUP.items()}
 _SETUP_HINT = re.compile(
-    r"version|Version|speculative|num_spec|parallel|async|cudagraph|eager|prefix|kv_|draft_sample|-tp|-pp"
+    r"version|Version|speculative|num_spec|parallel|async|cudagraph|eager|prefix|kv_|draft_sample|-tp|-pp|"
+    r"odel [Rr]unner|/v1/worker/gpu"
 )
 _ACCEPTANCE = re.compile(r"SpecDecoding metrics:.*?Avg Draft acceptance rate: ([\d.]+)%")
 # error kind -> (substring that marks it, how the report names it)
@@ -222,6 +229,8 @@ class Scan:
         self.lines += 1
         n = self.lines
         line = (_ANSI.sub("", raw) if "\x1b" in raw else raw).rstrip("\r")
+        if m := _OUTER.match(line):
+            line = line[m.end() :]
         if "Assertion `" in line:
             # The lines of one assert differ only in block and thread: a seen signature skips the parse.
             sig = line[: line.find(": block: [")] + line[line.find("] Assertion `") :]
@@ -309,7 +318,9 @@ class Scan:
                         break
 
     def finish(self) -> None:
-        for process in list(self.open):
+        for process, tb in list(self.open.items()):
+            if tb.reading and tb.lines[-1].startswith("    ") and tb.lines[-2].startswith("  File "):
+                tb.lines[-1] = ""  # the log ends inside the traceback: its last source line may be cut short
             self._close(process)
 
 
@@ -318,6 +329,8 @@ def _setup_value(key: str, text: str):
         return not text.startswith("--no-")
     if key.endswith("_size") or key == "num_speculative_tokens":
         return int(text)
+    if key == "model_runner":
+        return {"gpu": "V2", "gpu_model_runner": "V1"}.get(text, text)
     return _BOOL.get(text.lower(), text)
 
 
