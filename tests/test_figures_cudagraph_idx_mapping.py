@@ -117,6 +117,18 @@ def test_diff_transcript_keeps_each_marked_word_whole():
     assert '<span style="white-space: nowrap">[-lay-]</span>' in text
     assert '<span style="white-space: nowrap">{+dog+}</span>' in text
     assert "&lt;b&gt;" in text  # the texts are escaped, not read as HTML
+    assert "responses that differ" not in text
+    headed = F.diff_transcript([{"req_id": 7, "solo": "a", "batched": "b"}] * 2, differing=5)
+    assert headed.startswith("<p><b>2 of the 5 responses that differ without the fix</b>")
+
+
+def test_recorded_headings_count_from_the_recording():
+    rec = recorded.load("cudagraph_h200")
+    trials = rec["chi_square"]["False"]["positions"][0]["trials"]
+    assert F.recorded_heading(rec, "bench").startswith(
+        f"**{rec['bench']['fix_off']['num_requests']} requests"
+    )
+    assert f"{trials:,} trials a run" in F.recorded_heading(rec, "distribution")
 
 
 def test_recorded_paragraph_quotes_the_h200_recording():

@@ -132,9 +132,10 @@ def chi_square_table(dists: dict[str, dict]) -> pd.DataFrame:
     return table.round({"chi2": 1, "threshold": 1, "TV to p": 3, "TV to q": 3})
 
 
-def diff_transcript(examples: Sequence[dict]) -> str:
+def diff_transcript(examples: Sequence[dict], differing: int | None = None) -> str:
     """The word diffs of recorded examples (``req_id``, ``solo``, ``batched``) as HTML, one block per
-    request; no line breaks inside a word, so a mark like ``[-lay-]`` stays whole."""
+    request, under a bold line when ``differing`` (how many responses differ) is given; no line breaks
+    inside a word, so a mark like ``[-lay-]`` stays whole."""
     words = lambda text: " ".join(
         f'<span style="white-space: nowrap">{html.escape(w)}</span>' for w in text.split()
     )
@@ -143,7 +144,22 @@ def diff_transcript(examples: Sequence[dict]) -> str:
         f"alone: {words(e['solo'])}<br>batched: {words(e['batched'])}</p>"
         for e in examples
     ]
+    if differing is not None:
+        blocks.insert(
+            0,
+            f"<p><b>{len(examples)} of the {differing} responses that differ without the fix</b> (marked as "
+            "in section 3):</p>",
+        )
     return "\n".join(blocks)
+
+
+def recorded_heading(recording: dict, part: str) -> str:
+    """The bold line over a table of the H200 recording (``part``: "bench" or "distribution")."""
+    off, trials = recording["bench"]["fix_off"], recording["chi_square"]["False"]["positions"][0]["trials"]
+    return {
+        "bench": f"**{off['num_requests']} requests, batched against solo runs** (section 3's table):",
+        "distribution": f"**The output per position, {trials:,} trials a run** (section 4's table):",
+    }[part]
 
 
 def output_distribution(dists: dict[str, dict]):
