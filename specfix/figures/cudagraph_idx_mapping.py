@@ -29,7 +29,7 @@ SAMPLER_WORDS = {"kernel": "the Triton kernel", "reference": "the Triton kernel'
 
 
 def launch_overhead(rows: Sequence[dict], source: str):
-    """Wall µs per drafter step (GPU work included), eager against one graph replay, per batch size."""
+    """Wall us per drafter step (GPU work included), eager against one graph replay, per batch size."""
     df = pd.DataFrame(list(rows))
     missing = {"size", "eager_us", "graph_us"} - set(df.columns)
     if df.empty or missing:
@@ -43,7 +43,7 @@ def launch_overhead(rows: Sequence[dict], source: str):
     with style.figure(caption, 3.2) as (fig, ax):
         ax.plot(df["size"], df["eager_us"], "o-", color=style.BUGGY, label="eager launches")
         ax.plot(df["size"], df["graph_us"], "s-", color=style.FIXED, label="one graph replay")
-        ax.set(xlabel="batch rows", ylabel="µs per drafter step")
+        ax.set(xlabel="batch rows", ylabel="us per drafter step")
         title = f"Drafter step (k = 3 forwards and samplers)\n{style.wrap(source, 90)}"
         ax.set_title(title, fontsize=9)
         style.log_ticks(ax.xaxis, df["size"])
