@@ -19,7 +19,7 @@ import specfix
 
 #: Lines of specfix/**/*.py at most. Growth is cost: delete before adding; raise this only with the reason
 #: in the commit message.
-PACKAGE_LINES_BUDGET = 17297
+PACKAGE_LINES_BUDGET = 17290
 
 ROLES = ("v1", "mrv2", "lab", "tools")
 PACKAGE = Path(specfix.__file__).parent

@@ -8,7 +8,6 @@ import re
 import textwrap
 
 import numpy as np
-from matplotlib import colors
 
 from specfix.figures import performance as perf
 from specfix.figures import style
@@ -20,18 +19,11 @@ _MARKERS = {"fp32": "o-", "bf16": "s--"}  # the line style says the dtype, the c
 _GOAL_STYLES = ("-.", (0, (6, 2)), ":", (0, (1, 1)))
 
 
-def shade(colour: str, amount: float) -> str:
-    """``colour`` lighter (``amount`` > 0: mixed with that much white) or darker (< 0: that much black)."""
-    if amount >= 0:
-        return style.light(colour, amount)
-    return colors.to_hex((1 + amount) * np.array(colors.to_rgb(colour)))
-
-
 def vocab_colours(vocabs) -> dict:
     """One shade of NEUTRAL per vocabulary, darker for a larger one (an ordered quantity, one hue)."""
     vocabs = sorted({int(v) for v in vocabs})
     amounts = np.linspace(0.72, -0.6, len(vocabs)) if len(vocabs) > 1 else [0.0]
-    return {v: shade(style.NEUTRAL, a) for v, a in zip(vocabs, amounts, strict=True)}
+    return {v: style.light(style.NEUTRAL, a) for v, a in zip(vocabs, amounts, strict=True)}
 
 
 def impl_colours(impls) -> dict:
@@ -41,8 +33,8 @@ def impl_colours(impls) -> dict:
     ours = [i for i in bench.OURS if i in impls]
     ours = [bench.JUDGED] + [i for i in ours if i != bench.JUDGED] if bench.JUDGED in ours else ours
     vllm = sorted((i for i in impls if i.startswith("vllm_")), key=_version, reverse=True)
-    colours = {i: shade(style.NEUTRAL, 0.5 * n) for n, i in enumerate(ours)}
-    colours |= {i: shade(style.ACCENT, 0.5 * n / max(len(vllm) - 1, 1)) for n, i in enumerate(vllm)}
+    colours = {i: style.light(style.NEUTRAL, 0.5 * n) for n, i in enumerate(ours)}
+    colours |= {i: style.light(style.ACCENT, 0.5 * n / max(len(vllm) - 1, 1)) for n, i in enumerate(vllm)}
     return {i: colours.get(i, style.SERIES[2]) for i in impls}
 
 

@@ -117,8 +117,9 @@ def figure(text: str, height: float, *shape, width: float = WIDTH_IN, close: boo
 
 
 def light(colour: str, amount: float = 0.7) -> str:
-    """``colour`` mixed with ``amount`` of white: a fill on which black text reads."""
-    return colors.to_hex((1 - amount) * np.array(colors.to_rgb(colour)) + amount)
+    """``colour`` mixed with ``amount`` of white (a fill on which black text reads); a negative ``amount``
+    mixes in that much black instead (a darker shade of the same hue)."""
+    return colors.to_hex((1 - abs(amount)) * np.array(colors.to_rgb(colour)) + max(amount, 0))
 
 
 def patches(fills, labels) -> list[Patch]:
